@@ -1,0 +1,216 @@
+/*
+ * sgm.h — shared GPU memory for Linux: the whole user API.
+ *
+ * sgm hands out device memory from three tiers: dedicated VRAM, a pinned
+ * host "shared GPU memory" pool, and disk spill. Everything a user needs is in
+ * this header; it is C11 and C++17 clean.
+ *
+ * Conventions
+ *  - Calls that can fail return sgm_status (0 = SGM_OK, negative = error). The
+ *    calling thread's sgm_last_error() then holds a message that says what was
+ *    wrong and what to do.
+ *  - Out-parameters are always written, also on failure (NULL / 0).
+ *  - Every call on a context is safe from any thread.
+ *  - The library never prints to stdout, never calls abort() or exit() on a
+ *    recoverable error; warnings go to stderr only when SGM_VERBOSE >= 1.
+ *
+ * Longer prose: docs/ (options.md lists every environment variable).
+ */
+#ifndef SGM_H
+#define SGM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define SGM_API __attribute__((visibility("default")))
+#else
+#define SGM_API
+#endif
+
+#define SGM_VERSION_MAJOR 0
+#define SGM_VERSION_MINOR 1
+#define SGM_VERSION_PATCH 0
+
+typedef struct sgm_context sgm_context;
+
+/* Where memory lives. SGM_TIER_NONE answers "not an sgm pointer". */
+typedef enum sgm_tier {
+  SGM_TIER_NONE = -1,
+  SGM_TIER_VRAM = 0,   /* dedicated GPU memory */
+  SGM_TIER_SHARED = 1, /* page-locked, device-mapped host RAM */
+  SGM_TIER_DISK = 2,   /* spill file */
+  SGM_TIER_COUNT = 3
+} sgm_tier;
+
+typedef enum sgm_status {
+  SGM_OK = 0,
+  SGM_ERR_INVALID = -1,     /* a bad argument or configuration value */
+  SGM_ERR_NOMEM = -2,       /* a budget or the device is full */
+  SGM_ERR_BACKEND = -3,     /* the driver (or emulated device) failed */
+  SGM_ERR_IO = -4,          /* disk I/O failed; data stayed where it was */
+  SGM_ERR_CORRUPT = -5,     /* a checksum did not match */
+  SGM_ERR_BUSY = -6,        /* the object is in use */
+  SGM_ERR_UNSUPPORTED = -7  /* not available on this backend or build */
+} sgm_status;
+
+typedef enum sgm_backend_kind {
+  SGM_BACKEND_CUDA = 0, /* a real NVIDIA GPU through libcuda.so.1 (the default) */
+  SGM_BACKEND_EMU = 1,  /* the emulated device: host memory stands in for VRAM */
+  SGM_BACKEND_AUTO = 2  /* cuda when a device answers, else emu with a notice */
+} sgm_backend_kind;
+
+/*
+ * A size option: an absolute byte count, or a fraction of a reference (the
+ * device's memory for VRAM sizes, physical RAM for host sizes, free disk space
+ * for the spill limit). Both zero means "unset": the documented default.
+ */
+typedef struct sgm_size {
+  uint64_t bytes;  /* absolute size in bytes; used when fraction == 0 */
+  double fraction; /* 0 < fraction <= 1: share of the reference; 0 = use bytes */
+} sgm_size;
+
+#define SGM_PATH_MAX 4096
+#define SGM_NAME_MAX 32
+#define SGM_ERROR_MAX 512
+
+/*
+ * Configuration of one context. Fill with sgm_config_init(), then change
+ * fields in code (code wins over the environment). Fields are only ever added
+ * at the end.
+ */
+typedef struct sgm_config {
+  sgm_backend_kind backend;       /* SGM_BACKEND */
+  int device;                     /* SGM_DEVICE: device ordinal */
+  sgm_size vram_limit;            /* SGM_VRAM_LIMIT: cap on the VRAM budget; unset = none */
+  double vram_fraction;           /* SGM_VRAM_FRACTION: budget share of device memory, (0, 1] */
+  int allow_growth;               /* SGM_ALLOW_GROWTH: 1 = grow on demand, 0 = reserve at create */
+  sgm_size shared_limit;          /* SGM_SHARED_LIMIT: unset = max(RAM/2, 64 MiB) */
+  char spill_dir[SGM_PATH_MAX];   /* SGM_SPILL_DIR: "" = no disk tier */
+  sgm_size spill_limit;           /* SGM_SPILL_LIMIT: unset = 50% of free space there */
+  char policy[SGM_NAME_MAX];      /* SGM_POLICY: eviction policy name */
+  int verbose;                    /* SGM_VERBOSE: 0 silent, 1 warnings, 2 info, 3 debug */
+  uint64_t emu_vram_bytes;        /* SGM_EMU_VRAM: size of the emulated device's memory */
+  uint64_t growth_chunk_bytes;    /* SGM_GROWTH_CHUNK: first chunk taken in growth mode */
+  uint64_t emu_fail_at;           /* SGM_EMU_FAIL_AT: testing: fail the Nth emulated call; 0 = never */
+  /*
+   * The first bad environment value sgm_config_init() met, as a message that
+   * names the variable and the value; "" when all were good. A config whose
+   * error is set is refused by sgm_context_create() with SGM_ERR_INVALID.
+   */
+  char error[SGM_ERROR_MAX];
+} sgm_config;
+
+/* A short constant name for a status ("SGM_ERR_NOMEM"); never NULL. */
+SGM_API const char *sgm_status_string(sgm_status s);
+
+/*
+ * The calling thread's last detailed error message; "" when none. Valid until
+ * this thread's next sgm call. Never NULL.
+ */
+SGM_API const char *sgm_last_error(void);
+
+/* A short constant name for a tier ("vram", "shared", "disk", "none"). */
+SGM_API const char *sgm_tier_name(sgm_tier t);
+
+/*
+ * Fill cfg with the defaults, then with the SGM_* environment. A bad value is
+ * recorded in cfg->error (and makes sgm_context_create fail); an unknown SGM_*
+ * variable gets a warning on stderr naming the closest known one. cfg must not
+ * be NULL. Thread-safe as long as no thread changes the environment meanwhile.
+ */
+SGM_API void sgm_config_init(sgm_config *cfg);
+
+/*
+ * Open a device and create a context on it. cfg NULL means sgm_config_init().
+ * TF_FORCE_GPU_ALLOW_GROWTH="true"/"false" overrides cfg->allow_growth.
+ * On failure *out is NULL and the status says why (SGM_ERR_INVALID for a bad
+ * configuration, SGM_ERR_BACKEND when the device cannot be opened,
+ * SGM_ERR_NOMEM when reserve mode cannot reserve the budget).
+ */
+SGM_API sgm_status sgm_context_create(const sgm_config *cfg, sgm_context **out);
+
+/*
+ * Destroy a context and return all its memory to the driver. Pointers it
+ * handed out become invalid. NULL is a no-op. No other thread may be using
+ * the context.
+ */
+SGM_API void sgm_context_destroy(sgm_context *ctx);
+
+/* The configuration the context runs with, after defaults and overrides. */
+SGM_API const sgm_config *sgm_context_config(const sgm_context *ctx);
+
+/*
+ * Allocate size bytes of device-accessible memory, aligned to 256 bytes (as
+ * cudaMalloc). The pointer never moves. stream: the CUDA stream the memory will
+ * be used on, or NULL. Returns NULL on failure (size 0, or the budgets are
+ * full: SGM_ERR_NOMEM with the budgets in sgm_last_error()). Thread-safe.
+ */
+SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream);
+
+/*
+ * Free a pointer from sgm_alloc. NULL is a no-op. A pointer sgm did not hand
+ * out, or one freed twice, is detected: nothing is freed, the thread's error is
+ * set (SGM_ERR_INVALID) and, with SGM_VERBOSE >= 1, a warning is printed.
+ * Thread-safe.
+ */
+SGM_API void sgm_free(sgm_context *ctx, void *ptr, void *stream);
+
+/* Like sgm_free, but returns the status instead of only setting the error. */
+SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream);
+
+/* The tier of a live allocation, SGM_TIER_NONE for any other pointer. */
+SGM_API sgm_tier sgm_pointer_tier(sgm_context *ctx, const void *ptr);
+
+/* Counters of one tier. */
+typedef struct sgm_tier_stats {
+  uint64_t budget_bytes;    /* the most this tier may hold for this context */
+  uint64_t committed_bytes; /* taken from the driver / OS now */
+  uint64_t used_bytes;      /* handed out now (sizes as rounded to the alignment) */
+  uint64_t peak_used_bytes; /* the highest used_bytes seen */
+  uint64_t n_live;          /* allocations and buffers living in this tier now */
+  uint64_t bytes_in;        /* moved into this tier by migration */
+  uint64_t bytes_out;       /* moved out of this tier by migration */
+  uint64_t n_evictions;     /* buffers moved out of this tier to make room */
+  uint64_t n_chunks;        /* chunks committed from the driver / OS now */
+  uint64_t n_allocs;        /* allocations served since create */
+  uint64_t n_frees;         /* frees served since create */
+  uint64_t n_failed;        /* allocations this tier could not serve */
+} sgm_tier_stats;
+
+/* Counters of one context; fields are only ever added at the end. */
+typedef struct sgm_stats {
+  sgm_tier_stats tier[SGM_TIER_COUNT];
+  uint64_t n_fallbacks;      /* allocations that wanted VRAM and got shared memory */
+  uint64_t fallback_bytes;   /* bytes of those allocations */
+  uint64_t device_total_bytes; /* memory of the device as the backend reports it */
+  uint64_t physical_ram_bytes; /* min(machine RAM, cgroup limit) */
+  uint64_t n_bad_frees;      /* frees of foreign pointers or double frees refused */
+} sgm_stats;
+
+/* Fill *out with the context's counters. Fast, any thread. On failure *out is zeroed. */
+SGM_API sgm_status sgm_get_stats(sgm_context *ctx, sgm_stats *out);
+
+/*
+ * The context's state as one JSON object (shape: docs/stats.md). *out is a
+ * NUL-terminated string to free with sgm_string_free; NULL on failure.
+ */
+SGM_API sgm_status sgm_stats_json(sgm_context *ctx, char **out);
+SGM_API void sgm_string_free(char *s);
+
+/*
+ * Return committed memory that is not in use (whole free chunks) to the
+ * driver / OS. In reserve mode (growth off) the reservation is kept.
+ * Thread-safe.
+ */
+SGM_API sgm_status sgm_trim(sgm_context *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SGM_H */

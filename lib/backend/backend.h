@@ -1,0 +1,89 @@
+/*
+ * backend.h — the contract between sgm and a device driver.
+ *
+ * Only lib/backend/ talks to a driver. The rest of sgm sees a device through
+ * the sgm_backend_ops vtable below and never dereferences device memory: it
+ * moves bytes only through the copy functions.
+ *
+ * Contract (every backend):
+ *  - open() takes the resolved config and returns an opened device or an
+ *    sgm_status < 0 with the thread's error set (via sgm__error_set) to a message
+ *    that names what failed and what to do.
+ *  - Every function that returns int returns SGM_OK or a negative sgm_status and
+ *    sets the error message on failure; on failure nothing was allocated and all
+ *    out-parameters are 0 / NULL.
+ *  - device_alloc() returns device memory aligned to at least 256 bytes
+ *    (SGM_DEVICE_ALIGN), not zeroed. The address is a device address: the CPU may
+ *    not touch it (the emulated device happens to use host memory, but sgm does
+ *    not rely on that).
+ *  - host_alloc() returns page-locked host memory that the device can address,
+ *    with both the host pointer and the device address; numa_node < 0 means
+ *    "any node".
+ *  - The free functions cannot fail from sgm's point of view: a driver error
+ *    there is reported through the log, never returned.
+ *  - copy() copies n bytes between any two addresses the kind names, in order on
+ *    `stream` (NULL = the backend's own stream), and returns when the copy is
+ *    complete as seen from the host (later issues add asynchronous copies).
+ *  - Every function is safe to call from any thread at once; sgm never holds one
+ *    of its tier locks across a backend call.
+ *  - The backend counts its live allocations; close() with allocations still
+ *    live frees them and reports the leak at SGM_VERBOSE >= 1.
+ */
+#ifndef SGM_BACKEND_H
+#define SGM_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sgm.h"
+
+/* cudaMalloc guarantees 256-byte alignment; sgm promises the same. */
+#define SGM_DEVICE_ALIGN 256u
+
+typedef uint64_t sgm_devptr; /* a device address (CUdeviceptr on CUDA) */
+
+typedef enum sgm_copy_kind {
+  SGM_COPY_HOST_TO_DEVICE = 0, /* dst device address, src host pointer */
+  SGM_COPY_DEVICE_TO_HOST = 1, /* dst host pointer, src device address */
+  SGM_COPY_DEVICE_TO_DEVICE = 2
+} sgm_copy_kind;
+
+typedef struct sgm_backend sgm_backend; /* one opened device, backend-private */
+
+/* Counters every backend keeps, for tests and leak checks. */
+typedef struct sgm_backend_counters {
+  uint64_t n_calls;           /* fallible calls made (the fault knob counts these) */
+  uint64_t device_live_bytes; /* device memory allocated and not freed */
+  uint64_t host_live_bytes;   /* pinned host memory allocated and not freed */
+  uint64_t n_device_live;     /* live device allocations */
+  uint64_t n_host_live;       /* live pinned host allocations */
+} sgm_backend_counters;
+
+typedef struct sgm_backend_ops {
+  const char *name; /* "cuda", "emu" */
+  int (*open)(const sgm_config *cfg, sgm_backend **out);
+  void (*close)(sgm_backend *be);
+  /* Device memory as the driver reports it now. */
+  int (*mem_info)(sgm_backend *be, uint64_t *free_bytes, uint64_t *total_bytes);
+  int (*device_alloc)(sgm_backend *be, uint64_t bytes, sgm_devptr *out);
+  void (*device_free)(sgm_backend *be, sgm_devptr ptr, uint64_t bytes);
+  int (*host_alloc)(sgm_backend *be, uint64_t bytes, int numa_node, void **host_out,
+                    sgm_devptr *dev_out);
+  void (*host_free)(sgm_backend *be, void *host, uint64_t bytes);
+  int (*copy)(sgm_backend *be, sgm_copy_kind kind, uint64_t dst, uint64_t src, uint64_t n,
+              void *stream);
+  void (*counters)(sgm_backend *be, sgm_backend_counters *out);
+} sgm_backend_ops;
+
+/* backend.c: pick the ops for a kind; SGM_BACKEND_AUTO is resolved by open. */
+extern const sgm_backend_ops sgm__backend_emu_ops;
+extern const sgm_backend_ops sgm__backend_cuda_ops;
+
+/*
+ * Open the backend cfg asks for. *ops_out and *be_out are written (NULL on
+ * failure). SGM_BACKEND_AUTO tries cuda, else emu with a notice at verbose >= 1.
+ */
+int sgm__backend_open(const sgm_config *cfg, const sgm_backend_ops **ops_out,
+                      sgm_backend **be_out);
+
+#endif /* SGM_BACKEND_H */

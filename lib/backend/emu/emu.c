@@ -1,0 +1,215 @@
+/*
+ * emu.c — the emulated device (SGM_BACKEND=emu).
+ *
+ * "VRAM" is host memory of a fixed size (SGM_EMU_VRAM): each device allocation
+ * is its own anonymous mapping, committed by the OS only when touched, and the
+ * device's free memory is the fixed size minus what is allocated. The rest of
+ * sgm never dereferences these addresses except through copy(), as on a real
+ * GPU. Pinned host memory is real: mapped, bound to the requested NUMA node
+ * with libnuma, and page-locked with mlock, so the shared tier's commit cost
+ * and RLIMIT_MEMLOCK behaviour are the real ones. Its device address is its
+ * host address (unified addressing).
+ *
+ * Fault injection for tests: with emu_fail_at = N > 0, the Nth fallible call
+ * (open counts as the first) fails as the driver would.
+ *
+ * Threading: counters are updated under one mutex; copies run unlocked.
+ */
+#include <errno.h>
+#include <numa.h>
+#include <numaif.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+
+#include "backend/backend.h"
+#include "internal.h"
+
+/* Page granularity of the OS mappings behind every emulated allocation. */
+#define EMU_PAGE 4096u
+
+struct sgm_backend {
+  pthread_mutex_t mu;          /* guards everything below */
+  uint64_t total_bytes;        /* the emulated device's memory size */
+  uint64_t fail_at;            /* fail the call with this number; 0 = never */
+  int verbose;                 /* log level from the config */
+  sgm_backend_counters c;      /* live bytes and call count */
+};
+
+/* Count one fallible call; true when the fault knob says this one fails. */
+static bool emu_inject(sgm_backend *be) {
+  pthread_mutex_lock(&be->mu);
+  uint64_t n = ++be->c.n_calls;
+  pthread_mutex_unlock(&be->mu);
+  return be->fail_at != 0 && n == be->fail_at;
+}
+
+static int emu_open(const sgm_config *cfg, sgm_backend **out) {
+  *out = NULL;
+  /* open() is call number 1 for the fault knob. */
+  if (cfg->emu_fail_at == 1)
+    return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure of call 1 (open)");
+  if (cfg->emu_vram_bytes < SGM_DEVICE_ALIGN)
+    return sgm__error_set(SGM_ERR_INVALID,
+                          "emulated device: SGM_EMU_VRAM=%llu bytes is too small (at least %u)",
+                          (unsigned long long)cfg->emu_vram_bytes, SGM_DEVICE_ALIGN);
+  sgm_backend *be = calloc(1, sizeof *be);
+  if (!be) return sgm__error_set(SGM_ERR_NOMEM, "emulated device: out of host memory");
+  pthread_mutex_init(&be->mu, NULL);
+  be->total_bytes = cfg->emu_vram_bytes;
+  be->fail_at = cfg->emu_fail_at;
+  be->verbose = cfg->verbose;
+  be->c.n_calls = 1;
+  *out = be;
+  return SGM_OK;
+}
+
+static void emu_close(sgm_backend *be) {
+  if (!be) return;
+  if (be->c.n_device_live || be->c.n_host_live)
+    sgm__log(be->verbose, 1, "emulated device closed with %llu device and %llu host allocations live",
+             (unsigned long long)be->c.n_device_live, (unsigned long long)be->c.n_host_live);
+  pthread_mutex_destroy(&be->mu);
+  free(be);
+}
+
+static int emu_mem_info(sgm_backend *be, uint64_t *free_bytes, uint64_t *total_bytes) {
+  *free_bytes = 0;
+  *total_bytes = 0;
+  if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (mem_info)");
+  pthread_mutex_lock(&be->mu);
+  *free_bytes = be->total_bytes - be->c.device_live_bytes;
+  *total_bytes = be->total_bytes;
+  pthread_mutex_unlock(&be->mu);
+  return SGM_OK;
+}
+
+static uint64_t emu_accounted(uint64_t bytes) { return sgm__align_up(bytes, SGM_DEVICE_ALIGN); }
+
+static int emu_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
+  *out = 0;
+  if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (device_alloc)");
+  if (bytes == 0) return sgm__error_set(SGM_ERR_INVALID, "emulated device: device_alloc of 0 bytes");
+  uint64_t acc = emu_accounted(bytes);
+  pthread_mutex_lock(&be->mu);
+  bool fits = acc <= be->total_bytes - be->c.device_live_bytes;
+  if (fits) {
+    be->c.device_live_bytes += acc;
+    be->c.n_device_live++;
+  }
+  uint64_t free_now = be->total_bytes - be->c.device_live_bytes;
+  pthread_mutex_unlock(&be->mu);
+  if (!fits) {
+    char a[32], f[32];
+    return sgm__error_set(SGM_ERR_NOMEM, "emulated device: out of memory allocating %s (%s free)",
+                          sgm__fmt_bytes(acc, a, sizeof a), sgm__fmt_bytes(free_now, f, sizeof f));
+  }
+  /* MAP_NORESERVE: like VRAM reserved but untouched, it costs no RAM until used. */
+  void *p = mmap(NULL, sgm__align_up(bytes, EMU_PAGE), PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    pthread_mutex_lock(&be->mu);
+    be->c.device_live_bytes -= acc;
+    be->c.n_device_live--;
+    pthread_mutex_unlock(&be->mu);
+    return sgm__error_set(SGM_ERR_NOMEM, "emulated device: mmap of %llu bytes failed: %s",
+                          (unsigned long long)bytes, strerror(e));
+  }
+  *out = (sgm_devptr)(uintptr_t)p;
+  return SGM_OK;
+}
+
+static void emu_device_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
+  if (!ptr) return;
+  munmap((void *)(uintptr_t)ptr, sgm__align_up(bytes, EMU_PAGE));
+  pthread_mutex_lock(&be->mu);
+  sgm_assert(be->c.n_device_live > 0 && be->c.device_live_bytes >= emu_accounted(bytes));
+  be->c.device_live_bytes -= emu_accounted(bytes);
+  be->c.n_device_live--;
+  pthread_mutex_unlock(&be->mu);
+}
+
+static int emu_host_alloc(sgm_backend *be, uint64_t bytes, int numa_node, void **host_out,
+                          sgm_devptr *dev_out) {
+  *host_out = NULL;
+  *dev_out = 0;
+  if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (host_alloc)");
+  if (bytes == 0) return sgm__error_set(SGM_ERR_INVALID, "emulated device: host_alloc of 0 bytes");
+  size_t len = sgm__align_up(bytes, EMU_PAGE);
+  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    return sgm__error_set(SGM_ERR_NOMEM, "pinned host memory: mmap of %zu bytes failed: %s", len,
+                          strerror(e));
+  }
+  /* Bind before the pages are touched, so mlock faults them in on that node. */
+  if (numa_node >= 0 && numa_available() >= 0 && numa_node <= numa_max_node())
+    numa_tonode_memory(p, len, numa_node);
+  if (mlock(p, len) != 0) {
+    int e = errno;
+    munmap(p, len);
+    struct rlimit rl = {0, 0};
+    getrlimit(RLIMIT_MEMLOCK, &rl);
+    char a[32], l[32];
+    return sgm__error_set(
+        SGM_ERR_NOMEM,
+        "cannot page-lock %s of host memory: %s; RLIMIT_MEMLOCK is %s "
+        "(raise it with `ulimit -l unlimited`, a memlock line in /etc/security/limits.conf, "
+        "or docker run --ulimit memlock=-1)",
+        sgm__fmt_bytes(len, a, sizeof a), strerror(e),
+        rl.rlim_cur == RLIM_INFINITY ? "unlimited" : sgm__fmt_bytes(rl.rlim_cur, l, sizeof l));
+  }
+  pthread_mutex_lock(&be->mu);
+  be->c.host_live_bytes += len;
+  be->c.n_host_live++;
+  pthread_mutex_unlock(&be->mu);
+  *host_out = p;
+  *dev_out = (sgm_devptr)(uintptr_t)p;
+  return SGM_OK;
+}
+
+static void emu_host_free(sgm_backend *be, void *host, uint64_t bytes) {
+  if (!host) return;
+  size_t len = sgm__align_up(bytes, EMU_PAGE);
+  munlock(host, len);
+  munmap(host, len);
+  pthread_mutex_lock(&be->mu);
+  sgm_assert(be->c.n_host_live > 0 && be->c.host_live_bytes >= len);
+  be->c.host_live_bytes -= len;
+  be->c.n_host_live--;
+  pthread_mutex_unlock(&be->mu);
+}
+
+static int emu_copy(sgm_backend *be, sgm_copy_kind kind, uint64_t dst, uint64_t src, uint64_t n,
+                    void *stream) {
+  (void)stream; /* the emulated device completes every copy before returning */
+  if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (copy)");
+  if (kind > SGM_COPY_DEVICE_TO_DEVICE)
+    return sgm__error_set(SGM_ERR_INVALID, "emulated device: bad copy kind %d", (int)kind);
+  if (n == 0) return SGM_OK;
+  if (!dst || !src) return sgm__error_set(SGM_ERR_INVALID, "emulated device: copy with a NULL address");
+  memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+  return SGM_OK;
+}
+
+static void emu_counters(sgm_backend *be, sgm_backend_counters *out) {
+  pthread_mutex_lock(&be->mu);
+  *out = be->c;
+  pthread_mutex_unlock(&be->mu);
+}
+
+const sgm_backend_ops sgm__backend_emu_ops = {
+    .name = "emu",
+    .open = emu_open,
+    .close = emu_close,
+    .mem_info = emu_mem_info,
+    .device_alloc = emu_device_alloc,
+    .device_free = emu_device_free,
+    .host_alloc = emu_host_alloc,
+    .host_free = emu_host_free,
+    .copy = emu_copy,
+    .counters = emu_counters,
+};

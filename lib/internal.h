@@ -1,0 +1,179 @@
+/*
+ * internal.h — every cross-file function of libsgm, grouped by the file that
+ * defines it. Names: sgm__<module>_<verb>. Nothing here is exported.
+ */
+#ifndef SGM_INTERNAL_H
+#define SGM_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sgm.h"
+
+/* ------------------------------------------------------------------------ */
+/* Assertions: levels switched by SGM_DEBUG (0 off, 1 contracts, 2 internal,
+ * 3 expensive). Always compiled, so they never rot; the failure path neither
+ * allocates nor locks. */
+#ifndef SGM_DEBUG
+#define SGM_DEBUG 0
+#endif
+
+#define sgm_assert(c) \
+  ((SGM_DEBUG >= 1 && !(c)) ? sgm__assert_fail(#c, __FILE__, __LINE__) : (void)0)
+#define sgm_assert_internal(c) \
+  ((SGM_DEBUG >= 2 && !(c)) ? sgm__assert_fail(#c, __FILE__, __LINE__) : (void)0)
+#define sgm_assert_expensive(c) \
+  ((SGM_DEBUG >= 3 && !(c)) ? sgm__assert_fail(#c, __FILE__, __LINE__) : (void)0)
+/* True when expensive checks are compiled in: guard whole-structure walks. */
+#define SGM_EXPENSIVE_CHECKS (SGM_DEBUG >= 3)
+
+#if defined(__GNUC__)
+#define SGM_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#define SGM_NORETURN __attribute__((noreturn))
+#define sgm_likely(x) __builtin_expect(!!(x), 1)
+#define sgm_unlikely(x) __builtin_expect(!!(x), 0)
+#else
+#define SGM_PRINTF(f, a)
+#define SGM_NORETURN
+#define sgm_likely(x) (x)
+#define sgm_unlikely(x) (x)
+#endif
+
+#define SGM_KiB (UINT64_C(1) << 10)
+#define SGM_MiB (UINT64_C(1) << 20)
+#define SGM_GiB (UINT64_C(1) << 30)
+
+static inline uint64_t sgm__align_up(uint64_t x, uint64_t a) { return (x + a - 1) & ~(a - 1); }
+static inline bool sgm__is_pow2(uint64_t x) { return x && !(x & (x - 1)); }
+
+/* ------------------------------------------------------------------------ */
+/* error.c */
+
+SGM_NORETURN void sgm__assert_fail(const char *cond, const char *file, int line);
+/* Set this thread's error message; returns status so callers can `return sgm__error_set(...)`. */
+int sgm__error_set(int status, const char *fmt, ...) SGM_PRINTF(2, 3);
+void sgm__error_clear(void);
+/* Write one line "sgm: <level>: <msg>" to stderr when verbose >= level. */
+void sgm__log(int verbose, int level, const char *fmt, ...) SGM_PRINTF(3, 4);
+/* Format bytes for people: "1.50 GiB". buf of at least 32 bytes; returns buf. */
+const char *sgm__fmt_bytes(uint64_t bytes, char *buf, size_t len);
+
+/* ------------------------------------------------------------------------ */
+/* Locks with a fixed order, checked when SGM_DEBUG >= 2: a thread may only take
+ * a lock of a higher rank than every lock it holds. */
+typedef enum sgm_lock_rank {
+  SGM_LOCK_CONTEXT = 1, /* context-wide state (hooks, config) */
+  SGM_LOCK_TIER_VRAM = 2,
+  SGM_LOCK_TIER_SHARED = 3,
+  SGM_LOCK_TIER_DISK = 4,
+  SGM_LOCK_BACKEND = 5 /* inside a backend only */
+} sgm_lock_rank;
+
+typedef struct sgm_lock {
+  pthread_mutex_t mu; /* the lock itself */
+  int rank;           /* sgm_lock_rank: position in the lock order */
+} sgm_lock;
+
+void sgm__lock_init(sgm_lock *l, int rank);
+void sgm__lock_destroy(sgm_lock *l);
+void sgm__lock_take(sgm_lock *l);
+void sgm__lock_drop(sgm_lock *l);
+/* True when this thread holds l (tracked only when SGM_DEBUG >= 2; else true). */
+bool sgm__lock_held(const sgm_lock *l);
+
+/* ------------------------------------------------------------------------ */
+/* options.c — THE option table (see the file for every row). */
+
+typedef enum sgm_option_kind {
+  SGM_OPT_SIZE,     /* sgm_size: bytes with K/M/G/T[iB] or a percentage */
+  SGM_OPT_BYTES,    /* uint64_t: bytes with K/M/G/T[iB], no percentage */
+  SGM_OPT_FRACTION, /* double in (0, 1] */
+  SGM_OPT_BOOL,     /* int 0/1 from 1/0/true/false/yes/no/on/off */
+  SGM_OPT_INT,      /* int within [min, max] */
+  SGM_OPT_U64,      /* uint64_t within [min, max] */
+  SGM_OPT_ENUM,     /* int index into names */
+  SGM_OPT_STRING    /* char[] of the field's size */
+} sgm_option_kind;
+
+typedef struct sgm_option {
+  const char *env;           /* the environment variable, e.g. "SGM_VRAM_LIMIT" */
+  size_t offset;             /* offsetof(sgm_config, field) */
+  size_t field_size;         /* sizeof the field (bounds string copies) */
+  sgm_option_kind kind;      /* how the value is parsed */
+  const char *default_value; /* the default, parsed by the same parser as the environment */
+  double min, max;           /* bounds for INT / U64 / FRACTION / BYTES (max 0 = none) */
+  const char *const *names;  /* ENUM: NULL-terminated value names */
+  const char *help;          /* one line for docs/options.md */
+} sgm_option;
+
+const sgm_option *sgm__options_table(size_t *n_out);
+/* Parse value for opt into cfg; on failure fill err (naming variable and value) and return SGM_ERR_INVALID. */
+int sgm__options_parse(const sgm_option *opt, const char *value, sgm_config *cfg, char *err,
+                       size_t err_len);
+/* Parse a size ("512MiB", "4G", "2.5GiB", "25%", "1048576"); percent only when allowed. */
+int sgm__options_parse_size(const char *s, bool allow_percent, sgm_size *out);
+/* Check values a program may have set in code; error names the field. */
+int sgm__options_validate(const sgm_config *cfg);
+/* Apply TF_FORCE_GPU_ALLOW_GROWTH ("true"/"false" only) to *allow_growth; other values warn. */
+void sgm__options_tf_growth(int verbose, int *allow_growth);
+/* CUDA_DEVICE_MEMORY_LIMIT_<device>, else CUDA_DEVICE_MEMORY_LIMIT: *out = cap in bytes, 0 if unset. */
+int sgm__options_cuda_memory_limit(int device, uint64_t *out);
+/* Resolve a size against its reference (device memory, RAM, free disk); unset gives dflt. */
+uint64_t sgm__size_resolve(sgm_size s, uint64_t reference, uint64_t dflt);
+
+/* ------------------------------------------------------------------------ */
+/* backend/host.c — the host machine: RAM, cgroup limit, NUMA. */
+
+/* Physical RAM of the machine (hwloc), in bytes; 0 if unknown. */
+uint64_t sgm__host_machine_ram(void);
+/* The cgroup v2 or v1 memory limit of this process, read under root ("" = "/");
+ * *out = 0 when there is no limit. */
+int sgm__host_cgroup_limit(const char *root, uint64_t *out);
+/* min(machine RAM, cgroup limit), reading the cgroup under root. */
+uint64_t sgm__host_physical_ram(const char *root);
+
+/* ------------------------------------------------------------------------ */
+/* suballoc.c — offset-based sub-allocator with metadata off-chunk.
+ *
+ * Hands out [offset, offset + size) ranges of an abstract offset space made of
+ * ranges added by its owner; never touches the memory itself, so it can carve
+ * device memory the CPU cannot address. No locks: its owner serialises it. */
+
+typedef struct sgm_suballoc sgm_suballoc;
+
+typedef struct sgm_suballoc_stats {
+  uint64_t capacity_bytes;     /* sum of the ranges' sizes */
+  uint64_t used_bytes;         /* sum of live blocks' (rounded) sizes */
+  uint64_t n_live;             /* live blocks */
+  uint64_t n_free_blocks;      /* free blocks (fragments) */
+  uint64_t largest_free_bytes; /* the biggest free block */
+  uint64_t n_ranges;           /* ranges added and not removed */
+} sgm_suballoc_stats;
+
+/* An empty allocator; align_bytes (a power of two) is every block's offset and size granule. */
+int sgm__suballoc_create(uint64_t align_bytes, sgm_suballoc **out);
+void sgm__suballoc_destroy(sgm_suballoc *sa);
+/* Add [offset, offset+size) as free space; aligned, not overlapping another range.
+ * Blocks never span two ranges, even adjacent ones. */
+int sgm__suballoc_add_range(sgm_suballoc *sa, uint64_t offset, uint64_t size);
+/* Remove the range added at offset if no live block is in it; false otherwise. */
+bool sgm__suballoc_try_remove_range(sgm_suballoc *sa, uint64_t offset);
+/* True when the range added at offset holds no live block. */
+bool sgm__suballoc_range_is_free(const sgm_suballoc *sa, uint64_t offset);
+/* Allocate size bytes (rounded up to the alignment). false when nothing fits
+ * (or block metadata cannot be allocated). *size_out: the rounded size. */
+bool sgm__suballoc_try_alloc(sgm_suballoc *sa, uint64_t size, uint64_t *offset_out,
+                             uint64_t *size_out);
+/* Free the live block that starts at offset; SGM_ERR_INVALID (nothing changed)
+ * when no live block starts there. *size_out: its size (0 on error). */
+int sgm__suballoc_free(sgm_suballoc *sa, uint64_t offset, uint64_t *size_out);
+/* Size of the live block starting at offset; 0 if none. */
+uint64_t sgm__suballoc_block_size(const sgm_suballoc *sa, uint64_t offset);
+void sgm__suballoc_stats(const sgm_suballoc *sa, sgm_suballoc_stats *out);
+/* Walk everything and check every invariant; false (and a message via
+ * sgm__error_set) on the first broken one. O(n). */
+bool sgm__suballoc_check(const sgm_suballoc *sa);
+
+#endif /* SGM_INTERNAL_H */

@@ -1,0 +1,70 @@
+/* test_util.c — see test_util.h. */
+#include "test_util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern char **environ;
+
+uint64_t sgm_test_seed(const char *suite, uint64_t fallback) {
+  const char *s = getenv("SGM_TEST_SEED");
+  uint64_t seed = s && *s ? strtoull(s, NULL, 0) : fallback;
+  printf("# %s: seed %llu (set SGM_TEST_SEED to replay)\n", suite, (unsigned long long)seed);
+  fflush(stdout);
+  return seed;
+}
+
+void sgm_test_rng_init(sgm_test_rng *r, uint64_t seed) {
+  r->s = seed ? seed : 0x9E3779B97F4A7C15ull;
+}
+
+uint64_t sgm_test_rng_next(sgm_test_rng *r) {
+  uint64_t x = r->s;
+  x ^= x >> 12;
+  x ^= x << 25;
+  x ^= x >> 27;
+  r->s = x;
+  return x * 0x2545F4914F6CDD1Dull;
+}
+
+uint64_t sgm_test_rng_range(sgm_test_rng *r, uint64_t lo, uint64_t hi) {
+  if (hi <= lo) return lo;
+  return lo + sgm_test_rng_next(r) % (hi - lo + 1);
+}
+
+uint64_t sgm_test_rng_log_range(sgm_test_rng *r, uint64_t lo, uint64_t hi) {
+  double u = (double)(sgm_test_rng_next(r) >> 11) / 9007199254740992.0;
+  double v = exp(log((double)lo) + u * (log((double)hi) - log((double)lo)));
+  uint64_t x = (uint64_t)v;
+  return x < lo ? lo : x > hi ? hi : x;
+}
+
+void sgm_test_clean_env(void) {
+  for (;;) {
+    char name[256] = "";
+    for (char **e = environ; *e; e++) {
+      if (strncmp(*e, "SGM_", 4) == 0 && strncmp(*e, "SGM_TEST_SEED=", 14) != 0) {
+        const char *eq = strchr(*e, '=');
+        size_t n = eq ? (size_t)(eq - *e) : strlen(*e);
+        if (n < sizeof name) {
+          memcpy(name, *e, n);
+          name[n] = '\0';
+          break;
+        }
+      }
+    }
+    if (!name[0]) break;
+    unsetenv(name);
+  }
+  unsetenv("TF_FORCE_GPU_ALLOW_GROWTH");
+  unsetenv("CUDA_DEVICE_MEMORY_LIMIT");
+  for (int d = 0; d < 16; d++) {
+    char n[64];
+    snprintf(n, sizeof n, "CUDA_DEVICE_MEMORY_LIMIT_%d", d);
+    unsetenv(n);
+  }
+  setenv("SGM_BACKEND", "emu", 1);
+  setenv("SGM_VERBOSE", "0", 1);
+}
