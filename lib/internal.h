@@ -104,8 +104,11 @@ typedef struct sgm_option {
   sgm_option_kind kind;      /* how the value is parsed */
   const char *default_value; /* the default, parsed by the same parser as the environment */
   double min, max;           /* bounds for INT / U64 / FRACTION / BYTES (max 0 = none) */
-  const char *const *names;  /* ENUM: NULL-terminated value names */
+  const char *const *names;  /* NULL-terminated: ENUM value names; STRING the only values
+                                allowed (NULL = any); SIZE keywords meaning "unset" */
   const char *help;          /* one line for docs/options.md */
+  const char *field;         /* the sgm_config field's name, for sgm__options_validate */
+  uint64_t granule_bytes;    /* BYTES: the value must be a multiple of this; 0 = any */
 } sgm_option;
 
 const sgm_option *sgm__options_table(size_t *n_out);
@@ -175,5 +178,36 @@ void sgm__suballoc_stats(const sgm_suballoc *sa, sgm_suballoc_stats *out);
 /* Walk everything and check every invariant; false (and a message via
  * sgm__error_set) on the first broken one. O(n). */
 bool sgm__suballoc_check(const sgm_suballoc *sa);
+
+/* ------------------------------------------------------------------------ */
+/* context.c — the context; its fields are read by stats.c. The counters
+ * below are updated with __atomic builtins (the header is also C++-clean). */
+
+struct sgm_tier_pool;
+struct sgm_backend;
+struct sgm_backend_ops;
+
+struct sgm_context {
+  sgm_config cfg;                          /* as resolved at create (TF override applied) */
+  const struct sgm_backend_ops *bops;      /* the backend's vtable */
+  struct sgm_backend *be;                  /* the opened device */
+  uint64_t device_total_bytes;             /* device memory as the backend reported at create */
+  uint64_t physical_ram_bytes;             /* min(machine RAM, cgroup limit) at create */
+  uint64_t cuda_memory_limit_bytes;        /* CUDA_DEVICE_MEMORY_LIMIT cap; 0 = none */
+  uint64_t budget_bytes[SGM_TIER_COUNT];   /* each tier's budget, resolved at create */
+  struct sgm_tier_pool *tiers[SGM_TIER_COUNT]; /* NULL for a tier not built (yet) */
+  uint64_t n_bad_frees;                    /* frees refused: foreign pointer or double free */
+  uint64_t n_fallbacks;                    /* allocations that wanted VRAM and got shared */
+  uint64_t fallback_bytes;                 /* bytes of those */
+};
+
+/* stats.c: the JSON writer grows a string; false when out of memory. */
+typedef struct sgm_strbuf {
+  char *s;    /* NUL-terminated text, malloc'd */
+  size_t len; /* bytes used, without the NUL */
+  size_t cap; /* bytes allocated */
+  bool failed; /* an append ran out of memory */
+} sgm_strbuf;
+void sgm__strbuf_printf(sgm_strbuf *b, const char *fmt, ...) SGM_PRINTF(2, 3);
 
 #endif /* SGM_INTERNAL_H */

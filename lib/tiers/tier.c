@@ -1,0 +1,313 @@
+/*
+ * tier.c — the chunk pool every tier is built on (see tier.h for the model).
+ *
+ * Invariants (checked by sgm__tier_check):
+ *  - committed_bytes <= budget_bytes, and committed_bytes >= the sum of the
+ *    live chunks' sizes (it also counts chunks being taken right now);
+ *  - every chunk is one range of the sub-allocator, at its device address;
+ *  - used_bytes and n_live equal the sub-allocator's.
+ *
+ * Threading: every function takes the pool lock; none holds it across a
+ * backend call (see tier.h).
+ */
+#include "tiers/tier.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A growth chunk never exceeds 1 GiB: past that, doubling would commit far
+ * more than the workload asked for, for little saving in driver calls. */
+#define TIER_MAX_GROWTH_CHUNK (UINT64_C(1) << 30)
+/* Dedicated chunks are rounded to 64 KiB, the smallest page the GPU maps. */
+#define TIER_DEDICATED_GRANULE (UINT64_C(64) << 10)
+/* A caller that keeps losing the chunk it just grew to other threads gives up
+ * after this many rounds rather than spin forever. */
+#define TIER_MAX_GROW_ROUNDS 16
+
+static int tier_add_chunk_locked(sgm_tier_pool *p, const sgm_chunk *c) {
+  sgm_assert_internal(sgm__lock_held(&p->lock));
+  if (p->n_chunks == p->cap_chunks) {
+    size_t cap = p->cap_chunks ? p->cap_chunks * 2 : 8;
+    sgm_chunk *n = realloc(p->chunks, cap * sizeof *n);
+    if (!n) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for chunk metadata");
+    p->chunks = n;
+    p->cap_chunks = cap;
+  }
+  int rc = sgm__suballoc_add_range(p->sa, c->base, c->bytes);
+  if (rc != SGM_OK) return rc;
+  p->chunks[p->n_chunks++] = *c;
+  return SGM_OK;
+}
+
+int sgm__tier_create(const sgm_tier_params *params, sgm_tier_pool **out) {
+  *out = NULL;
+  sgm_tier_pool *p = calloc(1, sizeof *p);
+  if (!p) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory creating the %s tier",
+                                sgm_tier_name(params->tier));
+  p->p = *params;
+  sgm__lock_init(&p->lock, SGM_LOCK_TIER_VRAM + (int)params->tier);
+  int rc = sgm__suballoc_create(SGM_DEVICE_ALIGN, &p->sa);
+  if (rc != SGM_OK) goto out_free;
+  if (!params->growth && params->budget_bytes > 0) {
+    /* Reserve mode: the whole budget as one contiguous range, so that any
+     * block up to the budget fits. */
+    sgm_chunk c = {0};
+    rc = params->ops->chunk_alloc(p, params->budget_bytes, &c);
+    if (rc != SGM_OK) {
+      char b[32];
+      rc = sgm__error_set(rc, "cannot reserve the %s budget of %s at create (growth mode off): %s; "
+                          "lower SGM_VRAM_LIMIT / SGM_VRAM_FRACTION or set SGM_ALLOW_GROWTH=1",
+                          sgm_tier_name(params->tier),
+                          sgm__fmt_bytes(params->budget_bytes, b, sizeof b), sgm_last_error());
+      goto out_sa;
+    }
+    sgm__lock_take(&p->lock);
+    rc = tier_add_chunk_locked(p, &c);
+    if (rc == SGM_OK) p->committed_bytes = c.bytes;
+    sgm__lock_drop(&p->lock);
+    if (rc != SGM_OK) {
+      params->ops->chunk_free(p, &c);
+      goto out_sa;
+    }
+  }
+  *out = p;
+  return SGM_OK;
+
+out_sa:
+  sgm__suballoc_destroy(p->sa);
+out_free:
+  sgm__lock_destroy(&p->lock);
+  free(p);
+  return rc;
+}
+
+void sgm__tier_destroy(sgm_tier_pool *p) {
+  if (!p) return;
+  for (size_t i = 0; i < p->n_chunks; i++) p->p.ops->chunk_free(p, &p->chunks[i]);
+  free(p->chunks);
+  sgm__suballoc_destroy(p->sa);
+  sgm__lock_destroy(&p->lock);
+  free(p);
+}
+
+/* Size of the next chunk for a block of need bytes (already aligned); 0 when
+ * the budget has no room for it. Sets *dedicated. */
+static uint64_t tier_next_chunk_locked(sgm_tier_pool *p, uint64_t need, bool *dedicated) {
+  uint64_t remaining = p->p.budget_bytes - p->committed_bytes;
+  uint64_t initial = p->p.growth_chunk_bytes;
+  uint64_t geo = p->n_geometric >= 40 ? TIER_MAX_GROWTH_CHUNK : initial << p->n_geometric;
+  if (geo > TIER_MAX_GROWTH_CHUNK) geo = TIER_MAX_GROWTH_CHUNK;
+  if (geo < initial) geo = initial;
+  *dedicated = need > geo;
+  uint64_t size = *dedicated ? sgm__align_up(need, TIER_DEDICATED_GRANULE) : geo;
+  if (size > remaining) size = remaining & ~(uint64_t)(SGM_DEVICE_ALIGN - 1);
+  return size >= need ? size : 0;
+}
+
+/* Detach every wholly free chunk (growth mode) into *out (malloc'd); returns count. */
+static size_t tier_detach_free_locked(sgm_tier_pool *p, sgm_chunk **out) {
+  *out = NULL;
+  if (!p->p.growth) return 0;
+  size_t n_free = 0;
+  for (size_t i = 0; i < p->n_chunks; i++)
+    if (sgm__suballoc_range_is_free(p->sa, p->chunks[i].base)) n_free++;
+  if (n_free == 0) return 0;
+  sgm_chunk *list = malloc(n_free * sizeof *list);
+  if (!list) return 0; /* trimming is best effort: keep the chunks */
+  size_t k = 0, w = 0;
+  for (size_t i = 0; i < p->n_chunks; i++) {
+    sgm_chunk c = p->chunks[i];
+    if (sgm__suballoc_try_remove_range(p->sa, c.base)) {
+      list[k++] = c;
+      if (!c.dedicated && p->n_geometric > 0) p->n_geometric--;
+    } else {
+      p->chunks[w++] = c;
+    }
+  }
+  p->n_chunks = w;
+  *out = list;
+  return k;
+}
+
+/* Give detached chunks back to the backend (lock not held); bytes returned. */
+static uint64_t tier_release_chunks(sgm_tier_pool *p, sgm_chunk *list, size_t n) {
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < n; i++) {
+    p->p.ops->chunk_free(p, &list[i]);
+    bytes += list[i].bytes;
+  }
+  free(list);
+  if (bytes) {
+    sgm__lock_take(&p->lock);
+    p->committed_bytes -= bytes;
+    sgm__lock_drop(&p->lock);
+  }
+  return bytes;
+}
+
+static int tier_nomem_locked(sgm_tier_pool *p, uint64_t size, int backend_rc) {
+  char a[32], b[32], u[32], c[32], l[32];
+  sgm_suballoc_stats st;
+  sgm__suballoc_stats(p->sa, &st);
+  p->n_failed++;
+  const char *name = sgm_tier_name(p->p.tier);
+  if (backend_rc != SGM_OK)
+    return sgm__error_set(SGM_ERR_NOMEM,
+                          "%s: cannot allocate %s: the device gave no new chunk (%s); "
+                          "budget %s, in use %s in %llu blocks, committed %s",
+                          name, sgm__fmt_bytes(size, a, sizeof a), sgm_last_error(),
+                          sgm__fmt_bytes(p->p.budget_bytes, b, sizeof b),
+                          sgm__fmt_bytes(p->used_bytes, u, sizeof u), (unsigned long long)p->n_live,
+                          sgm__fmt_bytes(p->committed_bytes, c, sizeof c));
+  return sgm__error_set(SGM_ERR_NOMEM,
+                        "%s budget exhausted: cannot allocate %s; budget %s, in use %s in %llu "
+                        "blocks, committed %s, largest free block %s (free memory, or raise "
+                        "SGM_VRAM_LIMIT / SGM_VRAM_FRACTION)",
+                        name, sgm__fmt_bytes(size, a, sizeof a),
+                        sgm__fmt_bytes(p->p.budget_bytes, b, sizeof b),
+                        sgm__fmt_bytes(p->used_bytes, u, sizeof u), (unsigned long long)p->n_live,
+                        sgm__fmt_bytes(p->committed_bytes, c, sizeof c),
+                        sgm__fmt_bytes(st.largest_free_bytes, l, sizeof l));
+}
+
+int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
+  *out = 0;
+  if (size == 0) return sgm__error_set(SGM_ERR_INVALID, "allocation of 0 bytes");
+  if (size > UINT64_MAX - SGM_DEVICE_ALIGN)
+    return sgm__error_set(SGM_ERR_INVALID, "allocation of %llu bytes overflows",
+                          (unsigned long long)size);
+  uint64_t need = sgm__align_up(size, SGM_DEVICE_ALIGN);
+  bool trimmed = false;
+  sgm__lock_take(&p->lock);
+  for (int round = 0; round < TIER_MAX_GROW_ROUNDS; round++) {
+    uint64_t off = 0, got = 0;
+    if (sgm__suballoc_try_alloc(p->sa, need, &off, &got)) {
+      p->used_bytes += got;
+      if (p->used_bytes > p->peak_used_bytes) p->peak_used_bytes = p->used_bytes;
+      p->n_live++;
+      p->n_allocs++;
+      sgm__lock_drop(&p->lock);
+      *out = off;
+      return SGM_OK;
+    }
+    if (!p->p.growth) break;
+    bool dedicated = false;
+    uint64_t chunk = tier_next_chunk_locked(p, need, &dedicated);
+    if (chunk == 0) {
+      if (trimmed) break;
+      /* No room in the budget for a new chunk: free chunks may be what holds
+       * it (fragmentation across chunks); give them back and try once more. */
+      trimmed = true;
+      sgm_chunk *list;
+      size_t n = tier_detach_free_locked(p, &list);
+      if (n == 0) break;
+      sgm__lock_drop(&p->lock);
+      tier_release_chunks(p, list, n);
+      sgm__lock_take(&p->lock);
+      continue;
+    }
+    p->committed_bytes += chunk;
+    if (!dedicated) p->n_geometric++;
+    sgm__lock_drop(&p->lock);
+    sgm_chunk c = {0};
+    int rc = p->p.ops->chunk_alloc(p, chunk, &c);
+    if (rc == SGM_OK) c.dedicated = dedicated;
+    sgm__lock_take(&p->lock);
+    if (rc == SGM_OK) {
+      rc = tier_add_chunk_locked(p, &c);
+      if (rc != SGM_OK) {
+        p->committed_bytes -= chunk;
+        if (!dedicated && p->n_geometric > 0) p->n_geometric--;
+        sgm__lock_drop(&p->lock);
+        p->p.ops->chunk_free(p, &c);
+        return rc;
+      }
+      continue;
+    }
+    p->committed_bytes -= chunk;
+    if (!dedicated && p->n_geometric > 0) p->n_geometric--;
+    /* The message names the budget; the status stays the backend's. */
+    tier_nomem_locked(p, size, rc);
+    sgm__lock_drop(&p->lock);
+    return rc;
+  }
+  int rc = tier_nomem_locked(p, size, SGM_OK);
+  sgm__lock_drop(&p->lock);
+  return rc;
+}
+
+int sgm__tier_free(sgm_tier_pool *p, sgm_devptr ptr, uint64_t *size_out) {
+  *size_out = 0;
+  sgm__lock_take(&p->lock);
+  uint64_t sz = 0;
+  int rc = sgm__suballoc_free(p->sa, ptr, &sz);
+  if (rc == SGM_OK) {
+    sgm_assert_internal(p->used_bytes >= sz && p->n_live > 0);
+    p->used_bytes -= sz;
+    p->n_live--;
+    p->n_frees++;
+  }
+  sgm__lock_drop(&p->lock);
+  *size_out = sz;
+  return rc;
+}
+
+bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr) {
+  sgm__lock_take(&p->lock);
+  bool owns = sgm__suballoc_block_size(p->sa, ptr) != 0;
+  sgm__lock_drop(&p->lock);
+  return owns;
+}
+
+uint64_t sgm__tier_trim(sgm_tier_pool *p) {
+  sgm_chunk *list;
+  sgm__lock_take(&p->lock);
+  size_t n = tier_detach_free_locked(p, &list);
+  sgm__lock_drop(&p->lock);
+  return n ? tier_release_chunks(p, list, n) : 0;
+}
+
+void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out) {
+  memset(out, 0, sizeof *out);
+  sgm__lock_take(&p->lock);
+  out->budget_bytes = p->p.budget_bytes;
+  out->committed_bytes = p->committed_bytes;
+  out->used_bytes = p->used_bytes;
+  out->peak_used_bytes = p->peak_used_bytes;
+  out->n_live = p->n_live;
+  out->n_chunks = p->n_chunks;
+  out->n_allocs = p->n_allocs;
+  out->n_frees = p->n_frees;
+  out->n_failed = p->n_failed;
+  sgm__lock_drop(&p->lock);
+}
+
+bool sgm__tier_check(sgm_tier_pool *p) {
+  bool ok = true;
+  sgm__lock_take(&p->lock);
+  uint64_t sum = 0;
+  for (size_t i = 0; i < p->n_chunks; i++) sum += p->chunks[i].bytes;
+  sgm_suballoc_stats st;
+  sgm__suballoc_stats(p->sa, &st);
+  if (!sgm__suballoc_check(p->sa)) {
+    ok = false;
+  } else if (p->committed_bytes > p->p.budget_bytes) {
+    ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: committed %llu > budget %llu",
+                         sgm_tier_name(p->p.tier), (unsigned long long)p->committed_bytes,
+                         (unsigned long long)p->p.budget_bytes);
+  } else if (sum > p->committed_bytes || st.capacity_bytes != sum || st.n_ranges != p->n_chunks) {
+    ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: chunks hold %llu bytes in %zu, sub-allocator %llu "
+                         "in %llu, committed %llu", sgm_tier_name(p->p.tier),
+                         (unsigned long long)sum, p->n_chunks,
+                         (unsigned long long)st.capacity_bytes, (unsigned long long)st.n_ranges,
+                         (unsigned long long)p->committed_bytes);
+  } else if (st.used_bytes != p->used_bytes || st.n_live != p->n_live) {
+    ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: used %llu/%llu blocks, sub-allocator %llu/%llu",
+                         sgm_tier_name(p->p.tier), (unsigned long long)p->used_bytes,
+                         (unsigned long long)p->n_live, (unsigned long long)st.used_bytes,
+                         (unsigned long long)st.n_live);
+  }
+  sgm__lock_drop(&p->lock);
+  return ok;
+}

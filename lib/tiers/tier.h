@@ -1,0 +1,95 @@
+/*
+ * tier.h — what every tier provides, and the chunk pool they share.
+ *
+ * A tier pool holds chunks of memory taken from the backend (VRAM chunks,
+ * pinned host chunks) and carves them with the sub-allocator. The
+ * sub-allocator's offset space is the device address space itself: each chunk
+ * is added as a range at its device address, so a block's offset *is* the
+ * pointer handed out, and freeing a pointer needs no lookup table (a pointer
+ * that is not the start of a live block is refused by the sub-allocator).
+ *
+ * Growth mode: chunks are taken on demand, geometrically growing from
+ * growth_chunk_bytes; a block larger than the next chunk gets a chunk of its
+ * own; committed bytes never exceed the budget. Reserve mode: one chunk of the
+ * whole budget is taken at create and kept until destroy.
+ *
+ * Threading: one lock per pool (rank = the tier's). The lock is never held
+ * across a backend call: growing reserves the bytes under the lock
+ * (committed_bytes += chunk, so concurrent growers cannot overshoot the
+ * budget), drops it, calls the backend, and retakes it to add the range.
+ */
+#ifndef SGM_TIER_H
+#define SGM_TIER_H
+
+#include "backend/backend.h"
+#include "internal.h"
+
+typedef struct sgm_tier_pool sgm_tier_pool;
+
+typedef struct sgm_chunk {
+  sgm_devptr base; /* device address of the first byte; the range's offset */
+  void *host;      /* host address of the first byte (shared tier), NULL for VRAM */
+  uint64_t bytes;  /* size of the chunk */
+  bool dedicated;  /* taken for one block larger than a growth chunk */
+} sgm_chunk;
+
+/* How a tier gets memory from the backend; called without the pool lock. */
+typedef struct sgm_chunk_ops {
+  int (*chunk_alloc)(sgm_tier_pool *p, uint64_t bytes, sgm_chunk *out);
+  void (*chunk_free)(sgm_tier_pool *p, const sgm_chunk *c);
+} sgm_chunk_ops;
+
+/* What a tier pool is created with. */
+typedef struct sgm_tier_params {
+  sgm_tier tier;               /* which tier this pool is */
+  const sgm_chunk_ops *ops;    /* chunk source */
+  const sgm_backend_ops *bops; /* the backend the chunk source calls */
+  sgm_backend *be;             /* the opened device */
+  uint64_t budget_bytes;       /* committed never exceeds this */
+  bool growth;                 /* true: grow on demand; false: reserve the budget now */
+  uint64_t growth_chunk_bytes; /* the first chunk in growth mode */
+  int verbose;                 /* log level */
+} sgm_tier_params;
+
+struct sgm_tier_pool {
+  sgm_lock lock;              /* guards everything below but the params */
+  sgm_tier_params p;          /* set at create, read-only after */
+  sgm_suballoc *sa;           /* carves the chunks; offsets are device addresses */
+  sgm_chunk *chunks;          /* live chunks, in the order they were taken */
+  size_t n_chunks;            /* entries used in chunks */
+  size_t cap_chunks;          /* entries allocated in chunks */
+  unsigned n_geometric;       /* growth chunks taken so far: the next is initial << this */
+  uint64_t committed_bytes;   /* chunk bytes taken or being taken from the backend */
+  uint64_t used_bytes;        /* bytes of live blocks (rounded to the alignment) */
+  uint64_t peak_used_bytes;   /* highest used_bytes */
+  uint64_t n_live;            /* live blocks */
+  uint64_t n_allocs;          /* blocks handed out since create */
+  uint64_t n_frees;           /* blocks freed since create */
+  uint64_t n_failed;          /* allocations this pool could not serve */
+};
+
+/* tier.c */
+
+/* Create a pool; in reserve mode this takes the whole budget as one chunk. */
+int sgm__tier_create(const sgm_tier_params *params, sgm_tier_pool **out);
+/* Return every chunk to the backend and free the pool. NULL is a no-op. */
+void sgm__tier_destroy(sgm_tier_pool *p);
+/* Allocate size bytes (aligned to SGM_DEVICE_ALIGN); SGM_ERR_NOMEM with a message
+ * naming the budget and use when it does not fit. *out = 0 on failure. */
+int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out);
+/* Free a block; SGM_ERR_INVALID (nothing changed) when ptr is not a live block
+ * of this pool. *size_out: its size. */
+int sgm__tier_free(sgm_tier_pool *p, sgm_devptr ptr, uint64_t *size_out);
+/* True when ptr is the start of a live block of this pool. */
+bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr);
+/* Return wholly free chunks to the backend (growth mode only); bytes returned. */
+uint64_t sgm__tier_trim(sgm_tier_pool *p);
+/* Counters (the migration fields are left 0 here). */
+void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out);
+/* Walk the pool and check every invariant; false with a message on the first broken one. */
+bool sgm__tier_check(sgm_tier_pool *p);
+
+/* vram.c: the chunk source of the VRAM tier (device memory from the backend). */
+extern const sgm_chunk_ops sgm__vram_chunk_ops;
+
+#endif /* SGM_TIER_H */
