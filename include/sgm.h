@@ -144,6 +144,9 @@ SGM_API void sgm_context_destroy(sgm_context *ctx);
 /* The configuration the context runs with, after defaults and overrides. */
 SGM_API const sgm_config *sgm_context_config(const sgm_context *ctx);
 
+/* The backend the context runs on: "cuda" or "emu" (auto resolved). */
+SGM_API const char *sgm_context_backend(const sgm_context *ctx);
+
 /*
  * Allocate size bytes of device-accessible memory, aligned to 256 bytes (as
  * cudaMalloc). The pointer never moves. stream: the CUDA stream the memory will

@@ -110,6 +110,10 @@ SGM_API const sgm_config *sgm_context_config(const sgm_context *ctx) {
   return ctx ? &ctx->cfg : NULL;
 }
 
+SGM_API const char *sgm_context_backend(const sgm_context *ctx) {
+  return ctx ? ctx->bops->name : "none";
+}
+
 SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
   (void)stream; /* stream-ordered reuse comes with the CUDA backend */
   if (sgm_unlikely(!ctx)) {
