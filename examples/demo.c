@@ -10,6 +10,7 @@
  * Runs on a real GPU when SGM_BACKEND=cuda; without SGM_BACKEND set it uses
  * SGM_BACKEND=auto, which says when it falls back to the emulated device.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

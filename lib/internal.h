@@ -178,6 +178,9 @@ void sgm__suballoc_stats(const sgm_suballoc *sa, sgm_suballoc_stats *out);
 /* Walk everything and check every invariant; false (and a message via
  * sgm__error_set) on the first broken one. O(n). */
 bool sgm__suballoc_check(const sgm_suballoc *sa);
+/* Tests: make sa's n-th next metadata malloc fail (0 = the next one), then
+ * succeed again; n < 0 turns it off. Lets a test walk every NOMEM path. */
+void sgm__suballoc_inject_nomem(sgm_suballoc *sa, int64_t n);
 
 /* ------------------------------------------------------------------------ */
 /* context.c — the context; its fields are read by stats.c. The counters

@@ -312,7 +312,7 @@ static void test_backend_failure_loop(void **state) {
     void *p[40] = {0};
     int failures = 0;
     for (int i = 0; i < 40; i++) {
-      p[i] = sgm_alloc(ctx, (size_t)(i + 1) * 300 * 1024, NULL);
+      p[i] = sgm_alloc(ctx, (size_t)(i + 1) * 30 * 1024, NULL);
       if (!p[i]) {
         failures++;
         assert_true(strlen(sgm_last_error()) > 0);
