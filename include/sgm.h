@@ -97,6 +97,8 @@ typedef struct sgm_config {
   uint64_t emu_vram_bytes;        /* SGM_EMU_VRAM: size of the emulated device's memory */
   uint64_t growth_chunk_bytes;    /* SGM_GROWTH_CHUNK: first chunk taken in growth mode */
   uint64_t emu_fail_at;           /* SGM_EMU_FAIL_AT: testing: fail the Nth emulated call; 0 = never */
+  int shared_fallback;            /* SGM_SHARED_FALLBACK: 1 = full VRAM spills to shared memory */
+  uint64_t idle_trim_ms;          /* SGM_IDLE_TRIM_MS: free chunks idle this long go back; 0 = never */
   /*
    * The first bad environment value sgm_config_init() met, as a message that
    * names the variable and the value; "" when all were good. A config whose
@@ -211,6 +213,32 @@ SGM_API void sgm_string_free(char *s);
  * Thread-safe.
  */
 SGM_API sgm_status sgm_trim(sgm_context *ctx);
+
+/*
+ * Fallback notification: called (on the allocating thread, without sgm locks
+ * held) for every allocation that wanted VRAM and landed in shared memory.
+ * It must not call back into the same context. NULL unregisters.
+ */
+typedef void (*sgm_fallback_fn)(void *user, void *ptr, size_t size);
+SGM_API sgm_status sgm_set_fallback_callback(sgm_context *ctx, sgm_fallback_fn fn, void *user);
+
+/* ---- Framework hooks: one lazily created context per device, configured
+ * from the environment; thread-safe first use. ---- */
+
+/*
+ * PyTorch CUDAPluggableAllocator entry points:
+ *   torch.cuda.memory.CUDAPluggableAllocator("libsgm.so", "sgm_torch_malloc", "sgm_torch_free")
+ * PyTorch does not check for NULL: on failure sgm_torch_malloc always logs one
+ * line to stderr saying why, then returns NULL.
+ */
+SGM_API void *sgm_torch_malloc(size_t size, int device, void *stream);
+SGM_API void sgm_torch_free(void *ptr, size_t size, int device, void *stream);
+/* Optional hooks: empty_cache trims every hook context; set_memory_fraction
+ * sets the VRAM budget of a device's context to fraction × device memory. */
+SGM_API void sgm_torch_empty_cache(void);
+SGM_API void sgm_torch_set_memory_fraction(double fraction, int device);
+/* The hook context of a device (created on first use); NULL with the error set on failure. */
+SGM_API sgm_context *sgm_hook_context(int device);
 
 #ifdef __cplusplus
 }

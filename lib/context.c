@@ -7,8 +7,11 @@
  * Threading: every entry point is safe from any thread; the tiers lock
  * themselves, the context's own counters are atomics.
  */
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/backend.h"
 #include "internal.h"
@@ -16,6 +19,100 @@
 
 /* The shared pool's floor, as Windows: max(RAM / 2, 64 MiB). */
 #define CONTEXT_SHARED_MIN_BYTES (UINT64_C(64) << 20)
+/* VRAM growth chunks stop doubling at 1 GiB: past that, doubling would commit
+ * far more than the workload asked for, for little saving in driver calls. */
+#define CONTEXT_VRAM_MAX_CHUNK (UINT64_C(1) << 30)
+/* Shared chunks stop at 64 MiB: pinning is paid up front (the pages are
+ * faulted in and locked), so a big chunk costs latency on the allocation that
+ * takes it and keeps RAM locked that nobody uses yet. */
+#define CONTEXT_SHARED_MAX_CHUNK (UINT64_C(64) << 20)
+/* The idle thread looks four times per delay, so a chunk goes back between
+ * one and 1.25 delays after it was last used; never more often than 10 ms. */
+#define CONTEXT_IDLE_TICKS_PER_DELAY 4
+#define CONTEXT_IDLE_MIN_PERIOD_MS 10
+
+static uint64_t context_monotonic_ms(void *user) {
+  (void)user;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+void sgm__context_set_clock(sgm_context *ctx, uint64_t (*clock_ms)(void *user), void *user) {
+  sgm__lock_take(&ctx->lock);
+  ctx->clock_ms = clock_ms ? clock_ms : context_monotonic_ms;
+  ctx->clock_user = clock_ms ? user : NULL;
+  sgm__lock_drop(&ctx->lock);
+}
+
+uint64_t sgm__context_idle_tick(sgm_context *ctx) {
+  sgm__lock_take(&ctx->lock);
+  uint64_t now = ctx->clock_ms(ctx->clock_user);
+  sgm__lock_drop(&ctx->lock);
+  uint64_t returned = 0;
+  for (int t = 0; t < SGM_TIER_COUNT; t++)
+    if (ctx->tiers[t]) returned += sgm__tier_idle_trim(ctx->tiers[t], now, ctx->cfg.idle_trim_ms);
+  if (returned) {
+    char b[32];
+    sgm__log(ctx->cfg.verbose, 3, "idle trim returned %s", sgm__fmt_bytes(returned, b, sizeof b));
+  }
+  return returned;
+}
+
+static void *context_idle_main(void *arg) {
+  sgm_context *ctx = arg;
+  uint64_t period = ctx->cfg.idle_trim_ms / CONTEXT_IDLE_TICKS_PER_DELAY;
+  if (period < CONTEXT_IDLE_MIN_PERIOD_MS) period = CONTEXT_IDLE_MIN_PERIOD_MS;
+  pthread_mutex_lock(&ctx->idle_mu);
+  while (!ctx->idle_stop) {
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += (time_t)(period / 1000);
+    until.tv_nsec += (long)(period % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+      until.tv_sec++;
+      until.tv_nsec -= 1000000000L;
+    }
+    int rc = 0;
+    while (!ctx->idle_stop && rc != ETIMEDOUT)
+      rc = pthread_cond_timedwait(&ctx->idle_cond, &ctx->idle_mu, &until);
+    if (ctx->idle_stop) break;
+    pthread_mutex_unlock(&ctx->idle_mu);
+    sgm__context_idle_tick(ctx);
+    pthread_mutex_lock(&ctx->idle_mu);
+  }
+  pthread_mutex_unlock(&ctx->idle_mu);
+  return NULL;
+}
+
+static int context_start_idle_thread(sgm_context *ctx) {
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&ctx->idle_cond, &ca);
+  pthread_condattr_destroy(&ca);
+  pthread_mutex_init(&ctx->idle_mu, NULL);
+  if (ctx->cfg.idle_trim_ms == 0) return SGM_OK;
+  int e = pthread_create(&ctx->idle_thread, NULL, context_idle_main, ctx);
+  if (e != 0)
+    return sgm__error_set(SGM_ERR_NOMEM, "cannot start the idle-trim thread: %s (set "
+                          "SGM_IDLE_TRIM_MS=0 to run without it)", strerror(e));
+  ctx->idle_running = true;
+  return SGM_OK;
+}
+
+static void context_stop_idle_thread(sgm_context *ctx) {
+  if (ctx->idle_running) {
+    pthread_mutex_lock(&ctx->idle_mu);
+    ctx->idle_stop = true;
+    pthread_cond_signal(&ctx->idle_cond);
+    pthread_mutex_unlock(&ctx->idle_mu);
+    pthread_join(ctx->idle_thread, NULL);
+    ctx->idle_running = false;
+  }
+  pthread_cond_destroy(&ctx->idle_cond);
+  pthread_mutex_destroy(&ctx->idle_mu);
+}
 
 /* VRAM budget = device total × fraction, capped by SGM_VRAM_LIMIT and by
  * CUDA_DEVICE_MEMORY_LIMIT; aligned down to the device alignment. */
@@ -78,8 +175,26 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
       .growth_chunk_bytes = ctx->cfg.growth_chunk_bytes,
       .verbose = ctx->cfg.verbose,
   };
+  vp.max_chunk_bytes = CONTEXT_VRAM_MAX_CHUNK;
+  vp.limit_hint = "SGM_VRAM_LIMIT / SGM_VRAM_FRACTION";
   rc = sgm__tier_create(&vp, &ctx->tiers[SGM_TIER_VRAM]);
   if (rc != SGM_OK) goto out_close;
+
+  /* Shared GPU memory: always lazily committed, whatever the VRAM mode. */
+  sgm_tier_params sp = vp;
+  sp.tier = SGM_TIER_SHARED;
+  sp.ops = &sgm__shared_chunk_ops;
+  sp.budget_bytes = ctx->budget_bytes[SGM_TIER_SHARED];
+  sp.growth = true;
+  sp.max_chunk_bytes = CONTEXT_SHARED_MAX_CHUNK;
+  sp.limit_hint = "SGM_SHARED_LIMIT";
+  rc = sgm__tier_create(&sp, &ctx->tiers[SGM_TIER_SHARED]);
+  if (rc != SGM_OK) goto out_tiers;
+
+  sgm__lock_init(&ctx->lock, SGM_LOCK_CONTEXT);
+  ctx->clock_ms = context_monotonic_ms;
+  rc = context_start_idle_thread(ctx);
+  if (rc != SGM_OK) goto out_lock;
 
   char v[32], t[32], s[32];
   sgm__log(ctx->cfg.verbose, 2, "context on %s device %d: VRAM budget %s of %s (%s), shared budget %s",
@@ -92,6 +207,11 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   *out = ctx;
   return SGM_OK;
 
+out_lock:
+  context_stop_idle_thread(ctx);
+  sgm__lock_destroy(&ctx->lock);
+out_tiers:
+  for (int k = SGM_TIER_COUNT - 1; k >= 0; k--) sgm__tier_destroy(ctx->tiers[k]);
 out_close:
   ctx->bops->close(ctx->be);
 out_free:
@@ -101,6 +221,8 @@ out_free:
 
 SGM_API void sgm_context_destroy(sgm_context *ctx) {
   if (!ctx) return;
+  context_stop_idle_thread(ctx);
+  sgm__lock_destroy(&ctx->lock);
   for (int t = SGM_TIER_COUNT - 1; t >= 0; t--) sgm__tier_destroy(ctx->tiers[t]);
   ctx->bops->close(ctx->be);
   free(ctx);
@@ -108,6 +230,58 @@ SGM_API void sgm_context_destroy(sgm_context *ctx) {
 
 SGM_API const sgm_config *sgm_context_config(const sgm_context *ctx) {
   return ctx ? &ctx->cfg : NULL;
+}
+
+/* Rule 3 of the placement rules: VRAM is full, so the block lands in shared
+ * GPU memory — device-accessible, slower. Counted, announced once at
+ * SGM_VERBOSE >= 1, and reported to the callback every time. */
+static void *context_fallback(sgm_context *ctx, size_t size) {
+  char vram_msg[SGM_ERROR_MAX];
+  snprintf(vram_msg, sizeof vram_msg, "%s", sgm_last_error());
+  sgm_devptr d = 0;
+  int rc = sgm__tier_alloc(ctx->tiers[SGM_TIER_SHARED], size, &d);
+  if (rc != SGM_OK) {
+    sgm__error_set(rc, "sgm_alloc: VRAM and shared GPU memory are both full. VRAM: %s. Shared: %s",
+                   vram_msg, sgm_last_error());
+    return NULL;
+  }
+  void *ptr = (void *)(uintptr_t)d;
+  uint64_t n = __atomic_fetch_add(&ctx->n_fallbacks, 1, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&ctx->fallback_bytes, (uint64_t)size, __ATOMIC_RELAXED);
+  if (n == 0) {
+    char a[32];
+    sgm__log(ctx->cfg.verbose, 1, "VRAM budget full: allocations now spill into shared GPU memory "
+             "(first: %s; %s). Set SGM_SHARED_FALLBACK=off to fail instead",
+             sgm__fmt_bytes(size, a, sizeof a), vram_msg);
+  }
+  sgm__lock_take(&ctx->lock);
+  sgm_fallback_fn fn = ctx->fallback_fn;
+  void *user = ctx->fallback_user;
+  sgm__lock_drop(&ctx->lock);
+  if (fn) fn(user, ptr, size);
+  sgm__error_clear();
+  return ptr;
+}
+
+SGM_API sgm_status sgm_set_fallback_callback(sgm_context *ctx, sgm_fallback_fn fn, void *user) {
+  if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_set_fallback_callback: context is NULL");
+  sgm__lock_take(&ctx->lock);
+  ctx->fallback_fn = fn;
+  ctx->fallback_user = fn ? user : NULL;
+  sgm__lock_drop(&ctx->lock);
+  return SGM_OK;
+}
+
+int sgm__context_set_vram_fraction(sgm_context *ctx, double fraction) {
+  if (!(fraction > 0.0 && fraction <= 1.0))
+    return sgm__error_set(SGM_ERR_INVALID, "memory fraction %g is outside (0, 1]", fraction);
+  sgm__lock_take(&ctx->lock);
+  ctx->cfg.vram_fraction = fraction;
+  uint64_t budget = context_vram_budget(ctx);
+  ctx->budget_bytes[SGM_TIER_VRAM] = budget;
+  sgm__lock_drop(&ctx->lock);
+  sgm__tier_set_budget(ctx->tiers[SGM_TIER_VRAM], budget);
+  return SGM_OK;
 }
 
 SGM_API const char *sgm_context_backend(const sgm_context *ctx) {
@@ -125,8 +299,15 @@ SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
     return NULL;
   }
   sgm_devptr d = 0;
-  if (sgm__tier_alloc(ctx->tiers[SGM_TIER_VRAM], size, &d) != SGM_OK) return NULL;
-  return (void *)(uintptr_t)d;
+  int rc = sgm__tier_alloc(ctx->tiers[SGM_TIER_VRAM], size, &d);
+  if (sgm_likely(rc == SGM_OK)) return (void *)(uintptr_t)d;
+  if (rc != SGM_ERR_NOMEM) return NULL;
+  if (!ctx->cfg.shared_fallback) {
+    sgm__error_set(SGM_ERR_NOMEM, "%s; shared GPU memory fallback is off (SGM_SHARED_FALLBACK=on "
+                   "lets full VRAM spill into pinned host memory)", sgm_last_error());
+    return NULL;
+  }
+  return context_fallback(ctx, size);
 }
 
 SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream) {

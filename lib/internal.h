@@ -202,7 +202,26 @@ struct sgm_context {
   uint64_t n_bad_frees;                    /* frees refused: foreign pointer or double free */
   uint64_t n_fallbacks;                    /* allocations that wanted VRAM and got shared */
   uint64_t fallback_bytes;                 /* bytes of those */
+  sgm_lock lock;                           /* guards the callback and the idle thread state */
+  sgm_fallback_fn fallback_fn;             /* user's fallback callback, NULL = none */
+  void *fallback_user;                     /* its argument */
+  uint64_t (*clock_ms)(void *user);        /* the idle-trim clock (monotonic ms; tests inject) */
+  void *clock_user;                        /* its argument */
+  pthread_t idle_thread;                   /* runs sgm__context_idle_tick every idle_ms / 4 */
+  pthread_cond_t idle_cond;                /* wakes the idle thread to stop */
+  pthread_mutex_t idle_mu;                 /* guards idle_stop for the condition variable */
+  bool idle_running;                       /* the idle thread was started */
+  bool idle_stop;                          /* asks the idle thread to end */
 };
+
+/* Replace the idle-trim clock (tests); NULL restores the monotonic clock. */
+void sgm__context_set_clock(sgm_context *ctx, uint64_t (*clock_ms)(void *user), void *user);
+/* One idle-trim pass over the tiers at the clock's time; bytes returned. */
+uint64_t sgm__context_idle_tick(sgm_context *ctx);
+
+/* Set the VRAM budget to fraction × device memory (capped as at create);
+ * free chunks above a lowered budget are returned. */
+int sgm__context_set_vram_fraction(sgm_context *ctx, double fraction);
 
 /* stats.c: the JSON writer grows a string; false when out of memory. */
 typedef struct sgm_strbuf {
@@ -212,5 +231,14 @@ typedef struct sgm_strbuf {
   bool failed; /* an append ran out of memory */
 } sgm_strbuf;
 void sgm__strbuf_printf(sgm_strbuf *b, const char *fmt, ...) SGM_PRINTF(2, 3);
+
+/* ------------------------------------------------------------------------ */
+/* hooks.c — the framework hooks' lazily created per-device contexts. */
+
+/* Tests only: destroy every hook context and zero the creation count. No
+ * other thread may be using the hooks meanwhile. */
+void sgm__hooks_reset_for_tests(void);
+/* Hook contexts created since start (or the last reset). */
+uint64_t sgm__hooks_n_created(void);
 
 #endif /* SGM_INTERNAL_H */

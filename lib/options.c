@@ -102,6 +102,18 @@ static const sgm_option option_rows[] = {
      .default_value = "2MiB", .min = (double)(64 * SGM_KiB), .max = (double)(SGM_GiB * 1024),
      .granule_bytes = 64 * SGM_KiB,
      .help = "first chunk taken from the driver in growth mode; a multiple of 64 KiB up to 1 TiB"},
+    /* On: the point of sgm. Off is the Windows driver's "prefer no sysmem
+     * fallback": a full VRAM budget fails instead of slowing down. */
+    {.env = "SGM_SHARED_FALLBACK", FIELD(shared_fallback), .kind = SGM_OPT_BOOL,
+     .default_value = "on",
+     .help = "when the VRAM budget is full, allocate in shared GPU memory (on) or fail (off)"},
+    /* 2 s: longer than a training or serving step, so a busy loop keeps its
+     * chunks; short enough that an idle process hands pinned RAM back soon.
+     * Up to one day. */
+    {.env = "SGM_IDLE_TRIM_MS", FIELD(idle_trim_ms), .kind = SGM_OPT_U64,
+     .default_value = "2000", .max = 86400000.0,
+     .help = "free shared-memory chunks (and growth-mode VRAM chunks) idle this many ms go back "
+             "to the OS/driver; 0 = only on sgm_trim"},
     /* 0 = never: fault injection is only for tests. */
     {.env = "SGM_EMU_FAIL_AT", FIELD(emu_fail_at), .kind = SGM_OPT_U64, .default_value = "0",
      .help = "testing: the Nth call to the emulated device fails (open is call 1); 0 = never"},

@@ -18,7 +18,7 @@ SGM_API sgm_status sgm_get_stats(sgm_context *ctx, sgm_stats *out) {
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_get_stats: context is NULL");
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
     if (ctx->tiers[t]) sgm__tier_stats(ctx->tiers[t], &out->tier[t]);
-    out->tier[t].budget_bytes = ctx->budget_bytes[t];
+    else out->tier[t].budget_bytes = ctx->budget_bytes[t];
   }
   out->n_fallbacks = __atomic_load_n(&ctx->n_fallbacks, __ATOMIC_RELAXED);
   out->fallback_bytes = __atomic_load_n(&ctx->fallback_bytes, __ATOMIC_RELAXED);

@@ -17,8 +17,9 @@
  *    not touch it (the emulated device happens to use host memory, but sgm does
  *    not rely on that).
  *  - host_alloc() returns page-locked host memory that the device can address,
- *    with both the host pointer and the device address; numa_node < 0 means
- *    "any node".
+ *    with both the host pointer and the device address, placed on NUMA node
+ *    numa_node; numa_node < 0 means "the device's own node" (the GPU's node from
+ *    its PCI bus id on CUDA, the calling CPU's node on the emulated device).
  *  - The free functions cannot fail from sgm's point of view: a driver error
  *    there is reported through the log, never returned.
  *  - copy() copies n bytes between any two addresses the kind names, in order on
@@ -28,6 +29,25 @@
  *    of its tier locks across a backend call.
  *  - The backend counts its live allocations; close() with allocations still
  *    live frees them and reports the leak at SGM_VERBOSE >= 1.
+ *
+ * Events (stream-ordered safety: "may this memory be touched by other work
+ * yet?"). `stream` is the caller's stream as an opaque pointer (a CUstream on
+ * CUDA, the same handle a cudaStream_t is); NULL names the legacy default
+ * stream 0. An event is an opaque token owned by sgm until event_destroy().
+ *  - event_record() records an event at the current end of `stream`: it
+ *    completes when all work queued on that stream before it has completed.
+ *    *event_out is NULL on failure.
+ *  - event_query() returns 1 when the event has completed, 0 while work before
+ *    it is pending, or a negative sgm_status (error message set). Never blocks.
+ *  - event_wait() blocks the calling thread until the event has completed;
+ *    SGM_OK or a negative sgm_status.
+ *  - event_destroy() releases the token (also while still pending: the work
+ *    goes on, only the token is gone); NULL is a no-op; cannot fail.
+ *  - The emulated device finishes all work before returning, so its events are
+ *    complete as soon as they are recorded; it still allocates a token per
+ *    event so that leaks show in counters.n_events_live.
+ *  - Tokens live in the backend: close() destroys those still live (and
+ *    reports them as a leak at SGM_VERBOSE >= 1).
  */
 #ifndef SGM_BACKEND_H
 #define SGM_BACKEND_H
@@ -57,6 +77,7 @@ typedef struct sgm_backend_counters {
   uint64_t host_live_bytes;   /* pinned host memory allocated and not freed */
   uint64_t n_device_live;     /* live device allocations */
   uint64_t n_host_live;       /* live pinned host allocations */
+  uint64_t n_events_live;     /* events recorded and not yet destroyed */
 } sgm_backend_counters;
 
 typedef struct sgm_backend_ops {
@@ -73,6 +94,11 @@ typedef struct sgm_backend_ops {
   int (*copy)(sgm_backend *be, sgm_copy_kind kind, uint64_t dst, uint64_t src, uint64_t n,
               void *stream);
   void (*counters)(sgm_backend *be, sgm_backend_counters *out);
+  /* Events on streams: see "Events" in the contract above. */
+  int (*event_record)(sgm_backend *be, void *stream, void **event_out);
+  int (*event_query)(sgm_backend *be, void *event);
+  int (*event_wait)(sgm_backend *be, void *event);
+  void (*event_destroy)(sgm_backend *be, void *event);
 } sgm_backend_ops;
 
 /* backend.c: pick the ops for a kind; SGM_BACKEND_AUTO is resolved by open. */

@@ -2,7 +2,8 @@
  * tier.c — the chunk pool every tier is built on (see tier.h for the model).
  *
  * Invariants (checked by sgm__tier_check):
- *  - committed_bytes <= budget_bytes, and committed_bytes >= the sum of the
+ *  - committed_bytes <= budget_bytes (unless the budget was lowered below what
+ *    was committed, see sgm__tier_set_budget), committed_bytes >= the sum of the
  *    live chunks' sizes (it also counts chunks being taken right now);
  *  - every chunk is one range of the sub-allocator, at its device address;
  *  - used_bytes and n_live equal the sub-allocator's.
@@ -16,9 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A growth chunk never exceeds 1 GiB: past that, doubling would commit far
- * more than the workload asked for, for little saving in driver calls. */
-#define TIER_MAX_GROWTH_CHUNK (UINT64_C(1) << 30)
 /* Dedicated chunks are rounded to 64 KiB, the smallest page the GPU maps. */
 #define TIER_DEDICATED_GRANULE (UINT64_C(64) << 10)
 /* A caller that keeps losing the chunk it just grew to other threads gives up
@@ -36,7 +34,9 @@ static int tier_add_chunk_locked(sgm_tier_pool *p, const sgm_chunk *c) {
   }
   int rc = sgm__suballoc_add_range(p->sa, c->base, c->bytes);
   if (rc != SGM_OK) return rc;
-  p->chunks[p->n_chunks++] = *c;
+  p->chunks[p->n_chunks] = *c;
+  p->chunks[p->n_chunks].free_seen_ms = UINT64_MAX;
+  p->n_chunks++;
   return SGM_OK;
 }
 
@@ -94,31 +94,50 @@ void sgm__tier_destroy(sgm_tier_pool *p) {
 /* Size of the next chunk for a block of need bytes (already aligned); 0 when
  * the budget has no room for it. Sets *dedicated. */
 static uint64_t tier_next_chunk_locked(sgm_tier_pool *p, uint64_t need, bool *dedicated) {
+  if (p->committed_bytes >= p->p.budget_bytes) return 0;
   uint64_t remaining = p->p.budget_bytes - p->committed_bytes;
   uint64_t initial = p->p.growth_chunk_bytes;
-  uint64_t geo = p->n_geometric >= 40 ? TIER_MAX_GROWTH_CHUNK : initial << p->n_geometric;
-  if (geo > TIER_MAX_GROWTH_CHUNK) geo = TIER_MAX_GROWTH_CHUNK;
-  if (geo < initial) geo = initial;
+  uint64_t max = p->p.max_chunk_bytes > initial ? p->p.max_chunk_bytes : initial;
+  uint64_t geo = p->n_geometric >= 40 ? max : initial << p->n_geometric;
+  if (geo > max) geo = max;
   *dedicated = need > geo;
   uint64_t size = *dedicated ? sgm__align_up(need, TIER_DEDICATED_GRANULE) : geo;
   if (size > remaining) size = remaining & ~(uint64_t)(SGM_DEVICE_ALIGN - 1);
   return size >= need ? size : 0;
 }
 
-/* Detach every wholly free chunk (growth mode) into *out (malloc'd); returns count. */
-static size_t tier_detach_free_locked(sgm_tier_pool *p, sgm_chunk **out) {
+/* Detach wholly free chunks (growth mode) into *out (malloc'd); returns count.
+ * With idle_ms != UINT64_MAX only chunks seen free since now_ms - idle_ms go;
+ * the others that are free are stamped as seen free now. */
+static size_t tier_detach_free_locked(sgm_tier_pool *p, uint64_t now_ms, uint64_t idle_ms,
+                                      sgm_chunk **out) {
   *out = NULL;
   if (!p->p.growth) return 0;
   size_t n_free = 0;
-  for (size_t i = 0; i < p->n_chunks; i++)
-    if (sgm__suballoc_range_is_free(p->sa, p->chunks[i].base)) n_free++;
+  for (size_t i = 0; i < p->n_chunks; i++) {
+    sgm_chunk *c = &p->chunks[i];
+    if (!sgm__suballoc_range_is_free(p->sa, c->base)) {
+      c->free_seen_ms = UINT64_MAX;
+      continue;
+    }
+    if (idle_ms != UINT64_MAX) {
+      if (c->free_seen_ms == UINT64_MAX || c->free_seen_ms > now_ms) {
+        c->free_seen_ms = now_ms;
+        continue;
+      }
+      if (now_ms - c->free_seen_ms < idle_ms) continue;
+    }
+    n_free++;
+  }
   if (n_free == 0) return 0;
   sgm_chunk *list = malloc(n_free * sizeof *list);
   if (!list) return 0; /* trimming is best effort: keep the chunks */
   size_t k = 0, w = 0;
   for (size_t i = 0; i < p->n_chunks; i++) {
     sgm_chunk c = p->chunks[i];
-    if (sgm__suballoc_try_remove_range(p->sa, c.base)) {
+    bool due = idle_ms == UINT64_MAX ||
+               (c.free_seen_ms != UINT64_MAX && now_ms - c.free_seen_ms >= idle_ms);
+    if (due && k < n_free && sgm__suballoc_try_remove_range(p->sa, c.base)) {
       list[k++] = c;
       if (!c.dedicated && p->n_geometric > 0) p->n_geometric--;
     } else {
@@ -162,13 +181,12 @@ static int tier_nomem_locked(sgm_tier_pool *p, uint64_t size, int backend_rc) {
                           sgm__fmt_bytes(p->committed_bytes, c, sizeof c));
   return sgm__error_set(SGM_ERR_NOMEM,
                         "%s budget exhausted: cannot allocate %s; budget %s, in use %s in %llu "
-                        "blocks, committed %s, largest free block %s (free memory, or raise "
-                        "SGM_VRAM_LIMIT / SGM_VRAM_FRACTION)",
+                        "blocks, committed %s, largest free block %s (free memory, or raise %s)",
                         name, sgm__fmt_bytes(size, a, sizeof a),
                         sgm__fmt_bytes(p->p.budget_bytes, b, sizeof b),
                         sgm__fmt_bytes(p->used_bytes, u, sizeof u), (unsigned long long)p->n_live,
                         sgm__fmt_bytes(p->committed_bytes, c, sizeof c),
-                        sgm__fmt_bytes(st.largest_free_bytes, l, sizeof l));
+                        sgm__fmt_bytes(st.largest_free_bytes, l, sizeof l), p->p.limit_hint);
 }
 
 int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
@@ -182,6 +200,10 @@ int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
   sgm__lock_take(&p->lock);
   for (int round = 0; round < TIER_MAX_GROW_ROUNDS; round++) {
     uint64_t off = 0, got = 0;
+    /* Use never passes the budget, also when a lowered budget left more
+     * committed than it allows. */
+    if (need > p->p.budget_bytes - (p->used_bytes < p->p.budget_bytes ? p->used_bytes : p->p.budget_bytes))
+      break;
     if (sgm__suballoc_try_alloc(p->sa, need, &off, &got)) {
       p->used_bytes += got;
       if (p->used_bytes > p->peak_used_bytes) p->peak_used_bytes = p->used_bytes;
@@ -200,7 +222,7 @@ int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
        * it (fragmentation across chunks); give them back and try once more. */
       trimmed = true;
       sgm_chunk *list;
-      size_t n = tier_detach_free_locked(p, &list);
+      size_t n = tier_detach_free_locked(p, 0, UINT64_MAX, &list);
       if (n == 0) break;
       sgm__lock_drop(&p->lock);
       tier_release_chunks(p, list, n);
@@ -263,9 +285,27 @@ bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr) {
 uint64_t sgm__tier_trim(sgm_tier_pool *p) {
   sgm_chunk *list;
   sgm__lock_take(&p->lock);
-  size_t n = tier_detach_free_locked(p, &list);
+  size_t n = tier_detach_free_locked(p, 0, UINT64_MAX, &list);
   sgm__lock_drop(&p->lock);
   return n ? tier_release_chunks(p, list, n) : 0;
+}
+
+uint64_t sgm__tier_idle_trim(sgm_tier_pool *p, uint64_t now_ms, uint64_t idle_ms) {
+  if (idle_ms == 0 || idle_ms == UINT64_MAX) return 0;
+  sgm_chunk *list;
+  sgm__lock_take(&p->lock);
+  size_t n = tier_detach_free_locked(p, now_ms, idle_ms, &list);
+  sgm__lock_drop(&p->lock);
+  return n ? tier_release_chunks(p, list, n) : 0;
+}
+
+void sgm__tier_set_budget(sgm_tier_pool *p, uint64_t budget_bytes) {
+  sgm__lock_take(&p->lock);
+  p->p.budget_bytes = budget_bytes;
+  bool over = p->committed_bytes > budget_bytes;
+  if (over) p->budget_lowered = true;
+  sgm__lock_drop(&p->lock);
+  if (over) sgm__tier_trim(p);
 }
 
 void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out) {
@@ -292,7 +332,7 @@ bool sgm__tier_check(sgm_tier_pool *p) {
   sgm__suballoc_stats(p->sa, &st);
   if (!sgm__suballoc_check(p->sa)) {
     ok = false;
-  } else if (p->committed_bytes > p->p.budget_bytes) {
+  } else if (p->committed_bytes > p->p.budget_bytes && !p->budget_lowered) {
     ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: committed %llu > budget %llu",
                          sgm_tier_name(p->p.tier), (unsigned long long)p->committed_bytes,
                          (unsigned long long)p->p.budget_bytes);

@@ -31,6 +31,7 @@ typedef struct sgm_chunk {
   void *host;      /* host address of the first byte (shared tier), NULL for VRAM */
   uint64_t bytes;  /* size of the chunk */
   bool dedicated;  /* taken for one block larger than a growth chunk */
+  uint64_t free_seen_ms; /* idle trim: clock time it was first seen wholly free; UINT64_MAX = in use */
 } sgm_chunk;
 
 /* How a tier gets memory from the backend; called without the pool lock. */
@@ -48,6 +49,8 @@ typedef struct sgm_tier_params {
   uint64_t budget_bytes;       /* committed never exceeds this */
   bool growth;                 /* true: grow on demand; false: reserve the budget now */
   uint64_t growth_chunk_bytes; /* the first chunk in growth mode */
+  uint64_t max_chunk_bytes;    /* growth chunks stop doubling here */
+  const char *limit_hint;      /* the variables that raise this budget, for messages */
   int verbose;                 /* log level */
 } sgm_tier_params;
 
@@ -66,6 +69,7 @@ struct sgm_tier_pool {
   uint64_t n_allocs;          /* blocks handed out since create */
   uint64_t n_frees;           /* blocks freed since create */
   uint64_t n_failed;          /* allocations this pool could not serve */
+  bool budget_lowered;        /* set_budget went below committed: committed may exceed it */
 };
 
 /* tier.c */
@@ -84,6 +88,14 @@ int sgm__tier_free(sgm_tier_pool *p, sgm_devptr ptr, uint64_t *size_out);
 bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr);
 /* Return wholly free chunks to the backend (growth mode only); bytes returned. */
 uint64_t sgm__tier_trim(sgm_tier_pool *p);
+/* Change the budget; when it drops below what is committed, free chunks are
+ * returned at once and further growth waits until use falls below it. */
+void sgm__tier_set_budget(sgm_tier_pool *p, uint64_t budget_bytes);
+/* Idle trim (growth mode): return chunks seen wholly free for at least
+ * idle_ms, judged by now_ms from the context's clock; bytes returned. A chunk
+ * is first "seen free" by one call and returned by a later one, so calls
+ * should come every idle_ms / 4 or so. */
+uint64_t sgm__tier_idle_trim(sgm_tier_pool *p, uint64_t now_ms, uint64_t idle_ms);
 /* Counters (the migration fields are left 0 here). */
 void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out);
 /* Walk the pool and check every invariant; false with a message on the first broken one. */
@@ -91,5 +103,9 @@ bool sgm__tier_check(sgm_tier_pool *p);
 
 /* vram.c: the chunk source of the VRAM tier (device memory from the backend). */
 extern const sgm_chunk_ops sgm__vram_chunk_ops;
+/* shared.c: the chunk source of the shared tier (pinned, device-mapped host memory). */
+extern const sgm_chunk_ops sgm__shared_chunk_ops;
+/* Host address of a device address inside a live shared chunk; NULL if none. */
+void *sgm__shared_host_ptr(sgm_tier_pool *p, sgm_devptr ptr);
 
 #endif /* SGM_TIER_H */

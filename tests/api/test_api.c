@@ -24,7 +24,8 @@ static void reset_env(void) {
   static const char *const vars[] = {"SGM_VRAM_LIMIT", "SGM_VRAM_FRACTION", "SGM_ALLOW_GROWTH",
                                      "SGM_SHARED_LIMIT", "SGM_POLICY", "SGM_EMU_VRAM",
                                      "SGM_GROWTH_CHUNK", "SGM_EMU_FAIL_AT", "SGM_DEVICE",
-                                     "TF_FORCE_GPU_ALLOW_GROWTH", "CUDA_DEVICE_MEMORY_LIMIT"};
+                                     "TF_FORCE_GPU_ALLOW_GROWTH", "CUDA_DEVICE_MEMORY_LIMIT",
+                                     "SGM_SHARED_FALLBACK", "SGM_IDLE_TRIM_MS"};
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
   setenv("SGM_BACKEND", backend_env, 1);
   setenv("SGM_VERBOSE", "0", 1);
@@ -119,6 +120,7 @@ static void test_budget_exhaustion(void **state) {
   (void)state;
   reset_env();
   setenv("SGM_VRAM_LIMIT", "32MiB", 1);
+  setenv("SGM_SHARED_FALLBACK", "off", 1);
   sgm_context *ctx = create_or_fail();
   void *p[64];
   int n = 0;
@@ -202,6 +204,43 @@ static void test_stats_json(void **state) {
   sgm_context_destroy(ctx);
 }
 
+/* Invariant: past the VRAM budget, allocations land in shared GPU memory
+ * (VRAM first), are counted as fallbacks, and free normally; with shared
+ * memory full too, NULL with both budgets named. */
+static void test_fallback(void **state) {
+  (void)state;
+  reset_env();
+  setenv("SGM_VRAM_LIMIT", "8MiB", 1);
+  setenv("SGM_SHARED_LIMIT", "16MiB", 1);
+  sgm_context *ctx = create_or_fail();
+  void *p[32];
+  int n = 0, n_vram = 0, n_shared = 0;
+  while (n < 32 && (p[n] = sgm_alloc(ctx, 1 * MiB, NULL)) != NULL) {
+    sgm_tier t = sgm_pointer_tier(ctx, p[n]);
+    if (t == SGM_TIER_VRAM) {
+      assert_int_equal(n_shared, 0);
+      n_vram++;
+    } else {
+      assert_int_equal(t, SGM_TIER_SHARED);
+      n_shared++;
+    }
+    n++;
+  }
+  assert_int_equal(n_vram, 8);
+  assert_int_equal(n_shared, 16);
+  assert_non_null(strstr(sgm_last_error(), "SGM_SHARED_LIMIT"));
+  sgm_stats st;
+  sgm_get_stats(ctx, &st);
+  assert_int_equal(st.n_fallbacks, 16);
+  assert_int_equal(st.fallback_bytes, 16 * MiB);
+  assert_int_equal(st.tier[SGM_TIER_SHARED].used_bytes, 16 * MiB);
+  for (int i = 0; i < n; i++) assert_int_equal(sgm_free_ex(ctx, p[i], NULL), SGM_OK);
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
+  sgm_get_stats(ctx, &st);
+  assert_int_equal(st.tier[SGM_TIER_SHARED].committed_bytes, 0);
+  sgm_context_destroy(ctx);
+}
+
 /* Several threads share one context; counters balance at the end. */
 static void *api_thread(void *vctx) {
   sgm_context *ctx = vctx;
@@ -243,6 +282,7 @@ int main(void) {
       cmocka_unit_test(test_bad_free),      cmocka_unit_test(test_budget_exhaustion),
       cmocka_unit_test(test_bad_env),       cmocka_unit_test(test_code_overrides_env),
       cmocka_unit_test(test_stats_json),    cmocka_unit_test(test_threads),
+      cmocka_unit_test(test_fallback),
   };
   return cmocka_run_group_tests_name("api", tests, NULL, NULL);
 }

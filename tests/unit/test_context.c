@@ -15,8 +15,14 @@
 
 #define MiB (UINT64_C(1) << 20)
 
-static sgm_context *make_ctx(const char *vram, const char *growth) {
+/* These suites are about the VRAM tier alone: no spill into shared memory. */
+static void clean_env(void) {
   sgm_test_clean_env();
+  setenv("SGM_SHARED_FALLBACK", "off", 1);
+}
+
+static sgm_context *make_ctx(const char *vram, const char *growth) {
+  clean_env();
   setenv("SGM_EMU_VRAM", vram, 1);
   setenv("SGM_ALLOW_GROWTH", growth, 1);
   sgm_config cfg;
@@ -50,7 +56,7 @@ static void test_budget_resolution(void **state) {
   assert_int_equal(vram_stats(ctx).budget_bytes, (uint64_t)(0.95 * (double)(1024 * MiB)) & ~255ull);
   sgm_context_destroy(ctx);
 
-  sgm_test_clean_env();
+  clean_env();
   setenv("SGM_EMU_VRAM", "1GiB", 1);
   setenv("SGM_VRAM_LIMIT", "100MiB", 1);
   sgm_context *c2 = NULL;
@@ -117,7 +123,7 @@ static void test_growth_vs_reserve(void **state) {
  * (TensorFlow's semantics: it wins over the configuration). */
 static void test_tf_override(void **state) {
   (void)state;
-  sgm_test_clean_env();
+  clean_env();
   setenv("SGM_EMU_VRAM", "64MiB", 1);
   setenv("SGM_ALLOW_GROWTH", "1", 1);
   setenv("TF_FORCE_GPU_ALLOW_GROWTH", "false", 1);
@@ -170,7 +176,7 @@ static void test_trim(void **state) {
  * by returning the free chunks first. */
 static void test_growth_reclaims_free_chunks(void **state) {
   (void)state;
-  sgm_test_clean_env();
+  clean_env();
   setenv("SGM_EMU_VRAM", "64MiB", 1);
   setenv("SGM_VRAM_FRACTION", "1", 1);
   sgm_context *g = NULL;
@@ -271,7 +277,7 @@ static void test_bad_frees(void **state) {
  * SGM_ERR_NOMEM's message naming the budget and the amount in use. */
 static void test_nomem_message(void **state) {
   (void)state;
-  sgm_test_clean_env();
+  clean_env();
   setenv("SGM_EMU_VRAM", "64MiB", 1);
   setenv("SGM_VRAM_LIMIT", "16MiB", 1);
   sgm_context *ctx = NULL;
@@ -296,7 +302,7 @@ static void test_backend_failure_loop(void **state) {
   (void)state;
   bool clean_run = false;
   for (uint64_t n = 1; n < 500 && !clean_run; n++) {
-    sgm_test_clean_env();
+    clean_env();
     setenv("SGM_EMU_VRAM", "64MiB", 1);
     char v[32];
     snprintf(v, sizeof v, "%llu", (unsigned long long)n);

@@ -13,12 +13,16 @@
  * Fault injection for tests: with emu_fail_at = N > 0, the Nth fallible call
  * (open counts as the first) fails as the driver would.
  *
+ * Events: complete when recorded (all work is synchronous); each is a small
+ * heap token so that leaks are visible.
+ *
  * Threading: counters are updated under one mutex; copies run unlocked.
  */
 #include <errno.h>
 #include <numa.h>
 #include <numaif.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -36,7 +40,15 @@ struct sgm_backend {
   uint64_t fail_at;            /* fail the call with this number; 0 = never */
   int verbose;                 /* log level from the config */
   sgm_backend_counters c;      /* live bytes and call count */
+  struct emu_event *events;    /* live event tokens (freed by close) */
 };
+
+/* An event token: see "Events" below. */
+typedef struct emu_event {
+  void *stream;                /* the stream it was recorded on (never dereferenced) */
+  struct emu_event *prev;      /* neighbours in the backend's list of live events */
+  struct emu_event *next;
+} emu_event;
 
 /* Count one fallible call; true when the fault knob says this one fails. */
 static bool emu_inject(sgm_backend *be) {
@@ -68,9 +80,16 @@ static int emu_open(const sgm_config *cfg, sgm_backend **out) {
 
 static void emu_close(sgm_backend *be) {
   if (!be) return;
-  if (be->c.n_device_live || be->c.n_host_live)
-    sgm__log(be->verbose, 1, "emulated device closed with %llu device and %llu host allocations live",
-             (unsigned long long)be->c.n_device_live, (unsigned long long)be->c.n_host_live);
+  if (be->c.n_device_live || be->c.n_host_live || be->c.n_events_live)
+    sgm__log(be->verbose, 1,
+             "emulated device closed with %llu device and %llu host allocations and %llu events live",
+             (unsigned long long)be->c.n_device_live, (unsigned long long)be->c.n_host_live,
+             (unsigned long long)be->c.n_events_live);
+  while (be->events) {
+    emu_event *ev = be->events;
+    be->events = ev->next;
+    free(ev);
+  }
   pthread_mutex_destroy(&be->mu);
   free(be);
 }
@@ -145,6 +164,11 @@ static int emu_host_alloc(sgm_backend *be, uint64_t bytes, int numa_node, void *
     return sgm__error_set(SGM_ERR_NOMEM, "pinned host memory: mmap of %zu bytes failed: %s", len,
                           strerror(e));
   }
+  /* "The device's node": an emulated device sits next to the calling CPU. */
+  if (numa_node < 0 && numa_available() >= 0) {
+    int cpu = sched_getcpu();
+    numa_node = cpu >= 0 ? numa_node_of_cpu(cpu) : -1;
+  }
   /* Bind before the pages are touched, so mlock faults them in on that node. */
   if (numa_node >= 0 && numa_available() >= 0 && numa_node <= numa_max_node())
     numa_tonode_memory(p, len, numa_node);
@@ -195,6 +219,55 @@ static int emu_copy(sgm_backend *be, sgm_copy_kind kind, uint64_t dst, uint64_t 
   return SGM_OK;
 }
 
+/*
+ * Events: every emulated copy is finished before copy() returns, so no work is
+ * ever pending and an event is complete the moment it is recorded. The token
+ * is still a real heap object so that a leaked event shows in n_events_live
+ * (and to leak checkers).
+ */
+
+static int emu_event_record(sgm_backend *be, void *stream, void **event_out) {
+  *event_out = NULL;
+  if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (event_record)");
+  emu_event *ev = malloc(sizeof *ev);
+  if (!ev) return sgm__error_set(SGM_ERR_NOMEM, "emulated device: out of host memory recording an event");
+  ev->stream = stream;
+  ev->prev = NULL;
+  pthread_mutex_lock(&be->mu);
+  ev->next = be->events;
+  if (be->events) be->events->prev = ev;
+  be->events = ev;
+  be->c.n_events_live++;
+  pthread_mutex_unlock(&be->mu);
+  *event_out = ev;
+  return SGM_OK;
+}
+
+static int emu_event_query(sgm_backend *be, void *event) {
+  if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (event_query)");
+  if (!event) return sgm__error_set(SGM_ERR_INVALID, "emulated device: event_query of a NULL event");
+  return 1;
+}
+
+static int emu_event_wait(sgm_backend *be, void *event) {
+  if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (event_wait)");
+  if (!event) return sgm__error_set(SGM_ERR_INVALID, "emulated device: event_wait on a NULL event");
+  return SGM_OK;
+}
+
+static void emu_event_destroy(sgm_backend *be, void *event) {
+  if (!event) return;
+  emu_event *ev = event;
+  pthread_mutex_lock(&be->mu);
+  sgm_assert(be->c.n_events_live > 0);
+  if (ev->prev) ev->prev->next = ev->next;
+  else be->events = ev->next;
+  if (ev->next) ev->next->prev = ev->prev;
+  be->c.n_events_live--;
+  pthread_mutex_unlock(&be->mu);
+  free(ev);
+}
+
 static void emu_counters(sgm_backend *be, sgm_backend_counters *out) {
   pthread_mutex_lock(&be->mu);
   *out = be->c;
@@ -212,4 +285,8 @@ const sgm_backend_ops sgm__backend_emu_ops = {
     .host_free = emu_host_free,
     .copy = emu_copy,
     .counters = emu_counters,
+    .event_record = emu_event_record,
+    .event_query = emu_event_query,
+    .event_wait = emu_event_wait,
+    .event_destroy = emu_event_destroy,
 };

@@ -1,0 +1,58 @@
+/*
+ * shared.c — the shared GPU memory tier: page-locked host RAM that the device
+ * addresses over the bus, taken in chunks through the backend and carved by
+ * the chunk pool (tier.c). The pool always runs in growth mode here: nothing is
+ * pinned at create, chunks are pinned as allocations need them (committed
+ * lazily, as Windows commits shared memory), and wholly free chunks go back on
+ * sgm_trim and after the idle delay.
+ *
+ * Placement: host_alloc is asked for "the device's own NUMA node" (the GPU's,
+ * found by the backend from its PCI bus id; for the emulated device the
+ * calling CPU's), so the bus traffic does not cross a socket.
+ *
+ * Invariant: each chunk is one backend host allocation, freed exactly once;
+ * its device address is the pool offset, its host address is kept beside it.
+ * Threading: chunk functions are called by the pool without its lock held;
+ * sgm__shared_host_ptr takes the pool lock.
+ */
+#include "tiers/tier.h"
+
+static int shared_chunk_alloc(sgm_tier_pool *p, uint64_t bytes, sgm_chunk *out) {
+  *out = (sgm_chunk){0};
+  void *host = NULL;
+  sgm_devptr d = 0;
+  int rc = p->p.bops->host_alloc(p->p.be, bytes, -1, &host, &d);
+  if (rc != SGM_OK) return rc;
+  if (d % SGM_DEVICE_ALIGN != 0) {
+    p->p.bops->host_free(p->p.be, host, bytes);
+    return sgm__error_set(SGM_ERR_BACKEND, "the %s backend mapped pinned memory at a device address "
+                          "aligned to less than %u bytes", p->p.bops->name, SGM_DEVICE_ALIGN);
+  }
+  out->base = d;
+  out->host = host;
+  out->bytes = bytes;
+  return SGM_OK;
+}
+
+static void shared_chunk_free(sgm_tier_pool *p, const sgm_chunk *c) {
+  p->p.bops->host_free(p->p.be, c->host, c->bytes);
+}
+
+const sgm_chunk_ops sgm__shared_chunk_ops = {
+    .chunk_alloc = shared_chunk_alloc,
+    .chunk_free = shared_chunk_free,
+};
+
+void *sgm__shared_host_ptr(sgm_tier_pool *p, sgm_devptr ptr) {
+  void *host = NULL;
+  sgm__lock_take(&p->lock);
+  for (size_t i = 0; i < p->n_chunks; i++) {
+    const sgm_chunk *c = &p->chunks[i];
+    if (ptr >= c->base && ptr - c->base < c->bytes) {
+      host = (char *)c->host + (ptr - c->base);
+      break;
+    }
+  }
+  sgm__lock_drop(&p->lock);
+  return host;
+}

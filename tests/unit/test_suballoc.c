@@ -1,0 +1,644 @@
+/*
+ * test_suballoc.c — the offset-based sub-allocator (lib/suballoc.c).
+ *
+ * Every test states the invariant it checks. The random tests compare the
+ * allocator with a shadow model (the list of live blocks and the ranges) and
+ * print their seed (SGM_TEST_SEED replays a failure).
+ */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "test_util.h"
+
+/* ------------------------------------------------------------------------ */
+/* Shadow model. */
+
+#define MAX_RANGES 8
+
+typedef struct shadow_block {
+  uint64_t off;  /* bytes: offset the allocator returned */
+  uint64_t size; /* bytes: rounded size it returned */
+} shadow_block;
+
+typedef struct shadow {
+  shadow_block *live;               /* live blocks, unordered */
+  size_t n_live;                    /* entries in live */
+  size_t cap;                       /* entries allocated in live */
+  shadow_block ranges[MAX_RANGES];  /* the ranges added (off, size) */
+  size_t n_ranges;                  /* entries in ranges */
+  uint64_t used;                    /* bytes: sum of live sizes */
+} shadow;
+
+static void shadow_add(shadow *m, uint64_t off, uint64_t size) {
+  if (m->n_live == m->cap) {
+    m->cap = m->cap ? m->cap * 2 : 256;
+    m->live = realloc(m->live, m->cap * sizeof *m->live);
+    assert_non_null(m->live);
+  }
+  m->live[m->n_live++] = (shadow_block){off, size};
+  m->used += size;
+}
+
+static shadow_block shadow_take(shadow *m, size_t i) {
+  shadow_block b = m->live[i];
+  m->live[i] = m->live[--m->n_live];
+  m->used -= b.size;
+  return b;
+}
+
+static int cmp_off(const void *a, const void *b) {
+  const shadow_block *x = a, *y = b;
+  return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* The free gaps the model implies, in address order; returns their count. */
+static size_t shadow_gaps(const shadow *m, shadow_block *gaps, size_t max_gaps,
+                          shadow_block *range_of_gap) {
+  shadow_block *s = malloc((m->n_live + 1) * sizeof *s);
+  assert_non_null(s);
+  if (m->n_live) memcpy(s, m->live, m->n_live * sizeof *s);
+  qsort(s, m->n_live, sizeof *s, cmp_off);
+  shadow_block r[MAX_RANGES];
+  memcpy(r, m->ranges, m->n_ranges * sizeof *r);
+  qsort(r, m->n_ranges, sizeof *r, cmp_off);
+  size_t n = 0, j = 0;
+  for (size_t i = 0; i < m->n_ranges; i++) {
+    uint64_t pos = r[i].off, end = r[i].off + r[i].size;
+    for (; j < m->n_live && s[j].off < end; j++) {
+      if (s[j].off > pos) {
+        assert_true(n < max_gaps);
+        range_of_gap[n] = r[i];
+        gaps[n++] = (shadow_block){pos, s[j].off - pos};
+      }
+      pos = s[j].off + s[j].size;
+    }
+    if (pos < end) {
+      assert_true(n < max_gaps);
+      range_of_gap[n] = r[i];
+      gaps[n++] = (shadow_block){pos, end - pos};
+    }
+  }
+  free(s);
+  return n;
+}
+
+/* Invariant: a new block [off, off+size) is aligned, lies inside one range
+ * and overlaps no live block of the model. */
+static void assert_block_fits_model(const shadow *m, uint64_t align, uint64_t off, uint64_t size) {
+  assert_int_equal(off % align, 0);
+  assert_int_equal(size % align, 0);
+  assert_true(size > 0);
+  bool inside = false;
+  for (size_t i = 0; i < m->n_ranges; i++)
+    if (off >= m->ranges[i].off && off + size <= m->ranges[i].off + m->ranges[i].size) inside = true;
+  assert_true(inside);
+  for (size_t i = 0; i < m->n_live; i++)
+    assert_true(off + size <= m->live[i].off || m->live[i].off + m->live[i].size <= off);
+}
+
+/* Invariant: the allocator's stats equal the model's. */
+static void assert_stats_match(const sgm_suballoc *sa, const shadow *m) {
+  sgm_suballoc_stats st;
+  sgm__suballoc_stats(sa, &st);
+  uint64_t cap = 0;
+  for (size_t i = 0; i < m->n_ranges; i++) cap += m->ranges[i].size;
+  assert_int_equal(st.capacity_bytes, cap);
+  assert_int_equal(st.used_bytes, m->used);
+  assert_int_equal(st.n_live, m->n_live);
+  assert_int_equal(st.n_ranges, m->n_ranges);
+  assert_true(st.largest_free_bytes <= cap - m->used);
+}
+
+static void assert_check(const sgm_suballoc *sa) {
+  if (!sgm__suballoc_check(sa)) fail_msg("sgm__suballoc_check: %s", sgm_last_error());
+}
+
+static sgm_suballoc *new_sa(uint64_t align) {
+  sgm_suballoc *sa = NULL;
+  assert_int_equal(sgm__suballoc_create(align, &sa), SGM_OK);
+  assert_non_null(sa);
+  return sa;
+}
+
+/* ------------------------------------------------------------------------ */
+
+/* Invariant: the alignment must be a power of two; *out is NULL on failure. */
+static void test_create_rejects_bad_alignment(void **state) {
+  (void)state;
+  const uint64_t bad[] = {0, 3, 6, 100, UINT64_MAX};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    sgm_suballoc *sa = (sgm_suballoc *)&bad;
+    assert_int_equal(sgm__suballoc_create(bad[i], &sa), SGM_ERR_INVALID);
+    assert_null(sa);
+    assert_true(strlen(sgm_last_error()) > 0);
+  }
+  sgm_suballoc *sa = new_sa(1);
+  assert_check(sa);
+  sgm__suballoc_destroy(sa);
+  sgm__suballoc_destroy(NULL);
+}
+
+/* Invariant: add_range refuses empty, unaligned, wrapping and overlapping
+ * ranges with SGM_ERR_INVALID and changes nothing. */
+static void test_add_range_rejects_bad_ranges(void **state) {
+  (void)state;
+  sgm_suballoc *sa = new_sa(256);
+  assert_int_equal(sgm__suballoc_add_range(sa, 4096, 4096), SGM_OK);
+  sgm_suballoc_stats before, after;
+  sgm__suballoc_stats(sa, &before);
+  const uint64_t bad[][2] = {{0, 0},        {100, 256},       {0, 100},
+                             {3840, 512},   {4096, 256},      {7936, 1024},
+                             {0, 1 << 20},  {UINT64_MAX - 255, 512}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    assert_int_equal(sgm__suballoc_add_range(sa, bad[i][0], bad[i][1]), SGM_ERR_INVALID);
+    assert_true(strlen(sgm_last_error()) > 0);
+  }
+  sgm__suballoc_stats(sa, &after);
+  assert_memory_equal(&before, &after, sizeof before);
+  /* Touching ranges on either side are fine. */
+  assert_int_equal(sgm__suballoc_add_range(sa, 0, 4096), SGM_OK);
+  assert_int_equal(sgm__suballoc_add_range(sa, 8192, 256), SGM_OK);
+  assert_check(sa);
+  sgm__suballoc_stats(sa, &after);
+  assert_int_equal(after.n_ranges, 3);
+  assert_int_equal(after.capacity_bytes, 8192 + 256);
+  assert_int_equal(after.n_free_blocks, 3);
+  sgm__suballoc_destroy(sa);
+}
+
+/* Invariant: sizes round up to the alignment (0 to one granule), every
+ * offset is a multiple of it, and block_size reports the rounded size. */
+static void test_rounding_and_alignment(void **state) {
+  (void)state;
+  const uint64_t aligns[] = {1, 8, 256, 65536};
+  for (size_t k = 0; k < 4; k++) {
+    uint64_t a = aligns[k];
+    sgm_suballoc *sa = new_sa(a);
+    assert_int_equal(sgm__suballoc_add_range(sa, 16 * a, 4096 * a), SGM_OK);
+    const uint64_t sizes[] = {0, 1, a - 1 ? a - 1 : 1, a, a + 1, 3 * a + 1, 100 * a - 1};
+    uint64_t used = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+      uint64_t off = 1, got = 1;
+      assert_true(sgm__suballoc_try_alloc(sa, sizes[i], &off, &got));
+      uint64_t want = sizes[i] ? sgm__align_up(sizes[i], a) : a;
+      assert_int_equal(got, want);
+      assert_int_equal(off % a, 0);
+      assert_int_equal(sgm__suballoc_block_size(sa, off), want);
+      used += want;
+    }
+    sgm_suballoc_stats st;
+    sgm__suballoc_stats(sa, &st);
+    assert_int_equal(st.used_bytes, used);
+    /* A size that overflows when rounded fits nowhere. */
+    uint64_t off = 1, got = 1;
+    if (a > 1) assert_false(sgm__suballoc_try_alloc(sa, UINT64_MAX, &off, &got));
+    assert_false(sgm__suballoc_try_alloc(sa, UINT64_MAX - 2 * a, &off, &got));
+    assert_int_equal(off, 0);
+    assert_int_equal(got, 0);
+    assert_check(sa);
+    sgm__suballoc_destroy(sa);
+  }
+}
+
+/* One random run: ranges with gaps and touching pairs, allocs and frees in
+ * phases that fill and drain, checked against the model. */
+static void random_run(uint64_t seed, uint64_t align, int n_ops) {
+  sgm_test_rng rng;
+  sgm_test_rng_init(&rng, seed);
+  sgm_suballoc *sa = new_sa(align);
+  shadow m = {0};
+  /* Granule g: range layout in units of the alignment (at least 16 bytes so
+   * align 1 still has room for a few hundred blocks). */
+  uint64_t g = align < 16 ? 16 : align;
+  const uint64_t layout[][2] = {{0, 2048}, {2048, 1024}, {5000, 3000}, {8000, 1}, {9000, 700}};
+  for (size_t i = 0; i < sizeof layout / sizeof layout[0]; i++) {
+    uint64_t off = layout[i][0] * g, size = layout[i][1] * g;
+    assert_int_equal(sgm__suballoc_add_range(sa, off, size), SGM_OK);
+    m.ranges[m.n_ranges++] = (shadow_block){off, size};
+  }
+  shadow_block *gaps = malloc(4096 * sizeof *gaps), *gap_range = malloc(4096 * sizeof *gap_range);
+  assert_non_null(gaps);
+  assert_non_null(gap_range);
+  for (int op = 0; op < n_ops; op++) {
+    /* Phases of 2000 ops alternate between mostly-alloc and mostly-free. */
+    uint64_t p_alloc = (op / 2000) % 2 ? 35 : 70;
+    if (m.n_live == 0 || sgm_test_rng_range(&rng, 0, 99) < p_alloc) {
+      uint64_t size = sgm_test_rng_range(&rng, 0, 49) == 0
+                          ? 0
+                          : sgm_test_rng_log_range(&rng, 1, 400 * g);
+      uint64_t want = size ? sgm__align_up(size, align) : align;
+      size_t n_gaps = shadow_gaps(&m, gaps, 4096, gap_range);
+      uint64_t off = 1, got = 1;
+      bool ok = sgm__suballoc_try_alloc(sa, size, &off, &got);
+      /* Invariant: best fit — the smallest gap that fits, ties to the lowest
+       * offset; the block sits at the gap's end nearer its range's end. */
+      size_t best = n_gaps;
+      for (size_t i = 0; i < n_gaps; i++)
+        if (gaps[i].size >= want && (best == n_gaps || gaps[i].size < gaps[best].size)) best = i;
+      if (!ok) {
+        /* Invariant: try_alloc fails only when no gap fits. */
+        assert_int_equal(best, n_gaps);
+        assert_int_equal(off, 0);
+        assert_int_equal(got, 0);
+        continue;
+      }
+      assert_true(best < n_gaps);
+      assert_int_equal(got, want);
+      uint64_t lo = gaps[best].off - gap_range[best].off;
+      uint64_t hi = gap_range[best].off + gap_range[best].size - (gaps[best].off + gaps[best].size);
+      assert_int_equal(off, lo <= hi ? gaps[best].off : gaps[best].off + gaps[best].size - want);
+      assert_block_fits_model(&m, align, off, got);
+      shadow_add(&m, off, got);
+    } else {
+      size_t i = (size_t)sgm_test_rng_range(&rng, 0, m.n_live - 1);
+      shadow_block b = shadow_take(&m, i);
+      assert_int_equal(sgm__suballoc_block_size(sa, b.off), b.size);
+      uint64_t sz = 0;
+      assert_int_equal(sgm__suballoc_free(sa, b.off, &sz), SGM_OK);
+      assert_int_equal(sz, b.size);
+      assert_int_equal(sgm__suballoc_block_size(sa, b.off), 0);
+    }
+    if (op % 64 == 0) {
+      assert_check(sa);
+      assert_stats_match(sa, &m);
+    }
+  }
+  assert_check(sa);
+  assert_stats_match(sa, &m);
+  /* Invariant: freeing everything (random order) leaves each range one free
+   * block: n_free_blocks == n_ranges, largest == the largest range. */
+  while (m.n_live) {
+    shadow_block b = shadow_take(&m, (size_t)sgm_test_rng_range(&rng, 0, m.n_live - 1));
+    uint64_t sz = 0;
+    assert_int_equal(sgm__suballoc_free(sa, b.off, &sz), SGM_OK);
+    assert_int_equal(sz, b.size);
+  }
+  assert_check(sa);
+  sgm_suballoc_stats st;
+  sgm__suballoc_stats(sa, &st);
+  assert_int_equal(st.n_free_blocks, m.n_ranges);
+  assert_int_equal(st.largest_free_bytes, 3000 * g);
+  assert_int_equal(st.used_bytes, 0);
+  assert_int_equal(st.n_live, 0);
+  for (size_t i = 0; i < m.n_ranges; i++) assert_true(sgm__suballoc_range_is_free(sa, m.ranges[i].off));
+  free(gaps);
+  free(gap_range);
+  free(m.live);
+  sgm__suballoc_destroy(sa);
+}
+
+/* Invariants (against the shadow model, for alignments 1, 256 and 4096):
+ * live blocks never overlap; offsets and sizes are aligned; every block lies
+ * inside one range; placement is best fit toward the nearer range end;
+ * failure only when nothing fits; check() holds every 64 ops; stats match the
+ * model; free-all coalesces each range back to one block. */
+static void test_random_ops_match_shadow_model(void **state) {
+  (void)state;
+  uint64_t seed = sgm_test_seed("suballoc", 20240601);
+  random_run(seed, 1, 20000);
+  random_run(seed + 1, 256, 20000);
+  random_run(seed + 2, 4096, 20000);
+}
+
+/* Invariant: freeing an offset that does not start a live block (double
+ * free, the middle of a block, free space, outside every range) returns
+ * SGM_ERR_INVALID with a message, *size_out 0, and changes nothing. */
+static void test_invalid_free_changes_nothing(void **state) {
+  (void)state;
+  sgm_suballoc *sa = new_sa(256);
+  assert_int_equal(sgm__suballoc_add_range(sa, 1 << 20, 1 << 20), SGM_OK);
+  uint64_t a, b, c, got;
+  assert_true(sgm__suballoc_try_alloc(sa, 1000, &a, &got));
+  assert_true(sgm__suballoc_try_alloc(sa, 5000, &b, &got));
+  assert_true(sgm__suballoc_try_alloc(sa, 256, &c, &got));
+  uint64_t sz = 0;
+  assert_int_equal(sgm__suballoc_free(sa, c, &sz), SGM_OK);
+  sgm_suballoc_stats before, after;
+  sgm__suballoc_stats(sa, &before);
+  const uint64_t bad[] = {c, b + 256, b + 1, a + 1, 0, 1 << 19, (1 << 21) + 256, UINT64_MAX};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    sgm__error_clear();
+    sz = 12345;
+    assert_int_equal(sgm__suballoc_free(sa, bad[i], &sz), SGM_ERR_INVALID);
+    assert_int_equal(sz, 0);
+    assert_non_null(strstr(sgm_last_error(), "no live block"));
+    sgm__suballoc_stats(sa, &after);
+    assert_memory_equal(&before, &after, sizeof before);
+    assert_check(sa);
+  }
+  /* The real blocks are untouched and still free cleanly, once. */
+  assert_int_equal(sgm__suballoc_free(sa, a, &sz), SGM_OK);
+  assert_int_equal(sz, 1024);
+  assert_int_equal(sgm__suballoc_free(sa, a, &sz), SGM_ERR_INVALID);
+  assert_int_equal(sgm__suballoc_free(sa, b, &sz), SGM_OK);
+  assert_int_equal(sz, 5120);
+  sgm__suballoc_stats(sa, &after);
+  assert_int_equal(after.n_free_blocks, 1);
+  assert_int_equal(after.largest_free_bytes, 1 << 20);
+  assert_check(sa);
+  sgm__suballoc_destroy(sa);
+}
+
+/* Invariant: try_remove_range fails (and changes nothing) while a block is
+ * live in the range or when no range starts at the offset, succeeds once the
+ * range is free, and later allocations never land in a removed range. */
+static void test_remove_range_only_when_free(void **state) {
+  (void)state;
+  sgm_suballoc *sa = new_sa(256);
+  const uint64_t r1 = 0, r2 = 1 << 20, r3 = 3 << 20, mib = 1 << 20;
+  assert_int_equal(sgm__suballoc_add_range(sa, r1, mib), SGM_OK);
+  assert_int_equal(sgm__suballoc_add_range(sa, r2, mib), SGM_OK);
+  assert_int_equal(sgm__suballoc_add_range(sa, r3, mib), SGM_OK);
+  uint64_t x, y, got;
+  /* Fill r1 exactly, so the next block goes to r2. */
+  assert_true(sgm__suballoc_try_alloc(sa, mib, &x, &got));
+  assert_true(sgm__suballoc_try_alloc(sa, 4096, &y, &got));
+  uint64_t in_r1 = x < r2 ? x : y, in_r2 = x < r2 ? y : x;
+  assert_true(in_r1 == r1);
+  assert_true(in_r2 >= r2 && in_r2 < r2 + mib);
+  assert_false(sgm__suballoc_range_is_free(sa, r1));
+  assert_false(sgm__suballoc_range_is_free(sa, r2));
+  assert_true(sgm__suballoc_range_is_free(sa, r3));
+  assert_false(sgm__suballoc_range_is_free(sa, r2 + 256)); /* not a range start */
+  assert_false(sgm__suballoc_try_remove_range(sa, r1));
+  assert_false(sgm__suballoc_try_remove_range(sa, r2));
+  assert_false(sgm__suballoc_try_remove_range(sa, r2 + 256));
+  assert_false(sgm__suballoc_try_remove_range(sa, 2 << 20));
+  sgm_suballoc_stats st;
+  sgm__suballoc_stats(sa, &st);
+  assert_int_equal(st.n_ranges, 3);
+  assert_int_equal(st.capacity_bytes, 3 * mib);
+  assert_check(sa);
+
+  uint64_t sz;
+  assert_int_equal(sgm__suballoc_free(sa, in_r2, &sz), SGM_OK);
+  assert_true(sgm__suballoc_range_is_free(sa, r2));
+  assert_true(sgm__suballoc_try_remove_range(sa, r2));
+  assert_true(sgm__suballoc_try_remove_range(sa, r3));
+  assert_false(sgm__suballoc_try_remove_range(sa, r3)); /* already gone */
+  assert_false(sgm__suballoc_range_is_free(sa, r3));
+  sgm__suballoc_stats(sa, &st);
+  assert_int_equal(st.n_ranges, 1);
+  assert_int_equal(st.capacity_bytes, mib);
+  assert_int_equal(st.n_free_blocks, 0);
+  assert_check(sa);
+  /* r1 is full and the others are gone: nothing fits anywhere. */
+  uint64_t off = 1;
+  assert_false(sgm__suballoc_try_alloc(sa, 256, &off, &got));
+  assert_int_equal(sgm__suballoc_free(sa, in_r1, &sz), SGM_OK);
+  assert_true(sgm__suballoc_try_remove_range(sa, r1));
+  sgm__suballoc_stats(sa, &st);
+  assert_int_equal(st.n_ranges, 0);
+  assert_int_equal(st.capacity_bytes, 0);
+  assert_false(sgm__suballoc_try_alloc(sa, 256, &off, &got));
+  /* A removed range's space may be added again. */
+  assert_int_equal(sgm__suballoc_add_range(sa, r2, mib), SGM_OK);
+  assert_true(sgm__suballoc_try_alloc(sa, mib, &off, &got));
+  assert_int_equal(off, r2);
+  assert_check(sa);
+  sgm__suballoc_destroy(sa);
+}
+
+/* Invariant: blocks never span or coalesce across two ranges, even ranges
+ * that touch: a request bigger than each but smaller than both fails, and
+ * freeing everything leaves one free block per range. */
+static void test_adjacent_ranges_never_joined(void **state) {
+  (void)state;
+  sgm_suballoc *sa = new_sa(256);
+  const uint64_t kib64 = 64 << 10;
+  assert_int_equal(sgm__suballoc_add_range(sa, kib64, kib64), SGM_OK);
+  assert_int_equal(sgm__suballoc_add_range(sa, 0, kib64), SGM_OK);
+  assert_int_equal(sgm__suballoc_add_range(sa, 2 * kib64, kib64), SGM_OK);
+  uint64_t off = 1, got = 1;
+  assert_false(sgm__suballoc_try_alloc(sa, kib64 + 256, &off, &got));
+  /* Fill all three with 256-byte blocks, then free them in a scattered order. */
+  uint64_t *offs = malloc(768 * sizeof *offs);
+  assert_non_null(offs);
+  for (int i = 0; i < 768; i++) {
+    assert_true(sgm__suballoc_try_alloc(sa, 256, &offs[i], &got));
+    /* A block ends inside the range it starts in. */
+    assert_int_equal(offs[i] / kib64, (offs[i] + got - 1) / kib64);
+  }
+  assert_false(sgm__suballoc_try_alloc(sa, 1, &off, &got));
+  for (int i = 0; i < 768; i++) {
+    uint64_t sz;
+    assert_int_equal(sgm__suballoc_free(sa, offs[(i * 7) % 768], &sz), SGM_OK);
+  }
+  assert_check(sa);
+  sgm_suballoc_stats st;
+  sgm__suballoc_stats(sa, &st);
+  assert_int_equal(st.n_free_blocks, 3);
+  assert_int_equal(st.largest_free_bytes, kib64);
+  assert_false(sgm__suballoc_try_alloc(sa, kib64 + 256, &off, &got));
+  for (int i = 0; i < 3; i++) assert_true(sgm__suballoc_try_alloc(sa, kib64, &offs[i], &got));
+  assert_false(sgm__suballoc_try_alloc(sa, 256, &off, &got));
+  free(offs);
+  assert_check(sa);
+  sgm__suballoc_destroy(sa);
+}
+
+/* Invariant: when nothing fits try_alloc returns false, writes 0 to both
+ * outputs and changes nothing; a fitting request still succeeds after. */
+static void test_exhaustion_returns_false(void **state) {
+  (void)state;
+  sgm_suballoc *sa = new_sa(256);
+  uint64_t off = 1, got = 1;
+  assert_false(sgm__suballoc_try_alloc(sa, 256, &off, &got)); /* no range at all */
+  assert_int_equal(sgm__suballoc_add_range(sa, 0, 16 * 256), SGM_OK);
+  uint64_t offs[16];
+  for (int i = 0; i < 8; i++) assert_true(sgm__suballoc_try_alloc(sa, 512, &offs[i], &got));
+  sgm_suballoc_stats before, after;
+  sgm__suballoc_stats(sa, &before);
+  assert_int_equal(before.used_bytes, 16 * 256);
+  assert_int_equal(before.largest_free_bytes, 0);
+  off = got = 1;
+  assert_false(sgm__suballoc_try_alloc(sa, 1, &off, &got));
+  assert_int_equal(off, 0);
+  assert_int_equal(got, 0);
+  sgm__suballoc_stats(sa, &after);
+  assert_memory_equal(&before, &after, sizeof before);
+  /* Two non-adjacent 512-byte holes: 1024 does not fit, 512 does. */
+  uint64_t sz;
+  assert_int_equal(sgm__suballoc_free(sa, offs[2], &sz), SGM_OK);
+  assert_int_equal(sgm__suballoc_free(sa, offs[5], &sz), SGM_OK);
+  assert_false(sgm__suballoc_try_alloc(sa, 1024, &off, &got));
+  assert_true(sgm__suballoc_try_alloc(sa, 512, &off, &got));
+  assert_check(sa);
+  sgm__suballoc_destroy(sa);
+}
+
+/* Invariant: the placement rule — the smallest free block that fits wins,
+ * ties to the lowest offset, and the block goes to the end of it nearer an
+ * end of the range (the low end on a tie). */
+static void test_best_fit_placement(void **state) {
+  (void)state;
+  sgm_suballoc *sa = new_sa(1);
+  assert_int_equal(sgm__suballoc_add_range(sa, 0, 100), SGM_OK);
+  uint64_t off, got, sz;
+  /* An empty range is a tie between its ends: the low end. */
+  assert_true(sgm__suballoc_try_alloc(sa, 1, &off, &got));
+  assert_int_equal(off, 0);
+  /* The rest, [1, 100), touches the high end: carved from its top. */
+  assert_true(sgm__suballoc_try_alloc(sa, 1, &off, &got));
+  assert_int_equal(off, 99);
+  /* Fill every byte, then punch holes: [20,25) 5 B, [30,33) 3 B, [38,41) 3 B,
+   * [60,100) 40 B. */
+  for (int i = 2; i < 100; i++) assert_true(sgm__suballoc_try_alloc(sa, 1, &off, &got));
+  assert_false(sgm__suballoc_try_alloc(sa, 1, &off, &got));
+  const int holes[][2] = {{20, 25}, {30, 33}, {38, 41}, {60, 100}};
+  for (int h = 0; h < 4; h++)
+    for (int o = holes[h][0]; o < holes[h][1]; o++)
+      assert_int_equal(sgm__suballoc_free(sa, (uint64_t)o, &sz), SGM_OK);
+  sgm_suballoc_stats st;
+  sgm__suballoc_stats(sa, &st);
+  assert_int_equal(st.n_free_blocks, 4);
+  assert_int_equal(st.largest_free_bytes, 40);
+  /* 3 B: the two exact 3-byte holes tie; the lower one wins. */
+  assert_true(sgm__suballoc_try_alloc(sa, 3, &off, &got));
+  assert_int_equal(off, 30);
+  assert_int_equal(sgm__suballoc_free(sa, off, &sz), SGM_OK);
+  /* 2 B: the smallest hole that fits is 3 B (lowest: [30,33)), not the 5 B
+   * one below it; 30 below vs 67 above: its bottom. */
+  assert_true(sgm__suballoc_try_alloc(sa, 2, &off, &got));
+  assert_int_equal(off, 30);
+  /* 4 B: only [20,25) and [60,100) fit; the smaller wins; bottom. */
+  assert_true(sgm__suballoc_try_alloc(sa, 4, &off, &got));
+  assert_int_equal(off, 20);
+  /* 30 B: only [60,100), which touches the range's high end: its top. */
+  assert_true(sgm__suballoc_try_alloc(sa, 30, &off, &got));
+  assert_int_equal(off, 70);
+  /* 1 B: holes [24,25) and [32,33) are exact; the lower wins. */
+  assert_true(sgm__suballoc_try_alloc(sa, 1, &off, &got));
+  assert_int_equal(off, 24);
+  assert_check(sa);
+  sgm__suballoc_destroy(sa);
+}
+
+/* Invariant: when a metadata malloc fails, add_range returns SGM_ERR_NOMEM
+ * and try_alloc false, both with a message and nothing changed; the same
+ * calls succeed once memory is back; no leak (ASan). Walks every failure
+ * point N of a fixed script. */
+static void test_metadata_nomem_is_clean(void **state) {
+  (void)state;
+  int n_failures_seen = 0;
+  for (int64_t n = 0; n < 64; n++) {
+    sgm_suballoc *sa = new_sa(256);
+    sgm__suballoc_inject_nomem(sa, n);
+    bool injected = false;
+    uint64_t *offs = malloc(2000 * sizeof *offs);
+    assert_non_null(offs);
+    size_t n_offs = 0;
+    /* Script: 20 ranges (array growth), 1500 splits (slab refills, hash
+     * growth), frees, more allocs. Each step that fails must be clean and
+     * is retried with injection off. */
+    for (int r = 0; r < 20; r++) {
+      sgm_suballoc_stats before, after;
+      sgm__suballoc_stats(sa, &before);
+      int rc = sgm__suballoc_add_range(sa, (uint64_t)r << 24, 1 << 20);
+      if (rc != SGM_OK) {
+        assert_int_equal(rc, SGM_ERR_NOMEM);
+        assert_non_null(strstr(sgm_last_error(), "out of host memory"));
+        sgm__suballoc_stats(sa, &after);
+        assert_memory_equal(&before, &after, sizeof before);
+        assert_check(sa);
+        injected = true;
+        assert_int_equal(sgm__suballoc_add_range(sa, (uint64_t)r << 24, 1 << 20), SGM_OK);
+      }
+    }
+    for (int i = 0; i < 1500; i++) {
+      sgm_suballoc_stats before, after;
+      sgm__suballoc_stats(sa, &before);
+      uint64_t off = 1, got = 1;
+      if (!sgm__suballoc_try_alloc(sa, 4096, &off, &got)) {
+        assert_int_equal(off, 0);
+        assert_int_equal(got, 0);
+        assert_non_null(strstr(sgm_last_error(), "out of host memory"));
+        sgm__suballoc_stats(sa, &after);
+        assert_memory_equal(&before, &after, sizeof before);
+        assert_check(sa);
+        injected = true;
+        assert_true(sgm__suballoc_try_alloc(sa, 4096, &off, &got));
+      }
+      offs[n_offs++] = off;
+    }
+    assert_check(sa);
+    /* Hash growth may have failed silently: lookups must still work. */
+    for (size_t i = 0; i < n_offs; i += 2) {
+      uint64_t sz;
+      assert_int_equal(sgm__suballoc_free(sa, offs[i], &sz), SGM_OK);
+      assert_int_equal(sz, 4096);
+    }
+    for (size_t i = 1; i < n_offs; i += 2) assert_int_equal(sgm__suballoc_block_size(sa, offs[i]), 4096);
+    assert_check(sa);
+    n_failures_seen += injected;
+    free(offs);
+    sgm__suballoc_destroy(sa);
+  }
+  /* The script passes through more than a few failure points. */
+  assert_true(n_failures_seen >= 8);
+}
+
+/* Invariant: at scale (20,000 live blocks, many slabs, several hash
+ * growths), lookups, stats and check() stay right, and freeing in random
+ * order restores one free block. */
+static void test_many_blocks(void **state) {
+  (void)state;
+  sgm_test_rng rng;
+  sgm_test_rng_init(&rng, sgm_test_seed("suballoc_many", 7));
+  sgm_suballoc *sa = new_sa(256);
+  assert_int_equal(sgm__suballoc_add_range(sa, UINT64_C(1) << 40, UINT64_C(1) << 32), SGM_OK);
+  enum { N = 20000 };
+  shadow m = {0};
+  m.ranges[0] = (shadow_block){UINT64_C(1) << 40, UINT64_C(1) << 32};
+  m.n_ranges = 1;
+  for (int i = 0; i < N; i++) {
+    uint64_t off, got;
+    assert_true(sgm__suballoc_try_alloc(sa, sgm_test_rng_log_range(&rng, 1, 1 << 18), &off, &got));
+    shadow_add(&m, off, got);
+  }
+  assert_check(sa);
+  assert_stats_match(sa, &m);
+  /* No two blocks overlap: sorted, each ends before the next starts. */
+  shadow_block *s = malloc(N * sizeof *s);
+  assert_non_null(s);
+  memcpy(s, m.live, N * sizeof *s);
+  qsort(s, N, sizeof *s, cmp_off);
+  for (int i = 1; i < N; i++) assert_true(s[i - 1].off + s[i - 1].size <= s[i].off);
+  free(s);
+  while (m.n_live) {
+    shadow_block b = shadow_take(&m, (size_t)sgm_test_rng_range(&rng, 0, m.n_live - 1));
+    uint64_t sz;
+    assert_int_equal(sgm__suballoc_free(sa, b.off, &sz), SGM_OK);
+    assert_int_equal(sz, b.size);
+    if (m.n_live % 4096 == 0) assert_check(sa);
+  }
+  sgm_suballoc_stats st;
+  sgm__suballoc_stats(sa, &st);
+  assert_int_equal(st.n_free_blocks, 1);
+  assert_int_equal(st.largest_free_bytes, UINT64_C(1) << 32);
+  assert_true(sgm__suballoc_try_remove_range(sa, UINT64_C(1) << 40));
+  assert_check(sa);
+  free(m.live);
+  sgm__suballoc_destroy(sa);
+}
+
+int main(void) {
+  sgm_test_clean_env();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_create_rejects_bad_alignment),
+      cmocka_unit_test(test_add_range_rejects_bad_ranges),
+      cmocka_unit_test(test_rounding_and_alignment),
+      cmocka_unit_test(test_random_ops_match_shadow_model),
+      cmocka_unit_test(test_invalid_free_changes_nothing),
+      cmocka_unit_test(test_remove_range_only_when_free),
+      cmocka_unit_test(test_adjacent_ranges_never_joined),
+      cmocka_unit_test(test_exhaustion_returns_false),
+      cmocka_unit_test(test_best_fit_placement),
+      cmocka_unit_test(test_metadata_nomem_is_clean),
+      cmocka_unit_test(test_many_blocks),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
