@@ -236,29 +236,36 @@ SGM_API const sgm_config *sgm_context_config(const sgm_context *ctx) {
  * GPU memory — device-accessible, slower. Counted, announced once at
  * SGM_VERBOSE >= 1, and reported to the callback every time. */
 static void *context_fallback(sgm_context *ctx, size_t size) {
-  char vram_msg[SGM_ERROR_MAX];
-  snprintf(vram_msg, sizeof vram_msg, "%s", sgm_last_error());
   sgm_devptr d = 0;
   int rc = sgm__tier_alloc(ctx->tiers[SGM_TIER_SHARED], size, &d);
   if (rc != SGM_OK) {
-    sgm__error_set(rc, "sgm_alloc: VRAM and shared GPU memory are both full. VRAM: %s. Shared: %s",
-                   vram_msg, sgm_last_error());
+    if (rc != SGM__ERR_BUDGET && rc != SGM_ERR_NOMEM) return NULL;
+    char shared_msg[SGM_ERROR_MAX];
+    if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(ctx->tiers[SGM_TIER_SHARED], size);
+    snprintf(shared_msg, sizeof shared_msg, "%s", sgm_last_error());
+    sgm__tier_explain_budget(ctx->tiers[SGM_TIER_VRAM], size);
+    sgm__error_set(SGM_ERR_NOMEM, "sgm_alloc: VRAM and shared GPU memory are both full. VRAM: %s. "
+                   "Shared: %s", sgm_last_error(), shared_msg);
     return NULL;
   }
   void *ptr = (void *)(uintptr_t)d;
   uint64_t n = __atomic_fetch_add(&ctx->n_fallbacks, 1, __ATOMIC_RELAXED);
   __atomic_fetch_add(&ctx->fallback_bytes, (uint64_t)size, __ATOMIC_RELAXED);
-  if (n == 0) {
+  if (n == 0 && ctx->cfg.verbose >= 1) {
     char a[32];
+    sgm__tier_explain_budget(ctx->tiers[SGM_TIER_VRAM], size);
     sgm__log(ctx->cfg.verbose, 1, "VRAM budget full: allocations now spill into shared GPU memory "
              "(first: %s; %s). Set SGM_SHARED_FALLBACK=off to fail instead",
-             sgm__fmt_bytes(size, a, sizeof a), vram_msg);
+             sgm__fmt_bytes(size, a, sizeof a), sgm_last_error());
   }
-  sgm__lock_take(&ctx->lock);
-  sgm_fallback_fn fn = ctx->fallback_fn;
-  void *user = ctx->fallback_user;
-  sgm__lock_drop(&ctx->lock);
-  if (fn) fn(user, ptr, size);
+  /* Without a callback (the common case) no lock is taken. */
+  if (__atomic_load_n(&ctx->fallback_fn, __ATOMIC_ACQUIRE)) {
+    sgm__lock_take(&ctx->lock);
+    sgm_fallback_fn fn = ctx->fallback_fn;
+    void *user = ctx->fallback_user;
+    sgm__lock_drop(&ctx->lock);
+    if (fn) fn(user, ptr, size);
+  }
   sgm__error_clear();
   return ptr;
 }
@@ -266,8 +273,8 @@ static void *context_fallback(sgm_context *ctx, size_t size) {
 SGM_API sgm_status sgm_set_fallback_callback(sgm_context *ctx, sgm_fallback_fn fn, void *user) {
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_set_fallback_callback: context is NULL");
   sgm__lock_take(&ctx->lock);
-  ctx->fallback_fn = fn;
   ctx->fallback_user = fn ? user : NULL;
+  __atomic_store_n(&ctx->fallback_fn, fn, __ATOMIC_RELEASE);
   sgm__lock_drop(&ctx->lock);
   return SGM_OK;
 }
@@ -301,8 +308,9 @@ SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
   sgm_devptr d = 0;
   int rc = sgm__tier_alloc(ctx->tiers[SGM_TIER_VRAM], size, &d);
   if (sgm_likely(rc == SGM_OK)) return (void *)(uintptr_t)d;
-  if (rc != SGM_ERR_NOMEM) return NULL;
+  if (rc != SGM__ERR_BUDGET && rc != SGM_ERR_NOMEM) return NULL;
   if (!ctx->cfg.shared_fallback) {
+    if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(ctx->tiers[SGM_TIER_VRAM], size);
     sgm__error_set(SGM_ERR_NOMEM, "%s; shared GPU memory fallback is off (SGM_SHARED_FALLBACK=on "
                    "lets full VRAM spill into pinned host memory)", sgm_last_error());
     return NULL;

@@ -23,6 +23,13 @@
  * after this many rounds rather than spin forever. */
 #define TIER_MAX_GROW_ROUNDS 16
 
+/* Keep room_bytes = budget - used (0 when over) for the lock-free check. */
+static void tier_update_room_locked(sgm_tier_pool *p) {
+  sgm_assert_internal(sgm__lock_held(&p->lock));
+  uint64_t room = p->p.budget_bytes > p->used_bytes ? p->p.budget_bytes - p->used_bytes : 0;
+  __atomic_store_n(&p->room_bytes, room, __ATOMIC_RELAXED);
+}
+
 static int tier_add_chunk_locked(sgm_tier_pool *p, const sgm_chunk *c) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
   if (p->n_chunks == p->cap_chunks) {
@@ -46,6 +53,7 @@ int sgm__tier_create(const sgm_tier_params *params, sgm_tier_pool **out) {
   if (!p) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory creating the %s tier",
                                 sgm_tier_name(params->tier));
   p->p = *params;
+  p->room_bytes = params->budget_bytes;
   sgm__lock_init(&p->lock, SGM_LOCK_TIER_VRAM + (int)params->tier);
   int rc = sgm__suballoc_create(SGM_DEVICE_ALIGN, &p->sa);
   if (rc != SGM_OK) goto out_free;
@@ -165,21 +173,27 @@ static uint64_t tier_release_chunks(sgm_tier_pool *p, sgm_chunk *list, size_t n)
   return bytes;
 }
 
-static int tier_nomem_locked(sgm_tier_pool *p, uint64_t size, int backend_rc) {
-  char a[32], b[32], u[32], c[32], l[32];
-  sgm_suballoc_stats st;
-  sgm__suballoc_stats(p->sa, &st);
-  p->n_failed++;
+/* The message for a chunk the backend would not give. */
+static int tier_backend_nomem_locked(sgm_tier_pool *p, uint64_t size) {
+  char a[32], b[32], u[32], c[32];
+  __atomic_fetch_add(&p->n_failed, 1, __ATOMIC_RELAXED);
   const char *name = sgm_tier_name(p->p.tier);
-  if (backend_rc != SGM_OK)
-    return sgm__error_set(SGM_ERR_NOMEM,
+  return sgm__error_set(SGM_ERR_NOMEM,
                           "%s: cannot allocate %s: the device gave no new chunk (%s); "
                           "budget %s, in use %s in %llu blocks, committed %s",
                           name, sgm__fmt_bytes(size, a, sizeof a), sgm_last_error(),
                           sgm__fmt_bytes(p->p.budget_bytes, b, sizeof b),
                           sgm__fmt_bytes(p->used_bytes, u, sizeof u), (unsigned long long)p->n_live,
                           sgm__fmt_bytes(p->committed_bytes, c, sizeof c));
-  return sgm__error_set(SGM_ERR_NOMEM,
+}
+
+int sgm__tier_explain_budget(sgm_tier_pool *p, uint64_t size) {
+  char a[32], b[32], u[32], c[32], l[32];
+  sgm__lock_take(&p->lock);
+  sgm_suballoc_stats st;
+  sgm__suballoc_stats(p->sa, &st);
+  const char *name = sgm_tier_name(p->p.tier);
+  sgm__error_set(SGM_ERR_NOMEM,
                         "%s budget exhausted: cannot allocate %s; budget %s, in use %s in %llu "
                         "blocks, committed %s, largest free block %s (free memory, or raise %s)",
                         name, sgm__fmt_bytes(size, a, sizeof a),
@@ -187,6 +201,8 @@ static int tier_nomem_locked(sgm_tier_pool *p, uint64_t size, int backend_rc) {
                         sgm__fmt_bytes(p->used_bytes, u, sizeof u), (unsigned long long)p->n_live,
                         sgm__fmt_bytes(p->committed_bytes, c, sizeof c),
                         sgm__fmt_bytes(st.largest_free_bytes, l, sizeof l), p->p.limit_hint);
+  sgm__lock_drop(&p->lock);
+  return SGM_ERR_NOMEM;
 }
 
 int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
@@ -196,6 +212,14 @@ int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
     return sgm__error_set(SGM_ERR_INVALID, "allocation of %llu bytes overflows",
                           (unsigned long long)size);
   uint64_t need = sgm__align_up(size, SGM_DEVICE_ALIGN);
+  /* A full budget is answered without the lock: this is the first step of
+   * every fallback allocation. A free racing with this read may leave room a
+   * moment later; the block then lands one tier down, as it would have a
+   * moment earlier. */
+  if (need > __atomic_load_n(&p->room_bytes, __ATOMIC_RELAXED)) {
+    __atomic_fetch_add(&p->n_failed, 1, __ATOMIC_RELAXED);
+    return SGM__ERR_BUDGET;
+  }
   bool trimmed = false;
   sgm__lock_take(&p->lock);
   for (int round = 0; round < TIER_MAX_GROW_ROUNDS; round++) {
@@ -207,6 +231,7 @@ int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
     if (sgm__suballoc_try_alloc(p->sa, need, &off, &got)) {
       p->used_bytes += got;
       if (p->used_bytes > p->peak_used_bytes) p->peak_used_bytes = p->used_bytes;
+      tier_update_room_locked(p);
       p->n_live++;
       p->n_allocs++;
       sgm__lock_drop(&p->lock);
@@ -250,23 +275,34 @@ int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
     p->committed_bytes -= chunk;
     if (!dedicated && p->n_geometric > 0) p->n_geometric--;
     /* The message names the budget; the status stays the backend's. */
-    tier_nomem_locked(p, size, rc);
+    if (rc == SGM_ERR_NOMEM) tier_backend_nomem_locked(p, size);
+    else __atomic_fetch_add(&p->n_failed, 1, __ATOMIC_RELAXED);
     sgm__lock_drop(&p->lock);
     return rc;
   }
-  int rc = tier_nomem_locked(p, size, SGM_OK);
+  /* The budget is full. The message is composed only if the caller needs it
+   * (sgm__tier_explain_budget): on the fallback path it does not, and
+   * formatting it would cost more than the fallback allocation itself. */
+  __atomic_fetch_add(&p->n_failed, 1, __ATOMIC_RELAXED);
   sgm__lock_drop(&p->lock);
-  return rc;
+  return SGM__ERR_BUDGET;
 }
 
 int sgm__tier_free(sgm_tier_pool *p, sgm_devptr ptr, uint64_t *size_out) {
   *size_out = 0;
   sgm__lock_take(&p->lock);
   uint64_t sz = 0;
+  /* Not ours: say so without a message; the caller tries the next tier and
+   * composes the message only if no tier owns the pointer. */
+  if (sgm__suballoc_block_size(p->sa, ptr) == 0) {
+    sgm__lock_drop(&p->lock);
+    return SGM_ERR_INVALID;
+  }
   int rc = sgm__suballoc_free(p->sa, ptr, &sz);
   if (rc == SGM_OK) {
     sgm_assert_internal(p->used_bytes >= sz && p->n_live > 0);
     p->used_bytes -= sz;
+    tier_update_room_locked(p);
     p->n_live--;
     p->n_frees++;
   }
@@ -302,6 +338,7 @@ uint64_t sgm__tier_idle_trim(sgm_tier_pool *p, uint64_t now_ms, uint64_t idle_ms
 void sgm__tier_set_budget(sgm_tier_pool *p, uint64_t budget_bytes) {
   sgm__lock_take(&p->lock);
   p->p.budget_bytes = budget_bytes;
+  tier_update_room_locked(p);
   bool over = p->committed_bytes > budget_bytes;
   if (over) p->budget_lowered = true;
   sgm__lock_drop(&p->lock);
@@ -319,7 +356,7 @@ void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out) {
   out->n_chunks = p->n_chunks;
   out->n_allocs = p->n_allocs;
   out->n_frees = p->n_frees;
-  out->n_failed = p->n_failed;
+  out->n_failed = __atomic_load_n(&p->n_failed, __ATOMIC_RELAXED);
   sgm__lock_drop(&p->lock);
 }
 

@@ -68,7 +68,8 @@ struct sgm_tier_pool {
   uint64_t n_live;            /* live blocks */
   uint64_t n_allocs;          /* blocks handed out since create */
   uint64_t n_frees;           /* blocks freed since create */
-  uint64_t n_failed;          /* allocations this pool could not serve */
+  uint64_t n_failed;          /* allocations this pool could not serve (atomic) */
+  uint64_t room_bytes;        /* budget - used, read without the lock (atomic; written under it) */
   bool budget_lowered;        /* set_budget went below committed: committed may exceed it */
 };
 
@@ -78,11 +79,17 @@ struct sgm_tier_pool {
 int sgm__tier_create(const sgm_tier_params *params, sgm_tier_pool **out);
 /* Return every chunk to the backend and free the pool. NULL is a no-op. */
 void sgm__tier_destroy(sgm_tier_pool *p);
-/* Allocate size bytes (aligned to SGM_DEVICE_ALIGN); SGM_ERR_NOMEM with a message
- * naming the budget and use when it does not fit. *out = 0 on failure. */
+/* Returned by sgm__tier_alloc when the budget is full; no message is set. */
+#define SGM__ERR_BUDGET (-100)
+/* Allocate size bytes (aligned to SGM_DEVICE_ALIGN). *out = 0 on failure, and
+ * then: SGM__ERR_BUDGET (no message: call sgm__tier_explain_budget when one is
+ * needed), or a status with a message (the backend failed to give a chunk). */
 int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out);
-/* Free a block; SGM_ERR_INVALID (nothing changed) when ptr is not a live block
- * of this pool. *size_out: its size. */
+/* Set the thread's message for a full budget: the budget, the use, the largest
+ * free block and the variables that raise it; returns SGM_ERR_NOMEM. */
+int sgm__tier_explain_budget(sgm_tier_pool *p, uint64_t size);
+/* Free a block; SGM_ERR_INVALID (nothing changed, no message set) when ptr is
+ * not a live block of this pool. *size_out: its size. */
 int sgm__tier_free(sgm_tier_pool *p, sgm_devptr ptr, uint64_t *size_out);
 /* True when ptr is the start of a live block of this pool. */
 bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr);
