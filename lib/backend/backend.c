@@ -2,8 +2,10 @@
  * backend.c — choosing and opening a backend.
  *
  * SGM_BACKEND=cuda (the default) opens the CUDA driver; emu opens the emulated
- * device; auto tries cuda and falls back to emu with a one-line notice. The
- * emulated device is never chosen silently.
+ * device; auto tries cuda and falls back to emu with a one-line notice (at
+ * SGM_VERBOSE >= 1) whenever the CUDA backend cannot open a device: no driver
+ * library, cuInit failing, no device, or the SGM_DEVICE ordinal out of range.
+ * The emulated device is never chosen silently.
  */
 #include "backend/backend.h"
 
@@ -26,6 +28,8 @@ int sgm__backend_open(const sgm_config *cfg, const sgm_backend_ops **ops_out,
       }
       sgm__log(cfg->verbose, 1, "SGM_BACKEND=auto: no CUDA device answered (%s); using the emulated device",
                sgm_last_error());
+      /* The fallback is the answer, not an error: leave no stale message. */
+      sgm__error_clear();
       ops = &sgm__backend_emu_ops;
       break;
     }

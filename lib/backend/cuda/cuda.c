@@ -1,16 +1,853 @@
 /*
- * cuda.c — the CUDA backend. Not built yet: opening it fails with a message
- * that says how to run on the emulated device instead.
+ * cuda.c — the CUDA backend (SGM_BACKEND=cuda): an NVIDIA GPU through the
+ * driver API, loaded at run time.
+ *
+ * Loading. libsgm.so never links libcuda: it is loaded into processes
+ * (PyTorch, CuPy, plain CUDA programs) that bring their own CUDA runtime, and
+ * it must load on machines with no driver at all. The first open() dlopens
+ * "libcuda.so.1", dlsyms only cuDriverGetVersion and cuGetProcAddress, and
+ * resolves every other entry point through cuGetProcAddress for one CUDA ABI
+ * version (min(driver, 12.0)) into one table, listed once below
+ * (CUDA_ENTRY_POINTS). That table is the process's only mutable global; it is
+ * filled once (pthread_once) and never unloaded. A failed load is permanent
+ * for the process and every open() reports it.
+ *
+ * Context. The backend uses the device's primary context
+ * (cuDevicePrimaryCtxRetain), the one the runtime API and so every framework
+ * uses, so memory is shared with them. sgm is called from threads that may have
+ * no current context (or another one): every driver call runs between
+ * cuda_enter()/cuda_leave(), which push the primary context when it is not
+ * already current and pop it after.
+ *
+ * Memory. Device memory: cuMemAlloc. Pinned host memory: an anonymous mapping
+ * bound with libnuma to the requested node (else the GPU's own node, found from
+ * its PCI bus id with hwloc), then cuMemHostRegister(DEVICEMAP | PORTABLE) and
+ * cuMemHostGetDevicePointer. Every live allocation and event is in a table so
+ * that free() can check it and close() can return what was leaked.
+ *
+ * Copies run on the caller's stream, or on a non-blocking stream the backend
+ * owns when the caller passes NULL, and are synchronised before copy()
+ * returns, as the contract asks.
+ *
+ * Errors: every CUresult becomes an sgm_status (out of memory -> NOMEM, a bad
+ * handle or value the caller passed -> INVALID, anything else -> BACKEND) and a
+ * message with the operation, the driver call, the CUDA error name and string.
+ *
+ * Threading: the driver is thread-safe; the backend's own state (counters, the
+ * table of live objects) is under one lock of rank SGM_LOCK_BACKEND, never held
+ * across a driver call.
+ *
+ * Built without the CUDA toolkit's headers, this file is a backend whose open()
+ * says so and how to use the emulated device.
  */
+#include <dlfcn.h>
+#include <errno.h>
+#include <numa.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "backend/backend.h"
+#include "backend/cuda/cuda_internal.h"
 #include "internal.h"
 
+#if defined(SGM_HAVE_CUDA_HEADERS) && SGM_HAVE_CUDA_HEADERS
+#include <cuda.h>
+#if CUDA_VERSION >= 12000
+#define CUDA_BACKEND_BUILT 1
+#endif
+#endif
+
+#ifdef CUDA_BACKEND_BUILT
+#include <cudaTypedefs.h>
+
+/* Sizes pass between uint64_t and size_t unchecked. */
+_Static_assert(sizeof(size_t) == sizeof(uint64_t), "sgm's CUDA backend needs a 64-bit size_t");
+
+/* The driver's soname; tests put their test double of the same name first on
+ * LD_LIBRARY_PATH. */
+#define CUDA_DRIVER_LIBRARY "libcuda.so.1"
+
+/* The newest CUDA ABI we ask entry points for. Every entry point below has had
+ * the signature of its PFN typedef since this version or earlier. */
+#define CUDA_ABI_VERSION 12000
+/* cuGetProcAddress appeared in CUDA 11.3: older drivers cannot be used. */
+#define CUDA_MIN_DRIVER_VERSION 11030
+
+#define CUDA_HINT "set SGM_BACKEND=emu to use the emulated device instead"
+
+/*
+ * Every driver entry point the backend uses: X(name, abi), where name is the
+ * base name cuGetProcAddress takes and abi the CUDA version whose signature the
+ * PFN_<name>_v<abi> typedef of cudaTypedefs.h describes. The error-string
+ * calls come first so that later resolve failures can be named.
+ */
+#define CUDA_ENTRY_POINTS(X)           \
+  X(cuGetErrorName, 6000)              \
+  X(cuGetErrorString, 6000)            \
+  X(cuInit, 2000)                      \
+  X(cuDeviceGetCount, 2000)            \
+  X(cuDeviceGet, 2000)                 \
+  X(cuDeviceGetAttribute, 2000)        \
+  X(cuDeviceGetName, 2000)             \
+  X(cuDeviceGetPCIBusId, 4010)         \
+  X(cuDeviceTotalMem, 3020)            \
+  X(cuDevicePrimaryCtxRetain, 7000)    \
+  X(cuDevicePrimaryCtxRelease, 11000)  \
+  X(cuCtxGetCurrent, 4000)             \
+  X(cuCtxPushCurrent, 4000)            \
+  X(cuCtxPopCurrent, 4000)             \
+  X(cuMemGetInfo, 3020)                \
+  X(cuMemAlloc, 3020)                  \
+  X(cuMemFree, 3020)                   \
+  X(cuMemHostRegister, 6050)           \
+  X(cuMemHostUnregister, 4000)         \
+  X(cuMemHostGetDevicePointer, 3020)   \
+  X(cuMemcpyHtoDAsync, 3020)           \
+  X(cuMemcpyDtoHAsync, 3020)           \
+  X(cuMemcpyDtoDAsync, 3020)           \
+  X(cuStreamCreate, 2000)              \
+  X(cuStreamDestroy, 4000)             \
+  X(cuStreamSynchronize, 2000)         \
+  X(cuEventCreate, 2000)               \
+  X(cuEventRecord, 2000)               \
+  X(cuEventQuery, 2000)                \
+  X(cuEventSynchronize, 2000)          \
+  X(cuEventDestroy, 4000)
+
+typedef struct cuda_table {
+#define CUDA_MEMBER(name, abi) PFN_##name##_v##abi pfn_##name;
+  CUDA_ENTRY_POINTS(CUDA_MEMBER)
+#undef CUDA_MEMBER
+} cuda_table;
+
+/* The loaded driver: the one mutable global of libsgm, written once. */
+static struct cuda_driver {
+  void *lib;              /* dlopen handle of libcuda.so.1; never closed */
+  int status;             /* SGM_OK, or why loading failed (permanent) */
+  char error[640];        /* the message of a failed load */
+  int driver_version;     /* cuDriverGetVersion: 1000 * major + 10 * minor */
+  int abi_version;        /* the cudaVersion entry points were resolved for */
+  cuda_table fn;          /* every entry point, resolved */
+} cuda_drv;
+static pthread_once_t cuda_drv_once = PTHREAD_ONCE_INIT;
+
+/* Call a driver entry point: CU(cuMemAlloc)(&p, n). */
+#define CU(name) (cuda_drv.fn.pfn_##name)
+
+static void cuda_load_fail(const char *fmt, ...) SGM_PRINTF(1, 2);
+static void cuda_load_fail(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cuda_drv.error, sizeof cuda_drv.error, fmt, ap);
+  va_end(ap);
+  cuda_drv.status = SGM_ERR_BACKEND;
+}
+
+static void cuda_load(void) {
+  dlerror();
+  void *lib = dlopen(CUDA_DRIVER_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    const char *why = dlerror();
+    cuda_load_fail("the NVIDIA driver library %s could not be loaded (%s); is the NVIDIA driver "
+                   "installed and visible in this container? " CUDA_HINT,
+                   CUDA_DRIVER_LIBRARY, why ? why : "no reason given");
+    return;
+  }
+  PFN_cuDriverGetVersion_v2020 get_version =
+      (PFN_cuDriverGetVersion_v2020)dlsym(lib, "cuDriverGetVersion");
+  /* Exported as cuGetProcAddress_v2 since 12.0 (the header's cuGetProcAddress
+   * is a macro for it); 11.3 to 11.8 export only the 4-argument original. */
+  PFN_cuGetProcAddress_v12000 gpa2 = (PFN_cuGetProcAddress_v12000)dlsym(lib, "cuGetProcAddress_v2");
+  PFN_cuGetProcAddress_v11030 gpa1 = (PFN_cuGetProcAddress_v11030)dlsym(lib, "cuGetProcAddress");
+  int version = 0;
+  if (!get_version || get_version(&version) != CUDA_SUCCESS || (!gpa2 && !gpa1) ||
+      version < CUDA_MIN_DRIVER_VERSION) {
+    cuda_load_fail("the NVIDIA driver library %s is too old or not a CUDA driver (driver API "
+                   "version %d.%d; sgm needs %d.%d or newer); update the driver, or " CUDA_HINT,
+                   CUDA_DRIVER_LIBRARY, version / 1000, version % 1000 / 10,
+                   CUDA_MIN_DRIVER_VERSION / 1000, CUDA_MIN_DRIVER_VERSION % 1000 / 10);
+    return;
+  }
+  /* Asking for a newer version than the driver's is an error
+   * (CUDA_ERROR_INVALID_VALUE); the PFN signatures hold for both. */
+  int abi = version < CUDA_ABI_VERSION ? version : CUDA_ABI_VERSION;
+  cuda_table fn;
+  memset(&fn, 0, sizeof fn);
+#define CUDA_RESOLVE(name, abi_min)                                                              \
+  do {                                                                                           \
+    void *p = NULL;                                                                              \
+    CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SUCCESS;                          \
+    CUresult r = gpa2 ? gpa2(#name, &p, abi, CU_GET_PROC_ADDRESS_DEFAULT, &found)                \
+                      : gpa1(#name, &p, abi, CU_GET_PROC_ADDRESS_DEFAULT);                       \
+    if (r != CUDA_SUCCESS || !p || found != CU_GET_PROC_ADDRESS_SUCCESS) {                       \
+      cuda_load_fail("the NVIDIA driver library %s (driver API %d.%d) has no entry point %s "     \
+                     "for CUDA %d.%d (cuGetProcAddress returned %d, status %d); update the "     \
+                     "driver, or " CUDA_HINT,                                                    \
+                     CUDA_DRIVER_LIBRARY, version / 1000, version % 1000 / 10, #name, abi / 1000, \
+                     abi % 1000 / 10, (int)r, (int)found);                                       \
+      return;                                                                                    \
+    }                                                                                            \
+    fn.pfn_##name = (PFN_##name##_v##abi_min)p;                                                  \
+  } while (0);
+  CUDA_ENTRY_POINTS(CUDA_RESOLVE)
+#undef CUDA_RESOLVE
+  cuda_drv.lib = lib;
+  cuda_drv.driver_version = version;
+  cuda_drv.abi_version = abi;
+  cuda_drv.fn = fn;
+  cuda_drv.status = SGM_OK;
+}
+
+/* ---- errors ---- */
+
+typedef enum cuda_blame {
+  CUDA_BLAME_DRIVER = 0, /* a bad value is the driver's or sgm's problem: BACKEND */
+  CUDA_BLAME_CALLER = 1  /* the call carried the caller's stream/pointer: bad ones are INVALID */
+} cuda_blame;
+
+/* Turn r (not CUDA_SUCCESS) into a status and this thread's message. */
+static int cuda_fail(CUresult r, const char *op, const char *call, cuda_blame blame) {
+  const char *name = NULL, *str = NULL;
+  char num[32];
+  if (CU(cuGetErrorName)(r, &name) != CUDA_SUCCESS || !name) {
+    snprintf(num, sizeof num, "CUresult %d", (int)r);
+    name = num;
+  }
+  if (CU(cuGetErrorString)(r, &str) != CUDA_SUCCESS || !str) str = "no description";
+  int status = SGM_ERR_BACKEND;
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) status = SGM_ERR_NOMEM;
+  else if (blame == CUDA_BLAME_CALLER && (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE))
+    status = SGM_ERR_INVALID;
+  return sgm__error_set(status, "CUDA: %s: %s failed: %s (%s)", op, call, name, str);
+}
+
+/* ---- the opened device ---- */
+
+typedef enum cuda_obj_kind {
+  CUDA_OBJ_DEVICE = 0, /* cuMemAlloc memory; key = device address */
+  CUDA_OBJ_HOST = 1,   /* registered host mapping; key = host address */
+  CUDA_OBJ_EVENT = 2   /* CUevent; key = the handle */
+} cuda_obj_kind;
+
+typedef struct cuda_obj {
+  uint64_t key;          /* address or handle, as above */
+  uint64_t bytes;        /* size: device bytes asked for, host mapping length, 0 for events */
+  int kind;              /* cuda_obj_kind */
+  struct cuda_obj *next; /* next in the hash chain */
+} cuda_obj;
+
+struct sgm_backend {
+  sgm_lock lock;              /* guards c and the object table */
+  int ordinal;                /* device ordinal (cfg->device) */
+  CUdevice dev;               /* the driver's handle of that device */
+  CUcontext ctx;              /* its primary context, retained until close */
+  CUstream copy_stream;       /* non-blocking stream for copies the caller gave no stream for */
+  int numa_node;              /* the GPU's NUMA node, -1 when unknown */
+  int can_map_host;           /* CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY */
+  int verbose;                /* log level from the config */
+  char pci_bus_id[32];        /* "0000:65:00.0" */
+  char name[128];             /* the device's name, for messages */
+  sgm_backend_counters c;     /* live objects and call count */
+  cuda_obj **buckets;         /* live-object hash table (chained) */
+  size_t n_buckets;           /* a power of two */
+  size_t n_objs;              /* entries in the table */
+};
+
+/* Room for the first objects; the table doubles when it holds two per bucket. */
+#define CUDA_OBJ_BUCKETS_MIN 64u
+
+static size_t cuda_obj_hash(uint64_t key, size_t n_buckets) {
+  key ^= key >> 33;
+  key *= 0xff51afd7ed558ccdull;
+  key ^= key >> 33;
+  return (size_t)key & (n_buckets - 1);
+}
+
+/* Add an object; false when the table cannot grow or get a node (no memory). */
+static bool cuda_obj_add_locked(sgm_backend *be, uint64_t key, uint64_t bytes, int kind) {
+  sgm_assert_internal(sgm__lock_held(&be->lock));
+  if (be->n_objs >= 2 * be->n_buckets) {
+    size_t nb = be->n_buckets * 2;
+    cuda_obj **b = calloc(nb, sizeof *b);
+    if (b) {
+      for (size_t i = 0; i < be->n_buckets; i++) {
+        for (cuda_obj *o = be->buckets[i], *next; o; o = next) {
+          next = o->next;
+          size_t h = cuda_obj_hash(o->key, nb);
+          o->next = b[h];
+          b[h] = o;
+        }
+      }
+      free(be->buckets);
+      be->buckets = b;
+      be->n_buckets = nb;
+    } /* else: keep the longer chains; correctness does not depend on it */
+  }
+  cuda_obj *o = malloc(sizeof *o);
+  if (!o) return false;
+  o->key = key;
+  o->bytes = bytes;
+  o->kind = kind;
+  size_t h = cuda_obj_hash(key, be->n_buckets);
+  o->next = be->buckets[h];
+  be->buckets[h] = o;
+  be->n_objs++;
+  return true;
+}
+
+/* Remove the object (key, kind); false when there is none. *bytes_out: its size. */
+static bool cuda_obj_remove_locked(sgm_backend *be, uint64_t key, int kind, uint64_t *bytes_out) {
+  sgm_assert_internal(sgm__lock_held(&be->lock));
+  for (cuda_obj **pp = &be->buckets[cuda_obj_hash(key, be->n_buckets)]; *pp; pp = &(*pp)->next) {
+    cuda_obj *o = *pp;
+    if (o->key == key && o->kind == kind) {
+      *pp = o->next;
+      if (bytes_out) *bytes_out = o->bytes;
+      free(o);
+      be->n_objs--;
+      return true;
+    }
+  }
+  return false;
+}
+
+static void cuda_count_call(sgm_backend *be) {
+  sgm__lock_take(&be->lock);
+  be->c.n_calls++;
+  sgm__lock_drop(&be->lock);
+}
+
+/* Make the primary context current for the calling thread (unless it already
+ * is); *pushed says whether cuda_leave must pop it. */
+static int cuda_enter(sgm_backend *be, const char *op, bool *pushed) {
+  *pushed = false;
+  CUcontext cur = NULL;
+  CUresult r = CU(cuCtxGetCurrent)(&cur);
+  if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuCtxGetCurrent", CUDA_BLAME_DRIVER);
+  if (cur == be->ctx) return SGM_OK;
+  r = CU(cuCtxPushCurrent)(be->ctx);
+  if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuCtxPushCurrent", CUDA_BLAME_DRIVER);
+  *pushed = true;
+  return SGM_OK;
+}
+
+/* Undo cuda_enter. A failure leaves the context on this thread's stack, which
+ * cannot be repaired from here: it is logged, the operation's result stands. */
+static void cuda_leave(sgm_backend *be, bool pushed, const char *op) {
+  if (!pushed) return;
+  CUcontext popped = NULL;
+  CUresult r = CU(cuCtxPopCurrent)(&popped);
+  if (r != CUDA_SUCCESS || popped != be->ctx) {
+    const char *name = NULL;
+    if (CU(cuGetErrorName)(r, &name) != CUDA_SUCCESS || !name) name = "unknown CUresult";
+    sgm__log(be->verbose, 1, "CUDA: %s: cuCtxPopCurrent failed (%s); this thread's current "
+             "context may be wrong", op, r != CUDA_SUCCESS ? name : "popped another context");
+  }
+}
+
+/* Log a driver failure in a function that cannot fail (frees, destroys). */
+static void cuda_log_failure(sgm_backend *be, CUresult r, const char *op, const char *call) {
+  const char *name = NULL;
+  if (CU(cuGetErrorName)(r, &name) != CUDA_SUCCESS || !name) name = "unknown CUresult";
+  sgm__log(be->verbose, 1, "CUDA: %s: %s failed (%s); the memory may stay allocated", op, call,
+           name);
+}
+
+static int cuda_open(const sgm_config *cfg, sgm_backend **out) {
+  *out = NULL;
+  pthread_once(&cuda_drv_once, cuda_load);
+  if (cuda_drv.status != SGM_OK) return sgm__error_set(cuda_drv.status, "%s", cuda_drv.error);
+
+  const char *op = "opening the device";
+  CUresult r = CU(cuInit)(0);
+  if (r != CUDA_SUCCESS) {
+    cuda_fail(r, op, "cuInit", CUDA_BLAME_DRIVER);
+    return sgm__error_set(SGM_ERR_BACKEND, "%s; the CUDA driver could not be initialised (no "
+                          "usable NVIDIA GPU, or a driver/kernel module mismatch); " CUDA_HINT,
+                          sgm_last_error());
+  }
+  int count = 0;
+  r = CU(cuDeviceGetCount)(&count);
+  if (r != CUDA_SUCCESS) {
+    cuda_fail(r, op, "cuDeviceGetCount", CUDA_BLAME_DRIVER);
+    return sgm__error_set(SGM_ERR_BACKEND, "%s; " CUDA_HINT, sgm_last_error());
+  }
+  if (count == 0)
+    return sgm__error_set(SGM_ERR_BACKEND, "CUDA: no CUDA device found (the driver loaded but "
+                          "reports 0 devices; check CUDA_VISIBLE_DEVICES); " CUDA_HINT);
+  if (cfg->device < 0 || cfg->device >= count)
+    return sgm__error_set(SGM_ERR_BACKEND, "CUDA: SGM_DEVICE=%d is out of range: the driver "
+                          "reports %d CUDA device%s (0 to %d); choose another device, or " CUDA_HINT,
+                          cfg->device, count, count == 1 ? "" : "s", count - 1);
+
+  sgm_backend *be = calloc(1, sizeof *be);
+  cuda_obj **buckets = calloc(CUDA_OBJ_BUCKETS_MIN, sizeof *buckets);
+  if (!be || !buckets) {
+    free(be);
+    free(buckets);
+    return sgm__error_set(SGM_ERR_NOMEM, "CUDA: out of host memory opening the device");
+  }
+  sgm__lock_init(&be->lock, SGM_LOCK_BACKEND);
+  be->buckets = buckets;
+  be->n_buckets = CUDA_OBJ_BUCKETS_MIN;
+  be->ordinal = cfg->device;
+  be->verbose = cfg->verbose;
+  be->numa_node = -1;
+  int rc = SGM_OK;
+  bool pushed = false;
+
+  r = CU(cuDeviceGet)(&be->dev, cfg->device);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuDeviceGet", CUDA_BLAME_DRIVER);
+    goto out_free;
+  }
+  r = CU(cuDeviceGetName)(be->name, (int)sizeof be->name, be->dev);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuDeviceGetName", CUDA_BLAME_DRIVER);
+    goto out_free;
+  }
+  r = CU(cuDeviceGetPCIBusId)(be->pci_bus_id, (int)sizeof be->pci_bus_id, be->dev);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuDeviceGetPCIBusId", CUDA_BLAME_DRIVER);
+    goto out_free;
+  }
+  r = CU(cuDeviceGetAttribute)(&be->can_map_host, CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, be->dev);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuDeviceGetAttribute", CUDA_BLAME_DRIVER);
+    goto out_free;
+  }
+  r = CU(cuDevicePrimaryCtxRetain)(&be->ctx, be->dev);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuDevicePrimaryCtxRetain", CUDA_BLAME_DRIVER);
+    goto out_free;
+  }
+  rc = cuda_enter(be, op, &pushed);
+  if (rc != SGM_OK) goto out_release;
+  r = CU(cuStreamCreate)(&be->copy_stream, CU_STREAM_NON_BLOCKING);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuStreamCreate", CUDA_BLAME_DRIVER);
+    goto out_leave;
+  }
+  cuda_leave(be, pushed, op);
+
+  be->numa_node = sgm__cuda_numa_node(be->pci_bus_id);
+  be->c.n_calls = 1; /* open is call 1, as on the emulated device */
+  sgm__log(be->verbose, 2, "CUDA device %d: %s, PCI %s, NUMA node %d, driver %d.%d", be->ordinal,
+           be->name, be->pci_bus_id, be->numa_node, cuda_drv.driver_version / 1000,
+           cuda_drv.driver_version % 1000 / 10);
+  *out = be;
+  return SGM_OK;
+
+out_leave:
+  cuda_leave(be, pushed, op);
+out_release:
+  r = CU(cuDevicePrimaryCtxRelease)(be->dev);
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuDevicePrimaryCtxRelease");
+out_free:
+  sgm__lock_destroy(&be->lock);
+  free(be->buckets);
+  free(be);
+  return rc;
+}
+
+static void cuda_close(sgm_backend *be) {
+  if (!be) return;
+  const char *op = "closing the device";
+  bool pushed = false;
+  bool entered = cuda_enter(be, op, &pushed) == SGM_OK;
+  if (be->c.n_device_live || be->c.n_host_live || be->c.n_events_live)
+    sgm__log(be->verbose, 1,
+             "CUDA device %d closed with %llu device allocations, %llu pinned host allocations "
+             "and %llu events live; freeing them", be->ordinal,
+             (unsigned long long)be->c.n_device_live, (unsigned long long)be->c.n_host_live,
+             (unsigned long long)be->c.n_events_live);
+  /* No other thread may use the backend now: walk the table without the lock. */
+  for (size_t i = 0; i < be->n_buckets; i++) {
+    for (cuda_obj *o = be->buckets[i], *next; o; o = next) {
+      next = o->next;
+      CUresult r = CUDA_SUCCESS;
+      if (entered) {
+        if (o->kind == CUDA_OBJ_DEVICE) {
+          r = CU(cuMemFree)((CUdeviceptr)o->key);
+          if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
+        } else if (o->kind == CUDA_OBJ_HOST) {
+          r = CU(cuMemHostUnregister)((void *)(uintptr_t)o->key);
+          if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemHostUnregister");
+        } else {
+          r = CU(cuEventDestroy)((CUevent)(uintptr_t)o->key);
+          if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuEventDestroy");
+        }
+      }
+      /* Unmap only what the driver no longer has pinned: a mapping it still
+       * pins is leaked rather than left to the driver dangling. */
+      if (o->kind == CUDA_OBJ_HOST && entered && r == CUDA_SUCCESS)
+        munmap((void *)(uintptr_t)o->key, o->bytes);
+      free(o);
+    }
+  }
+  if (entered) {
+    CUresult r = CU(cuStreamDestroy)(be->copy_stream);
+    if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuStreamDestroy");
+    cuda_leave(be, pushed, op);
+  }
+  CUresult r = CU(cuDevicePrimaryCtxRelease)(be->dev);
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuDevicePrimaryCtxRelease");
+  sgm__lock_destroy(&be->lock);
+  free(be->buckets);
+  free(be);
+}
+
+static int cuda_mem_info(sgm_backend *be, uint64_t *free_bytes, uint64_t *total_bytes) {
+  *free_bytes = 0;
+  *total_bytes = 0;
+  cuda_count_call(be);
+  const char *op = "reading device memory info";
+  bool pushed;
+  int rc = cuda_enter(be, op, &pushed);
+  if (rc != SGM_OK) return rc;
+  size_t f = 0, t = 0;
+  CUresult r = CU(cuMemGetInfo)(&f, &t);
+  cuda_leave(be, pushed, op);
+  if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuMemGetInfo", CUDA_BLAME_DRIVER);
+  *free_bytes = f;
+  *total_bytes = t;
+  return SGM_OK;
+}
+
+static int cuda_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
+  *out = 0;
+  cuda_count_call(be);
+  if (bytes == 0) return sgm__error_set(SGM_ERR_INVALID, "CUDA: device_alloc of 0 bytes");
+  char op[64];
+  char b[32];
+  snprintf(op, sizeof op, "allocating %s of device memory", sgm__fmt_bytes(bytes, b, sizeof b));
+  bool pushed;
+  int rc = cuda_enter(be, op, &pushed);
+  if (rc != SGM_OK) return rc;
+  CUdeviceptr p = 0;
+  CUresult r = CU(cuMemAlloc)(&p, (size_t)bytes);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuMemAlloc", CUDA_BLAME_DRIVER);
+    goto out_leave;
+  }
+  sgm__lock_take(&be->lock);
+  bool added = cuda_obj_add_locked(be, (uint64_t)p, bytes, CUDA_OBJ_DEVICE);
+  if (added) {
+    be->c.device_live_bytes += bytes;
+    be->c.n_device_live++;
+  }
+  sgm__lock_drop(&be->lock);
+  if (!added) {
+    r = CU(cuMemFree)(p);
+    if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
+    rc = sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
+    goto out_leave;
+  }
+  *out = (sgm_devptr)p;
+out_leave:
+  cuda_leave(be, pushed, op);
+  return rc;
+}
+
+static void cuda_device_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
+  if (!ptr) return;
+  const char *op = "freeing device memory";
+  uint64_t known = 0;
+  sgm__lock_take(&be->lock);
+  bool found = cuda_obj_remove_locked(be, ptr, CUDA_OBJ_DEVICE, &known);
+  if (found) {
+    be->c.device_live_bytes -= known;
+    be->c.n_device_live--;
+  }
+  sgm__lock_drop(&be->lock);
+  sgm_assert(found && known == bytes);
+  if (!found) {
+    sgm__log(be->verbose, 1, "CUDA: device_free of 0x%llx, which this backend did not allocate; "
+             "ignored", (unsigned long long)ptr);
+    return;
+  }
+  bool pushed;
+  if (cuda_enter(be, op, &pushed) != SGM_OK) {
+    sgm__log(be->verbose, 1, "CUDA: %s: %s", op, sgm_last_error());
+    return;
+  }
+  CUresult r = CU(cuMemFree)((CUdeviceptr)ptr);
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
+  cuda_leave(be, pushed, op);
+}
+
+static int cuda_host_alloc(sgm_backend *be, uint64_t bytes, int numa_node, void **host_out,
+                           sgm_devptr *dev_out) {
+  *host_out = NULL;
+  *dev_out = 0;
+  cuda_count_call(be);
+  if (bytes == 0) return sgm__error_set(SGM_ERR_INVALID, "CUDA: host_alloc of 0 bytes");
+  if (!be->can_map_host)
+    return sgm__error_set(SGM_ERR_UNSUPPORTED, "CUDA: device %d (%s) cannot map host memory, so "
+                          "it has no shared GPU memory tier", be->ordinal, be->name);
+  uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+  if (bytes > SIZE_MAX - page) return sgm__error_set(SGM_ERR_NOMEM, "CUDA: host_alloc size too large");
+  size_t len = (size_t)sgm__align_up(bytes, page);
+  char op[64];
+  char b[32];
+  snprintf(op, sizeof op, "pinning %s of host memory", sgm__fmt_bytes(len, b, sizeof b));
+  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    return sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: mmap failed: %s", op, strerror(e));
+  }
+  /* Bind before the driver faults the pages in to pin them: they then land on
+   * the node (the caller's choice, else the GPU's own). */
+  int node = numa_node >= 0 ? numa_node : be->numa_node;
+  if (node >= 0 && numa_available() >= 0 && node <= numa_max_node())
+    numa_tonode_memory(p, len, node);
+  bool pushed;
+  int rc = cuda_enter(be, op, &pushed);
+  if (rc != SGM_OK) goto out_unmap;
+  CUresult r = CU(cuMemHostRegister)(p, len, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuMemHostRegister", CUDA_BLAME_DRIVER);
+    goto out_leave;
+  }
+  CUdeviceptr d = 0;
+  r = CU(cuMemHostGetDevicePointer)(&d, p, 0);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuMemHostGetDevicePointer", CUDA_BLAME_DRIVER);
+    goto out_unregister;
+  }
+  sgm__lock_take(&be->lock);
+  bool added = cuda_obj_add_locked(be, (uint64_t)(uintptr_t)p, len, CUDA_OBJ_HOST);
+  if (added) {
+    be->c.host_live_bytes += len;
+    be->c.n_host_live++;
+  }
+  sgm__lock_drop(&be->lock);
+  if (!added) {
+    rc = sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
+    goto out_unregister;
+  }
+  cuda_leave(be, pushed, op);
+  *host_out = p;
+  *dev_out = (sgm_devptr)d;
+  return SGM_OK;
+
+out_unregister:
+  r = CU(cuMemHostUnregister)(p);
+  if (r != CUDA_SUCCESS) {
+    /* Still pinned by the driver: unmapping it would leave the driver a
+     * dangling registration; leak the mapping instead. */
+    cuda_log_failure(be, r, op, "cuMemHostUnregister");
+    cuda_leave(be, pushed, op);
+    return rc;
+  }
+out_leave:
+  cuda_leave(be, pushed, op);
+out_unmap:
+  munmap(p, len);
+  return rc;
+}
+
+static void cuda_host_free(sgm_backend *be, void *host, uint64_t bytes) {
+  if (!host) return;
+  const char *op = "unpinning host memory";
+  uint64_t len = 0;
+  sgm__lock_take(&be->lock);
+  bool found = cuda_obj_remove_locked(be, (uint64_t)(uintptr_t)host, CUDA_OBJ_HOST, &len);
+  if (found) {
+    be->c.host_live_bytes -= len;
+    be->c.n_host_live--;
+  }
+  sgm__lock_drop(&be->lock);
+  sgm_assert(found && len == sgm__align_up(bytes, (uint64_t)sysconf(_SC_PAGESIZE)));
+  if (!found) {
+    sgm__log(be->verbose, 1, "CUDA: host_free of %p, which this backend did not allocate; ignored",
+             host);
+    return;
+  }
+  bool pushed;
+  if (cuda_enter(be, op, &pushed) != SGM_OK) {
+    sgm__log(be->verbose, 1, "CUDA: %s: %s; the memory stays pinned", op, sgm_last_error());
+    return;
+  }
+  CUresult r = CU(cuMemHostUnregister)(host);
+  cuda_leave(be, pushed, op);
+  if (r != CUDA_SUCCESS) {
+    cuda_log_failure(be, r, op, "cuMemHostUnregister");
+    return; /* never unmap what the driver may still have pinned */
+  }
+  munmap(host, len);
+}
+
+static int cuda_copy(sgm_backend *be, sgm_copy_kind kind, uint64_t dst, uint64_t src, uint64_t n,
+                     void *stream) {
+  cuda_count_call(be);
+  if (kind > SGM_COPY_DEVICE_TO_DEVICE)
+    return sgm__error_set(SGM_ERR_INVALID, "CUDA: bad copy kind %d", (int)kind);
+  if (n == 0) return SGM_OK;
+  if (!dst || !src) return sgm__error_set(SGM_ERR_INVALID, "CUDA: copy with a NULL address");
+  static const char *const ops[] = {"copying host to device", "copying device to host",
+                                    "copying device to device"};
+  const char *op = ops[kind];
+  CUstream s = stream ? (CUstream)stream : be->copy_stream;
+  bool pushed;
+  int rc = cuda_enter(be, op, &pushed);
+  if (rc != SGM_OK) return rc;
+  CUresult r;
+  const char *call;
+  switch (kind) {
+    case SGM_COPY_HOST_TO_DEVICE:
+      call = "cuMemcpyHtoDAsync";
+      r = CU(cuMemcpyHtoDAsync)((CUdeviceptr)dst, (const void *)(uintptr_t)src, (size_t)n, s);
+      break;
+    case SGM_COPY_DEVICE_TO_HOST:
+      call = "cuMemcpyDtoHAsync";
+      r = CU(cuMemcpyDtoHAsync)((void *)(uintptr_t)dst, (CUdeviceptr)src, (size_t)n, s);
+      break;
+    default:
+      call = "cuMemcpyDtoDAsync";
+      r = CU(cuMemcpyDtoDAsync)((CUdeviceptr)dst, (CUdeviceptr)src, (size_t)n, s);
+      break;
+  }
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, call, CUDA_BLAME_CALLER);
+  } else {
+    r = CU(cuStreamSynchronize)(s);
+    if (r != CUDA_SUCCESS) rc = cuda_fail(r, op, "cuStreamSynchronize", CUDA_BLAME_CALLER);
+  }
+  cuda_leave(be, pushed, op);
+  return rc;
+}
+
+static void cuda_counters(sgm_backend *be, sgm_backend_counters *out) {
+  sgm__lock_take(&be->lock);
+  *out = be->c;
+  sgm__lock_drop(&be->lock);
+}
+
+static int cuda_event_record(sgm_backend *be, void *stream, void **event_out) {
+  *event_out = NULL;
+  cuda_count_call(be);
+  const char *op = "recording an event";
+  bool pushed;
+  int rc = cuda_enter(be, op, &pushed);
+  if (rc != SGM_OK) return rc;
+  CUevent ev = NULL;
+  /* No timing: such events are cheaper to record and to query. */
+  CUresult r = CU(cuEventCreate)(&ev, CU_EVENT_DISABLE_TIMING);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuEventCreate", CUDA_BLAME_DRIVER);
+    goto out_leave;
+  }
+  r = CU(cuEventRecord)(ev, (CUstream)stream);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuEventRecord", CUDA_BLAME_CALLER);
+    goto out_destroy;
+  }
+  sgm__lock_take(&be->lock);
+  bool added = cuda_obj_add_locked(be, (uint64_t)(uintptr_t)ev, 0, CUDA_OBJ_EVENT);
+  if (added) be->c.n_events_live++;
+  sgm__lock_drop(&be->lock);
+  if (!added) {
+    rc = sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
+    goto out_destroy;
+  }
+  cuda_leave(be, pushed, op);
+  *event_out = ev;
+  return SGM_OK;
+
+out_destroy:
+  r = CU(cuEventDestroy)(ev);
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuEventDestroy");
+out_leave:
+  cuda_leave(be, pushed, op);
+  return rc;
+}
+
+static int cuda_event_query(sgm_backend *be, void *event) {
+  cuda_count_call(be);
+  if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_query of a NULL event");
+  const char *op = "querying an event";
+  bool pushed;
+  int rc = cuda_enter(be, op, &pushed);
+  if (rc != SGM_OK) return rc;
+  CUresult r = CU(cuEventQuery)((CUevent)event);
+  cuda_leave(be, pushed, op);
+  if (r == CUDA_SUCCESS) return 1;
+  if (r == CUDA_ERROR_NOT_READY) return 0;
+  return cuda_fail(r, op, "cuEventQuery", CUDA_BLAME_CALLER);
+}
+
+static int cuda_event_wait(sgm_backend *be, void *event) {
+  cuda_count_call(be);
+  if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_wait on a NULL event");
+  const char *op = "waiting for an event";
+  bool pushed;
+  int rc = cuda_enter(be, op, &pushed);
+  if (rc != SGM_OK) return rc;
+  CUresult r = CU(cuEventSynchronize)((CUevent)event);
+  cuda_leave(be, pushed, op);
+  if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuEventSynchronize", CUDA_BLAME_CALLER);
+  return SGM_OK;
+}
+
+static void cuda_event_destroy(sgm_backend *be, void *event) {
+  if (!event) return;
+  const char *op = "destroying an event";
+  sgm__lock_take(&be->lock);
+  bool found = cuda_obj_remove_locked(be, (uint64_t)(uintptr_t)event, CUDA_OBJ_EVENT, NULL);
+  if (found) be->c.n_events_live--;
+  sgm__lock_drop(&be->lock);
+  sgm_assert(found);
+  if (!found) {
+    sgm__log(be->verbose, 1, "CUDA: event_destroy of %p, which this backend did not record; "
+             "ignored", event);
+    return;
+  }
+  bool pushed;
+  if (cuda_enter(be, op, &pushed) != SGM_OK) {
+    sgm__log(be->verbose, 1, "CUDA: %s: %s", op, sgm_last_error());
+    return;
+  }
+  CUresult r = CU(cuEventDestroy)((CUevent)event);
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuEventDestroy");
+  cuda_leave(be, pushed, op);
+}
+
+const sgm_backend_ops sgm__backend_cuda_ops = {
+    .name = "cuda",
+    .open = cuda_open,
+    .close = cuda_close,
+    .mem_info = cuda_mem_info,
+    .device_alloc = cuda_device_alloc,
+    .device_free = cuda_device_free,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .copy = cuda_copy,
+    .counters = cuda_counters,
+    .event_record = cuda_event_record,
+    .event_query = cuda_event_query,
+    .event_wait = cuda_event_wait,
+    .event_destroy = cuda_event_destroy,
+};
+
+#else /* !CUDA_BACKEND_BUILT */
+
+/* Without the toolkit's headers there is no CUDA backend, only this message. */
 static int cuda_open(const sgm_config *cfg, sgm_backend **out) {
   (void)cfg;
   *out = NULL;
   return sgm__error_set(SGM_ERR_BACKEND,
-                        "the CUDA backend is not available in this build of sgm; "
-                        "set SGM_BACKEND=emu to run on the emulated device");
+                        "this build of sgm has no CUDA backend: it was built without the CUDA "
+                        "toolkit's headers (cuda.h, CUDA 12.0 or newer; rebuild with them, e.g. "
+                        "-DSGM_CUDA_INCLUDE_DIR=/usr/local/cuda/include); set SGM_BACKEND=emu to "
+                        "use the emulated device");
 }
 
 const sgm_backend_ops sgm__backend_cuda_ops = {.name = "cuda", .open = cuda_open};
+
+#endif /* CUDA_BACKEND_BUILT */

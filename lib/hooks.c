@@ -1,0 +1,179 @@
+/*
+ * hooks.c — framework hooks: PyTorch's CUDAPluggableAllocator entry points
+ * (sgm_torch_malloc / sgm_torch_free and the optional empty_cache and
+ * set_memory_fraction), and sgm_hook_context for CuPy and C callers.
+ *
+ * A framework hands sgm nothing but (size, device, stream), so the hooks keep
+ * one context per device ordinal (0 .. HOOKS_MAX_DEVICES - 1), created lazily
+ * on first use from sgm_config_init() (the SGM_* environment) with
+ * cfg.device = that ordinal. This table is one of the two mutable globals
+ * STYLE.md allows.
+ *
+ * Invariants: a slot goes from NULL to a fully created context exactly once
+ * (until sgm__hooks_reset_for_tests); a slot is only written under hooks_mu,
+ * and published with a release store after the context is fully built.
+ *
+ * Threading: the fast path is one acquire load of the slot, no lock. The
+ * first use takes hooks_mu, loads the slot again (another thread may have
+ * won), and creates the context under it, so concurrent first calls from many
+ * threads create exactly one context. hooks_mu is a plain pthread mutex outside
+ * the ranked sgm_lock order on purpose: it is always the outermost lock, sgm
+ * never takes it from inside, and context creation (which takes tier and
+ * backend locks) runs under it. It is one mutex for all devices: creation is
+ * rare, and serialising it also serialises driver initialisation.
+ * Calls on an existing context (alloc, free, trim, set_vram_fraction) run
+ * without hooks_mu; the context locks itself.
+ *
+ * Errors: PyTorch does not check sgm_torch_malloc's result for NULL, so a
+ * silent NULL becomes a confusing crash far away. Every failure of a hook is
+ * therefore written to stderr as one line whatever SGM_VERBOSE says
+ * ("sgm: error: sgm_torch_malloc(<size>, device <d>): <why>"), in addition to
+ * this thread's sgm_last_error(). When the context cannot be created (a bad
+ * SGM_* value, no device) every call retries and says so again: one line per
+ * failed call, and a program that fixes its environment recovers.
+ *
+ * Size 0: PyTorch's CUDAPluggableAllocator calls the allocator for empty
+ * tensors too; its own caching allocator answers size 0 with a NULL data
+ * pointer, and a NULL DataPtr never reaches the free function. So
+ * sgm_torch_malloc(0, ...) returns NULL silently, creating nothing.
+ *
+ * Teardown: hook contexts are never destroyed while the process runs. An
+ * atexit handler or destructor is not safe here: frameworks free tensors from
+ * their own static destructors and from interpreter shutdown, in an order
+ * relative to ours that nobody controls, and CUDA's runtime tears the driver
+ * down from its own exit handler, after which freeing device memory fails.
+ * The OS reclaims VRAM, pinned pages and the unlinked spill file when the
+ * process exits. The contexts stay reachable from this table, so leak
+ * checkers do not report them. Tests reset the table with
+ * sgm__hooks_reset_for_tests().
+ */
+#include <pthread.h>
+#include <stdint.h>
+
+#include "internal.h"
+
+/* 64 ordinals: more GPUs than any one machine has (DGX-class nodes have 8 or
+ * 16), and the table stays 512 bytes. */
+#define HOOKS_MAX_DEVICES 64
+
+static sgm_context *hooks_contexts[HOOKS_MAX_DEVICES]; /* per device; NULL until first use */
+static pthread_mutex_t hooks_mu = PTHREAD_MUTEX_INITIALIZER; /* serialises creation and reset */
+static uint64_t hooks_n_created; /* contexts created since start (or the last reset) */
+
+/* One line to stderr whatever SGM_VERBOSE says: level 0 ("error") always prints. */
+#define hooks_report(...) sgm__log(0, 0, __VA_ARGS__)
+
+static bool hooks_device_ok(int device) {
+  if (device >= 0 && device < HOOKS_MAX_DEVICES) return true;
+  sgm__error_set(SGM_ERR_INVALID, "device %d is out of range: the hooks serve devices 0 to %d",
+                 device, HOOKS_MAX_DEVICES - 1);
+  return false;
+}
+
+/*
+ * The device's context, creating it if needed. fraction > 0 sets the VRAM
+ * fraction of a context created by this call. *created (may be NULL) tells
+ * whether this call created it. NULL with the thread's error set on failure.
+ */
+static sgm_context *hooks_get_or_create(int device, double fraction, bool *created) {
+  if (created) *created = false;
+  if (!hooks_device_ok(device)) return NULL;
+  sgm_context *ctx = __atomic_load_n(&hooks_contexts[device], __ATOMIC_ACQUIRE);
+  if (sgm_likely(ctx != NULL)) return ctx;
+
+  pthread_mutex_lock(&hooks_mu);
+  ctx = __atomic_load_n(&hooks_contexts[device], __ATOMIC_ACQUIRE);
+  if (!ctx) {
+    sgm_config cfg;
+    sgm_config_init(&cfg);
+    cfg.device = device;
+    if (fraction > 0) cfg.vram_fraction = fraction;
+    if (sgm_context_create(&cfg, &ctx) == SGM_OK) {
+      __atomic_store_n(&hooks_contexts[device], ctx, __ATOMIC_RELEASE);
+      __atomic_fetch_add(&hooks_n_created, 1, __ATOMIC_RELAXED);
+      if (created) *created = true;
+    }
+  }
+  pthread_mutex_unlock(&hooks_mu);
+  return ctx;
+}
+
+SGM_API sgm_context *sgm_hook_context(int device) {
+  sgm_context *ctx = hooks_get_or_create(device, 0, NULL);
+  if (!ctx) hooks_report("sgm_hook_context(device %d): %s", device, sgm_last_error());
+  return ctx;
+}
+
+SGM_API void *sgm_torch_malloc(size_t size, int device, void *stream) {
+  if (size == 0) {
+    sgm__error_clear();
+    return NULL;
+  }
+  sgm_context *ctx = hooks_get_or_create(device, 0, NULL);
+  void *p = ctx ? sgm_alloc(ctx, size, stream) : NULL;
+  if (sgm_unlikely(!p))
+    hooks_report("sgm_torch_malloc(%zu, device %d): %s", size, device, sgm_last_error());
+  return p;
+}
+
+SGM_API void sgm_torch_free(void *ptr, size_t size, int device, void *stream) {
+  if (!ptr) return;
+  if (!hooks_device_ok(device)) {
+    hooks_report("sgm_torch_free(%p, %zu, device %d): %s; nothing was freed", ptr, size, device,
+                 sgm_last_error());
+    return;
+  }
+  sgm_context *ctx = __atomic_load_n(&hooks_contexts[device], __ATOMIC_ACQUIRE);
+  if (!ctx) {
+    sgm__error_set(SGM_ERR_INVALID,
+                   "sgm_torch_free(%p, %zu, device %d): no sgm context exists for device %d, so "
+                   "this pointer cannot be sgm's (was the allocator switched after tensors were "
+                   "made?); nothing was freed",
+                   ptr, size, device, device);
+    hooks_report("%s", sgm_last_error());
+    return;
+  }
+  /* A foreign pointer or a double free is refused and logged by sgm_free
+   * itself (SGM_VERBOSE >= 1, the default), and counted in n_bad_frees. */
+  sgm_free(ctx, ptr, stream);
+}
+
+SGM_API void sgm_torch_empty_cache(void) {
+  for (int d = 0; d < HOOKS_MAX_DEVICES; d++) {
+    sgm_context *ctx = __atomic_load_n(&hooks_contexts[d], __ATOMIC_ACQUIRE);
+    if (ctx && sgm_trim(ctx) != SGM_OK)
+      hooks_report("sgm_torch_empty_cache: device %d: %s", d, sgm_last_error());
+  }
+}
+
+SGM_API void sgm_torch_set_memory_fraction(double fraction, int device) {
+  /* !(x > 0) also catches NaN. */
+  if (!(fraction > 0.0 && fraction <= 1.0)) {
+    sgm__error_set(SGM_ERR_INVALID,
+                   "the VRAM fraction %g is out of range: it must be in (0, 1]; nothing changed",
+                   fraction);
+    hooks_report("sgm_torch_set_memory_fraction(%g, device %d): %s", fraction, device,
+                 sgm_last_error());
+    return;
+  }
+  bool created = false;
+  sgm_context *ctx = hooks_get_or_create(device, fraction, &created);
+  int rc = SGM_OK;
+  if (!ctx) rc = SGM_ERR_INVALID; /* the error is set */
+  else if (!created) rc = sgm__context_set_vram_fraction(ctx, fraction);
+  if (rc != SGM_OK)
+    hooks_report("sgm_torch_set_memory_fraction(%g, device %d): %s", fraction, device,
+                 sgm_last_error());
+}
+
+void sgm__hooks_reset_for_tests(void) {
+  pthread_mutex_lock(&hooks_mu);
+  for (int d = 0; d < HOOKS_MAX_DEVICES; d++) {
+    sgm_context *ctx = __atomic_exchange_n(&hooks_contexts[d], NULL, __ATOMIC_ACQ_REL);
+    sgm_context_destroy(ctx);
+  }
+  __atomic_store_n(&hooks_n_created, 0, __ATOMIC_RELAXED);
+  pthread_mutex_unlock(&hooks_mu);
+}
+
+uint64_t sgm__hooks_n_created(void) { return __atomic_load_n(&hooks_n_created, __ATOMIC_RELAXED); }

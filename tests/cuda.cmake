@@ -1,0 +1,104 @@
+# The CUDA backend's tests, included by tests/CMakeLists.txt.
+#
+#  - sgm_exports: libsgm.so exports only sgm_ names and needs no cu* symbol
+#    (libcuda is dlopen'ed, never linked). Runs on every build.
+#  - With the CUDA toolkit's headers: the driver test double
+#    (support/fake_cuda, a file named libcuda.so.1 in its own folder), the
+#    backend's unit suite against it, the missing-driver case, and every
+#    black-box API suite once more on SGM_BACKEND=cuda against the double.
+#    All of these carry the label cuda-double.
+
+# ---- exported surface and no link-time libcuda ----
+set(_sgm_exports_script ${CMAKE_CURRENT_BINARY_DIR}/sgm_check_exports.cmake)
+file(WRITE ${_sgm_exports_script} [==[
+# cmake -DNM=<nm> -DLIB=<libsgm.so> -P sgm_check_exports.cmake
+foreach(mode defined undefined)
+  execute_process(COMMAND ${NM} -D --${mode}-only ${LIB}
+    OUTPUT_VARIABLE out RESULT_VARIABLE rc ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${NM} -D --${mode}-only ${LIB} failed: ${err}")
+  endif()
+  string(REPLACE "\n" ";" lines "${out}")
+  foreach(line ${lines})
+    string(REGEX REPLACE "^.* " "" sym "${line}")   # the last field is the name
+    string(REGEX REPLACE "@.*$" "" sym "${sym}")     # drop a version suffix
+    if(sym STREQUAL "")
+      continue()
+    endif()
+    if(mode STREQUAL "undefined" AND sym MATCHES "^cu")
+      list(APPEND bad "undefined ${sym}: libsgm.so must not link the CUDA driver (dlopen it)")
+    elseif(mode STREQUAL "defined" AND NOT sym MATCHES "^sgm_")
+      list(APPEND bad "exported ${sym}: only sgm_ names may be exported")
+    endif()
+  endforeach()
+endforeach()
+if(bad)
+  string(REPLACE ";" "\n  " bad "${bad}")
+  message(FATAL_ERROR "libsgm.so symbol check failed:\n  ${bad}")
+endif()
+message(STATUS "libsgm.so: exports only sgm_ names, no cu* symbol needed")
+]==])
+add_test(NAME sgm_exports
+  COMMAND ${CMAKE_COMMAND} -DNM=${CMAKE_NM} -DLIB=$<TARGET_FILE:sgm> -P ${_sgm_exports_script})
+set_tests_properties(sgm_exports PROPERTIES LABELS "cuda-double;exports" TIMEOUT 60)
+
+if(NOT SGM_CUDA_INCLUDE_DIR)
+  message(STATUS "sgm: no CUDA headers found: the CUDA test double and its tests are not built")
+else()
+  add_subdirectory(support/fake_cuda)
+  set(_sgm_fake_ld "LD_LIBRARY_PATH=path_list_prepend:${SGM_FAKE_CUDA_DIR}")
+
+  # The backend's unit suite. The unit glob may already have made the target
+  # (it builds everywhere and skips without the headers); give it the double.
+  set(_sgm_cuda_unit unit_test_cuda_backend)
+  if(NOT TARGET ${_sgm_cuda_unit})
+    sgm_add_test(${_sgm_cuda_unit} SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_cuda_backend.c)
+  endif()
+  target_include_directories(${_sgm_cuda_unit} SYSTEM PRIVATE ${SGM_CUDA_INCLUDE_DIR})
+  target_include_directories(${_sgm_cuda_unit} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/support/fake_cuda)
+  target_compile_definitions(${_sgm_cuda_unit} PRIVATE SGM_HAVE_CUDA_HEADERS=1)
+  target_link_libraries(${_sgm_cuda_unit} PRIVATE ${CMAKE_DL_LIBS})
+  add_dependencies(${_sgm_cuda_unit} sgm_fake_cuda)
+  # The suite sets SGM_BACKEND itself; only the double's folder comes from here.
+  set_tests_properties(${_sgm_cuda_unit} PROPERTIES
+    ENVIRONMENT "SGM_VERBOSE=0"
+    ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
+    LABELS "unit;cuda-double" TIMEOUT 300 SKIP_RETURN_CODE 77)
+
+  # No driver at all: an empty folder instead of the double's. Where a real
+  # libcuda.so.1 is installed the loader still finds it and the case skips.
+  set(_sgm_no_driver_dir ${CMAKE_CURRENT_BINARY_DIR}/support/no_cuda_driver)
+  file(MAKE_DIRECTORY ${_sgm_no_driver_dir})
+  add_test(NAME ${_sgm_cuda_unit}_missing_driver COMMAND ${_sgm_cuda_unit} --missing-driver)
+  set_tests_properties(${_sgm_cuda_unit}_missing_driver PROPERTIES
+    ENVIRONMENT "SGM_VERBOSE=0;LD_LIBRARY_PATH=${_sgm_no_driver_dir}"
+    LABELS "unit;cuda-double" TIMEOUT 60 SKIP_RETURN_CODE 77)
+
+  # The whole suite once more against a CUDA 11.8 driver: entry points are
+  # then resolved for 11.8 (asking a driver for a newer version is an error).
+  add_test(NAME ${_sgm_cuda_unit}_driver_11_8 COMMAND ${_sgm_cuda_unit})
+  set_tests_properties(${_sgm_cuda_unit}_driver_11_8 PROPERTIES
+    ENVIRONMENT "SGM_VERBOSE=0;FAKE_CUDA_DRIVER_VERSION=11080"
+    ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
+    LABELS "unit;cuda-double" TIMEOUT 300 SKIP_RETURN_CODE 77)
+  # A driver older than cuGetProcAddress (11.3) is refused with a clear message.
+  add_test(NAME ${_sgm_cuda_unit}_old_driver COMMAND ${_sgm_cuda_unit} --old-driver)
+  set_tests_properties(${_sgm_cuda_unit}_old_driver PROPERTIES
+    ENVIRONMENT "SGM_VERBOSE=0"
+    ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
+    LABELS "unit;cuda-double" TIMEOUT 60 SKIP_RETURN_CODE 77)
+
+  # Every black-box API suite once more, on the CUDA backend over the double.
+  # The suites take the backend from SGM_BACKEND as ctest sets it.
+  foreach(src ${SGM_API_TESTS})
+    get_filename_component(n ${src} NAME_WE)
+    if(TARGET api_${n})
+      add_dependencies(api_${n} sgm_fake_cuda)
+      add_test(NAME cuda_api_${n} COMMAND api_${n})
+      set_tests_properties(cuda_api_${n} PROPERTIES
+        ENVIRONMENT "SGM_BACKEND=cuda;SGM_VERBOSE=0"
+        ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
+        LABELS "api;cuda-double" TIMEOUT 300 SKIP_RETURN_CODE 77)
+    endif()
+  endforeach()
+endif()
