@@ -1,19 +1,25 @@
 /*
- * demo.c — sgm's first story: a VRAM pool in growth mode and in reserve mode.
+ * demo.c — sgm's story in two parts.
  *
- * A model-like workload (a few large weight tensors, many activation buffers
- * that come and go per step, small workspaces) allocates and frees through
- * sgm; after each phase the demo prints, like the Windows Task Manager's GPU
- * page, dedicated memory used / budget and what sgm has committed from the
- * driver, before and after sgm_trim.
+ * Part 1, the VRAM pool: a model-like mix of allocations in growth mode and
+ * in reserve mode, shown like the Windows Task Manager's GPU page (dedicated
+ * memory used / budget, and what sgm committed), before and after sgm_trim.
+ *
+ * Part 2, oversubscription: a working set three times the VRAM budget, held
+ * in movable buffers — the weights of an LLM's layers, swept in order every
+ * step with the next layer prefetched, and KV-cache blocks of which a few are
+ * hot — touched for ten steps. VRAM short, borrow RAM; RAM short, borrow disk.
+ * It prints progress per step and ends with the Task-Manager view of all three
+ * tiers and a byte-for-byte check of everything written.
  *
  * Runs on a real GPU when SGM_BACKEND=cuda; without SGM_BACKEND set it uses
  * SGM_BACKEND=auto, which says when it falls back to the emulated device.
  */
-#define _POSIX_C_SOURCE 200809L /* setenv */
+#define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "sgm.h"
 
@@ -27,18 +33,17 @@ static void fmt(uint64_t b, char *out, size_t n) {
 static void task_manager(sgm_context *ctx, const char *moment) {
   sgm_stats st;
   if (sgm_get_stats(ctx, &st) != SGM_OK) return;
-  const sgm_tier_stats *v = &st.tier[SGM_TIER_VRAM];
-  char used[32], budget[32], comm[32], peak[32], shared[32];
+  const sgm_tier_stats *v = &st.tier[SGM_TIER_VRAM], *sh = &st.tier[SGM_TIER_SHARED];
+  char used[32], budget[32], comm[32], sused[32], sbudget[32], scomm[32];
   fmt(v->used_bytes, used, sizeof used);
   fmt(v->budget_bytes, budget, sizeof budget);
   fmt(v->committed_bytes, comm, sizeof comm);
-  fmt(v->peak_used_bytes, peak, sizeof peak);
-  fmt(st.tier[SGM_TIER_SHARED].budget_bytes, shared, sizeof shared);
-  printf("  %-22s Dedicated GPU memory %10s / %-10s  committed %10s in %2llu chunks  "
-         "(peak %s, %llu live)\n",
-         moment, used, budget, comm, (unsigned long long)v->n_chunks, peak,
-         (unsigned long long)v->n_live);
-  (void)shared;
+  fmt(sh->used_bytes, sused, sizeof sused);
+  fmt(sh->budget_bytes, sbudget, sizeof sbudget);
+  fmt(sh->committed_bytes, scomm, sizeof scomm);
+  printf("  %-20s Dedicated GPU memory %10s / %-10s (committed %10s, %2llu chunks)\n", moment, used,
+         budget, comm, (unsigned long long)v->n_chunks);
+  printf("  %-20s Shared GPU memory    %10s / %-10s (committed %10s)\n", "", sused, sbudget, scomm);
 }
 
 /* xorshift: a fixed seed so every run tells the same story. */
@@ -112,23 +117,166 @@ static int run(const char *mode, int growth) {
   task_manager(ctx, "all freed + trim");
   if (failed) printf("  (%d activation allocations did not fit the budget)\n", failed);
 
-  /* What the allocator refuses, and how it says so. */
-  void *too_big = sgm_alloc(ctx, budget + 1, NULL);
-  printf("  asking for more than the budget: %s\n    -> %s\n", too_big ? "succeeded?!" : "NULL",
-         sgm_last_error());
+  /* Past the VRAM budget, the block lands in shared GPU memory (rule 3). */
+  void *big = sgm_alloc(ctx, budget + 1, NULL);
+  printf("  asking for more than the VRAM budget: %s\n", big ? sgm_tier_name(sgm_pointer_tier(ctx, big))
+                                                             : sgm_last_error());
+  task_manager(ctx, "with the big block");
+  int wrong_tier = !big || sgm_pointer_tier(ctx, big) != SGM_TIER_SHARED;
+  sgm_free(ctx, big, NULL);
   int x;
   sgm_free_ex(ctx, &x, NULL);
   printf("  freeing a pointer sgm did not hand out:\n    -> %s\n", sgm_last_error());
   sgm_context_destroy(ctx);
-  return too_big != NULL;
+  return wrong_tier;
+}
+
+/* ---- part 2: oversubscription with movable buffers ---- */
+
+enum { N_LAYERS = 48, N_KV = 48, N_STEPS = 10 };
+
+static void fill(unsigned char *p, size_t n, uint64_t seed) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < n; i++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    p[i] = (unsigned char)x;
+  }
+}
+
+static void tier_line(const char *name, const sgm_tier_stats *t) {
+  char used[32], budget[32], in[32], out[32];
+  fmt(t->used_bytes, used, sizeof used);
+  fmt(t->budget_bytes, budget, sizeof budget);
+  fmt(t->bytes_in, in, sizeof in);
+  fmt(t->bytes_out, out, sizeof out);
+  printf("  %-22s %10s / %-10s  moved in %10s, out %10s, %4llu evictions, %3llu live\n", name,
+         used, budget, in, out, (unsigned long long)t->n_evictions, (unsigned long long)t->n_live);
+}
+
+static int touch(sgm_buffer *b, unsigned *hits) {
+  void *d = NULL;
+  sgm_tier before = sgm_buffer_tier(b);
+  if (sgm_buffer_acquire(b, NULL, &d) != SGM_OK) {
+    fprintf(stderr, "demo: acquire: %s\n", sgm_last_error());
+    return 1;
+  }
+  /* ... a kernel would run on d here ... */
+  *hits += before == SGM_TIER_VRAM;
+  return sgm_buffer_release(b, NULL) != SGM_OK;
+}
+
+static int oversubscribe(void) {
+  char dir[64] = "";
+  if (!getenv("SGM_SPILL_DIR")) {
+    snprintf(dir, sizeof dir, "/tmp/sgm-demo-XXXXXX");
+    if (!mkdtemp(dir)) {
+      perror("demo: mkdtemp");
+      return 1;
+    }
+    setenv("SGM_SPILL_DIR", dir, 1);
+  }
+  setenv("SGM_VRAM_LIMIT", "128MiB", 0);
+  setenv("SGM_SHARED_LIMIT", "128MiB", 0);
+  sgm_context *ctx = NULL;
+  if (sgm_context_create(NULL, &ctx) != SGM_OK) {
+    fprintf(stderr, "demo: cannot create a context: %s\n", sgm_last_error());
+    return 1;
+  }
+  sgm_stats st;
+  sgm_get_stats(ctx, &st);
+  uint64_t vram = st.tier[SGM_TIER_VRAM].budget_bytes;
+  size_t blk = (size_t)(vram * 3 / (N_LAYERS + N_KV)); /* working set = 3x VRAM */
+  blk &= ~(size_t)4095;
+  char b1[32], b2[32], b3[32];
+  fmt(vram, b1, sizeof b1);
+  fmt(st.tier[SGM_TIER_SHARED].budget_bytes, b2, sizeof b2);
+  fmt((uint64_t)blk * (N_LAYERS + N_KV), b3, sizeof b3);
+  printf("\n== oversubscription (backend %s): working set %s in %d buffers; VRAM %s, shared %s, "
+         "spill to %s ==\n", sgm_context_backend(ctx), b3, N_LAYERS + N_KV, b1, b2,
+         sgm_context_config(ctx)->spill_dir);
+
+  sgm_buffer *layer[N_LAYERS], *kv[N_KV];
+  unsigned char *tmp = malloc(blk), *back = malloc(blk);
+  int rc = 0;
+  for (int i = 0; i < N_LAYERS + N_KV && !rc; i++) {
+    sgm_buffer **b = i < N_LAYERS ? &layer[i] : &kv[i - N_LAYERS];
+    if (sgm_buffer_create(ctx, blk, b) != SGM_OK) {
+      fprintf(stderr, "demo: create: %s\n", sgm_last_error());
+      rc = 1;
+      break;
+    }
+    /* KV blocks are hot in proportion to their rank; layers are plain. */
+    if (i >= N_LAYERS && i - N_LAYERS < 4) sgm_buffer_set_priority(*b, SGM_PRIORITY_HIGH);
+    fill(tmp, blk, (uint64_t)i);
+    rc = sgm_buffer_write(*b, 0, tmp, blk) != SGM_OK;
+  }
+  printf("  loaded: %d buffers written\n", N_LAYERS + N_KV);
+
+  uint64_t x = 12345;
+  for (int step = 0; step < N_STEPS && !rc; step++) {
+    unsigned hits = 0, touches = 0;
+    sgm_stats before;
+    sgm_get_stats(ctx, &before);
+    for (int l = 0; l < N_LAYERS && !rc; l++) {
+      if (l + 1 < N_LAYERS) sgm_buffer_prefetch(layer[l + 1], NULL);
+      rc |= touch(layer[l], &hits);
+      touches++;
+      /* Two KV blocks per layer, skewed: low ids are hot (Zipf-like). */
+      for (int k = 0; k < 2 && !rc; k++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        int id = (int)((double)N_KV * ((double)(x % 1000) / 1000.0) * ((double)(x % 997) / 997.0));
+        rc |= touch(kv[id], &hits);
+        touches++;
+      }
+    }
+    sgm_stats after;
+    sgm_get_stats(ctx, &after);
+    char up[32], down[32];
+    fmt(after.tier[SGM_TIER_VRAM].bytes_in - before.tier[SGM_TIER_VRAM].bytes_in, up, sizeof up);
+    fmt(after.tier[SGM_TIER_VRAM].bytes_out - before.tier[SGM_TIER_VRAM].bytes_out, down, sizeof down);
+    printf("  step %2d/%d: %3u of %3u touches found their buffer in VRAM (%4.1f%%); "
+           "into VRAM %10s, out %10s\n", step + 1, N_STEPS, hits, touches,
+           100.0 * hits / touches, up, down);
+    fflush(stdout);
+  }
+
+  sgm_get_stats(ctx, &st);
+  printf("  -- Task Manager --\n");
+  tier_line("Dedicated GPU memory", &st.tier[SGM_TIER_VRAM]);
+  tier_line("Shared GPU memory", &st.tier[SGM_TIER_SHARED]);
+  tier_line("Disk (spill)", &st.tier[SGM_TIER_DISK]);
+
+  unsigned bad = 0;
+  for (int i = 0; i < N_LAYERS + N_KV && !rc; i++) {
+    sgm_buffer *b = i < N_LAYERS ? layer[i] : kv[i - N_LAYERS];
+    fill(tmp, blk, (uint64_t)i);
+    if (sgm_buffer_read(b, 0, back, blk) != SGM_OK) {
+      fprintf(stderr, "demo: read: %s\n", sgm_last_error());
+      rc = 1;
+    } else {
+      bad += memcmp(tmp, back, blk) != 0;
+    }
+  }
+  printf("  check: %s (%d buffers, every byte read back compared with what was written)\n",
+         bad || rc ? "FAILED" : "all bytes intact", N_LAYERS + N_KV);
+  free(tmp);
+  free(back);
+  sgm_context_destroy(ctx);
+  if (dir[0]) rmdir(dir);
+  return rc || bad;
 }
 
 int main(void) {
   /* The emulated device is never chosen silently: auto says when it is used. */
   setenv("SGM_BACKEND", "auto", 0);
-  printf("sgm demo: dedicated GPU memory as the Windows Task Manager shows it\n");
+  printf("sgm demo: dedicated and shared GPU memory as the Windows Task Manager shows them\n");
   int rc = run("growth mode (SGM_ALLOW_GROWTH=1, like TF_FORCE_GPU_ALLOW_GROWTH=true)", 1);
   rc |= run("reserve mode (SGM_ALLOW_GROWTH=0: the whole budget taken at create)", 0);
+  rc |= oversubscribe();
   printf("\n%s\n", rc ? "demo FAILED" : "demo done");
   return rc;
 }

@@ -37,6 +37,7 @@ extern "C" {
 #define SGM_VERSION_PATCH 0
 
 typedef struct sgm_context sgm_context;
+typedef struct sgm_buffer sgm_buffer;
 
 /* Where memory lives. SGM_TIER_NONE answers "not an sgm pointer". */
 typedef enum sgm_tier {
@@ -213,6 +214,62 @@ SGM_API void sgm_string_free(char *s);
  * Thread-safe.
  */
 SGM_API sgm_status sgm_trim(sgm_context *ctx);
+
+/* ---- Movable buffers: data that may live in VRAM, shared memory or on disk
+ * while released, and is made resident by acquire. One buffer is used by one
+ * thread at a time; different buffers of a context from any threads. ---- */
+
+/* Residency priorities (as D3D12's): a lower priority leaves VRAM first. */
+typedef enum sgm_priority {
+  SGM_PRIORITY_MINIMUM = 0,
+  SGM_PRIORITY_LOW = 1,
+  SGM_PRIORITY_NORMAL = 2, /* the default */
+  SGM_PRIORITY_HIGH = 3,
+  SGM_PRIORITY_MAXIMUM = 4
+} sgm_priority;
+
+/*
+ * Create a released buffer of size bytes (contents undefined until written),
+ * placed by the placement rules: VRAM if it fits (evicting released buffers),
+ * else shared memory, else the disk tier. *out NULL on failure.
+ */
+SGM_API sgm_status sgm_buffer_create(sgm_context *ctx, size_t size, sgm_buffer **out);
+
+/*
+ * Make the buffer resident (VRAM if it fits after evicting released buffers,
+ * else shared memory; read back from disk with its checksum verified) and lock
+ * it there until sgm_buffer_release. *device_ptr: its device address, NULL on
+ * failure. Waits for a prefetch in flight. SGM_ERR_BUSY if already acquired.
+ */
+SGM_API sgm_status sgm_buffer_acquire(sgm_buffer *b, void *stream, void **device_ptr);
+
+/*
+ * Unlock an acquired buffer. stream: where GPU work using it was queued (NULL =
+ * the default stream); the buffer does not move before that work completes.
+ */
+SGM_API sgm_status sgm_buffer_release(sgm_buffer *b, void *stream);
+
+/* Copy n bytes from host memory into the buffer at offset / out of it, wherever
+ * it lives (a disk-resident buffer is read back and verified). Bounds checked. */
+SGM_API sgm_status sgm_buffer_write(sgm_buffer *b, size_t offset, const void *src, size_t n);
+SGM_API sgm_status sgm_buffer_read(sgm_buffer *b, size_t offset, void *dst, size_t n);
+
+/*
+ * Move a released buffer down to tier `to` (SGM_TIER_SHARED or SGM_TIER_DISK),
+ * cascading as needed. SGM_ERR_BUSY if acquired; on failure it stays where it was.
+ */
+SGM_API sgm_status sgm_buffer_evict(sgm_buffer *b, sgm_tier to);
+
+/* Start making the buffer resident in VRAM on a worker thread (D3D12's
+ * EnqueueMakeResident); returns at once. stream is unused for now. */
+SGM_API sgm_status sgm_buffer_prefetch(sgm_buffer *b, void *stream);
+
+SGM_API sgm_status sgm_buffer_set_priority(sgm_buffer *b, int priority);
+/* The tier holding the buffer's data now; SGM_TIER_NONE for NULL. */
+SGM_API sgm_tier sgm_buffer_tier(const sgm_buffer *b);
+SGM_API size_t sgm_buffer_size(const sgm_buffer *b);
+/* Free the buffer wherever it lives (waits for a prefetch in flight). NULL is a no-op. */
+SGM_API void sgm_buffer_destroy(sgm_buffer *b);
 
 /*
  * Fallback notification: called (on the allocating thread, without sgm locks

@@ -191,6 +191,9 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   rc = sgm__tier_create(&sp, &ctx->tiers[SGM_TIER_SHARED]);
   if (rc != SGM_OK) goto out_tiers;
 
+  rc = sgm__placement_create(ctx);
+  if (rc != SGM_OK) goto out_tiers;
+
   sgm__lock_init(&ctx->lock, SGM_LOCK_CONTEXT);
   ctx->clock_ms = context_monotonic_ms;
   rc = context_start_idle_thread(ctx);
@@ -210,6 +213,7 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
 out_lock:
   context_stop_idle_thread(ctx);
   sgm__lock_destroy(&ctx->lock);
+  sgm__placement_destroy(ctx);
 out_tiers:
   for (int k = SGM_TIER_COUNT - 1; k >= 0; k--) sgm__tier_destroy(ctx->tiers[k]);
 out_close:
@@ -223,6 +227,7 @@ SGM_API void sgm_context_destroy(sgm_context *ctx) {
   if (!ctx) return;
   context_stop_idle_thread(ctx);
   sgm__lock_destroy(&ctx->lock);
+  sgm__placement_destroy(ctx);
   for (int t = SGM_TIER_COUNT - 1; t >= 0; t--) sgm__tier_destroy(ctx->tiers[t]);
   ctx->bops->close(ctx->be);
   free(ctx);
@@ -237,7 +242,7 @@ SGM_API const sgm_config *sgm_context_config(const sgm_context *ctx) {
  * SGM_VERBOSE >= 1, and reported to the callback every time. */
 static void *context_fallback(sgm_context *ctx, size_t size) {
   sgm_devptr d = 0;
-  int rc = sgm__tier_alloc(ctx->tiers[SGM_TIER_SHARED], size, &d);
+  int rc = sgm__placement_alloc(ctx, SGM_TIER_SHARED, size, &d);
   if (rc != SGM_OK) {
     if (rc != SGM__ERR_BUDGET && rc != SGM_ERR_NOMEM) return NULL;
     char shared_msg[SGM_ERROR_MAX];
@@ -306,7 +311,8 @@ SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
     return NULL;
   }
   sgm_devptr d = 0;
-  int rc = sgm__tier_alloc(ctx->tiers[SGM_TIER_VRAM], size, &d);
+  /* Rule 2: released buffers in VRAM are demoted to make room. */
+  int rc = sgm__placement_alloc(ctx, SGM_TIER_VRAM, size, &d);
   if (sgm_likely(rc == SGM_OK)) return (void *)(uintptr_t)d;
   if (rc != SGM__ERR_BUDGET && rc != SGM_ERR_NOMEM) return NULL;
   if (!ctx->cfg.shared_fallback) {

@@ -64,11 +64,12 @@ const char *sgm__fmt_bytes(uint64_t bytes, char *buf, size_t len);
 /* Locks with a fixed order, checked when SGM_DEBUG >= 2: a thread may only take
  * a lock of a higher rank than every lock it holds. */
 typedef enum sgm_lock_rank {
-  SGM_LOCK_CONTEXT = 1, /* context-wide state (hooks, config) */
-  SGM_LOCK_TIER_VRAM = 2,
-  SGM_LOCK_TIER_SHARED = 3,
-  SGM_LOCK_TIER_DISK = 4,
-  SGM_LOCK_BACKEND = 5 /* inside a backend only */
+  SGM_LOCK_CONTEXT = 1, /* context-wide state (callback, clock) */
+  SGM_LOCK_BUFFERS = 2, /* buffer states and residency lists (placement.c) */
+  SGM_LOCK_TIER_VRAM = 3,
+  SGM_LOCK_TIER_SHARED = 4,
+  SGM_LOCK_TIER_DISK = 5,
+  SGM_LOCK_BACKEND = 6 /* inside a backend only */
 } sgm_lock_rank;
 
 typedef struct sgm_lock {
@@ -198,7 +199,8 @@ struct sgm_context {
   uint64_t physical_ram_bytes;             /* min(machine RAM, cgroup limit) at create */
   uint64_t cuda_memory_limit_bytes;        /* CUDA_DEVICE_MEMORY_LIMIT cap; 0 = none */
   uint64_t budget_bytes[SGM_TIER_COUNT];   /* each tier's budget, resolved at create */
-  struct sgm_tier_pool *tiers[SGM_TIER_COUNT]; /* NULL for a tier not built (yet) */
+  struct sgm_tier_pool *tiers[SGM_TIER_COUNT]; /* VRAM and shared pools; disk is placement's */
+  struct sgm_placement *pl;                /* buffers, residency lists, disk tier, prefetch */
   uint64_t n_bad_frees;                    /* frees refused: foreign pointer or double free */
   uint64_t n_fallbacks;                    /* allocations that wanted VRAM and got shared */
   uint64_t fallback_bytes;                 /* bytes of those */
@@ -218,6 +220,22 @@ struct sgm_context {
 void sgm__context_set_clock(sgm_context *ctx, uint64_t (*clock_ms)(void *user), void *user);
 /* One idle-trim pass over the tiers at the clock's time; bytes returned. */
 uint64_t sgm__context_idle_tick(sgm_context *ctx);
+
+/* placement.c — buffers, eviction and migration: the only code that touches
+ * two tiers. */
+struct sgm_placement;
+int sgm__placement_create(sgm_context *ctx);
+/* Stops the prefetch worker and frees every buffer still alive. */
+void sgm__placement_destroy(sgm_context *ctx);
+/* Allocate size bytes in tier t, demoting released buffers out of t (and
+ * further down, cascading) until it fits. Same returns as sgm__tier_alloc. */
+int sgm__placement_alloc(sgm_context *ctx, sgm_tier t, uint64_t size, uint64_t *out);
+/* Add migration counters and the disk tier's figures to *st. */
+void sgm__placement_stats(sgm_context *ctx, sgm_stats *st);
+/* Tests: the spill tier (NULL when off) and where a disk-resident buffer's
+ * extent starts (false when it is not on disk or has no extent). */
+struct sgm_disk *sgm__placement_disk(sgm_context *ctx);
+bool sgm__buffer_disk_offset(sgm_buffer *b, uint64_t *offset);
 
 /* Set the VRAM budget to fraction × device memory (capped as at create);
  * free chunks above a lowered budget are returned. */

@@ -54,6 +54,7 @@ int sgm__tier_create(const sgm_tier_params *params, sgm_tier_pool **out) {
                                 sgm_tier_name(params->tier));
   p->p = *params;
   p->room_bytes = params->budget_bytes;
+  pthread_cond_init(&p->grown, NULL);
   sgm__lock_init(&p->lock, SGM_LOCK_TIER_VRAM + (int)params->tier);
   int rc = sgm__suballoc_create(SGM_DEVICE_ALIGN, &p->sa);
   if (rc != SGM_OK) goto out_free;
@@ -85,6 +86,7 @@ int sgm__tier_create(const sgm_tier_params *params, sgm_tier_pool **out) {
 out_sa:
   sgm__suballoc_destroy(p->sa);
 out_free:
+  pthread_cond_destroy(&p->grown);
   sgm__lock_destroy(&p->lock);
   free(p);
   return rc;
@@ -95,6 +97,7 @@ void sgm__tier_destroy(sgm_tier_pool *p) {
   for (size_t i = 0; i < p->n_chunks; i++) p->p.ops->chunk_free(p, &p->chunks[i]);
   free(p->chunks);
   sgm__suballoc_destroy(p->sa);
+  pthread_cond_destroy(&p->grown);
   sgm__lock_destroy(&p->lock);
   free(p);
 }
@@ -241,6 +244,13 @@ int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
     if (!p->p.growth) break;
     bool dedicated = false;
     uint64_t chunk = tier_next_chunk_locked(p, need, &dedicated);
+    if (chunk == 0 && p->n_growing > 0) {
+      /* The budget is held by chunks other threads are taking right now: one
+       * of them may have room for this block. Wait for it, then look again. */
+      pthread_cond_wait(&p->grown, &p->lock.mu);
+      round--;
+      continue;
+    }
     if (chunk == 0) {
       if (trimmed) break;
       /* No room in the budget for a new chunk: free chunks may be what holds
@@ -256,11 +266,14 @@ int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
     }
     p->committed_bytes += chunk;
     if (!dedicated) p->n_geometric++;
+    p->n_growing++;
     sgm__lock_drop(&p->lock);
     sgm_chunk c = {0};
     int rc = p->p.ops->chunk_alloc(p, chunk, &c);
     if (rc == SGM_OK) c.dedicated = dedicated;
     sgm__lock_take(&p->lock);
+    p->n_growing--;
+    pthread_cond_broadcast(&p->grown);
     if (rc == SGM_OK) {
       rc = tier_add_chunk_locked(p, &c);
       if (rc != SGM_OK) {

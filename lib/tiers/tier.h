@@ -71,6 +71,8 @@ struct sgm_tier_pool {
   uint64_t n_failed;          /* allocations this pool could not serve (atomic) */
   uint64_t room_bytes;        /* budget - used, read without the lock (atomic; written under it) */
   bool budget_lowered;        /* set_budget went below committed: committed may exceed it */
+  unsigned n_growing;         /* chunks being taken from the backend right now */
+  pthread_cond_t grown;       /* broadcast when a chunk taking finishes */
 };
 
 /* tier.c */

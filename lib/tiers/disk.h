@@ -1,0 +1,92 @@
+/*
+ * disk.h — the disk tier: one spill file per context, carved into extents.
+ *
+ * The spill file lives in SGM_SPILL_DIR, is opened O_TMPFILE (or created
+ * with a unique name and unlinked at once) with mode 0600: it is never visible
+ * in the directory and nothing outlives the process. Extents are carved from
+ * [0, limit) by the sub-allocator (4 KiB granule, so O_DIRECT is possible);
+ * every extent carries the XXH3-64 of its data, verified on every read.
+ *
+ * Threading: every function is safe from any thread (one lock, rank
+ * SGM_LOCK_TIER_DISK, held only for bookkeeping, never across I/O). One
+ * extent is used by one thread at a time: do not free an extent while it is
+ * being read. Call these functions without holding any tier lock: they do I/O.
+ * Design note and measurements: docs/disk.md.
+ */
+#ifndef SGM_DISK_H
+#define SGM_DISK_H
+
+#include "internal.h"
+
+typedef struct sgm_disk sgm_disk;
+
+typedef struct sgm_disk_extent {
+  uint64_t offset;   /* bytes: position in the spill file (multiple of 4 KiB) */
+  uint64_t bytes;    /* bytes of data (the extent on disk is rounded up to 4 KiB) */
+  uint64_t checksum; /* XXH3-64 of the data */
+} sgm_disk_extent;
+
+/* How the tier moves data to and from the file (docs/disk.md has the numbers). */
+typedef enum sgm_disk_io {
+  SGM_DISK_IO_AUTO = 0,   /* the measured default: DIRECT where the file system allows it */
+  SGM_DISK_IO_DIRECT,     /* O_DIRECT: no page cache; unaligned parts go through a bounce buffer */
+  SGM_DISK_IO_BUFFERED,   /* page cache, then write-back and POSIX_FADV_DONTNEED per extent */
+} sgm_disk_io;
+
+/* Open the spill file in dir. limit is resolved against the free space of
+ * dir's file system now (statvfs); unset = 50% of it; rounded down to 4 KiB.
+ * *out = NULL on failure; errors (SGM_ERR_INVALID, SGM_ERR_IO, SGM_ERR_NOMEM)
+ * name the directory, the errno text and what to do. dir must not be NULL. */
+int sgm__disk_open(const char *dir, sgm_size limit, int verbose, sgm_disk **out);
+/* What sgm__disk_open_ex can choose beyond sgm__disk_open (benchmarks, tests). */
+typedef struct sgm_disk_open_opts {
+  sgm_disk_io io;  /* AUTO; DIRECT falls back to BUFFERED (logged) where O_DIRECT is refused */
+  bool no_tmpfile; /* tests: skip O_TMPFILE and take the create-and-unlink fallback */
+} sgm_disk_open_opts;
+/* sgm__disk_open with options; opts NULL = all defaults. */
+int sgm__disk_open_ex(const char *dir, sgm_size limit, int verbose,
+                      const sgm_disk_open_opts *opts, sgm_disk **out);
+/* Close the file (its space goes back to the file system) and free d; live
+ * extents are dropped. NULL is a no-op. No call may be in flight on d. */
+void sgm__disk_close(sgm_disk *d);
+
+/* Write n (> 0) bytes from host memory src into a new extent; *out describes
+ * it. On any failure nothing stays allocated, *out is zeroed and the caller's
+ * data is untouched: budget full → SGM_ERR_NOMEM naming SGM_SPILL_LIMIT;
+ * ENOSPC, EIO, a short write → SGM_ERR_IO naming the file system (type and
+ * mount point) and the limit; n == 0 or too large → SGM_ERR_INVALID. */
+int sgm__disk_write(sgm_disk *d, const void *src, uint64_t n, sgm_disk_extent *out);
+/* Read extent e back into dst (at least e->bytes long) and verify its
+ * checksum: a mismatch → SGM_ERR_CORRUPT naming the offset and both checksums;
+ * I/O errors → SGM_ERR_IO; e not a live extent → SGM_ERR_INVALID. The extent
+ * stays allocated either way; on failure dst holds unspecified bytes. */
+int sgm__disk_read(sgm_disk *d, const sgm_disk_extent *e, void *dst);
+/* Return extent e's space: its blocks go back to the file system (hole
+ * punched where supported), then the range to the budget. e must be live
+ * (a stale or zeroed extent is ignored, counted in debug builds as a bug). */
+void sgm__disk_free(sgm_disk *d, const sgm_disk_extent *e);
+
+/* budget_bytes = the resolved limit; committed_bytes = disk space the spill
+ * file holds now (st_blocks); used_bytes / peak_used_bytes = live extents
+ * (rounded to 4 KiB); n_live = live extents; bytes_in / bytes_out = data
+ * written / read back successfully since open; n_evictions = 0. */
+void sgm__disk_stats(sgm_disk *d, sgm_tier_stats *out);
+/* The spill file's descriptor (tests reach the file through /proc/self/fd/N). */
+int sgm__disk_fd(const sgm_disk *d);
+/* The I/O mode in use (AUTO resolved). */
+sgm_disk_io sgm__disk_io_mode(const sgm_disk *d);
+/* "ext4 at /home" — the file system of the spill directory, for messages. */
+const char *sgm__disk_fs_name(const sgm_disk *d);
+
+/* Testing: make the nth sgm__disk_write from now (1 = the next one) fail the
+ * given way: ENOSPC or EIO from the first write call, or SHORT (half the
+ * data written, then no progress). nth 0 or kind NONE = off. One-shot. */
+typedef enum sgm_disk_fault {
+  SGM_DISK_FAULT_NONE,
+  SGM_DISK_FAULT_ENOSPC,
+  SGM_DISK_FAULT_EIO,
+  SGM_DISK_FAULT_SHORT
+} sgm_disk_fault;
+void sgm__disk_inject(sgm_disk *d, sgm_disk_fault kind, uint64_t nth);
+
+#endif /* SGM_DISK_H */
