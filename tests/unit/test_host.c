@@ -25,7 +25,7 @@ static void make_root(char *root, size_t len) {
 /* mkdir -p <root>/<rel>. */
 static void make_dirs(const char *root, const char *rel) {
   char path[4096];
-  snprintf(path, sizeof path, "%s/%s", root, rel);
+  assert_true(snprintf(path, sizeof path, "%s/%s", root, rel) < (int)sizeof path);
   for (char *p = path + strlen(root) + 1; *p; p++) {
     if (*p != '/') continue;
     *p = '\0';
@@ -44,7 +44,7 @@ static void write_file(const char *root, const char *rel, const char *content) {
     *slash = '\0';
     make_dirs(root, dir);
   }
-  snprintf(path, sizeof path, "%s/%s", root, rel);
+  assert_true(snprintf(path, sizeof path, "%s/%s", root, rel) < (int)sizeof path);
   FILE *f = fopen(path, "w");
   assert_non_null(f);
   fputs(content, f);
