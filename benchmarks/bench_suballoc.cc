@@ -12,7 +12,8 @@
 //    Fragmentation = the smallest arena in which the whole replay succeeds
 //    (binary search over the capacity) / peak live bytes. The timed loop
 //    replays at that capacity and reports ns per event; jemalloc replays the
-//    same events as the reference.
+//    same events as the reference. A last line sums up: fragmentation per
+//    trace, its geometric mean and maximum, mean ns per event.
 //
 // Usage: bench_suballoc [--traces=DIR] [Google Benchmark flags]. DIR defaults
 // to SGM_TRACES_DEFAULT; without it the trace benchmarks are skipped.
@@ -27,7 +28,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -44,71 +44,66 @@ namespace {
 // ---------------------------------------------------------------------------
 // Churn.
 
-constexpr size_t kLive = 10000;          // live blocks in the steady state
-constexpr size_t kPattern = size_t{1} << 16;  // precomputed sizes/victims, cycled
-constexpr uint64_t kAlign = 256;         // device block alignment
+constexpr size_t kLive = 10000;    // live blocks in the steady state
+constexpr uint64_t kAlign = 256;   // device block alignment
+constexpr int kSizeSteps = 4096;   // log-uniform size table: 256 steps per power of two
 constexpr double kMinSize = 256.0, kMaxSize = 16.0 * 1024 * 1024;
 
-struct Pattern {
-  std::vector<uint64_t> sizes;    // log-uniform kMinSize..kMaxSize
-  std::vector<uint32_t> victims;  // uniform in [0, kLive)
-  uint64_t capacity_bytes;        // 2 x the worst kLive-window sum: never fails
+// The workload is generated as it runs (a precomputed pattern would either
+// evict the allocator's metadata from the caches or, if short, repeat and
+// turn every pair into "free a block, allocate the same size again").
+struct Workload {
+  std::vector<uint64_t> size_table;  // kSizeSteps sizes, log-uniform kMinSize..kMaxSize
+  uint64_t capacity_bytes;           // 2 x the expected live bytes (kLive x mean size)
+  uint64_t rng = 0x5EED5EED12345ull; // xorshift64 state
+
+  Workload() : size_table(kSizeSteps) {
+    for (int i = 0; i < kSizeSteps; i++)
+      size_table[i] = static_cast<uint64_t>(
+          std::exp(std::log(kMinSize) + (i + 0.5) / kSizeSteps * (std::log(kMaxSize) - std::log(kMinSize))));
+    double mean = 0;
+    for (uint64_t x : size_table) mean += static_cast<double>(sgm__align_up(x, kAlign));
+    mean /= kSizeSteps;
+    capacity_bytes = sgm__align_up(static_cast<uint64_t>(2.0 * kLive * mean), kAlign);
+  }
+  // One pair: the live slot to free and the size to allocate in its place.
+  inline void Next(uint32_t *victim, uint64_t *size) {
+    uint64_t x = rng;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    rng = x;
+    *victim = static_cast<uint32_t>(((x >> 32) * kLive) >> 32);
+    *size = size_table[x & (kSizeSteps - 1)];
+  }
 };
 
-uint64_t XorShift(uint64_t &s) {
-  s ^= s << 13;
-  s ^= s >> 7;
-  s ^= s << 17;
-  return s;
-}
-
-const Pattern &ChurnPattern() {
-  static const Pattern p = [] {
-    Pattern q;
-    uint64_t s = 0x5EED5EED12345ull;
-    q.sizes.resize(kPattern);
-    q.victims.resize(kPattern);
-    for (auto &x : q.sizes) {
-      double u = static_cast<double>(XorShift(s) >> 11) / 9007199254740992.0;
-      x = static_cast<uint64_t>(std::exp(std::log(kMinSize) + u * (std::log(kMaxSize) - std::log(kMinSize))));
-    }
-    for (auto &v : q.victims) v = static_cast<uint32_t>(XorShift(s) % kLive);
-    // Live bytes never exceed the kLive largest sizes; twice that always fits.
-    std::vector<uint64_t> sorted = q.sizes;
-    std::sort(sorted.begin(), sorted.end(), std::greater<uint64_t>());
-    uint64_t top = 0;
-    for (size_t i = 0; i < kLive; i++) top += sgm__align_up(sorted[i], kAlign);
-    q.capacity_bytes = sgm__align_up(2 * top, kAlign);
-    return q;
-  }();
-  return p;
-}
-
 void BM_ChurnSuballoc(benchmark::State &state) {
-  const Pattern &p = ChurnPattern();
+  Workload wl;
   sgm_suballoc *sa = nullptr;
   if (sgm__suballoc_create(kAlign, &sa) != SGM_OK ||
-      sgm__suballoc_add_range(sa, 0, p.capacity_bytes) != SGM_OK) {
+      sgm__suballoc_add_range(sa, 0, wl.capacity_bytes) != SGM_OK) {
     state.SkipWithError(sgm_last_error());
     return;
   }
   std::vector<uint64_t> live(kLive);
-  uint64_t got = 0;
-  size_t k = 0;
-  for (size_t i = 0; i < kLive; i++, k++)
-    if (!sgm__suballoc_try_alloc(sa, p.sizes[k % kPattern], &live[i], &got)) std::abort();
+  uint64_t got = 0, size;
+  uint32_t v;
+  for (size_t i = 0; i < kLive; i++) {
+    wl.Next(&v, &size);
+    if (!sgm__suballoc_try_alloc(sa, size, &live[i], &got)) std::abort();
+  }
   // Warm up into the steady state (the free-block population settles).
-  for (size_t i = 0; i < 20 * kLive; i++, k++) {
-    uint32_t v = p.victims[k % kPattern];
+  for (size_t i = 0; i < 20 * kLive; i++) {
+    wl.Next(&v, &size);
     sgm__suballoc_free(sa, live[v], &got);
-    if (!sgm__suballoc_try_alloc(sa, p.sizes[k % kPattern], &live[v], &got)) std::abort();
+    if (!sgm__suballoc_try_alloc(sa, size, &live[v], &got)) std::abort();
   }
   bool ok = true;
   for (auto _ : state) {
-    size_t j = k++ & (kPattern - 1);
-    uint32_t v = p.victims[j];
+    wl.Next(&v, &size);
     sgm__suballoc_free(sa, live[v], &got);
-    ok &= sgm__suballoc_try_alloc(sa, p.sizes[j], &live[v], &got);
+    ok &= sgm__suballoc_try_alloc(sa, size, &live[v], &got);
   }
   if (!ok) state.SkipWithError("an allocation failed: capacity too small");
   sgm_suballoc_stats st;
@@ -117,27 +112,32 @@ void BM_ChurnSuballoc(benchmark::State &state) {
   state.counters["live"] = static_cast<double>(st.n_live);
   state.counters["free_blocks"] = static_cast<double>(st.n_free_blocks);
   state.counters["used_GiB"] = static_cast<double>(st.used_bytes) / (1 << 30);
+  state.counters["capacity_GiB"] = static_cast<double>(st.capacity_bytes) / (1 << 30);
+  state.counters["largest_free_MiB"] = static_cast<double>(st.largest_free_bytes) / (1 << 20);
   if (!sgm__suballoc_check(sa)) state.SkipWithError(sgm_last_error());
   sgm__suballoc_destroy(sa);
 }
 
 void BM_ChurnJemalloc(benchmark::State &state) {
-  const Pattern &p = ChurnPattern();
+  Workload wl;
   const int flags = MALLOCX_ALIGN(kAlign);
   std::vector<void *> live(kLive);
-  size_t k = 0;
-  for (size_t i = 0; i < kLive; i++, k++) live[i] = mallocx(p.sizes[k % kPattern], flags);
-  for (size_t i = 0; i < 20 * kLive; i++, k++) {
-    uint32_t v = p.victims[k % kPattern];
+  uint64_t size;
+  uint32_t v;
+  for (size_t i = 0; i < kLive; i++) {
+    wl.Next(&v, &size);
+    live[i] = mallocx(size, flags);
+  }
+  for (size_t i = 0; i < 20 * kLive; i++) {
+    wl.Next(&v, &size);
     dallocx(live[v], flags);
-    live[v] = mallocx(p.sizes[k % kPattern], flags);
+    live[v] = mallocx(size, flags);
   }
   bool ok = true;
   for (auto _ : state) {
-    size_t j = k++ & (kPattern - 1);
-    uint32_t v = p.victims[j];
+    wl.Next(&v, &size);
     dallocx(live[v], flags);
-    live[v] = mallocx(p.sizes[j], flags);
+    live[v] = mallocx(size, flags);
     ok &= live[v] != nullptr;
   }
   if (!ok) state.SkipWithError("mallocx failed");
@@ -162,6 +162,7 @@ struct Trace {
   uint64_t total_bytes = 0;    // sum of all sizes: a capacity that always works
   double fragmentation = 0;    // min capacity / peak (filled at start)
   uint64_t min_capacity = 0;   // bytes: the smallest capacity found
+  double ns_per_event = 0;     // sub-allocator replay time per event (last run)
 };
 
 bool LoadTrace(const std::string &path, const std::string &name, Trace *t) {
@@ -238,18 +239,38 @@ void Measure(Trace *t) {
   t->fragmentation = static_cast<double>(lo) / static_cast<double>(t->peak_bytes);
 }
 
-void BM_ReplaySuballoc(benchmark::State &state, const Trace *t) {
+void BM_ReplaySuballoc(benchmark::State &state, Trace *t) {
+  // One allocator for every iteration: a replay frees everything it
+  // allocates, so each one starts from the same single free block and the
+  // timing holds the operations only, not create/destroy.
   std::vector<uint64_t> offsets(t->sizes.size());
+  sgm_suballoc *sa = nullptr;
+  if (sgm__suballoc_create(1, &sa) != SGM_OK || sgm__suballoc_add_range(sa, 0, t->min_capacity) != SGM_OK) {
+    state.SkipWithError(sgm_last_error());
+    return;
+  }
+  bool ok = true;
+  uint64_t got;
   auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
-    bool ok = Replay(*t, t->min_capacity, offsets);
-    benchmark::DoNotOptimize(ok);
+    for (const Event &e : t->events) {
+      if (e.kind)
+        ok &= sgm__suballoc_try_alloc(sa, t->sizes[e.id], &offsets[e.id], &got);
+      else
+        sgm__suballoc_free(sa, offsets[e.id], &got);
+    }
   }
   double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  sgm_suballoc_stats st;
+  sgm__suballoc_stats(sa, &st);
+  if (!ok || st.n_live != 0 || st.n_free_blocks != 1 || !sgm__suballoc_check(sa))
+    state.SkipWithError("the replay failed at its minimum capacity or left blocks behind");
+  sgm__suballoc_destroy(sa);
   double events = static_cast<double>(t->events.size());
   state.counters["frag"] = t->fragmentation;
   state.counters["events"] = events;
-  state.counters["ns/event"] = ns / (events * static_cast<double>(state.iterations()));
+  t->ns_per_event = ns / (events * static_cast<double>(state.iterations()));
+  state.counters["ns/event"] = t->ns_per_event;
   state.counters["peak_KiB"] = static_cast<double>(t->peak_bytes) / 1024;
 }
 
@@ -312,19 +333,20 @@ int main(int argc, char **argv) {
   benchmark::Shutdown();
 
   if (!traces.empty()) {
-    double log_sum = 0, worst = 0;
+    double log_sum = 0, worst = 0, ns_sum = 0;
     std::string per;
     char buf[64];
     for (const Trace &t : traces) {
+      ns_sum += t.ns_per_event;
       log_sum += std::log(t.fragmentation);
       worst = std::max(worst, t.fragmentation);
       std::snprintf(buf, sizeof buf, " %s=%.3f", t.name.c_str(), t.fragmentation);
       per += buf;
     }
     std::printf("minimalloc fragmentation (best fit, toward the nearer range end, align 1):%s "
-                "geomean=%.3f max=%.3f over %zu traces\n",
+                "geomean=%.3f max=%.3f over %zu traces; replay %.1f ns/event (mean; 0 = not run)\n",
                 per.c_str(), std::exp(log_sum / static_cast<double>(traces.size())), worst,
-                traces.size());
+                traces.size(), ns_sum / static_cast<double>(traces.size()));
   }
   return 0;
 }

@@ -50,8 +50,12 @@ uint64_t sgm__context_idle_tick(sgm_context *ctx) {
   uint64_t now = ctx->clock_ms(ctx->clock_user);
   sgm__lock_drop(&ctx->lock);
   uint64_t returned = 0;
-  for (int t = 0; t < SGM_TIER_COUNT; t++)
-    if (ctx->tiers[t]) returned += sgm__tier_idle_trim(ctx->tiers[t], now, ctx->cfg.idle_trim_ms);
+  for (int t = 0; t < SGM_TIER_COUNT; t++) {
+    if (!ctx->tiers[t]) continue;
+    /* Blocks whose stream-ordered free has completed become free blocks. */
+    if (sgm__tier_n_pending(ctx->tiers[t])) sgm__tier_reclaim(ctx->tiers[t], NULL, false);
+    returned += sgm__tier_idle_trim(ctx->tiers[t], now, ctx->cfg.idle_trim_ms);
+  }
   if (returned) {
     char b[32];
     sgm__log(ctx->cfg.verbose, 3, "idle trim returned %s", sgm__fmt_bytes(returned, b, sizeof b));
@@ -237,12 +241,23 @@ SGM_API const sgm_config *sgm_context_config(const sgm_context *ctx) {
   return ctx ? &ctx->cfg : NULL;
 }
 
+/* Allocate in tier t; when it is full but holds blocks freed on streams,
+ * reclaim those this stream may reuse (or whose work completed) and retry. */
+static int context_alloc_in(sgm_context *ctx, sgm_tier t, size_t size, void *stream, sgm_devptr *d) {
+  int rc = sgm__placement_alloc(ctx, t, size, d);
+  if (sgm_likely(rc == SGM_OK)) return rc;
+  if ((rc == SGM__ERR_BUDGET || rc == SGM_ERR_NOMEM) && sgm__tier_n_pending(ctx->tiers[t]) &&
+      sgm__tier_reclaim(ctx->tiers[t], stream, false))
+    rc = sgm__placement_alloc(ctx, t, size, d);
+  return rc;
+}
+
 /* Rule 3 of the placement rules: VRAM is full, so the block lands in shared
  * GPU memory — device-accessible, slower. Counted, announced once at
  * SGM_VERBOSE >= 1, and reported to the callback every time. */
-static void *context_fallback(sgm_context *ctx, size_t size) {
+static void *context_fallback(sgm_context *ctx, size_t size, void *stream) {
   sgm_devptr d = 0;
-  int rc = sgm__placement_alloc(ctx, SGM_TIER_SHARED, size, &d);
+  int rc = context_alloc_in(ctx, SGM_TIER_SHARED, size, stream, &d);
   if (rc != SGM_OK) {
     if (rc != SGM__ERR_BUDGET && rc != SGM_ERR_NOMEM) return NULL;
     char shared_msg[SGM_ERROR_MAX];
@@ -301,7 +316,6 @@ SGM_API const char *sgm_context_backend(const sgm_context *ctx) {
 }
 
 SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
-  (void)stream; /* stream-ordered reuse comes with the CUDA backend */
   if (sgm_unlikely(!ctx)) {
     sgm__error_set(SGM_ERR_INVALID, "sgm_alloc: context is NULL");
     return NULL;
@@ -312,7 +326,7 @@ SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
   }
   sgm_devptr d = 0;
   /* Rule 2: released buffers in VRAM are demoted to make room. */
-  int rc = sgm__placement_alloc(ctx, SGM_TIER_VRAM, size, &d);
+  int rc = context_alloc_in(ctx, SGM_TIER_VRAM, size, stream, &d);
   if (sgm_likely(rc == SGM_OK)) return (void *)(uintptr_t)d;
   if (rc != SGM__ERR_BUDGET && rc != SGM_ERR_NOMEM) return NULL;
   if (!ctx->cfg.shared_fallback) {
@@ -321,18 +335,14 @@ SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
                    "lets full VRAM spill into pinned host memory)", sgm_last_error());
     return NULL;
   }
-  return context_fallback(ctx, size);
+  return context_fallback(ctx, size, stream);
 }
 
-SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream) {
-  (void)stream;
-  if (!ptr) return SGM_OK;
-  if (sgm_unlikely(!ctx)) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_free: context is NULL");
-  uint64_t size = 0;
-  for (int t = 0; t < SGM_TIER_COUNT; t++) {
-    if (!ctx->tiers[t]) continue;
-    if (sgm__tier_free(ctx->tiers[t], (sgm_devptr)(uintptr_t)ptr, &size) == SGM_OK) return SGM_OK;
-  }
+/* Pending stream-ordered frees kept per tier before a free cleans up the
+ * completed ones by itself: bounds the list without a query per free. */
+#define CONTEXT_PENDING_SWEEP 256
+
+static sgm_status context_bad_free(sgm_context *ctx, void *ptr) {
   __atomic_fetch_add(&ctx->n_bad_frees, 1, __ATOMIC_RELAXED);
   sgm__error_set(SGM_ERR_INVALID,
                  "sgm_free: %p is not a live allocation of this context (freed twice, or not "
@@ -340,6 +350,42 @@ SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream) {
                  ptr);
   sgm__log(ctx->cfg.verbose, 1, "%s", sgm_last_error());
   return SGM_ERR_INVALID;
+}
+
+SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream) {
+  if (!ptr) return SGM_OK;
+  if (sgm_unlikely(!ctx)) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_free: context is NULL");
+  sgm_devptr d = (sgm_devptr)(uintptr_t)ptr;
+  if (ctx->bops->synchronous) {
+    /* No device work can still use the block: it is free for everyone now. */
+    uint64_t size = 0;
+    for (int t = 0; t < SGM_TIER_COUNT; t++)
+      if (ctx->tiers[t] && sgm__tier_free(ctx->tiers[t], d, &size) == SGM_OK) return SGM_OK;
+    return context_bad_free(ctx, ptr);
+  }
+  /* Stream-ordered free (the rule RMM and PyTorch follow): work already queued
+   * on `stream` may still use the block, so it becomes reusable by that stream
+   * at once and by others only after an event recorded here completes. */
+  for (int t = 0; t < SGM_TIER_COUNT; t++) {
+    sgm_tier_pool *p = ctx->tiers[t];
+    if (!p || !sgm__tier_owns(p, d)) continue;
+    void *ev = NULL;
+    int rc = ctx->bops->event_record(ctx->be, stream, &ev);
+    if (rc != SGM_OK) {
+      /* Without an event nobody can tell when the block is idle: keeping it
+       * allocated leaks it, reusing it could corrupt live work. Keep it. */
+      sgm__log(ctx->cfg.verbose, 1, "sgm_free: %s; the block stays allocated", sgm_last_error());
+      return (sgm_status)rc;
+    }
+    rc = sgm__tier_free_deferred(p, d, stream, ev);
+    if (rc != SGM_OK) {
+      ctx->bops->event_destroy(ctx->be, ev);
+      return rc == SGM_ERR_INVALID ? context_bad_free(ctx, ptr) : (sgm_status)rc;
+    }
+    if (sgm__tier_n_pending(p) >= CONTEXT_PENDING_SWEEP) sgm__tier_reclaim(p, stream, false);
+    return SGM_OK;
+  }
+  return context_bad_free(ctx, ptr);
 }
 
 SGM_API void sgm_free(sgm_context *ctx, void *ptr, void *stream) {

@@ -37,6 +37,10 @@
  * node pool grow geometrically: a malloc on the hot path is amortised and
  * rare. add/remove_range are O(number of ranges) for the sorted array.
  *
+ * Errors: a request that fits nowhere returns false without a message (the
+ * owner knows the budgets and says why); a failed metadata malloc, a bad
+ * argument or a free of a non-block set one through sgm__error_set.
+ *
  * Threading: none. No locks: the owner serialises every call.
  */
 #include <stdlib.h>
@@ -150,7 +154,7 @@ struct sgm_suballoc {
 
   uint64_t bin_summary[SUBALLOC_N_SUMMARY];  /* bit w set iff bin_bits[w] != 0 */
   uint64_t bin_bits[SUBALLOC_N_WORDS];       /* bit b set iff bins[b] is non-empty */
-  suballoc_block *bins[SUBALLOC_N_BINS];     /* treap root of each size bin */
+  suballoc_block *bins[SUBALLOC_N_BINS];     /* each size bin: list head or treap root */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -306,12 +310,12 @@ SUBALLOC_HOT void suballoc_bin_remove(sgm_suballoc *sa, suballoc_block *b) {
 }
 
 /* Exact best fit: the smallest free block of at least size bytes, ties to the
- * lowest offset (in a list bin: the most recently freed); NULL when none.
- * Bins below bin(size) hold only smaller blocks and bins above only larger
- * ones, so only bin(size) needs a search. */
+ * lowest offset (in a list bin: the most recently freed). Bins below
+ * bin(size) hold only smaller blocks and bins above only larger ones, so only
+ * bin(size) needs a search. Returns the link that points at the block (a bin
+ * root or a treap child slot), so taking it out needs no second descent, and
+ * its bin in *bin_out; NULL when nothing fits. */
 SUBALLOC_HOT suballoc_block **suballoc_find(sgm_suballoc *sa, uint64_t size, unsigned *bin_out) {
-  /* Returns the link that points at the block (a bin root or a treap child
-   * slot), so that taking the block out needs no second descent. */
   unsigned bin = suballoc_bin(sa, size);
   *bin_out = bin;
   suballoc_block **best = NULL;
@@ -638,7 +642,8 @@ bool sgm__suballoc_try_alloc(sgm_suballoc *sa, uint64_t size, uint64_t *offset_o
     n->next = f->next;
     if (f->next) f->next->prev = n;
     f->next = n;
-    /* The lower part keeps f (so range->first never changes). */
+    /* Cut from the end nearer an end of the range (placement policy, see the
+     * top of the file); the lower part keeps f, so range->first never moves. */
     if (gap_low <= gap_high) {
       n->offset = f->offset + want;
       n->size = f->size - want;

@@ -65,6 +65,16 @@ else()
     ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
     LABELS "unit;cuda-double" TIMEOUT 300 SKIP_RETURN_CODE 77)
 
+  # The stream-ordered free rule, through the public API on the double.
+  if(TARGET unit_test_stream_order)
+    add_dependencies(unit_test_stream_order sgm_fake_cuda)
+    target_link_libraries(unit_test_stream_order PRIVATE ${CMAKE_DL_LIBS})
+    set_tests_properties(unit_test_stream_order PROPERTIES
+      ENVIRONMENT "SGM_VERBOSE=0"
+      ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
+      LABELS "unit;cuda-double" TIMEOUT 120 SKIP_RETURN_CODE 77)
+  endif()
+
   # No driver at all: an empty folder instead of the double's. Where a real
   # libcuda.so.1 is installed the loader still finds it and the case skips.
   set(_sgm_no_driver_dir ${CMAKE_CURRENT_BINARY_DIR}/support/no_cuda_driver)

@@ -52,6 +52,7 @@
 #ifndef SGM_BACKEND_H
 #define SGM_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -82,6 +83,9 @@ typedef struct sgm_backend_counters {
 
 typedef struct sgm_backend_ops {
   const char *name; /* "cuda", "emu" */
+  /* true when all device work is finished before a call returns (the emulated
+   * device): a block freed on a stream is then reusable by anyone at once. */
+  bool synchronous;
   int (*open)(const sgm_config *cfg, sgm_backend **out);
   void (*close)(sgm_backend *be);
   /* Device memory as the driver reports it now. */

@@ -53,7 +53,7 @@
 #define DISK_ALIGN UINT64_C(4096)
 /* Bounce buffer: 4 MiB measured as fast as 8 MiB and ~10% faster than 1 MiB
  * for unaligned buffers (docs/disk.md); small enough to cache a few. */
-#define DISK_BOUNCE_BYTES (UINT64_C(4) << 20)
+#define DISK_BOUNCE_BYTES (UINT64_C(8) << 20)
 /* Bounce buffers kept for reuse: one per concurrent spiller of a typical
  * 4-thread workload; more are allocated and freed on demand. */
 #define DISK_BOUNCE_CACHE 4
@@ -291,6 +291,10 @@ int sgm__disk_open_ex(const char *dir, sgm_size limit, int verbose,
                "%s does not take O_DIRECT: the disk tier uses the page cache and drops spilled "
                "pages after each write", d->fs_name);
   }
+  /* No readahead: extents are not read in file order, and pages read ahead
+   * past an extent would stay cached after its DONTNEED. A large pread still
+   * goes out as large requests. */
+  if (d->io == SGM_DISK_IO_BUFFERED) posix_fadvise(d->fd, 0, 0, POSIX_FADV_RANDOM);
   rc = sgm__suballoc_create(DISK_ALIGN, &d->sa);
   if (rc != SGM_OK) goto out_free;
   rc = sgm__suballoc_add_range(d->sa, 0, budget);
@@ -456,6 +460,9 @@ static int disk_read_direct(sgm_disk *d, unsigned char *dst, uint64_t n, uint64_
 
 static int disk_read_buffered(sgm_disk *d, unsigned char *dst, uint64_t n, uint64_t off,
                               disk_xfer *x, uint64_t *sum) {
+  /* Readahead is off (POSIX_FADV_RANDOM at open); ask for exactly this
+   * extent at once instead, so the device still sees large requests. */
+  posix_fadvise(d->fd, (off_t)off, (off_t)n, POSIX_FADV_WILLNEED);
   int err = disk_pread_all(d->fd, dst, n, off, x);
   posix_fadvise(d->fd, (off_t)off, (off_t)n, POSIX_FADV_DONTNEED);
   if (!err) *sum = XXH3_64bits(dst, (size_t)n);

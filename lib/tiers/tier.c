@@ -23,6 +23,8 @@
  * after this many rounds rather than spin forever. */
 #define TIER_MAX_GROW_ROUNDS 16
 
+static bool tier_is_pending_locked(const sgm_tier_pool *p, sgm_devptr ptr);
+
 /* Keep room_bytes = budget - used (0 when over) for the lock-free check. */
 static void tier_update_room_locked(sgm_tier_pool *p) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
@@ -94,6 +96,8 @@ out_free:
 
 void sgm__tier_destroy(sgm_tier_pool *p) {
   if (!p) return;
+  sgm__tier_reclaim(p, NULL, true);
+  free(p->pending);
   for (size_t i = 0; i < p->n_chunks; i++) p->p.ops->chunk_free(p, &p->chunks[i]);
   free(p->chunks);
   sgm__suballoc_destroy(p->sa);
@@ -307,7 +311,8 @@ int sgm__tier_free(sgm_tier_pool *p, sgm_devptr ptr, uint64_t *size_out) {
   uint64_t sz = 0;
   /* Not ours: say so without a message; the caller tries the next tier and
    * composes the message only if no tier owns the pointer. */
-  if (sgm__suballoc_block_size(p->sa, ptr) == 0) {
+  if (sgm__suballoc_block_size(p->sa, ptr) == 0 ||
+      (p->n_pending && tier_is_pending_locked(p, ptr))) {
     sgm__lock_drop(&p->lock);
     return SGM_ERR_INVALID;
   }
@@ -324,14 +329,90 @@ int sgm__tier_free(sgm_tier_pool *p, sgm_devptr ptr, uint64_t *size_out) {
   return rc;
 }
 
+static bool tier_is_pending_locked(const sgm_tier_pool *p, sgm_devptr ptr) {
+  for (size_t i = 0; i < p->n_pending; i++)
+    if (p->pending[i].ptr == ptr) return true;
+  return false;
+}
+
+int sgm__tier_free_deferred(sgm_tier_pool *p, sgm_devptr ptr, void *stream, void *event) {
+  sgm__lock_take(&p->lock);
+  int rc = SGM_OK;
+  if (sgm__suballoc_block_size(p->sa, ptr) == 0 || tier_is_pending_locked(p, ptr)) {
+    rc = SGM_ERR_INVALID;
+  } else {
+    if (p->n_pending == p->cap_pending) {
+      size_t cap = p->cap_pending ? p->cap_pending * 2 : 16;
+      sgm_pending_free *n = realloc(p->pending, cap * sizeof *n);
+      if (!n) rc = sgm__error_set(SGM_ERR_NOMEM, "out of host memory for pending frees");
+      else {
+        p->pending = n;
+        p->cap_pending = cap;
+      }
+    }
+    if (rc == SGM_OK) {
+      p->pending[p->n_pending] = (sgm_pending_free){ptr, stream, event};
+      __atomic_store_n(&p->n_pending, p->n_pending + 1, __ATOMIC_RELAXED);
+    }
+  }
+  sgm__lock_drop(&p->lock);
+  return rc;
+}
+
+size_t sgm__tier_n_pending(sgm_tier_pool *p) {
+  return __atomic_load_n(&p->n_pending, __ATOMIC_RELAXED);
+}
+
+size_t sgm__tier_reclaim(sgm_tier_pool *p, void *stream, bool wait) {
+  /* Snapshot the list under the lock, ask the driver without it, then free
+   * the ready blocks under the lock again. Frees arriving meanwhile are left
+   * for the next round. */
+  sgm__lock_take(&p->lock);
+  size_t n = p->n_pending;
+  sgm_pending_free *snap = n ? malloc(n * sizeof *snap) : NULL;
+  if (snap) memcpy(snap, p->pending, n * sizeof *snap);
+  sgm__lock_drop(&p->lock);
+  if (!snap) return 0;
+  size_t n_ready = 0;
+  for (size_t i = 0; i < n; i++) {
+    bool ready = stream != NULL && snap[i].stream == stream;
+    /* When waiting (the context is going away), a failed wait counts as done:
+     * the driver has nothing more to say about that work. */
+    if (!ready) ready = wait ? (p->p.bops->event_wait(p->p.be, snap[i].event), true)
+                             : p->p.bops->event_query(p->p.be, snap[i].event) == 1;
+    if (ready) snap[n_ready++] = snap[i];
+  }
+  sgm__lock_take(&p->lock);
+  for (size_t i = 0; i < n_ready; i++) {
+    for (size_t k = 0; k < p->n_pending; k++) {
+      if (p->pending[k].ptr != snap[i].ptr) continue;
+      p->pending[k] = p->pending[p->n_pending - 1];
+      __atomic_store_n(&p->n_pending, p->n_pending - 1, __ATOMIC_RELAXED);
+      uint64_t sz = 0;
+      if (sgm__suballoc_free(p->sa, snap[i].ptr, &sz) == SGM_OK) {
+        p->used_bytes -= sz;
+        p->n_live--;
+        p->n_frees++;
+        tier_update_room_locked(p);
+      }
+      break;
+    }
+  }
+  sgm__lock_drop(&p->lock);
+  for (size_t i = 0; i < n_ready; i++) p->p.bops->event_destroy(p->p.be, snap[i].event);
+  free(snap);
+  return n_ready;
+}
+
 bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr) {
   sgm__lock_take(&p->lock);
-  bool owns = sgm__suballoc_block_size(p->sa, ptr) != 0;
+  bool owns = sgm__suballoc_block_size(p->sa, ptr) != 0 && !tier_is_pending_locked(p, ptr);
   sgm__lock_drop(&p->lock);
   return owns;
 }
 
 uint64_t sgm__tier_trim(sgm_tier_pool *p) {
+  sgm__tier_reclaim(p, NULL, false);
   sgm_chunk *list;
   sgm__lock_take(&p->lock);
   size_t n = tier_detach_free_locked(p, 0, UINT64_MAX, &list);

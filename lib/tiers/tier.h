@@ -26,6 +26,14 @@
 
 typedef struct sgm_tier_pool sgm_tier_pool;
 
+/* A block freed on a stream whose work may still use it (stream-ordered free:
+ * reusable by work on the same stream at once, by others after the event). */
+typedef struct sgm_pending_free {
+  sgm_devptr ptr; /* the block, still allocated in the sub-allocator */
+  void *stream;   /* the stream it was freed on */
+  void *event;    /* recorded on that stream at the free */
+} sgm_pending_free;
+
 typedef struct sgm_chunk {
   sgm_devptr base; /* device address of the first byte; the range's offset */
   void *host;      /* host address of the first byte (shared tier), NULL for VRAM */
@@ -71,6 +79,9 @@ struct sgm_tier_pool {
   uint64_t n_failed;          /* allocations this pool could not serve (atomic) */
   uint64_t room_bytes;        /* budget - used, read without the lock (atomic; written under it) */
   bool budget_lowered;        /* set_budget went below committed: committed may exceed it */
+  sgm_pending_free *pending;  /* blocks freed on a stream, not yet reusable by others */
+  size_t n_pending;           /* entries used in pending (read without the lock: atomic) */
+  size_t cap_pending;         /* entries allocated */
   unsigned n_growing;         /* chunks being taken from the backend right now */
   pthread_cond_t grown;       /* broadcast when a chunk taking finishes */
 };
@@ -93,6 +104,15 @@ int sgm__tier_explain_budget(sgm_tier_pool *p, uint64_t size);
 /* Free a block; SGM_ERR_INVALID (nothing changed, no message set) when ptr is
  * not a live block of this pool. *size_out: its size. */
 int sgm__tier_free(sgm_tier_pool *p, sgm_devptr ptr, uint64_t *size_out);
+/* Stream-ordered free: ptr becomes reusable once event completes (or at once
+ * by work on stream). SGM_ERR_INVALID when ptr is not a live block or is
+ * already pending (a double free). Takes ownership of event on success. */
+int sgm__tier_free_deferred(sgm_tier_pool *p, sgm_devptr ptr, void *stream, void *event);
+/* Free pending blocks that work on `stream` may reuse (same stream, or event
+ * complete); with wait, wait for every event and free all. Returns how many. */
+size_t sgm__tier_reclaim(sgm_tier_pool *p, void *stream, bool wait);
+/* Pending frees now (a hint, read without the lock). */
+size_t sgm__tier_n_pending(sgm_tier_pool *p);
 /* True when ptr is the start of a live block of this pool. */
 bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr);
 /* Return wholly free chunks to the backend (growth mode only); bytes returned. */

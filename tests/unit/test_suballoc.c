@@ -17,6 +17,10 @@
 /* Shadow model. */
 
 #define MAX_RANGES 8
+/* Free blocks under this many granules sit in one-size LIFO bins: among
+ * equal sizes the most recently freed wins; from here up, the lowest offset
+ * (lib/suballoc.c, SUBALLOC_N_EXACT_BINS). */
+#define EXACT_BIN_GRANULES 512
 
 typedef struct shadow_block {
   uint64_t off;  /* bytes: offset the allocator returned */
@@ -210,9 +214,9 @@ static void random_run(uint64_t seed, uint64_t align, int n_ops) {
   sgm_test_rng_init(&rng, seed);
   sgm_suballoc *sa = new_sa(align);
   shadow m = {0};
-  /* Granule g: range layout in units of the alignment (at least 16 bytes so
-   * align 1 still has room for a few hundred blocks). */
-  uint64_t g = align < 16 ? 16 : align;
+  /* Layout unit g = 16 granules: sizes up to 400g = 6400 granules mix the
+   * one-size list bins (< 512 granules) with the treap bins above. */
+  uint64_t g = 16 * align;
   const uint64_t layout[][2] = {{0, 2048}, {2048, 1024}, {5000, 3000}, {8000, 1}, {9000, 700}};
   for (size_t i = 0; i < sizeof layout / sizeof layout[0]; i++) {
     uint64_t off = layout[i][0] * g, size = layout[i][1] * g;
@@ -233,8 +237,9 @@ static void random_run(uint64_t seed, uint64_t align, int n_ops) {
       size_t n_gaps = shadow_gaps(&m, gaps, 4096, gap_range);
       uint64_t off = 1, got = 1;
       bool ok = sgm__suballoc_try_alloc(sa, size, &off, &got);
-      /* Invariant: best fit — the smallest gap that fits, ties to the lowest
-       * offset; the block sits at the gap's end nearer its range's end. */
+      /* Invariant: best fit — the block comes from a smallest gap that fits
+       * (among those, the lowest one for gaps of 512+ granules); it sits at
+       * the gap's end nearer its range's end. */
       size_t best = n_gaps;
       for (size_t i = 0; i < n_gaps; i++)
         if (gaps[i].size >= want && (best == n_gaps || gaps[i].size < gaps[best].size)) best = i;
@@ -247,6 +252,14 @@ static void random_run(uint64_t seed, uint64_t align, int n_ops) {
       }
       assert_true(best < n_gaps);
       assert_int_equal(got, want);
+      if (gaps[best].size / align < EXACT_BIN_GRANULES) {
+        /* Equal-size gaps tie in a LIFO bin: take the one holding the block. */
+        for (size_t i = 0; i < n_gaps; i++)
+          if (gaps[i].size == gaps[best].size && gaps[i].off <= off &&
+              off < gaps[i].off + gaps[i].size)
+            best = i;
+      }
+      assert_true(gaps[best].off <= off && off + got <= gaps[best].off + gaps[best].size);
       uint64_t lo = gaps[best].off - gap_range[best].off;
       uint64_t hi = gap_range[best].off + gap_range[best].size - (gaps[best].off + gaps[best].size);
       assert_int_equal(off, lo <= hi ? gaps[best].off : gaps[best].off + gaps[best].size - want);
@@ -470,49 +483,102 @@ static void test_exhaustion_returns_false(void **state) {
   sgm__suballoc_destroy(sa);
 }
 
-/* Invariant: the placement rule — the smallest free block that fits wins,
- * ties to the lowest offset, and the block goes to the end of it nearer an
- * end of the range (the low end on a tie). */
+/* Invariant: the placement rule — the smallest free block that fits wins;
+ * among equal sizes the lowest offset (512+ granules) or the most recently
+ * freed (smaller); the block goes to the end of the free block nearer an end
+ * of the range (the low end on a tie). */
 static void test_best_fit_placement(void **state) {
   (void)state;
+  const uint64_t u = 1024; /* 1024 granules at alignment 1: treap bins */
   sgm_suballoc *sa = new_sa(1);
-  assert_int_equal(sgm__suballoc_add_range(sa, 0, 100), SGM_OK);
+  assert_int_equal(sgm__suballoc_add_range(sa, 0, 100 * u), SGM_OK);
   uint64_t off, got, sz;
   /* An empty range is a tie between its ends: the low end. */
-  assert_true(sgm__suballoc_try_alloc(sa, 1, &off, &got));
+  assert_true(sgm__suballoc_try_alloc(sa, u, &off, &got));
   assert_int_equal(off, 0);
-  /* The rest, [1, 100), touches the high end: carved from its top. */
-  assert_true(sgm__suballoc_try_alloc(sa, 1, &off, &got));
-  assert_int_equal(off, 99);
-  /* Fill every byte, then punch holes: [20,25) 5 B, [30,33) 3 B, [38,41) 3 B,
-   * [60,100) 40 B. */
-  for (int i = 2; i < 100; i++) assert_true(sgm__suballoc_try_alloc(sa, 1, &off, &got));
+  /* The rest, [1u, 100u), touches the high end: carved from its top. */
+  assert_true(sgm__suballoc_try_alloc(sa, u, &off, &got));
+  assert_int_equal(off, 99 * u);
+  /* Fill, then punch holes: [20,25) 5u, [30,33) 3u, [38,41) 3u, [60,100) 40u. */
+  for (int i = 2; i < 100; i++) assert_true(sgm__suballoc_try_alloc(sa, u, &off, &got));
   assert_false(sgm__suballoc_try_alloc(sa, 1, &off, &got));
   const int holes[][2] = {{20, 25}, {30, 33}, {38, 41}, {60, 100}};
-  for (int h = 0; h < 4; h++)
+  for (int h = 3; h >= 0; h--) /* freed high to low: LIFO order would pick high */
     for (int o = holes[h][0]; o < holes[h][1]; o++)
-      assert_int_equal(sgm__suballoc_free(sa, (uint64_t)o, &sz), SGM_OK);
+      assert_int_equal(sgm__suballoc_free(sa, (uint64_t)o * u, &sz), SGM_OK);
   sgm_suballoc_stats st;
   sgm__suballoc_stats(sa, &st);
   assert_int_equal(st.n_free_blocks, 4);
-  assert_int_equal(st.largest_free_bytes, 40);
-  /* 3 B: the two exact 3-byte holes tie; the lower one wins. */
-  assert_true(sgm__suballoc_try_alloc(sa, 3, &off, &got));
-  assert_int_equal(off, 30);
+  assert_int_equal(st.largest_free_bytes, 40 * u);
+  /* 3u: the two exact 3u holes tie; the lower one wins. */
+  assert_true(sgm__suballoc_try_alloc(sa, 3 * u, &off, &got));
+  assert_int_equal(off, 30 * u);
   assert_int_equal(sgm__suballoc_free(sa, off, &sz), SGM_OK);
-  /* 2 B: the smallest hole that fits is 3 B (lowest: [30,33)), not the 5 B
-   * one below it; 30 below vs 67 above: its bottom. */
-  assert_true(sgm__suballoc_try_alloc(sa, 2, &off, &got));
-  assert_int_equal(off, 30);
-  /* 4 B: only [20,25) and [60,100) fit; the smaller wins; bottom. */
-  assert_true(sgm__suballoc_try_alloc(sa, 4, &off, &got));
-  assert_int_equal(off, 20);
-  /* 30 B: only [60,100), which touches the range's high end: its top. */
-  assert_true(sgm__suballoc_try_alloc(sa, 30, &off, &got));
-  assert_int_equal(off, 70);
-  /* 1 B: holes [24,25) and [32,33) are exact; the lower wins. */
-  assert_true(sgm__suballoc_try_alloc(sa, 1, &off, &got));
-  assert_int_equal(off, 24);
+  /* 2u: the smallest hole that fits is 3u (lowest: [30,33)), not the 5u one
+   * below it; 30u below vs 67u above: its bottom. */
+  assert_true(sgm__suballoc_try_alloc(sa, 2 * u, &off, &got));
+  assert_int_equal(off, 30 * u);
+  /* 4u: only [20,25) and [60,100) fit; the smaller wins; bottom. */
+  assert_true(sgm__suballoc_try_alloc(sa, 4 * u, &off, &got));
+  assert_int_equal(off, 20 * u);
+  /* 30u: only [60,100), which touches the range's high end: its top. */
+  assert_true(sgm__suballoc_try_alloc(sa, 30 * u, &off, &got));
+  assert_int_equal(off, 70 * u);
+  /* 1u: holes [24,25) and [32,33) are exact; the lower wins. */
+  assert_true(sgm__suballoc_try_alloc(sa, u, &off, &got));
+  assert_int_equal(off, 24 * u);
+  assert_check(sa);
+  sgm__suballoc_destroy(sa);
+
+  /* Small sizes: two 8-byte holes, the higher freed last, then the lower:
+   * the most recently freed wins each time. */
+  sa = new_sa(1);
+  assert_int_equal(sgm__suballoc_add_range(sa, 0, 64), SGM_OK);
+  uint64_t b[8];
+  for (int i = 0; i < 8; i++) assert_true(sgm__suballoc_try_alloc(sa, 8, &b[i], &got));
+  uint64_t lo = 16, hi = 40;
+  assert_int_equal(sgm__suballoc_free(sa, hi, &sz), SGM_OK);
+  assert_int_equal(sgm__suballoc_free(sa, lo, &sz), SGM_OK);
+  assert_true(sgm__suballoc_try_alloc(sa, 8, &off, &got));
+  assert_int_equal(off, lo);
+  assert_int_equal(sgm__suballoc_free(sa, lo, &sz), SGM_OK);
+  assert_int_equal(sgm__suballoc_free(sa, 8, &sz), SGM_OK); /* [8, 24) coalesced, freed last */
+  assert_true(sgm__suballoc_try_alloc(sa, 8, &off, &got));
+  assert_int_equal(off, hi); /* the exact 8-byte hole beats the fresher 16-byte one */
+  assert_check(sa);
+  sgm__suballoc_destroy(sa);
+}
+
+/* Invariant: sizes at the top of the 64-bit offset space (bins in every
+ * bitmap summary word) are found, best fit across them, and coalesce. */
+static void test_huge_sizes(void **state) {
+  (void)state;
+  sgm_suballoc *sa = new_sa(1);
+  const uint64_t base = UINT64_C(1) << 63;
+  assert_int_equal(sgm__suballoc_add_range(sa, base, UINT64_MAX - base + 1 - 4096), SGM_OK);
+  assert_int_equal(sgm__suballoc_add_range(sa, 4096, UINT64_C(1) << 40), SGM_OK);
+  uint64_t off, got, sz;
+  /* 2^41 only fits the huge range; 2^39 best-fits the 2^40 one. */
+  assert_true(sgm__suballoc_try_alloc(sa, UINT64_C(1) << 41, &off, &got));
+  assert_true(off >= base);
+  uint64_t big = off;
+  assert_true(sgm__suballoc_try_alloc(sa, UINT64_C(1) << 39, &off, &got));
+  assert_true(off >= 4096 && off < base);
+  uint64_t mid = off;
+  assert_true(sgm__suballoc_try_alloc(sa, UINT64_C(1) << 62, &off, &got));
+  assert_true(off >= base);
+  uint64_t top = off;
+  assert_true(sgm__suballoc_try_alloc(sa, 5, &off, &got));
+  assert_true(off < base); /* the 2^39 remainder is the smallest block that fits */
+  uint64_t tiny = off;
+  assert_false(sgm__suballoc_try_alloc(sa, UINT64_C(1) << 63, &off, &got));
+  assert_check(sa);
+  const uint64_t all[] = {big, mid, top, tiny};
+  for (int i = 0; i < 4; i++) assert_int_equal(sgm__suballoc_free(sa, all[i], &sz), SGM_OK);
+  sgm_suballoc_stats st;
+  sgm__suballoc_stats(sa, &st);
+  assert_int_equal(st.n_free_blocks, 2);
+  assert_int_equal(st.largest_free_bytes, UINT64_MAX - base + 1 - 4096);
   assert_check(sa);
   sgm__suballoc_destroy(sa);
 }
@@ -637,6 +703,7 @@ int main(void) {
       cmocka_unit_test(test_adjacent_ranges_never_joined),
       cmocka_unit_test(test_exhaustion_returns_false),
       cmocka_unit_test(test_best_fit_placement),
+      cmocka_unit_test(test_huge_sizes),
       cmocka_unit_test(test_metadata_nomem_is_clean),
       cmocka_unit_test(test_many_blocks),
   };

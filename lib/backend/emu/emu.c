@@ -276,6 +276,7 @@ static void emu_counters(sgm_backend *be, sgm_backend_counters *out) {
 
 const sgm_backend_ops sgm__backend_emu_ops = {
     .name = "emu",
+    .synchronous = true,
     .open = emu_open,
     .close = emu_close,
     .mem_info = emu_mem_info,
