@@ -377,6 +377,12 @@ SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream) {
       sgm__log(ctx->cfg.verbose, 1, "sgm_free: %s; the block stays allocated", sgm_last_error());
       return (sgm_status)rc;
     }
+    if (ctx->bops->event_query(ctx->be, ev) == 1) {
+      /* The stream is idle: nothing can use the block any more. */
+      ctx->bops->event_destroy(ctx->be, ev);
+      uint64_t size = 0;
+      return sgm__tier_free(p, d, &size) == SGM_OK ? SGM_OK : context_bad_free(ctx, ptr);
+    }
     rc = sgm__tier_free_deferred(p, d, stream, ev);
     if (rc != SGM_OK) {
       ctx->bops->event_destroy(ctx->be, ev);

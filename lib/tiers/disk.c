@@ -53,7 +53,7 @@
 #define DISK_ALIGN UINT64_C(4096)
 /* Bounce buffer: 4 MiB measured as fast as 8 MiB and ~10% faster than 1 MiB
  * for unaligned buffers (docs/disk.md); small enough to cache a few. */
-#define DISK_BOUNCE_BYTES (UINT64_C(8) << 20)
+#define DISK_BOUNCE_BYTES (UINT64_C(4) << 20)
 /* Bounce buffers kept for reuse: one per concurrent spiller of a typical
  * 4-thread workload; more are allocated and freed on demand. */
 #define DISK_BOUNCE_CACHE 4
