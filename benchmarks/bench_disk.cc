@@ -54,7 +54,8 @@ double Now() {
 }
 
 std::string Key(const char *op, int64_t ext_mib, bool direct) {
-  return std::string(op) + "/" + std::to_string(ext_mib) + "MiB/" + (direct ? "direct" : "buffered");
+  return std::string(op) + "/" + std::to_string(ext_mib) + "MiB/" +
+         (direct ? "direct" : "buffered");
 }
 
 // Pages of fd's first bytes held in the page cache, in MiB.
@@ -288,13 +289,19 @@ void Register() {
   for (int direct = 1; direct >= 0; direct--)
     for (int ext : {1, 8, 64}) {
       // sgm and raw side by side, so drift on a noisy machine hits both.
-      benchmark::RegisterBenchmark("BM_SgmWrite", BM_SgmWrite)->Args({ext, direct})->UseManualTime();
-      benchmark::RegisterBenchmark("BM_RawWrite", BM_RawWrite)->Args({ext, direct})->UseManualTime();
-      benchmark::RegisterBenchmark("BM_SgmRead", BM_SgmRead)->Args({ext, direct})->UseManualTime();
-      benchmark::RegisterBenchmark("BM_RawRead", BM_RawRead)->Args({ext, direct})->UseManualTime();
+      benchmark::RegisterBenchmark("BM_SgmWrite", BM_SgmWrite)->Args({ext, direct})
+          ->UseManualTime();
+      benchmark::RegisterBenchmark("BM_RawWrite", BM_RawWrite)->Args({ext, direct})
+          ->UseManualTime();
+      benchmark::RegisterBenchmark("BM_SgmRead", BM_SgmRead)->Args({ext, direct})
+          ->UseManualTime();
+      benchmark::RegisterBenchmark("BM_RawRead", BM_RawRead)->Args({ext, direct})
+          ->UseManualTime();
     }
-  benchmark::RegisterBenchmark("BM_SgmWriteUnaligned", BM_SgmWriteUnaligned)->Arg(8)->UseManualTime();
-  benchmark::RegisterBenchmark("BM_SgmReadUnaligned", BM_SgmReadUnaligned)->Arg(8)->UseManualTime();
+  benchmark::RegisterBenchmark("BM_SgmWriteUnaligned", BM_SgmWriteUnaligned)->Arg(8)
+      ->UseManualTime();
+  benchmark::RegisterBenchmark("BM_SgmReadUnaligned", BM_SgmReadUnaligned)->Arg(8)
+      ->UseManualTime();
   benchmark::RegisterBenchmark("BM_Xxh3", BM_Xxh3);
 }
 
@@ -327,7 +334,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   std::printf("bench_disk: --dir=%s on %s; default I/O mode there: %s\n", g_dir.c_str(),
-              sgm__disk_fs_name(d), sgm__disk_io_mode(d) == SGM_DISK_IO_DIRECT ? "direct" : "buffered");
+              sgm__disk_fs_name(d),
+              sgm__disk_io_mode(d) == SGM_DISK_IO_DIRECT ? "direct" : "buffered");
   std::printf("bench_disk: reads never hit the page cache: direct = O_DIRECT for sgm and raw; "
               "buffered = page cache + POSIX_FADV_DONTNEED after each read for both\n");
   sgm__disk_close(d);
@@ -342,7 +350,8 @@ int main(int argc, char **argv) {
   for (const auto &kv : g_sgm) {
     auto r = g_raw.find(kv.first);
     if (r == g_raw.end() || kv.second.second <= 0 || r->second.second <= 0) continue;
-    double a = kv.second.first / kv.second.second / 1e6, b = r->second.first / r->second.second / 1e6;
+    double a = kv.second.first / kv.second.second / 1e6;
+    double b = r->second.first / r->second.second / 1e6;
     std::printf("%-24s %12.0f %12.0f %7.2f\n", kv.first.c_str(), a, b, a / b);
   }
   std::free(g_src);

@@ -62,8 +62,9 @@ int sgm__disk_write(sgm_disk *d, const void *src, uint64_t n, sgm_disk_extent *o
  * stays allocated either way; on failure dst holds unspecified bytes. */
 int sgm__disk_read(sgm_disk *d, const sgm_disk_extent *e, void *dst);
 /* Return extent e's space: its blocks go back to the file system (hole
- * punched where supported), then the range to the budget. e must be live
- * (a stale or zeroed extent is ignored, counted in debug builds as a bug). */
+ * punched where supported), then the range to the budget. A zeroed extent
+ * (bytes 0, as a failed write leaves it) is a no-op; one that is not live is
+ * a caller bug: asserted when SGM_DEBUG >= 1, else ignored. */
 void sgm__disk_free(sgm_disk *d, const sgm_disk_extent *e);
 
 /* budget_bytes = the resolved limit; committed_bytes = disk space the spill

@@ -348,59 +348,69 @@ static void test_budget_full(void **state) {
   sgm__disk_close(d);
 }
 
-/* Invariant: on a really full file system (a 1 MiB tmpfs under a 16 MiB
+/* Invariant: on a really full file system (an 8 MiB tmpfs under a 64 MiB
  * limit) the write that does not fit is SGM_ERR_IO naming "tmpfs", the mount
- * point and the limit, *out zeroed, nothing leaked (its partial blocks are
- * given back: a write of the same size fits again after one free). Skipped
+ * point, the errno and the limit, *out zeroed, nothing leaked (its partial
+ * blocks are given back: a write of the same size fits again after one free),
+ * and everything written before reads back. Small extents (synchronous I/O)
+ * and large ones (pipelined, with a partial last block), both modes. Skipped
  * where this process may not mount. */
 static void test_real_full_fs(void **state) {
   fixture *f = *state;
   char mnt[96];
   snprintf(mnt, sizeof mnt, "%s/mnt", f->dir);
   assert_int_equal(mkdir(mnt, 0700), 0);
-  if (mount("tmpfs", mnt, "tmpfs", 0, "size=1m") != 0) {
+  if (mount("tmpfs", mnt, "tmpfs", 0, "size=8m") != 0) {
     fprintf(stderr, "# cannot mount a tmpfs (%s): skipping\n", strerror(errno));
     rmdir(mnt);
     skip();
   }
   snprintf(f->mnt, sizeof f->mnt, "%s", mnt);
+  const uint64_t sizes[] = {256 * KiB - 100, 5 * MiB / 2 + 100};
+  unsigned char *buf = aligned_alloc(4096, 3 * MiB);
+  assert_non_null(buf);
   for (int mode = 0; mode < 2; mode++) {
-    sgm_disk_io io = mode == 0 ? SGM_DISK_IO_AUTO : SGM_DISK_IO_BUFFERED;
-    sgm_disk *d = open_disk(mnt, 16 * MiB, io);
-    unsigned char *buf = aligned_alloc(4096, 256 * KiB);
-    assert_non_null(buf);
-    memset(buf, 0x77, 256 * KiB);
-    sgm_disk_extent e[8];
-    int n = 0, rc = SGM_OK;
-    for (; n < 8; n++) {
-      sgm_tier_stats before = disk_stats(d);
-      memset(&e[n], 0xAB, sizeof e[n]);
-      rc = sgm__disk_write(d, buf, 256 * KiB - 100, &e[n]);
-      if (rc != SGM_OK) {
-        assert_true(extent_is_zero(&e[n]));
-        sgm_tier_stats after = disk_stats(d);
-        assert_int_equal(after.used_bytes, before.used_bytes);
-        assert_int_equal(after.n_live, before.n_live);
-        break;
+    for (int k = 0; k < 2; k++) {
+      sgm_disk_io io = mode == 0 ? SGM_DISK_IO_AUTO : SGM_DISK_IO_BUFFERED;
+      sgm_disk *d = open_disk(mnt, 64 * MiB, io);
+      const uint64_t size = sizes[k];
+      enum { MAX = 64 };
+      sgm_disk_extent e[MAX];
+      int n = 0, rc = SGM_OK;
+      for (; n < MAX; n++) {
+        sgm_tier_stats before = disk_stats(d);
+        memset(buf, n + 1, size);
+        memset(&e[n], 0xAB, sizeof e[n]);
+        rc = sgm__disk_write(d, buf, size, &e[n]);
+        if (rc != SGM_OK) {
+          assert_true(extent_is_zero(&e[n]));
+          sgm_tier_stats after = disk_stats(d);
+          assert_int_equal(after.used_bytes, before.used_bytes);
+          assert_int_equal(after.n_live, before.n_live);
+          break;
+        }
       }
+      assert_int_equal(rc, SGM_ERR_IO);
+      assert_true(n >= 1 && n < MAX);
+      const char *msg = sgm_last_error();
+      assert_non_null(strstr(msg, "tmpfs at "));
+      assert_non_null(strstr(msg, mnt));
+      assert_non_null(strstr(msg, "SGM_SPILL_LIMIT 64.00 MiB"));
+      assert_non_null(strstr(msg, "No space left on device"));
+      /* Nothing leaked: after one free the same write fits again. */
+      sgm__disk_free(d, &e[n - 1]);
+      memset(buf, n, size);
+      assert_int_equal(sgm__disk_write(d, buf, size, &e[n - 1]), SGM_OK);
+      for (int i = 0; i < n; i++) {
+        assert_int_equal(sgm__disk_read(d, &e[i], buf), SGM_OK);
+        assert_int_equal(buf[0], (unsigned char)(i + 1));
+        assert_int_equal(buf[size - 1], (unsigned char)(i + 1));
+        sgm__disk_free(d, &e[i]);
+      }
+      sgm__disk_close(d);
     }
-    assert_int_equal(rc, SGM_ERR_IO);
-    assert_true(n >= 1 && n < 8);
-    const char *msg = sgm_last_error();
-    assert_non_null(strstr(msg, "tmpfs at "));
-    assert_non_null(strstr(msg, mnt));
-    assert_non_null(strstr(msg, "SGM_SPILL_LIMIT 16.00 MiB"));
-    assert_non_null(strstr(msg, "No space left on device"));
-    /* Nothing leaked: after one free the same write fits again. */
-    sgm__disk_free(d, &e[n - 1]);
-    assert_int_equal(sgm__disk_write(d, buf, 256 * KiB - 100, &e[n - 1]), SGM_OK);
-    for (int i = 0; i < n; i++) {
-      assert_int_equal(sgm__disk_read(d, &e[i], buf), SGM_OK);
-      sgm__disk_free(d, &e[i]);
-    }
-    free(buf);
-    sgm__disk_close(d);
   }
+  free(buf);
   assert_int_equal(umount(mnt), 0);
   assert_int_equal(rmdir(mnt), 0);
   f->mnt[0] = '\0';
@@ -456,7 +466,7 @@ static void *worker_main(void *arg) {
   enum { KEEP = 4 };
   sgm_disk_extent e[KEEP];
   unsigned char *data[KEEP] = {NULL};
-  unsigned char *back = malloc(512 * KiB);
+  unsigned char *back = malloc(2 * MiB);
   if (!back) return NULL;
   for (int round = 0; round < 200; round++) {
     int k = (int)sgm_test_rng_range(&r, 0, KEEP - 1);
@@ -468,7 +478,7 @@ static void *worker_main(void *arg) {
       free(data[k]);
       data[k] = NULL;
     } else {
-      uint64_t n = sgm_test_rng_log_range(&r, 1, 512 * KiB);
+      uint64_t n = sgm_test_rng_log_range(&r, 1, 2 * MiB);
       data[k] = malloc(n);
       if (!data[k]) {
         w->failures++;
