@@ -93,13 +93,15 @@ typedef struct sgm_config {
   sgm_size shared_limit;          /* SGM_SHARED_LIMIT: unset = max(RAM/2, 64 MiB) */
   char spill_dir[SGM_PATH_MAX];   /* SGM_SPILL_DIR: "" = no disk tier */
   sgm_size spill_limit;           /* SGM_SPILL_LIMIT: unset = 50% of free space there */
-  char policy[SGM_NAME_MAX];      /* SGM_POLICY: eviction policy name */
+  char policy[SGM_NAME_MAX];      /* SGM_POLICY: eviction policy of every tier (sgm/policy.h) */
   int verbose;                    /* SGM_VERBOSE: 0 silent, 1 warnings, 2 info, 3 debug */
   uint64_t emu_vram_bytes;        /* SGM_EMU_VRAM: size of the emulated device's memory */
   uint64_t growth_chunk_bytes;    /* SGM_GROWTH_CHUNK: first chunk taken in growth mode */
   uint64_t emu_fail_at;           /* SGM_EMU_FAIL_AT: testing: fail the Nth emulated call; 0 = never */
   int shared_fallback;            /* SGM_SHARED_FALLBACK: 1 = full VRAM spills to shared memory */
   uint64_t idle_trim_ms;          /* SGM_IDLE_TRIM_MS: free chunks idle this long go back; 0 = never */
+  char policy_vram[SGM_NAME_MAX];   /* SGM_POLICY_VRAM: the VRAM tier's policy; "" = policy */
+  char policy_shared[SGM_NAME_MAX]; /* SGM_POLICY_SHARED: the shared tier's policy; "" = policy */
   /*
    * The first bad environment value sgm_config_init() met, as a message that
    * names the variable and the value; "" when all were good. A config whose

@@ -235,6 +235,11 @@ void sgm__placement_stats(sgm_context *ctx, sgm_stats *st);
 /* Tests: the spill tier (NULL when off) and where a disk-resident buffer's
  * extent starts (false when it is not on disk or has no extent). */
 struct sgm_disk *sgm__placement_disk(sgm_context *ctx);
+/* Tests: the policies' clock (ns), a walk of every policy instance's
+ * structure (SGM_OK or a status with why filled), and a tier's policy name. */
+void sgm__placement_set_clock(sgm_context *ctx, uint64_t (*clock_ns)(void *user), void *user);
+int sgm__placement_check(sgm_context *ctx, char *why, size_t why_len);
+const char *sgm__placement_policy_name(sgm_context *ctx, sgm_tier t);
 bool sgm__buffer_disk_offset(sgm_buffer *b, uint64_t *offset);
 
 /* Set the VRAM budget to fraction × device memory (capped as at create);

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "sgm/policy.h"
 
 /* ------------------------------------------------------------------------ */
 /* The table. */
@@ -37,8 +38,13 @@
 /* Indexed by sgm_backend_kind: CUDA = 0, EMU = 1, AUTO = 2. */
 static const char *const backend_names[] = {"cuda", "emu", "auto", NULL};
 
-/* Eviction policies known by name; add a name here when policies/ gains one. */
-static const char *const policy_names[] = {"lru", NULL};
+/* The built-in eviction policies (policies/, in lib/policy.c's order), for
+ * the docs. The policy rows are checked against the registry instead (see
+ * string_known), which programs extend with sgm_policy_register();
+ * tests/unit/test_policies.c checks this list against it. */
+static const char *const policy_names[] = {"lru", "clock", "lfu", "arc", "s3fifo", NULL};
+/* The same for the per-tier rows, where "" means "as SGM_POLICY". */
+static const char *const policy_names_or_empty[] = {"", "lru", "clock", "lfu", "arc", "s3fifo", NULL};
 
 /* Keywords meaning "unset: the documented default" for size options. */
 static const char *const keyword_none[] = {"none", NULL};
@@ -83,9 +89,21 @@ static const sgm_option option_rows[] = {
     {.env = "SGM_SPILL_LIMIT", FIELD(spill_limit), .kind = SGM_OPT_SIZE,
      .default_value = "50%",
      .help = "cap on the disk tier: bytes or % of the free space in SGM_SPILL_DIR at create"},
-    /* LRU: the classic baseline and, so far, the only policy. */
+    /* LRU: the classic baseline, and what sgm did before policies were
+     * plug-ins; see docs/policies.md for when another one wins. */
     {.env = "SGM_POLICY", FIELD(policy), .kind = SGM_OPT_STRING, .default_value = "lru",
-     .names = policy_names, .help = "eviction policy by name (known: lru)"},
+     .names = policy_names,
+     .help = "eviction policy of every tier: lru, clock, lfu, arc, s3fifo, or a name registered "
+             "with sgm_policy_register (docs/policies.md)"},
+    /* Empty: one policy for both tiers unless asked; the tiers see different
+     * traffic (shared memory holds what VRAM let go), so they may differ. */
+    {.env = "SGM_POLICY_VRAM", FIELD(policy_vram), .kind = SGM_OPT_STRING, .default_value = "",
+     .names = policy_names_or_empty,
+     .help = "eviction policy of the VRAM tier only; empty = SGM_POLICY"},
+    {.env = "SGM_POLICY_SHARED", FIELD(policy_shared), .kind = SGM_OPT_STRING, .default_value = "",
+     .names = policy_names_or_empty,
+     .help = "eviction policy of the shared-memory tier only (its victims go to disk); empty = "
+             "SGM_POLICY"},
     /* 1 = warnings: problems are visible, nothing else is printed. */
     {.env = "SGM_VERBOSE", FIELD(verbose), .kind = SGM_OPT_INT, .default_value = "1", .min = 0,
      .max = 3, .help = "stderr log level: 0 silent, 1 warnings, 2 info, 3 debug"},
@@ -597,11 +615,39 @@ static void option_load(const sgm_option *opt, const sgm_config *cfg, opt_value 
   }
 }
 
+/* Rows naming an eviction policy: their values are checked against the
+ * policy registry, not against the names list. */
+static bool policy_row(const sgm_option *opt) {
+  return opt->names == policy_names || opt->names == policy_names_or_empty;
+}
+
 /* STRING: the canonical known name matching value (any case), or NULL. */
 static const char *string_known(const sgm_option *opt, const char *value) {
+  if (policy_row(opt)) {
+    if (!value[0]) return opt->names == policy_names_or_empty ? "" : NULL;
+    const sgm_policy_ops *ops = sgm_policy_find(value);
+    return ops ? ops->name : NULL;
+  }
   for (size_t i = 0; opt->names[i]; i++)
     if (str_ieq(value, opt->names[i])) return opt->names[i];
   return NULL;
+}
+
+/* STRING: the accepted values for a message: "a, b, c". */
+static const char *string_choices(const sgm_option *opt, char *buf, size_t len) {
+  if (!policy_row(opt)) return join_names(opt->names, buf, len);
+  size_t n = 0;
+  buf[0] = '\0';
+  for (size_t i = 0; n < len; i++) {
+    const sgm_policy_ops *ops = sgm_policy_at(i);
+    if (!ops) break;
+    int w = snprintf(buf + n, len - n, "%s%s", i ? ", " : "", ops->name);
+    if (w < 0) break;
+    n += (size_t)w;
+  }
+  if (opt->names == policy_names_or_empty && n < len)
+    snprintf(buf + n, len - n, ", or empty for SGM_POLICY's");
+  return buf;
 }
 
 int sgm__options_parse(const sgm_option *opt, const char *value, sgm_config *cfg, char *err,
@@ -619,9 +665,9 @@ int sgm__options_parse(const sgm_option *opt, const char *value, sgm_config *cfg
     const char *canon = value;
     ok = true;
     if (opt->names && !(canon = string_known(opt, value))) {
-      char names[128];
+      char names[192];
       snprintf(why, sizeof why, "is not known: valid values are %s",
-               join_names(opt->names, names, sizeof names));
+               string_choices(opt, names, sizeof names));
       ok = false;
     } else if (strlen(canon) >= opt->field_size) {
       snprintf(why, sizeof why, "is too long: at most %zu bytes", opt->field_size - 1);
@@ -653,10 +699,10 @@ int sgm__options_validate(const sgm_config *cfg) {
         return sgm__error_set(SGM_ERR_INVALID, "sgm_config.%s is not NUL-terminated within its %zu bytes",
                               opt->field, opt->field_size);
       if (opt->names && !string_known(opt, s)) {
-        char names[128];
+        char names[192];
         return sgm__error_set(SGM_ERR_INVALID, "sgm_config.%s = \"%s\" is not known: valid values are %s",
                               opt->field, show_value(s, shown, sizeof shown),
-                              join_names(opt->names, names, sizeof names));
+                              string_choices(opt, names, sizeof names));
       }
       continue;
     }

@@ -6,41 +6,63 @@
  * pool (b->dptr), or an extent of the spill file (b->ext; none yet for a
  * buffer created straight on disk and never written: it reads as zeros).
  *
- * Residency lists: every *released* buffer resident in VRAM or shared memory
- * sits in one list per (tier, priority), most recently used at the head:
+ * Eviction policies (include/sgm/policy.h, policies/): each resident tier
+ * (VRAM, shared) has a priority layer running the policy the config names
+ * (SGM_POLICY, or SGM_POLICY_VRAM / SGM_POLICY_SHARED): one instance per
+ * priority level, victims from the lowest level that has one.
  *
- *     lru[VRAM][MINIMUM]  head → b7 → b2 → b9 ← tail   (victims come from the
- *     lru[VRAM][LOW]      head → b4 ← tail               tail of the lowest
- *     ...                                                 non-empty priority)
- *     lru[SHARED][...]    same, victims go to disk
+ *     pol[VRAM]    MINIMUM [lru] LOW [lru] NORMAL [lru] HIGH [lru] MAXIMUM [lru]
+ *     pol[SHARED]  the same with its own policy; victims go to disk
  *
- * Acquired buffers and buffers being moved are in no list, so they are never
- * victims. A buffer with GPU work pending (its release event not complete) is
- * skipped. The issue of policies (plug-ins) will replace this built-in LRU.
+ * Invariant: a buffer is an item of pol[b->tier] (b->listed) exactly when it
+ * is RELEASED and resident; acquired and BUSY buffers are not, so they are
+ * never victims. A victim with GPU work pending (its release event not
+ * complete) is skipped: taken out with PIN, put back with RESTORE once the
+ * search is over. The policy's per-buffer state lives inline after the buffer
+ * struct (pl->state_offset), sized for the larger of the two policies.
  *
- * States: RELEASED (in a list, or on disk), ACQUIRED, BUSY (one thread owns it
+ * Pins: taking a listed buffer out for use, a copy or a move is on_remove(PIN);
+ * the instance keeps its state until the pin ends with on_access (used),
+ * on_insert(RESTORE) (back unused in the same instance) or on_remove(DROP)
+ * (destroyed, or back in another tier or priority level). b->pinned and
+ * b->pin_tier say which instance holds a pin; b->item.priority is the level
+ * that holds or pins the item, b->priority the one the user set.
+ *
+ * Fresh buffers: a buffer that entered its tier without being used (created
+ * there, prefetched into it, demoted into it) is fresh. Its first acquire is
+ * the reference that brought it in, not a hit: it leaves the policy with DROP
+ * and comes back as new. Host reads and writes of a fresh buffer keep it fresh
+ * (an upload is not a use); of any other buffer they count as a use.
+ *
+ * States: RELEASED (listed, or on disk), ACQUIRED, BUSY (one thread owns it
  * while moving or copying; others wait on pl->cond). Only the owner of a BUSY
  * buffer touches its data fields.
  *
- * Locking: pl->lock (rank SGM_LOCK_BUFFERS) guards states, lists, the prefetch
- * queue and the counters. It is never held across a copy, disk I/O or a pool
- * call: a mover marks the buffer BUSY, drops the lock, moves, retakes it. The
- * one exception is the event query while choosing victims: a non-blocking
- * driver call, made under the lock so a chosen victim is known to be idle.
+ * Locking: pl->lock (rank SGM_LOCK_BUFFERS) guards states, the policies, the
+ * prefetch queue and the counters; it is the lock the policy contract calls
+ * "the tier lock". It is never held across a copy, disk I/O or a pool call: a
+ * mover marks the buffer BUSY, drops the lock, moves, retakes it. The one
+ * exception is the event query while choosing victims: a non-blocking driver
+ * call, made under the lock so a chosen victim is known to be idle.
  *
  * Threads: a prefetch worker per context, started on the first prefetch.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/backend.h"
+#include "builtin.h"
 #include "internal.h"
 #include "tiers/disk.h"
 #include "tiers/tier.h"
 
-#define N_PRIO (SGM_PRIORITY_MAXIMUM + 1)
-#define N_RESIDENT 2 /* VRAM and shared: the tiers with lists */
+#define N_RESIDENT 2 /* VRAM and shared: the tiers with policies */
+/* Debug builds walk every policy and buffer on each victim search while this
+ * few buffers are listed, and on every 256th search above: the walk is O(n). */
+#define PLACEMENT_CHECK_ALWAYS 256
+#define PLACEMENT_CHECK_EVERY 256
 
 typedef enum buf_state { BUF_RELEASED, BUF_ACQUIRED, BUF_BUSY } buf_state;
 
@@ -51,24 +73,31 @@ struct sgm_buffer {
   sgm_devptr dptr;           /* block address in VRAM / shared; 0 on disk */
   sgm_disk_extent ext;       /* on disk: the extent; bytes == 0: never written (zeros) */
   buf_state state;           /* see the module comment */
-  int priority;              /* sgm_priority */
+  int priority;              /* sgm_priority the user set */
   void *event;               /* GPU work queued before release; NULL = none pending */
   bool prefetch_queued;      /* in pl's prefetch queue */
-  sgm_buffer *prev, *next;   /* residency list links */
+  bool listed;               /* an item of pl->pol[tier] now */
+  bool pinned;               /* pl->pol[pin_tier] holds a pin on it (on_remove PIN) */
+  bool fresh;                /* entered its tier unused: its first acquire is no hit */
+  sgm_tier pin_tier;         /* the tier whose policy holds the pin, when pinned */
+  sgm_policy_item item;      /* what policies see; item.priority = the level holding it */
+  sgm_buffer *skip_next;     /* victim search: candidates skipped (GPU work pending) */
   sgm_buffer *pf_prev, *pf_next;   /* prefetch queue links */
   sgm_buffer *all_prev, *all_next; /* every live buffer of the context */
+  /* then, at pl->state_offset: pl->state_bytes of policy state (item.state) */
 };
-
-typedef struct buf_list {
-  sgm_buffer *head; /* most recently used */
-  sgm_buffer *tail; /* least recently used: the next victim */
-} buf_list;
 
 struct sgm_placement {
   sgm_lock lock;                       /* guards everything below */
   pthread_cond_t cond;                 /* broadcast when a buffer stops being BUSY */
-  buf_list lru[N_RESIDENT][N_PRIO];    /* released resident buffers */
-  uint64_t n_listed[N_RESIDENT];       /* buffers in each tier's lists */
+  sgm__prio_layer *pol[N_RESIDENT];    /* each resident tier's policy, one instance per priority */
+  size_t state_offset;                 /* where policy state starts in a buffer's allocation */
+  size_t state_bytes;                  /* its size: the larger of the two policies' state_bytes */
+  uint64_t next_id;                    /* the last sgm_policy_item.id handed out */
+  uint64_t n_listed[N_RESIDENT];       /* buffers listed per tier (read without the lock) */
+  uint64_t n_searches;                 /* victim searches, to pace debug checks */
+  uint64_t (*clock_ns)(void *user);    /* the policies' clock (monotonic ns; tests inject) */
+  void *clock_user;                    /* its argument */
   sgm_buffer *all;                     /* every live buffer */
   sgm_disk *disk;                      /* the spill tier, NULL when off */
   uint64_t bytes_in[SGM_TIER_COUNT];   /* migrated into each tier */
@@ -83,31 +112,67 @@ struct sgm_placement {
   sgm_buffer *pf_head, *pf_tail;       /* prefetch queue, oldest at the head */
 };
 
-/* ---- lists (pl->lock held) ---- */
+/* Test hooks; their declarations belong in internal.h under placement.c. */
 
-static void list_push_head(struct sgm_placement *pl, sgm_buffer *b) {
-  sgm_assert_internal(b->tier < N_RESIDENT);
-  buf_list *l = &pl->lru[b->tier][b->priority];
-  b->prev = NULL;
-  b->next = l->head;
-  if (l->head) l->head->prev = b;
-  else l->tail = b;
-  l->head = b;
-  pl->n_listed[b->tier]++;
+static sgm_buffer *buf_of(sgm_policy_item *it) {
+  return (sgm_buffer *)(void *)((char *)it - offsetof(sgm_buffer, item));
 }
 
-static void list_remove(struct sgm_placement *pl, sgm_buffer *b) {
-  buf_list *l = &pl->lru[b->tier][b->priority];
-  if (b->prev) b->prev->next = b->next;
-  else l->head = b->next;
-  if (b->next) b->next->prev = b->prev;
-  else l->tail = b->prev;
-  b->prev = b->next = NULL;
-  pl->n_listed[b->tier]--;
+/* ---- policies (pl->lock held) ---- */
+
+static void listed_add(struct sgm_placement *pl, sgm_tier t, int64_t d) {
+  __atomic_store_n(&pl->n_listed[t], pl->n_listed[t] + (uint64_t)d, __ATOMIC_RELAXED);
 }
 
-static bool buf_listed(const sgm_buffer *b) {
-  return b->state == BUF_RELEASED && b->tier < N_RESIDENT;
+/* Take a listed b out of its tier's policy. PIN keeps the instance's state
+ * for b until the pin ends (pol_put or pol_unpin). */
+static void pol_take(struct sgm_placement *pl, sgm_buffer *b, sgm_policy_remove why) {
+  if (!b->listed) return;
+  sgm_assert_internal(b->tier < N_RESIDENT && !b->pinned);
+  sgm__prio_remove(pl->pol[b->tier], &b->item, why);
+  b->listed = false;
+  listed_add(pl, b->tier, -1);
+  if (why == SGM_POLICY_REMOVE_PIN) {
+    b->pinned = true;
+    b->pin_tier = b->tier;
+  }
+}
+
+/* A buffer about to be used (acquired, read or written): a fresh one's first
+ * use ends its membership, any other is pinned. */
+static void pol_take_for_use(struct sgm_placement *pl, sgm_buffer *b) {
+  pol_take(pl, b, b->fresh ? SGM_POLICY_REMOVE_DROP : SGM_POLICY_REMOVE_PIN);
+}
+
+/* End b's pin for good (b destroyed, or left the resident tiers). */
+static void pol_unpin(struct sgm_placement *pl, sgm_buffer *b) {
+  if (!b->pinned) return;
+  sgm__prio_remove(pl->pol[b->pin_tier], &b->item, SGM_POLICY_REMOVE_DROP);
+  b->pinned = false;
+}
+
+/* b (RELEASED, resident) enters its tier's policy: back from a pin in the same
+ * instance (used: a hit; else restored), or new there. */
+static void pol_put(struct sgm_placement *pl, sgm_buffer *b, bool used) {
+  sgm_assert_internal(b->state == BUF_RELEASED && b->tier < N_RESIDENT && !b->listed);
+  sgm__prio_layer *l = pl->pol[b->tier];
+  bool back = false;
+  if (b->pinned) {
+    back = b->pin_tier == b->tier && b->item.priority == b->priority;
+    if (!back) sgm__prio_remove(pl->pol[b->pin_tier], &b->item, SGM_POLICY_REMOVE_DROP);
+    b->pinned = false;
+  }
+  if (back && used) {
+    sgm__prio_access(l, &b->item);
+  } else if (back) {
+    sgm__prio_insert(l, &b->item, SGM_POLICY_INSERT_RESTORE);
+  } else {
+    b->item.priority = b->priority;
+    sgm__prio_insert(l, &b->item, SGM_POLICY_INSERT_NEW);
+    b->fresh = !used;
+  }
+  b->listed = true;
+  listed_add(pl, b->tier, +1);
 }
 
 static void pf_remove(struct sgm_placement *pl, sgm_buffer *b) {
@@ -119,25 +184,92 @@ static void pf_remove(struct sgm_placement *pl, sgm_buffer *b) {
   b->prefetch_queued = false;
 }
 
-/* Wait until b is not BUSY, then take it: out of its list, BUSY. Returns the
+/* What a taker is about to do with a buffer. */
+typedef enum take_kind {
+  TAKE_USE,  /* acquire, host read or write: a use (see pol_take_for_use) */
+  TAKE_MOVE, /* explicit eviction: pinned, back unused if it does not move */
+  TAKE_FREE  /* destroy: out of every policy */
+} take_kind;
+
+/* Wait until b is not BUSY, then take it: out of its policy, BUSY. Returns the
  * state it had (RELEASED or ACQUIRED). A queued prefetch is cancelled: the
  * caller is about to do the work itself. */
-static buf_state buf_take_locked(struct sgm_placement *pl, sgm_buffer *b) {
+static buf_state buf_take_locked(struct sgm_placement *pl, sgm_buffer *b, take_kind k) {
   while (b->state == BUF_BUSY) pthread_cond_wait(&pl->cond, &pl->lock.mu);
   buf_state was = b->state;
-  if (buf_listed(b)) list_remove(pl, b);
+  if (k == TAKE_USE) pol_take_for_use(pl, b);
+  else pol_take(pl, b, k == TAKE_FREE ? SGM_POLICY_REMOVE_DROP : SGM_POLICY_REMOVE_PIN);
+  if (k == TAKE_FREE) pol_unpin(pl, b);
   if (b->prefetch_queued) pf_remove(pl, b);
   b->state = BUF_BUSY;
   return was;
 }
 
-/* Give b back in state `to` (RELEASED goes to the head of its list). */
-static void buf_finish(struct sgm_placement *pl, sgm_buffer *b, buf_state to) {
+/* Give b back in state `to`: a RELEASED resident buffer re-enters its policy
+ * (used: the taker used it); one left on disk loses any pin. */
+static void buf_finish(struct sgm_placement *pl, sgm_buffer *b, buf_state to, bool used) {
   sgm__lock_take(&pl->lock);
   b->state = to;
-  if (buf_listed(b)) list_push_head(pl, b);
+  if (to == BUF_RELEASED) {
+    if (b->tier < N_RESIDENT) pol_put(pl, b, used);
+    else pol_unpin(pl, b);
+  }
   pthread_cond_broadcast(&pl->cond);
   sgm__lock_drop(&pl->lock);
+}
+
+/* Walk the policies and every buffer (pl->lock held): SGM_OK or
+ * SGM_ERR_CORRUPT with the first broken invariant in why. O(n). */
+static int placement_check_locked(struct sgm_placement *pl, char *why, size_t len) {
+  uint64_t n[N_RESIDENT] = {0}, bytes[N_RESIDENT] = {0};
+  for (sgm_buffer *b = pl->all; b; b = b->all_next) {
+    if (b->state == BUF_BUSY) { /* its mover owns tier and data: only the flags are ours */
+      if (b->listed) {
+        snprintf(why, len, "buffer %llu is BUSY and listed", (unsigned long long)b->item.id);
+        return SGM_ERR_CORRUPT;
+      }
+      continue;
+    }
+    bool want = b->state == BUF_RELEASED && b->tier < N_RESIDENT;
+    if (b->listed != want) {
+      snprintf(why, len, "buffer %llu (state %d, tier %d) is %slisted",
+               (unsigned long long)b->item.id, (int)b->state, (int)b->tier, b->listed ? "" : "not ");
+      return SGM_ERR_CORRUPT;
+    }
+    if (b->listed && b->pinned) {
+      snprintf(why, len, "buffer %llu is both listed and pinned", (unsigned long long)b->item.id);
+      return SGM_ERR_CORRUPT;
+    }
+    if (b->listed && b->item.priority != b->priority) {
+      snprintf(why, len, "buffer %llu is listed at priority %d, set to %d",
+               (unsigned long long)b->item.id, b->item.priority, b->priority);
+      return SGM_ERR_CORRUPT;
+    }
+    if (b->listed) {
+      n[b->tier]++;
+      bytes[b->tier] += b->size;
+    }
+  }
+  for (int t = 0; t < N_RESIDENT; t++) {
+    int rc = sgm__prio_check(pl->pol[t], why, len);
+    if (rc != SGM_OK) return rc;
+    uint64_t r = sgm__prio_reclaimable(pl->pol[t]);
+    if (r != bytes[t] || n[t] != pl->n_listed[t]) {
+      snprintf(why, len, "%s: the policy holds %llu reclaimable bytes, the %llu listed buffers "
+               "%llu (counter: %llu listed)", sgm_tier_name((sgm_tier)t), (unsigned long long)r,
+               (unsigned long long)n[t], (unsigned long long)bytes[t],
+               (unsigned long long)pl->n_listed[t]);
+      return SGM_ERR_CORRUPT;
+    }
+  }
+  return SGM_OK;
+}
+
+static bool placement_valid_locked(struct sgm_placement *pl) {
+  char why[256];
+  if (placement_check_locked(pl, why, sizeof why) == SGM_OK) return true;
+  fprintf(stderr, "sgm: placement check: %s\n", why);
+  return false;
 }
 
 /* ---- data movement (caller owns b: BUSY) ---- */
@@ -177,27 +309,44 @@ static int disk_load(sgm_context *ctx, const sgm_buffer *b, void *dst) {
 
 static int demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict);
 
-/* Pick a victim in resident tier t: lowest priority first, least recently
- * used first, idle GPU-wise. Returns it BUSY, or NULL. */
-static sgm_buffer *pick_victim(sgm_context *ctx, sgm_tier t) {
+/* Pick a victim in resident tier t for a request of `want` bytes: the
+ * policy's choice, skipping buffers with GPU work pending. Returns it BUSY, or
+ * NULL when every listed buffer is busy on the GPU (or none is listed). */
+static sgm_buffer *pick_victim(sgm_context *ctx, sgm_tier t, uint64_t want) {
   struct sgm_placement *pl = ctx->pl;
-  sgm_buffer *v = NULL;
+  sgm_buffer *v = NULL, *skipped = NULL;
   sgm__lock_take(&pl->lock);
-  for (int pr = 0; pr < N_PRIO && !v; pr++) {
-    for (sgm_buffer *b = pl->lru[t][pr].tail; b; b = b->prev) {
-      if (b->event) {
-        if (ctx->bops->event_query(ctx->be, b->event) != 1) continue;
-        ctx->bops->event_destroy(ctx->be, b->event);
-        b->event = NULL;
+  uint64_t listed = pl->n_listed[0] + pl->n_listed[1];
+  if (SGM_EXPENSIVE_CHECKS &&
+      (listed <= PLACEMENT_CHECK_ALWAYS || pl->n_searches % PLACEMENT_CHECK_EVERY == 0))
+    sgm_assert_expensive(placement_valid_locked(pl));
+  pl->n_searches++;
+  sgm_policy_item *it;
+  while (!v && (it = sgm__prio_next_victim(pl->pol[t], want)) != NULL) {
+    sgm_buffer *b = buf_of(it);
+    sgm_assert(b->listed && b->state == BUF_RELEASED && b->tier == t);
+    if (b->event) {
+      if (ctx->bops->event_query(ctx->be, b->event) != 1) {
+        pol_take(pl, b, SGM_POLICY_REMOVE_PIN); /* out of the way while the search goes on */
+        b->skip_next = skipped;
+        skipped = b;
+        continue;
       }
-      v = b;
-      break;
+      ctx->bops->event_destroy(ctx->be, b->event);
+      b->event = NULL;
     }
+    pol_take(pl, b, SGM_POLICY_REMOVE_EVICT);
+    v = b;
   }
-  if (v) {
-    list_remove(pl, v);
-    v->state = BUF_BUSY;
+  /* Last skipped first: each goes back to the eviction end, so the original
+   * order is kept there. */
+  while (skipped) {
+    sgm_buffer *b = skipped;
+    skipped = b->skip_next;
+    b->skip_next = NULL;
+    pol_put(pl, b, false);
   }
+  if (v) v->state = BUF_BUSY;
   sgm__lock_drop(&pl->lock);
   return v;
 }
@@ -207,10 +356,10 @@ int sgm__placement_alloc(sgm_context *ctx, sgm_tier t, uint64_t size, uint64_t *
     int rc = sgm__tier_alloc(ctx->tiers[t], size, out);
     if (rc != SGM__ERR_BUDGET && rc != SGM_ERR_NOMEM) return rc;
     if (__atomic_load_n(&ctx->pl->n_listed[t], __ATOMIC_RELAXED) == 0) return rc;
-    sgm_buffer *v = pick_victim(ctx, t);
+    sgm_buffer *v = pick_victim(ctx, t, size);
     if (!v) return rc;
     int drc = demote(ctx, v, (sgm_tier)(t + 1), true);
-    buf_finish(ctx->pl, v, BUF_RELEASED);
+    buf_finish(ctx->pl, v, BUF_RELEASED, false);
     if (drc != SGM_OK) return drc;
   }
 }
@@ -347,7 +496,7 @@ static void *prefetch_main(void *arg) {
     sgm_buffer *b = pl->pf_head;
     pf_remove(pl, b);
     if (b->state != BUF_RELEASED) continue; /* acquired meanwhile: nothing to do */
-    if (buf_listed(b)) list_remove(pl, b);
+    pol_take(pl, b, SGM_POLICY_REMOVE_PIN);
     b->state = BUF_BUSY;
     sgm__lock_drop(&pl->lock);
     int rc = make_resident(ctx, b);
@@ -356,7 +505,8 @@ static void *prefetch_main(void *arg) {
                (unsigned long long)b->size, sgm_last_error());
     sgm__lock_take(&pl->lock);
     b->state = BUF_RELEASED;
-    if (buf_listed(b)) list_push_head(pl, b);
+    if (b->tier < N_RESIDENT) pol_put(pl, b, false); /* a prefetch is no use: stays fresh */
+    else pol_unpin(pl, b);
     pthread_cond_broadcast(&pl->cond);
   }
   sgm__lock_drop(&pl->lock);
@@ -365,24 +515,101 @@ static void *prefetch_main(void *arg) {
 
 /* ---- lifecycle ---- */
 
+static uint64_t placement_monotonic_ns(void *user) {
+  (void)user;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The policies' clock, read under pl->lock (the policy contract). */
+static uint64_t placement_clock(void *user) {
+  struct sgm_placement *pl = user;
+  return pl->clock_ns(pl->clock_user);
+}
+
+/* The policy name tier t runs: its own setting, else SGM_POLICY. */
+static const char *placement_policy_setting(const sgm_config *cfg, sgm_tier t, const char **var) {
+  const char *own = t == SGM_TIER_VRAM ? cfg->policy_vram : cfg->policy_shared;
+  if (own[0]) {
+    *var = t == SGM_TIER_VRAM ? "SGM_POLICY_VRAM" : "SGM_POLICY_SHARED";
+    return own;
+  }
+  *var = "SGM_POLICY";
+  return cfg->policy;
+}
+
+static void placement_free(struct sgm_placement *pl) {
+  for (int t = 0; t < N_RESIDENT; t++) sgm__prio_destroy(pl->pol[t]);
+  if (pl->disk) sgm__disk_close(pl->disk);
+  pthread_cond_destroy(&pl->cond);
+  pthread_cond_destroy(&pl->work_cond);
+  sgm__lock_destroy(&pl->lock);
+  free(pl);
+}
+
 int sgm__placement_create(sgm_context *ctx) {
   struct sgm_placement *pl = calloc(1, sizeof *pl);
   if (!pl) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory creating the buffer lists");
   sgm__lock_init(&pl->lock, SGM_LOCK_BUFFERS);
   pthread_cond_init(&pl->cond, NULL);
   pthread_cond_init(&pl->work_cond, NULL);
-  if (ctx->cfg.spill_dir[0]) {
-    int rc = sgm__disk_open(ctx->cfg.spill_dir, ctx->cfg.spill_limit, ctx->cfg.verbose, &pl->disk);
-    if (rc != SGM_OK) {
-      pthread_cond_destroy(&pl->cond);
-      pthread_cond_destroy(&pl->work_cond);
-      sgm__lock_destroy(&pl->lock);
-      free(pl);
-      return rc;
+  pl->clock_ns = placement_monotonic_ns;
+  int rc = SGM_OK;
+  size_t state_bytes = 0;
+  for (int t = 0; t < N_RESIDENT && rc == SGM_OK; t++) {
+    const char *var;
+    const char *name = placement_policy_setting(&ctx->cfg, (sgm_tier)t, &var);
+    const sgm_policy_ops *ops = sgm_policy_find(name);
+    if (!ops) {
+      rc = sgm__error_set(SGM_ERR_INVALID, "%s names policy \"%s\", which is not registered",
+                          var, name);
+      break;
     }
+    sgm_policy_params params = {
+        .abi_version = SGM_POLICY_ABI_VERSION,
+        .tier = (sgm_tier)t,
+        .capacity_bytes = ctx->budget_bytes[t],
+        .clock_ns = placement_clock,
+        .clock_user = pl,
+    };
+    rc = sgm__prio_create(ops, &params, &pl->pol[t]);
+    if (rc != SGM_OK)
+      rc = sgm__error_set(rc, "cannot create the %s policy \"%s\" for the %s tier (%s)", var, ops->name,
+                          sgm_tier_name((sgm_tier)t), sgm_status_string((sgm_status)rc));
+    if (ops->state_bytes > state_bytes) state_bytes = ops->state_bytes;
+  }
+  pl->state_offset = sgm__align_up(sizeof(sgm_buffer), 16);
+  pl->state_bytes = sgm__align_up(state_bytes, 16);
+  if (rc == SGM_OK && ctx->cfg.spill_dir[0])
+    rc = sgm__disk_open(ctx->cfg.spill_dir, ctx->cfg.spill_limit, ctx->cfg.verbose, &pl->disk);
+  if (rc != SGM_OK) {
+    placement_free(pl);
+    return rc;
   }
   ctx->pl = pl;
   return SGM_OK;
+}
+
+void sgm__placement_set_clock(sgm_context *ctx, uint64_t (*clock_ns)(void *user), void *user) {
+  struct sgm_placement *pl = ctx->pl;
+  sgm__lock_take(&pl->lock);
+  pl->clock_ns = clock_ns ? clock_ns : placement_monotonic_ns;
+  pl->clock_user = clock_ns ? user : NULL;
+  sgm__lock_drop(&pl->lock);
+}
+
+int sgm__placement_check(sgm_context *ctx, char *why, size_t why_len) {
+  struct sgm_placement *pl = ctx->pl;
+  sgm__lock_take(&pl->lock);
+  int rc = placement_check_locked(pl, why, why_len);
+  sgm__lock_drop(&pl->lock);
+  return rc;
+}
+
+const char *sgm__placement_policy_name(sgm_context *ctx, sgm_tier t) {
+  if (t < 0 || t >= N_RESIDENT) return NULL;
+  return sgm__prio_inner(ctx->pl->pol[t])->name;
 }
 
 static void buffer_free_storage(sgm_context *ctx, sgm_buffer *b) {
@@ -405,17 +632,15 @@ void sgm__placement_destroy(sgm_context *ctx) {
     sgm__lock_drop(&pl->lock);
     pthread_join(pl->worker, NULL);
   }
+  /* The policies are destroyed after the buffers without being told about
+   * them: the contract says destroy must not touch items. */
   while (pl->all) {
     sgm_buffer *b = pl->all;
     pl->all = b->all_next;
     buffer_free_storage(ctx, b);
     free(b);
   }
-  if (pl->disk) sgm__disk_close(pl->disk);
-  pthread_cond_destroy(&pl->cond);
-  pthread_cond_destroy(&pl->work_cond);
-  sgm__lock_destroy(&pl->lock);
-  free(pl);
+  placement_free(pl);
   ctx->pl = NULL;
 }
 
@@ -457,12 +682,15 @@ SGM_API sgm_status sgm_buffer_create(sgm_context *ctx, size_t size, sgm_buffer *
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_create: context is NULL");
   if (size == 0)
     return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_create: size is 0 (ask for at least one byte)");
-  sgm_buffer *b = calloc(1, sizeof *b);
+  struct sgm_placement *pl = ctx->pl;
+  sgm_buffer *b = calloc(1, pl->state_offset + pl->state_bytes);
   if (!b) return (sgm_status)sgm__error_set(SGM_ERR_NOMEM, "out of host memory for a buffer");
   b->ctx = ctx;
   b->size = size;
   b->priority = SGM_PRIORITY_NORMAL;
-  struct sgm_placement *pl = ctx->pl;
+  b->item.size_bytes = size;
+  b->item.priority = SGM_PRIORITY_NORMAL;
+  b->item.state = pl->state_bytes ? (char *)b + pl->state_offset : NULL;
   int rc = sgm__placement_alloc(ctx, SGM_TIER_VRAM, size, &b->dptr);
   if (rc == SGM_OK) {
     b->tier = SGM_TIER_VRAM;
@@ -501,8 +729,9 @@ SGM_API sgm_status sgm_buffer_create(sgm_context *ctx, size_t size, sgm_buffer *
     return (sgm_status)rc;
   }
   sgm__lock_take(&pl->lock);
+  b->item.id = ++pl->next_id;
   b->state = BUF_RELEASED;
-  if (buf_listed(b)) list_push_head(pl, b);
+  if (b->tier < N_RESIDENT) pol_put(pl, b, false); /* fresh: created, not yet used */
   b->all_next = pl->all;
   if (pl->all) pl->all->all_prev = b;
   pl->all = b;
@@ -529,7 +758,7 @@ SGM_API sgm_status sgm_buffer_acquire(sgm_buffer *b, void *stream, void **device
   b->event = NULL;
   if (b->tier == SGM_TIER_VRAM) {
     /* Fast path: resident in VRAM already. */
-    list_remove(pl, b);
+    pol_take_for_use(pl, b);
     if (b->prefetch_queued) pf_remove(pl, b);
     b->state = BUF_ACQUIRED;
     sgm__lock_drop(&pl->lock);
@@ -537,11 +766,11 @@ SGM_API sgm_status sgm_buffer_acquire(sgm_buffer *b, void *stream, void **device
     *device_ptr = (void *)(uintptr_t)b->dptr;
     return SGM_OK;
   }
-  buf_take_locked(pl, b);
+  buf_take_locked(pl, b, TAKE_USE);
   sgm__lock_drop(&pl->lock);
   if (event) ctx->bops->event_destroy(ctx->be, event);
   int rc = make_resident(ctx, b);
-  buf_finish(pl, b, rc == SGM_OK ? BUF_ACQUIRED : BUF_RELEASED);
+  buf_finish(pl, b, rc == SGM_OK ? BUF_ACQUIRED : BUF_RELEASED, false);
   if (rc != SGM_OK) return (sgm_status)rc;
   *device_ptr = (void *)(uintptr_t)b->dptr;
   return SGM_OK;
@@ -562,7 +791,7 @@ SGM_API sgm_status sgm_buffer_release(sgm_buffer *b, void *stream) {
   sgm__lock_take(&ctx->pl->lock);
   b->event = ev;
   b->state = BUF_RELEASED;
-  if (buf_listed(b)) list_push_head(ctx->pl, b);
+  pol_put(ctx->pl, b, true); /* acquired buffers are always resident */
   sgm__lock_drop(&ctx->pl->lock);
   return SGM_OK;
 }
@@ -582,7 +811,8 @@ static int buffer_io(sgm_buffer *b, size_t offset, void *host, size_t n, bool wr
   struct sgm_placement *pl = ctx->pl;
   if (n == 0) return SGM_OK;
   sgm__lock_take(&pl->lock);
-  buf_state was = buf_take_locked(pl, b);
+  bool was_fresh = b->fresh;
+  buf_state was = buf_take_locked(pl, b, TAKE_USE);
   sgm__lock_drop(&pl->lock);
   int rc = SGM_OK;
   if (b->tier == SGM_TIER_DISK) {
@@ -606,7 +836,7 @@ static int buffer_io(sgm_buffer *b, size_t offset, void *host, size_t n, bool wr
   } else {
     rc = copy(ctx, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)host, b->dptr + offset, n);
   }
-  buf_finish(pl, b, was);
+  buf_finish(pl, b, was, !was_fresh); /* an upload into a fresh buffer is no use */
   return rc;
 }
 
@@ -640,10 +870,10 @@ SGM_API sgm_status sgm_buffer_evict(sgm_buffer *b, sgm_tier to) {
     return (sgm_status)sgm__error_set(SGM_ERR_BUSY, "sgm_buffer_evict: GPU work queued before "
                                       "release has not completed yet");
   }
-  buf_take_locked(pl, b);
+  buf_take_locked(pl, b, TAKE_MOVE);
   sgm__lock_drop(&pl->lock);
   int rc = b->tier < to ? demote(ctx, b, to, false) : SGM_OK;
-  buf_finish(pl, b, BUF_RELEASED);
+  buf_finish(pl, b, BUF_RELEASED, false);
   return (sgm_status)rc;
 }
 
@@ -682,10 +912,15 @@ SGM_API sgm_status sgm_buffer_set_priority(sgm_buffer *b, int priority) {
                                       priority);
   struct sgm_placement *pl = b->ctx->pl;
   sgm__lock_take(&pl->lock);
-  bool listed = buf_listed(b);
-  if (listed) list_remove(pl, b);
+  bool listed = b->listed, fresh = b->fresh;
+  /* A listed buffer moves to its new level at once (as new there); a pinned
+   * one when its pin ends (pol_put sees the levels differ). */
+  pol_take(pl, b, SGM_POLICY_REMOVE_DROP);
   b->priority = priority;
-  if (listed) list_push_head(pl, b);
+  if (listed) {
+    pol_put(pl, b, false);
+    b->fresh = fresh;
+  }
   sgm__lock_drop(&pl->lock);
   return SGM_OK;
 }
@@ -706,7 +941,7 @@ SGM_API void sgm_buffer_destroy(sgm_buffer *b) {
   sgm_context *ctx = b->ctx;
   struct sgm_placement *pl = ctx->pl;
   sgm__lock_take(&pl->lock);
-  buf_take_locked(pl, b);
+  buf_take_locked(pl, b, TAKE_FREE);
   if (b->all_prev) b->all_prev->all_next = b->all_next;
   else pl->all = b->all_next;
   if (b->all_next) b->all_next->all_prev = b->all_prev;

@@ -97,7 +97,7 @@ static void test_table_rows_are_sane(void **state) {
   sgm_test_clean_env();
   size_t n;
   const sgm_option *t = sgm__options_table(&n);
-  assert_int_equal(n, 15);
+  assert_int_equal(n, 17);
   size_t fields[] = {
       offsetof(sgm_config, backend),        offsetof(sgm_config, device),
       offsetof(sgm_config, vram_limit),     offsetof(sgm_config, vram_fraction),
@@ -106,7 +106,8 @@ static void test_table_rows_are_sane(void **state) {
       offsetof(sgm_config, policy),         offsetof(sgm_config, verbose),
       offsetof(sgm_config, emu_vram_bytes), offsetof(sgm_config, growth_chunk_bytes),
       offsetof(sgm_config, emu_fail_at),    offsetof(sgm_config, shared_fallback),
-      offsetof(sgm_config, idle_trim_ms)};
+      offsetof(sgm_config, idle_trim_ms),   offsetof(sgm_config, policy_vram),
+      offsetof(sgm_config, policy_shared)};
   for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++) {
     int rows = 0;
     for (size_t i = 0; i < n; i++) rows += t[i].offset == fields[f];
@@ -155,6 +156,8 @@ static void test_defaults(void **state) {
   assert_int_equal(cfg.spill_limit.bytes, 0);
   assert_true(cfg.spill_limit.fraction == 0.5);
   assert_string_equal(cfg.policy, "lru");
+  assert_string_equal(cfg.policy_vram, "");
+  assert_string_equal(cfg.policy_shared, "");
   assert_int_equal(cfg.verbose, 1);
   assert_int_equal(cfg.emu_vram_bytes, SGM_GiB);
   assert_int_equal(cfg.growth_chunk_bytes, 2 * SGM_MiB);
@@ -222,8 +225,17 @@ static const env_case env_cases[] = {
     {"SGM_SPILL_LIMIT", "0", NULL},
     {"SGM_POLICY", "lru", "lru"},
     {"SGM_POLICY", "LRU", "lru"},
-    {"SGM_POLICY", "arc", NULL},
+    {"SGM_POLICY", "arc", "arc"},
+    {"SGM_POLICY", "S3FIFO", "s3fifo"},
+    {"SGM_POLICY", "mru", NULL},
     {"SGM_POLICY", "", NULL},
+    {"SGM_POLICY", "all", NULL},
+    {"SGM_POLICY_VRAM", "Clock", "clock"},
+    {"SGM_POLICY_VRAM", "", ""},
+    {"SGM_POLICY_VRAM", "belady", NULL},
+    {"SGM_POLICY_SHARED", "lfu", "lfu"},
+    {"SGM_POLICY_SHARED", "", ""},
+    {"SGM_POLICY_SHARED", "lru ", NULL},
     {"SGM_VERBOSE", "0", "0"},
     {"SGM_VERBOSE", "3", "3"},
     {"SGM_VERBOSE", "4", NULL},
@@ -331,10 +343,15 @@ static void test_error_messages(void **state) {
                       "SGM_VRAM_LIMIT=\"12 parsecs\" is not a size: use bytes (1048576), a unit "
                       "(512MiB, 4G, 2.5GiB) or a percentage (25%), or none");
   sgm_test_clean_env();
-  setenv("SGM_POLICY", "arc", 1);
+  setenv("SGM_POLICY", "mru", 1);
   sgm_config_init(&cfg);
-  assert_non_null(strstr(cfg.error, "SGM_POLICY=\"arc\""));
-  assert_non_null(strstr(cfg.error, "lru"));
+  assert_non_null(strstr(cfg.error, "SGM_POLICY=\"mru\""));
+  assert_non_null(strstr(cfg.error, "lru, clock, lfu, arc, s3fifo"));
+  sgm_test_clean_env();
+  setenv("SGM_POLICY_SHARED", "mru", 1);
+  sgm_config_init(&cfg);
+  assert_non_null(strstr(cfg.error, "SGM_POLICY_SHARED=\"mru\""));
+  assert_non_null(strstr(cfg.error, "lru, clock, lfu, arc, s3fifo, or empty"));
   sgm_test_clean_env();
   setenv("SGM_BACKEND", "rocm", 1);
   sgm_config_init(&cfg);
@@ -543,8 +560,12 @@ static void test_validate_names_the_field(void **state) {
   cfg = base; cfg.growth_chunk_bytes = 0; expect_invalid(&cfg, "growth_chunk_bytes");
   cfg = base; cfg.growth_chunk_bytes = 100 * SGM_KiB; expect_invalid(&cfg, "growth_chunk_bytes");
   cfg = base; cfg.growth_chunk_bytes = 2048 * SGM_GiB; expect_invalid(&cfg, "growth_chunk_bytes");
-  cfg = base; strcpy(cfg.policy, "arc"); expect_invalid(&cfg, "policy");
-  assert_non_null(strstr(sgm_last_error(), "lru"));
+  cfg = base; strcpy(cfg.policy, "mru"); expect_invalid(&cfg, "policy");
+  assert_non_null(strstr(sgm_last_error(), "lru, clock, lfu, arc, s3fifo"));
+  cfg = base; strcpy(cfg.policy, ""); expect_invalid(&cfg, "policy");
+  cfg = base; strcpy(cfg.policy_vram, "nope"); expect_invalid(&cfg, "policy_vram");
+  cfg = base; strcpy(cfg.policy_shared, "opt"); expect_invalid(&cfg, "policy_shared");
+  cfg = base; memset(cfg.policy_vram, 'x', sizeof cfg.policy_vram); expect_invalid(&cfg, "policy_vram");
   cfg = base; memset(cfg.spill_dir, 'x', sizeof cfg.spill_dir); expect_invalid(&cfg, "spill_dir");
 
   /* Good values in code pass. */
@@ -555,6 +576,8 @@ static void test_validate_names_the_field(void **state) {
   cfg.backend = SGM_BACKEND_AUTO;
   cfg.verbose = 3;
   strcpy(cfg.spill_dir, "/tmp");
+  strcpy(cfg.policy, "ARC");
+  strcpy(cfg.policy_vram, "s3fifo");
   assert_int_equal(sgm__options_validate(&cfg), SGM_OK);
 
   /* A config carrying an environment error is refused with that message. */

@@ -1,0 +1,451 @@
+/*
+ * main.c — sgm-replay: replay a trace through sgm's eviction policies and
+ * compare each with Belady's OPT.
+ *
+ *   sgm-replay [--policy NAME|all] [--vram BYTES | --vram-blocks N]
+ *              [--shared BYTES] [--spill DIR] [--block-size BYTES] [--cold] [--json] TRACE
+ *
+ * Formats, the access models and the output: docs/traces.md.
+ * Exit status: 0 done, 1 a replay or the trace failed, 2 bad usage.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "replay.h"
+#include "sgm.h"
+
+/* With no --vram / --vram-blocks: a tenth of the footprint, the middle case of
+ * the issue's table (1/5/10/25%). */
+#define MAIN_DEFAULT_VRAM_PERCENT 10.0
+#define MAIN_MAX_POLICIES 64
+
+static const char USAGE[] =
+    "usage: sgm-replay [--policy NAME[,NAME...]|all] [--vram BYTES | --vram-blocks N]\n"
+    "                  [--shared BYTES] [--spill DIR] [--block-size BYTES] [--cold] [--json] TRACE\n"
+    "\n"
+    "Replays TRACE through sgm's buffer API on the emulated device, once per policy,\n"
+    "and reports the VRAM hit ratio, bytes moved, evictions and time beside Belady's OPT.\n"
+    "  TRACE              Mooncake JSONL (hash_ids), MiniMalloc CSV (id,lower,upper,size)\n"
+    "                     or sgm-replay CSV (op,id,size); told apart by the first line\n"
+    "  --policy P         a policy name, a comma-separated list, all (default) or opt\n"
+    "  --vram BYTES       VRAM capacity: 64MiB, 1.5G, 1048576, or 10%% of the footprint\n"
+    "  --vram-blocks N    VRAM capacity in blocks (traces whose blocks are all one size)\n"
+    "                     (default: 10%% of the footprint, in whole blocks when sizes are equal)\n"
+    "  --shared BYTES     shared-memory budget (default: enough for the whole trace)\n"
+    "  --spill DIR        give sgm a disk tier in DIR (default: none)\n"
+    "  --block-size BYTES size of every Mooncake block and of CSV accesses without a size\n"
+    "                     (default 4KiB)\n"
+    "  --cold             time the replay with the shared pool uncommitted and VRAM untouched\n"
+    "                     (default: both are warmed up first, untimed; see docs/traces.md)\n"
+    "  --json             one JSON object on stdout instead of the table\n";
+
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("sgm-replay: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputs("\n(sgm-replay --help for the usage)\n", stderr);
+  return 2;
+}
+
+/* "4096", "4KiB", "4K", "1.5GiB", "10%" (percent only when pct != NULL). */
+static bool parse_size(const char *s, uint64_t *bytes, double *pct) {
+  if (pct) *pct = 0;
+  while (isspace((unsigned char)*s)) s++;
+  if (!isdigit((unsigned char)*s) && *s != '.') return false;
+  errno = 0;
+  char *end;
+  double v = strtod(s, &end);
+  if (errno || end == s || !(v >= 0) || !isfinite(v)) return false;
+  while (isspace((unsigned char)*end)) end++;
+  if (*end == '%') {
+    if (!pct || end[1] || v <= 0 || v > 100) return false;
+    *pct = v;
+    *bytes = 0;
+    return true;
+  }
+  double mul = 1;
+  const char *u = end;
+  if (*u) {
+    switch (toupper((unsigned char)*u)) {
+      case 'B': mul = 1; break;
+      case 'K': mul = 0x1p10; break;
+      case 'M': mul = 0x1p20; break;
+      case 'G': mul = 0x1p30; break;
+      case 'T': mul = 0x1p40; break;
+      default: return false;
+    }
+    u++;
+    if (mul > 1) {
+      if (*u == 'i' || *u == 'I') u++;
+      if (*u == 'B' || *u == 'b') u++;
+    }
+    if (*u) return false;
+  }
+  double b = v * mul;
+  if (b >= 0x1p63) return false;
+  *bytes = (uint64_t)b;
+  return (double)*bytes == b; /* no fractions of a byte */
+}
+
+static const char *fmt_bytes(uint64_t b, char *buf, size_t n) {
+  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)b;
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, u++;
+  if (u == 0) snprintf(buf, n, "%llu B", (unsigned long long)b);
+  else snprintf(buf, n, "%.2f %s", v, units[u]);
+  return buf;
+}
+
+/* ---- progress on stderr, only on a terminal ---- */
+
+typedef struct progress {
+  bool on;        /* stderr is a terminal */
+  double start;   /* when the current replay began */
+  double last;    /* when the last line was drawn */
+  bool drawn;     /* a line is on the screen */
+} progress;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void progress_cb(void *user, const char *policy, size_t done, size_t total) {
+  progress *p = user;
+  if (!p->on) return;
+  double t = now_s();
+  if (done == 0) {
+    p->start = p->last = t;
+    return;
+  }
+  if (done == total) {
+    if (p->drawn) fputs("\r\033[K", stderr);
+    p->drawn = false;
+    return;
+  }
+  if (t - p->last < 1.0) return;
+  p->last = t;
+  p->drawn = true;
+  fprintf(stderr, "\r\033[Ksgm-replay: %s: %5.1f%% (%zu of %zu events, %.0f s)", policy,
+          100.0 * (double)done / (double)total, done, total, t - p->start);
+  fflush(stderr);
+}
+
+/* ---- output ---- */
+
+static void json_string(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+    else if (c < 0x20) fprintf(f, "\\u%04x", c);
+    else fputc(c, f);
+  }
+  fputc('"', f);
+}
+
+typedef struct run_info {
+  const char *path;
+  const replay_trace *t;
+  uint64_t block_bytes;   /* uniform block size, 0 when sizes differ */
+  uint64_t vram_bytes;    /* VRAM capacity */
+  uint64_t shared_bytes;  /* shared budget */
+  const char *spill_dir;  /* "" = none */
+  bool cold;              /* --cold: no warm-up */
+} run_info;
+
+static void print_json(const run_info *ri, const replay_result *r, size_t n, const replay_result *opt) {
+  static const char *const tiers[] = {"vram", "shared", "disk"};
+  const replay_trace *t = ri->t;
+  printf("{\"trace\": ");
+  json_string(stdout, ri->path);
+  printf(", \"format\": \"%s\", \"accesses\": %llu, \"blocks\": %u, ",
+         replay_format_name(t->format), (unsigned long long)t->n_access, (unsigned)t->n_blocks);
+  if (ri->block_bytes) printf("\"block_size\": %llu", (unsigned long long)ri->block_bytes);
+  else printf("\"block_size\": null");
+  printf(", \"footprint_bytes\": %llu, \"capacity_bytes\": %llu",
+         (unsigned long long)t->peak_live_bytes, (unsigned long long)ri->vram_bytes);
+  if (ri->block_bytes)
+    printf(", \"capacity_blocks\": %llu", (unsigned long long)(ri->vram_bytes / ri->block_bytes));
+  printf(", \"shared_bytes\": %llu, \"opt_variant\": \"%s\", \"results\": [",
+         (unsigned long long)ri->shared_bytes,
+         ri->block_bytes ? "belady" : "belady-size (heuristic for unequal sizes)");
+  for (size_t i = 0; i < n; i++) {
+    const replay_result *x = &r[i];
+    printf("%s\n  {\"policy\": ", i ? "," : "");
+    json_string(stdout, x->policy);
+    printf(", \"hit_ratio\": %.6f, \"hits\": %llu, \"accesses\": %llu, \"bytes_promoted\": %llu, "
+           "\"bytes_demoted\": %llu, \"evictions\": %llu, \"seconds\": %.6f, "
+           "\"setup_seconds\": %.6f, \"accesses_per_second\": %.0f, \"gap_to_opt_points\": %.4f, "
+           "\"tiers\": {",
+           replay_hit_ratio(x), (unsigned long long)x->hits, (unsigned long long)x->accesses,
+           (unsigned long long)x->bytes_promoted, (unsigned long long)x->bytes_demoted,
+           (unsigned long long)x->evictions, x->seconds, x->setup_seconds,
+           x->seconds > 0 ? (double)x->accesses / x->seconds : 0.0,
+           100.0 * (replay_hit_ratio(opt) - replay_hit_ratio(x)));
+    for (int k = 0; k < 3; k++)
+      printf("%s\"%s\": {\"bytes_in\": %llu, \"bytes_out\": %llu, \"evictions\": %llu}",
+             k ? ", " : "", tiers[k], (unsigned long long)x->tier_in[k],
+             (unsigned long long)x->tier_out[k], (unsigned long long)x->tier_evictions[k]);
+    printf("}}");
+  }
+  printf("\n]}\n");
+}
+
+static void print_table(const run_info *ri, const replay_result *r, size_t n, const replay_result *opt) {
+  const replay_trace *t = ri->t;
+  char a[32], b[32];
+  printf("trace      %s (%s)\n", ri->path, replay_format_name(t->format));
+  printf("accesses   %llu to %u blocks", (unsigned long long)t->n_access, (unsigned)t->n_blocks);
+  if (ri->block_bytes) printf(" of %llu bytes each", (unsigned long long)ri->block_bytes);
+  else printf(" of unequal sizes");
+  if (t->n_free) printf(", %llu frees", (unsigned long long)t->n_free);
+  printf("; footprint %s\n", fmt_bytes(t->peak_live_bytes, a, sizeof a));
+  printf("VRAM       %llu bytes", (unsigned long long)ri->vram_bytes);
+  if (ri->block_bytes)
+    printf(" = %llu blocks", (unsigned long long)(ri->vram_bytes / ri->block_bytes));
+  printf(" (%.2f%% of the footprint); shared budget %s; disk tier %s\n",
+         t->peak_live_bytes ? 100.0 * (double)ri->vram_bytes / (double)t->peak_live_bytes : 0.0,
+         fmt_bytes(ri->shared_bytes, b, sizeof b), ri->spill_dir[0] ? ri->spill_dir : "off");
+  printf("OPT        %s\n\n", ri->block_bytes
+                                 ? "Belady (furthest next use; exact for equal sizes)"
+                                 : "Belady-size (furthest next use until it fits; a heuristic, "
+                                   "not optimal for unequal sizes)");
+  printf("%-10s %9s %11s %10s %10s %14s %14s %9s %12s %8s\n", "policy", "hit ratio", "gap to OPT",
+         "hits", "evictions", "promoted", "demoted", "seconds", "accesses/s", "setup s");
+  for (size_t i = 0; i < n; i++) {
+    const replay_result *x = &r[i];
+    char gap[32];
+    if (x == opt) snprintf(gap, sizeof gap, "-");
+    else snprintf(gap, sizeof gap, "%.2f pt", 100.0 * (replay_hit_ratio(opt) - replay_hit_ratio(x)));
+    printf("%-10s %8.2f%% %11s %10llu %10llu %14s %14s %9.3f %12.0f %8.3f\n", x->policy,
+           100.0 * replay_hit_ratio(x), gap, (unsigned long long)x->hits,
+           (unsigned long long)x->evictions, fmt_bytes(x->bytes_promoted, a, sizeof a),
+           fmt_bytes(x->bytes_demoted, b, sizeof b), x->seconds,
+           x->seconds > 0 ? (double)x->accesses / x->seconds : 0.0, x->setup_seconds);
+  }
+  printf("\nseconds: the replay loop; setup s: the untimed warm-up before it (committing the "
+         "shared pool, touching VRAM; %s)\n", ri->cold ? "skipped: --cold" : "--cold skips it");
+  printf("\nbytes moved per tier (in / out; evictions out of the tier)\n");
+  printf("%-10s %29s %29s %29s\n", "policy", "vram", "shared", "disk");
+  for (size_t i = 0; i < n; i++) {
+    const replay_result *x = &r[i];
+    printf("%-10s", x->policy);
+    for (int k = 0; k < 3; k++) {
+      char cell[96];
+      snprintf(cell, sizeof cell, "%s / %s; %llu", fmt_bytes(x->tier_in[k], a, sizeof a),
+               fmt_bytes(x->tier_out[k], b, sizeof b), (unsigned long long)x->tier_evictions[k]);
+      printf(" %29s", cell);
+    }
+    printf("\n");
+  }
+}
+
+/* Split a comma-separated list in place into names[]; count, or -1 if too many. */
+static int split_policies(char *list, const char **names, int max) {
+  int n = 0;
+  for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+    while (isspace((unsigned char)*tok)) tok++;
+    if (!*tok) continue;
+    if (n == max) return -1;
+    names[n++] = tok;
+  }
+  return n;
+}
+
+int main(int argc, char **argv) {
+  const char *policy_arg = "all", *vram_arg = NULL, *blocks_arg = NULL, *shared_arg = NULL;
+  const char *block_arg = NULL, *spill_dir = "", *path = NULL;
+  bool json = false, cold = false;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+      fputs(USAGE, stdout);
+      return 0;
+    }
+    if (strcmp(a, "--json") == 0) {
+      json = true;
+      continue;
+    }
+    if (strcmp(a, "--cold") == 0) {
+      cold = true;
+      continue;
+    }
+    static const char *const flags[] = {"--policy", "--vram", "--vram-blocks", "--shared",
+                                        "--block-size", "--spill"};
+    const char **dst[] = {&policy_arg, &vram_arg, &blocks_arg, &shared_arg, &block_arg, &spill_dir};
+    bool matched = false;
+    for (size_t k = 0; k < sizeof flags / sizeof *flags; k++) {
+      size_t fl = strlen(flags[k]);
+      if (strncmp(a, flags[k], fl) != 0) continue;
+      if (a[fl] == '=') {
+        *dst[k] = a + fl + 1;
+      } else if (a[fl] == '\0') {
+        if (i + 1 >= argc) return usage_error("%s needs a value", flags[k]);
+        *dst[k] = argv[++i];
+      } else {
+        continue;
+      }
+      matched = true;
+      break;
+    }
+    if (matched) continue;
+    if (a[0] == '-' && a[1]) return usage_error("unknown option %s", a);
+    if (path) return usage_error("one trace at a time (got %s and %s)", path, a);
+    path = a;
+  }
+  if (!path) return usage_error("no trace given");
+  if (vram_arg && blocks_arg) return usage_error("give --vram or --vram-blocks, not both");
+
+  uint64_t block_bytes = 0, shared_bytes = 0, vram_bytes = 0, n_blocks = 0;
+  double vram_pct = 0;
+  if (block_arg && (!parse_size(block_arg, &block_bytes, NULL) || block_bytes == 0))
+    return usage_error("--block-size %s: expected a positive size such as 4096 or 4KiB", block_arg);
+  if (shared_arg && (!parse_size(shared_arg, &shared_bytes, NULL) || shared_bytes == 0))
+    return usage_error("--shared %s: expected a positive size such as 1GiB", shared_arg);
+  if (vram_arg && (!parse_size(vram_arg, &vram_bytes, &vram_pct) || (vram_bytes == 0 && vram_pct == 0)))
+    return usage_error("--vram %s: expected a positive size such as 64MiB, or a percentage of "
+                       "the footprint such as 10%%", vram_arg);
+  if (blocks_arg) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(blocks_arg, &end, 10);
+    if (errno || *end || end == blocks_arg || v == 0 || blocks_arg[0] == '-')
+      return usage_error("--vram-blocks %s: expected a positive whole number", blocks_arg);
+    n_blocks = v;
+  }
+
+  /* The replay sets one policy for every tier through sgm_config.policy; a
+   * per-tier choice from the environment would override it. */
+  static const char *const per_tier[] = {"SGM_POLICY_VRAM", "SGM_POLICY_SHARED"};
+  for (size_t k = 0; k < sizeof per_tier / sizeof *per_tier; k++) {
+    if (getenv(per_tier[k])) {
+      fprintf(stderr, "sgm-replay: note: %s is ignored: --policy picks the policy of every tier\n",
+              per_tier[k]);
+      unsetenv(per_tier[k]);
+    }
+  }
+
+  char err[REPLAY_ERR_MAX];
+  replay_format fmt;
+  if (replay_detect_format(path, &fmt, err, sizeof err) != 0) {
+    fprintf(stderr, "sgm-replay: %s\n", err);
+    return 1;
+  }
+  if (block_arg && fmt == REPLAY_FMT_MINIMALLOC)
+    fprintf(stderr, "sgm-replay: note: --block-size is not used: MiniMalloc traces give every size\n");
+  replay_trace t;
+  if (replay_trace_load_as(path, fmt, block_bytes, &t, err, sizeof err) != 0) {
+    fprintf(stderr, "sgm-replay: %s\n", err);
+    return 1;
+  }
+  if (t.n_access == 0) {
+    fprintf(stderr, "sgm-replay: %s: no accesses to replay\n", path);
+    replay_trace_free(&t);
+    return 1;
+  }
+
+  int status = 0;
+  run_info ri = {.path = path, .t = &t, .block_bytes = t.uniform_bytes, .spill_dir = spill_dir,
+                 .cold = cold};
+  uint64_t unit = t.uniform_bytes ? (t.uniform_bytes + REPLAY_ALIGN - 1) / REPLAY_ALIGN * REPLAY_ALIGN
+                                  : 0;
+  if (n_blocks) {
+    if (!t.uniform_bytes) {
+      replay_trace_free(&t);
+      return usage_error("--vram-blocks needs a trace whose blocks all have one size; this one's "
+                         "differ: give --vram BYTES");
+    }
+    if (n_blocks > UINT64_MAX / unit) {
+      replay_trace_free(&t);
+      return usage_error("--vram-blocks %s is too large", blocks_arg);
+    }
+    vram_bytes = n_blocks * unit;
+  } else if (!vram_arg || vram_pct > 0) {
+    double pct = vram_arg ? vram_pct : MAIN_DEFAULT_VRAM_PERCENT;
+    vram_bytes = (uint64_t)((double)t.peak_live_bytes * pct / 100.0);
+    if (unit) vram_bytes = vram_bytes / unit * unit;
+    if (unit && vram_bytes == 0) vram_bytes = unit;
+  }
+  vram_bytes = vram_bytes / REPLAY_ALIGN * REPLAY_ALIGN;
+  if (vram_bytes == 0) {
+    replay_trace_free(&t);
+    return usage_error("the VRAM capacity rounds down to 0 bytes (sgm's granule is %llu bytes)",
+                       (unsigned long long)REPLAY_ALIGN);
+  }
+  ri.vram_bytes = vram_bytes;
+  ri.shared_bytes = shared_bytes ? shared_bytes : replay_default_shared_bytes(&t);
+
+  /* Which policies. */
+  const char *names[MAIN_MAX_POLICIES];
+  int n_names = 0;
+  char *list = strdup(policy_arg);
+  if (!list) {
+    replay_trace_free(&t);
+    fprintf(stderr, "sgm-replay: out of memory\n");
+    return 1;
+  }
+  if (strcmp(policy_arg, "all") == 0) {
+    for (const char *const *p = replay_policy_names(); *p && n_names < MAIN_MAX_POLICIES; p++)
+      names[n_names++] = *p;
+  } else {
+    n_names = split_policies(list, names, MAIN_MAX_POLICIES);
+    if (n_names <= 0) {
+      free(list);
+      replay_trace_free(&t);
+      return usage_error("--policy %s: no policy named", policy_arg);
+    }
+  }
+
+  replay_result *res = calloc((size_t)n_names + 1, sizeof *res);
+  if (!res) {
+    free(list);
+    replay_trace_free(&t);
+    fprintf(stderr, "sgm-replay: out of memory\n");
+    return 1;
+  }
+  replay_result opt;
+  if (replay_opt(&t, vram_bytes, &opt, err, sizeof err) != 0) {
+    fprintf(stderr, "sgm-replay: %s\n", err);
+    free(res);
+    free(list);
+    replay_trace_free(&t);
+    return 1;
+  }
+  progress pr = {.on = isatty(STDERR_FILENO) == 1};
+  size_t n_res = 0;
+  for (int i = 0; i < n_names; i++) {
+    if (strcmp(names[i], "opt") == 0) continue; /* always reported, once, last */
+    replay_sgm_params p = {.policy = names[i], .vram_bytes = vram_bytes,
+                           .shared_bytes = ri.shared_bytes, .spill_dir = spill_dir, .cold = cold,
+                           .progress = progress_cb, .progress_user = &pr};
+    if (replay_sgm(&t, &p, &res[n_res], err, sizeof err) != 0) {
+      progress_cb(&pr, names[i], 1, 1);
+      fprintf(stderr, "sgm-replay: %s\n", err);
+      status = 1;
+      continue;
+    }
+    n_res++;
+  }
+  res[n_res++] = opt;
+  if (json) print_json(&ri, res, n_res, &res[n_res - 1]);
+  else print_table(&ri, res, n_res, &res[n_res - 1]);
+  free(res);
+  free(list);
+  replay_trace_free(&t);
+  return status;
+}

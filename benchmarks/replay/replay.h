@@ -1,0 +1,145 @@
+/*
+ * replay.h — the core of sgm-replay: trace readers, Belady's OPT, and the
+ * driver that replays a trace through the real buffer API of sgm on the
+ * emulated device. main.c is only the command line around it; the unit test
+ * (tests/unit/test_replay.c) links the same core.
+ *
+ * A trace, once read, is a list of events over *dense* block ids 0..n_blocks-1:
+ * an access (acquire + release; the first access creates the buffer) or a free
+ * (destroy). A block id names one buffer lifetime: an id of the file that is
+ * freed and accessed again becomes a new dense block. Formats: docs/traces.md.
+ *
+ * Errors: functions return 0 on success, -1 on failure with a message (that
+ * names the file and line for input errors) in err[REPLAY_ERR_MAX].
+ *
+ * Threading: none; every object is used by one thread.
+ */
+#ifndef SGM_REPLAY_H
+#define SGM_REPLAY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define REPLAY_ERR_MAX 512
+/* sgm rounds every block to 256 bytes (the cudaMalloc alignment it promises,
+ * sgm.h): OPT charges blocks the same way so that capacities compare. */
+#define REPLAY_ALIGN UINT64_C(256)
+/* Mooncake blocks and own-CSV accesses without a size: 4 KiB, the target of
+ * issue 5 (one 512-token prefix block scaled down so the whole trace fits). */
+#define REPLAY_DEFAULT_BLOCK_BYTES UINT64_C(4096)
+/* An event: the dense block id, with this bit set for a free. */
+#define REPLAY_EV_FREE UINT32_C(0x80000000)
+#define REPLAY_EV_ID(e) ((e) & ~REPLAY_EV_FREE)
+/* Dense ids stay below this (the top bit marks frees). */
+#define REPLAY_MAX_BLOCKS (REPLAY_EV_FREE - 1u)
+
+typedef enum replay_format {
+  REPLAY_FMT_UNKNOWN = 0,
+  REPLAY_FMT_CSV,       /* own CSV: header op,id,size */
+  REPLAY_FMT_MINIMALLOC, /* header id,lower,upper,size */
+  REPLAY_FMT_MOONCAKE   /* JSON Lines with hash_ids */
+} replay_format;
+
+/* "csv", "minimalloc", "mooncake", "unknown". */
+const char *replay_format_name(replay_format f);
+
+typedef struct replay_trace {
+  replay_format format;     /* what the file was read as */
+  uint32_t *ev;             /* events in replay order: dense id | REPLAY_EV_FREE */
+  size_t n_ev;              /* events used */
+  size_t cap_ev;            /* events allocated */
+  uint64_t *size;           /* bytes of each dense block, as given by the trace */
+  uint32_t n_blocks;        /* dense blocks (buffer lifetimes) */
+  uint32_t cap_blocks;      /* entries allocated in size */
+  uint64_t n_access;        /* access events */
+  uint64_t n_free;          /* free events */
+  uint64_t uniform_bytes;   /* the size every block has; 0 when sizes differ */
+  uint64_t total_bytes;     /* sum of every block's size (rounded to REPLAY_ALIGN) */
+  uint64_t peak_live_bytes; /* most bytes alive at once (rounded): the footprint */
+} replay_trace;
+
+/* Tell the format from the first non-blank line of the file. */
+int replay_detect_format(const char *path, replay_format *out, char *err, size_t err_len);
+
+/*
+ * Read a trace. block_bytes: the size of every Mooncake block and of own-CSV
+ * accesses that give no size (0 = REPLAY_DEFAULT_BLOCK_BYTES); MiniMalloc
+ * sizes come from the file. On failure *t is empty (replay_trace_free-able).
+ */
+int replay_trace_load(const char *path, uint64_t block_bytes, replay_trace *t, char *err,
+                      size_t err_len);
+/* The same with a known format (the readers on their own). */
+int replay_trace_load_as(const char *path, replay_format fmt, uint64_t block_bytes,
+                         replay_trace *t, char *err, size_t err_len);
+void replay_trace_free(replay_trace *t);
+/* Fill n_access, n_free, uniform_bytes, total_bytes and peak_live_bytes from
+ * ev, size and n_blocks (the readers call it; tests that build a trace by hand,
+ * with malloc'd ev and size, too). */
+int replay_trace_finish(replay_trace *t, char *err, size_t err_len);
+
+/* What one replay (a policy through sgm, or OPT) measured. */
+typedef struct replay_result {
+  char policy[32];          /* "lru", ..., "opt" */
+  uint64_t accesses;        /* block accesses replayed */
+  uint64_t hits;            /* accesses that found the block in VRAM */
+  uint64_t evictions;       /* blocks moved out of VRAM to make room */
+  uint64_t bytes_promoted;  /* bytes moved into VRAM (from shared memory or disk) */
+  uint64_t bytes_demoted;   /* bytes moved out of VRAM */
+  uint64_t tier_in[3];      /* per tier (vram, shared, disk): bytes migrated in */
+  uint64_t tier_out[3];     /* per tier: bytes migrated out */
+  uint64_t tier_evictions[3]; /* per tier: buffers moved out to make room */
+  double seconds;           /* wall time of the replay loop (no setup, no teardown) */
+  double setup_seconds;     /* sgm: committing the shared pool before the loop (not timed) */
+} replay_result;
+
+static inline double replay_hit_ratio(const replay_result *r) {
+  return r->accesses ? (double)r->hits / (double)r->accesses : 0.0;
+}
+
+/*
+ * Belady's OPT by simulation (no sgm): a cache of capacity_bytes; every
+ * accessed block enters it (as acquire brings a buffer into VRAM) unless it is
+ * larger than the capacity; on a miss with no room, evict the cached block
+ * whose next use is furthest away (never-used-again first) until the new one
+ * fits ("Belady-size": exact for equal sizes, a heuristic for unequal sizes).
+ * Sizes are rounded up to REPLAY_ALIGN as sgm rounds them. O(n log n): next
+ * uses precomputed backwards, a binary max-heap with lazy deletion.
+ */
+int replay_opt(const replay_trace *t, uint64_t capacity_bytes, replay_result *out, char *err,
+               size_t err_len);
+
+/* Called every few thousand events during a replay; done of total events. */
+typedef void (*replay_progress_fn)(void *user, const char *policy, size_t done, size_t total);
+
+typedef struct replay_sgm_params {
+  const char *policy;        /* sgm_config.policy */
+  uint64_t vram_bytes;       /* the VRAM budget (exact: growth off, one reserved range) */
+  uint64_t shared_bytes;     /* the shared budget; 0 = enough for the whole trace */
+  const char *spill_dir;     /* NULL or "" = no disk tier */
+  bool cold;                 /* true: do not commit the shared pool before the timed loop */
+  replay_progress_fn progress; /* NULL = none */
+  void *progress_user;       /* its argument */
+} replay_sgm_params;
+
+/*
+ * Replay t through sgm's buffer API on the emulated device with policy p->policy:
+ * for each access, a hit when sgm_buffer_tier() says VRAM, then acquire and
+ * release (create first on the block's first access, a miss); for each free,
+ * destroy. Counters come from sgm_get_stats.
+ */
+int replay_sgm(const replay_trace *t, const replay_sgm_params *p, replay_result *out, char *err,
+               size_t err_len);
+
+/* The shared budget replay_sgm uses when none is given: the footprint and room
+ * for chunk rounding. */
+uint64_t replay_default_shared_bytes(const replay_trace *t);
+
+/*
+ * The eviction policies sgm knows, for --policy all: sgm's policy registry
+ * (sgm_policy_count / sgm_policy_at) where this sgm has one, else {"lru"}. A
+ * NULL-terminated array of names, valid until the next call.
+ */
+const char *const *replay_policy_names(void);
+
+#endif /* SGM_REPLAY_H */

@@ -1,0 +1,51 @@
+/*
+ * builtin.h — what policies/ gives the library: the built-in vtables and the
+ * priority layer every policy runs under. Built, like the policies, on
+ * sgm/policy.h alone. Names follow the internal convention (sgm__...): none
+ * of this is exported.
+ */
+#ifndef SGM_POLICIES_BUILTIN_H
+#define SGM_POLICIES_BUILTIN_H
+
+#include <sgm/policy.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- the built-ins, registered in this order by lib/policy.c ---- */
+extern const sgm_policy_ops sgm__policy_lru;    /* policies/lru.c */
+extern const sgm_policy_ops sgm__policy_clock;  /* policies/clock.c */
+extern const sgm_policy_ops sgm__policy_lfu;    /* policies/lfu.c */
+extern const sgm_policy_ops sgm__policy_arc;    /* policies/arc.c */
+extern const sgm_policy_ops sgm__policy_s3fifo; /* policies/s3fifo.c */
+
+/* ---- policies/priority.c: one instance of a policy per priority level ----
+ *
+ * Items go to the instance of their sgm_policy_item.priority; victims come
+ * from the lowest level that has one. Same contract as the vtable (called
+ * under the placement lock, never blocks). */
+#define SGM__PRIO_LEVELS (SGM_PRIORITY_MAXIMUM + 1)
+
+typedef struct sgm__prio_layer sgm__prio_layer;
+
+/* Create one instance of inner per level (params->priority is set per level). */
+sgm_status sgm__prio_create(const sgm_policy_ops *inner, const sgm_policy_params *params,
+                            sgm__prio_layer **out);
+void sgm__prio_destroy(sgm__prio_layer *l);
+const sgm_policy_ops *sgm__prio_inner(const sgm__prio_layer *l);
+void sgm__prio_insert(sgm__prio_layer *l, sgm_policy_item *it, sgm_policy_insert how);
+void sgm__prio_access(sgm__prio_layer *l, sgm_policy_item *it);
+void sgm__prio_remove(sgm__prio_layer *l, sgm_policy_item *it, sgm_policy_remove why);
+/* The lowest level's next victim; NULL when every level is empty. */
+sgm_policy_item *sgm__prio_next_victim(sgm__prio_layer *l, uint64_t bytes_wanted);
+/* Sum over the levels. */
+uint64_t sgm__prio_reclaimable(const sgm__prio_layer *l);
+/* Every level's check (those whose policy has one); SGM_OK or SGM_ERR_CORRUPT. */
+sgm_status sgm__prio_check(const sgm__prio_layer *l, char *why, size_t why_len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SGM_POLICIES_BUILTIN_H */

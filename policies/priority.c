@@ -1,0 +1,104 @@
+/*
+ * priority.c — the priority layer every policy runs under.
+ *
+ * Design note. Buffers of a lower sgm_priority leave a tier first (as D3D12's
+ * residency priorities). The layer holds one instance of the chosen policy per
+ * priority level and routes each item to the instance of its priority; the
+ * victim is the chosen policy's victim in the lowest level that holds an item.
+ * So the policy decides *within* a level, and levels never mix: a MINIMUM
+ * buffer used a moment ago still leaves before a NORMAL one untouched for an
+ * hour. (That is what placement.c did with its built-in per-priority LRU
+ * lists before policies were plug-ins.)
+ *
+ *     level MINIMUM  [ policy instance ]  ← victims from here while it holds any
+ *     level LOW      [ policy instance ]
+ *     level NORMAL   [ policy instance ]  ← almost everything, by default
+ *     level HIGH     [ policy instance ]
+ *     level MAXIMUM  [ policy instance ]  ← last to leave
+ *
+ * Cost: one indirect call per operation, plus up to five O(1) emptiness
+ * checks (reclaimable_bytes) per victim. The layer keeps no per-item state:
+ * sgm keeps an item's priority constant while it is in or pinned by a level
+ * (a priority change is a DROP from the old level and an insert into the new).
+ */
+#include "builtin.h"
+#include "common.h"
+
+struct sgm__prio_layer {
+  const sgm_policy_ops *ops;               /* the policy every level runs */
+  sgm_policy *level[SGM__PRIO_LEVELS];     /* one instance per priority */
+};
+
+static sgm_policy *prio_level(const sgm__prio_layer *l, const sgm_policy_item *it) {
+  pol_assert(it->priority >= 0 && it->priority < SGM__PRIO_LEVELS);
+  return l->level[it->priority];
+}
+
+sgm_status sgm__prio_create(const sgm_policy_ops *inner, const sgm_policy_params *params,
+                            sgm__prio_layer **out) {
+  *out = NULL;
+  sgm__prio_layer *l = (sgm__prio_layer *)calloc(1, sizeof *l);
+  if (!l) return SGM_ERR_NOMEM;
+  l->ops = inner;
+  for (int k = 0; k < SGM__PRIO_LEVELS; k++) {
+    sgm_policy_params pp = *params;
+    pp.priority = k;
+    sgm_status rc = inner->create(&pp, &l->level[k]);
+    if (rc != SGM_OK || !l->level[k]) {
+      l->level[k] = NULL;
+      sgm__prio_destroy(l);
+      return rc != SGM_OK ? rc : SGM_ERR_NOMEM;
+    }
+  }
+  *out = l;
+  return SGM_OK;
+}
+
+void sgm__prio_destroy(sgm__prio_layer *l) {
+  if (!l) return;
+  for (int k = 0; k < SGM__PRIO_LEVELS; k++)
+    if (l->level[k]) l->ops->destroy(l->level[k]);
+  free(l);
+}
+
+const sgm_policy_ops *sgm__prio_inner(const sgm__prio_layer *l) { return l->ops; }
+
+void sgm__prio_insert(sgm__prio_layer *l, sgm_policy_item *it, sgm_policy_insert how) {
+  l->ops->on_insert(prio_level(l, it), it, how);
+}
+
+void sgm__prio_access(sgm__prio_layer *l, sgm_policy_item *it) {
+  l->ops->on_access(prio_level(l, it), it);
+}
+
+void sgm__prio_remove(sgm__prio_layer *l, sgm_policy_item *it, sgm_policy_remove why) {
+  l->ops->on_remove(prio_level(l, it), it, why);
+}
+
+sgm_policy_item *sgm__prio_next_victim(sgm__prio_layer *l, uint64_t bytes_wanted) {
+  for (int k = 0; k < SGM__PRIO_LEVELS; k++) {
+    if (l->ops->reclaimable_bytes(l->level[k]) == 0) continue;
+    sgm_policy_item *v = l->ops->next_victim(l->level[k], bytes_wanted);
+    if (v) return v;
+  }
+  return NULL;
+}
+
+uint64_t sgm__prio_reclaimable(const sgm__prio_layer *l) {
+  uint64_t sum = 0;
+  for (int k = 0; k < SGM__PRIO_LEVELS; k++) sum += l->ops->reclaimable_bytes(l->level[k]);
+  return sum;
+}
+
+sgm_status sgm__prio_check(const sgm__prio_layer *l, char *why, size_t why_len) {
+  if (!l->ops->check) return SGM_OK;
+  for (int k = 0; k < SGM__PRIO_LEVELS; k++) {
+    sgm_status rc = l->ops->check(l->level[k], why, why_len);
+    if (rc != SGM_OK) {
+      char inner[256];
+      snprintf(inner, sizeof inner, "%s", why ? why : "");
+      return pol_fail(why, why_len, "priority level %d: %s", k, inner);
+    }
+  }
+  return SGM_OK;
+}

@@ -1,0 +1,608 @@
+/*
+ * test_replay.c — the core of sgm-replay (benchmarks/replay/): Belady's OPT
+ * against answers worked out by hand and against an exhaustive search, no
+ * policy of sgm beating OPT on random traces (and sgm's LRU equal to a
+ * reference LRU, which pins the driver's definition of a hit and its
+ * capacity), the three trace readers on small samples and on malformed input,
+ * and format detection.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "replay.h"
+#include "test_util.h"
+
+#define BLK UINT64_C(4096)
+
+/* ---- helpers ---- */
+
+/* A trace of equal-size accesses (refs[i] = dense block id; -1 - b frees b). */
+static replay_trace make_trace(const int *refs, size_t n, uint64_t block_bytes) {
+  replay_trace t = {0};
+  uint32_t n_blocks = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t b = (uint32_t)(refs[i] < 0 ? -1 - refs[i] : refs[i]);
+    if (b + 1 > n_blocks) n_blocks = b + 1;
+  }
+  t.ev = malloc((n ? n : 1) * sizeof *t.ev);
+  t.size = malloc((n_blocks ? n_blocks : 1) * sizeof *t.size);
+  assert_non_null(t.ev);
+  assert_non_null(t.size);
+  for (size_t i = 0; i < n; i++)
+    t.ev[i] = refs[i] < 0 ? (uint32_t)(-1 - refs[i]) | REPLAY_EV_FREE : (uint32_t)refs[i];
+  t.n_ev = t.cap_ev = n;
+  for (uint32_t b = 0; b < n_blocks; b++) t.size[b] = block_bytes;
+  t.n_blocks = t.cap_blocks = n_blocks;
+  char err[REPLAY_ERR_MAX];
+  if (replay_trace_finish(&t, err, sizeof err) != 0) fail_msg("make_trace: %s", err);
+  return t;
+}
+
+static replay_result run_opt(const replay_trace *t, uint64_t capacity) {
+  replay_result r;
+  char err[REPLAY_ERR_MAX];
+  if (replay_opt(t, capacity, &r, err, sizeof err) != 0) fail_msg("opt: %s", err);
+  return r;
+}
+
+static replay_result run_sgm(const replay_trace *t, const char *policy, uint64_t capacity, bool cold) {
+  replay_result r;
+  char err[REPLAY_ERR_MAX];
+  replay_sgm_params p = {.policy = policy, .vram_bytes = capacity, .cold = cold};
+  if (replay_sgm(t, &p, &r, err, sizeof err) != 0) fail_msg("replay %s: %s", policy, err);
+  return r;
+}
+
+/* Write text to a new temporary file; its path in path[64]. */
+static void write_tmp(char *path, const char *text) {
+  snprintf(path, 64, "/tmp/sgm_replay_XXXXXX");
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  size_t n = strlen(text);
+  assert_int_equal(write(fd, text, n), (ssize_t)n);
+  close(fd);
+}
+
+static replay_trace load_ok(const char *text, uint64_t block_bytes, replay_format want) {
+  char path[64], err[REPLAY_ERR_MAX];
+  write_tmp(path, text);
+  replay_trace t;
+  int rc = replay_trace_load(path, block_bytes, &t, err, sizeof err);
+  unlink(path);
+  if (rc != 0) fail_msg("load: %s", err);
+  assert_int_equal(t.format, want);
+  return t;
+}
+
+/* Load must fail, and the message must contain ":<line>:" and `word`. */
+static void load_fails(const char *text, int line, const char *word) {
+  char path[64], err[REPLAY_ERR_MAX] = "", at[32];
+  write_tmp(path, text);
+  replay_trace t;
+  int rc = replay_trace_load(path, BLK, &t, err, sizeof err);
+  unlink(path);
+  if (rc == 0) fail_msg("load accepted malformed input:\n%s", text);
+  assert_int_equal(t.n_ev, 0);
+  assert_null(t.ev);
+  snprintf(at, sizeof at, ":%d:", line);
+  if (!strstr(err, at) || !strstr(err, path))
+    fail_msg("error does not name %s line %d: %s", path, line, err);
+  if (!strstr(err, word)) fail_msg("error does not say \"%s\": %s", word, err);
+  printf("# rejected as expected: %s\n", err);
+}
+
+static void assert_events(const replay_trace *t, const uint32_t *want, size_t n) {
+  assert_int_equal(t->n_ev, n);
+  for (size_t i = 0; i < n; i++) {
+    if (t->ev[i] != want[i])
+      fail_msg("event %zu: got %s%u, want %s%u", i, t->ev[i] & REPLAY_EV_FREE ? "free " : "",
+               (unsigned)REPLAY_EV_ID(t->ev[i]), want[i] & REPLAY_EV_FREE ? "free " : "",
+               (unsigned)REPLAY_EV_ID(want[i]));
+  }
+}
+
+#define F(b) ((uint32_t)(b) | REPLAY_EV_FREE)
+
+/* ---- OPT by hand ---- */
+
+/*
+ * Trace a b c a d b a (a=0 b=1 c=2 d=3), capacity 2 blocks. Next uses: a@0→3,
+ * b@1→5, c@2→never, a@3→6, d@4→never, b@5→never, a@6→never.
+ *   t0 a  miss            cache {a}
+ *   t1 b  miss            cache {a b}
+ *   t2 c  miss, full: a next 3, b next 5 → evict b        {a c}
+ *   t3 a  HIT                                              {a c}
+ *   t4 d  miss, full: a next 6, c never → evict c         {a d}
+ *   t5 b  miss, full: a next 6, d never → evict d         {a b}   (b re-fetched)
+ *   t6 a  HIT
+ * OPT: 2 hits of 7, 3 evictions, 1 block promoted, 3 demoted.
+ * LRU for comparison: a b c(evict a) a(evict b) d(evict c) b(evict a) a(evict d):
+ * 0 hits.
+ */
+static void test_opt_by_hand(void **state) {
+  (void)state;
+  const int refs[] = {0, 1, 2, 0, 3, 1, 0};
+  replay_trace t = make_trace(refs, 7, BLK);
+  replay_result r = run_opt(&t, 2 * BLK);
+  assert_int_equal(r.accesses, 7);
+  assert_int_equal(r.hits, 2);
+  assert_int_equal(r.evictions, 3);
+  assert_int_equal(r.bytes_promoted, 1 * BLK);
+  assert_int_equal(r.bytes_demoted, 3 * BLK);
+  replay_result l = run_sgm(&t, "lru", 2 * BLK, false);
+  assert_int_equal(l.accesses, 7);
+  assert_int_equal(l.hits, 0);
+  replay_trace_free(&t);
+}
+
+/*
+ * The textbook reference string (Silberschatz, Operating System Concepts,
+ * "Optimal page replacement"): 7 0 1 2 0 3 0 4 2 3 0 3 2 1 2 0 1 7 0 1 with 3
+ * frames: OPT has 9 faults (11 hits), LRU 12 faults (8 hits). By hand, OPT:
+ *   7 m {7}  0 m {7 0}  1 m {7 0 1}  2 m evict 7 (next at 17) {2 0 1}  0 HIT
+ *   3 m evict 1 (next 13) {2 0 3}  0 HIT  4 m evict 0 (next 10)... no: at t7
+ *   next uses are 2→8, 0→10, 3→9: evict 0 {2 4 3}  2 HIT  3 HIT
+ *   0 m evict 4 (never) {2 0 3}  3 HIT  2 HIT
+ *   1 m evict 3 (never) {2 0 1}  2 HIT  0 HIT  1 HIT
+ *   7 m evict 2 (never) {7 0 1}  0 HIT  1 HIT
+ * misses: 7 0 1 2 3 4 0 1 7 = 9; hits 11.
+ */
+static void test_opt_textbook(void **state) {
+  (void)state;
+  const int refs[] = {7, 0, 1, 2, 0, 3, 0, 4, 2, 3, 0, 3, 2, 1, 2, 0, 1, 7, 0, 1};
+  replay_trace t = make_trace(refs, 20, BLK);
+  replay_result r = run_opt(&t, 3 * BLK);
+  assert_int_equal(r.hits, 11);
+  replay_result l = run_sgm(&t, "lru", 3 * BLK, true);
+  assert_int_equal(l.hits, 8);
+  assert_int_equal(l.accesses, 20);
+  replay_trace_free(&t);
+}
+
+/*
+ * Frees give room back without a demotion. Capacity 2: a b free(a) c b:
+ *   a m {a}; b m {a b}; free a {b}; c m, room: {b c}; b HIT.
+ * 1 hit, 0 evictions. Without the free, c would evict a (never used again):
+ * still 1 hit but 1 eviction.
+ */
+static void test_opt_frees(void **state) {
+  (void)state;
+  const int with_free[] = {0, 1, -1, 2, 1};
+  replay_trace t = make_trace(with_free, 5, BLK);
+  replay_result r = run_opt(&t, 2 * BLK);
+  assert_int_equal(r.accesses, 4);
+  assert_int_equal(r.hits, 1);
+  assert_int_equal(r.evictions, 0);
+  replay_result l = run_sgm(&t, "lru", 2 * BLK, false);
+  assert_int_equal(l.hits, 1);
+  assert_int_equal(l.evictions, 0);
+  replay_trace_free(&t);
+  const int without[] = {0, 1, 2, 1};
+  t = make_trace(without, 4, BLK);
+  r = run_opt(&t, 2 * BLK);
+  assert_int_equal(r.hits, 1);
+  assert_int_equal(r.evictions, 1);
+  replay_trace_free(&t);
+}
+
+/*
+ * Unequal sizes, Belady-size (evict by furthest next use until the block
+ * fits). Units of 256 bytes; capacity 4 units. a=1u b=2u c=2u d=4u:
+ *   a m {a}=1; b m {a b}=3; c m: 3+2 > 4, furthest: a next 3, b never → evict b
+ *   {a c}=3; a HIT; c HIT; d m (4u): evict by furthest: a never, c never...
+ *   both never: evict until it fits → both go {d}=4; d HIT.
+ * 3 hits of 6, 3 evictions; nothing re-fetched. A block larger than the whole
+ * capacity (e=5u) is never cached: both its accesses miss and nothing is
+ * evicted for it.
+ */
+static void test_opt_sizes_by_hand(void **state) {
+  (void)state;
+  const int refs[] = {0, 1, 2, 0, 2, 3, 3, 4, 4};
+  replay_trace t = make_trace(refs, 9, REPLAY_ALIGN);
+  const uint64_t u = REPLAY_ALIGN;
+  t.size[0] = 1 * u;
+  t.size[1] = 2 * u;
+  t.size[2] = 2 * u;
+  t.size[3] = 4 * u;
+  t.size[4] = 5 * u;
+  char err[REPLAY_ERR_MAX];
+  assert_int_equal(replay_trace_finish(&t, err, sizeof err), 0);
+  assert_int_equal(t.uniform_bytes, 0);
+  replay_result r = run_opt(&t, 4 * u);
+  assert_int_equal(r.accesses, 9);
+  assert_int_equal(r.hits, 3);
+  assert_int_equal(r.evictions, 3);
+  assert_int_equal(r.bytes_promoted, 0);
+  /* Sizes are charged rounded up to 256 bytes, as sgm rounds them: 100 bytes
+   * take a whole unit, so four of them fill 4 units and a fifth evicts one
+   * (of those never used again: 1 2 3, not 0, which comes back):
+   *   0 1 2 3 m; 4 m evict 3; 0 HIT → 1 hit, 1 eviction (unrounded, all five
+   * would fit: 0 evictions). */
+  const int small[] = {0, 1, 2, 3, 4, 0};
+  replay_trace s = make_trace(small, 6, 100);
+  r = run_opt(&s, 4 * u);
+  assert_int_equal(r.hits, 1);
+  assert_int_equal(r.evictions, 1);
+  replay_trace_free(&s);
+  replay_trace_free(&t);
+}
+
+/* With room for everything, only first accesses miss and nothing moves. */
+static void test_opt_compulsory_only(void **state) {
+  (void)state;
+  const int refs[] = {0, 1, 0, 2, 1, 0, 3, 3, 2};
+  replay_trace t = make_trace(refs, 9, BLK);
+  replay_result r = run_opt(&t, 4 * BLK);
+  assert_int_equal(r.hits, 9 - 4);
+  assert_int_equal(r.evictions, 0);
+  assert_int_equal(r.bytes_demoted, 0);
+  replay_result l = run_sgm(&t, "lru", 4 * BLK, false);
+  assert_int_equal(l.hits, 9 - 4);
+  assert_int_equal(l.evictions, 0);
+  replay_trace_free(&t);
+}
+
+/* ---- OPT against an exhaustive search ---- */
+
+#define BF_MAX_N 16
+#define BF_MAX_BLOCKS 6
+
+/* Most hits from position i on with cache `mask`, trying every victim on
+ * every miss (demand fetching: the accessed block always enters). Memoised. */
+static int bf_best(const int *refs, int n, int cap, int i, unsigned mask, signed char *memo) {
+  if (i == n) return 0;
+  signed char *m = &memo[i * (1 << BF_MAX_BLOCKS) + (int)mask];
+  if (*m >= 0) return *m;
+  unsigned bit = 1u << refs[i];
+  int best;
+  if (mask & bit) {
+    best = 1 + bf_best(refs, n, cap, i + 1, mask, memo);
+  } else if (__builtin_popcount(mask) < cap) {
+    best = bf_best(refs, n, cap, i + 1, mask | bit, memo);
+  } else {
+    best = -1;
+    for (int v = 0; v < BF_MAX_BLOCKS; v++) {
+      if (!(mask & (1u << v))) continue;
+      int h = bf_best(refs, n, cap, i + 1, (mask & ~(1u << v)) | bit, memo);
+      if (h > best) best = h;
+    }
+  }
+  *m = (signed char)best;
+  return best;
+}
+
+/* Invariant: for equal sizes, replay_opt's hits equal the true optimum. */
+static void test_opt_equals_exhaustive_search(void **state) {
+  (void)state;
+  uint64_t seed = sgm_test_seed("replay.opt_exhaustive", 5);
+  sgm_test_rng r;
+  sgm_test_rng_init(&r, seed);
+  static signed char memo[BF_MAX_N * (1 << BF_MAX_BLOCKS)];
+  for (int round = 0; round < 300; round++) {
+    int n = (int)sgm_test_rng_range(&r, 1, BF_MAX_N);
+    int nb = (int)sgm_test_rng_range(&r, 1, BF_MAX_BLOCKS);
+    int cap = (int)sgm_test_rng_range(&r, 1, 4);
+    int refs[BF_MAX_N];
+    for (int i = 0; i < n; i++) refs[i] = (int)sgm_test_rng_range(&r, 0, (uint64_t)nb - 1);
+    memset(memo, -1, sizeof memo);
+    int want = bf_best(refs, n, cap, 0, 0, memo);
+    replay_trace t = make_trace(refs, (size_t)n, BLK);
+    replay_result o = run_opt(&t, (uint64_t)cap * BLK);
+    if ((int)o.hits != want) fail_msg("round %d (seed %llu): OPT %llu hits, optimum %d", round,
+                                      (unsigned long long)seed, (unsigned long long)o.hits, want);
+    replay_trace_free(&t);
+  }
+}
+
+/* ---- no online policy beats OPT ---- */
+
+/* Reference LRU of cap equal blocks: hits. */
+static uint64_t ref_lru(const replay_trace *t, uint32_t cap) {
+  uint32_t *stack = malloc(cap * sizeof *stack); /* [0] = most recent */
+  uint32_t n = 0;
+  uint64_t hits = 0;
+  for (size_t i = 0; i < t->n_ev; i++) {
+    uint32_t b = REPLAY_EV_ID(t->ev[i]);
+    uint32_t k = 0;
+    while (k < n && stack[k] != b) k++;
+    if (t->ev[i] & REPLAY_EV_FREE) {
+      if (k < n) memmove(&stack[k], &stack[k + 1], (n - k - 1) * sizeof *stack), n--;
+      continue;
+    }
+    if (k < n) {
+      hits++;
+    } else {
+      if (n == cap) n--; /* drop the least recent */
+      k = n++;
+    }
+    memmove(&stack[1], &stack[0], k * sizeof *stack);
+    stack[0] = b;
+  }
+  free(stack);
+  return hits;
+}
+
+/*
+ * Invariant: on random traces (skewed so that there is reuse, with frees in
+ * half of them) and capacities from 1 block to all of them, every policy sgm
+ * knows, driven through the real buffer API, has at most OPT's hits; sgm's
+ * LRU has exactly the reference LRU's hits (so the driver's hit and capacity
+ * are the simulation's).
+ */
+static void test_no_policy_beats_opt(void **state) {
+  (void)state;
+  uint64_t seed = sgm_test_seed("replay.policy_vs_opt", 20240605);
+  sgm_test_rng r;
+  sgm_test_rng_init(&r, seed);
+  enum { N = 240, BLOCKS = 24 };
+  for (int round = 0; round < 12; round++) {
+    int refs[N + BLOCKS];
+    size_t n = 0;
+    bool frees = round % 2;
+    bool freed[BLOCKS] = {false};
+    for (int i = 0; i < N; i++) {
+      /* Log-uniform ids: a few hot blocks, a long tail. */
+      int b = (int)sgm_test_rng_log_range(&r, 1, BLOCKS) - 1;
+      if (freed[b]) continue;
+      refs[n++] = b;
+      if (frees && sgm_test_rng_range(&r, 0, 30) == 0) {
+        refs[n++] = -1 - b;
+        freed[b] = true;
+      }
+    }
+    replay_trace t = make_trace(refs, n, BLK);
+    const uint32_t caps[] = {1, 2, 3, 5, 8, 13, BLOCKS};
+    for (size_t c = 0; c < sizeof caps / sizeof *caps; c++) {
+      uint64_t capacity = caps[c] * BLK;
+      replay_result o = run_opt(&t, capacity);
+      for (const char *const *p = replay_policy_names(); *p; p++) {
+        replay_result x = run_sgm(&t, *p, capacity, c % 2 == 0);
+        assert_int_equal(x.accesses, o.accesses);
+        if (x.hits > o.hits)
+          fail_msg("seed %llu round %d capacity %u: %s has %llu hits, OPT %llu",
+                   (unsigned long long)seed, round, caps[c], *p, (unsigned long long)x.hits,
+                   (unsigned long long)o.hits);
+        if (strcmp(*p, "lru") == 0) {
+          uint64_t want = ref_lru(&t, caps[c]);
+          if (x.hits != want)
+            fail_msg("seed %llu round %d capacity %u: sgm lru %llu hits, reference LRU %llu",
+                     (unsigned long long)seed, round, caps[c], (unsigned long long)x.hits,
+                     (unsigned long long)want);
+        }
+      }
+    }
+    replay_trace_free(&t);
+  }
+}
+
+/* The policy list for --policy all names LRU, and each name makes a context. */
+static void test_policy_names(void **state) {
+  (void)state;
+  bool lru = false;
+  int n = 0;
+  for (const char *const *p = replay_policy_names(); *p; p++, n++) {
+    assert_true(strlen(*p) > 0);
+    if (strcmp(*p, "lru") == 0) lru = true;
+  }
+  assert_true(n >= 1);
+  assert_true(lru);
+  /* An unknown policy fails with sgm's message, not a crash. */
+  const int refs[] = {0};
+  replay_trace t = make_trace(refs, 1, BLK);
+  replay_result x;
+  char err[REPLAY_ERR_MAX];
+  replay_sgm_params p = {.policy = "no-such-policy", .vram_bytes = BLK};
+  assert_int_equal(replay_sgm(&t, &p, &x, err, sizeof err), -1);
+  assert_non_null(strstr(err, "no-such-policy"));
+  replay_trace_free(&t);
+}
+
+/* ---- readers ---- */
+
+static void test_read_csv(void **state) {
+  (void)state;
+  replay_trace t = load_ok("op,id,size\n"
+                           "a,1,4096\n"
+                           "a,2,\n"          /* no size: the block size given to the loader */
+                           "\n"
+                           "a,1,4096\n"
+                           "# a comment\n"
+                           "f,1\n"
+                           "a, 1 ,8192\r\n"  /* id 1 again: a new lifetime, a new block */
+                           "f,2,512\n",      /* a size on a free must match: 512 here */
+                           512, REPLAY_FMT_CSV);
+  const uint32_t want[] = {0, 1, 0, F(0), 2, F(1)};
+  assert_events(&t, want, 6);
+  assert_int_equal(t.n_blocks, 3);
+  assert_int_equal(t.size[0], 4096);
+  assert_int_equal(t.size[1], 512);
+  assert_int_equal(t.size[2], 8192);
+  assert_int_equal(t.n_access, 4);
+  assert_int_equal(t.n_free, 2);
+  assert_int_equal(t.uniform_bytes, 0);
+  assert_int_equal(t.peak_live_bytes, 512 + 8192);
+  replay_trace_free(&t);
+  t = load_ok("OP, ID, SIZE\na,7,\na,9,\na,7,\n", 0, REPLAY_FMT_CSV);
+  assert_int_equal(t.uniform_bytes, REPLAY_DEFAULT_BLOCK_BYTES);
+  assert_int_equal(t.n_blocks, 2);
+  replay_trace_free(&t);
+}
+
+static void test_read_csv_errors(void **state) {
+  (void)state;
+  load_fails("op,id,size\na,1,4096\nx,1,4096\n", 3, "unknown op");
+  load_fails("op,id,size\na,abc,4096\n", 2, "id");
+  load_fails("op,id,size\na,-1,4096\n", 2, "id");
+  load_fails("op,id,size\na,1,0\n", 2, "size");
+  load_fails("op,id,size\na,1,4k\n", 2, "size");
+  load_fails("op,id,size\na,1,4096,5\n", 2, "3 fields");
+  load_fails("op,id,size\na\n", 2, "3 fields");
+  load_fails("op,id,size\na,1,4096\n\nf,2\n", 4, "not live");
+  load_fails("op,id,size\na,1,4096\nf,1\nf,1\n", 4, "not live");
+  load_fails("op,id,size\na,1,4096\na,1,100\n", 3, "keeps its size");
+  load_fails("op,id,size\na,99999999999999999999,1\n", 2, "id");
+}
+
+/*
+ * MiniMalloc: buffer 0 lives [0,10), 1 [5,6), 2 [10,20). Events: create at
+ * lower, last use at upper-1 (none when upper-1 == lower), free at upper;
+ * at equal times frees, then last uses, then creates:
+ *   t0 a0 | t5 a1 | t6 f1 | t9 a0 | t10 f0 a2 | t19 a2 | t20 f2
+ */
+static void test_read_minimalloc(void **state) {
+  (void)state;
+  replay_trace t = load_ok("id,lower,upper,size\n"
+                           "0,0,10,100\n"
+                           "1,5,6,200\n"
+                           "2,10,20,300\n",
+                           0, REPLAY_FMT_MINIMALLOC);
+  const uint32_t want[] = {0, 1, F(1), 0, F(0), 2, 2, F(2)};
+  assert_events(&t, want, 8);
+  assert_int_equal(t.size[1], 200);
+  assert_int_equal(t.n_access, 5);
+  assert_int_equal(t.n_free, 3);
+  /* 0 and 1 live together: 256 + 256 bytes as sgm rounds them. */
+  assert_int_equal(t.peak_live_bytes, 512);
+  replay_trace_free(&t);
+}
+
+static void test_read_minimalloc_errors(void **state) {
+  (void)state;
+  load_fails("id,lower,upper,size\n0,0,10,100\n1,7,7,5\n", 3, "lower");
+  load_fails("id,lower,upper,size\n0,9,3,100\n", 2, "lower");
+  load_fails("id,lower,upper,size\n0,0,10\n", 2, "4 fields");
+  load_fails("id,lower,upper,size\n0,0,x,10\n", 2, "upper");
+  load_fails("id,lower,upper,size\n0,0,1,10\n0,1,2,10\n", 3, "twice");
+  load_fails("id,lower,upper,size\n0,0,1,0\n", 2, "size");
+}
+
+static void test_read_mooncake(void **state) {
+  (void)state;
+  replay_trace t = load_ok(
+      "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 2, \"hash_ids\": [5, 7, 5]}\n"
+      "\n"
+      "{\"timestamp\": 1, \"hash_ids\": [7, 18446744073709551615], \"x\": {\"a\": [1, -2.5e3, "
+      "\"q\\\"\\u00e9\"], \"b\": null, \"c\": true}}\n"
+      "{\"hash_ids\": []}\n",
+      8192, REPLAY_FMT_MOONCAKE);
+  const uint32_t want[] = {0, 1, 0, 1, 2};
+  assert_events(&t, want, 5);
+  assert_int_equal(t.n_blocks, 3);
+  assert_int_equal(t.uniform_bytes, 8192);
+  assert_int_equal(t.peak_live_bytes, 3 * 8192);
+  replay_trace_free(&t);
+}
+
+static void test_read_mooncake_errors(void **state) {
+  (void)state;
+  const char *ok = "{\"hash_ids\": [1, 2]}\n";
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s{\"hash_ids\": [1, -2]}\n", ok);
+  load_fails(buf, 2, "hash_ids[1]");
+  snprintf(buf, sizeof buf, "%s%s{\"hash_ids\": [1.5]}\n", ok, ok);
+  load_fails(buf, 3, "hash_ids[0]");
+  snprintf(buf, sizeof buf, "%s{\"hash_ids\": [1, 2]\n", ok);
+  load_fails(buf, 2, "expected ',' or '}'");
+  snprintf(buf, sizeof buf, "%s{\"timestamp\": 3}\n", ok);
+  load_fails(buf, 2, "no \"hash_ids\"");
+  snprintf(buf, sizeof buf, "%s[1, 2]\n", ok);
+  load_fails(buf, 2, "JSON object");
+  snprintf(buf, sizeof buf, "%s{\"hash_ids\": []} x\n", ok);
+  load_fails(buf, 2, "after the JSON object");
+  snprintf(buf, sizeof buf, "%s{\"hash_ids\": [1], \"hash_ids\": [2]}\n", ok);
+  load_fails(buf, 2, "twice");
+  snprintf(buf, sizeof buf, "%s{\"hash_ids\": \"1\"}\n", ok);
+  load_fails(buf, 2, "not an array");
+  snprintf(buf, sizeof buf, "%s{\"a\": \"unterminated}\n", ok);
+  load_fails(buf, 2, "unterminated");
+}
+
+static void detect(const char *text, replay_format want) {
+  char path[64], err[REPLAY_ERR_MAX];
+  write_tmp(path, text);
+  replay_format f;
+  int rc = replay_detect_format(path, &f, err, sizeof err);
+  unlink(path);
+  if (rc != 0) fail_msg("detect: %s", err);
+  assert_int_equal(f, want);
+}
+
+static void test_detect_format(void **state) {
+  (void)state;
+  detect("{\"timestamp\": 0, \"hash_ids\": [1]}\n", REPLAY_FMT_MOONCAKE);
+  detect("\n  \n{\"hash_ids\": [1]}\n", REPLAY_FMT_MOONCAKE);
+  detect("id,lower,upper,size\n0,0,1,1\n", REPLAY_FMT_MINIMALLOC);
+  detect("\xEF\xBB\xBFid, lower, upper, size\r\n", REPLAY_FMT_MINIMALLOC);
+  detect("op,id,size\n", REPLAY_FMT_CSV);
+  detect("Op,Id,Size\r\n", REPLAY_FMT_CSV);
+  /* Unknown: the message names the line and the formats expected. */
+  char path[64], err[REPLAY_ERR_MAX];
+  const char *bad[] = {"\nid,size\n", "\n{\"tokens\": [1]}\n", "\nop,id\n"};
+  for (size_t i = 0; i < 3; i++) {
+    write_tmp(path, bad[i]);
+    replay_format f;
+    assert_int_equal(replay_detect_format(path, &f, err, sizeof err), -1);
+    assert_int_equal(f, REPLAY_FMT_UNKNOWN);
+    assert_non_null(strstr(err, ":2:"));
+    assert_non_null(strstr(err, "MiniMalloc"));
+    unlink(path);
+  }
+  write_tmp(path, "");
+  replay_format f;
+  assert_int_equal(replay_detect_format(path, &f, err, sizeof err), -1);
+  assert_non_null(strstr(err, "empty"));
+  unlink(path);
+  assert_int_equal(replay_detect_format("/nonexistent/trace.csv", &f, err, sizeof err), -1);
+  assert_non_null(strstr(err, "cannot open"));
+}
+
+/* The three formats replay end to end through sgm and OPT, unequal sizes too. */
+static void test_replay_each_format(void **state) {
+  (void)state;
+  const char *texts[] = {
+      "op,id,size\na,1,1000\na,2,3000\na,3,700\na,1,\nf,2\na,4,5000\na,1,\na,3,\n",
+      "id,lower,upper,size\n0,0,10,1000\n1,2,8,3000\n2,3,12,700\n3,9,20,2000\n",
+      "{\"hash_ids\": [1, 2, 3]}\n{\"hash_ids\": [1, 2, 4, 5]}\n{\"hash_ids\": [1, 6]}\n"};
+  for (int i = 0; i < 3; i++) {
+    replay_trace t = load_ok(texts[i], 1024, (replay_format)(REPLAY_FMT_CSV + i));
+    for (uint64_t cap = 1024; cap <= 8192; cap *= 2) {
+      replay_result o = run_opt(&t, cap);
+      replay_result x = run_sgm(&t, "lru", cap, false);
+      assert_int_equal(x.accesses, t.n_access);
+      assert_int_equal(o.accesses, t.n_access);
+      assert_true(x.hits <= x.accesses);
+      assert_true(o.hits <= o.accesses);
+      /* What leaves VRAM went to shared memory (no disk tier here). */
+      assert_int_equal(x.tier_out[0], x.bytes_demoted);
+      assert_int_equal(x.tier_in[0], x.bytes_promoted);
+      assert_int_equal(x.tier_in[2], 0);
+      if (t.uniform_bytes) assert_true(x.hits <= o.hits);
+    }
+    replay_trace_free(&t);
+  }
+}
+
+int main(void) {
+  sgm_test_clean_env();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_opt_by_hand),
+      cmocka_unit_test(test_opt_textbook),
+      cmocka_unit_test(test_opt_frees),
+      cmocka_unit_test(test_opt_sizes_by_hand),
+      cmocka_unit_test(test_opt_compulsory_only),
+      cmocka_unit_test(test_opt_equals_exhaustive_search),
+      cmocka_unit_test(test_no_policy_beats_opt),
+      cmocka_unit_test(test_policy_names),
+      cmocka_unit_test(test_read_csv),
+      cmocka_unit_test(test_read_csv_errors),
+      cmocka_unit_test(test_read_minimalloc),
+      cmocka_unit_test(test_read_minimalloc_errors),
+      cmocka_unit_test(test_read_mooncake),
+      cmocka_unit_test(test_read_mooncake_errors),
+      cmocka_unit_test(test_detect_format),
+      cmocka_unit_test(test_replay_each_format),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
