@@ -167,7 +167,9 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
 
   ctx->budget_bytes[SGM_TIER_VRAM] = context_vram_budget(ctx);
   ctx->budget_bytes[SGM_TIER_SHARED] = context_shared_budget(ctx);
-  ctx->budget_bytes[SGM_TIER_DISK] = 0; /* the disk tier comes with the spill issue */
+  /* The disk tier's budget is resolved by placement when it opens the spill
+   * file (SGM_SPILL_LIMIT against the free space there); 0 = no disk tier. */
+  ctx->budget_bytes[SGM_TIER_DISK] = 0;
 
   sgm_tier_params vp = {
       .tier = SGM_TIER_VRAM,
