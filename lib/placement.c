@@ -28,6 +28,18 @@
  * b->pin_tier say which instance holds a pin; b->item.priority is the level
  * that holds or pins the item, b->priority the one the user set.
  *
+ * Record and admit (the optional members of ABI 2): every acquire is
+ * recorded, before anything moves, with each tier's policy that counts
+ * (pl->any_record keeps the check to one branch for those that do not). When
+ * VRAM is full and a newcomer — a buffer being created there, or promoted by
+ * an acquire or a prefetch — needs room, each victim is offered to the VRAM
+ * policy's admit before it leaves; a refusal stops the eviction and the
+ * newcomer lands one tier down (placement_alloc_for returns SGM__ERR_BUDGET,
+ * and its callers already fall back: create to shared memory, acquire to use
+ * in shared memory, prefetch to staying put). Plain allocations and demotions
+ * never ask. A request that could not fit even with every released buffer
+ * gone evicts nothing (placement_could_fit).
+ *
  * Fresh buffers: a buffer that entered its tier without being used (created
  * there, prefetched into it, demoted into it) is fresh. Its first acquire is
  * the reference that brought it in, not a hit: it leaves the policy with DROP
@@ -93,7 +105,9 @@ struct sgm_placement {
   sgm__prio_layer *pol[N_RESIDENT];    /* each resident tier's policy, one instance per priority */
   size_t state_offset;                 /* where policy state starts in a buffer's allocation */
   size_t state_bytes;                  /* its size: the larger of the two policies' state_bytes */
-  uint64_t next_id;                    /* the last sgm_policy_item.id handed out */
+  uint64_t next_id;                    /* the last sgm_policy_item.id handed out (atomic) */
+  bool record[N_RESIDENT];             /* the tier's policy has a record member */
+  bool any_record;                     /* either has: acquire records */
   uint64_t n_listed[N_RESIDENT];       /* buffers listed per tier (read without the lock) */
   uint64_t n_searches;                 /* victim searches, to pace debug checks */
   uint64_t (*clock_ns)(void *user);    /* the policies' clock (monotonic ns; tests inject) */
@@ -117,6 +131,12 @@ struct sgm_placement {
 static sgm_buffer *buf_of(sgm_policy_item *it) {
   return (sgm_buffer *)(void *)((char *)it - offsetof(sgm_buffer, item));
 }
+
+/* A mover (the owner of a BUSY buffer) changes its tier without the lock;
+ * sgm_buffer_tier reads it, under the lock but while the move goes on. The
+ * one field so shared: atomic on both sides (relaxed: a moving buffer's tier
+ * is either, and the lock orders everything else). */
+static void buf_set_tier(sgm_buffer *b, sgm_tier t) { __atomic_store_n(&b->tier, t, __ATOMIC_RELAXED); }
 
 /* ---- policies (pl->lock held) ---- */
 
@@ -173,6 +193,13 @@ static void pol_put(struct sgm_placement *pl, sgm_buffer *b, bool used) {
   }
   b->listed = true;
   listed_add(pl, b->tier, +1);
+}
+
+/* b is being acquired: a use, for the policies that count uses (record). */
+static void pol_record(struct sgm_placement *pl, const sgm_buffer *b) {
+  if (!pl->any_record) return;
+  for (int t = 0; t < N_RESIDENT; t++)
+    if (pl->record[t]) sgm__prio_record(pl->pol[t], b->priority, b->item.id);
 }
 
 static void pf_remove(struct sgm_placement *pl, sgm_buffer *b) {
@@ -310,9 +337,13 @@ static int disk_load(sgm_context *ctx, const sgm_buffer *b, void *dst) {
 static int demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict);
 
 /* Pick a victim in resident tier t for a request of `want` bytes: the
- * policy's choice, skipping buffers with GPU work pending. Returns it BUSY, or
- * NULL when every listed buffer is busy on the GPU (or none is listed). */
-static sgm_buffer *pick_victim(sgm_context *ctx, sgm_tier t, uint64_t want) {
+ * policy's choice, skipping buffers with GPU work pending. cand: the newcomer
+ * the room is for (VRAM only), whose admission the policy is asked before the
+ * victim leaves; NULL = no question. Returns the victim BUSY, or NULL when
+ * every listed buffer is busy on the GPU, none is listed, or the policy
+ * refused the newcomer (*refused set; the victim stays listed). */
+static sgm_buffer *pick_victim(sgm_context *ctx, sgm_tier t, uint64_t want, const sgm_buffer *cand,
+                               bool *refused) {
   struct sgm_placement *pl = ctx->pl;
   sgm_buffer *v = NULL, *skipped = NULL;
   sgm__lock_take(&pl->lock);
@@ -335,6 +366,16 @@ static sgm_buffer *pick_victim(sgm_context *ctx, sgm_tier t, uint64_t want) {
       ctx->bops->event_destroy(ctx->be, b->event);
       b->event = NULL;
     }
+    if (cand) {
+      /* Read under the lock: priority is the one field of cand another
+       * thread (set_priority) may write. */
+      sgm_policy_item c = {.id = cand->item.id, .size_bytes = cand->size,
+                           .priority = cand->priority, .state = NULL};
+      if (!sgm__prio_admit(pl->pol[t], &c, it)) {
+        *refused = true;
+        break;
+      }
+    }
     pol_take(pl, b, SGM_POLICY_REMOVE_EVICT);
     v = b;
   }
@@ -351,17 +392,52 @@ static sgm_buffer *pick_victim(sgm_context *ctx, sgm_tier t, uint64_t want) {
   return v;
 }
 
-int sgm__placement_alloc(sgm_context *ctx, sgm_tier t, uint64_t size, uint64_t *out) {
+/* Could size bytes ever fit in tier t if every released buffer there left?
+ * No when the request exceeds the budget, or the room left plus everything
+ * evictable (each buffer counted with the most its rounding can add) falls
+ * short: evicting would then move buffers for nothing. A hint read under two
+ * locks in turn; a race only decides which tier the request lands in. */
+static bool placement_could_fit(sgm_context *ctx, sgm_tier t, uint64_t size) {
+  struct sgm_placement *pl = ctx->pl;
+  sgm_tier_stats ts;
+  sgm__tier_stats(ctx->tiers[t], &ts);
+  uint64_t need = sgm__align_up(size, SGM_DEVICE_ALIGN);
+  if (need > ts.budget_bytes) return false;
+  sgm__lock_take(&pl->lock);
+  uint64_t movable = sgm__prio_reclaimable(pl->pol[t]) + pl->n_listed[t] * (SGM_DEVICE_ALIGN - 1);
+  sgm__lock_drop(&pl->lock);
+  uint64_t room = ts.budget_bytes > ts.used_bytes ? ts.budget_bytes - ts.used_bytes : 0;
+  return need <= room || need - room <= movable;
+}
+
+/* Allocate size bytes in resident tier t, evicting released buffers while it
+ * does not fit. cand: the buffer the block is for when it is a newcomer the
+ * VRAM policy may refuse (create, promote into VRAM); NULL for plain
+ * allocations and demotions, which always evict. The tier's status when the
+ * request does not fit: nothing (more) to evict, it never could fit, or the
+ * newcomer was refused — SGM__ERR_BUDGET for a full budget. */
+static int placement_alloc_for(sgm_context *ctx, sgm_tier t, uint64_t size, const sgm_buffer *cand,
+                               uint64_t *out) {
+  bool checked = false;
   for (;;) {
     int rc = sgm__tier_alloc(ctx->tiers[t], size, out);
     if (rc != SGM__ERR_BUDGET && rc != SGM_ERR_NOMEM) return rc;
     if (__atomic_load_n(&ctx->pl->n_listed[t], __ATOMIC_RELAXED) == 0) return rc;
-    sgm_buffer *v = pick_victim(ctx, t, size);
+    if (!checked) {
+      checked = true;
+      if (!placement_could_fit(ctx, t, size)) return rc;
+    }
+    bool refused = false;
+    sgm_buffer *v = pick_victim(ctx, t, size, t == SGM_TIER_VRAM ? cand : NULL, &refused);
     if (!v) return rc;
     int drc = demote(ctx, v, (sgm_tier)(t + 1), true);
     buf_finish(ctx->pl, v, BUF_RELEASED, false);
     if (drc != SGM_OK) return drc;
   }
+}
+
+int sgm__placement_alloc(sgm_context *ctx, sgm_tier t, uint64_t size, uint64_t *out) {
+  return placement_alloc_for(ctx, t, size, NULL, out);
 }
 
 /* Spill a VRAM-resident b (BUSY) to disk through a host staging copy. */
@@ -379,7 +455,7 @@ static int vram_to_disk(sgm_context *ctx, sgm_buffer *b) {
   sgm__tier_free(ctx->tiers[SGM_TIER_VRAM], b->dptr, &sz);
   b->dptr = 0;
   b->ext = ext;
-  b->tier = SGM_TIER_DISK;
+  buf_set_tier(b, SGM_TIER_DISK);
   return SGM_OK;
 }
 
@@ -423,17 +499,18 @@ static int demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict) {
       sgm__tier_free(ctx->tiers[from], b->dptr, &sz);
       b->dptr = dst;
     }
-    b->tier = next;
+    buf_set_tier(b, next);
     count_move(pl, from, next, b->size, evict);
   }
   return SGM_OK;
 }
 
-/* Move b (BUSY) up into resident tier `to`, evicting released buffers there.
- * On failure b is unchanged (a checksum mismatch leaves it on disk). */
+/* Move b (BUSY) up into resident tier `to`, evicting released buffers there
+ * (in VRAM, as far as its policy admits b). On failure b is unchanged (a
+ * checksum mismatch leaves it on disk). */
 static int promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to) {
   sgm_devptr dst = 0;
-  int rc = sgm__placement_alloc(ctx, to, b->size, &dst);
+  int rc = placement_alloc_for(ctx, to, b->size, b, &dst);
   if (rc != SGM_OK) return rc;
   sgm_tier from = b->tier;
   if (from == SGM_TIER_DISK) {
@@ -459,7 +536,7 @@ static int promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to) {
   }
   b->dptr = dst;
   b->ext = (sgm_disk_extent){0};
-  b->tier = to;
+  buf_set_tier(b, to);
   count_move(ctx->pl, from, to, b->size, false);
   return SGM_OK;
 }
@@ -578,6 +655,8 @@ int sgm__placement_create(sgm_context *ctx) {
       rc = sgm__error_set(rc, "cannot create the %s policy \"%s\" for the %s tier (%s)", var, ops->name,
                           sgm_tier_name((sgm_tier)t), sgm_status_string((sgm_status)rc));
     if (ops->state_bytes > state_bytes) state_bytes = ops->state_bytes;
+    pl->record[t] = ops->record != NULL;
+    pl->any_record = pl->any_record || pl->record[t];
   }
   pl->state_offset = sgm__align_up(sizeof(sgm_buffer), 16);
   pl->state_bytes = sgm__align_up(state_bytes, 16);
@@ -663,6 +742,7 @@ struct sgm_disk *sgm__placement_disk(sgm_context *ctx) { return ctx->pl->disk; }
 bool sgm__buffer_disk_offset(sgm_buffer *b, uint64_t *offset) {
   struct sgm_placement *pl = b->ctx->pl;
   sgm__lock_take(&pl->lock);
+  while (b->state == BUF_BUSY) pthread_cond_wait(&pl->cond, &pl->lock.mu); /* its mover owns ext */
   bool on = b->tier == SGM_TIER_DISK && b->ext.bytes != 0;
   *offset = on ? b->ext.offset : 0;
   sgm__lock_drop(&pl->lock);
@@ -691,7 +771,9 @@ SGM_API sgm_status sgm_buffer_create(sgm_context *ctx, size_t size, sgm_buffer *
   b->item.size_bytes = size;
   b->item.priority = SGM_PRIORITY_NORMAL;
   b->item.state = pl->state_bytes ? (char *)b + pl->state_offset : NULL;
-  int rc = sgm__placement_alloc(ctx, SGM_TIER_VRAM, size, &b->dptr);
+  /* The id first: the VRAM policy may be asked to admit b. */
+  b->item.id = __atomic_add_fetch(&pl->next_id, 1, __ATOMIC_RELAXED);
+  int rc = placement_alloc_for(ctx, SGM_TIER_VRAM, size, b, &b->dptr);
   if (rc == SGM_OK) {
     b->tier = SGM_TIER_VRAM;
   } else if (rc == SGM__ERR_BUDGET || rc == SGM_ERR_NOMEM) {
@@ -729,7 +811,6 @@ SGM_API sgm_status sgm_buffer_create(sgm_context *ctx, size_t size, sgm_buffer *
     return (sgm_status)rc;
   }
   sgm__lock_take(&pl->lock);
-  b->item.id = ++pl->next_id;
   b->state = BUF_RELEASED;
   if (b->tier < N_RESIDENT) pol_put(pl, b, false); /* fresh: created, not yet used */
   b->all_next = pl->all;
@@ -754,6 +835,7 @@ SGM_API sgm_status sgm_buffer_acquire(sgm_buffer *b, void *stream, void **device
     return (sgm_status)sgm__error_set(SGM_ERR_BUSY, "sgm_buffer_acquire: the buffer is already "
                                       "acquired (release it first)");
   }
+  pol_record(pl, b);
   void *event = b->event;
   b->event = NULL;
   if (b->tier == SGM_TIER_VRAM) {
@@ -929,7 +1011,7 @@ SGM_API sgm_tier sgm_buffer_tier(const sgm_buffer *b) {
   if (!b) return SGM_TIER_NONE;
   struct sgm_placement *pl = b->ctx->pl;
   sgm__lock_take(&pl->lock);
-  sgm_tier t = b->tier;
+  sgm_tier t = __atomic_load_n(&b->tier, __ATOMIC_RELAXED); /* see buf_set_tier */
   sgm__lock_drop(&pl->lock);
   return t;
 }

@@ -8,8 +8,8 @@
  * stays valid and an index keeps meaning the same policy.
  *
  * Invariants: every entry passed policy_validate(); names are unique ignoring
- * case; "all" and "opt" are reserved (the trace replayer's words for "every
- * policy" and Belady's optimum).
+ * case; "all", "opt" and "opt-admit" are reserved (the trace replayer's
+ * words for "every policy" and Belady's optimum with and without bypass).
  *
  * Threading: one mutex guards the table; it is held only to read or append,
  * never while calling into a policy. This and the driver table are the
@@ -29,10 +29,11 @@ static size_t registry_n;                                        /* entries used
 static bool registry_seeded;                                     /* built-ins are in */
 
 static const sgm_policy_ops *const builtins[] = {
-    &sgm__policy_lru, &sgm__policy_clock, &sgm__policy_lfu, &sgm__policy_arc, &sgm__policy_s3fifo,
+    &sgm__policy_lru, &sgm__policy_clock, &sgm__policy_lfu,
+    &sgm__policy_arc, &sgm__policy_s3fifo, &sgm__policy_tinylfu,
 };
 
-static const char *const reserved_names[] = {"all", "opt"};
+static const char *const reserved_names[] = {"all", "opt", "opt-admit"};
 
 static bool name_ieq(const char *a, const char *b) {
   for (; *a && *b; a++, b++)
@@ -75,7 +76,7 @@ static int policy_validate(const sgm_policy_ops *ops) {
                                                   : NULL;
   if (missing)
     return sgm__error_set(SGM_ERR_INVALID, "sgm_policy_register: policy \"%s\" lacks member %s "
-                          "(every member but summary and check is required)", ops->name, missing);
+                          "(every member but summary, check, record and admit is required)", ops->name, missing);
   if (ops->state_bytes > SGM_POLICY_STATE_MAX)
     return sgm__error_set(SGM_ERR_INVALID, "sgm_policy_register: policy \"%s\" asks for %zu bytes of "
                           "state per buffer; at most %u", ops->name, ops->state_bytes,

@@ -19,6 +19,7 @@ extern const sgm_policy_ops sgm__policy_clock;  /* policies/clock.c */
 extern const sgm_policy_ops sgm__policy_lfu;    /* policies/lfu.c */
 extern const sgm_policy_ops sgm__policy_arc;    /* policies/arc.c */
 extern const sgm_policy_ops sgm__policy_s3fifo; /* policies/s3fifo.c */
+extern const sgm_policy_ops sgm__policy_tinylfu; /* policies/tinylfu.c */
 
 /* ---- policies/priority.c: one instance of a policy per priority level ----
  *
@@ -39,6 +40,16 @@ void sgm__prio_access(sgm__prio_layer *l, sgm_policy_item *it);
 void sgm__prio_remove(sgm__prio_layer *l, sgm_policy_item *it, sgm_policy_remove why);
 /* The lowest level's next victim; NULL when every level is empty. */
 sgm_policy_item *sgm__prio_next_victim(sgm__prio_layer *l, uint64_t bytes_wanted);
+/* A use of buffer `id`, of priority `priority`, is being acquired: to that
+ * level's instance, when the policy has a record member (cheap otherwise). */
+void sgm__prio_record(sgm__prio_layer *l, int priority, uint64_t id);
+/* Whether the policy has record / admit (placement skips the calls if not). */
+bool sgm__prio_has_record(const sgm__prio_layer *l);
+/* May `victim` (just returned by sgm__prio_next_victim) be evicted to make
+ * room for `candidate`? true when the candidate's priority is above the
+ * victim's or the policy has no admit member; else the victim's level decides. */
+bool sgm__prio_admit(sgm__prio_layer *l, const sgm_policy_item *candidate,
+                     const sgm_policy_item *victim);
 /* Sum over the levels. */
 uint64_t sgm__prio_reclaimable(const sgm__prio_layer *l);
 /* Every level's check (those whose policy has one); SGM_OK or SGM_ERR_CORRUPT. */

@@ -17,7 +17,11 @@
  *     level MAXIMUM  [ policy instance ]  ← last to leave
  *
  * Cost: one indirect call per operation, plus up to five O(1) emptiness
- * checks (reclaimable_bytes) per victim. The layer keeps no per-item state:
+ * checks (reclaimable_bytes) per victim. The optional members are forwarded
+ * too: record to the level of the buffer's priority (so each level's
+ * frequency sketch counts its own buffers), admit to the victim's level
+ * unless the candidate's priority is higher (then it is admitted: priorities
+ * come before any policy's opinion). The layer keeps no per-item state:
  * sgm keeps an item's priority constant while it is in or pinned by a level
  * (a priority change is a DROP from the old level and an insert into the new).
  */
@@ -73,6 +77,21 @@ void sgm__prio_access(sgm__prio_layer *l, sgm_policy_item *it) {
 
 void sgm__prio_remove(sgm__prio_layer *l, sgm_policy_item *it, sgm_policy_remove why) {
   l->ops->on_remove(prio_level(l, it), it, why);
+}
+
+void sgm__prio_record(sgm__prio_layer *l, int priority, uint64_t id) {
+  pol_assert(priority >= 0 && priority < SGM__PRIO_LEVELS);
+  if (l->ops->record) l->ops->record(l->level[priority], id);
+}
+
+bool sgm__prio_has_record(const sgm__prio_layer *l) { return l->ops->record != NULL; }
+
+bool sgm__prio_admit(sgm__prio_layer *l, const sgm_policy_item *candidate,
+                     const sgm_policy_item *victim) {
+  /* Priorities come first: a newcomer of a higher level may always push out
+   * a lower one; within a level, or upwards, the policy decides. */
+  if (!l->ops->admit || candidate->priority > victim->priority) return true;
+  return l->ops->admit(prio_level(l, victim), candidate, victim);
 }
 
 sgm_policy_item *sgm__prio_next_victim(sgm__prio_layer *l, uint64_t bytes_wanted) {

@@ -36,7 +36,8 @@ static const char USAGE[] =
     "and reports the VRAM hit ratio, bytes moved, evictions and time beside Belady's OPT.\n"
     "  TRACE              Mooncake JSONL (hash_ids), MiniMalloc CSV (id,lower,upper,size)\n"
     "                     or sgm-replay CSV (op,id,size); told apart by the first line\n"
-    "  --policy P         a policy name, a comma-separated list, all (default) or opt\n"
+    "  --policy P         a policy name, a comma-separated list, all (default), opt or\n"
+    "                     opt-admit (Belady without bypass; all includes it)\n"
     "  --vram BYTES       VRAM capacity: 64MiB, 1.5G, 1048576, or 10%% of the footprint\n"
     "  --vram-blocks N    VRAM capacity in blocks (traces whose blocks are all one size)\n"
     "                     (default: 10%% of the footprint, in whole blocks when sizes are equal)\n"
@@ -183,7 +184,7 @@ static void print_json(const run_info *ri, const replay_result *r, size_t n, con
     printf(", \"capacity_blocks\": %llu", (unsigned long long)(ri->vram_bytes / ri->block_bytes));
   printf(", \"shared_bytes\": %llu, \"opt_variant\": \"%s\", \"results\": [",
          (unsigned long long)ri->shared_bytes,
-         ri->block_bytes ? "belady" : "belady-size (heuristic for unequal sizes)");
+         ri->block_bytes ? "belady-bypass" : "belady-size-bypass (heuristic for unequal sizes)");
   for (size_t i = 0; i < n; i++) {
     const replay_result *x = &r[i];
     printf("%s\n  {\"policy\": ", i ? "," : "");
@@ -222,9 +223,10 @@ static void print_table(const run_info *ri, const replay_result *r, size_t n, co
          t->peak_live_bytes ? 100.0 * (double)ri->vram_bytes / (double)t->peak_live_bytes : 0.0,
          fmt_bytes(ri->shared_bytes, b, sizeof b), ri->spill_dir[0] ? ri->spill_dir : "off");
   printf("OPT        %s\n\n", ri->block_bytes
-                                 ? "Belady (furthest next use; exact for equal sizes)"
-                                 : "Belady-size (furthest next use until it fits; a heuristic, "
-                                   "not optimal for unequal sizes)");
+                                 ? "Belady with bypass (furthest next use leaves or is not "
+                                   "cached; exact for equal sizes)"
+                                 : "Belady-size with bypass (furthest next use until it fits; a "
+                                   "heuristic, not optimal for unequal sizes)");
   printf("%-10s %9s %11s %10s %10s %14s %14s %9s %12s %8s\n", "policy", "hit ratio", "gap to OPT",
          "hits", "evictions", "promoted", "demoted", "seconds", "accesses/s", "setup s");
   for (size_t i = 0; i < n; i++) {
@@ -411,7 +413,7 @@ int main(int argc, char **argv) {
     }
   }
 
-  replay_result *res = calloc((size_t)n_names + 1, sizeof *res);
+  replay_result *res = calloc((size_t)n_names + 2, sizeof *res); /* + opt-admit and opt */
   if (!res) {
     free(list);
     replay_trace_free(&t);
@@ -428,8 +430,13 @@ int main(int argc, char **argv) {
   }
   progress pr = {.on = isatty(STDERR_FILENO) == 1};
   size_t n_res = 0;
+  bool want_admit = strcmp(policy_arg, "all") == 0;
   for (int i = 0; i < n_names; i++) {
     if (strcmp(names[i], "opt") == 0) continue; /* always reported, once, last */
+    if (strcmp(names[i], "opt-admit") == 0) {
+      want_admit = true; /* reported once, before opt */
+      continue;
+    }
     replay_sgm_params p = {.policy = names[i], .vram_bytes = vram_bytes,
                            .shared_bytes = ri.shared_bytes, .spill_dir = spill_dir, .cold = cold,
                            .progress = progress_cb, .progress_user = &pr};
@@ -440,6 +447,14 @@ int main(int argc, char **argv) {
       continue;
     }
     n_res++;
+  }
+  if (want_admit) {
+    if (replay_opt_ex(&t, vram_bytes, REPLAY_OPT_ADMIT, &res[n_res], err, sizeof err) == 0) {
+      n_res++;
+    } else {
+      fprintf(stderr, "sgm-replay: %s\n", err);
+      status = 1;
+    }
   }
   res[n_res++] = opt;
   if (json) print_json(&ri, res, n_res, &res[n_res - 1]);

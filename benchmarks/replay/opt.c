@@ -6,18 +6,29 @@
  *    to 256 bytes (as sgm's tiers round);
  *  - an access is a hit when the block is cached at that moment; the first
  *    access to a block is a miss (sgm creates it then);
- *  - the accessed block always enters the cache (acquire brings a buffer into
- *    VRAM; demand fetching, no bypass), unless it is larger than the whole
- *    capacity: then it stays below (sgm: shared memory) and it is a miss;
- *  - on a miss with no room: evict the cached block whose next use is furthest
- *    away, blocks never used again first, until the new block fits;
+ *  - a block larger than the whole capacity is never cached (sgm: it stays in
+ *    shared memory, and nothing is evicted for it): every access misses;
+ *  - on a miss with no room, two variants:
+ *      REPLAY_OPT_BYPASS ("opt"): if the accessed block's next use is no
+ *        nearer than that of every cached block, it is not cached (bypass: sgm
+ *        serves it from shared memory, as a policy's admit may decide);
+ *        otherwise evict the cached block whose next use is furthest away,
+ *        blocks never used again first, until it fits;
+ *      REPLAY_OPT_ADMIT ("opt-admit"): the accessed block always enters
+ *        (demand fetching, as sgm before admission existed): evict by
+ *        furthest next use until it fits;
  *  - a free removes the block from the cache without a demotion.
  *
- * For equal sizes this is Belady's MIN, optimal among demand-fetching caches:
- * no online policy driven through acquire can have more hits. For unequal
- * sizes it is the usual "Belady-size" heuristic (furthest next use until it
- * fits), which is NOT optimal (optimal variable-size caching is NP-hard): a
- * policy may beat it there, and the gap is only indicative.
+ * For equal sizes both are Belady's MIN in their model: ADMIT is optimal among
+ * caches that take every missed block in, BYPASS among caches that may refuse
+ * it (at a miss, of the cached blocks and the new one, the one used furthest
+ * in the future is the one not to keep). BYPASS is an upper bound on every
+ * sgm policy, admission policies included; ADMIT only on those that admit
+ * everything, and a W-TinyLFU may beat it. BYPASS >= ADMIT always. For unequal
+ * sizes both are heuristics ("Belady-size": furthest next use until it fits;
+ * BYPASS also declines a block whose next use is the furthest of all), NOT
+ * optimal (optimal variable-size caching is NP-hard): a policy may beat them
+ * there, and the gap is only indicative.
  *
  * Cost: O(n log n). next[i] (the position of the next access to the block
  * accessed at i) comes from one backwards pass; the cache is a binary max-heap
@@ -60,6 +71,19 @@ static void heap_push(opt_heap *h, uint64_t k) {
   h->a[i] = k;
 }
 
+static uint64_t heap_pop(opt_heap *h);
+
+/* The greatest live key (cached block, current next use), stale entries on
+ * top dropped on the way; the heap must hold a live entry. */
+static uint64_t heap_top_live(opt_heap *h, const uint8_t *state, const uint32_t *cur) {
+  for (;;) {
+    uint64_t k = h->a[0];
+    uint32_t v = (uint32_t)k, vnext = (uint32_t)(k >> 32);
+    if ((state[v] & 1) && cur[v] == vnext) return k;
+    heap_pop(h);
+  }
+}
+
 static uint64_t heap_pop(opt_heap *h) {
   uint64_t top = h->a[0], k = h->a[--h->n];
   size_t i = 0, n = h->n;
@@ -83,8 +107,13 @@ static double opt_now(void) {
 
 int replay_opt(const replay_trace *t, uint64_t capacity_bytes, replay_result *out, char *err,
                size_t err_len) {
+  return replay_opt_ex(t, capacity_bytes, REPLAY_OPT_BYPASS, out, err, err_len);
+}
+
+int replay_opt_ex(const replay_trace *t, uint64_t capacity_bytes, replay_opt_variant variant,
+                  replay_result *out, char *err, size_t err_len) {
   memset(out, 0, sizeof *out);
-  snprintf(out->policy, sizeof out->policy, "opt");
+  snprintf(out->policy, sizeof out->policy, "%s", variant == REPLAY_OPT_ADMIT ? "opt-admit" : "opt");
   if (t->n_ev >= OPT_NEVER) {
     snprintf(err, err_len, "OPT: %zu events is too many (at most %u)", t->n_ev, OPT_NEVER - 1);
     return -1;
@@ -133,6 +162,11 @@ int replay_opt(const replay_trace *t, uint64_t capacity_bytes, replay_result *ou
     bool refetch = state[b] & SEEN;
     state[b] |= SEEN;
     if (sz > capacity_bytes) continue; /* never fits: stays below, as in sgm */
+    if (variant == REPLAY_OPT_BYPASS && used + sz > capacity_bytes && h.n > 0 &&
+        next[i] >= (uint32_t)(heap_top_live(&h, state, cur) >> 32)) {
+      out->bypassed++;
+      continue; /* used no sooner than anything cached: leave it below */
+    }
     while (used + sz > capacity_bytes) {
       /* used > 0 here, so some cached block has a live entry; an empty heap
        * would be a bug in this file: say so rather than read past it. */

@@ -80,10 +80,11 @@ int replay_trace_finish(replay_trace *t, char *err, size_t err_len);
 
 /* What one replay (a policy through sgm, or OPT) measured. */
 typedef struct replay_result {
-  char policy[32];          /* "lru", ..., "opt" */
+  char policy[32];          /* "lru", ..., "opt-admit", "opt" */
   uint64_t accesses;        /* block accesses replayed */
   uint64_t hits;            /* accesses that found the block in VRAM */
   uint64_t evictions;       /* blocks moved out of VRAM to make room */
+  uint64_t bypassed;        /* OPT only: misses left in the slower tier (not cached) */
   uint64_t bytes_promoted;  /* bytes moved into VRAM (from shared memory or disk) */
   uint64_t bytes_demoted;   /* bytes moved out of VRAM */
   uint64_t tier_in[3];      /* per tier (vram, shared, disk): bytes migrated in */
@@ -97,17 +98,31 @@ static inline double replay_hit_ratio(const replay_result *r) {
   return r->accesses ? (double)r->hits / (double)r->accesses : 0.0;
 }
 
+/* Which Belady (opt.c's comment has the details). */
+typedef enum replay_opt_variant {
+  /* "opt": a missed block whose next use is no nearer than every cached
+   * block's is not cached (it stays in the slower tier); else evict by
+   * furthest next use. The upper bound on every policy, admission included. */
+  REPLAY_OPT_BYPASS = 0,
+  /* "opt-admit": every missed block enters (demand fetching); evict by
+   * furthest next use. The bound on policies that admit everything. */
+  REPLAY_OPT_ADMIT = 1
+} replay_opt_variant;
+
 /*
- * Belady's OPT by simulation (no sgm): a cache of capacity_bytes; every
- * accessed block enters it (as acquire brings a buffer into VRAM) unless it is
- * larger than the capacity; on a miss with no room, evict the cached block
- * whose next use is furthest away (never-used-again first) until the new one
- * fits ("Belady-size": exact for equal sizes, a heuristic for unequal sizes).
+ * Belady's OPT by simulation (no sgm): a cache of capacity_bytes; a block
+ * larger than the capacity is never cached; on a miss with no room, the
+ * variant decides whether the block enters, then the cached blocks whose next
+ * use is furthest away (never-used-again first) leave until it fits
+ * ("Belady-size": exact for equal sizes, a heuristic for unequal sizes).
  * Sizes are rounded up to REPLAY_ALIGN as sgm rounds them. O(n log n): next
  * uses precomputed backwards, a binary max-heap with lazy deletion.
+ * replay_opt is replay_opt_ex with REPLAY_OPT_BYPASS.
  */
 int replay_opt(const replay_trace *t, uint64_t capacity_bytes, replay_result *out, char *err,
                size_t err_len);
+int replay_opt_ex(const replay_trace *t, uint64_t capacity_bytes, replay_opt_variant variant,
+                  replay_result *out, char *err, size_t err_len);
 
 /* Called every few thousand events during a replay; done of total events. */
 typedef void (*replay_progress_fn)(void *user, const char *policy, size_t done, size_t total);

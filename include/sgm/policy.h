@@ -5,7 +5,7 @@
  * shared memory) when something new needs room. sgm makes one *instance* of
  * the chosen policy per (tier, priority level): buffers of a lower
  * sgm_priority always leave first, and within a level the policy chooses.
- * The built-ins (lru, clock, lfu, arc, s3fifo) live in policies/ and use
+ * The built-ins (lru, clock, lfu, arc, s3fifo, tinylfu) live in policies/ and use
  * nothing but this header; a program adds its own with sgm_policy_register()
  * and selects it by name (SGM_POLICY, SGM_POLICY_VRAM, SGM_POLICY_SHARED).
  * Longer prose, with a worked example: docs/policies.md.
@@ -15,6 +15,12 @@
  * buffers, buffers being copied or moved, and buffers on disk are not: an item
  * goes out with on_remove(PIN) before it is used and comes back afterwards.
  * next_victim() therefore never offers a buffer that is in use.
+ *
+ * Two optional members let a policy see beyond its items: record() hears of
+ * every acquire of every buffer, resident in the tier or not (a frequency
+ * sketch counts there), and admit() may refuse to evict for a newcomer to the
+ * VRAM tier, which then lives in shared memory instead (an admission policy:
+ * W-TinyLFU in policies/tinylfu.c).
  *
  * The contract, for every method but create and destroy:
  *  - It runs under the placement lock (one lock for all buffer residency state
@@ -34,6 +40,7 @@
 #ifndef SGM_POLICY_H
 #define SGM_POLICY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -43,8 +50,9 @@
 extern "C" {
 #endif
 
-/* The plug-in ABI this header describes; sgm_policy_ops.abi_version must equal it. */
-#define SGM_POLICY_ABI_VERSION 1u
+/* The plug-in ABI this header describes; sgm_policy_ops.abi_version must equal
+ * it. Version 2 added record and admit at the end of sgm_policy_ops. */
+#define SGM_POLICY_ABI_VERSION 2u
 
 /* The most per-buffer state a policy may ask for. Every buffer carries it
  * inline, sized for the larger of its context's two policies: 256 bytes is
@@ -115,8 +123,9 @@ typedef struct sgm_policy_params {
 } sgm_policy_params;
 
 /*
- * The vtable. Every member must be set except `summary` and `check`;
- * sgm_policy_register names the first one missing.
+ * The vtable. Every member must be set except the optional `summary`,
+ * `check`, `record` and `admit`; sgm_policy_register names the first required
+ * one missing.
  */
 typedef struct sgm_policy_ops {
   uint32_t abi_version; /* SGM_POLICY_ABI_VERSION: refused when it differs */
@@ -155,6 +164,41 @@ typedef struct sgm_policy_ops {
   /* Optional: walk the whole instance and check its invariants; SGM_OK, or
    * SGM_ERR_CORRUPT with a message in why. Tests and debug builds call it. */
   sgm_status (*check)(const sgm_policy *p, char *why, size_t why_len);
+
+  /* ---- ABI version 2 ---- */
+
+  /*
+   * Optional (NULL: nothing is counted). The buffer whose item id is `id` is
+   * being acquired: called once per sgm_buffer_acquire, before sgm decides
+   * where the buffer goes, whether it is resident in this tier, in another
+   * one, or not an item anywhere (hit or miss alike; host reads and writes are
+   * not counted). Sent to the instance of the buffer's priority level in each
+   * tier whose policy has the member. The id may belong to no item of this
+   * instance: count it, never look for its state. Same contract as the other
+   * methods (under the placement lock, O(1), must not block or fail); it is
+   * on the path of every acquire, so keep it to a few memory accesses.
+   */
+  void (*record)(sgm_policy *p, uint64_t id);
+  /*
+   * Optional (NULL: always admit). sgm is about to evict `victim` (just
+   * returned by next_victim, idle, not yet removed) to make room in the VRAM
+   * tier for `candidate`: a buffer being created there, or promoted there by
+   * an acquire or a prefetch. true: evict as usual. false: sgm evicts nothing
+   * more for this candidate and it lands one tier down (create: in shared
+   * memory; acquire: it stays in, or comes to, shared memory and is used
+   * there; prefetch: it stays where it is); the victim stays an item, untouched
+   * (no on_remove follows). candidate is sgm's copy: id, size_bytes and
+   * priority are the buffer's, state is NULL (the buffer is no item of this
+   * instance, or the state belongs to its tier's policy). Asked once per
+   * victim (a big candidate may be refused after some victims already left).
+   * Asked of the victim's priority level, and only when the candidate's
+   * priority is not above the victim's: a higher-priority candidate is always
+   * admitted. Never asked for plain sgm_alloc allocations, for demotions, nor
+   * by the shared tier (a buffer coming up from disk must be resident
+   * somewhere). Same contract as the other methods; it may reorganise the
+   * instance as next_victim may, but must not remove the victim.
+   */
+  bool (*admit)(sgm_policy *p, const sgm_policy_item *candidate, const sgm_policy_item *victim);
 } sgm_policy_ops;
 
 /*
@@ -163,7 +207,7 @@ typedef struct sgm_policy_ops {
  * using it; sgm keeps the pointer. Refused with SGM_ERR_INVALID and a message
  * (sgm_last_error) when ops is NULL, its abi_version is not
  * SGM_POLICY_ABI_VERSION, a member is missing (the message names it), the
- * name is malformed, reserved ("all", "opt") or already registered; with
+ * name is malformed, reserved ("all", "opt", "opt-admit") or already registered; with
  * SGM_ERR_NOMEM when the registry is full. Thread-safe; register before
  * creating the contexts that use it.
  */
@@ -173,7 +217,7 @@ SGM_API sgm_status sgm_policy_register(const sgm_policy_ops *ops);
 SGM_API const sgm_policy_ops *sgm_policy_find(const char *name);
 
 /* How many policies are registered (built-ins first, in this order: lru,
- * clock, lfu, arc, s3fifo), and the i-th of them (NULL past the end).
+ * clock, lfu, arc, s3fifo, tinylfu), and the i-th of them (NULL past the end).
  * Thread-safe; the list only grows. */
 SGM_API size_t sgm_policy_count(void);
 SGM_API const sgm_policy_ops *sgm_policy_at(size_t i);

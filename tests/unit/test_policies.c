@@ -2,12 +2,16 @@
  * test_policies.c — eviction policies (include/sgm/policy.h, policies/,
  * lib/policy.c) and their use by placement.c.
  *
- * Conformance, run against every registered policy (the built-ins and a FIFO
- * this file registers, as a program would): driven through the vtable with
+ * Conformance, run against every registered policy (the built-ins and two
+ * FIFOs this file registers, as a program would: one without the optional
+ * members, one with record and admit): driven through the vtable with
  * synthetic buffers and a fake clock, and through the real buffer API on the
  * emulated device. Then each built-in's signature behaviour, the priority
- * layer under every policy, registration errors, and the policy options.
+ * layer under every policy, admission and record through the buffer API,
+ * placement's refusal to evict for what cannot fit, registration errors, and
+ * the policy options.
  */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,11 +118,53 @@ static const sgm_policy_ops tfifo_ops = {
     .next_victim = tfifo_victim,
 };
 
+/* A second user policy: the same FIFO with the ABI-2 members. record counts
+ * the acquires it hears of; admit refuses while gate_refuse is set (and
+ * counts what it was asked). Admits by default, so the conformance loops
+ * treat it as a plain FIFO. */
+static bool gate_refuse;            /* admit says no */
+static uint64_t gate_n_records;     /* record calls */
+static uint64_t gate_last_record;   /* the id of the last one */
+static uint64_t gate_n_admits;      /* admit calls */
+static uint64_t gate_last_candidate; /* the candidate id of the last one */
+
+/* Atomics: the prefetch worker calls admit while the test thread reads. */
+static void gate_record(sgm_policy *p, uint64_t id) {
+  (void)p;
+  __atomic_fetch_add(&gate_n_records, 1, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&gate_last_record, id, __ATOMIC_SEQ_CST);
+}
+static bool gate_admit(sgm_policy *p, const sgm_policy_item *cand, const sgm_policy_item *victim) {
+  (void)p;
+  assert_null(cand->state); /* sgm's copy: the state is not ours to touch */
+  assert_true(cand->id != victim->id);
+  __atomic_store_n(&gate_last_candidate, cand->id, __ATOMIC_SEQ_CST);
+  __atomic_fetch_add(&gate_n_admits, 1, __ATOMIC_SEQ_CST);
+  return !__atomic_load_n(&gate_refuse, __ATOMIC_SEQ_CST);
+}
+
+static const sgm_policy_ops gate_ops = {
+    .abi_version = SGM_POLICY_ABI_VERSION,
+    .name = "testgate",
+    .summary = "FIFO with record and a switchable admit (tests/unit/test_policies.c)",
+    .state_bytes = sizeof(tfifo_state),
+    .create = tfifo_create,
+    .destroy = tfifo_destroy,
+    .on_insert = tfifo_insert,
+    .on_access = tfifo_access,
+    .on_remove = tfifo_remove,
+    .reclaimable_bytes = tfifo_reclaimable,
+    .next_victim = tfifo_victim,
+    .record = gate_record,
+    .admit = gate_admit,
+};
+
 static int group_setup(void **state) {
   (void)state;
   /* Registered once for the whole suite, so every conformance loop covers a
-   * user policy without a check member too. */
-  return sgm_policy_register(&tfifo_ops) == SGM_OK ? 0 : -1;
+   * user policy without a check member, and one with record and admit. */
+  if (sgm_policy_register(&tfifo_ops) != SGM_OK) return -1;
+  return sgm_policy_register(&gate_ops) == SGM_OK ? 0 : -1;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -140,6 +186,7 @@ typedef struct harness {
   uint64_t in_bytes;         /* model: bytes of IN items */
   uint64_t used_bytes;       /* cache model: bytes of IN and PINNED items */
   uint64_t n_victim_calls;   /* next_victim calls */
+  uint64_t n_refused;        /* h_touch misses the policy did not admit */
 } harness;
 
 static void h_init(harness *h, const sgm_policy_ops *ops, size_t n, uint64_t capacity) {
@@ -260,17 +307,33 @@ static size_t h_evict(harness *h, uint64_t want) {
   return (size_t)(t - h->items);
 }
 
-/* A cache of cap bytes in front of the items: an access is a hit when the
- * buffer is resident (it is pinned and used, as acquire/release do), else
- * victims leave until it fits and it comes in. Returns whether it hit. */
+/* A cache of cap bytes in front of the items, as placement drives the VRAM
+ * tier: the access is recorded; a hit when the buffer is resident (it is
+ * pinned and used, as acquire/release do), else victims leave until it fits
+ * and it comes in — unless the policy's admit refuses the newcomer before a
+ * victim leaves: then it stays out (in sgm: in shared memory). Returns
+ * whether it hit. */
 static bool h_touch(harness *h, size_t i, uint64_t cap) {
   titem *t = &h->items[i];
+  if (h->ops->record) h->ops->record(h->p, t->it.id);
   if (t->where == IN) {
     h_pin(h, i);
     h_access(h, i);
     return true;
   }
-  while (h->used_bytes + t->it.size_bytes > cap) h_evict(h, t->it.size_bytes);
+  while (h->used_bytes + t->it.size_bytes > cap) {
+    titem *v = h_victim(h, t->it.size_bytes);
+    assert_non_null(v);
+    if (h->ops->admit) {
+      sgm_policy_item c = {.id = t->it.id, .size_bytes = t->it.size_bytes,
+                           .priority = t->it.priority, .state = NULL};
+      if (!h->ops->admit(h->p, &c, &v->it)) {
+        h->n_refused++;
+        return false;
+      }
+    }
+    h_evict_this(h, v);
+  }
   h_insert(h, i);
   return false;
 }
@@ -301,6 +364,10 @@ static void test_storm_every_policy(void **state) {
     for (int step = 0; step < 6000; step++) {
       size_t i = (size_t)sgm_test_rng_range(&r, 0, N - 1);
       fake_now_ns += sgm_test_rng_range(&r, 0, 50000000); /* up to 50 ms a step: LFU ages */
+      /* Acquires are recorded whatever the item's state; some are of ids the
+       * instance never holds (buffers of other tiers or levels). */
+      if (ops->record && sgm_test_rng_range(&r, 0, 1) == 0)
+        ops->record(h.p, sgm_test_rng_range(&r, 0, 3) ? h.items[i].it.id : 5000000 + (uint64_t)step);
       switch (sgm_test_rng_range(&r, 0, 7)) {
         case 0:
         case 1:
@@ -327,6 +394,13 @@ static void test_storm_every_policy(void **state) {
               skipped[n_skipped++] = (size_t)(t - h.items);
               h_pin(&h, (size_t)(t - h.items));
               continue;
+            }
+            /* Admission asked for an outside newcomer; a refusal leaves the
+             * victim where it is. */
+            if (ops->admit && h.items[i].where == OUT) {
+              sgm_policy_item c = {.id = h.items[i].it.id, .size_bytes = h.items[i].it.size_bytes,
+                                   .priority = SGM_PRIORITY_NORMAL, .state = NULL};
+              if (!ops->admit(h.p, &c, &t->it)) break;
             }
             h_evict_this(&h, t);
             break;
@@ -403,6 +477,9 @@ static void test_size_aware_every_policy(void **state) {
     }
     for (size_t i = 0; i < N; i += 3) h_touch(&h, i, cap); /* some hits, so policies reorder */
     h.items[N].it.size_bytes = 512 * KiB;
+    /* Asked for often: an admission policy takes it (it is the candidate
+     * for every one of the 512 victims). */
+    for (int j = 0; j < 32 && ops->record; j++) ops->record(h.p, h.items[N].it.id);
     h.n_victim_calls = 0;
     assert_false(h_touch(&h, N, cap));
     assert_int_equal(h.n_victim_calls, 512); /* one victim a call, no more */
@@ -482,12 +559,14 @@ static void test_lfu_hot_survives_scan_and_ages(void **state) {
   }
 }
 
-/* ARC and S3-FIFO resist a one-time scan: a hot set used a few times stays
- * resident while a sequential scan of 8x the cache in cold buffers passes.
- * LRU, as the control, loses it. */
+/* ARC, S3-FIFO, LFU and TinyLFU resist a one-time scan: a hot set used a few
+ * times stays resident while a sequential scan of 8x the cache in cold
+ * buffers passes. LRU, as the control, loses it. (TinyLFU's window is 1% of
+ * 16 buffers, smaller than one: every newcomer is judged by admit, and the
+ * scan's buffers are refused.) */
 static void test_scan_resistance(void **state) {
   (void)state;
-  const char *names[] = {"arc", "s3fifo", "lfu", "lru"};
+  const char *names[] = {"arc", "s3fifo", "lfu", "tinylfu", "lru"};
   const uint64_t cap = 16 * 4 * KiB;
   for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
     harness h;
@@ -732,6 +811,10 @@ static void test_api_pending_gpu_work_skipped(void **state) {
       assert_int_equal(sgm_buffer_acquire(b[i], NULL, &d), SGM_OK);
       next_event_pending = i < 3; /* the three oldest: work still queued */
       assert_int_equal(sgm_buffer_release(b[i], NULL), SGM_OK);
+      /* Below the newcomers' priority: a newcomer of a higher level is always
+       * admitted, so an admission policy (tinylfu) does not keep these used
+       * buffers and send the newcomers to shared memory, as it may. */
+      assert_int_equal(sgm_buffer_set_priority(b[i], SGM_PRIORITY_LOW), SGM_OK);
     }
     /* VRAM is full: five new buffers push out the five idle ones. */
     sgm_buffer *n[N];
@@ -858,6 +941,266 @@ static void test_api_storm_every_policy(void **state) {
   assert_int_equal(rmdir(dir), 0);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Admission (ABI 2): record and admit through the buffer API. */
+
+static uint64_t vram_evictions(sgm_context *ctx) {
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  return st.tier[SGM_TIER_VRAM].n_evictions;
+}
+
+/* Write a one-byte tag at offset 0 and at the end; read_tag checks both. */
+static void write_tag(sgm_buffer *b, unsigned char tag) {
+  size_t n = sgm_buffer_size(b);
+  assert_int_equal(sgm_buffer_write(b, 0, &tag, 1), SGM_OK);
+  assert_int_equal(sgm_buffer_write(b, n - 1, &tag, 1), SGM_OK);
+}
+
+static void read_tag(sgm_buffer *b, unsigned char tag) {
+  size_t n = sgm_buffer_size(b);
+  unsigned char got[2] = {0, 0};
+  assert_int_equal(sgm_buffer_read(b, 0, &got[0], 1), SGM_OK);
+  assert_int_equal(sgm_buffer_read(b, n - 1, &got[1], 1), SGM_OK);
+  assert_int_equal(got[0], tag);
+  assert_int_equal(got[1], tag);
+}
+
+static void use(sgm_buffer *b) {
+  void *d = NULL;
+  assert_int_equal(sgm_buffer_acquire(b, NULL, &d), SGM_OK);
+  assert_non_null(d);
+  assert_int_equal(sgm_buffer_release(b, NULL), SGM_OK);
+}
+
+/*
+ * The admission contract, with a policy whose admit is a switch: every
+ * acquire is recorded (hit or miss); admit is asked only when a newcomer
+ * needs a victim's room in VRAM; refused, the newcomer lands one tier down —
+ * create: shared memory; acquire from shared: used there; acquire from disk:
+ * shared memory; prefetch: stays — nothing is evicted for it, its data is
+ * intact, and a later acquire that is admitted brings it to VRAM. Plain
+ * allocations never ask and evict as before.
+ */
+static void test_api_admission_contract(void **state) {
+  (void)state;
+  char dir[] = "/tmp/sgm_admit_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  sgm_test_clean_env();
+  setenv("SGM_EMU_VRAM", "64MiB", 1);
+  setenv("SGM_VRAM_LIMIT", "8MiB", 1);
+  setenv("SGM_SHARED_LIMIT", "16MiB", 1);
+  setenv("SGM_SPILL_DIR", dir, 1);
+  setenv("SGM_POLICY", "testgate", 1);
+  sgm_context *ctx = NULL;
+  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+  gate_refuse = false;
+  gate_n_records = gate_n_admits = 0;
+  enum { N = 8 };
+  sgm_buffer *b[N];
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(sgm_buffer_create(ctx, 1 * MiB, &b[i]), SGM_OK);
+    write_tag(b[i], (unsigned char)(i + 1));
+    use(b[i]);
+  }
+  /* Room for all: recorded (both tiers' instances hear of each acquire),
+   * never asked. */
+  assert_int_equal(__atomic_load_n(&gate_n_records, __ATOMIC_SEQ_CST), 2 * N);
+  assert_int_equal(__atomic_load_n(&gate_n_admits, __ATOMIC_SEQ_CST), 0);
+
+  __atomic_store_n(&gate_refuse, true, __ATOMIC_SEQ_CST);
+  sgm_buffer *c;
+  assert_int_equal(sgm_buffer_create(ctx, 1 * MiB, &c), SGM_OK);
+  assert_int_equal(sgm_buffer_tier(c), SGM_TIER_SHARED); /* refused at create */
+  assert_int_equal(__atomic_load_n(&gate_n_admits, __ATOMIC_SEQ_CST), 1);
+  write_tag(c, 0xC1);
+  void *d = NULL;
+  assert_int_equal(sgm_buffer_acquire(c, NULL, &d), SGM_OK); /* used in shared memory */
+  assert_non_null(d);
+  assert_int_equal(sgm_buffer_tier(c), SGM_TIER_SHARED);
+  assert_int_equal(sgm_buffer_release(c, NULL), SGM_OK);
+  assert_int_equal(__atomic_load_n(&gate_n_records, __ATOMIC_SEQ_CST), 2 * N + 2);
+  read_tag(c, 0xC1);
+  /* From disk, refused: it comes up to shared memory, not VRAM. */
+  assert_int_equal(sgm_buffer_evict(c, SGM_TIER_DISK), SGM_OK);
+  assert_int_equal(sgm_buffer_tier(c), SGM_TIER_DISK);
+  use(c);
+  assert_int_equal(sgm_buffer_tier(c), SGM_TIER_SHARED);
+  read_tag(c, 0xC1);
+  /* A prefetch, refused: it stays. Wait for the worker's question (a
+   * counter, not a sleep), then for the buffer (a read waits while it is
+   * being moved). */
+  uint64_t asked = __atomic_load_n(&gate_n_admits, __ATOMIC_SEQ_CST);
+  assert_int_equal(sgm_buffer_prefetch(c, NULL), SGM_OK);
+  for (long spin = 0; __atomic_load_n(&gate_n_admits, __ATOMIC_SEQ_CST) == asked; spin++) {
+    if (spin > 2000000000L) fail_msg("the prefetch worker never asked admit");
+    sched_yield();
+  }
+  read_tag(c, 0xC1);
+  assert_int_equal(sgm_buffer_tier(c), SGM_TIER_SHARED);
+  assert_int_equal(vram_evictions(ctx), 0); /* nothing left VRAM for c */
+  for (int i = 0; i < N; i++) assert_int_equal(sgm_buffer_tier(b[i]), SGM_TIER_VRAM);
+
+  /* A plain allocation never asks: it evicts as before. */
+  asked = __atomic_load_n(&gate_n_admits, __ATOMIC_SEQ_CST);
+  void *p = sgm_alloc(ctx, 1 * MiB, NULL);
+  assert_non_null(p);
+  assert_int_equal(__atomic_load_n(&gate_n_admits, __ATOMIC_SEQ_CST), asked);
+  assert_int_equal(vram_evictions(ctx), 1);
+  sgm_free(ctx, p, NULL);
+
+  /* Admitted now: the acquire brings it to VRAM, a FIFO victim leaves. */
+  __atomic_store_n(&gate_refuse, false, __ATOMIC_SEQ_CST);
+  use(c);
+  assert_int_equal(sgm_buffer_tier(c), SGM_TIER_VRAM);
+  assert_int_equal(__atomic_load_n(&gate_last_candidate, __ATOMIC_SEQ_CST),
+                   __atomic_load_n(&gate_last_record, __ATOMIC_SEQ_CST));
+  read_tag(c, 0xC1);
+  for (int i = 0; i < N; i++) read_tag(b[i], (unsigned char)(i + 1));
+  ctx_verify(ctx, "testgate");
+  sgm_context_destroy(ctx);
+  assert_int_equal(rmdir(dir), 0);
+}
+
+/*
+ * A request that cannot fit in VRAM even if every released buffer left —
+ * larger than the whole budget, or than the room plus everything evictable —
+ * evicts nothing: it lands in shared memory and VRAM keeps what it holds.
+ * (Before, it demoted everything first.) One that can fit still evicts.
+ */
+static void test_api_no_eviction_for_what_cannot_fit(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("lru");
+  enum { N = 8 };
+  sgm_buffer *b[N];
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(sgm_buffer_create(ctx, 1 * MiB, &b[i]), SGM_OK);
+    use(b[i]);
+  }
+  void *p = sgm_alloc(ctx, 9 * MiB, NULL); /* > the 8 MiB budget */
+  assert_non_null(p);                     /* the shared-memory fallback */
+  sgm_free(ctx, p, NULL);
+  sgm_buffer *big;
+  assert_int_equal(sgm_buffer_create(ctx, 9 * MiB, &big), SGM_OK);
+  assert_int_equal(sgm_buffer_tier(big), SGM_TIER_SHARED);
+  use(big);
+  assert_int_equal(sgm_buffer_tier(big), SGM_TIER_SHARED);
+  assert_int_equal(vram_evictions(ctx), 0);
+  sgm_buffer_destroy(big);
+  /* Two held: 6 MiB evictable, no room; 7 MiB cannot fit either. */
+  void *d0, *d1;
+  assert_int_equal(sgm_buffer_acquire(b[0], NULL, &d0), SGM_OK);
+  assert_int_equal(sgm_buffer_acquire(b[1], NULL, &d1), SGM_OK);
+  sgm_buffer *seven;
+  assert_int_equal(sgm_buffer_create(ctx, 7 * MiB, &seven), SGM_OK);
+  assert_int_equal(sgm_buffer_tier(seven), SGM_TIER_SHARED);
+  assert_int_equal(vram_evictions(ctx), 0);
+  for (int i = 0; i < N; i++) assert_int_equal(sgm_buffer_tier(b[i]), SGM_TIER_VRAM);
+  /* 6 MiB can: all six released buffers leave for it. */
+  sgm_buffer *six;
+  assert_int_equal(sgm_buffer_create(ctx, 6 * MiB, &six), SGM_OK);
+  assert_int_equal(sgm_buffer_tier(six), SGM_TIER_VRAM);
+  assert_int_equal(vram_evictions(ctx), 6);
+  assert_int_equal(sgm_buffer_release(b[0], NULL), SGM_OK);
+  assert_int_equal(sgm_buffer_release(b[1], NULL), SGM_OK);
+  ctx_verify(ctx, "lru");
+  sgm_context_destroy(ctx);
+}
+
+/*
+ * TinyLFU's signature, through the vtable, with buffers small next to its
+ * starting window (1% of 1000 buffers): a hot set used three times survives a
+ * scan of twice the cache in cold buffers (each passes through the window
+ * and loses its duel with main's victim, or is refused at the door while the
+ * hill climber has shrunk the window below one buffer), and of two buffers
+ * first used together, the one used four times is kept through a further
+ * scan while the one used once is gone. Each hot use is followed by a cold
+ * one, so that hot buffers are out of the window (in probation) when used
+ * again, and move to protected; they are a quarter of its smallest share, so
+ * a window the climber grows (up to 80%) takes its room from probation.
+ */
+static void test_tinylfu_window_and_duel(void **state) {
+  (void)state;
+  enum { CAP = 1000, HOT = 40, SCAN = 2000, X = 2 * HOT + SCAN, Y = X + 1, MORE = Y + 1,
+         N = MORE + 2000 };
+  const uint64_t cap = CAP * 4 * KiB;
+  harness h;
+  h_init(&h, policy("tinylfu"), N, cap);
+  size_t cold = HOT;
+  for (int round = 0; round < 3; round++)
+    for (size_t i = 0; i < HOT; i++) {
+      h_touch(&h, i, cap);
+      if (round == 0) h_touch(&h, cold++, cap);
+    }
+  for (size_t i = cold; i < cold + SCAN; i++) h_touch(&h, i, cap);
+  int kept = 0;
+  for (size_t i = 0; i < HOT; i++) kept += h_resident(&h, i);
+  print_message("# tinylfu: %d of %d hot buffers survived a scan of %d\n", kept, HOT, SCAN);
+  assert_int_equal(kept, HOT);
+  h_touch(&h, X, cap);
+  h_touch(&h, Y, cap);
+  for (int j = 0; j < 3; j++) h_touch(&h, X, cap);
+  for (size_t i = MORE; i < N; i++) h_touch(&h, i, cap);
+  assert_true(h_resident(&h, X));
+  assert_false(h_resident(&h, Y));
+  for (size_t i = 0; i < HOT; i++) assert_true(h_resident(&h, i));
+  h_verify(&h);
+  h_fini(&h);
+}
+
+/*
+ * TinyLFU through the buffer API, with buffers larger than its window (1% of
+ * 8 MiB): every newcomer to a full VRAM is judged by admit. A hot set used
+ * four times survives a scan of cold buffers, which are never admitted: they
+ * are created in shared memory, used there, read back intact, and nothing
+ * leaves VRAM for them. A scan buffer acquired again (its estimate now above
+ * main's victim's, a buffer used once) is admitted, and the victim is that
+ * buffer, not a hot one.
+ */
+static void test_api_tinylfu_admission(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("tinylfu");
+  enum { HOT = 6, FILL = 2, SCAN = 12 }; /* the scan fits the 16 MiB of shared memory */
+  sgm_buffer *hot[HOT], *fill[FILL], *scan[SCAN];
+  for (int i = 0; i < HOT; i++) {
+    assert_int_equal(sgm_buffer_create(ctx, 1 * MiB, &hot[i]), SGM_OK);
+    write_tag(hot[i], (unsigned char)(0x10 + i));
+  }
+  for (int i = 0; i < FILL; i++) { /* VRAM's last 2 MiB: used once */
+    assert_int_equal(sgm_buffer_create(ctx, 1 * MiB, &fill[i]), SGM_OK);
+    use(fill[i]);
+  }
+  for (int round = 0; round < 4; round++)
+    for (int i = 0; i < HOT; i++) use(hot[i]);
+  for (int i = 0; i < SCAN; i++) {
+    assert_int_equal(sgm_buffer_create(ctx, 1 * MiB, &scan[i]), SGM_OK);
+    write_tag(scan[i], (unsigned char)(0x40 + i));
+    use(scan[i]);
+  }
+  /* VRAM was full: every scan buffer was refused, at create and at use. */
+  for (int i = 0; i < HOT; i++) assert_int_equal(sgm_buffer_tier(hot[i]), SGM_TIER_VRAM);
+  for (int i = 0; i < FILL; i++) assert_int_equal(sgm_buffer_tier(fill[i]), SGM_TIER_VRAM);
+  for (int i = 0; i < SCAN; i++) assert_int_equal(sgm_buffer_tier(scan[i]), SGM_TIER_SHARED);
+  assert_int_equal(vram_evictions(ctx), 0);
+  for (int i = 0; i < SCAN; i++) read_tag(scan[i], (unsigned char)(0x40 + i));
+  /* Asked for again while outside: admitted at its second acquire. */
+  int uses = 1;
+  while (sgm_buffer_tier(scan[10]) != SGM_TIER_VRAM && uses < 8) {
+    use(scan[10]);
+    uses++;
+  }
+  print_message("# tinylfu: a refused buffer was admitted at its use number %d\n", uses);
+  assert_int_equal(sgm_buffer_tier(scan[10]), SGM_TIER_VRAM);
+  assert_int_equal(uses, 2);
+  assert_int_equal(vram_evictions(ctx), 1);
+  for (int i = 0; i < HOT; i++) assert_int_equal(sgm_buffer_tier(hot[i]), SGM_TIER_VRAM);
+  assert_int_equal((sgm_buffer_tier(fill[0]) == SGM_TIER_VRAM) + (sgm_buffer_tier(fill[1]) == SGM_TIER_VRAM), 1);
+  read_tag(scan[10], 0x4A);
+  for (int i = 0; i < HOT; i++) read_tag(hot[i], (unsigned char)(0x10 + i));
+  ctx_verify(ctx, "tinylfu");
+  sgm_context_destroy(ctx);
+}
+
 /* Per-tier choice: SGM_POLICY for both tiers unless SGM_POLICY_VRAM /
  * SGM_POLICY_SHARED (or the config fields) say otherwise; bad names fail
  * create naming the variable or field and listing the registered policies. */
@@ -883,7 +1226,7 @@ static void test_per_tier_policy_choice(void **state) {
   sgm_config cfg;
   sgm_config_init(&cfg);
   assert_non_null(strstr(cfg.error, "SGM_POLICY_VRAM=\"belady\""));
-  assert_non_null(strstr(cfg.error, "lru, clock, lfu, arc, s3fifo, testfifo"));
+  assert_non_null(strstr(cfg.error, "lru, clock, lfu, arc, s3fifo, tinylfu, testfifo, testgate"));
   assert_int_equal(sgm_context_create(&cfg, &ctx), SGM_ERR_INVALID);
   assert_null(ctx);
 
@@ -907,15 +1250,18 @@ static void test_per_tier_policy_choice(void **state) {
  * options.c's list of built-in names is the registry's. */
 static void test_registry_builtins(void **state) {
   (void)state;
-  const char *want[] = {"lru", "clock", "lfu", "arc", "s3fifo"};
-  assert_true(sgm_policy_count() >= 5);
-  for (size_t i = 0; i < 5; i++) {
+  const char *want[] = {"lru", "clock", "lfu", "arc", "s3fifo", "tinylfu"};
+  assert_true(sgm_policy_count() >= 6);
+  for (size_t i = 0; i < 6; i++) {
     const sgm_policy_ops *ops = sgm_policy_at(i);
     assert_non_null(ops);
     assert_string_equal(ops->name, want[i]);
     assert_non_null(ops->check); /* every built-in can be checked */
     assert_non_null(ops->summary);
     assert_ptr_equal(sgm_policy_find(want[i]), ops);
+    /* Only the admission policy counts and admits. */
+    bool tiny = strcmp(want[i], "tinylfu") == 0;
+    assert_true((ops->record != NULL) == tiny && (ops->admit != NULL) == tiny);
   }
   assert_ptr_equal(sgm_policy_find("S3FIFO"), sgm_policy_at(4));
   assert_null(sgm_policy_find("mru"));
@@ -929,7 +1275,7 @@ static void test_registry_builtins(void **state) {
   assert_non_null(row);
   size_t j = 0;
   for (; row->names[j]; j++) assert_string_equal(row->names[j], want[j]);
-  assert_int_equal(j, 5);
+  assert_int_equal(j, 6);
 }
 
 static sgm_policy_ops complete_ops(const char *name) {
@@ -1018,6 +1364,10 @@ int main(void) {
       cmocka_unit_test(test_api_priorities_every_policy),
       cmocka_unit_test(test_api_pending_gpu_work_skipped),
       cmocka_unit_test(test_api_storm_every_policy),
+      cmocka_unit_test(test_api_admission_contract),
+      cmocka_unit_test(test_api_no_eviction_for_what_cannot_fit),
+      cmocka_unit_test(test_tinylfu_window_and_duel),
+      cmocka_unit_test(test_api_tinylfu_admission),
       cmocka_unit_test(test_per_tier_policy_choice),
       cmocka_unit_test(test_register_errors),
   };
