@@ -42,10 +42,11 @@ static const char *const backend_names[] = {"cuda", "emu", "auto", NULL};
  * the docs. The policy rows are checked against the registry instead (see
  * string_known), which programs extend with sgm_policy_register();
  * tests/unit/test_policies.c checks this list against it. */
-static const char *const policy_names[] = {"lru", "clock", "lfu", "arc", "s3fifo", "tinylfu", NULL};
+static const char *const policy_names[] = {"lru", "clock", "lfu", "arc", "s3fifo", "tinylfu", "lirs",
+                                           NULL};
 /* The same for the per-tier rows, where "" means "as SGM_POLICY". */
 static const char *const policy_names_or_empty[] = {"", "lru", "clock", "lfu", "arc", "s3fifo",
-                                                    "tinylfu", NULL};
+                                                    "tinylfu", "lirs", NULL};
 
 /* Keywords meaning "unset: the documented default" for size options. */
 static const char *const keyword_none[] = {"none", NULL};
@@ -94,7 +95,7 @@ static const sgm_option option_rows[] = {
      * plug-ins; see docs/policies.md for when another one wins. */
     {.env = "SGM_POLICY", FIELD(policy), .kind = SGM_OPT_STRING, .default_value = "lru",
      .names = policy_names,
-     .help = "eviction policy of every tier: lru, clock, lfu, arc, s3fifo, tinylfu, or a name "
+     .help = "eviction policy of every tier: lru, clock, lfu, arc, s3fifo, tinylfu, lirs, or a name "
              "registered with sgm_policy_register (docs/policies.md)"},
     /* Empty: one policy for both tiers unless asked; the tiers see different
      * traffic (shared memory holds what VRAM let go), so they may differ. */

@@ -30,7 +30,7 @@ static bool registry_seeded;                                     /* built-ins ar
 
 static const sgm_policy_ops *const builtins[] = {
     &sgm__policy_lru, &sgm__policy_clock, &sgm__policy_lfu,
-    &sgm__policy_arc, &sgm__policy_s3fifo, &sgm__policy_tinylfu,
+    &sgm__policy_arc, &sgm__policy_s3fifo, &sgm__policy_tinylfu, &sgm__policy_lirs,
 };
 
 static const char *const reserved_names[] = {"all", "opt", "opt-admit"};

@@ -20,6 +20,7 @@ extern const sgm_policy_ops sgm__policy_lfu;    /* policies/lfu.c */
 extern const sgm_policy_ops sgm__policy_arc;    /* policies/arc.c */
 extern const sgm_policy_ops sgm__policy_s3fifo; /* policies/s3fifo.c */
 extern const sgm_policy_ops sgm__policy_tinylfu; /* policies/tinylfu.c */
+extern const sgm_policy_ops sgm__policy_lirs;   /* policies/lirs.c */
 
 /* ---- policies/priority.c: one instance of a policy per priority level ----
  *

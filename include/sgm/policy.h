@@ -5,7 +5,7 @@
  * shared memory) when something new needs room. sgm makes one *instance* of
  * the chosen policy per (tier, priority level): buffers of a lower
  * sgm_priority always leave first, and within a level the policy chooses.
- * The built-ins (lru, clock, lfu, arc, s3fifo, tinylfu) live in policies/ and use
+ * The built-ins (lru, clock, lfu, arc, s3fifo, tinylfu, lirs) live in policies/ and use
  * nothing but this header; a program adds its own with sgm_policy_register()
  * and selects it by name (SGM_POLICY, SGM_POLICY_VRAM, SGM_POLICY_SHARED).
  * Longer prose, with a worked example: docs/policies.md.

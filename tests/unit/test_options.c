@@ -351,7 +351,7 @@ static void test_error_messages(void **state) {
   setenv("SGM_POLICY_SHARED", "mru", 1);
   sgm_config_init(&cfg);
   assert_non_null(strstr(cfg.error, "SGM_POLICY_SHARED=\"mru\""));
-  assert_non_null(strstr(cfg.error, "lru, clock, lfu, arc, s3fifo, tinylfu, or empty"));
+  assert_non_null(strstr(cfg.error, "lru, clock, lfu, arc, s3fifo, tinylfu, lirs, or empty"));
   sgm_test_clean_env();
   setenv("SGM_BACKEND", "rocm", 1);
   sgm_config_init(&cfg);

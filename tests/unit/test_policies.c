@@ -1226,7 +1226,7 @@ static void test_per_tier_policy_choice(void **state) {
   sgm_config cfg;
   sgm_config_init(&cfg);
   assert_non_null(strstr(cfg.error, "SGM_POLICY_VRAM=\"belady\""));
-  assert_non_null(strstr(cfg.error, "lru, clock, lfu, arc, s3fifo, tinylfu, testfifo, testgate"));
+  assert_non_null(strstr(cfg.error, "lru, clock, lfu, arc, s3fifo, tinylfu, lirs, testfifo, testgate"));
   assert_int_equal(sgm_context_create(&cfg, &ctx), SGM_ERR_INVALID);
   assert_null(ctx);
 
@@ -1250,9 +1250,9 @@ static void test_per_tier_policy_choice(void **state) {
  * options.c's list of built-in names is the registry's. */
 static void test_registry_builtins(void **state) {
   (void)state;
-  const char *want[] = {"lru", "clock", "lfu", "arc", "s3fifo", "tinylfu"};
-  assert_true(sgm_policy_count() >= 6);
-  for (size_t i = 0; i < 6; i++) {
+  const char *want[] = {"lru", "clock", "lfu", "arc", "s3fifo", "tinylfu", "lirs"};
+  assert_true(sgm_policy_count() >= 7);
+  for (size_t i = 0; i < 7; i++) {
     const sgm_policy_ops *ops = sgm_policy_at(i);
     assert_non_null(ops);
     assert_string_equal(ops->name, want[i]);
@@ -1275,7 +1275,7 @@ static void test_registry_builtins(void **state) {
   assert_non_null(row);
   size_t j = 0;
   for (; row->names[j]; j++) assert_string_equal(row->names[j], want[j]);
-  assert_int_equal(j, 6);
+  assert_int_equal(j, 7);
 }
 
 static sgm_policy_ops complete_ops(const char *name) {
