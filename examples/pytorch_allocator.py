@@ -23,7 +23,7 @@ import json
 import os
 import sys
 
-from sgm_ctypes import MiB, TIERS, find_lib, load_sgm, skip, stats, task_manager
+from sgm_ctypes import MiB, TIERS, find_lib, load_sgm, skip, stats, task_manager, work_plan
 
 
 def main():
@@ -62,9 +62,7 @@ def main():
     if not ctx:
         return 1
     budget = stats(lib, ctx)["tiers"]["vram"]["budget_bytes"]
-    block = (budget // 8) // 4 * 4
-    n_blocks = (budget * 3 // 2 + block - 1) // block
-    n = block // 4
+    block, n_blocks, n = work_plan(budget)
     print(f"VRAM budget {budget / MiB:.1f} MiB: {n_blocks} int32 tensors of {block / MiB:.1f} MiB "
           f"= 1.5x the budget")
 

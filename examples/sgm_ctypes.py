@@ -71,6 +71,13 @@ def stats(lib, ctx):
 
 
 
+def work_plan(budget):
+    """Sizes for 1.5x the VRAM budget of int32 arrays: (block bytes, count, elements per block)."""
+    block = (budget // 8) // 4 * 4
+    n_blocks = (budget * 3 // 2 + block - 1) // block
+    return block, n_blocks, block // 4
+
+
 def task_manager(st, moment):
     print(f"{moment}:")
     for name, key in (("Dedicated GPU memory", "vram"), ("Shared GPU memory", "shared")):

@@ -64,6 +64,17 @@ static inline void pol_unlink(pol_node *n) {
   n->prev = n->next = NULL;
 }
 
+/* Drop a pinned item for good (on_remove DROP) in a policy that keeps pinned
+ * items in place in its ring or queue: unlink it if it still holds a place,
+ * counting it out of *n_pinned, and clear the pin. */
+static inline void pol_drop_pinned(pol_node *n, uint8_t *pinned, uint64_t *n_pinned) {
+  if (pol_linked(n)) {
+    pol_unlink(n);
+    (*n_pinned)--;
+  }
+  *pinned = 0;
+}
+
 /* Insert n between a and b (a->next == b). */
 static inline void pol_link_between(pol_node *n, pol_node *a, pol_node *b) {
   n->prev = a;

@@ -154,11 +154,7 @@ static void s3_remove(sgm_policy *pp, sgm_policy_item *it, sgm_policy_remove why
   pol_assert(s->item == it);
   if (s->pinned) {
     pol_assert(why == SGM_POLICY_REMOVE_DROP);
-    if (pol_linked(&s->node)) {
-      pol_unlink(&s->node);
-      p->n_pinned--;
-    }
-    s->pinned = 0;
+    pol_drop_pinned(&s->node, &s->pinned, &p->n_pinned);
     return;
   }
   s3_count(p, s, -1);
