@@ -102,6 +102,7 @@ typedef struct sgm_config {
   uint64_t idle_trim_ms;          /* SGM_IDLE_TRIM_MS: free chunks idle this long go back; 0 = never */
   char policy_vram[SGM_NAME_MAX];   /* SGM_POLICY_VRAM: the VRAM tier's policy; "" = policy */
   char policy_shared[SGM_NAME_MAX]; /* SGM_POLICY_SHARED: the shared tier's policy; "" = policy */
+  uint64_t shared_chunk_bytes;    /* SGM_SHARED_CHUNK: first pinned chunk of the shared tier */
   /*
    * The first bad environment value sgm_config_init() met, as a message that
    * names the variable and the value; "" when all were good. A config whose

@@ -214,7 +214,21 @@ struct sgm_context {
   pthread_mutex_t idle_mu;                 /* guards idle_stop for the condition variable */
   bool idle_running;                       /* the idle thread was started */
   bool idle_stop;                          /* asks the idle thread to end */
+  unsigned fork_generation;                /* sgm__fork_generation when created */
+  long owner_pid;                          /* the process that created it (messages only) */
 };
+
+/* fork(): bumped in every child by a pthread_atfork handler (atomic). */
+extern unsigned sgm__fork_generation;
+/* True in a child of the process that created ctx: every public entry asks
+ * (one relaxed load) and answers sgm__context_fork_error. */
+static inline bool sgm__context_forked(const sgm_context *ctx) {
+  return sgm_unlikely(__atomic_load_n(&sgm__fork_generation, __ATOMIC_RELAXED) !=
+                      ctx->fork_generation);
+}
+/* Set "fn: this context was created by process P before fork() ..." and
+ * return SGM_ERR_UNSUPPORTED. */
+int sgm__context_fork_error(const sgm_context *ctx, const char *fn);
 
 /* Replace the idle-trim clock (tests); NULL restores the monotonic clock. */
 void sgm__context_set_clock(sgm_context *ctx, uint64_t (*clock_ms)(void *user), void *user);

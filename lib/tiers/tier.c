@@ -160,6 +160,7 @@ static size_t tier_detach_free_locked(sgm_tier_pool *p, uint64_t now_ms, uint64_
     }
   }
   p->n_chunks = w;
+  p->n_releasing += (unsigned)k; /* committed until tier_release_chunks drops them */
   *out = list;
   return k;
 }
@@ -172,9 +173,12 @@ static uint64_t tier_release_chunks(sgm_tier_pool *p, sgm_chunk *list, size_t n)
     bytes += list[i].bytes;
   }
   free(list);
-  if (bytes) {
+  if (n) {
     sgm__lock_take(&p->lock);
     p->committed_bytes -= bytes;
+    p->n_releasing -= (unsigned)n;
+    /* Growers that found the budget held by these chunks look again. */
+    pthread_cond_broadcast(&p->grown);
     sgm__lock_drop(&p->lock);
   }
   return bytes;
@@ -248,9 +252,10 @@ int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
     if (!p->p.growth) break;
     bool dedicated = false;
     uint64_t chunk = tier_next_chunk_locked(p, need, &dedicated);
-    if (chunk == 0 && p->n_growing > 0) {
-      /* The budget is held by chunks other threads are taking right now: one
-       * of them may have room for this block. Wait for it, then look again. */
+    if (chunk == 0 && (p->n_growing > 0 || p->n_releasing > 0)) {
+      /* The budget is held by chunks other threads are taking right now (one
+       * of them may have room for this block) or giving back (a trim: their
+       * bytes are committed until the backend has them). Wait, look again. */
       pthread_cond_wait(&p->grown, &p->lock.mu);
       round--;
       continue;
@@ -447,7 +452,7 @@ void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out) {
   out->used_bytes = p->used_bytes;
   out->peak_used_bytes = p->peak_used_bytes;
   out->n_live = p->n_live;
-  out->n_chunks = p->n_chunks;
+  out->n_chunks = p->n_chunks + p->n_releasing; /* committed counts those being returned */
   out->n_allocs = p->n_allocs;
   out->n_frees = p->n_frees;
   out->n_failed = __atomic_load_n(&p->n_failed, __ATOMIC_RELAXED);

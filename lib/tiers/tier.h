@@ -83,6 +83,7 @@ struct sgm_tier_pool {
   size_t n_pending;           /* entries used in pending (read without the lock: atomic) */
   size_t cap_pending;         /* entries allocated */
   unsigned n_growing;         /* chunks being taken from the backend right now */
+  unsigned n_releasing;       /* chunks detached and being returned right now (still committed) */
   pthread_cond_t grown;       /* broadcast when a chunk taking finishes */
 };
 
