@@ -82,8 +82,9 @@
 /* Names tried by the create-and-unlink fallback before giving up. */
 #define DISK_NAME_TRIES 64
 /* Paths in messages are cut in the middle to this many bytes (with the NUL):
- * a message is SGM_ERROR_MAX (512) bytes, and the errno and the hint after a
- * long path must survive it. Both ends stay: the mount point and the leaf are
+ * a message is at most 1 KiB (error.c) and callers keep copies in
+ * SGM_ERROR_MAX (512) bytes; the errno and the hint after a long path must
+ * survive both. Both ends stay: the mount point and the leaf are
  * what a reader recognises. */
 #define DISK_SHOWN_MAX 72
 

@@ -609,24 +609,24 @@ static void test_read_dead_extent(void **state) {
   sgm__disk_close(d);
 }
 
-/* Invariant (messages): a spill directory path of ~470 bytes is cut in the
+/* Invariant (messages): a spill directory path of ~950 bytes is cut in the
  * middle in messages, so the errno text and the hint after it survive the
- * 512-byte message: for a missing directory and for a write that fails with
+ * 1 KiB thread-local message: for a missing directory and for a write that fails with
  * ENOSPC. And SGM_SPILL_LIMIT below one 4 KiB extent names the setting, not
  * "free space there" (the disk is not what is short). */
 static void test_long_path_and_tiny_limit_messages(void **state) {
   fixture *f = *state;
   char path[SGM_PATH_MAX];
   size_t n = (size_t)snprintf(path, sizeof path, "%s", f->dir);
-  char made[5][SGM_PATH_MAX];
-  for (int level = 0; level < 5; level++) {
+  char made[10][SGM_PATH_MAX];
+  for (int level = 0; level < 10; level++) {
     n += (size_t)snprintf(path + n, sizeof path - n, "/%s%d",
                           "a-rather-long-directory-name-for-a-spill-tier-of-a-cluster-job-xx"
                           "xxxxxxxxxxxxxxxxxxxxxxx", level);
     assert_int_equal(mkdir(path, 0700), 0);
     snprintf(made[level], sizeof made[level], "%s", path);
   }
-  assert_true(strlen(path) > 450);
+  assert_true(strlen(path) > 900);
   char missing[SGM_PATH_MAX + 16];
   snprintf(missing, sizeof missing, "%.*s/nope", (int)(SGM_PATH_MAX - 8), path);
   sgm_disk *d = NULL;
@@ -649,7 +649,7 @@ static void test_long_path_and_tiny_limit_messages(void **state) {
   assert_null(d);
   assert_non_null(strstr(sgm_last_error(), "SGM_SPILL_LIMIT=1024 bytes"));
   assert_null(strstr(sgm_last_error(), "free space there"));
-  for (int level = 4; level >= 0; level--) assert_int_equal(rmdir(made[level]), 0);
+  for (int level = 9; level >= 0; level--) assert_int_equal(rmdir(made[level]), 0);
 }
 
 int main(void) {
