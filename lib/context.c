@@ -231,6 +231,7 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   pthread_once(&context_fork_once, context_fork_register);
   ctx->fork_generation = __atomic_load_n(&sgm__fork_generation, __ATOMIC_RELAXED);
   ctx->owner_pid = getpid();
+  ctx->vram_fraction = ctx->cfg.vram_fraction;
   sgm__options_tf_growth(ctx->cfg.verbose, &ctx->cfg.allow_growth);
   rc = sgm__options_cuda_memory_limit(ctx->cfg.device, &ctx->cuda_memory_limit_bytes);
   if (rc != SGM_OK) goto out_free;
@@ -242,7 +243,7 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   if (rc != SGM_OK) goto out_close;
   ctx->physical_ram_bytes = sgm__host_physical_ram("");
 
-  rc = context_vram_budget(ctx, ctx->cfg.vram_fraction, "SGM_VRAM_FRACTION",
+  rc = context_vram_budget(ctx, ctx->vram_fraction, "SGM_VRAM_FRACTION",
                            &ctx->budget_bytes[SGM_TIER_VRAM]);
   if (rc == SGM_OK) rc = context_shared_budget(ctx, &ctx->budget_bytes[SGM_TIER_SHARED]);
   if (rc != SGM_OK) goto out_close;
@@ -383,7 +384,7 @@ int sgm__context_set_vram_fraction(sgm_context *ctx, double fraction) {
   uint64_t budget = 0;
   int rc = context_vram_budget(ctx, fraction, "the memory fraction", &budget);
   if (rc == SGM_OK) {
-    ctx->cfg.vram_fraction = fraction;
+    ctx->vram_fraction = fraction; /* not cfg: sgm_context_config hands cfg out */
     ctx->budget_bytes[SGM_TIER_VRAM] = budget;
   }
   sgm__lock_drop(&ctx->lock);
