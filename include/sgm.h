@@ -259,7 +259,12 @@ SGM_API sgm_status sgm_buffer_acquire(sgm_buffer *b, void *stream, void **device
 SGM_API sgm_status sgm_buffer_release(sgm_buffer *b, void *stream);
 
 /* Copy n bytes from host memory into the buffer at offset / out of it, wherever
- * it lives (a disk-resident buffer is read back and verified). Bounds checked. */
+ * it lives (a disk-resident buffer is read back and verified). Bounds checked.
+ * A failed write leaves every byte outside [offset, offset + n) as it was; the
+ * bytes inside hold old or new data (a device copy may have run before its
+ * completion failed), except on a disk-resident buffer, which keeps all its old
+ * contents. A write covering the whole buffer succeeds even when its contents
+ * were lost (SGM_ERR_CORRUPT): it replaces them. */
 SGM_API sgm_status sgm_buffer_write(sgm_buffer *b, size_t offset, const void *src, size_t n);
 SGM_API sgm_status sgm_buffer_read(sgm_buffer *b, size_t offset, void *dst, size_t n);
 

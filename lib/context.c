@@ -421,6 +421,18 @@ SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
  * completed ones by itself: bounds the list without a query per free. */
 #define CONTEXT_PENDING_SWEEP 256
 
+/* sgm_free of a pointer an acquired buffer handed out: the block is the
+ * buffer's, not an allocation; freeing it would let sgm_alloc hand it out
+ * again under the buffer's data. */
+static sgm_status context_buffer_free(sgm_context *ctx, void *ptr) {
+  __atomic_fetch_add(&ctx->n_bad_frees, 1, __ATOMIC_RELAXED);
+  sgm__error_set(SGM_ERR_INVALID, "sgm_free: %p is the memory of an sgm_buffer, not an "
+                 "allocation; nothing was freed (release the buffer with sgm_buffer_release, "
+                 "free it with sgm_buffer_destroy)", ptr);
+  sgm__log(ctx->cfg.verbose, 1, "%s", sgm_last_error());
+  return SGM_ERR_INVALID;
+}
+
 static sgm_status context_bad_free(sgm_context *ctx, void *ptr) {
   __atomic_fetch_add(&ctx->n_bad_frees, 1, __ATOMIC_RELAXED);
   sgm__error_set(SGM_ERR_INVALID,
@@ -436,6 +448,7 @@ SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream) {
   if (sgm_unlikely(!ctx)) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_free: context is NULL");
   if (sgm__context_forked(ctx)) return (sgm_status)sgm__context_fork_error(ctx, "sgm_free");
   sgm_devptr d = (sgm_devptr)(uintptr_t)ptr;
+  if (sgm__placement_owns_block(ctx, d)) return context_buffer_free(ctx, ptr);
   if (ctx->bops->synchronous) {
     /* No device work can still use the block: it is free for everyone now. */
     uint64_t size = 0;

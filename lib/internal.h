@@ -184,6 +184,10 @@ bool sgm__suballoc_try_alloc(sgm_suballoc *sa, uint64_t size, uint64_t *offset_o
 int sgm__suballoc_free(sgm_suballoc *sa, uint64_t offset, uint64_t *size_out);
 /* Size of the live block starting at offset; 0 if none. */
 uint64_t sgm__suballoc_block_size(const sgm_suballoc *sa, uint64_t offset);
+/* The owner's mark on the live block at offset (0 = none, the value every
+ * block starts with); set_tag is false when no live block starts there. */
+bool sgm__suballoc_set_tag(sgm_suballoc *sa, uint64_t offset, uint16_t tag);
+uint16_t sgm__suballoc_tag(const sgm_suballoc *sa, uint64_t offset);
 void sgm__suballoc_stats(const sgm_suballoc *sa, sgm_suballoc_stats *out);
 /* Walk everything and check every invariant; false (and a message via
  * sgm__error_set) on the first broken one. O(n). */
@@ -251,6 +255,8 @@ uint64_t sgm__context_idle_tick(sgm_context *ctx);
  * share among themselves is in placement.h). */
 struct sgm_placement;
 int sgm__placement_create(sgm_context *ctx);
+/* True when d is the block of a live buffer (sgm_free must refuse it). */
+bool sgm__placement_owns_block(sgm_context *ctx, uint64_t d);
 /* Stops the prefetch worker and frees every buffer still alive. */
 void sgm__placement_destroy(sgm_context *ctx);
 /* residency.c, rules 1-3 for sgm_alloc: a block in VRAM if it fits, demoting

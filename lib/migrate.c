@@ -112,6 +112,7 @@ int sgm__migrate_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict
       b->dptr = dst;
     }
     sgm__buffer_set_tier(b, next);
+    sgm__buffer_tag_block(b);
     migrate_count(pl, from, next, b->size, evict);
   }
   return SGM_OK;
@@ -139,6 +140,7 @@ int sgm__migrate_promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, sgm_devpt
   b->dptr = dst;
   b->ext = (sgm_disk_extent){0};
   sgm__buffer_set_tier(b, to);
+  sgm__buffer_tag_block(b);
   migrate_count(ctx->pl, from, to, b->size, false);
   return SGM_OK;
 }
@@ -149,6 +151,16 @@ int sgm__migrate_host_io(sgm_context *ctx, sgm_buffer *b, size_t offset, void *h
     return write ? migrate_copy(ctx, SGM_COPY_HOST_TO_DEVICE, b->dptr + offset, (uintptr_t)host, n)
                  : migrate_copy(ctx, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)host, b->dptr + offset, n);
   struct sgm_placement *pl = ctx->pl;
+  if (write && offset == 0 && n == b->size) {
+    /* The write covers the whole buffer: what the extent held does not
+     * matter, even when it is lost (a corrupt extent is replaced, not read). */
+    sgm_disk_extent ext;
+    int rc = sgm__disk_write(pl->disk, host, n, &ext);
+    if (rc != SGM_OK) return rc; /* the old extent stays: contents as they were */
+    if (b->ext.bytes) sgm__disk_free(pl->disk, &b->ext);
+    b->ext = ext;
+    return SGM_OK;
+  }
   void *img = malloc(b->size);
   int rc = img ? migrate_disk_load(ctx, b, img) : migrate_no_stage(b);
   if (rc == SGM_OK && !write) memcpy(host, (char *)img + offset, n);

@@ -36,9 +36,17 @@
 
 typedef enum sgm_buf_state { SGM_BUF_RELEASED, SGM_BUF_ACQUIRED, SGM_BUF_BUSY } sgm_buf_state;
 
+/* b->magic: a live buffer, and one sgm_buffer_destroy has finished with
+ * (debug builds keep the latter's memory a while to recognise it: see
+ * sgm__buffer_check). Behind ctx and size: malloc keeps its free-list links
+ * in a freed block's first 16 bytes. */
+#define SGM_BUFFER_LIVE 0x5B0FFE21u
+#define SGM_BUFFER_DEAD 0xDEADB0F5u
+
 struct sgm_buffer {
   sgm_context *ctx;          /* owner */
   uint64_t size;             /* bytes asked for */
+  uint32_t magic;            /* SGM_BUFFER_LIVE, SGM_BUFFER_DEAD once destroyed */
   sgm_tier tier;             /* where the data is now (see sgm__buffer_set_tier) */
   sgm_devptr dptr;           /* block address in VRAM / shared; 0 on disk */
   sgm_disk_extent ext;       /* on disk: the extent; bytes == 0: never written (zeros) */
@@ -71,6 +79,9 @@ struct sgm_placement {
   uint64_t (*clock_ns)(void *user);    /* the policies' clock (monotonic ns; tests inject) */
   void *clock_user;                    /* its argument */
   sgm_buffer *all;                     /* every live buffer */
+  uint64_t n_buffers;                  /* live buffers (atomic: sgm_free reads it unlocked) */
+  sgm_buffer *graveyard[16];           /* debug builds: destroyed buffers kept, poisoned */
+  unsigned n_graveyard;                /* the next graveyard slot (round robin) */
   sgm_disk *disk;                      /* the spill tier, NULL when off */
   uint64_t bytes_in[SGM_TIER_COUNT];   /* migrated into each tier */
   uint64_t bytes_out[SGM_TIER_COUNT];  /* migrated out of each tier */
@@ -143,8 +154,16 @@ sgm_buf_state sgm__buffer_take_locked(struct sgm_placement *pl, sgm_buffer *b, s
  * a RELEASED resident buffer re-enters its policy (used: the taker used it);
  * one left on disk loses any pin. Wakes its waiters. */
 void sgm__buffer_finish(struct sgm_placement *pl, sgm_buffer *b, sgm_buf_state to, bool used);
+/* The check at every public buffer entry: NULL, a destroyed buffer (debug
+ * builds, where destroyed buffers stay recognisable for a while), a context
+ * inherited through fork(). SGM_OK or the status with the message set. */
+int sgm__buffer_check(const sgm_buffer *b, const char *fn);
+
 /* Free b's storage in its tier and its pending event (b unlinked, no lock). */
 void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b);
+/* Mark b's resident block as a buffer's (SGM_TIER_TAG_BUFFER), so sgm_free
+ * refuses it; call whenever b->dptr gets a new block (the owner of b). */
+void sgm__buffer_tag_block(sgm_buffer *b);
 
 /* ------------------------------------------------------------------------ */
 /* residency.c — the policy host (pl->lock held for the first five). */

@@ -216,7 +216,16 @@ int sgm__residency_alloc_for(sgm_context *ctx, sgm_tier t, uint64_t size, const 
     if (!v) return rc;
     int drc = sgm__migrate_demote(ctx, v, (sgm_tier)(t + 1), true);
     sgm__buffer_finish(ctx->pl, v, SGM_BUF_RELEASED, false);
-    if (drc != SGM_OK) return drc;
+    if (drc != SGM_OK) {
+      /* A failed demotion (a full or failing spill file system, a copy that
+       * failed) must never fail a request that fits without it: the victim
+       * stays where it was, and the request is answered as if nothing more
+       * could be evicted, so callers fall back (rule 3) or use the buffer
+       * where it is (rule 5). */
+      sgm__log(ctx->cfg.verbose, 2, "making room in %s: a demotion failed (%s); not evicting "
+               "further", sgm_tier_name(t), sgm_last_error());
+      return rc;
+    }
   }
 }
 
@@ -311,13 +320,27 @@ int sgm__residency_make_resident(sgm_context *ctx, sgm_buffer *b) {
   int rc = residency_promote(ctx, b, SGM_TIER_VRAM);
   if (rc == SGM_OK) return SGM_OK;
   if (!residency_full(rc)) return rc;
+  /* SGM_ERR_NOMEM with a message: the driver gave no memory, whatever the
+   * budget says; keep its words for the message below. */
+  char vram_why[SGM_ERROR_MAX] = "";
+  if (rc == SGM_ERR_NOMEM) snprintf(vram_why, sizeof vram_why, "%s", sgm_last_error());
   if (b->tier == SGM_TIER_SHARED) return SGM_OK;
   rc = residency_promote(ctx, b, SGM_TIER_SHARED);
-  if (rc == SGM__ERR_BUDGET) {
-    char what[96];
-    snprintf(what, sizeof what, "cannot make a %llu-byte buffer resident (everything resident is "
-             "acquired)", (unsigned long long)b->size);
-    rc = sgm__residency_both_full(ctx, b->size, true, what, "");
+  if (!residency_full(rc)) return rc;
+  char shared_why[SGM_ERROR_MAX];
+  if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(ctx->tiers[SGM_TIER_SHARED], b->size);
+  snprintf(shared_why, sizeof shared_why, "%s", sgm_last_error());
+  if (!vram_why[0]) {
+    sgm__tier_explain_budget(ctx->tiers[SGM_TIER_VRAM], b->size);
+    snprintf(vram_why, sizeof vram_why, "%s", sgm_last_error());
   }
-  return rc;
+  /* "Everything resident is acquired" only when it is so: nothing released
+   * is left in either resident tier to evict. */
+  struct sgm_placement *pl = ctx->pl;
+  bool none_listed = __atomic_load_n(&pl->n_listed[SGM_TIER_VRAM], __ATOMIC_RELAXED) == 0 &&
+                     __atomic_load_n(&pl->n_listed[SGM_TIER_SHARED], __ATOMIC_RELAXED) == 0;
+  return sgm__error_set(SGM_ERR_NOMEM, "cannot make a %llu-byte buffer resident%s. VRAM: %s. "
+                        "Shared: %s", (unsigned long long)b->size,
+                        none_listed ? " (no released buffer is left to evict)" : "", vram_why,
+                        shared_why);
 }

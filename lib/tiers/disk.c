@@ -804,7 +804,10 @@ int sgm__disk_write(sgm_disk *d, const void *src, uint64_t n, sgm_disk_extent *o
   d->used_bytes += size;
   if (d->used_bytes > d->peak_used_bytes) d->peak_used_bytes = d->used_bytes;
   d->n_live++;
-  if (d->fault_countdown && --d->fault_countdown == 0) {
+  if (d->fault_countdown == UINT64_MAX) {
+    x.kind = d->fault_kind; /* every write fails, until disarmed */
+    x.state = x.kind == SGM_DISK_FAULT_NONE ? DISK_FAULT_OFF : DISK_FAULT_ARMED;
+  } else if (d->fault_countdown && --d->fault_countdown == 0) {
     x.kind = d->fault_kind;
     x.state = x.kind == SGM_DISK_FAULT_NONE ? DISK_FAULT_OFF : DISK_FAULT_ARMED;
     d->fault_kind = SGM_DISK_FAULT_NONE;

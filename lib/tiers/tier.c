@@ -416,6 +416,19 @@ bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr) {
   return owns;
 }
 
+void sgm__tier_set_tag(sgm_tier_pool *p, sgm_devptr ptr, uint16_t tag) {
+  sgm__lock_take(&p->lock);
+  sgm__suballoc_set_tag(p->sa, ptr, tag);
+  sgm__lock_drop(&p->lock);
+}
+
+uint16_t sgm__tier_tag(sgm_tier_pool *p, sgm_devptr ptr) {
+  sgm__lock_take(&p->lock);
+  uint16_t tag = sgm__suballoc_tag(p->sa, ptr);
+  sgm__lock_drop(&p->lock);
+  return tag;
+}
+
 uint64_t sgm__tier_trim(sgm_tier_pool *p) {
   sgm__tier_reclaim(p, NULL, false);
   sgm_chunk *list;

@@ -116,6 +116,12 @@ size_t sgm__tier_reclaim(sgm_tier_pool *p, void *stream, bool wait);
 size_t sgm__tier_n_pending(sgm_tier_pool *p);
 /* True when ptr is the start of a live block of this pool. */
 bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr);
+/* Block tags: who owns a live block beyond "allocated" (0, every new block). */
+#define SGM_TIER_TAG_BUFFER 1 /* the storage of an sgm_buffer: sgm_free refuses it */
+/* Tag the live block at ptr (no-op when there is none). */
+void sgm__tier_set_tag(sgm_tier_pool *p, sgm_devptr ptr, uint16_t tag);
+/* The tag of the live block at ptr; 0 when untagged or not a live block. */
+uint16_t sgm__tier_tag(sgm_tier_pool *p, sgm_devptr ptr);
 /* Return wholly free chunks to the backend (growth mode only); bytes returned. */
 uint64_t sgm__tier_trim(sgm_tier_pool *p);
 /* Change the budget; when it drops below what is committed, free chunks are
