@@ -676,6 +676,11 @@ static void test_fork_child_cannot_touch_parent(void **state) {
     else if (sgm_free_ex(ctx, a, NULL) != SGM_ERR_UNSUPPORTED) code = 3;
     else if (sgm_get_stats(ctx, &st) != SGM_ERR_UNSUPPORTED) code = 4;
     else if (sgm_trim(ctx) != SGM_ERR_UNSUPPORTED) code = 5;
+    else if (sgm_buffer_read(b, 0, back, 16) != SGM_ERR_UNSUPPORTED) code = 6;
+    else if (sgm_buffer_write(b, 0, back, 16) != SGM_ERR_UNSUPPORTED) code = 7;
+    else if (sgm_buffer_evict(b, SGM_TIER_SHARED) != SGM_ERR_UNSUPPORTED) code = 8;
+    else if (!strstr(sgm_last_error(), "before fork()")) code = 9;
+    sgm_buffer_destroy(b); /* the child's copy: leaves the parent's extent alone */
     sgm_context_destroy(ctx);
     _exit(code);
   }
