@@ -54,7 +54,7 @@ void sgm__buffer_finish(struct sgm_placement *pl, sgm_buffer *b, sgm_buf_state t
 void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b) {
   uint64_t sz;
   if (b->tier == SGM_TIER_DISK) {
-    if (b->ext.bytes) sgm__disk_free(ctx->pl->disk, &b->ext);
+    sgm__migrate_disk_drop(ctx, b);
   } else {
     sgm__tier_free(ctx->tiers[b->tier], b->dptr, &sz);
   }
@@ -70,8 +70,8 @@ bool sgm__buffer_disk_offset(sgm_buffer *b, uint64_t *offset) {
   struct sgm_placement *pl = b->ctx->pl;
   sgm__lock_take(&pl->lock);
   sgm__buffer_wait_locked(pl, b); /* its mover owns ext */
-  bool on = b->tier == SGM_TIER_DISK && b->ext.bytes != 0;
-  *offset = on ? b->ext.offset : 0;
+  bool on = b->tier == SGM_TIER_DISK && b->ext && b->ext[0].bytes != 0;
+  *offset = on ? b->ext[0].offset : 0;
   sgm__lock_drop(&pl->lock);
   return on;
 }

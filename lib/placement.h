@@ -9,8 +9,10 @@
  *   prefetch.c   the prefetch queue and its worker
  *
  * A buffer's data lives in exactly one tier: a block of the VRAM or shared
- * pool (b->dptr), or an extent of the spill file (b->ext; none yet for a
- * buffer created straight on disk and never written: it reads as zeros).
+ * pool (b->dptr), or extents of the spill file (b->ext, one per
+ * SGM_DISK_CHUNK of the buffer, so a partial write rewrites only the chunks
+ * it touches; none yet for a buffer created straight on disk and never
+ * written: it reads as zeros).
  *
  * States: RELEASED (listed, or on disk), ACQUIRED, BUSY (one thread owns it
  * while moving or copying; others wait until it is not). Only the owner of a
@@ -33,6 +35,12 @@
 #include "tiers/disk.h"
 
 #define SGM_N_RESIDENT 2 /* VRAM and shared: the tiers with policies */
+/* A disk-resident buffer is stored as extents of this many bytes (the last
+ * shorter): a write of 1 MiB into a 64 MiB buffer reads and rewrites 4 MiB,
+ * not 64, and stages no more than that in RAM; 4 MiB is also the bounce
+ * size of the disk tier and keeps a spill's direct I/O in requests of that
+ * size (docs/disk.md). */
+#define SGM_DISK_CHUNK (UINT64_C(4) << 20)
 
 typedef enum sgm_buf_state { SGM_BUF_RELEASED, SGM_BUF_ACQUIRED, SGM_BUF_BUSY } sgm_buf_state;
 
@@ -49,7 +57,8 @@ struct sgm_buffer {
   uint32_t magic;            /* SGM_BUFFER_LIVE, SGM_BUFFER_DEAD once destroyed */
   sgm_tier tier;             /* where the data is now (see sgm__buffer_set_tier) */
   sgm_devptr dptr;           /* block address in VRAM / shared; 0 on disk */
-  sgm_disk_extent ext;       /* on disk: the extent; bytes == 0: never written (zeros) */
+  sgm_disk_extent *ext;      /* on disk: one extent per SGM_DISK_CHUNK of data (bytes 0: that
+                                chunk never written, zeros); NULL: none (zeros) or not on disk */
   uint32_t state;            /* sgm_buf_state | SGM_BUF_WAITERS: see sgm__buffer_state */
   int priority;              /* sgm_priority the user set */
   void *event;               /* GPU work queued before release; NULL = none pending */
@@ -212,8 +221,12 @@ int sgm__migrate_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict
 /* Move b up into the block dst just allocated in resident tier `to`. On
  * failure b is unchanged and dst freed (a checksum mismatch leaves b on disk). */
 int sgm__migrate_promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, sgm_devptr dst);
+/* Give back b's spill extents (b->ext freed and NULL). */
+void sgm__migrate_disk_drop(sgm_context *ctx, sgm_buffer *b);
 /* Copy n bytes between host memory and b's data at offset, wherever it lives
- * (write: host -> buffer). */
+ * (write: host -> buffer). A disk-resident buffer rewrites only the chunks
+ * the write touches, each into a new extent: a failed write leaves every old
+ * extent, i.e. all of the old contents. */
 int sgm__migrate_host_io(sgm_context *ctx, sgm_buffer *b, size_t offset, void *host, size_t n,
                          bool write);
 
