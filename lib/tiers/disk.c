@@ -60,7 +60,7 @@
 /* Bounce buffer for unaligned buffers and partial blocks: 1, 4, 8 and 16 MiB
  * were within this VM's noise (docs/disk.md); 4 MiB is one request at the
  * usual max_sectors_kb and small enough to cache a few. */
-#define DISK_BOUNCE_BYTES (UINT64_C(4) << 20)
+#define DISK_BOUNCE_BYTES SGM_DISK_BOUNCE_BYTES
 /* Bounce buffers kept for reuse: one per concurrent spiller of a typical
  * 4-thread workload; more are allocated and freed on demand. */
 #define DISK_BOUNCE_CACHE 4
@@ -109,6 +109,8 @@ struct sgm_disk {
   uint64_t fault_countdown;      /* (L) testing: writes until it fires; 0 = disarmed */
   void *bounce[DISK_BOUNCE_CACHE]; /* (L) cached bounce buffers, DISK_BOUNCE_BYTES each */
   unsigned n_bounce;             /* (L) entries used in bounce */
+  void *pinned;                  /* (L) the lent pinned staging buffer (not ours to free), or NULL */
+  bool pinned_busy;              /* (L) pinned is handed out now */
   aio_context_t aio[DISK_AIO_CACHE]; /* (L) cached AIO contexts, DISK_AIO_DEPTH deep */
   unsigned n_aio;                /* (L) entries used in aio */
 };
@@ -395,6 +397,29 @@ static void disk_bounce_put(sgm_disk *d, void *p) {
   if (d->n_bounce < DISK_BOUNCE_CACHE) d->bounce[d->n_bounce++] = p, p = NULL;
   sgm__lock_drop(&d->lock);
   free(p);
+}
+
+void sgm__disk_lend_bounce(sgm_disk *d, void *pinned) {
+  sgm__lock_take(&d->lock);
+  if (!d->pinned) d->pinned = pinned;
+  sgm__lock_drop(&d->lock);
+}
+
+void *sgm__disk_stage_get(sgm_disk *d) {
+  sgm__lock_take(&d->lock);
+  void *p = d->pinned && !d->pinned_busy ? d->pinned : NULL;
+  if (p) d->pinned_busy = true;
+  sgm__lock_drop(&d->lock);
+  return p ? p : disk_bounce_get(d);
+}
+
+void sgm__disk_stage_put(sgm_disk *d, void *p) {
+  if (!p) return;
+  sgm__lock_take(&d->lock);
+  bool mine = p == d->pinned;
+  if (mine) d->pinned_busy = false;
+  sgm__lock_drop(&d->lock);
+  if (!mine) disk_bounce_put(d, p);
 }
 
 /* A cached AIO context or a new one; false where the kernel will not give one

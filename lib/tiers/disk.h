@@ -67,6 +67,17 @@ int sgm__disk_read(sgm_disk *d, const sgm_disk_extent *e, void *dst);
  * a caller bug: asserted when SGM_DEBUG >= 1, else ignored. */
 void sgm__disk_free(sgm_disk *d, const sgm_disk_extent *e);
 
+/* Staging for transfers between the spill file and device memory: buffers of
+ * SGM_DISK_BOUNCE_BYTES, page-aligned, kept by the tier (no malloc per
+ * transfer). lend_bounce gives the tier one pinned buffer of that size (the
+ * caller allocated it through its backend, keeps ownership and frees it after
+ * sgm__disk_close); stage_get hands it out when it is free, else a cached
+ * unpinned one (NULL when out of memory); stage_put takes either back. */
+#define SGM_DISK_BOUNCE_BYTES (UINT64_C(4) << 20)
+void sgm__disk_lend_bounce(sgm_disk *d, void *pinned);
+void *sgm__disk_stage_get(sgm_disk *d);
+void sgm__disk_stage_put(sgm_disk *d, void *p);
+
 /* budget_bytes = the resolved limit; committed_bytes = disk space the spill
  * file holds now (st_blocks); used_bytes / peak_used_bytes = live extents
  * (rounded to 4 KiB); n_live = live extents; bytes_in / bytes_out = data
