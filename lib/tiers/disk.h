@@ -16,6 +16,9 @@
 #ifndef SGM_DISK_H
 #define SGM_DISK_H
 
+#include <linux/aio_abi.h>
+#include <sys/types.h>
+
 #include "internal.h"
 
 typedef struct sgm_disk sgm_disk;
@@ -90,16 +93,28 @@ sgm_disk_io sgm__disk_io_mode(const sgm_disk *d);
 /* "ext4 at /home" — the file system of the spill directory, for messages. */
 const char *sgm__disk_fs_name(const sgm_disk *d);
 
-/* Testing: make the nth sgm__disk_write from now (1 = the next one) fail the
- * given way: ENOSPC or EIO from the first write call, or SHORT (half the
- * data written, then no progress). nth 0 or kind NONE = off. One-shot;
- * nth UINT64_MAX: every write from now fails (a full file system). */
-typedef enum sgm_disk_fault {
-  SGM_DISK_FAULT_NONE,
-  SGM_DISK_FAULT_ENOSPC,
-  SGM_DISK_FAULT_EIO,
-  SGM_DISK_FAULT_SHORT
-} sgm_disk_fault;
-void sgm__disk_inject(sgm_disk *d, sgm_disk_fault kind, uint64_t nth);
+/* The I/O engine: the system calls that move a transfer's data, behind a
+ * small vtable so that tests install a spy (tests/support/disk_spy.c) that
+ * fails, shortens or stalls them, and no fault injection lives in the
+ * transfer loops. Each function behaves as its system call: -1 with errno
+ * set on failure. begin (optional) is called once at the start of each
+ * sgm__disk_write (writing) or sgm__disk_read, before any call of the
+ * others; release (optional) when the engine is replaced or the tier closed. */
+typedef struct sgm_disk_engine {
+  const char *name;
+  ssize_t (*pwrite)(void *user, int fd, const void *buf, size_t n, uint64_t off);
+  ssize_t (*pread)(void *user, int fd, void *buf, size_t n, uint64_t off);
+  long (*io_submit)(void *user, aio_context_t ctx, long nr, struct iocb **cbs);
+  long (*io_getevents)(void *user, aio_context_t ctx, long min_nr, long nr, struct io_event *ev);
+  void (*begin)(void *user, bool writing, uint64_t bytes);
+  void (*release)(void *user);
+} sgm_disk_engine;
+/* The production engine: pwrite, pread, io_submit, io_getevents as they are. */
+extern const sgm_disk_engine sgm__disk_kernel_engine;
+/* Install e (NULL: the kernel's) with its argument; the previous engine's
+ * release runs. No transfer may be in flight. */
+void sgm__disk_set_engine(sgm_disk *d, const sgm_disk_engine *e, void *user);
+/* The engine in use and its argument. */
+const sgm_disk_engine *sgm__disk_get_engine(sgm_disk *d, void **user);
 
 #endif /* SGM_DISK_H */

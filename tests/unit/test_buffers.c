@@ -18,6 +18,7 @@
 #include "backend/backend.h"
 #include "internal.h"
 #include "test_util.h"
+#include "disk_spy.h"
 #include "tiers/disk.h"
 #include "tiers/tier.h"
 

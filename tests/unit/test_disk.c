@@ -22,6 +22,7 @@
 
 #include "internal.h"
 #include "test_util.h"
+#include "disk_spy.h"
 #include "tiers/disk.h"
 
 #define KiB (UINT64_C(1) << 10)
