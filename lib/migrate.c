@@ -36,11 +36,9 @@ static void migrate_count(struct sgm_placement *pl, sgm_tier from, sgm_tier to, 
   if (evict) pl->n_evictions[from]++;
   if (to == SGM_TIER_DISK) {
     pl->n_disk_live++;
-    pl->disk_used_bytes += n;
   }
   if (from == SGM_TIER_DISK) {
     pl->n_disk_live--;
-    pl->disk_used_bytes -= n;
   }
   sgm__lock_drop(&pl->lock);
 }
@@ -63,8 +61,15 @@ static void migrate_disk_free_all(sgm_disk *disk, sgm_disk_extent *ext, uint64_t
   free(ext);
 }
 
+/* Invariant: every chunk of a disk-resident buffer has an extent or, never
+ * written since the buffer was created on disk, a reservation in the disk
+ * tier's budget (sgm__disk_reserve). */
 void sgm__migrate_disk_drop(sgm_context *ctx, sgm_buffer *b) {
-  migrate_disk_free_all(ctx->pl->disk, b->ext, migrate_n_chunks(b));
+  uint64_t n = migrate_n_chunks(b), unwritten = 0;
+  for (uint64_t i = 0; i < n; i++)
+    if (!b->ext || b->ext[i].bytes == 0) unwritten += sgm__align_up(migrate_chunk_len(b, i), 4096);
+  if (unwritten) sgm__disk_unreserve(ctx->pl->disk, unwritten);
+  migrate_disk_free_all(ctx->pl->disk, b->ext, n);
   b->ext = NULL;
 }
 
@@ -267,11 +272,12 @@ static int migrate_disk_write(sgm_context *ctx, sgm_buffer *b, uint64_t offset, 
       memcpy(stage + (lo - c0), data, (size_t)(hi - lo));
       data = stage;
     }
-    rc = sgm__disk_write(disk, data, len, &fresh[i - first]);
+    /* A chunk never written holds a reservation: its extent comes out of it. */
+    rc = sgm__disk_write_ex(disk, data, len, b->ext[i].bytes == 0, &fresh[i - first]);
   }
   if (rc != SGM_OK) {
     for (uint64_t k = 0; k < n_new; k++)
-      if (fresh[k].bytes) sgm__disk_free(disk, &fresh[k]);
+      if (fresh[k].bytes) sgm__disk_free_ex(disk, &fresh[k], b->ext[first + k].bytes == 0);
     free(fresh);
     return rc; /* every old extent stays: the buffer holds its old contents */
   }

@@ -101,6 +101,7 @@ struct sgm_disk {
   char fs_name[DISK_SHOWN_MAX + 64]; /* "ext4 at /home": type and mount point (cut likewise) */
   sgm_suballoc *sa;              /* (L) carves [0, limit_bytes); offsets are file offsets */
   uint64_t used_bytes;           /* (L) bytes of live extents, rounded to DISK_ALIGN */
+  uint64_t reserved_bytes;       /* (L) budget promised to data not written yet (sgm__disk_reserve) */
   uint64_t peak_used_bytes;      /* (L) highest used_bytes */
   uint64_t n_live;               /* (L) live extents */
   uint64_t bytes_in;             /* (L) data bytes written successfully since open */
@@ -774,14 +775,15 @@ static void disk_punch(sgm_disk *d, uint64_t off, uint64_t size) {
   }
 }
 
-/* Return a carved range to the budget. */
-static void disk_release_range(sgm_disk *d, uint64_t off) {
+/* Return a carved range to the budget (reserve: to the reservation it came from). */
+static void disk_release_range(sgm_disk *d, uint64_t off, bool reserve) {
   sgm__lock_take(&d->lock);
   uint64_t size = 0;
   int rc = sgm__suballoc_free(d->sa, off, &size);
   sgm_assert_internal(rc == SGM_OK);
   (void)rc;
   d->used_bytes -= size;
+  if (reserve) d->reserved_bytes += size;
   d->n_live--;
   sgm__lock_drop(&d->lock);
 }
@@ -825,7 +827,43 @@ static int disk_io_error(sgm_disk *d, bool writing, int err, uint64_t n, uint64_
 /* ------------------------------------------------------------------------ */
 /* Extents. */
 
+/* ------------------------------------------------------------------------ */
+/* The budget: extents carved plus reservations, counted here only. */
+
+int sgm__disk_reserve(sgm_disk *d, uint64_t bytes) {
+  uint64_t size = sgm__align_up(bytes, DISK_ALIGN);
+  sgm__lock_take(&d->lock);
+  uint64_t in_use = d->used_bytes + d->reserved_bytes;
+  bool fits = size <= d->limit_bytes && in_use <= d->limit_bytes - size;
+  if (fits) {
+    d->reserved_bytes += size;
+    if (d->used_bytes + d->reserved_bytes > d->peak_used_bytes)
+      d->peak_used_bytes = d->used_bytes + d->reserved_bytes;
+  }
+  sgm__lock_drop(&d->lock);
+  if (fits) return SGM_OK;
+  char a[32], l[32], u[32];
+  return sgm__error_set(SGM_ERR_NOMEM, "disk tier budget exhausted: cannot place %s; "
+                        "SGM_SPILL_LIMIT gives %s, %s in use (raise SGM_SPILL_LIMIT or free "
+                        "spilled buffers)", sgm__fmt_bytes(bytes, a, sizeof a),
+                        sgm__fmt_bytes(d->limit_bytes, l, sizeof l),
+                        sgm__fmt_bytes(in_use, u, sizeof u));
+}
+
+void sgm__disk_unreserve(sgm_disk *d, uint64_t bytes) {
+  uint64_t size = sgm__align_up(bytes, DISK_ALIGN);
+  sgm__lock_take(&d->lock);
+  sgm_assert_internal(d->reserved_bytes >= size);
+  d->reserved_bytes -= size < d->reserved_bytes ? size : d->reserved_bytes;
+  sgm__lock_drop(&d->lock);
+}
+
 int sgm__disk_write(sgm_disk *d, const void *src, uint64_t n, sgm_disk_extent *out) {
+  return sgm__disk_write_ex(d, src, n, false, out);
+}
+
+int sgm__disk_write_ex(sgm_disk *d, const void *src, uint64_t n, bool reserved,
+                       sgm_disk_extent *out) {
   memset(out, 0, sizeof *out);
   if (n == 0) return sgm__error_set(SGM_ERR_INVALID, "spill write of 0 bytes");
   if (n > UINT64_MAX - DISK_ALIGN || n > (uint64_t)SIZE_MAX)
@@ -836,12 +874,16 @@ int sgm__disk_write(sgm_disk *d, const void *src, uint64_t n, sgm_disk_extent *o
   disk_engine_get(d, &x.e, &x.user);
   if (x.e->begin) x.e->begin(x.user, true, n);
   sgm__lock_take(&d->lock);
-  if (!sgm__suballoc_try_alloc(d->sa, n, &off, &size)) {
+  /* Reservations hold budget the sub-allocator does not see: a write that
+   * does not come from one must fit beside them. */
+  uint64_t want = sgm__align_up(n, DISK_ALIGN);
+  bool over = !reserved && d->used_bytes + d->reserved_bytes + want > d->limit_bytes;
+  if (over || !sgm__suballoc_try_alloc(d->sa, n, &off, &size)) {
     char a[32], l[32], u[32], f[32];
     sgm_suballoc_stats st;
     sgm__suballoc_stats(d->sa, &st);
     int rc;
-    if (st.largest_free_bytes >= sgm__align_up(n, DISK_ALIGN))
+    if (!over && st.largest_free_bytes >= want)
       rc = sgm__error_set(SGM_ERR_NOMEM, "out of host memory for spill extent metadata");
     else
       rc = sgm__error_set(SGM_ERR_NOMEM,
@@ -850,14 +892,16 @@ int sgm__disk_write(sgm_disk *d, const void *src, uint64_t n, sgm_disk_extent *o
                           "SGM_SPILL_LIMIT or free spilled buffers)",
                           sgm__fmt_bytes(n, a, sizeof a),
                           sgm__fmt_bytes(d->limit_bytes, l, sizeof l),
-                          sgm__fmt_bytes(d->used_bytes, u, sizeof u),
+                          sgm__fmt_bytes(d->used_bytes + d->reserved_bytes, u, sizeof u),
                           (unsigned long long)d->n_live,
                           sgm__fmt_bytes(st.largest_free_bytes, f, sizeof f));
     sgm__lock_drop(&d->lock);
     return rc;
   }
   d->used_bytes += size;
-  if (d->used_bytes > d->peak_used_bytes) d->peak_used_bytes = d->used_bytes;
+  if (reserved) d->reserved_bytes -= size < d->reserved_bytes ? size : d->reserved_bytes;
+  if (d->used_bytes + d->reserved_bytes > d->peak_used_bytes)
+    d->peak_used_bytes = d->used_bytes + d->reserved_bytes;
   d->n_live++;
   sgm__lock_drop(&d->lock);
 
@@ -867,7 +911,7 @@ int sgm__disk_write(sgm_disk *d, const void *src, uint64_t n, sgm_disk_extent *o
   if (sgm_unlikely(err)) {
     /* Give back what was carved and whatever reached the file. */
     disk_punch(d, off, size);
-    disk_release_range(d, off);
+    disk_release_range(d, off, reserved);
     if (err == ENOMEM)
       return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for a spill bounce buffer");
     return disk_io_error(d, true, err, n, off, x.done);
@@ -919,7 +963,9 @@ int sgm__disk_read(sgm_disk *d, const sgm_disk_extent *e, void *dst) {
   return SGM_OK;
 }
 
-void sgm__disk_free(sgm_disk *d, const sgm_disk_extent *e) {
+void sgm__disk_free(sgm_disk *d, const sgm_disk_extent *e) { sgm__disk_free_ex(d, e, false); }
+
+void sgm__disk_free_ex(sgm_disk *d, const sgm_disk_extent *e, bool reserve) {
   if (!e || e->bytes == 0) return;
   sgm__lock_take(&d->lock);
   uint64_t size = sgm__suballoc_block_size(d->sa, e->offset);
@@ -929,14 +975,14 @@ void sgm__disk_free(sgm_disk *d, const sgm_disk_extent *e) {
   /* Punch before the range is free again: a write that got it next could
    * otherwise lose its fresh data to this hole. */
   disk_punch(d, e->offset, size);
-  disk_release_range(d, e->offset);
+  disk_release_range(d, e->offset, reserve);
 }
 
 void sgm__disk_stats(sgm_disk *d, sgm_tier_stats *out) {
   memset(out, 0, sizeof *out);
   sgm__lock_take(&d->lock);
   out->budget_bytes = d->limit_bytes;
-  out->used_bytes = d->used_bytes;
+  out->used_bytes = d->used_bytes + d->reserved_bytes;
   out->peak_used_bytes = d->peak_used_bytes;
   out->n_live = d->n_live;
   out->bytes_in = d->bytes_in;

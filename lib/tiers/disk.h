@@ -59,6 +59,19 @@ void sgm__disk_close(sgm_disk *d);
  * ENOSPC, EIO, a short write → SGM_ERR_IO naming the file system (type and
  * mount point) and the limit; n == 0 or too large → SGM_ERR_INVALID. */
 int sgm__disk_write(sgm_disk *d, const void *src, uint64_t n, sgm_disk_extent *out);
+/* The budget, counted here only: live extents plus reservations. reserve
+ * promises bytes (rounded to 4 KiB) to data that is not written yet (a
+ * buffer created straight on disk): SGM_ERR_NOMEM naming SGM_SPILL_LIMIT
+ * when they do not fit beside what is in use; unreserve gives them back.
+ * write_ex with reserved = true carves its extent out of such a promise
+ * (it cannot fail for budget); free_ex with reserve = true turns the extent
+ * back into one. sgm__disk_write = write_ex(..., false, ...). */
+int sgm__disk_reserve(sgm_disk *d, uint64_t bytes);
+void sgm__disk_unreserve(sgm_disk *d, uint64_t bytes);
+int sgm__disk_write_ex(sgm_disk *d, const void *src, uint64_t n, bool reserved,
+                       sgm_disk_extent *out);
+void sgm__disk_free_ex(sgm_disk *d, const sgm_disk_extent *e, bool reserve);
+
 /* Read extent e back into dst (at least e->bytes long) and verify its
  * checksum: a mismatch → SGM_ERR_CORRUPT naming the offset and both checksums;
  * I/O errors → SGM_ERR_IO; e not a live extent → SGM_ERR_INVALID. The extent
@@ -83,7 +96,7 @@ void sgm__disk_stage_put(sgm_disk *d, void *p);
 
 /* budget_bytes = the resolved limit; committed_bytes = disk space the spill
  * file holds now (st_blocks); used_bytes / peak_used_bytes = live extents
- * (rounded to 4 KiB); n_live = live extents; bytes_in / bytes_out = data
+ * (rounded to 4 KiB) plus reservations; n_live = live extents; bytes_in / bytes_out = data
  * written / read back successfully since open; n_evictions = 0. */
 void sgm__disk_stats(sgm_disk *d, sgm_tier_stats *out);
 /* The spill file's descriptor (tests reach the file through /proc/self/fd/N). */

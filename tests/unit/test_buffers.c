@@ -617,6 +617,10 @@ static void test_partial_writes_touch_only_their_chunks(void **state) {
   sgm_buffer *b;
   assert_int_equal(sgm_buffer_create(ctx, 64 * MiB, &b), SGM_OK);
   assert_int_equal(sgm_buffer_tier(b), SGM_TIER_DISK);
+  /* Created on disk: its 64 MiB are reserved in the disk tier's budget, once. */
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.tier[SGM_TIER_DISK].used_bytes, 64 * MiB);
   unsigned char *piece = malloc(MiB);
   assert_non_null(piece);
   sgm_tier_stats before, after;
@@ -631,6 +635,9 @@ static void test_partial_writes_touch_only_their_chunks(void **state) {
                 (unsigned long long)(written / MiB), (unsigned long long)(read / MiB));
   assert_true(written > 0 && written <= 64 * MiB);
   assert_true(read <= 48 * MiB);
+  /* Written chunks turned their reservation into extents: still 64 MiB. */
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.tier[SGM_TIER_DISK].used_bytes, 64 * MiB);
   memset(piece, 0x7F, MiB);
   assert_int_equal(sgm_buffer_write(b, 4 * MiB - MiB / 2, piece, MiB), SGM_OK);
   for (size_t i = 0; i < 17; i++) {
