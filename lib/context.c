@@ -122,7 +122,7 @@ static void context_stop_idle_thread(sgm_context *ctx) {
  * CUDA_DEVICE_MEMORY_LIMIT; aligned down to the device alignment. */
 static uint64_t context_vram_budget(const sgm_context *ctx) {
   uint64_t total = ctx->device_total_bytes;
-  uint64_t b = (uint64_t)((double)total * ctx->cfg.vram_fraction);
+  uint64_t b = (uint64_t)((double)total * ctx->vram_fraction);
   if (b > total) b = total;
   uint64_t cap = sgm__size_resolve(ctx->cfg.vram_limit, total, UINT64_MAX);
   if (cap < b) b = cap;
@@ -154,6 +154,7 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   sgm_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_NOMEM, "out of host memory creating a context");
   ctx->cfg = *cfg_in;
+  ctx->vram_fraction = ctx->cfg.vram_fraction;
   sgm__options_tf_growth(ctx->cfg.verbose, &ctx->cfg.allow_growth);
   rc = sgm__options_cuda_memory_limit(ctx->cfg.device, &ctx->cuda_memory_limit_bytes);
   if (rc != SGM_OK) goto out_free;
@@ -243,33 +244,10 @@ SGM_API const sgm_config *sgm_context_config(const sgm_context *ctx) {
   return ctx ? &ctx->cfg : NULL;
 }
 
-/* Allocate in tier t; when it is full but holds blocks freed on streams,
- * reclaim those this stream may reuse (or whose work completed) and retry. */
-static int context_alloc_in(sgm_context *ctx, sgm_tier t, size_t size, void *stream, sgm_devptr *d) {
-  int rc = sgm__placement_alloc(ctx, t, size, d);
-  if (sgm_likely(rc == SGM_OK)) return rc;
-  if ((rc == SGM__ERR_BUDGET || rc == SGM_ERR_NOMEM) && sgm__tier_n_pending(ctx->tiers[t]) &&
-      sgm__tier_reclaim(ctx->tiers[t], stream, false))
-    rc = sgm__placement_alloc(ctx, t, size, d);
-  return rc;
-}
-
-/* Rule 3 of the placement rules: VRAM is full, so the block lands in shared
- * GPU memory — device-accessible, slower. Counted, announced once at
+/* Rule 3 of the placement rules (decided in residency.c): VRAM was full, so
+ * the block at ptr landed in shared GPU memory. Counted, announced once at
  * SGM_VERBOSE >= 1, and reported to the callback every time. */
-static void *context_fallback(sgm_context *ctx, size_t size, void *stream) {
-  sgm_devptr d = 0;
-  int rc = context_alloc_in(ctx, SGM_TIER_SHARED, size, stream, &d);
-  if (rc != SGM_OK) {
-    if (rc != SGM__ERR_BUDGET && rc != SGM_ERR_NOMEM) return NULL;
-    char shared_msg[SGM_ERROR_MAX];
-    if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(ctx->tiers[SGM_TIER_SHARED], size);
-    snprintf(shared_msg, sizeof shared_msg, "%s", sgm_last_error());
-    sgm__tier_explain_budget(ctx->tiers[SGM_TIER_VRAM], size);
-    sgm__error_set(SGM_ERR_NOMEM, "sgm_alloc: VRAM and shared GPU memory are both full. VRAM: %s. "
-                   "Shared: %s", sgm_last_error(), shared_msg);
-    return NULL;
-  }
+static void *context_fallback(sgm_context *ctx, sgm_devptr d, size_t size) {
   void *ptr = (void *)(uintptr_t)d;
   uint64_t n = __atomic_fetch_add(&ctx->n_fallbacks, 1, __ATOMIC_RELAXED);
   __atomic_fetch_add(&ctx->fallback_bytes, (uint64_t)size, __ATOMIC_RELAXED);
@@ -305,7 +283,7 @@ int sgm__context_set_vram_fraction(sgm_context *ctx, double fraction) {
   if (!(fraction > 0.0 && fraction <= 1.0))
     return sgm__error_set(SGM_ERR_INVALID, "memory fraction %g is outside (0, 1]", fraction);
   sgm__lock_take(&ctx->lock);
-  ctx->cfg.vram_fraction = fraction;
+  ctx->vram_fraction = fraction; /* not cfg: sgm_context_config hands cfg out */
   uint64_t budget = context_vram_budget(ctx);
   ctx->budget_bytes[SGM_TIER_VRAM] = budget;
   sgm__lock_drop(&ctx->lock);
@@ -327,17 +305,10 @@ SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
     return NULL;
   }
   sgm_devptr d = 0;
-  /* Rule 2: released buffers in VRAM are demoted to make room. */
-  int rc = context_alloc_in(ctx, SGM_TIER_VRAM, size, stream, &d);
-  if (sgm_likely(rc == SGM_OK)) return (void *)(uintptr_t)d;
-  if (rc != SGM__ERR_BUDGET && rc != SGM_ERR_NOMEM) return NULL;
-  if (!ctx->cfg.shared_fallback) {
-    if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(ctx->tiers[SGM_TIER_VRAM], size);
-    sgm__error_set(SGM_ERR_NOMEM, "%s; shared GPU memory fallback is off (SGM_SHARED_FALLBACK=on "
-                   "lets full VRAM spill into pinned host memory)", sgm_last_error());
-    return NULL;
-  }
-  return context_fallback(ctx, size, stream);
+  sgm_tier where;
+  if (sgm_unlikely(sgm__residency_alloc(ctx, size, stream, &d, &where) != SGM_OK)) return NULL;
+  if (sgm_likely(where == SGM_TIER_VRAM)) return (void *)(uintptr_t)d;
+  return context_fallback(ctx, d, size);
 }
 
 /* Pending stream-ordered frees kept per tier before a free cleans up the
