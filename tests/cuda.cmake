@@ -149,3 +149,16 @@ else()
       WILL_FAIL TRUE)
   endif()
 endif()
+
+# The GPU check bundle (tests/gpu/bundle.sh): packed from this very build, at
+# most 64 MiB, every library resolved from the folder or the base system, and
+# its run.sh exits 77 within seconds where no GPU answers. Only in a Release
+# build with the examples, the benchmarks and the CUDA headers (what the
+# bundle ships).
+if(SGM_CUDA_INCLUDE_DIR AND SGM_BUILD_BENCHMARKS AND SGM_BUILD_EXAMPLES
+   AND CMAKE_BUILD_TYPE STREQUAL "Release")
+  add_test(NAME gpu_bundle
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/gpu/bundle_check.sh ${CMAKE_BINARY_DIR})
+  set_tests_properties(gpu_bundle PROPERTIES
+    LABELS "gpu-bundle" TIMEOUT 120 SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
+endif()
