@@ -33,9 +33,7 @@
 
 static uint64_t context_monotonic_ms(void *user) {
   (void)user;
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+  return sgm__clock_monotonic_ns() / 1000000u;
 }
 
 void sgm__context_set_clock(sgm_context *ctx, uint64_t (*clock_ms)(void *user), void *user) {
@@ -67,7 +65,7 @@ static void *context_idle_main(void *arg) {
   sgm_context *ctx = arg;
   uint64_t period = ctx->cfg.idle_trim_ms / CONTEXT_IDLE_TICKS_PER_DELAY;
   if (period < CONTEXT_IDLE_MIN_PERIOD_MS) period = CONTEXT_IDLE_MIN_PERIOD_MS;
-  pthread_mutex_lock(&ctx->idle_mu);
+  sgm__lock_take(&ctx->idle_mu);
   while (!ctx->idle_stop) {
     struct timespec until;
     clock_gettime(CLOCK_MONOTONIC, &until);
@@ -79,13 +77,13 @@ static void *context_idle_main(void *arg) {
     }
     int rc = 0;
     while (!ctx->idle_stop && rc != ETIMEDOUT)
-      rc = pthread_cond_timedwait(&ctx->idle_cond, &ctx->idle_mu, &until);
+      rc = pthread_cond_timedwait(&ctx->idle_cond, &ctx->idle_mu.mu, &until);
     if (ctx->idle_stop) break;
-    pthread_mutex_unlock(&ctx->idle_mu);
+    sgm__lock_drop(&ctx->idle_mu);
     sgm__context_idle_tick(ctx);
-    pthread_mutex_lock(&ctx->idle_mu);
+    sgm__lock_take(&ctx->idle_mu);
   }
-  pthread_mutex_unlock(&ctx->idle_mu);
+  sgm__lock_drop(&ctx->idle_mu);
   return NULL;
 }
 
@@ -95,7 +93,7 @@ static int context_start_idle_thread(sgm_context *ctx) {
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&ctx->idle_cond, &ca);
   pthread_condattr_destroy(&ca);
-  pthread_mutex_init(&ctx->idle_mu, NULL);
+  sgm__lock_init(&ctx->idle_mu, SGM_LOCK_IDLE);
   if (ctx->cfg.idle_trim_ms == 0) return SGM_OK;
   int e = pthread_create(&ctx->idle_thread, NULL, context_idle_main, ctx);
   if (e != 0)
@@ -107,15 +105,15 @@ static int context_start_idle_thread(sgm_context *ctx) {
 
 static void context_stop_idle_thread(sgm_context *ctx) {
   if (ctx->idle_running) {
-    pthread_mutex_lock(&ctx->idle_mu);
+    sgm__lock_take(&ctx->idle_mu);
     ctx->idle_stop = true;
     pthread_cond_signal(&ctx->idle_cond);
-    pthread_mutex_unlock(&ctx->idle_mu);
+    sgm__lock_drop(&ctx->idle_mu);
     pthread_join(ctx->idle_thread, NULL);
     ctx->idle_running = false;
   }
   pthread_cond_destroy(&ctx->idle_cond);
-  pthread_mutex_destroy(&ctx->idle_mu);
+  sgm__lock_destroy(&ctx->idle_mu);
 }
 
 /* VRAM budget = device total × fraction, capped by SGM_VRAM_LIMIT and by

@@ -14,7 +14,6 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "placement.h"
 
@@ -77,9 +76,7 @@ bool sgm__placement_valid_locked(struct sgm_placement *pl) {
 
 static uint64_t placement_monotonic_ns(void *user) {
   (void)user;
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+  return sgm__clock_monotonic_ns();
 }
 
 /* The policies' clock, read under pl->lock (the policy contract). */

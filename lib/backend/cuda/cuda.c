@@ -503,6 +503,7 @@ static void cuda_close(sgm_backend *be) {
 }
 
 static int cuda_mem_info(sgm_backend *be, uint64_t *free_bytes, uint64_t *total_bytes) {
+  sgm__lock_assert_none_held();
   *free_bytes = 0;
   *total_bytes = 0;
   cuda_count_call(be);
@@ -520,6 +521,7 @@ static int cuda_mem_info(sgm_backend *be, uint64_t *free_bytes, uint64_t *total_
 }
 
 static int cuda_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
+  sgm__lock_assert_none_held();
   *out = 0;
   cuda_count_call(be);
   if (bytes == 0) return sgm__error_set(SGM_ERR_INVALID, "CUDA: device_alloc of 0 bytes");
@@ -555,6 +557,7 @@ out_leave:
 }
 
 static void cuda_device_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
+  sgm__lock_assert_none_held();
   if (!ptr) return;
   const char *op = "freeing device memory";
   uint64_t known = 0;
@@ -583,6 +586,7 @@ static void cuda_device_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
 
 static int cuda_host_alloc(sgm_backend *be, uint64_t bytes, int numa_node, void **host_out,
                            sgm_devptr *dev_out) {
+  sgm__lock_assert_none_held();
   *host_out = NULL;
   *dev_out = 0;
   cuda_count_call(be);
@@ -653,6 +657,7 @@ out_unmap:
 }
 
 static void cuda_host_free(sgm_backend *be, void *host, uint64_t bytes) {
+  sgm__lock_assert_none_held();
   if (!host) return;
   const char *op = "unpinning host memory";
   uint64_t len = 0;
@@ -685,6 +690,7 @@ static void cuda_host_free(sgm_backend *be, void *host, uint64_t bytes) {
 
 static int cuda_copy(sgm_backend *be, sgm_copy_kind kind, uint64_t dst, uint64_t src, uint64_t n,
                      void *stream) {
+  sgm__lock_assert_none_held();
   cuda_count_call(be);
   if (kind > SGM_COPY_DEVICE_TO_DEVICE)
     return sgm__error_set(SGM_ERR_INVALID, "CUDA: bad copy kind %d", (int)kind);
@@ -730,6 +736,7 @@ static void cuda_counters(sgm_backend *be, sgm_backend_counters *out) {
 }
 
 static int cuda_event_record(sgm_backend *be, void *stream, void **event_out) {
+  sgm__lock_assert_none_held();
   *event_out = NULL;
   cuda_count_call(be);
   const char *op = "recording an event";
@@ -783,6 +790,7 @@ static int cuda_event_query(sgm_backend *be, void *event) {
 }
 
 static int cuda_event_wait(sgm_backend *be, void *event) {
+  sgm__lock_assert_none_held();
   cuda_count_call(be);
   if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_wait on a NULL event");
   const char *op = "waiting for an event";
