@@ -249,6 +249,8 @@ struct sgm_backend {
   CUstream copy_stream;       /* non-blocking stream for copies the caller gave no stream for */
   int numa_node;              /* the GPU's NUMA node, -1 when unknown */
   int can_map_host;           /* CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY */
+  int can_register_host;      /* CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED */
+  char no_host_tier[256];     /* why pinned host memory is unavailable; "" = it is (under lock) */
   int verbose;                /* log level from the config */
   char pci_bus_id[32];        /* "0000:65:00.0" */
   char name[128];             /* the device's name, for messages */
@@ -417,10 +419,20 @@ static int cuda_open(const sgm_config *cfg, sgm_backend **out) {
     goto out_free;
   }
   r = CU(cuDeviceGetAttribute)(&be->can_map_host, CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, be->dev);
+  if (r == CUDA_SUCCESS)
+    r = CU(cuDeviceGetAttribute)(&be->can_register_host,
+                                 CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED, be->dev);
   if (r != CUDA_SUCCESS) {
     rc = cuda_fail(r, op, "cuDeviceGetAttribute", CUDA_BLAME_DRIVER);
     goto out_free;
   }
+  /* Known at open: every host_alloc then says why, without a driver call. */
+  if (!be->can_map_host)
+    snprintf(be->no_host_tier, sizeof be->no_host_tier, "cannot map host memory into its address "
+             "space (CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY is 0)");
+  else if (!be->can_register_host)
+    snprintf(be->no_host_tier, sizeof be->no_host_tier, "does not support registering host "
+             "memory (CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED is 0)");
   r = CU(cuDevicePrimaryCtxRetain)(&be->ctx, be->dev);
   if (r != CUDA_SUCCESS) {
     rc = cuda_fail(r, op, "cuDevicePrimaryCtxRetain", CUDA_BLAME_DRIVER);
@@ -581,35 +593,71 @@ static void cuda_device_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
   cuda_leave(be, pushed, op);
 }
 
+/* The message for a device without pinned host memory: what the device or
+ * driver refused, and what that means for the user. */
+static int cuda_no_host_tier_error(const sgm_backend *be, const char *why) {
+  return sgm__error_set(SGM_ERR_UNSUPPORTED,
+                        "CUDA: device %d (%s) %s, so sgm has no shared GPU memory tier on it: "
+                        "allocations past the VRAM budget fail instead of spilling to pinned host "
+                        "memory (lower the VRAM use, or run where the driver may register host "
+                        "memory: not under a hypervisor, container or confidential-computing mode "
+                        "that forbids it)", be->ordinal, be->name, why);
+}
+
+/* True (message set) when the shared tier is known to be unavailable. */
+static bool cuda_host_tier_unavailable(sgm_backend *be) {
+  char why[sizeof be->no_host_tier];
+  sgm__lock_take(&be->lock);
+  memcpy(why, be->no_host_tier, sizeof why);
+  sgm__lock_drop(&be->lock);
+  if (!why[0]) return false;
+  cuda_no_host_tier_error(be, why);
+  return true;
+}
+
+/* cuMemHostRegister said NOT_SUPPORTED or NOT_PERMITTED: that will not change
+ * for this process, so it is remembered and every later host_alloc fails at
+ * once with the same message. */
+static int cuda_host_register_refused(sgm_backend *be, CUresult r) {
+  const char *name = NULL;
+  if (CU(cuGetErrorName)(r, &name) != CUDA_SUCCESS || !name) name = "unknown CUresult";
+  sgm__lock_take(&be->lock);
+  snprintf(be->no_host_tier, sizeof be->no_host_tier, "refused to register host memory "
+           "(cuMemHostRegister: %s: %s)", name,
+           r == CUDA_ERROR_NOT_PERMITTED ? "not permitted here" : "not supported on this system");
+  char why[sizeof be->no_host_tier];
+  memcpy(why, be->no_host_tier, sizeof why);
+  sgm__lock_drop(&be->lock);
+  sgm__log(be->verbose, 1, "CUDA: device %d: %s; the shared GPU memory tier is off", be->ordinal,
+           why);
+  return cuda_no_host_tier_error(be, why);
+}
+
 static int cuda_host_alloc(sgm_backend *be, uint64_t bytes, int numa_node, void **host_out,
                            sgm_devptr *dev_out) {
   *host_out = NULL;
   *dev_out = 0;
   cuda_count_call(be);
   if (bytes == 0) return sgm__error_set(SGM_ERR_INVALID, "CUDA: host_alloc of 0 bytes");
-  if (!be->can_map_host)
-    return sgm__error_set(SGM_ERR_UNSUPPORTED, "CUDA: device %d (%s) cannot map host memory, so "
-                          "it has no shared GPU memory tier", be->ordinal, be->name);
+  if (cuda_host_tier_unavailable(be)) return SGM_ERR_UNSUPPORTED;
   uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
   if (bytes > SIZE_MAX - page) return sgm__error_set(SGM_ERR_NOMEM, "CUDA: host_alloc size too large");
   size_t len = (size_t)sgm__align_up(bytes, page);
   char op[64];
   char b[32];
   snprintf(op, sizeof op, "pinning %s of host memory", sgm__fmt_bytes(len, b, sizeof b));
-  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
-    int e = errno;
-    return sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: mmap failed: %s", op, strerror(e));
-  }
-  /* Bind before the driver faults the pages in to pin them: they then land on
-   * the node (the caller's choice, else the GPU's own). */
-  int node = numa_node >= 0 ? numa_node : be->numa_node;
-  if (node >= 0 && numa_available() >= 0 && node <= numa_max_node())
-    numa_tonode_memory(p, len, node);
+  /* The caller's node, else the GPU's own: preferred, not bound. */
+  void *p = NULL;
+  int rc = sgm__host_map_pinnable(len, numa_node >= 0 ? numa_node : be->numa_node, &p);
+  if (rc != SGM_OK) return rc;
   bool pushed;
-  int rc = cuda_enter(be, op, &pushed);
+  rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) goto out_unmap;
   CUresult r = CU(cuMemHostRegister)(p, len, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
+  if (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_NOT_PERMITTED) {
+    rc = cuda_host_register_refused(be, r);
+    goto out_leave;
+  }
   if (r != CUDA_SUCCESS) {
     rc = cuda_fail(r, op, "cuMemHostRegister", CUDA_BLAME_DRIVER);
     goto out_leave;

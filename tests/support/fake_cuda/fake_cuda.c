@@ -31,6 +31,9 @@
  *    counted from load) or from fake_cuda_set_fail_at() (counted from then).
  *    FAKE_CUDA_INIT_RESULT makes every cuInit fail with that result.
  *  - FAKE_CUDA_DRIVER_VERSION (default 12080) is what cuDriverGetVersion says.
+ *  - FAKE_CUDA_HOST_REGISTER_SUPPORTED (default 1) is the device attribute of
+ *    that name; FAKE_CUDA_HOST_REGISTER_RESULT makes every cuMemHostRegister
+ *    fail with that result (a system that forbids pinning).
  *
  * The control API (fake_cuda.h) has the prefix fake_cuda_.
  *
@@ -359,6 +362,9 @@ FAKE_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdev
       *pi = (int)fake_env_long("FAKE_CUDA_CAN_MAP_HOST", 1);
       break;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: *pi = 1; break;
+    case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED:
+      *pi = (int)fake_env_long("FAKE_CUDA_HOST_REGISTER_SUPPORTED", 1);
+      break;
     default: *pi = 0; break;
   }
   return CUDA_SUCCESS;
@@ -528,6 +534,9 @@ FAKE_API CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags
   const unsigned known = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
                          CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY;
   if (!p || bytesize == 0 || (Flags & ~known)) return CUDA_ERROR_INVALID_VALUE;
+  /* A system that refuses pinning (NOT_SUPPORTED, NOT_PERMITTED) refuses every time. */
+  CUresult refused = fake_parse_result(getenv("FAKE_CUDA_HOST_REGISTER_RESULT"), CUDA_SUCCESS);
+  if (refused != CUDA_SUCCESS) return refused;
   fake_hreg *h = malloc(sizeof *h);
   if (!h) return CUDA_ERROR_OUT_OF_MEMORY;
   uintptr_t base = (uintptr_t)p;
