@@ -39,8 +39,15 @@
  *    *event_out is NULL on failure.
  *  - event_query() returns 1 when the event has completed, 0 while work before
  *    it is pending, or a negative sgm_status (error message set). Never blocks.
+ *    While the event's stream is capturing a CUDA graph it answers 0 without
+ *    asking the driver (an event recorded into a capture is a graph node;
+ *    querying it would invalidate the capture): blocks freed or buffers
+ *    released during a capture wait for its end.
  *  - event_wait() blocks the calling thread until the event has completed;
- *    SGM_OK or a negative sgm_status.
+ *    SGM_OK or a negative sgm_status (SGM_ERR_BUSY while its stream captures).
+ *  - Graph capture: the memory functions (device/host alloc and free) never
+ *    invalidate another thread's capture (CUDA: relaxed capture mode around
+ *    the driver's memory calls).
  *  - event_destroy() releases the token (also while still pending: the work
  *    goes on, only the token is gone); NULL is a no-op; cannot fail.
  *  - The emulated device finishes all work before returning, so its events are

@@ -117,7 +117,9 @@ _Static_assert(sizeof(size_t) == sizeof(uint64_t), "sgm's CUDA backend needs a 6
   X(cuEventRecord, 2000)               \
   X(cuEventQuery, 2000)                \
   X(cuEventSynchronize, 2000)          \
-  X(cuEventDestroy, 4000)
+  X(cuEventDestroy, 4000)              \
+  X(cuStreamIsCapturing, 10000)        \
+  X(cuThreadExchangeStreamCaptureMode, 10010)
 
 typedef struct cuda_table {
 #define CUDA_MEMBER(name, abi) PFN_##name##_v##abi pfn_##name;
@@ -236,7 +238,7 @@ typedef enum cuda_obj_kind {
 
 typedef struct cuda_obj {
   uint64_t key;          /* address or handle, as above */
-  uint64_t bytes;        /* size: device bytes asked for, host mapping length, 0 for events */
+  uint64_t bytes;        /* device bytes asked for, host mapping length; events: their CUstream */
   int kind;              /* cuda_obj_kind */
   struct cuda_obj *next; /* next in the hash chain */
 } cuda_obj;
@@ -318,6 +320,22 @@ static bool cuda_obj_remove_locked(sgm_backend *be, uint64_t key, int kind, uint
   return false;
 }
 
+/* The stream an event was last recorded on; false when event is not live. */
+static bool cuda_event_stream(sgm_backend *be, void *event, CUstream *stream) {
+  uint64_t key = (uint64_t)(uintptr_t)event;
+  bool found = false;
+  sgm__lock_take(&be->lock);
+  for (cuda_obj *o = be->buckets[cuda_obj_hash(key, be->n_buckets)]; o; o = o->next) {
+    if (o->key == key && o->kind == CUDA_OBJ_EVENT) {
+      *stream = (CUstream)(uintptr_t)o->bytes;
+      found = true;
+      break;
+    }
+  }
+  sgm__lock_drop(&be->lock);
+  return found;
+}
+
 static void cuda_count_call(sgm_backend *be) {
   sgm__lock_take(&be->lock);
   be->c.n_calls++;
@@ -358,6 +376,42 @@ static void cuda_log_failure(sgm_backend *be, CUresult r, const char *op, const 
   if (CU(cuGetErrorName)(r, &name) != CUDA_SUCCESS || !name) name = "unknown CUresult";
   sgm__log(be->verbose, 1, "CUDA: %s: %s failed (%s); the memory may stay allocated", op, call,
            name);
+}
+
+/*
+ * Graph capture. A thread's memory calls (cuMemAlloc, cuMemFree,
+ * cuMemHostRegister/Unregister) would invalidate a capture in the default
+ * GLOBAL mode, whichever thread captures: they run in RELAXED mode, as
+ * PyTorch's allocator does around cudaMalloc. Events recorded on a capturing
+ * stream are graph nodes: they are never queried or waited on while that
+ * stream captures (cuda_capturing).
+ */
+/* Switch the calling thread to RELAXED; *prev is the mode to restore. */
+static CUresult cuda_relax(CUstreamCaptureMode *prev) {
+  *prev = CU_STREAM_CAPTURE_MODE_RELAXED;
+  return CU(cuThreadExchangeStreamCaptureMode)(prev);
+}
+
+/* Restore the mode cuda_relax replaced. A failure cannot be undone from here
+ * (the memory call is done): logged, like a failed context pop. */
+static void cuda_unrelax(sgm_backend *be, CUstreamCaptureMode prev, const char *op) {
+  if (prev == CU_STREAM_CAPTURE_MODE_RELAXED) return;
+  CUresult r = CU(cuThreadExchangeStreamCaptureMode)(&prev);
+  if (r != CUDA_SUCCESS)
+    sgm__log(be->verbose, 1, "CUDA: %s: restoring the thread's capture mode failed; it stays "
+             "relaxed", op);
+}
+
+/* 1 when `stream` captures now (or the driver says the legacy stream is
+ * implicitly part of another thread's capture): work recorded there is not
+ * work that completes, and asking about it would invalidate the capture.
+ * 0 when not; a negative status (message set) when the driver fails. */
+static int cuda_capturing(CUstream stream, const char *op) {
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUresult r = CU(cuStreamIsCapturing)(stream, &st);
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) return 1;
+  if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuStreamIsCapturing", CUDA_BLAME_CALLER);
+  return st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 static int cuda_open(const sgm_config *cfg, sgm_backend **out) {
@@ -479,6 +533,8 @@ static void cuda_close(sgm_backend *be) {
              (unsigned long long)be->c.n_device_live, (unsigned long long)be->c.n_host_live,
              (unsigned long long)be->c.n_events_live);
   /* No other thread may use the backend now: walk the table without the lock. */
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (entered && cuda_relax(&mode) != CUDA_SUCCESS) mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   for (size_t i = 0; i < be->n_buckets; i++) {
     for (cuda_obj *o = be->buckets[i], *next; o; o = next) {
       next = o->next;
@@ -502,6 +558,7 @@ static void cuda_close(sgm_backend *be) {
       free(o);
     }
   }
+  cuda_unrelax(be, mode, op);
   if (entered) {
     CUresult r = CU(cuStreamDestroy)(be->copy_stream);
     if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuStreamDestroy");
@@ -542,7 +599,14 @@ static int cuda_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
   int rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
   CUdeviceptr p = 0;
-  CUresult r = CU(cuMemAlloc)(&p, (size_t)bytes);
+  CUstreamCaptureMode mode;
+  CUresult r = cuda_relax(&mode);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuThreadExchangeStreamCaptureMode", CUDA_BLAME_DRIVER);
+    goto out_leave;
+  }
+  r = CU(cuMemAlloc)(&p, (size_t)bytes);
+  cuda_unrelax(be, mode, op);
   if (r != CUDA_SUCCESS) {
     rc = cuda_fail(r, op, "cuMemAlloc", CUDA_BLAME_DRIVER);
     goto out_leave;
@@ -555,7 +619,10 @@ static int cuda_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
   }
   sgm__lock_drop(&be->lock);
   if (!added) {
-    r = CU(cuMemFree)(p);
+    if (cuda_relax(&mode) == CUDA_SUCCESS) {
+      r = CU(cuMemFree)(p);
+      cuda_unrelax(be, mode, op);
+    }
     if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
     rc = sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
     goto out_leave;
@@ -588,8 +655,15 @@ static void cuda_device_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
     sgm__log(be->verbose, 1, "CUDA: %s: %s", op, sgm_last_error());
     return;
   }
-  CUresult r = CU(cuMemFree)((CUdeviceptr)ptr);
-  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
+  CUstreamCaptureMode mode;
+  CUresult r = cuda_relax(&mode);
+  if (r == CUDA_SUCCESS) {
+    r = CU(cuMemFree)((CUdeviceptr)ptr);
+    cuda_unrelax(be, mode, op);
+    if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
+  } else {
+    cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
+  }
   cuda_leave(be, pushed, op);
 }
 
@@ -653,7 +727,14 @@ static int cuda_host_alloc(sgm_backend *be, uint64_t bytes, int numa_node, void 
   bool pushed;
   rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) goto out_unmap;
-  CUresult r = CU(cuMemHostRegister)(p, len, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
+  CUstreamCaptureMode mode;
+  CUresult r = cuda_relax(&mode);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuThreadExchangeStreamCaptureMode", CUDA_BLAME_DRIVER);
+    goto out_leave;
+  }
+  r = CU(cuMemHostRegister)(p, len, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
+  cuda_unrelax(be, mode, op);
   if (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_NOT_PERMITTED) {
     rc = cuda_host_register_refused(be, r);
     goto out_leave;
@@ -685,7 +766,11 @@ static int cuda_host_alloc(sgm_backend *be, uint64_t bytes, int numa_node, void 
   return SGM_OK;
 
 out_unregister:
-  r = CU(cuMemHostUnregister)(p);
+  r = cuda_relax(&mode);
+  if (r == CUDA_SUCCESS) {
+    r = CU(cuMemHostUnregister)(p);
+    cuda_unrelax(be, mode, op);
+  }
   if (r != CUDA_SUCCESS) {
     /* Still pinned by the driver: unmapping it would leave the driver a
      * dangling registration; leak the mapping instead. */
@@ -722,10 +807,17 @@ static void cuda_host_free(sgm_backend *be, void *host, uint64_t bytes) {
     sgm__log(be->verbose, 1, "CUDA: %s: %s; the memory stays pinned", op, sgm_last_error());
     return;
   }
-  CUresult r = CU(cuMemHostUnregister)(host);
+  CUstreamCaptureMode mode;
+  CUresult r = cuda_relax(&mode);
+  const char *call = "cuThreadExchangeStreamCaptureMode";
+  if (r == CUDA_SUCCESS) {
+    call = "cuMemHostUnregister";
+    r = CU(cuMemHostUnregister)(host);
+    cuda_unrelax(be, mode, op);
+  }
   cuda_leave(be, pushed, op);
   if (r != CUDA_SUCCESS) {
-    cuda_log_failure(be, r, op, "cuMemHostUnregister");
+    cuda_log_failure(be, r, op, call);
     return; /* never unmap what the driver may still have pinned */
   }
   munmap(host, len);
@@ -797,7 +889,8 @@ static int cuda_event_record(sgm_backend *be, void *stream, void **event_out) {
     goto out_destroy;
   }
   sgm__lock_take(&be->lock);
-  bool added = cuda_obj_add_locked(be, (uint64_t)(uintptr_t)ev, 0, CUDA_OBJ_EVENT);
+  bool added = cuda_obj_add_locked(be, (uint64_t)(uintptr_t)ev, (uint64_t)(uintptr_t)stream,
+                                   CUDA_OBJ_EVENT);
   if (added) be->c.n_events_live++;
   sgm__lock_drop(&be->lock);
   if (!added) {
@@ -820,9 +913,19 @@ static int cuda_event_query(sgm_backend *be, void *event) {
   cuda_count_call(be);
   if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_query of a NULL event");
   const char *op = "querying an event";
+  CUstream stream = NULL;
+  if (!cuda_event_stream(be, event, &stream))
+    return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_query of %p, which this backend did not "
+                          "record", event);
   bool pushed;
   int rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
+  /* Recorded into a capture that goes on: not complete before it ends. */
+  rc = cuda_capturing(stream, op);
+  if (rc != 0) {
+    cuda_leave(be, pushed, op);
+    return rc < 0 ? rc : 0;
+  }
   CUresult r = CU(cuEventQuery)((CUevent)event);
   cuda_leave(be, pushed, op);
   if (r == CUDA_SUCCESS) return 1;
@@ -834,9 +937,21 @@ static int cuda_event_wait(sgm_backend *be, void *event) {
   cuda_count_call(be);
   if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_wait on a NULL event");
   const char *op = "waiting for an event";
+  CUstream stream = NULL;
+  if (!cuda_event_stream(be, event, &stream))
+    return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_wait on %p, which this backend did not "
+                          "record", event);
   bool pushed;
   int rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
+  rc = cuda_capturing(stream, op);
+  if (rc != 0) {
+    cuda_leave(be, pushed, op);
+    if (rc < 0) return rc;
+    return sgm__error_set(SGM_ERR_BUSY, "CUDA: %s: the event's stream is capturing a CUDA graph; "
+                          "its work runs when the graph is launched, so it cannot be waited for "
+                          "now (end the capture first)", op);
+  }
   CUresult r = CU(cuEventSynchronize)((CUevent)event);
   cuda_leave(be, pushed, op);
   if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuEventSynchronize", CUDA_BLAME_CALLER);

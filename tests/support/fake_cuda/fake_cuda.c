@@ -31,6 +31,11 @@
  *    counted from load) or from fake_cuda_set_fail_at() (counted from then).
  *    FAKE_CUDA_INIT_RESULT makes every cuInit fail with that result.
  *  - FAKE_CUDA_DRIVER_VERSION (default 12080) is what cuDriverGetVersion says.
+ *  - Stream capture (see "Stream capture" below): capture states per stream,
+ *    the per-thread capture mode, unsafe calls that invalidate a capture,
+ *    events recorded into a capture (never complete; querying one while the
+ *    capture goes on invalidates it), copies on a capturing stream captured,
+ *    not executed. cuStreamEndCapture hands out a token, not a graph.
  *  - FAKE_CUDA_HOST_REGISTER_SUPPORTED (default 1) is the device attribute of
  *    that name; FAKE_CUDA_HOST_REGISTER_RESULT makes every cuMemHostRegister
  *    fail with that result (a system that forbids pinning).
@@ -72,6 +77,10 @@ struct CUstream_st {
   int test_owned;           /* made by fake_cuda_stream_create, not counted as sgm's */
   int held;                 /* events recorded here stay pending */
   uint64_t n_pending;       /* pending events recorded here */
+  CUstreamCaptureStatus capture; /* NONE, ACTIVE, or INVALIDATED by an unsafe call */
+  CUstreamCaptureMode capture_mode; /* the mode cuStreamBeginCapture was given */
+  pthread_t capture_thread; /* the thread that began the capture */
+  uint64_t capture_id;      /* which capture sequence (1, 2, ...) while capturing */
   struct CUstream_st *next; /* list of live streams */
 };
 
@@ -79,6 +88,7 @@ struct CUevent_st {
   uint32_t magic;           /* FAKE_OBJ_MAGIC while live */
   struct CUstream_st *stream; /* where it was last recorded (NULL: none, or destroyed) */
   int pending;              /* recorded and not yet completed */
+  uint64_t captured_id;     /* recorded into this capture of `stream` (a graph node); 0 = not */
   struct CUevent_st *next;  /* list of live events */
 };
 
@@ -128,6 +138,9 @@ static struct {
 
 static _Thread_local struct CUctx_st *tls_ctx[FAKE_CTX_STACK];
 static _Thread_local int tls_depth;
+/* cuThreadExchangeStreamCaptureMode: this thread's capture interaction mode. */
+static _Thread_local CUstreamCaptureMode tls_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+static uint64_t fake_capture_ids; /* capture sequences begun (under F.mu) */
 
 /* ---- error names ---- */
 
@@ -152,6 +165,9 @@ static _Thread_local int tls_depth;
   X(CUDA_ERROR_OPERATING_SYSTEM, "OS call failed or operation not supported on this OS") \
   X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                             \
   X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                             \
+  X(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing") \
+  X(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "operation failed due to a previous error during capture") \
+  X(CUDA_ERROR_ILLEGAL_STATE, "the operation cannot be performed in the present state") \
   X(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "system has unsupported display driver / cuda driver combination") \
   X(CUDA_ERROR_UNKNOWN, "unknown error")
 
@@ -274,6 +290,45 @@ static void fake_complete_locked(struct CUevent_st *e) {
   e->pending = 0;
   F.n_pending--;
   if (e->stream) e->stream->n_pending--;
+}
+
+/*
+ * Stream capture (CUDA graphs). A call the driver documents as potentially
+ * unsafe during capture (allocating, freeing or registering memory,
+ * synchronising) is prohibited for a thread whose mode
+ * (cuThreadExchangeStreamCaptureMode) is not RELAXED when the thread itself
+ * has a capture not begun in RELAXED mode, or, in GLOBAL mode, when any other
+ * thread has a capture begun in GLOBAL mode. A prohibited call invalidates
+ * those captures (cuStreamEndCapture then fails with
+ * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) and returns
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.
+ */
+static CUresult fake_capture_unsafe_locked(void) {
+  if (tls_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
+  CUresult r = CUDA_SUCCESS;
+  pthread_t self = pthread_self();
+  for (struct CUstream_st *x = F.streams; x; x = x->next) {
+    if (x->capture != CU_STREAM_CAPTURE_STATUS_ACTIVE) continue;
+    bool mine = pthread_equal(x->capture_thread, self);
+    bool prohibits = mine ? x->capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED
+                          : tls_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                                x->capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+    if (prohibits) {
+      x->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+      r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+  }
+  return r;
+}
+
+/* Querying or waiting on an event recorded into a capture that is still going
+ * on is illegal: it invalidates that capture. */
+static CUresult fake_captured_event_locked(struct CUevent_st *e) {
+  if (!e->captured_id || !e->stream || e->stream->capture_id != e->captured_id ||
+      e->stream->capture == CU_STREAM_CAPTURE_STATUS_NONE)
+    return CUDA_SUCCESS;
+  e->stream->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 }
 
 /* ---- the entry points sgm uses ---- */
@@ -483,6 +538,7 @@ FAKE_API CUresult cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
   pthread_mutex_lock(&F.mu);
   struct CUctx_st *c = NULL;
   CUresult r = fake_need_ctx_locked(&c);
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked();
   if (r == CUDA_SUCCESS && (acc > F.total_mem || F.used_mem[c->device] > F.total_mem - acc))
     r = CUDA_ERROR_OUT_OF_MEMORY;
   if (r == CUDA_SUCCESS) F.used_mem[c->device] += acc;
@@ -510,6 +566,7 @@ FAKE_API CUresult cuMemFree(CUdeviceptr dptr) {
   FAKE_COUNT("cuMemFree");
   pthread_mutex_lock(&F.mu);
   CUresult r = fake_need_ctx_locked(NULL);
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked();
   fake_dalloc *found = NULL;
   if (r == CUDA_SUCCESS) {
     for (fake_dalloc **pp = &F.dallocs; *pp; pp = &(*pp)->next)
@@ -542,6 +599,7 @@ FAKE_API CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags
   uintptr_t base = (uintptr_t)p;
   pthread_mutex_lock(&F.mu);
   CUresult r = fake_need_ctx_locked(NULL);
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked();
   for (fake_hreg *x = F.hregs; r == CUDA_SUCCESS && x; x = x->next)
     if (base < x->base + x->size && x->base < base + bytesize)
       r = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
@@ -559,6 +617,7 @@ FAKE_API CUresult cuMemHostUnregister(void *p) {
   FAKE_COUNT("cuMemHostUnregister");
   pthread_mutex_lock(&F.mu);
   CUresult r = fake_need_ctx_locked(NULL);
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked();
   fake_hreg *found = NULL;
   if (r == CUDA_SUCCESS) {
     for (fake_hreg **pp = &F.hregs; *pp; pp = &(*pp)->next)
@@ -603,8 +662,11 @@ static CUresult fake_copy(uintptr_t dst, bool dst_dev, uintptr_t src, bool src_d
       (!dst || !src || (dst_dev && !fake_device_range_locked(dst, n)) ||
        (src_dev && !fake_device_range_locked(src, n))))
     r = CUDA_ERROR_INVALID_VALUE;
+  /* On a capturing stream the copy becomes a graph node: nothing moves now. */
+  struct CUstream_st *cs = r == CUDA_SUCCESS ? fake_stream_locked(s) : NULL;
+  bool captured = cs && cs->capture != CU_STREAM_CAPTURE_STATUS_NONE;
   pthread_mutex_unlock(&F.mu);
-  if (r == CUDA_SUCCESS && n > 0) memmove((void *)dst, (const void *)src, n);
+  if (r == CUDA_SUCCESS && n > 0 && !captured) memmove((void *)dst, (const void *)src, n);
   return r;
 }
 
@@ -681,6 +743,11 @@ FAKE_API CUresult cuStreamSynchronize(CUstream hStream) {
   CUresult r = fake_need_ctx_locked(NULL);
   struct CUstream_st *s = r == CUDA_SUCCESS ? fake_stream_locked(hStream) : NULL;
   if (r == CUDA_SUCCESS && !s) r = CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS && s->capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+    s->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED; /* synchronising a capture */
+    r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked();
   /* Re-find the stream after each wake-up: it may be destroyed meanwhile. */
   while (r == CUDA_SUCCESS && s && s->n_pending > 0) {
     pthread_cond_wait(&F.cv, &F.mu);
@@ -722,7 +789,9 @@ FAKE_API CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
   if (r == CUDA_SUCCESS) {
     fake_complete_locked(e); /* re-recording replaces the earlier capture */
     e->stream = s;
-    if (F.hold_all || s->held) {
+    /* Into a capture: a graph node, not work that completes. */
+    e->captured_id = s->capture != CU_STREAM_CAPTURE_STATUS_NONE ? s->capture_id : 0;
+    if (!e->captured_id && (F.hold_all || s->held)) {
       e->pending = 1;
       s->n_pending++;
       F.n_pending++;
@@ -738,6 +807,7 @@ FAKE_API CUresult cuEventQuery(CUevent hEvent) {
   CUresult r = fake_need_ctx_locked(NULL);
   struct CUevent_st *e = r == CUDA_SUCCESS ? fake_event_locked(hEvent) : NULL;
   if (r == CUDA_SUCCESS && !e) r = CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS) r = fake_captured_event_locked(e);
   if (r == CUDA_SUCCESS && e->pending) r = CUDA_ERROR_NOT_READY;
   pthread_mutex_unlock(&F.mu);
   return r;
@@ -749,6 +819,8 @@ FAKE_API CUresult cuEventSynchronize(CUevent hEvent) {
   CUresult r = fake_need_ctx_locked(NULL);
   struct CUevent_st *e = r == CUDA_SUCCESS ? fake_event_locked(hEvent) : NULL;
   if (r == CUDA_SUCCESS && !e) r = CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS) r = fake_captured_event_locked(e);
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked();
   while (r == CUDA_SUCCESS && e && e->pending) {
     pthread_cond_wait(&F.cv, &F.mu);
     e = fake_event_locked(hEvent); /* destroyed meanwhile: nothing left to wait for */
@@ -779,6 +851,79 @@ FAKE_API CUresult cuEventDestroy(CUevent hEvent) {
   return r;
 }
 
+/* ---- stream capture ---- */
+
+/* The legacy stream cannot be captured; the double has no graphs, only a token. */
+static char fake_graph_token;
+
+FAKE_API CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
+  FAKE_COUNT("cuStreamBeginCapture");
+  if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+      mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_need_ctx_locked(NULL);
+  struct CUstream_st *s = r == CUDA_SUCCESS ? fake_stream_locked(hStream) : NULL;
+  if (r == CUDA_SUCCESS && !s) r = CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS && s == &F.legacy) r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  if (r == CUDA_SUCCESS && s->capture != CU_STREAM_CAPTURE_STATUS_NONE) r = CUDA_ERROR_ILLEGAL_STATE;
+  if (r == CUDA_SUCCESS) {
+    s->capture = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    s->capture_mode = mode;
+    s->capture_thread = pthread_self();
+    s->capture_id = ++fake_capture_ids;
+  }
+  pthread_mutex_unlock(&F.mu);
+  return r;
+}
+
+FAKE_API CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
+  FAKE_COUNT("cuStreamEndCapture");
+  if (!phGraph) return CUDA_ERROR_INVALID_VALUE;
+  *phGraph = NULL;
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_need_ctx_locked(NULL);
+  struct CUstream_st *s = r == CUDA_SUCCESS ? fake_stream_locked(hStream) : NULL;
+  if (r == CUDA_SUCCESS && !s) r = CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS && s->capture == CU_STREAM_CAPTURE_STATUS_NONE) r = CUDA_ERROR_ILLEGAL_STATE;
+  if (r == CUDA_SUCCESS) {
+    if (s->capture == CU_STREAM_CAPTURE_STATUS_INVALIDATED) r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    else *phGraph = (CUgraph)(void *)&fake_graph_token;
+    s->capture = CU_STREAM_CAPTURE_STATUS_NONE;
+    s->capture_id = 0;
+  }
+  pthread_mutex_unlock(&F.mu);
+  return r;
+}
+
+FAKE_API CUresult cuGraphDestroy(CUgraph hGraph) {
+  FAKE_COUNT("cuGraphDestroy");
+  return hGraph == (CUgraph)(void *)&fake_graph_token ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+FAKE_API CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
+  FAKE_COUNT("cuStreamIsCapturing");
+  if (!captureStatus) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_need_ctx_locked(NULL);
+  struct CUstream_st *s = r == CUDA_SUCCESS ? fake_stream_locked(hStream) : NULL;
+  if (r == CUDA_SUCCESS && !s) r = CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS) *captureStatus = s->capture;
+  pthread_mutex_unlock(&F.mu);
+  return r;
+}
+
+FAKE_API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
+  FAKE_COUNT("cuThreadExchangeStreamCaptureMode");
+  if (!mode || (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL && *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+                *mode != CU_STREAM_CAPTURE_MODE_RELAXED))
+    return CUDA_ERROR_INVALID_VALUE;
+  CUstreamCaptureMode old = tls_capture_mode;
+  tls_capture_mode = *mode;
+  *mode = old;
+  return CUDA_SUCCESS;
+}
+
 /* ---- cuGetProcAddress: base name -> the function above ---- */
 
 /* X(name, abi): the CUDA version of the signature implemented; older ABIs are
@@ -795,7 +940,9 @@ FAKE_API CUresult cuEventDestroy(CUevent hEvent) {
   X(cuMemcpyDtoHAsync, 3020) X(cuMemcpyDtoDAsync, 3020) X(cuStreamCreate, 2000)          \
   X(cuStreamDestroy, 4000) X(cuStreamSynchronize, 2000) X(cuEventCreate, 2000)           \
   X(cuEventRecord, 2000) X(cuEventQuery, 2000) X(cuEventSynchronize, 2000)               \
-  X(cuEventDestroy, 4000)
+  X(cuEventDestroy, 4000) X(cuStreamBeginCapture, 10010) X(cuStreamEndCapture, 10000)    \
+  X(cuGraphDestroy, 10000) X(cuStreamIsCapturing, 10000)                                 \
+  X(cuThreadExchangeStreamCaptureMode, 10010)
 
 static const struct {
   const char *name; /* base name, as cuGetProcAddress is asked */
