@@ -243,33 +243,10 @@ SGM_API const sgm_config *sgm_context_config(const sgm_context *ctx) {
   return ctx ? &ctx->cfg : NULL;
 }
 
-/* Allocate in tier t; when it is full but holds blocks freed on streams,
- * reclaim those this stream may reuse (or whose work completed) and retry. */
-static int context_alloc_in(sgm_context *ctx, sgm_tier t, size_t size, void *stream, sgm_devptr *d) {
-  int rc = sgm__placement_alloc(ctx, t, size, d);
-  if (sgm_likely(rc == SGM_OK)) return rc;
-  if ((rc == SGM__ERR_BUDGET || rc == SGM_ERR_NOMEM) && sgm__tier_n_pending(ctx->tiers[t]) &&
-      sgm__tier_reclaim(ctx->tiers[t], stream, false))
-    rc = sgm__placement_alloc(ctx, t, size, d);
-  return rc;
-}
-
-/* Rule 3 of the placement rules: VRAM is full, so the block lands in shared
- * GPU memory — device-accessible, slower. Counted, announced once at
+/* Rule 3 of the placement rules (decided in residency.c): VRAM was full, so
+ * the block at ptr landed in shared GPU memory. Counted, announced once at
  * SGM_VERBOSE >= 1, and reported to the callback every time. */
-static void *context_fallback(sgm_context *ctx, size_t size, void *stream) {
-  sgm_devptr d = 0;
-  int rc = context_alloc_in(ctx, SGM_TIER_SHARED, size, stream, &d);
-  if (rc != SGM_OK) {
-    if (rc != SGM__ERR_BUDGET && rc != SGM_ERR_NOMEM) return NULL;
-    char shared_msg[SGM_ERROR_MAX];
-    if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(ctx->tiers[SGM_TIER_SHARED], size);
-    snprintf(shared_msg, sizeof shared_msg, "%s", sgm_last_error());
-    sgm__tier_explain_budget(ctx->tiers[SGM_TIER_VRAM], size);
-    sgm__error_set(SGM_ERR_NOMEM, "sgm_alloc: VRAM and shared GPU memory are both full. VRAM: %s. "
-                   "Shared: %s", sgm_last_error(), shared_msg);
-    return NULL;
-  }
+static void *context_fallback(sgm_context *ctx, sgm_devptr d, size_t size) {
   void *ptr = (void *)(uintptr_t)d;
   uint64_t n = __atomic_fetch_add(&ctx->n_fallbacks, 1, __ATOMIC_RELAXED);
   __atomic_fetch_add(&ctx->fallback_bytes, (uint64_t)size, __ATOMIC_RELAXED);
@@ -327,17 +304,10 @@ SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
     return NULL;
   }
   sgm_devptr d = 0;
-  /* Rule 2: released buffers in VRAM are demoted to make room. */
-  int rc = context_alloc_in(ctx, SGM_TIER_VRAM, size, stream, &d);
-  if (sgm_likely(rc == SGM_OK)) return (void *)(uintptr_t)d;
-  if (rc != SGM__ERR_BUDGET && rc != SGM_ERR_NOMEM) return NULL;
-  if (!ctx->cfg.shared_fallback) {
-    if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(ctx->tiers[SGM_TIER_VRAM], size);
-    sgm__error_set(SGM_ERR_NOMEM, "%s; shared GPU memory fallback is off (SGM_SHARED_FALLBACK=on "
-                   "lets full VRAM spill into pinned host memory)", sgm_last_error());
-    return NULL;
-  }
-  return context_fallback(ctx, size, stream);
+  sgm_tier where;
+  if (sgm_unlikely(sgm__residency_alloc(ctx, size, stream, &d, &where) != SGM_OK)) return NULL;
+  if (sgm_likely(where == SGM_TIER_VRAM)) return (void *)(uintptr_t)d;
+  return context_fallback(ctx, d, size);
 }
 
 /* Pending stream-ordered frees kept per tier before a free cleans up the
