@@ -414,6 +414,18 @@ static int cuda_capturing(CUstream stream, const char *op) {
   return st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+/* The event was last recorded into a capture that has ended: it stands for
+ * graph nodes, never for work that completes, and the driver refuses to
+ * query it (CUDA_ERROR_CAPTURED_EVENT). What sgm asks it — has the work
+ * queued before the free or release finished? — is answered by recording it
+ * again on the same stream now, after the stream's real work, and asking
+ * (wait: waiting for) that record. */
+static CUresult cuda_rerecord_captured(void *event, CUstream stream, bool wait) {
+  CUresult r = CU(cuEventRecord)((CUevent)event, stream);
+  if (r != CUDA_SUCCESS) return r;
+  return wait ? CU(cuEventSynchronize)((CUevent)event) : CU(cuEventQuery)((CUevent)event);
+}
+
 static int cuda_open(const sgm_config *cfg, sgm_backend **out) {
   *out = NULL;
   pthread_once(&cuda_drv_once, cuda_load);
@@ -927,6 +939,7 @@ static int cuda_event_query(sgm_backend *be, void *event) {
     return rc < 0 ? rc : 0;
   }
   CUresult r = CU(cuEventQuery)((CUevent)event);
+  if (r == CUDA_ERROR_CAPTURED_EVENT) r = cuda_rerecord_captured(event, stream, false);
   cuda_leave(be, pushed, op);
   if (r == CUDA_SUCCESS) return 1;
   if (r == CUDA_ERROR_NOT_READY) return 0;
@@ -953,6 +966,7 @@ static int cuda_event_wait(sgm_backend *be, void *event) {
                           "now (end the capture first)", op);
   }
   CUresult r = CU(cuEventSynchronize)((CUevent)event);
+  if (r == CUDA_ERROR_CAPTURED_EVENT) r = cuda_rerecord_captured(event, stream, true);
   cuda_leave(be, pushed, op);
   if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuEventSynchronize", CUDA_BLAME_CALLER);
   return SGM_OK;

@@ -33,8 +33,8 @@
  *  - FAKE_CUDA_DRIVER_VERSION (default 12080) is what cuDriverGetVersion says.
  *  - Stream capture (see "Stream capture" below): capture states per stream,
  *    the per-thread capture mode, unsafe calls that invalidate a capture,
- *    events recorded into a capture (never complete; querying one while the
- *    capture goes on invalidates it), copies on a capturing stream captured,
+ *    events last recorded into a capture (never complete; querying or waiting
+ *    on one is CUDA_ERROR_CAPTURED_EVENT), copies on a capturing stream captured,
  *    not executed. cuStreamEndCapture hands out a token, not a graph.
  *  - FAKE_CUDA_HOST_REGISTER_SUPPORTED (default 1) is the device attribute of
  *    that name; FAKE_CUDA_HOST_REGISTER_RESULT makes every cuMemHostRegister
@@ -168,6 +168,7 @@ static uint64_t fake_capture_ids; /* capture sequences begun (under F.mu) */
   X(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing") \
   X(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "operation failed due to a previous error during capture") \
   X(CUDA_ERROR_ILLEGAL_STATE, "the operation cannot be performed in the present state") \
+  X(CUDA_ERROR_CAPTURED_EVENT, "operation not permitted on an event last recorded in a capturing stream") \
   X(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "system has unsupported display driver / cuda driver combination") \
   X(CUDA_ERROR_UNKNOWN, "unknown error")
 
@@ -321,14 +322,10 @@ static CUresult fake_capture_unsafe_locked(void) {
   return r;
 }
 
-/* Querying or waiting on an event recorded into a capture that is still going
- * on is illegal: it invalidates that capture. */
+/* Querying or waiting on an event last recorded into a capture (also one
+ * that has ended) is not permitted: CUDA_ERROR_CAPTURED_EVENT. */
 static CUresult fake_captured_event_locked(struct CUevent_st *e) {
-  if (!e->captured_id || !e->stream || e->stream->capture_id != e->captured_id ||
-      e->stream->capture == CU_STREAM_CAPTURE_STATUS_NONE)
-    return CUDA_SUCCESS;
-  e->stream->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
-  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  return e->captured_id ? CUDA_ERROR_CAPTURED_EVENT : CUDA_SUCCESS;
 }
 
 /* ---- the entry points sgm uses ---- */
