@@ -23,8 +23,16 @@
  *  - The free functions cannot fail from sgm's point of view: a driver error
  *    there is reported through the log, never returned.
  *  - copy() copies n bytes between any two addresses the kind names, in order on
- *    `stream` (NULL = the backend's own stream), and returns when the copy is
- *    complete as seen from the host (later issues add asynchronous copies).
+ *    `stream` (NULL = the backend's own stream, which waits for nobody's work;
+ *    SGM_STREAM_LEGACY = the legacy default stream), and returns when the copy
+ *    is complete as seen from the host: the source may be reused, freed or
+ *    unpinned at once, the destination is ready for any later work.
+ *    Ordering: a copy on the caller's stream starts only after all work queued
+ *    there before it. That is how sgm orders a migration after the work that
+ *    last used a buffer (the release event's stream): on the device, without
+ *    waiting for that work on the host first. A copy on a stream that is
+ *    capturing a CUDA graph would be captured instead of run: it is refused
+ *    with SGM_ERR_BUSY (nothing copied).
  *  - Every function is safe to call from any thread at once; sgm never holds one
  *    of its tier locks across a backend call.
  *  - The backend counts its live allocations; close() with allocations still
@@ -69,6 +77,14 @@
 #define SGM_DEVICE_ALIGN 256u
 
 typedef uint64_t sgm_devptr; /* a device address (CUdeviceptr on CUDA) */
+
+/* The legacy default stream, named to copy() (where NULL means the backend's
+ * own stream); the value of CU_STREAM_LEGACY. Its work follows all earlier
+ * work of every blocking stream, per-thread default streams included. */
+#define SGM_STREAM_LEGACY ((void *)(uintptr_t)0x1)
+/* The calling thread's per-thread default stream (CU_STREAM_PER_THREAD): the
+ * same handle names another stream on every thread. */
+#define SGM_STREAM_PER_THREAD ((void *)(uintptr_t)0x2)
 
 typedef enum sgm_copy_kind {
   SGM_COPY_HOST_TO_DEVICE = 0, /* dst device address, src host pointer */

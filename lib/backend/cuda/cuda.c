@@ -25,9 +25,9 @@
  * cuMemHostGetDevicePointer. Every live allocation and event is in a table so
  * that free() can check it and close() can return what was leaked.
  *
- * Copies run on the caller's stream, or on a non-blocking stream the backend
- * owns when the caller passes NULL, and are synchronised before copy()
- * returns, as the contract asks.
+ * Copies run on the caller's stream (never while it captures a graph), or on
+ * a non-blocking stream the backend owns when the caller passes NULL, and are
+ * synchronised before copy() returns, as the contract asks.
  *
  * Errors: every CUresult becomes an sgm_status (out of memory -> NOMEM, a bad
  * handle or value the caller passed -> INVALID, anything else -> BACKEND) and a
@@ -849,6 +849,14 @@ static int cuda_copy(sgm_backend *be, sgm_copy_kind kind, uint64_t dst, uint64_t
   bool pushed;
   int rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
+  /* Only the caller's stream can be capturing (sgm's own never is). */
+  if (stream && (rc = cuda_capturing(s, op)) != 0) {
+    cuda_leave(be, pushed, op);
+    if (rc < 0) return rc;
+    return sgm__error_set(SGM_ERR_BUSY, "CUDA: %s: the stream the buffer was last used on is "
+                          "capturing a CUDA graph, so the copy would be captured instead of run; "
+                          "end the capture first", op);
+  }
   CUresult r;
   const char *call;
   switch (kind) {
