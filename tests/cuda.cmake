@@ -103,17 +103,42 @@ else()
     ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
     LABELS "unit;cuda-double" TIMEOUT 60 SKIP_RETURN_CODE 77)
 
+  # Expected failures (see below): their names here, their reasons there.
+  set(_sgm_cuda_expected_fail test_api)
+
   # Every black-box API suite once more, on the CUDA backend over the double.
   # The suites take the backend from SGM_BACKEND as ctest sets it.
   foreach(src ${SGM_API_TESTS})
     get_filename_component(n ${src} NAME_WE)
     if(TARGET api_${n})
       add_dependencies(api_${n} sgm_fake_cuda)
-      add_test(NAME cuda_api_${n} COMMAND api_${n})
+      if(n IN_LIST _sgm_cuda_expected_fail)
+        # An expected failure may abort (an sgm_assert): CTest never inverts a
+        # crash, so a wrapper turns a signal into exit status 1.
+        add_test(NAME cuda_api_${n} COMMAND sh
+          ${CMAKE_CURRENT_SOURCE_DIR}/support/fake_cuda/expected_failure.sh $<TARGET_FILE:api_${n}>)
+      else()
+        add_test(NAME cuda_api_${n} COMMAND api_${n})
+      endif()
       set_tests_properties(cuda_api_${n} PROPERTIES
         ENVIRONMENT "SGM_BACKEND=cuda;SGM_VERBOSE=0"
         ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
         LABELS "api;cuda-double" TIMEOUT 300 SKIP_RETURN_CODE 77)
     endif()
   endforeach()
+
+  # Expected failures: suites that the strict double (asynchronous streams,
+  # as on a GPU) shows to break on today's sgm. Each names the sgm defect;
+  # all are fixed by the GPU-path issue (issue 10), which removes them here.
+  # A 50 us simulated device time per operation makes the failure certain
+  # rather than likely (a record is never complete right after it is made).
+  #  - cuda_api_test_api: test_alloc_free and test_budget_exhaustion (a block
+  #    freed on the NULL stream is not reusable by that stream at once: "no
+  #    reuse on the NULL stream"), test_threads (two concurrent reclaims
+  #    destroy the same event: sgm_assert in cuda_event_destroy).
+  if(TEST cuda_api_test_api)
+    set_tests_properties(cuda_api_test_api PROPERTIES
+      ENVIRONMENT "SGM_BACKEND=cuda;SGM_VERBOSE=0;FAKE_CUDA_DELAY_US=50"
+      WILL_FAIL TRUE)
+  endif()
 endif()
