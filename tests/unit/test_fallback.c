@@ -27,6 +27,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cuda.h>
+
 #include "backend/backend.h"
 #include "internal.h"
 #include "test_util.h"
@@ -34,12 +36,14 @@
 #define MiB (UINT64_C(1) << 20)
 
 static bool have_double;
+static void *fake_lib;
+/* The double reads FAKE_CUDA_HOST_REGISTER_RESULT at load and reset only. */
+static void (*set_host_register_result)(int result);
 
 static void clean_env(void) {
   sgm_test_clean_env();
   unsetenv("FAKE_CUDA_TOTAL_MEM");
   unsetenv("FAKE_CUDA_HOST_REGISTER_SUPPORTED");
-  unsetenv("FAKE_CUDA_HOST_REGISTER_RESULT");
 }
 
 static int setup(void **state) {
@@ -137,10 +141,11 @@ static void test_host_register_unsupported_attribute(void **state) {
 static void test_host_register_not_permitted(void **state) {
   (void)state;
   if (!have_double) skip();
-  setenv("FAKE_CUDA_HOST_REGISTER_RESULT", "CUDA_ERROR_NOT_PERMITTED", 1);
+  set_host_register_result(CUDA_ERROR_NOT_PERMITTED);
   expect_no_shared_tier("CUDA_ERROR_NOT_PERMITTED");
-  setenv("FAKE_CUDA_HOST_REGISTER_RESULT", "CUDA_ERROR_NOT_SUPPORTED", 1);
+  set_host_register_result(CUDA_ERROR_NOT_SUPPORTED);
   expect_no_shared_tier("CUDA_ERROR_NOT_SUPPORTED");
+  set_host_register_result(0);
 }
 
 static const sgm_backend_ops *open_backend(bool cuda, sgm_backend **be) {
@@ -222,7 +227,9 @@ static void test_cuda_pinned_not_inherited(void **state) {
 
 int main(void) {
   void *probe = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  have_double = probe && dlsym(probe, "fake_cuda_hold_events");
+  fake_lib = probe;
+  if (probe) *(void **)&set_host_register_result = dlsym(probe, "fake_cuda_set_host_register_result");
+  have_double = probe && set_host_register_result;
   if (!have_double) printf("# fallback: the driver test double is not on LD_LIBRARY_PATH: its cases skip\n");
   /* Kept loaded: sgm's dlopen of the same file then shares it. */
   const struct CMUnitTest tests[] = {
@@ -235,6 +242,6 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cuda_pinned_not_inherited, setup, teardown),
   };
   int rc = cmocka_run_group_tests_name("fallback", tests, NULL, NULL);
-  if (probe) dlclose(probe);
+  if (fake_lib) dlclose(fake_lib);
   return rc;
 }
