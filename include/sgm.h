@@ -146,7 +146,13 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg, sgm_context **out);
  */
 SGM_API void sgm_context_destroy(sgm_context *ctx);
 
-/* The configuration the context runs with, after defaults and overrides. */
+/*
+ * The configuration the context was created with, after defaults and
+ * overrides. The record belongs to the context, never changes after create
+ * (a later sgm_torch_set_memory_fraction changes the budget, not this
+ * record: read the budget with sgm_get_stats), and may be read from any
+ * thread until sgm_context_destroy. NULL when ctx is NULL.
+ */
 SGM_API const sgm_config *sgm_context_config(const sgm_context *ctx);
 
 /* The backend the context runs on: "cuda" or "emu" (auto resolved). */

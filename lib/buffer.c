@@ -18,28 +18,36 @@
 #include "tiers/tier.h"
 
 void sgm__buffer_wait_locked(struct sgm_placement *pl, sgm_buffer *b) {
-  while (b->state == SGM_BUF_BUSY) pthread_cond_wait(&pl->cond, &pl->lock.mu);
+  while (sgm__buffer_state(b) == SGM_BUF_BUSY) {
+    /* The flag is set under the lock the owner needs to change the state,
+     * so the owner's change sees it; a change between here and the sleep
+     * makes the sleep return at once. */
+    __atomic_fetch_or(&b->state, SGM_BUF_WAITERS, __ATOMIC_RELAXED);
+    sgm__lock_drop(&pl->lock);
+    sgm__word_wait(&b->state, SGM_BUF_BUSY | SGM_BUF_WAITERS);
+    __atomic_fetch_add(&pl->n_busy_wakeups, 1, __ATOMIC_RELAXED);
+    sgm__lock_take(&pl->lock);
+  }
 }
 
 sgm_buf_state sgm__buffer_take_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k) {
   sgm__buffer_wait_locked(pl, b);
-  sgm_buf_state was = b->state;
+  sgm_buf_state was = sgm__buffer_state(b);
   if (k == SGM_TAKE_USE) sgm__residency_take_for_use(pl, b);
   else sgm__residency_take(pl, b, k == SGM_TAKE_FREE ? SGM_POLICY_REMOVE_DROP : SGM_POLICY_REMOVE_PIN);
   if (k == SGM_TAKE_FREE) sgm__residency_unpin(pl, b);
   if (b->prefetch_queued) sgm__prefetch_cancel_locked(pl, b);
-  b->state = SGM_BUF_BUSY;
+  sgm__buffer_set_state(b, SGM_BUF_BUSY);
   return was;
 }
 
 void sgm__buffer_finish(struct sgm_placement *pl, sgm_buffer *b, sgm_buf_state to, bool used) {
   sgm__lock_take(&pl->lock);
-  b->state = to;
+  sgm__buffer_set_state(b, to); /* its waiters run once the lock is dropped */
   if (to == SGM_BUF_RELEASED) {
     if (b->tier < SGM_N_RESIDENT) sgm__residency_put(pl, b, used);
     else sgm__residency_unpin(pl, b);
   }
-  pthread_cond_broadcast(&pl->cond);
   sgm__lock_drop(&pl->lock);
 }
 
@@ -61,6 +69,16 @@ bool sgm__buffer_disk_offset(sgm_buffer *b, uint64_t *offset) {
   *offset = on ? b->ext.offset : 0;
   sgm__lock_drop(&pl->lock);
   return on;
+}
+
+/* Take pl->lock and wait until b is not BUSY; SGM_ERR_BUSY (lock dropped)
+ * when it is acquired, else SGM_OK with the lock held and b RELEASED. */
+static int buffer_lock_released(struct sgm_placement *pl, sgm_buffer *b, const char *fn) {
+  sgm__lock_take(&pl->lock);
+  sgm__buffer_wait_locked(pl, b);
+  if (sgm__buffer_state(b) != SGM_BUF_ACQUIRED) return SGM_OK;
+  sgm__lock_drop(&pl->lock);
+  return sgm__error_set(SGM_ERR_BUSY, "%s: the buffer is acquired (release it first)", fn);
 }
 
 #define BUF_CHECK(b, what)                                                              \
@@ -91,7 +109,7 @@ SGM_API sgm_status sgm_buffer_create(sgm_context *ctx, size_t size, sgm_buffer *
     return (sgm_status)rc;
   }
   sgm__lock_take(&pl->lock);
-  b->state = SGM_BUF_RELEASED;
+  sgm__buffer_set_state(b, SGM_BUF_RELEASED);
   if (b->tier < SGM_N_RESIDENT) sgm__residency_put(pl, b, false); /* fresh: created, not yet used */
   b->all_next = pl->all;
   if (pl->all) pl->all->all_prev = b;
@@ -107,19 +125,14 @@ SGM_API sgm_status sgm_buffer_acquire(sgm_buffer *b, void *stream, void **device
   BUF_CHECK(b, "sgm_buffer_acquire");
   sgm_context *ctx = b->ctx;
   struct sgm_placement *pl = ctx->pl;
-  sgm__lock_take(&pl->lock);
-  sgm__buffer_wait_locked(pl, b);
-  if (b->state == SGM_BUF_ACQUIRED) {
-    sgm__lock_drop(&pl->lock);
-    return (sgm_status)sgm__error_set(SGM_ERR_BUSY, "sgm_buffer_acquire: the buffer is already "
-                                      "acquired (release it first)");
-  }
+  int rc = buffer_lock_released(pl, b, "sgm_buffer_acquire");
+  if (rc != SGM_OK) return (sgm_status)rc;
   sgm__residency_record(pl, b);
   if (b->tier == SGM_TIER_VRAM && !b->event) {
     /* Fast path: resident in VRAM already, nothing pending on it. */
     sgm__residency_take_for_use(pl, b);
     if (b->prefetch_queued) sgm__prefetch_cancel_locked(pl, b);
-    b->state = SGM_BUF_ACQUIRED;
+    sgm__buffer_set_state(b, SGM_BUF_ACQUIRED);
     sgm__lock_drop(&pl->lock);
     *device_ptr = (void *)(uintptr_t)b->dptr;
     return SGM_OK;
@@ -128,7 +141,7 @@ SGM_API sgm_status sgm_buffer_acquire(sgm_buffer *b, void *stream, void **device
   sgm__lock_drop(&pl->lock);
   /* Moving copies follow the release's work on the device (migrate.c); a
    * buffer that stays where it is gets that order for `stream` here. */
-  int rc = sgm__residency_make_resident(ctx, b);
+  rc = sgm__residency_make_resident(ctx, b);
   if (rc == SGM_OK) rc = sgm__migrate_order_use(ctx, &b->event, b->event_stream, stream);
   sgm__buffer_finish(pl, b, rc == SGM_OK ? SGM_BUF_ACQUIRED : SGM_BUF_RELEASED, false);
   if (rc != SGM_OK) return (sgm_status)rc;
@@ -139,7 +152,9 @@ SGM_API sgm_status sgm_buffer_acquire(sgm_buffer *b, void *stream, void **device
 SGM_API sgm_status sgm_buffer_release(sgm_buffer *b, void *stream) {
   BUF_CHECK(b, "sgm_buffer_release");
   sgm_context *ctx = b->ctx;
-  if (b->state != SGM_BUF_ACQUIRED)
+  /* An atomic read: another thread may be moving a buffer that is not
+   * acquired (a misuse this call reports, not a race it joins). */
+  if (sgm__buffer_state(b) != SGM_BUF_ACQUIRED)
     return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_release: the buffer is not acquired");
   void *ev = NULL;
   int rc = ctx->bops->event_record(ctx->be, stream, &ev);
@@ -151,7 +166,7 @@ SGM_API sgm_status sgm_buffer_release(sgm_buffer *b, void *stream) {
   sgm__lock_take(&ctx->pl->lock);
   b->event = ev;
   b->event_stream = stream;
-  b->state = SGM_BUF_RELEASED;
+  sgm__buffer_set_state(b, SGM_BUF_RELEASED);
   sgm__residency_put(ctx->pl, b, true); /* acquired buffers are always resident */
   sgm__lock_drop(&ctx->pl->lock);
   return SGM_OK;
@@ -199,12 +214,8 @@ SGM_API sgm_status sgm_buffer_evict(sgm_buffer *b, sgm_tier to) {
                                       "SGM_TIER_SHARED or SGM_TIER_DISK", (int)to);
   sgm_context *ctx = b->ctx;
   struct sgm_placement *pl = ctx->pl;
-  sgm__lock_take(&pl->lock);
-  sgm__buffer_wait_locked(pl, b);
-  if (b->state == SGM_BUF_ACQUIRED) {
-    sgm__lock_drop(&pl->lock);
-    return (sgm_status)sgm__error_set(SGM_ERR_BUSY, "sgm_buffer_evict: the buffer is acquired");
-  }
+  int rc = buffer_lock_released(pl, b, "sgm_buffer_evict");
+  if (rc != SGM_OK) return (sgm_status)rc;
   if (b->event && ctx->bops->event_query(ctx->be, b->event) != 1) {
     sgm__lock_drop(&pl->lock);
     return (sgm_status)sgm__error_set(SGM_ERR_BUSY, "sgm_buffer_evict: GPU work queued before "
@@ -212,7 +223,7 @@ SGM_API sgm_status sgm_buffer_evict(sgm_buffer *b, sgm_tier to) {
   }
   sgm__buffer_take_locked(pl, b, SGM_TAKE_MOVE);
   sgm__lock_drop(&pl->lock);
-  int rc = b->tier < to ? sgm__migrate_demote(ctx, b, to, false) : SGM_OK;
+  rc = b->tier < to ? sgm__migrate_demote(ctx, b, to, false) : SGM_OK;
   sgm__buffer_finish(pl, b, SGM_BUF_RELEASED, false);
   return (sgm_status)rc;
 }

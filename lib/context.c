@@ -122,7 +122,7 @@ static void context_stop_idle_thread(sgm_context *ctx) {
  * CUDA_DEVICE_MEMORY_LIMIT; aligned down to the device alignment. */
 static uint64_t context_vram_budget(const sgm_context *ctx) {
   uint64_t total = ctx->device_total_bytes;
-  uint64_t b = (uint64_t)((double)total * ctx->cfg.vram_fraction);
+  uint64_t b = (uint64_t)((double)total * ctx->vram_fraction);
   if (b > total) b = total;
   uint64_t cap = sgm__size_resolve(ctx->cfg.vram_limit, total, UINT64_MAX);
   if (cap < b) b = cap;
@@ -154,6 +154,7 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   sgm_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_NOMEM, "out of host memory creating a context");
   ctx->cfg = *cfg_in;
+  ctx->vram_fraction = ctx->cfg.vram_fraction;
   sgm__options_tf_growth(ctx->cfg.verbose, &ctx->cfg.allow_growth);
   rc = sgm__options_cuda_memory_limit(ctx->cfg.device, &ctx->cuda_memory_limit_bytes);
   if (rc != SGM_OK) goto out_free;
@@ -282,7 +283,7 @@ int sgm__context_set_vram_fraction(sgm_context *ctx, double fraction) {
   if (!(fraction > 0.0 && fraction <= 1.0))
     return sgm__error_set(SGM_ERR_INVALID, "memory fraction %g is outside (0, 1]", fraction);
   sgm__lock_take(&ctx->lock);
-  ctx->cfg.vram_fraction = fraction;
+  ctx->vram_fraction = fraction; /* not cfg: sgm_context_config hands cfg out */
   uint64_t budget = context_vram_budget(ctx);
   ctx->budget_bytes[SGM_TIER_VRAM] = budget;
   sgm__lock_drop(&ctx->lock);

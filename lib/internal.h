@@ -83,6 +83,15 @@ void sgm__lock_take(sgm_lock *l);
 void sgm__lock_drop(sgm_lock *l);
 /* True when this thread holds l (tracked only when SGM_DEBUG >= 2; else true). */
 bool sgm__lock_held(const sgm_lock *l);
+/* Debug builds (SGM_DEBUG >= 2): abort unless this thread holds no sgm lock.
+ * Called at the top of every backend operation: no sgm lock is held across a
+ * driver call (STYLE.md, Threads). */
+void sgm__lock_assert_none_held(void);
+/* Sleep while *word == expected (returns at once if it differs; may return
+ * spuriously: callers loop). Wake every thread sleeping on word. Private to
+ * the process (Linux futexes). */
+void sgm__word_wait(uint32_t *word, uint32_t expected);
+void sgm__word_wake_all(uint32_t *word);
 
 /* ------------------------------------------------------------------------ */
 /* options.c — THE option table (see the file for every row). */
@@ -197,7 +206,9 @@ struct sgm_backend;
 struct sgm_backend_ops;
 
 struct sgm_context {
-  sgm_config cfg;                          /* as resolved at create (TF override applied) */
+  sgm_config cfg;                          /* as resolved at create (TF override applied); never
+                                              written after create: sgm_context_config hands it out */
+  double vram_fraction;                    /* the VRAM fraction in force (guarded by lock) */
   const struct sgm_backend_ops *bops;      /* the backend's vtable */
   struct sgm_backend *be;                  /* the opened device */
   uint64_t device_total_bytes;             /* device memory as the backend reported at create */

@@ -23,17 +23,18 @@
 static int placement_check_locked(struct sgm_placement *pl, char *why, size_t len) {
   uint64_t n[SGM_N_RESIDENT] = {0}, bytes[SGM_N_RESIDENT] = {0};
   for (sgm_buffer *b = pl->all; b; b = b->all_next) {
-    if (b->state == SGM_BUF_BUSY) { /* its mover owns tier and data: only the flags are ours */
+    sgm_buf_state st = sgm__buffer_state(b);
+    if (st == SGM_BUF_BUSY) { /* its mover owns tier and data: only the flags are ours */
       if (b->listed) {
         snprintf(why, len, "buffer %llu is BUSY and listed", (unsigned long long)b->item.id);
         return SGM_ERR_CORRUPT;
       }
       continue;
     }
-    bool want = b->state == SGM_BUF_RELEASED && b->tier < SGM_N_RESIDENT;
+    bool want = st == SGM_BUF_RELEASED && b->tier < SGM_N_RESIDENT;
     if (b->listed != want) {
       snprintf(why, len, "buffer %llu (state %d, tier %d) is %slisted",
-               (unsigned long long)b->item.id, (int)b->state, (int)b->tier, b->listed ? "" : "not ");
+               (unsigned long long)b->item.id, (int)st, (int)b->tier, b->listed ? "" : "not ");
       return SGM_ERR_CORRUPT;
     }
     if (b->listed && b->pinned) {
@@ -101,7 +102,6 @@ static const char *placement_policy_setting(const sgm_config *cfg, sgm_tier t, c
 static void placement_free(struct sgm_placement *pl) {
   for (int t = 0; t < SGM_N_RESIDENT; t++) sgm__prio_destroy(pl->pol[t]);
   if (pl->disk) sgm__disk_close(pl->disk);
-  pthread_cond_destroy(&pl->cond);
   pthread_cond_destroy(&pl->work_cond);
   sgm__lock_destroy(&pl->lock);
   free(pl);
@@ -111,7 +111,6 @@ int sgm__placement_create(sgm_context *ctx) {
   struct sgm_placement *pl = calloc(1, sizeof *pl);
   if (!pl) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory creating the buffer lists");
   sgm__lock_init(&pl->lock, SGM_LOCK_BUFFERS);
-  pthread_cond_init(&pl->cond, NULL);
   pthread_cond_init(&pl->work_cond, NULL);
   pl->clock_ns = placement_monotonic_ns;
   int rc = SGM_OK;

@@ -42,7 +42,7 @@ struct sgm_buffer {
   sgm_tier tier;             /* where the data is now (see sgm__buffer_set_tier) */
   sgm_devptr dptr;           /* block address in VRAM / shared; 0 on disk */
   sgm_disk_extent ext;       /* on disk: the extent; bytes == 0: never written (zeros) */
-  sgm_buf_state state;       /* see the file comment */
+  uint32_t state;            /* sgm_buf_state | SGM_BUF_WAITERS: see sgm__buffer_state */
   int priority;              /* sgm_priority the user set */
   void *event;               /* GPU work queued before release; NULL = none pending */
   void *event_stream;        /* the stream event was recorded on (the release's) */
@@ -60,7 +60,7 @@ struct sgm_buffer {
 
 struct sgm_placement {
   sgm_lock lock;                       /* guards everything below */
-  pthread_cond_t cond;                 /* broadcast when a buffer stops being BUSY */
+  uint64_t n_busy_wakeups;             /* waits for a BUSY buffer that woke (atomic; tests) */
   sgm__prio_layer *pol[SGM_N_RESIDENT]; /* each resident tier's policy, one instance per priority */
   size_t state_offset;                 /* where policy state starts in a buffer's allocation */
   size_t state_bytes;                  /* its size: the larger of the two policies' state_bytes */
@@ -84,6 +84,25 @@ struct sgm_placement {
   pthread_cond_t work_cond;            /* wakes the worker */
   sgm_buffer *pf_head, *pf_tail;       /* prefetch queue, oldest at the head */
 };
+
+/* b->state is a word of its own: the state in the low bits, and
+ * SGM_BUF_WAITERS while a thread sleeps until this buffer stops being BUSY.
+ * Written only under pl->lock (sgm__buffer_set_state), read anywhere
+ * (acquire): a thread that waits sleeps on this word, so only a change of
+ * this buffer wakes it. */
+#define SGM_BUF_STATE_MASK 3u
+#define SGM_BUF_WAITERS 4u
+
+static inline sgm_buf_state sgm__buffer_state(const sgm_buffer *b) {
+  return (sgm_buf_state)(__atomic_load_n(&b->state, __ATOMIC_ACQUIRE) & SGM_BUF_STATE_MASK);
+}
+
+/* Set b's state (pl->lock held) and wake the threads waiting for it. The
+ * wake happens under the lock: a woken owner may destroy b right after. */
+static inline void sgm__buffer_set_state(sgm_buffer *b, sgm_buf_state s) {
+  uint32_t old = __atomic_exchange_n(&b->state, (uint32_t)s, __ATOMIC_RELEASE);
+  if (sgm_unlikely(old & SGM_BUF_WAITERS)) sgm__word_wake_all(&b->state);
+}
 
 static inline sgm_buffer *sgm__buffer_of(sgm_policy_item *it) {
   return (sgm_buffer *)(void *)((char *)it - offsetof(sgm_buffer, item));

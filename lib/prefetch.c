@@ -32,9 +32,9 @@ static void *prefetch_main(void *arg) {
     if (pl->stop) break;
     sgm_buffer *b = pl->pf_head;
     sgm__prefetch_cancel_locked(pl, b);
-    if (b->state != SGM_BUF_RELEASED) continue; /* acquired meanwhile: nothing to do */
+    if (sgm__buffer_state(b) != SGM_BUF_RELEASED) continue; /* acquired meanwhile: nothing to do */
     sgm__residency_take(pl, b, SGM_POLICY_REMOVE_PIN);
-    b->state = SGM_BUF_BUSY;
+    sgm__buffer_set_state(b, SGM_BUF_BUSY);
     sgm__lock_drop(&pl->lock);
     int rc = sgm__residency_make_resident(ctx, b);
     if (rc != SGM_OK)
@@ -64,7 +64,7 @@ SGM_API sgm_status sgm_buffer_prefetch(sgm_buffer *b, void *stream) {
   struct sgm_placement *pl = ctx->pl;
   int rc = SGM_OK;
   sgm__lock_take(&pl->lock);
-  if (b->state == SGM_BUF_RELEASED && b->tier != SGM_TIER_VRAM && !b->prefetch_queued) {
+  if (sgm__buffer_state(b) == SGM_BUF_RELEASED && b->tier != SGM_TIER_VRAM && !b->prefetch_queued) {
     if (!pl->worker_started) {
       int e = pthread_create(&pl->worker, NULL, prefetch_main, ctx);
       if (e == 0) pl->worker_started = true;

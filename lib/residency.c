@@ -95,7 +95,7 @@ void sgm__residency_unpin(struct sgm_placement *pl, sgm_buffer *b) {
 }
 
 void sgm__residency_put(struct sgm_placement *pl, sgm_buffer *b, bool used) {
-  sgm_assert_internal(b->state == SGM_BUF_RELEASED && b->tier < SGM_N_RESIDENT && !b->listed);
+  sgm_assert_internal(sgm__buffer_state(b) == SGM_BUF_RELEASED && b->tier < SGM_N_RESIDENT && !b->listed);
   sgm__prio_layer *l = pl->pol[b->tier];
   bool back = false;
   if (b->pinned) {
@@ -143,7 +143,7 @@ static sgm_buffer *residency_pick_victim(sgm_context *ctx, sgm_tier t, uint64_t 
   sgm_policy_item *it;
   while (!v && (it = sgm__prio_next_victim(pl->pol[t], want)) != NULL) {
     sgm_buffer *b = sgm__buffer_of(it);
-    sgm_assert(b->listed && b->state == SGM_BUF_RELEASED && b->tier == t);
+    sgm_assert(b->listed && sgm__buffer_state(b) == SGM_BUF_RELEASED && b->tier == t);
     if (b->event) {
       if (ctx->bops->event_query(ctx->be, b->event) != 1) {
         sgm__residency_take(pl, b, SGM_POLICY_REMOVE_PIN); /* out of the way while the search goes on */
@@ -175,7 +175,7 @@ static sgm_buffer *residency_pick_victim(sgm_context *ctx, sgm_tier t, uint64_t 
     b->skip_next = NULL;
     sgm__residency_put(pl, b, false);
   }
-  if (v) v->state = SGM_BUF_BUSY;
+  if (v) sgm__buffer_set_state(v, SGM_BUF_BUSY);
   sgm__lock_drop(&pl->lock);
   return v;
 }

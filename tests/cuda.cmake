@@ -65,6 +65,18 @@ else()
     ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
     LABELS "unit;cuda-double" TIMEOUT 300 SKIP_RETURN_CODE 77)
 
+  # The double's own conformance suite: one test per driver rule it enforces.
+  # It links the double and calls the cu* API directly.
+  if(TARGET unit_test_fake_cuda)
+    target_include_directories(unit_test_fake_cuda SYSTEM PRIVATE ${SGM_CUDA_INCLUDE_DIR})
+    target_compile_definitions(unit_test_fake_cuda PRIVATE SGM_HAVE_CUDA_HEADERS=1)
+    target_link_libraries(unit_test_fake_cuda PRIVATE sgm_fake_cuda Threads::Threads)
+    set_tests_properties(unit_test_fake_cuda PROPERTIES
+      ENVIRONMENT "SGM_VERBOSE=0"
+      ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
+      LABELS "unit;cuda-double" TIMEOUT 120 SKIP_RETURN_CODE 77)
+  endif()
+
   # Suites through the public API on the double: the stream-ordered free rule
   # (stream_order), ordered migrations (migrate), graph capture (capture),
   # honest fallback (fallback). Each skips its double-only cases without it.

@@ -2040,11 +2040,12 @@ FAKE_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersi
     if (fake_entries[i].abi <= cudaVersion) best = (int)i; /* rows are oldest first */
   }
   if (best < 0) {
-    /* Unknown, versioned ("cuMemAlloc_v2"), or an ABI this double lacks:
-     * not found; older than the name itself: version not sufficient. */
+    /* CUDA_SUCCESS and a NULL pfn, as the driver answers. Unknown, versioned
+     * ("cuMemAlloc_v2"), or an ABI this double lacks: not found; older than
+     * the name itself: version not sufficient. */
     if (intro != 0 && cudaVersion < intro && symbolStatus)
       *symbolStatus = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
-    return intro != 0 && cudaVersion < intro ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+    return CUDA_SUCCESS;
   }
   *pfn = per_thread && fake_entries[best].ptsz ? fake_entries[best].ptsz : fake_entries[best].fn;
   if (symbolStatus) *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
