@@ -248,6 +248,9 @@ SGM_API sgm_status sgm_buffer_create(sgm_context *ctx, size_t size, sgm_buffer *
  * else shared memory; read back from disk with its checksum verified) and lock
  * it there until sgm_buffer_release. *device_ptr: its device address, NULL on
  * failure. Waits for a prefetch in flight. SGM_ERR_BUSY if already acquired.
+ * stream: where the caller will use it (NULL = the default stream): the data
+ * is ready for work queued there after the call, and follows the GPU work
+ * queued before the last release (copies run after it on the device).
  */
 SGM_API sgm_status sgm_buffer_acquire(sgm_buffer *b, void *stream, void **device_ptr);
 
@@ -258,7 +261,9 @@ SGM_API sgm_status sgm_buffer_acquire(sgm_buffer *b, void *stream, void **device
 SGM_API sgm_status sgm_buffer_release(sgm_buffer *b, void *stream);
 
 /* Copy n bytes from host memory into the buffer at offset / out of it, wherever
- * it lives (a disk-resident buffer is read back and verified). Bounds checked. */
+ * it lives (a disk-resident buffer is read back and verified). Bounds checked.
+ * The copy follows the GPU work queued before the last release: the call
+ * returns once that work and the copy are done. */
 SGM_API sgm_status sgm_buffer_write(sgm_buffer *b, size_t offset, const void *src, size_t n);
 SGM_API sgm_status sgm_buffer_read(sgm_buffer *b, size_t offset, void *dst, size_t n);
 

@@ -180,6 +180,28 @@ static uint64_t tier_release_chunks(sgm_tier_pool *p, sgm_chunk *list, size_t n)
   return bytes;
 }
 
+/* Take a chunk of `bytes` for a block of `need` bytes from the backend (pool
+ * lock not held). When the driver refuses it for lack of memory (other
+ * processes use the GPU too, or the budget is larger than the card's free
+ * memory), the chunk is retried at half the size, rounded up to the 64 KiB
+ * granule, down to the smallest chunk the block fits in: only a request the
+ * device cannot hold even alone is an out-of-memory (and may then fall back
+ * one tier down). out->bytes is the size taken. */
+static int tier_take_chunk(sgm_tier_pool *p, uint64_t bytes, uint64_t need, sgm_chunk *out) {
+  uint64_t floor = sgm__align_up(need, TIER_DEDICATED_GRANULE);
+  if (floor > bytes) floor = bytes;
+  for (;;) {
+    int rc = p->p.ops->chunk_alloc(p, bytes, out);
+    if (rc != SGM_ERR_NOMEM || bytes <= floor) return rc;
+    uint64_t half = sgm__align_up(bytes / 2, TIER_DEDICATED_GRANULE);
+    char a[32], b[32];
+    sgm__log(p->p.verbose, 2, "%s: the device refused a %s chunk (%s); retrying with %s",
+             sgm_tier_name(p->p.tier), sgm__fmt_bytes(bytes, a, sizeof a), sgm_last_error(),
+             sgm__fmt_bytes(half > floor ? half : floor, b, sizeof b));
+    bytes = half > floor ? half : floor;
+  }
+}
+
 /* The message for a chunk the backend would not give. */
 static int tier_backend_nomem_locked(sgm_tier_pool *p, uint64_t size) {
   char a[32], b[32], u[32], c[32];
@@ -273,11 +295,18 @@ int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
     p->n_growing++;
     sgm__lock_drop(&p->lock);
     sgm_chunk c = {0};
-    int rc = p->p.ops->chunk_alloc(p, chunk, &c);
+    int rc = tier_take_chunk(p, chunk, need, &c);
     if (rc == SGM_OK) c.dedicated = dedicated;
     sgm__lock_take(&p->lock);
     p->n_growing--;
     pthread_cond_broadcast(&p->grown);
+    if (rc == SGM_OK && c.bytes < chunk) {
+      /* Got a smaller chunk: give back the budget reserved for the rest, and
+       * do not let the geometric series climb while the device is short. */
+      p->committed_bytes -= chunk - c.bytes;
+      if (!dedicated && p->n_geometric > 0) p->n_geometric--;
+      chunk = c.bytes;
+    }
     if (rc == SGM_OK) {
       rc = tier_add_chunk_locked(p, &c);
       if (rc != SGM_OK) {

@@ -10,7 +10,9 @@
  *
  * Growth mode: chunks are taken on demand, geometrically growing from
  * growth_chunk_bytes; a block larger than the next chunk gets a chunk of its
- * own; committed bytes never exceed the budget. Reserve mode: one chunk of the
+ * own; committed bytes never exceed the budget. A chunk the device refuses for
+ * lack of memory is retried at halved sizes down to what the block needs
+ * before the allocation fails (and falls back a tier). Reserve mode: one chunk of the
  * whole budget is taken at create and kept until destroy.
  *
  * Threading: one lock per pool (rank = the tier's). The lock is never held

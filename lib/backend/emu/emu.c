@@ -5,9 +5,10 @@
  * is its own anonymous mapping, committed by the OS only when touched, and the
  * device's free memory is the fixed size minus what is allocated. The rest of
  * sgm never dereferences these addresses except through copy(), as on a real
- * GPU. Pinned host memory is real: mapped, bound to the requested NUMA node
- * with libnuma, and page-locked with mlock, so the shared tier's commit cost
- * and RLIMIT_MEMLOCK behaviour are the real ones. Its device address is its
+ * GPU. Pinned host memory is real: mapped as the CUDA backend maps it
+ * (sgm__host_map_pinnable: NUMA node preferred, MADV_DONTFORK) and page-locked
+ * with mlock, so the shared tier's commit cost and RLIMIT_MEMLOCK behaviour
+ * are the real ones. Its device address is its
  * host address (unified addressing).
  *
  * Fault injection for tests: with emu_fail_at = N > 0, the Nth fallible call
@@ -20,7 +21,6 @@
  */
 #include <errno.h>
 #include <numa.h>
-#include <numaif.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -162,20 +162,15 @@ static int emu_host_alloc(sgm_backend *be, uint64_t bytes, int numa_node, void *
   if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (host_alloc)");
   if (bytes == 0) return sgm__error_set(SGM_ERR_INVALID, "emulated device: host_alloc of 0 bytes");
   size_t len = sgm__align_up(bytes, EMU_PAGE);
-  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
-    int e = errno;
-    return sgm__error_set(SGM_ERR_NOMEM, "pinned host memory: mmap of %zu bytes failed: %s", len,
-                          strerror(e));
-  }
   /* "The device's node": an emulated device sits next to the calling CPU. */
   if (numa_node < 0 && numa_available() >= 0) {
     int cpu = sched_getcpu();
     numa_node = cpu >= 0 ? numa_node_of_cpu(cpu) : -1;
   }
-  /* Bind before the pages are touched, so mlock faults them in on that node. */
-  if (numa_node >= 0 && numa_available() >= 0 && numa_node <= numa_max_node())
-    numa_tonode_memory(p, len, numa_node);
+  /* Placed (by preference) before mlock faults the pages in. */
+  void *p = NULL;
+  int rc = sgm__host_map_pinnable(len, numa_node, &p);
+  if (rc != SGM_OK) return rc;
   if (mlock(p, len) != 0) {
     int e = errno;
     munmap(p, len);
