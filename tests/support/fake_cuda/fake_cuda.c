@@ -69,6 +69,7 @@ struct CUstream_st {
   int test_owned;           /* made by fake_cuda_stream_create, not counted as sgm's */
   int held;                 /* events recorded here stay pending */
   uint64_t n_pending;       /* pending events recorded here */
+  struct CUevent_st *blocker; /* pending event this stream waits for (cuStreamWaitEvent), or NULL */
   struct CUstream_st *next; /* list of live streams */
 };
 
@@ -76,6 +77,7 @@ struct CUevent_st {
   uint32_t magic;           /* FAKE_OBJ_MAGIC while live */
   struct CUstream_st *stream; /* where it was last recorded (NULL: none, or destroyed) */
   int pending;              /* recorded and not yet completed */
+  int blocked;              /* pending only because its stream waits for a blocker */
   struct CUevent_st *next;  /* list of live events */
 };
 
@@ -266,11 +268,27 @@ static bool fake_device_range_locked(uintptr_t addr, size_t n) {
   return false;
 }
 
+static void fake_complete_locked(struct CUevent_st *e);
+
+/* e completed: streams that waited for it run on, and the events recorded on
+ * them behind the wait complete (unless held themselves). */
+static void fake_unblock_locked(struct CUevent_st *e) {
+  struct CUstream_st *st = &F.legacy;
+  for (struct CUstream_st *next = F.streams; st; st = next, next = next ? next->next : NULL) {
+    if (st->blocker != e) continue;
+    st->blocker = NULL;
+    for (struct CUevent_st *ev = F.events; ev; ev = ev->next)
+      if (ev->stream == st && ev->blocked) fake_complete_locked(ev);
+  }
+}
+
 static void fake_complete_locked(struct CUevent_st *e) {
   if (!e->pending) return;
   e->pending = 0;
+  e->blocked = 0;
   F.n_pending--;
   if (e->stream) e->stream->n_pending--;
+  fake_unblock_locked(e);
 }
 
 /* ---- the entry points sgm uses ---- */
@@ -713,12 +731,30 @@ FAKE_API CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
   if (r == CUDA_SUCCESS) {
     fake_complete_locked(e); /* re-recording replaces the earlier capture */
     e->stream = s;
-    if (F.hold_all || s->held) {
+    bool behind_wait = s->blocker && s->blocker->pending;
+    if (F.hold_all || s->held || behind_wait) {
       e->pending = 1;
+      e->blocked = !(F.hold_all || s->held);
       s->n_pending++;
       F.n_pending++;
     }
   }
+  pthread_mutex_unlock(&F.mu);
+  return r;
+}
+
+/* Work queued on hStream after this waits for hEvent's recording: events
+ * recorded there stay pending until it completes. One wait per stream is
+ * modelled (a newer wait replaces an older one). */
+FAKE_API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+  FAKE_COUNT("cuStreamWaitEvent");
+  if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_need_ctx_locked(NULL);
+  struct CUevent_st *e = r == CUDA_SUCCESS ? fake_event_locked(hEvent) : NULL;
+  struct CUstream_st *s = r == CUDA_SUCCESS ? fake_stream_locked(hStream) : NULL;
+  if (r == CUDA_SUCCESS && (!e || !s)) r = CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS && e->pending && e->stream != s) s->blocker = e;
   pthread_mutex_unlock(&F.mu);
   return r;
 }
@@ -786,7 +822,7 @@ FAKE_API CUresult cuEventDestroy(CUevent hEvent) {
   X(cuMemcpyDtoHAsync, 3020) X(cuMemcpyDtoDAsync, 3020) X(cuStreamCreate, 2000)          \
   X(cuStreamDestroy, 4000) X(cuStreamSynchronize, 2000) X(cuEventCreate, 2000)           \
   X(cuEventRecord, 2000) X(cuEventQuery, 2000) X(cuEventSynchronize, 2000)               \
-  X(cuEventDestroy, 4000)
+  X(cuEventDestroy, 4000) X(cuStreamWaitEvent, 3020)
 
 static const struct {
   const char *name; /* base name, as cuGetProcAddress is asked */
