@@ -311,6 +311,10 @@ SGM_API void sgm_torch_free(void *ptr, size_t size, int device, void *stream);
  * sets the VRAM budget of a device's context to fraction × device memory. */
 SGM_API void sgm_torch_empty_cache(void);
 SGM_API void sgm_torch_set_memory_fraction(double fraction, int device);
+/* Tensor.record_stream for the C++ CUDAPluggableAllocator's set_record_stream_fn
+ * (the Python wrapper cannot install it): sgm_record_stream on the hook
+ * context holding ptr; a pointer no hook context holds is reported on stderr. */
+SGM_API void sgm_torch_record_stream(void *ptr, void *stream);
 /* The hook context of a device (created on first use); NULL with the error set on failure. */
 SGM_API sgm_context *sgm_hook_context(int device);
 

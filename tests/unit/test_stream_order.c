@@ -352,6 +352,37 @@ static void test_record_stream_delays_reuse(void **state) {
   fc.fake_cuda_stream_destroy(b);
 }
 
+/* Invariant: cached memory is reclaimed before anyone's buffer is demoted:
+ * with a released buffer in VRAM and a block freed on held stream A, an
+ * allocation on A takes A's cached block and the buffer stays in VRAM. */
+static void test_reclaim_before_demotion(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx_limit("8MiB");
+  void *a = fc.fake_cuda_stream_create();
+  sgm_buffer *buf = NULL;
+  assert_int_equal(sgm_buffer_create(ctx, 4 * MiB, &buf), SGM_OK);
+  void *d = NULL;
+  assert_int_equal(sgm_buffer_acquire(buf, NULL, &d), SGM_OK);
+  assert_int_equal(sgm_buffer_release(buf, NULL), SGM_OK);
+  assert_int_equal(sgm_buffer_tier(buf), SGM_TIER_VRAM);
+  void *p = sgm_alloc(ctx, 4 * MiB, a);
+  assert_non_null(p);
+  fc.fake_cuda_hold_stream(a, 1);
+  sgm_free(ctx, p, a);
+  void *q = sgm_alloc(ctx, 4 * MiB, a);
+  assert_ptr_equal(q, p);
+  assert_int_equal(sgm_buffer_tier(buf), SGM_TIER_VRAM);
+  sgm_stats st;
+  sgm_get_stats(ctx, &st);
+  assert_int_equal(st.tier[SGM_TIER_VRAM].n_evictions, 0);
+  fc.fake_cuda_hold_stream(a, 0);
+  fc.fake_cuda_complete_stream(a);
+  sgm_free(ctx, q, a);
+  sgm_buffer_destroy(buf);
+  finish_ctx(ctx);
+  fc.fake_cuda_stream_destroy(a);
+}
+
 /* Invariant: trim and destroy never return a block whose free is still
  * pending on the device; destroy waits for the work, then frees everything
  * and leaves no event or allocation behind in the driver. */
@@ -407,6 +438,7 @@ int main(void) {
       cmocka_unit_test(test_per_thread_streams_do_not_alias),
       cmocka_unit_test(test_concurrent_reclaim),
       cmocka_unit_test(test_record_stream_delays_reuse),
+      cmocka_unit_test(test_reclaim_before_demotion),
       cmocka_unit_test(test_trim_and_destroy_with_pending),
   };
   return cmocka_run_group_tests_name("stream_order", tests, load_fake, unload_fake);
