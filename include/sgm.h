@@ -146,7 +146,13 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg, sgm_context **out);
  */
 SGM_API void sgm_context_destroy(sgm_context *ctx);
 
-/* The configuration the context runs with, after defaults and overrides. */
+/*
+ * The configuration the context was created with, after defaults and
+ * overrides. The record belongs to the context, never changes after create
+ * (a later sgm_torch_set_memory_fraction changes the budget, not this
+ * record: read the budget with sgm_get_stats), and may be read from any
+ * thread until sgm_context_destroy. NULL when ctx is NULL.
+ */
 SGM_API const sgm_config *sgm_context_config(const sgm_context *ctx);
 
 /* The backend the context runs on: "cuda" or "emu" (auto resolved). */
@@ -202,7 +208,7 @@ typedef struct sgm_tier_stats {
   uint64_t n_frees;         /* frees served since create */
   uint64_t n_failed;        /* allocations this tier could not serve */
   uint64_t cached_bytes;    /* freed by the user, kept for reuse on the stream it was freed on
-                               (in committed, not in used; sgm_trim returns what is idle) */
+                               (in committed, not in used; sgm_trim returns them) */
 } sgm_tier_stats;
 
 /* Counters of one context; fields are only ever added at the end. */
@@ -226,9 +232,11 @@ SGM_API sgm_status sgm_stats_json(sgm_context *ctx, char **out);
 SGM_API void sgm_string_free(char *s);
 
 /*
- * Return committed memory that is not in use (whole free chunks) to the
- * driver / OS. In reserve mode (growth off) the reservation is kept.
- * Thread-safe.
+ * Return committed memory that is not in use to the driver / OS: blocks cached
+ * for reuse by the streams they were freed on (after waiting, on the host, for
+ * the work those streams had queued at their frees, as torch.cuda.empty_cache
+ * does), then whole free chunks. In reserve mode (growth off) the reservation
+ * is kept. Thread-safe.
  */
 SGM_API sgm_status sgm_trim(sgm_context *ctx);
 

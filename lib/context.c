@@ -123,7 +123,7 @@ static void context_stop_idle_thread(sgm_context *ctx) {
  * CUDA_DEVICE_MEMORY_LIMIT; aligned down to the device alignment. */
 static uint64_t context_vram_budget(const sgm_context *ctx) {
   uint64_t total = ctx->device_total_bytes;
-  uint64_t b = (uint64_t)((double)total * ctx->cfg.vram_fraction);
+  uint64_t b = (uint64_t)((double)total * ctx->vram_fraction);
   if (b > total) b = total;
   uint64_t cap = sgm__size_resolve(ctx->cfg.vram_limit, total, UINT64_MAX);
   if (cap < b) b = cap;
@@ -155,6 +155,7 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   sgm_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_NOMEM, "out of host memory creating a context");
   ctx->cfg = *cfg_in;
+  ctx->vram_fraction = ctx->cfg.vram_fraction;
   sgm__options_tf_growth(ctx->cfg.verbose, &ctx->cfg.allow_growth);
   rc = sgm__options_cuda_memory_limit(ctx->cfg.device, &ctx->cuda_memory_limit_bytes);
   if (rc != SGM_OK) goto out_free;
@@ -244,33 +245,10 @@ SGM_API const sgm_config *sgm_context_config(const sgm_context *ctx) {
   return ctx ? &ctx->cfg : NULL;
 }
 
-/* Allocate in tier t for work on stream: the tier's stream caches, its free
- * memory and the other streams' cached blocks first (sgm__tier_alloc_on);
- * only then are released buffers demoted to make room (placement). */
-static int context_alloc_in(sgm_context *ctx, sgm_tier t, size_t size, const sgm_stream_ref *stream,
-                            sgm_devptr *d) {
-  int rc = sgm__tier_alloc_on(ctx->tiers[t], size, stream, d);
-  if (sgm_likely(rc == SGM_OK)) return rc;
-  if (rc == SGM__ERR_BUDGET || rc == SGM_ERR_NOMEM) rc = sgm__placement_alloc(ctx, t, size, d);
-  return rc;
-}
-
-/* Rule 3 of the placement rules: VRAM is full, so the block lands in shared
- * GPU memory — device-accessible, slower. Counted, announced once at
+/* Rule 3 of the placement rules (decided in residency.c): VRAM was full, so
+ * the block at ptr landed in shared GPU memory. Counted, announced once at
  * SGM_VERBOSE >= 1, and reported to the callback every time. */
-static void *context_fallback(sgm_context *ctx, size_t size, const sgm_stream_ref *stream) {
-  sgm_devptr d = 0;
-  int rc = context_alloc_in(ctx, SGM_TIER_SHARED, size, stream, &d);
-  if (rc != SGM_OK) {
-    if (rc != SGM__ERR_BUDGET && rc != SGM_ERR_NOMEM) return NULL;
-    char shared_msg[SGM_ERROR_MAX];
-    if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(ctx->tiers[SGM_TIER_SHARED], size);
-    snprintf(shared_msg, sizeof shared_msg, "%s", sgm_last_error());
-    sgm__tier_explain_budget(ctx->tiers[SGM_TIER_VRAM], size);
-    sgm__error_set(SGM_ERR_NOMEM, "sgm_alloc: VRAM and shared GPU memory are both full. VRAM: %s. "
-                   "Shared: %s", sgm_last_error(), shared_msg);
-    return NULL;
-  }
+static void *context_fallback(sgm_context *ctx, sgm_devptr d, size_t size) {
   void *ptr = (void *)(uintptr_t)d;
   uint64_t n = __atomic_fetch_add(&ctx->n_fallbacks, 1, __ATOMIC_RELAXED);
   __atomic_fetch_add(&ctx->fallback_bytes, (uint64_t)size, __ATOMIC_RELAXED);
@@ -306,7 +284,7 @@ int sgm__context_set_vram_fraction(sgm_context *ctx, double fraction) {
   if (!(fraction > 0.0 && fraction <= 1.0))
     return sgm__error_set(SGM_ERR_INVALID, "memory fraction %g is outside (0, 1]", fraction);
   sgm__lock_take(&ctx->lock);
-  ctx->cfg.vram_fraction = fraction;
+  ctx->vram_fraction = fraction; /* not cfg: sgm_context_config hands cfg out */
   uint64_t budget = context_vram_budget(ctx);
   ctx->budget_bytes[SGM_TIER_VRAM] = budget;
   sgm__lock_drop(&ctx->lock);
@@ -328,19 +306,10 @@ SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
     return NULL;
   }
   sgm_devptr d = 0;
-  sgm_stream_ref ref;
-  ctx->bops->stream_ref(ctx->be, stream, &ref);
-  /* Rule 2: released buffers in VRAM are demoted to make room. */
-  int rc = context_alloc_in(ctx, SGM_TIER_VRAM, size, &ref, &d);
-  if (sgm_likely(rc == SGM_OK)) return (void *)(uintptr_t)d;
-  if (rc != SGM__ERR_BUDGET && rc != SGM_ERR_NOMEM) return NULL;
-  if (!ctx->cfg.shared_fallback) {
-    if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(ctx->tiers[SGM_TIER_VRAM], size);
-    sgm__error_set(SGM_ERR_NOMEM, "%s; shared GPU memory fallback is off (SGM_SHARED_FALLBACK=on "
-                   "lets full VRAM spill into pinned host memory)", sgm_last_error());
-    return NULL;
-  }
-  return context_fallback(ctx, size, &ref);
+  sgm_tier where;
+  if (sgm_unlikely(sgm__residency_alloc(ctx, size, stream, &d, &where) != SGM_OK)) return NULL;
+  if (sgm_likely(where == SGM_TIER_VRAM)) return (void *)(uintptr_t)d;
+  return context_fallback(ctx, d, size);
 }
 
 static sgm_status context_bad_free(sgm_context *ctx, void *ptr) {

@@ -83,6 +83,15 @@ void sgm__lock_take(sgm_lock *l);
 void sgm__lock_drop(sgm_lock *l);
 /* True when this thread holds l (tracked only when SGM_DEBUG >= 2; else true). */
 bool sgm__lock_held(const sgm_lock *l);
+/* Debug builds (SGM_DEBUG >= 2): abort unless this thread holds no sgm lock.
+ * Called at the top of every backend operation: no sgm lock is held across a
+ * driver call (STYLE.md, Threads). */
+void sgm__lock_assert_none_held(void);
+/* Sleep while *word == expected (returns at once if it differs; may return
+ * spuriously: callers loop). Wake every thread sleeping on word. Private to
+ * the process (Linux futexes). */
+void sgm__word_wait(uint32_t *word, uint32_t expected);
+void sgm__word_wake_all(uint32_t *word);
 
 /* ------------------------------------------------------------------------ */
 /* options.c — THE option table (see the file for every row). */
@@ -192,7 +201,9 @@ struct sgm_backend;
 struct sgm_backend_ops;
 
 struct sgm_context {
-  sgm_config cfg;                          /* as resolved at create (TF override applied) */
+  sgm_config cfg;                          /* as resolved at create (TF override applied); never
+                                              written after create: sgm_context_config hands it out */
+  double vram_fraction;                    /* the VRAM fraction in force (guarded by lock) */
   const struct sgm_backend_ops *bops;      /* the backend's vtable */
   struct sgm_backend *be;                  /* the opened device */
   uint64_t device_total_bytes;             /* device memory as the backend reported at create */
@@ -221,15 +232,21 @@ void sgm__context_set_clock(sgm_context *ctx, uint64_t (*clock_ms)(void *user), 
 /* One idle-trim pass over the tiers at the clock's time; bytes returned. */
 uint64_t sgm__context_idle_tick(sgm_context *ctx);
 
-/* placement.c — buffers, eviction and migration: the only code that touches
- * two tiers. */
+/* placement.c, buffer.c, residency.c, migrate.c, prefetch.c — buffers,
+ * eviction and migration: the only code that touches two tiers (what they
+ * share among themselves is in placement.h). */
 struct sgm_placement;
 int sgm__placement_create(sgm_context *ctx);
 /* Stops the prefetch worker and frees every buffer still alive. */
 void sgm__placement_destroy(sgm_context *ctx);
-/* Allocate size bytes in tier t, demoting released buffers out of t (and
- * further down, cascading) until it fits. Same returns as sgm__tier_alloc. */
-int sgm__placement_alloc(sgm_context *ctx, sgm_tier t, uint64_t size, uint64_t *out);
+/* residency.c, rules 1-3 for sgm_alloc: a block in VRAM if it fits, demoting
+ * released buffers (cascading) to make room; else, when SGM_SHARED_FALLBACK
+ * is on, in shared memory. Blocks freed on streams are reclaimed first when
+ * a tier is full (stream: the caller's). *where: the tier the block landed in
+ * (SGM_TIER_NONE on failure, *out 0). Fails with SGM_ERR_NOMEM and a message
+ * naming the budgets, or a backend status. No lock held; may block on copies
+ * and driver calls. */
+int sgm__residency_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *out, sgm_tier *where);
 /* Add migration counters and the disk tier's figures to *st. */
 void sgm__placement_stats(sgm_context *ctx, sgm_stats *st);
 /* Tests: the spill tier (NULL when off) and where a disk-resident buffer's

@@ -7,6 +7,13 @@
  * sgm_policy_register(). Entries are never removed, so a pointer handed out
  * stays valid and an index keeps meaning the same policy.
  *
+ * Older plug-ins load (the way SQLite keeps its VFS versions): a vtable built
+ * for any ABI from 1 up to SGM_POLICY_ABI_VERSION is accepted. One built for
+ * the current ABI is used in place; an older one is copied, only as many
+ * bytes as its version had, into a current-sized vtable the registry owns,
+ * with the members its version predates left NULL: absent, as the optional
+ * members they all are. sgm never reads past the end of a caller's vtable.
+ *
  * Invariants: every entry passed policy_validate(); names are unique ignoring
  * case; "all", "opt" and "opt-admit" are reserved (the trace replayer's
  * words for "every policy" and Belady's optimum with and without bypass).
@@ -35,6 +42,19 @@ static const sgm_policy_ops *const builtins[] = {
 
 static const char *const reserved_names[] = {"all", "opt", "opt-admit"};
 
+/* Upgraded copies of older plug-ins' vtables; registry points at them. */
+static sgm_policy_ops registry_upgraded[SGM_POLICY_REGISTRY_MAX];
+
+/* The bytes of sgm_policy_ops that ABI version abi defines; 0 for a version
+ * this library does not know. Each version only appended members. */
+static size_t policy_ops_bytes(uint32_t abi) {
+  switch (abi) {
+    case 1: return offsetof(sgm_policy_ops, record);
+    case 2: return sizeof(sgm_policy_ops);
+    default: return 0;
+  }
+}
+
 static bool name_ieq(const char *a, const char *b) {
   for (; *a && *b; a++, b++)
     if (tolower((unsigned char)*a) != tolower((unsigned char)*b)) return false;
@@ -51,9 +71,9 @@ static long registry_find_locked(const char *name) {
 /* Everything but the table: a complete, well-formed vtable. */
 static int policy_validate(const sgm_policy_ops *ops) {
   if (!ops) return sgm__error_set(SGM_ERR_INVALID, "sgm_policy_register: ops is NULL");
-  if (ops->abi_version != SGM_POLICY_ABI_VERSION)
+  if (ops->abi_version < 1 || ops->abi_version > SGM_POLICY_ABI_VERSION)
     return sgm__error_set(SGM_ERR_INVALID, "sgm_policy_register: the policy was built for plug-in ABI "
-                          "version %u, this library speaks version %u (rebuild it against this "
+                          "version %u, this library speaks versions 1 to %u (rebuild it against this "
                           "sgm/policy.h)", ops->abi_version, SGM_POLICY_ABI_VERSION);
   if (!ops->name) return sgm__error_set(SGM_ERR_INVALID, "sgm_policy_register: member name is NULL");
   size_t len = strnlen(ops->name, SGM_NAME_MAX);
@@ -88,7 +108,8 @@ static int policy_validate(const sgm_policy_ops *ops) {
   return SGM_OK;
 }
 
-/* Append ops (registry_mu held). */
+/* Append ops (registry_mu held; validated): in place when it speaks the
+ * current ABI, else as an upgraded copy. */
 static int registry_add_locked(const sgm_policy_ops *ops) {
   if (registry_find_locked(ops->name) >= 0)
     return sgm__error_set(SGM_ERR_INVALID, "sgm_policy_register: a policy named \"%s\" is already "
@@ -96,6 +117,13 @@ static int registry_add_locked(const sgm_policy_ops *ops) {
   if (registry_n == SGM_POLICY_REGISTRY_MAX)
     return sgm__error_set(SGM_ERR_NOMEM, "sgm_policy_register: the registry is full (%u policies)",
                           SGM_POLICY_REGISTRY_MAX);
+  if (ops->abi_version != SGM_POLICY_ABI_VERSION) {
+    sgm_policy_ops *up = &registry_upgraded[registry_n];
+    memset(up, 0, sizeof *up);
+    memcpy(up, ops, policy_ops_bytes(ops->abi_version));
+    up->abi_version = SGM_POLICY_ABI_VERSION;
+    ops = up;
+  }
   registry[registry_n++] = ops;
   return SGM_OK;
 }

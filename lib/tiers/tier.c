@@ -1417,7 +1417,7 @@ size_t sgm__tier_reclaim(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_recl
 /* ---- trimming and budget ---- */
 
 uint64_t sgm__tier_trim(sgm_tier_pool *p) {
-  if (sgm__tier_has_cached(p)) sgm__tier_reclaim(p, NULL, SGM_RECLAIM_QUERY);
+  if (sgm__tier_has_cached(p)) sgm__tier_reclaim(p, NULL, SGM_RECLAIM_WAIT);
   sgm_chunk *list;
   sgm__lock_take(&p->lock);
   size_t n = tier_detach_free_locked(p, 0, UINT64_MAX, &list);

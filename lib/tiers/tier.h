@@ -123,7 +123,8 @@ size_t sgm__tier_reclaim(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_recl
 bool sgm__tier_has_cached(sgm_tier_pool *p);
 /* True when ptr is the start of a live (handed out) block of this pool. */
 bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr);
-/* Return wholly free chunks to the backend (growth mode only); bytes returned. */
+/* Return cached blocks (waiting on the host for their streams' work) and then
+ * wholly free chunks to the backend (growth mode only); bytes returned. */
 uint64_t sgm__tier_trim(sgm_tier_pool *p);
 /* Change the budget; when it drops below what is committed, free chunks are
  * returned at once and further growth waits until use falls below it. */
