@@ -115,8 +115,9 @@ else()
     ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
     LABELS "unit;cuda-double" TIMEOUT 60 SKIP_RETURN_CODE 77)
 
-  # Expected failures (see below): their names here, their reasons there.
-  set(_sgm_cuda_expected_fail test_api)
+  # Expected failures (suites the strict double shows to break on today's
+  # sgm; each names its defect below): none at present.
+  set(_sgm_cuda_expected_fail)
 
   # Every black-box API suite once more, on the CUDA backend over the double.
   # The suites take the backend from SGM_BACKEND as ctest sets it.
@@ -139,19 +140,15 @@ else()
     endif()
   endforeach()
 
-  # Expected failures: suites that the strict double (asynchronous streams,
-  # as on a GPU) shows to break on today's sgm. Each names the sgm defect;
-  # all are fixed by the GPU-path issue (issue 10), which removes them here.
-  # A 50 us simulated device time per operation makes the failure certain
-  # rather than likely (a record is never complete right after it is made).
-  #  - cuda_api_test_api: test_alloc_free and test_budget_exhaustion (a block
-  #    freed on the NULL stream is not reusable by that stream at once: "no
-  #    reuse on the NULL stream"), test_threads (two concurrent reclaims
-  #    destroy the same event: sgm_assert in cuda_event_destroy).
+  # The black-box API suite with a 50 us simulated device time per operation,
+  # so that no record is complete right after it is made: a block freed on the
+  # NULL stream is reusable by that stream at once (test_alloc_free,
+  # test_budget_exhaustion), and concurrent reclaims own each event once
+  # (test_threads) — the defects of issue 10 this suite showed as expected
+  # failures until they were fixed.
   if(TEST cuda_api_test_api)
     set_tests_properties(cuda_api_test_api PROPERTIES
-      ENVIRONMENT "SGM_BACKEND=cuda;SGM_VERBOSE=0;FAKE_CUDA_DELAY_US=50"
-      WILL_FAIL TRUE)
+      ENVIRONMENT "SGM_BACKEND=cuda;SGM_VERBOSE=0;FAKE_CUDA_DELAY_US=50")
   endif()
 endif()
 

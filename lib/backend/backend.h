@@ -63,6 +63,29 @@
  *    event so that leaks show in counters.n_events_live.
  *  - Tokens live in the backend: close() destroys those still live (and
  *    reports them as a leak at SGM_VERBOSE >= 1).
+ *
+ * Streams and pooled events (the stream-ordered caches of tier.c):
+ *  - stream_ref() names the caller's stream: a key equal for two handles
+ *    exactly when they are the same stream, and the handle to pass back. It
+ *    makes no driver call and cannot fail. NULL and CU_STREAM_LEGACY (0x1) are
+ *    the legacy stream, key 0; CU_STREAM_PER_THREAD (0x2) is the calling
+ *    thread's own default stream, a key of its own per thread (never a
+ *    pointer value); any other handle is its own key. A synchronous backend
+ *    answers key 0 for every stream: all its work is finished already.
+ *  - event_create() makes an event that is not recorded yet (it counts as
+ *    complete); sgm pools these and records them again and again.
+ *  - event_record_on() records an existing event at the current end of the
+ *    named stream. A per-thread stream of another thread cannot be named from
+ *    here: the event is then recorded on the legacy stream, which the driver
+ *    orders after all earlier work of every blocking stream (per-thread
+ *    default streams are blocking), so it still covers that work.
+ *  - stream_wait_event() makes all work queued on the stream after this call
+ *    wait, on the device, for the event's last recording; the host never
+ *    waits. The event may be recorded again at once after the call.
+ *  - These three, with event_query/event_wait/event_destroy, are the only
+ *    calls on sgm's steady allocation path, and that path makes none of them
+ *    unless memory crosses from one stream to another: no backend-wide lock
+ *    and no query of the current context is taken on the way.
  */
 #ifndef SGM_BACKEND_H
 #define SGM_BACKEND_H
@@ -93,6 +116,12 @@ typedef enum sgm_copy_kind {
 } sgm_copy_kind;
 
 typedef struct sgm_backend sgm_backend; /* one opened device, backend-private */
+
+/* A caller's stream as the backend names it (see stream_ref in the contract). */
+typedef struct sgm_stream_ref {
+  uint64_t key;  /* equal for the same stream, different otherwise; 0 = the legacy stream */
+  void *handle;  /* the handle to pass back to the backend (the caller's, as given) */
+} sgm_stream_ref;
 
 /* Counters every backend keeps, for tests and leak checks. */
 typedef struct sgm_backend_counters {
@@ -126,6 +155,11 @@ typedef struct sgm_backend_ops {
   int (*event_query)(sgm_backend *be, void *event);
   int (*event_wait)(sgm_backend *be, void *event);
   void (*event_destroy)(sgm_backend *be, void *event);
+  /* Streams and pooled events: see "Streams and pooled events" above. */
+  void (*stream_ref)(sgm_backend *be, void *stream, sgm_stream_ref *out);
+  int (*event_create)(sgm_backend *be, void **event_out);
+  int (*event_record_on)(sgm_backend *be, void *event, const sgm_stream_ref *stream);
+  int (*stream_wait_event)(sgm_backend *be, const sgm_stream_ref *stream, void *event);
 } sgm_backend_ops;
 
 /* backend.c: pick the ops for a kind; SGM_BACKEND_AUTO is resolved by open. */

@@ -17,7 +17,18 @@
  * uses, so memory is shared with them. sgm is called from threads that may have
  * no current context (or another one): every driver call runs between
  * cuda_enter()/cuda_leave(), which push the primary context when it is not
- * already current and pop it after.
+ * already current and pop it after. A thread on which the primary context was
+ * found current is remembered (thread-local), so the event calls of a
+ * cross-stream transfer make no cuCtxGetCurrent; the memory is forgotten, and
+ * the context looked up again, when a call fails with a context error (the
+ * thread switched contexts behind sgm's back) or the backend is closed. A
+ * thread with no current context at all is given the primary one and keeps it,
+ * as the CUDA runtime does on a thread's first call.
+ *
+ * Streams. CU_STREAM_PER_THREAD names the calling thread's default stream:
+ * stream_ref() gives each thread its own key for it (a serial number, tagged
+ * so that it never equals a stream pointer), so per-thread streams of two
+ * threads never alias in sgm's caches.
  *
  * Memory. Device memory: cuMemAlloc. Pinned host memory: an anonymous mapping
  * bound with libnuma to the requested node (else the GPU's own node, found from
@@ -35,7 +46,8 @@
  *
  * Threading: the driver is thread-safe; the backend's own state (counters, the
  * table of live objects) is under one lock of rank SGM_LOCK_BACKEND, never held
- * across a driver call.
+ * across a driver call. The call counter is an atomic, and recording, waiting on
+ * and querying an existing event take no lock.
  *
  * Built without the CUDA toolkit's headers, this file is a backend whose open()
  * says so and how to use the emulated device.
@@ -118,6 +130,7 @@ _Static_assert(sizeof(size_t) == sizeof(uint64_t), "sgm's CUDA backend needs a 6
   X(cuEventQuery, 2000)                \
   X(cuEventSynchronize, 2000)          \
   X(cuEventDestroy, 4000)              \
+  X(cuStreamWaitEvent, 3020)           \
   X(cuStreamIsCapturing, 10000)        \
   X(cuThreadExchangeStreamCaptureMode, 10010)
 
@@ -256,6 +269,7 @@ struct sgm_backend {
   int verbose;                /* log level from the config */
   char pci_bus_id[32];        /* "0000:65:00.0" */
   char name[128];             /* the device's name, for messages */
+  uint64_t gen;               /* this open's generation, for the thread-local context cache */
   sgm_backend_counters c;     /* live objects and call count */
   cuda_obj **buckets;         /* live-object hash table (chained) */
   size_t n_buckets;           /* a power of two */
@@ -337,19 +351,41 @@ static bool cuda_event_stream(sgm_backend *be, void *event, CUstream *stream) {
 }
 
 static void cuda_count_call(sgm_backend *be) {
-  sgm__lock_take(&be->lock);
-  be->c.n_calls++;
-  sgm__lock_drop(&be->lock);
+  __atomic_fetch_add(&be->c.n_calls, 1, __ATOMIC_RELAXED);
 }
+
+/* The primary context this thread was last seen to have current (NULL: not
+ * known), and the backend generation that saw it: a context handle can be
+ * reused by a later open, the generation cannot. */
+static _Thread_local CUcontext cuda_tls_ctx;
+static _Thread_local uint64_t cuda_tls_gen;
+/* Generations of opened backends (0 = none). */
+static uint64_t cuda_next_gen;
+
+/* This thread's serial number for its per-thread default stream (0 = not yet
+ * given), from a process-wide counter. */
+static _Thread_local uint64_t cuda_tls_serial;
+static uint64_t cuda_next_serial;
 
 /* Make the primary context current for the calling thread (unless it already
  * is); *pushed says whether cuda_leave must pop it. */
 static int cuda_enter(sgm_backend *be, const char *op, bool *pushed) {
   *pushed = false;
+  if (cuda_tls_ctx == be->ctx && cuda_tls_gen == be->gen) return SGM_OK;
   CUcontext cur = NULL;
   CUresult r = CU(cuCtxGetCurrent)(&cur);
   if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuCtxGetCurrent", CUDA_BLAME_DRIVER);
-  if (cur == be->ctx) return SGM_OK;
+  if (cur == be->ctx || cur == NULL) {
+    /* A thread with no current context keeps the primary one, as the CUDA
+     * runtime does on a thread's first call: no push and pop per call. */
+    if (cur == NULL) {
+      r = CU(cuCtxPushCurrent)(be->ctx);
+      if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuCtxPushCurrent", CUDA_BLAME_DRIVER);
+    }
+    cuda_tls_ctx = be->ctx;
+    cuda_tls_gen = be->gen;
+    return SGM_OK;
+  }
   r = CU(cuCtxPushCurrent)(be->ctx);
   if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuCtxPushCurrent", CUDA_BLAME_DRIVER);
   *pushed = true;
@@ -466,6 +502,7 @@ static int cuda_open(const sgm_config *cfg, sgm_backend **out) {
   be->ordinal = cfg->device;
   be->verbose = cfg->verbose;
   be->numa_node = -1;
+  be->gen = __atomic_add_fetch(&cuda_next_gen, 1, __ATOMIC_RELAXED);
   int rc = SGM_OK;
   bool pushed = false;
 
@@ -891,8 +928,14 @@ static int cuda_copy(sgm_backend *be, sgm_copy_kind kind, uint64_t dst, uint64_t
 
 static void cuda_counters(sgm_backend *be, sgm_backend_counters *out) {
   sgm__lock_take(&be->lock);
-  *out = be->c;
+  uint64_t n_device_live = be->c.n_device_live, n_host_live = be->c.n_host_live;
+  out->device_live_bytes = be->c.device_live_bytes;
+  out->host_live_bytes = be->c.host_live_bytes;
+  out->n_events_live = be->c.n_events_live;
   sgm__lock_drop(&be->lock);
+  out->n_device_live = n_device_live;
+  out->n_host_live = n_host_live;
+  out->n_calls = __atomic_load_n(&be->c.n_calls, __ATOMIC_RELAXED);
 }
 
 static int cuda_event_record(sgm_backend *be, void *stream, void **event_out) {
@@ -1011,6 +1054,101 @@ static void cuda_event_destroy(sgm_backend *be, void *event) {
   cuda_leave(be, pushed, op);
 }
 
+/* Per-thread default streams get keys (serial << 3) | 2: never 0 (legacy),
+ * never a pointer (those are 8-aligned). */
+#define CUDA_PER_THREAD_KEY(serial) (((serial) << 3) | UINT64_C(2))
+
+static uint64_t cuda_thread_key(void) {
+  if (cuda_tls_serial == 0)
+    cuda_tls_serial = __atomic_add_fetch(&cuda_next_serial, 1, __ATOMIC_RELAXED);
+  return CUDA_PER_THREAD_KEY(cuda_tls_serial);
+}
+
+static void cuda_stream_ref(sgm_backend *be, void *stream, sgm_stream_ref *out) {
+  (void)be;
+  out->handle = stream;
+  if (stream == NULL || (CUstream)stream == CU_STREAM_LEGACY) out->key = 0;
+  else if ((CUstream)stream == CU_STREAM_PER_THREAD) out->key = cuda_thread_key();
+  else out->key = (uint64_t)(uintptr_t)stream;
+}
+
+/* The handle that names ref's stream from this thread (see the contract: a
+ * per-thread stream of another thread is reached through the legacy stream). */
+static CUstream cuda_stream_handle(const sgm_stream_ref *ref) {
+  if ((CUstream)ref->handle == CU_STREAM_PER_THREAD && ref->key != cuda_thread_key()) return NULL;
+  return (CUstream)ref->handle;
+}
+
+/* A call that failed because this thread's current context is not what the
+ * cache says: forget the cache so that the next enter looks again. */
+static bool cuda_context_error(CUresult r) {
+  if (r != CUDA_ERROR_INVALID_CONTEXT && r != CUDA_ERROR_CONTEXT_IS_DESTROYED) return false;
+  cuda_tls_ctx = NULL;
+  cuda_tls_gen = 0;
+  return true;
+}
+
+static int cuda_event_create(sgm_backend *be, void **event_out) {
+  *event_out = NULL;
+  cuda_count_call(be);
+  const char *op = "creating an event";
+  bool pushed;
+  int rc = cuda_enter(be, op, &pushed);
+  if (rc != SGM_OK) return rc;
+  CUevent ev = NULL;
+  CUresult r = CU(cuEventCreate)(&ev, CU_EVENT_DISABLE_TIMING);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuEventCreate", CUDA_BLAME_DRIVER);
+    goto out_leave;
+  }
+  sgm__lock_take(&be->lock);
+  bool added = cuda_obj_add_locked(be, (uint64_t)(uintptr_t)ev, 0, CUDA_OBJ_EVENT);
+  if (added) be->c.n_events_live++;
+  sgm__lock_drop(&be->lock);
+  if (!added) {
+    rc = sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
+    r = CU(cuEventDestroy)(ev);
+    if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuEventDestroy");
+    goto out_leave;
+  }
+  *event_out = ev;
+out_leave:
+  cuda_leave(be, pushed, op);
+  return rc;
+}
+
+static int cuda_event_record_on(sgm_backend *be, void *event, const sgm_stream_ref *stream) {
+  cuda_count_call(be);
+  if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_record_on of a NULL event");
+  const char *op = "recording a pooled event";
+  for (int attempt = 0;; attempt++) {
+    bool pushed;
+    int rc = cuda_enter(be, op, &pushed);
+    if (rc != SGM_OK) return rc;
+    CUresult r = CU(cuEventRecord)((CUevent)event, cuda_stream_handle(stream));
+    cuda_leave(be, pushed, op);
+    if (r == CUDA_SUCCESS) return SGM_OK;
+    if (attempt == 0 && cuda_context_error(r)) continue;
+    return cuda_fail(r, op, "cuEventRecord", CUDA_BLAME_CALLER);
+  }
+}
+
+static int cuda_stream_wait_event(sgm_backend *be, const sgm_stream_ref *stream, void *event) {
+  cuda_count_call(be);
+  if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: stream_wait_event on a NULL event");
+  const char *op = "ordering a stream after an event";
+  for (int attempt = 0;; attempt++) {
+    bool pushed;
+    int rc = cuda_enter(be, op, &pushed);
+    if (rc != SGM_OK) return rc;
+    CUresult r = CU(cuStreamWaitEvent)(cuda_stream_handle(stream), (CUevent)event, 0);
+    cuda_leave(be, pushed, op);
+    if (r == CUDA_SUCCESS) return SGM_OK;
+    if (attempt == 0 && cuda_context_error(r)) continue;
+    return cuda_fail(r, op, "cuStreamWaitEvent", CUDA_BLAME_CALLER);
+  }
+}
+
 const sgm_backend_ops sgm__backend_cuda_ops = {
     .name = "cuda",
     .open = cuda_open,
@@ -1026,6 +1164,10 @@ const sgm_backend_ops sgm__backend_cuda_ops = {
     .event_query = cuda_event_query,
     .event_wait = cuda_event_wait,
     .event_destroy = cuda_event_destroy,
+    .stream_ref = cuda_stream_ref,
+    .event_create = cuda_event_create,
+    .event_record_on = cuda_event_record_on,
+    .stream_wait_event = cuda_stream_wait_event,
 };
 
 #else /* !CUDA_BACKEND_BUILT */

@@ -271,6 +271,32 @@ static void emu_event_destroy(sgm_backend *be, void *event) {
   free(ev);
 }
 
+/* Every stream is one here: work on any of them is finished before the call
+ * that queued it returns, so nothing is ever ordered behind anything. */
+static void emu_stream_ref(sgm_backend *be, void *stream, sgm_stream_ref *out) {
+  (void)be;
+  out->key = 0;
+  out->handle = stream;
+}
+
+static int emu_event_create(sgm_backend *be, void **event_out) {
+  return emu_event_record(be, NULL, event_out);
+}
+
+static int emu_event_record_on(sgm_backend *be, void *event, const sgm_stream_ref *stream) {
+  if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (event_record_on)");
+  if (!event) return sgm__error_set(SGM_ERR_INVALID, "emulated device: event_record_on of a NULL event");
+  ((emu_event *)event)->stream = stream->handle;
+  return SGM_OK;
+}
+
+static int emu_stream_wait_event(sgm_backend *be, const sgm_stream_ref *stream, void *event) {
+  (void)stream;
+  if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (stream_wait_event)");
+  if (!event) return sgm__error_set(SGM_ERR_INVALID, "emulated device: stream_wait_event on a NULL event");
+  return SGM_OK;
+}
+
 static void emu_counters(sgm_backend *be, sgm_backend_counters *out) {
   sgm__lock_take(&be->mu);
   *out = be->c;
@@ -293,4 +319,8 @@ const sgm_backend_ops sgm__backend_emu_ops = {
     .event_query = emu_event_query,
     .event_wait = emu_event_wait,
     .event_destroy = emu_event_destroy,
+    .stream_ref = emu_stream_ref,
+    .event_create = emu_event_create,
+    .event_record_on = emu_event_record_on,
+    .stream_wait_event = emu_stream_wait_event,
 };
