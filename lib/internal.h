@@ -247,7 +247,21 @@ struct sgm_context {
   sgm_lock idle_mu;                        /* guards idle_stop for the condition variable */
   bool idle_running;                       /* the idle thread was started */
   bool idle_stop;                          /* asks the idle thread to end */
+  unsigned fork_generation;                /* sgm__fork_generation when created */
+  long owner_pid;                          /* the process that created it (messages only) */
 };
+
+/* fork(): bumped in every child by a pthread_atfork handler (atomic). */
+extern unsigned sgm__fork_generation;
+/* True in a child of the process that created ctx: every public entry asks
+ * (one relaxed load) and answers sgm__context_fork_error. */
+static inline bool sgm__context_forked(const sgm_context *ctx) {
+  return sgm_unlikely(__atomic_load_n(&sgm__fork_generation, __ATOMIC_RELAXED) !=
+                      ctx->fork_generation);
+}
+/* Set "fn: this context was created by process P before fork() ..." and
+ * return SGM_ERR_UNSUPPORTED. */
+int sgm__context_fork_error(const sgm_context *ctx, const char *fn);
 
 /* Replace the idle-trim clock (tests); NULL restores the monotonic clock. */
 void sgm__context_set_clock(sgm_context *ctx, uint64_t (*clock_ms)(void *user), void *user);
@@ -259,6 +273,8 @@ uint64_t sgm__context_idle_tick(sgm_context *ctx);
  * share among themselves is in placement.h). */
 struct sgm_placement;
 int sgm__placement_create(sgm_context *ctx);
+/* True when d is the block of a live buffer (sgm_free must refuse it). */
+bool sgm__placement_owns_block(sgm_context *ctx, uint64_t d);
 /* Stops the prefetch worker and frees every buffer still alive. */
 void sgm__placement_destroy(sgm_context *ctx);
 /* residency.c, rules 1-3 for sgm_alloc: a block in VRAM if it fits, demoting

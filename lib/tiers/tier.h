@@ -125,6 +125,10 @@ size_t sgm__tier_reclaim(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_recl
 bool sgm__tier_has_cached(sgm_tier_pool *p);
 /* True when ptr is the start of a live (handed out) block of this pool. */
 bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr);
+/* True when ptr is the start of a live block sgm took for itself with
+ * sgm__tier_alloc (a buffer's storage): the user's sgm__tier_free_on and
+ * sgm__tier_record_stream refuse those as not theirs. */
+bool sgm__tier_owns_own(sgm_tier_pool *p, sgm_devptr ptr);
 /* Return cached blocks (waiting on the host for their streams' work) and then
  * wholly free chunks to the backend (growth mode only); bytes returned. */
 uint64_t sgm__tier_trim(sgm_tier_pool *p);
