@@ -35,9 +35,7 @@
 
 static uint64_t context_monotonic_ms(void *user) {
   (void)user;
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+  return sgm__clock_monotonic_ns() / 1000000u;
 }
 
 void sgm__context_set_clock(sgm_context *ctx, uint64_t (*clock_ms)(void *user), void *user) {
@@ -54,8 +52,9 @@ uint64_t sgm__context_idle_tick(sgm_context *ctx) {
   uint64_t returned = 0;
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
     if (!ctx->tiers[t]) continue;
-    /* Blocks whose stream-ordered free has completed become free blocks. */
-    if (sgm__tier_n_pending(ctx->tiers[t])) sgm__tier_reclaim(ctx->tiers[t], NULL, false);
+    /* Cached blocks whose streams' work has completed go back to the pool,
+     * so that wholly free chunks can be seen and returned. */
+    if (sgm__tier_has_cached(ctx->tiers[t])) sgm__tier_reclaim(ctx->tiers[t], NULL, SGM_RECLAIM_QUERY);
     returned += sgm__tier_idle_trim(ctx->tiers[t], now, ctx->cfg.idle_trim_ms);
   }
   if (returned) {
@@ -69,7 +68,7 @@ static void *context_idle_main(void *arg) {
   sgm_context *ctx = arg;
   uint64_t period = ctx->cfg.idle_trim_ms / CONTEXT_IDLE_TICKS_PER_DELAY;
   if (period < CONTEXT_IDLE_MIN_PERIOD_MS) period = CONTEXT_IDLE_MIN_PERIOD_MS;
-  pthread_mutex_lock(&ctx->idle_mu);
+  sgm__lock_take(&ctx->idle_mu);
   while (!ctx->idle_stop) {
     struct timespec until;
     clock_gettime(CLOCK_MONOTONIC, &until);
@@ -81,13 +80,13 @@ static void *context_idle_main(void *arg) {
     }
     int rc = 0;
     while (!ctx->idle_stop && rc != ETIMEDOUT)
-      rc = pthread_cond_timedwait(&ctx->idle_cond, &ctx->idle_mu, &until);
+      rc = pthread_cond_timedwait(&ctx->idle_cond, &ctx->idle_mu.mu, &until);
     if (ctx->idle_stop) break;
-    pthread_mutex_unlock(&ctx->idle_mu);
+    sgm__lock_drop(&ctx->idle_mu);
     sgm__context_idle_tick(ctx);
-    pthread_mutex_lock(&ctx->idle_mu);
+    sgm__lock_take(&ctx->idle_mu);
   }
-  pthread_mutex_unlock(&ctx->idle_mu);
+  sgm__lock_drop(&ctx->idle_mu);
   return NULL;
 }
 
@@ -97,7 +96,7 @@ static int context_start_idle_thread(sgm_context *ctx) {
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&ctx->idle_cond, &ca);
   pthread_condattr_destroy(&ca);
-  pthread_mutex_init(&ctx->idle_mu, NULL);
+  sgm__lock_init(&ctx->idle_mu, SGM_LOCK_IDLE);
   if (ctx->cfg.idle_trim_ms == 0) return SGM_OK;
   int e = pthread_create(&ctx->idle_thread, NULL, context_idle_main, ctx);
   if (e != 0)
@@ -109,15 +108,15 @@ static int context_start_idle_thread(sgm_context *ctx) {
 
 static void context_stop_idle_thread(sgm_context *ctx) {
   if (ctx->idle_running) {
-    pthread_mutex_lock(&ctx->idle_mu);
+    sgm__lock_take(&ctx->idle_mu);
     ctx->idle_stop = true;
     pthread_cond_signal(&ctx->idle_cond);
-    pthread_mutex_unlock(&ctx->idle_mu);
+    sgm__lock_drop(&ctx->idle_mu);
     pthread_join(ctx->idle_thread, NULL);
     ctx->idle_running = false;
   }
   pthread_cond_destroy(&ctx->idle_cond);
-  pthread_mutex_destroy(&ctx->idle_mu);
+  sgm__lock_destroy(&ctx->idle_mu);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -417,10 +416,6 @@ SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
   return context_fallback(ctx, d, size);
 }
 
-/* Pending stream-ordered frees kept per tier before a free cleans up the
- * completed ones by itself: bounds the list without a query per free. */
-#define CONTEXT_PENDING_SWEEP 256
-
 /* sgm_free of a pointer an acquired buffer handed out: the block is the
  * buffer's, not an allocation; freeing it would let sgm_alloc hand it out
  * again under the buffer's data. */
@@ -448,43 +443,41 @@ SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream) {
   if (sgm_unlikely(!ctx)) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_free: context is NULL");
   if (sgm__context_forked(ctx)) return (sgm_status)sgm__context_fork_error(ctx, "sgm_free");
   sgm_devptr d = (sgm_devptr)(uintptr_t)ptr;
-  if (sgm__placement_owns_block(ctx, d)) return context_buffer_free(ctx, ptr);
-  if (ctx->bops->synchronous) {
-    /* No device work can still use the block: it is free for everyone now. */
-    uint64_t size = 0;
-    for (int t = 0; t < SGM_TIER_COUNT; t++)
-      if (ctx->tiers[t] && sgm__tier_free(ctx->tiers[t], d, &size) == SGM_OK) return SGM_OK;
-    return context_bad_free(ctx, ptr);
-  }
   /* Stream-ordered free (the rule RMM and PyTorch follow): work already queued
-   * on `stream` may still use the block, so it becomes reusable by that stream
-   * at once and by others only after an event recorded here completes. */
+   * on `stream` may still use the block, so it is cached for that stream —
+   * reusable by its later work at once, with no driver call — and reaches
+   * other streams only through a device-side wait (tier.c). */
+  sgm_stream_ref ref;
+  ctx->bops->stream_ref(ctx->be, stream, &ref);
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
-    sgm_tier_pool *p = ctx->tiers[t];
-    if (!p || !sgm__tier_owns(p, d)) continue;
-    void *ev = NULL;
-    int rc = ctx->bops->event_record(ctx->be, stream, &ev);
-    if (rc != SGM_OK) {
-      /* Without an event nobody can tell when the block is idle: keeping it
-       * allocated leaks it, reusing it could corrupt live work. Keep it. */
+    if (!ctx->tiers[t]) continue;
+    int rc = sgm__tier_free_on(ctx->tiers[t], d, &ref);
+    if (sgm_likely(rc == SGM_OK)) return SGM_OK;
+    if (rc != SGM_ERR_INVALID) {
+      /* An event for a stream named by sgm_record_stream could not be
+       * recorded: nobody could tell when the block is idle. Keep it. */
       sgm__log(ctx->cfg.verbose, 1, "sgm_free: %s; the block stays allocated", sgm_last_error());
       return (sgm_status)rc;
     }
-    if (ctx->bops->event_query(ctx->be, ev) == 1) {
-      /* The stream is idle: nothing can use the block any more. */
-      ctx->bops->event_destroy(ctx->be, ev);
-      uint64_t size = 0;
-      return sgm__tier_free(p, d, &size) == SGM_OK ? SGM_OK : context_bad_free(ctx, ptr);
-    }
-    rc = sgm__tier_free_deferred(p, d, stream, ev);
-    if (rc != SGM_OK) {
-      ctx->bops->event_destroy(ctx->be, ev);
-      return rc == SGM_ERR_INVALID ? context_bad_free(ctx, ptr) : (sgm_status)rc;
-    }
-    if (sgm__tier_n_pending(p) >= CONTEXT_PENDING_SWEEP) sgm__tier_reclaim(p, stream, false);
-    return SGM_OK;
   }
+  /* The tiers refuse sgm's own blocks (a buffer's storage): only the message
+   * differs, so the check costs nothing on the good path. */
+  if (sgm__placement_owns_block(ctx, d)) return context_buffer_free(ctx, ptr);
   return context_bad_free(ctx, ptr);
+}
+
+SGM_API sgm_status sgm_record_stream(sgm_context *ctx, void *ptr, void *stream) {
+  if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_record_stream: context is NULL");
+  sgm_stream_ref ref;
+  ctx->bops->stream_ref(ctx->be, stream, &ref);
+  for (int t = 0; t < SGM_TIER_COUNT; t++) {
+    if (!ctx->tiers[t]) continue;
+    int rc = sgm__tier_record_stream(ctx->tiers[t], (sgm_devptr)(uintptr_t)ptr, &ref);
+    if (rc != SGM_ERR_INVALID) return (sgm_status)rc;
+  }
+  return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_record_stream: %p is not a live "
+                                    "allocation of this context (from sgm_alloc, not yet freed)",
+                                    ptr);
 }
 
 SGM_API void sgm_free(sgm_context *ctx, void *ptr, void *stream) {

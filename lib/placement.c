@@ -14,7 +14,6 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "placement.h"
 #include "tiers/tier.h"
@@ -78,9 +77,7 @@ bool sgm__placement_valid_locked(struct sgm_placement *pl) {
 
 static uint64_t placement_monotonic_ns(void *user) {
   (void)user;
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+  return sgm__clock_monotonic_ns();
 }
 
 /* The policies' clock, read under pl->lock (the policy contract). */
@@ -213,6 +210,6 @@ bool sgm__placement_owns_block(sgm_context *ctx, sgm_devptr d) {
   /* Programs without buffers pay one relaxed load per free. */
   if (__atomic_load_n(&ctx->pl->n_buffers, __ATOMIC_RELAXED) == 0) return false;
   for (int t = 0; t < SGM_N_RESIDENT; t++)
-    if (ctx->tiers[t] && sgm__tier_tag(ctx->tiers[t], d) == SGM_TIER_TAG_BUFFER) return true;
+    if (ctx->tiers[t] && sgm__tier_owns_own(ctx->tiers[t], d)) return true;
   return false;
 }

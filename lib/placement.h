@@ -62,6 +62,7 @@ struct sgm_buffer {
   uint32_t state;            /* sgm_buf_state | SGM_BUF_WAITERS: see sgm__buffer_state */
   int priority;              /* sgm_priority the user set */
   void *event;               /* GPU work queued before release; NULL = none pending */
+  void *event_stream;        /* the stream event was recorded on (the release's) */
   bool prefetch_queued;      /* in pl's prefetch queue */
   bool listed;               /* an item of pl->pol[tier] now */
   bool pinned;               /* pl->pol[pin_tier] holds a pin on it (on_remove PIN) */
@@ -172,9 +173,6 @@ int sgm__buffer_check(const sgm_buffer *b, const char *fn);
 
 /* Free b's storage in its tier and its pending event (b unlinked, no lock). */
 void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b);
-/* Mark b's resident block as a buffer's (SGM_TIER_TAG_BUFFER), so sgm_free
- * refuses it; call whenever b->dptr gets a new block (the owner of b). */
-void sgm__buffer_tag_block(sgm_buffer *b);
 
 /* ------------------------------------------------------------------------ */
 /* residency.c — the policy host (pl->lock held for the first five). */
@@ -226,11 +224,18 @@ int sgm__migrate_promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, sgm_devpt
 /* Give back b's spill extents (b->ext freed and NULL). */
 void sgm__migrate_disk_drop(sgm_context *ctx, sgm_buffer *b);
 /* Copy n bytes between host memory and b's data at offset, wherever it lives
- * (write: host -> buffer). A disk-resident buffer rewrites only the chunks
+ * (write: host -> buffer), after the GPU work queued before b's release.
+ * A disk-resident buffer rewrites only the chunks
  * the write touches, each into a new extent: a failed write leaves every old
  * extent, i.e. all of the old contents. */
 int sgm__migrate_host_io(sgm_context *ctx, sgm_buffer *b, size_t offset, void *host, size_t n,
                          bool write);
+/* A buffer is about to be used on `stream` with *event (recorded on
+ * event_stream at its release, NULL = none) maybe pending: make the release's
+ * work come first for that stream, then destroy the event (*event = NULL).
+ * On failure *event stays. Every copy in this file orders itself; this is for
+ * a use that copies nothing (acquire of a buffer that does not move). */
+int sgm__migrate_order_use(sgm_context *ctx, void **event, void *event_stream, void *stream);
 
 /* ------------------------------------------------------------------------ */
 /* prefetch.c (pl->lock held for cancel). */

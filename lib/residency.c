@@ -200,11 +200,17 @@ static bool residency_could_fit(sgm_context *ctx, sgm_tier t, uint64_t size) {
 
 static bool residency_full(int rc) { return rc == SGM__ERR_BUDGET || rc == SGM_ERR_NOMEM; }
 
-int sgm__residency_alloc_for(sgm_context *ctx, sgm_tier t, uint64_t size, const sgm_buffer *cand,
-                             uint64_t *out) {
+/* Rules 1 and 2 in tier t: allocate, and while the tier is full demote
+ * released buffers (the policy's victims, never cand) and try again. With a
+ * stream the block is the user's (sgm__tier_alloc_on: the stream's cache and
+ * other streams' cached memory come first), else sgm's own. */
+static int residency_alloc_making_room(sgm_context *ctx, sgm_tier t, uint64_t size,
+                                       const sgm_buffer *cand, const sgm_stream_ref *stream,
+                                       uint64_t *out) {
   bool checked = false;
   for (;;) {
-    int rc = sgm__tier_alloc(ctx->tiers[t], size, out);
+    int rc = stream ? sgm__tier_alloc_on(ctx->tiers[t], size, stream, out)
+                    : sgm__tier_alloc(ctx->tiers[t], size, out);
     if (!residency_full(rc)) return rc;
     if (__atomic_load_n(&ctx->pl->n_listed[t], __ATOMIC_RELAXED) == 0) return rc;
     if (!checked) {
@@ -229,6 +235,11 @@ int sgm__residency_alloc_for(sgm_context *ctx, sgm_tier t, uint64_t size, const 
   }
 }
 
+int sgm__residency_alloc_for(sgm_context *ctx, sgm_tier t, uint64_t size, const sgm_buffer *cand,
+                             uint64_t *out) {
+  return residency_alloc_making_room(ctx, t, size, cand, NULL, out);
+}
+
 /* ---- where things land ---- */
 
 int sgm__residency_both_full(sgm_context *ctx, uint64_t size, bool explain_shared, const char *what,
@@ -241,20 +252,20 @@ int sgm__residency_both_full(sgm_context *ctx, uint64_t size, bool explain_share
                         "Shared: %s%s", what, sgm_last_error(), shared, tail);
 }
 
-/* Allocate in tier t; when it is full but holds blocks freed on streams,
- * reclaim those this stream may reuse (or whose work completed) and retry. */
-static int residency_alloc_in(sgm_context *ctx, sgm_tier t, size_t size, void *stream, sgm_devptr *d) {
-  int rc = sgm__residency_alloc_for(ctx, t, size, NULL, d);
-  if (sgm_likely(rc == SGM_OK)) return rc;
-  if (residency_full(rc) && sgm__tier_n_pending(ctx->tiers[t]) &&
-      sgm__tier_reclaim(ctx->tiers[t], stream, false))
-    rc = sgm__residency_alloc_for(ctx, t, size, NULL, d);
-  return rc;
+/* Allocate in tier t for work on stream: the tier's stream caches, its free
+ * memory and the other streams' cached blocks first (sgm__tier_alloc_on,
+ * which reclaims cached memory before anything moves); only then are released
+ * buffers demoted to make room (rule 2). The block is the user's. */
+static int residency_alloc_in(sgm_context *ctx, sgm_tier t, size_t size, const sgm_stream_ref *stream,
+                              sgm_devptr *d) {
+  return residency_alloc_making_room(ctx, t, size, NULL, stream, d);
 }
 
 int sgm__residency_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *out, sgm_tier *where) {
   *where = SGM_TIER_VRAM;
-  int rc = residency_alloc_in(ctx, SGM_TIER_VRAM, size, stream, out); /* rules 1 and 2 */
+  sgm_stream_ref ref;
+  ctx->bops->stream_ref(ctx->be, stream, &ref);
+  int rc = residency_alloc_in(ctx, SGM_TIER_VRAM, size, &ref, out); /* rules 1 and 2 */
   if (sgm_likely(rc == SGM_OK)) return rc;
   *where = SGM_TIER_NONE;
   *out = 0;
@@ -264,7 +275,7 @@ int sgm__residency_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *
     return sgm__error_set(SGM_ERR_NOMEM, "%s; shared GPU memory fallback is off (SGM_SHARED_FALLBACK=on "
                           "lets full VRAM spill into pinned host memory)", sgm_last_error());
   }
-  rc = residency_alloc_in(ctx, SGM_TIER_SHARED, size, stream, out); /* rule 3 */
+  rc = residency_alloc_in(ctx, SGM_TIER_SHARED, size, &ref, out); /* rule 3 */
   if (rc == SGM_OK) {
     *where = SGM_TIER_SHARED;
     return rc;

@@ -105,8 +105,7 @@ struct suballoc_block {
   } u;
   uint32_t priority; /* treap heap priority: random, fixed per node */
   uint16_t state;    /* suballoc_state */
-  uint16_t bin;      /* free: the bin it is in (saves recomputing it on removal); live: the
-                        owner's tag (sgm__suballoc_set_tag), 0 when none */
+  uint16_t bin;      /* free: the bin it is in (saves recomputing it on removal) */
 };
 
 struct suballoc_range {
@@ -411,7 +410,6 @@ static void suballoc_hash_insert(sgm_suballoc *sa, suballoc_block *b) {
   b->u.hash_next = sa->buckets[h];
   sa->buckets[h] = b;
   b->state = SUBALLOC_LIVE;
-  b->bin = 0; /* live: the owner's tag, none yet */
 }
 
 /* The link that points at the live block starting at offset (a bucket or a
@@ -722,20 +720,6 @@ uint64_t sgm__suballoc_block_size(const sgm_suballoc *sa, uint64_t offset) {
   sgm_assert(sa != NULL);
   const suballoc_block *b = suballoc_lookup(sa, offset);
   return b ? b->size : 0;
-}
-
-bool sgm__suballoc_set_tag(sgm_suballoc *sa, uint64_t offset, uint16_t tag) {
-  sgm_assert(sa != NULL);
-  suballoc_block *b = suballoc_lookup(sa, offset);
-  if (!b) return false;
-  b->bin = tag;
-  return true;
-}
-
-uint16_t sgm__suballoc_tag(const sgm_suballoc *sa, uint64_t offset) {
-  sgm_assert(sa != NULL);
-  const suballoc_block *b = suballoc_lookup(sa, offset);
-  return b ? b->bin : 0;
 }
 
 void sgm__suballoc_stats(const sgm_suballoc *sa, sgm_suballoc_stats *out) {
