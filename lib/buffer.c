@@ -121,7 +121,6 @@ SGM_API sgm_status sgm_buffer_create(sgm_context *ctx, size_t size, sgm_buffer *
 }
 
 SGM_API sgm_status sgm_buffer_acquire(sgm_buffer *b, void *stream, void **device_ptr) {
-  (void)stream;
   if (!device_ptr) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_acquire: device_ptr is NULL");
   *device_ptr = NULL;
   BUF_CHECK(b, "sgm_buffer_acquire");
@@ -130,22 +129,21 @@ SGM_API sgm_status sgm_buffer_acquire(sgm_buffer *b, void *stream, void **device
   int rc = buffer_lock_released(pl, b, "sgm_buffer_acquire");
   if (rc != SGM_OK) return (sgm_status)rc;
   sgm__residency_record(pl, b);
-  void *event = b->event;
-  b->event = NULL;
-  if (b->tier == SGM_TIER_VRAM) {
-    /* Fast path: resident in VRAM already. */
+  if (b->tier == SGM_TIER_VRAM && !b->event) {
+    /* Fast path: resident in VRAM already, nothing pending on it. */
     sgm__residency_take_for_use(pl, b);
     if (b->prefetch_queued) sgm__prefetch_cancel_locked(pl, b);
     sgm__buffer_set_state(b, SGM_BUF_ACQUIRED);
     sgm__lock_drop(&pl->lock);
-    if (event) ctx->bops->event_destroy(ctx->be, event);
     *device_ptr = (void *)(uintptr_t)b->dptr;
     return SGM_OK;
   }
   sgm__buffer_take_locked(pl, b, SGM_TAKE_USE);
   sgm__lock_drop(&pl->lock);
-  if (event) ctx->bops->event_destroy(ctx->be, event);
+  /* Moving copies follow the release's work on the device (migrate.c); a
+   * buffer that stays where it is gets that order for `stream` here. */
   rc = sgm__residency_make_resident(ctx, b);
+  if (rc == SGM_OK) rc = sgm__migrate_order_use(ctx, &b->event, b->event_stream, stream);
   sgm__buffer_finish(pl, b, rc == SGM_OK ? SGM_BUF_ACQUIRED : SGM_BUF_RELEASED, false);
   if (rc != SGM_OK) return (sgm_status)rc;
   *device_ptr = (void *)(uintptr_t)b->dptr;
@@ -168,6 +166,7 @@ SGM_API sgm_status sgm_buffer_release(sgm_buffer *b, void *stream) {
   }
   sgm__lock_take(&ctx->pl->lock);
   b->event = ev;
+  b->event_stream = stream;
   sgm__buffer_set_state(b, SGM_BUF_RELEASED);
   sgm__residency_put(ctx->pl, b, true); /* acquired buffers are always resident */
   sgm__lock_drop(&ctx->pl->lock);

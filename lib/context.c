@@ -50,8 +50,9 @@ uint64_t sgm__context_idle_tick(sgm_context *ctx) {
   uint64_t returned = 0;
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
     if (!ctx->tiers[t]) continue;
-    /* Blocks whose stream-ordered free has completed become free blocks. */
-    if (sgm__tier_n_pending(ctx->tiers[t])) sgm__tier_reclaim(ctx->tiers[t], NULL, false);
+    /* Cached blocks whose streams' work has completed go back to the pool,
+     * so that wholly free chunks can be seen and returned. */
+    if (sgm__tier_has_cached(ctx->tiers[t])) sgm__tier_reclaim(ctx->tiers[t], NULL, SGM_RECLAIM_QUERY);
     returned += sgm__tier_idle_trim(ctx->tiers[t], now, ctx->cfg.idle_trim_ms);
   }
   if (returned) {
@@ -309,10 +310,6 @@ SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
   return context_fallback(ctx, d, size);
 }
 
-/* Pending stream-ordered frees kept per tier before a free cleans up the
- * completed ones by itself: bounds the list without a query per free. */
-#define CONTEXT_PENDING_SWEEP 256
-
 static sgm_status context_bad_free(sgm_context *ctx, void *ptr) {
   __atomic_fetch_add(&ctx->n_bad_frees, 1, __ATOMIC_RELAXED);
   sgm__error_set(SGM_ERR_INVALID,
@@ -327,42 +324,38 @@ SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream) {
   if (!ptr) return SGM_OK;
   if (sgm_unlikely(!ctx)) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_free: context is NULL");
   sgm_devptr d = (sgm_devptr)(uintptr_t)ptr;
-  if (ctx->bops->synchronous) {
-    /* No device work can still use the block: it is free for everyone now. */
-    uint64_t size = 0;
-    for (int t = 0; t < SGM_TIER_COUNT; t++)
-      if (ctx->tiers[t] && sgm__tier_free(ctx->tiers[t], d, &size) == SGM_OK) return SGM_OK;
-    return context_bad_free(ctx, ptr);
-  }
   /* Stream-ordered free (the rule RMM and PyTorch follow): work already queued
-   * on `stream` may still use the block, so it becomes reusable by that stream
-   * at once and by others only after an event recorded here completes. */
+   * on `stream` may still use the block, so it is cached for that stream —
+   * reusable by its later work at once, with no driver call — and reaches
+   * other streams only through a device-side wait (tier.c). */
+  sgm_stream_ref ref;
+  ctx->bops->stream_ref(ctx->be, stream, &ref);
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
-    sgm_tier_pool *p = ctx->tiers[t];
-    if (!p || !sgm__tier_owns(p, d)) continue;
-    void *ev = NULL;
-    int rc = ctx->bops->event_record(ctx->be, stream, &ev);
-    if (rc != SGM_OK) {
-      /* Without an event nobody can tell when the block is idle: keeping it
-       * allocated leaks it, reusing it could corrupt live work. Keep it. */
+    if (!ctx->tiers[t]) continue;
+    int rc = sgm__tier_free_on(ctx->tiers[t], d, &ref);
+    if (sgm_likely(rc == SGM_OK)) return SGM_OK;
+    if (rc != SGM_ERR_INVALID) {
+      /* An event for a stream named by sgm_record_stream could not be
+       * recorded: nobody could tell when the block is idle. Keep it. */
       sgm__log(ctx->cfg.verbose, 1, "sgm_free: %s; the block stays allocated", sgm_last_error());
       return (sgm_status)rc;
     }
-    if (ctx->bops->event_query(ctx->be, ev) == 1) {
-      /* The stream is idle: nothing can use the block any more. */
-      ctx->bops->event_destroy(ctx->be, ev);
-      uint64_t size = 0;
-      return sgm__tier_free(p, d, &size) == SGM_OK ? SGM_OK : context_bad_free(ctx, ptr);
-    }
-    rc = sgm__tier_free_deferred(p, d, stream, ev);
-    if (rc != SGM_OK) {
-      ctx->bops->event_destroy(ctx->be, ev);
-      return rc == SGM_ERR_INVALID ? context_bad_free(ctx, ptr) : (sgm_status)rc;
-    }
-    if (sgm__tier_n_pending(p) >= CONTEXT_PENDING_SWEEP) sgm__tier_reclaim(p, stream, false);
-    return SGM_OK;
   }
   return context_bad_free(ctx, ptr);
+}
+
+SGM_API sgm_status sgm_record_stream(sgm_context *ctx, void *ptr, void *stream) {
+  if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_record_stream: context is NULL");
+  sgm_stream_ref ref;
+  ctx->bops->stream_ref(ctx->be, stream, &ref);
+  for (int t = 0; t < SGM_TIER_COUNT; t++) {
+    if (!ctx->tiers[t]) continue;
+    int rc = sgm__tier_record_stream(ctx->tiers[t], (sgm_devptr)(uintptr_t)ptr, &ref);
+    if (rc != SGM_ERR_INVALID) return (sgm_status)rc;
+  }
+  return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_record_stream: %p is not a live "
+                                    "allocation of this context (from sgm_alloc, not yet freed)",
+                                    ptr);
 }
 
 SGM_API void sgm_free(sgm_context *ctx, void *ptr, void *stream) {

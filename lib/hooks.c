@@ -1,7 +1,8 @@
 /*
  * hooks.c — framework hooks: PyTorch's CUDAPluggableAllocator entry points
- * (sgm_torch_malloc / sgm_torch_free and the optional empty_cache and
- * set_memory_fraction), and sgm_hook_context for CuPy and C callers.
+ * (sgm_torch_malloc / sgm_torch_free and the optional empty_cache,
+ * set_memory_fraction and record_stream), and sgm_hook_context for CuPy and C
+ * callers.
  *
  * A framework hands sgm nothing but (size, device, stream), so the hooks keep
  * one context per device ordinal (0 .. HOOKS_MAX_DEVICES - 1), created lazily
@@ -136,6 +137,26 @@ SGM_API void sgm_torch_free(void *ptr, size_t size, int device, void *stream) {
   /* A foreign pointer or a double free is refused and logged by sgm_free
    * itself (SGM_VERBOSE >= 1, the default), and counted in n_bad_frees. */
   sgm_free(ctx, ptr, stream);
+}
+
+SGM_API void sgm_torch_record_stream(void *ptr, void *stream) {
+  if (!ptr) return;
+  /* PyTorch's record-stream hook passes no device: the pointer is live in
+   * exactly one hook context, the one whose sgm_record_stream accepts it. */
+  for (int d = 0; d < HOOKS_MAX_DEVICES; d++) {
+    sgm_context *ctx = __atomic_load_n(&hooks_contexts[d], __ATOMIC_ACQUIRE);
+    if (!ctx) continue;
+    sgm_status rc = sgm_record_stream(ctx, ptr, stream);
+    if (rc == SGM_OK) return;
+    if (rc != SGM_ERR_INVALID) {
+      hooks_report("sgm_torch_record_stream(%p, stream %p): %s", ptr, stream, sgm_last_error());
+      return;
+    }
+  }
+  sgm__error_set(SGM_ERR_INVALID, "sgm_torch_record_stream(%p, stream %p): no hook context holds "
+                 "this pointer live (freed already, or not from sgm_torch_malloc); nothing was "
+                 "recorded", ptr, stream);
+  hooks_report("%s", sgm_last_error());
 }
 
 SGM_API void sgm_torch_empty_cache(void) {

@@ -163,6 +163,11 @@ uint64_t sgm__host_machine_ram(void);
 int sgm__host_cgroup_limit(const char *root, uint64_t *out);
 /* min(machine RAM, cgroup limit), reading the cgroup under root. */
 uint64_t sgm__host_physical_ram(const char *root);
+/* Map bytes (a multiple of the page size) of anonymous memory for a backend to
+ * page-lock: excluded from fork() children (MADV_DONTFORK), placed on NUMA node
+ * `node` by preference (MPOL_PREFERRED; node < 0: no preference). *out = NULL
+ * and a message on failure. Free with munmap. */
+int sgm__host_map_pinnable(uint64_t bytes, int node, void **out);
 
 /* ------------------------------------------------------------------------ */
 /* suballoc.c — offset-based sub-allocator with metadata off-chunk.

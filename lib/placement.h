@@ -45,6 +45,7 @@ struct sgm_buffer {
   uint32_t state;            /* sgm_buf_state | SGM_BUF_WAITERS: see sgm__buffer_state */
   int priority;              /* sgm_priority the user set */
   void *event;               /* GPU work queued before release; NULL = none pending */
+  void *event_stream;        /* the stream event was recorded on (the release's) */
   bool prefetch_queued;      /* in pl's prefetch queue */
   bool listed;               /* an item of pl->pol[tier] now */
   bool pinned;               /* pl->pol[pin_tier] holds a pin on it (on_remove PIN) */
@@ -201,9 +202,15 @@ int sgm__migrate_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict
  * failure b is unchanged and dst freed (a checksum mismatch leaves b on disk). */
 int sgm__migrate_promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, sgm_devptr dst);
 /* Copy n bytes between host memory and b's data at offset, wherever it lives
- * (write: host -> buffer). */
+ * (write: host -> buffer), after the GPU work queued before b's release. */
 int sgm__migrate_host_io(sgm_context *ctx, sgm_buffer *b, size_t offset, void *host, size_t n,
                          bool write);
+/* A buffer is about to be used on `stream` with *event (recorded on
+ * event_stream at its release, NULL = none) maybe pending: make the release's
+ * work come first for that stream, then destroy the event (*event = NULL).
+ * On failure *event stays. Every copy in this file orders itself; this is for
+ * a use that copies nothing (acquire of a buffer that does not move). */
+int sgm__migrate_order_use(sgm_context *ctx, void **event, void *event_stream, void *stream);
 
 /* ------------------------------------------------------------------------ */
 /* prefetch.c (pl->lock held for cancel). */

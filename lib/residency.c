@@ -231,20 +231,23 @@ int sgm__residency_both_full(sgm_context *ctx, uint64_t size, bool explain_share
                         "Shared: %s%s", what, sgm_last_error(), shared, tail);
 }
 
-/* Allocate in tier t; when it is full but holds blocks freed on streams,
- * reclaim those this stream may reuse (or whose work completed) and retry. */
-static int residency_alloc_in(sgm_context *ctx, sgm_tier t, size_t size, void *stream, sgm_devptr *d) {
-  int rc = sgm__residency_alloc_for(ctx, t, size, NULL, d);
+/* Allocate in tier t for work on stream: the tier's stream caches, its free
+ * memory and the other streams' cached blocks first (sgm__tier_alloc_on,
+ * which reclaims cached memory before anything moves); only then are released
+ * buffers demoted to make room (rule 2). */
+static int residency_alloc_in(sgm_context *ctx, sgm_tier t, size_t size, const sgm_stream_ref *stream,
+                              sgm_devptr *d) {
+  int rc = sgm__tier_alloc_on(ctx->tiers[t], size, stream, d);
   if (sgm_likely(rc == SGM_OK)) return rc;
-  if (residency_full(rc) && sgm__tier_n_pending(ctx->tiers[t]) &&
-      sgm__tier_reclaim(ctx->tiers[t], stream, false))
-    rc = sgm__residency_alloc_for(ctx, t, size, NULL, d);
+  if (residency_full(rc)) rc = sgm__residency_alloc_for(ctx, t, size, NULL, d);
   return rc;
 }
 
 int sgm__residency_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *out, sgm_tier *where) {
   *where = SGM_TIER_VRAM;
-  int rc = residency_alloc_in(ctx, SGM_TIER_VRAM, size, stream, out); /* rules 1 and 2 */
+  sgm_stream_ref ref;
+  ctx->bops->stream_ref(ctx->be, stream, &ref);
+  int rc = residency_alloc_in(ctx, SGM_TIER_VRAM, size, &ref, out); /* rules 1 and 2 */
   if (sgm_likely(rc == SGM_OK)) return rc;
   *where = SGM_TIER_NONE;
   *out = 0;
@@ -254,7 +257,7 @@ int sgm__residency_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *
     return sgm__error_set(SGM_ERR_NOMEM, "%s; shared GPU memory fallback is off (SGM_SHARED_FALLBACK=on "
                           "lets full VRAM spill into pinned host memory)", sgm_last_error());
   }
-  rc = residency_alloc_in(ctx, SGM_TIER_SHARED, size, stream, out); /* rule 3 */
+  rc = residency_alloc_in(ctx, SGM_TIER_SHARED, size, &ref, out); /* rule 3 */
   if (rc == SGM_OK) {
     *where = SGM_TIER_SHARED;
     return rc;

@@ -5,9 +5,10 @@
  * is its own anonymous mapping, committed by the OS only when touched, and the
  * device's free memory is the fixed size minus what is allocated. The rest of
  * sgm never dereferences these addresses except through copy(), as on a real
- * GPU. Pinned host memory is real: mapped, bound to the requested NUMA node
- * with libnuma, and page-locked with mlock, so the shared tier's commit cost
- * and RLIMIT_MEMLOCK behaviour are the real ones. Its device address is its
+ * GPU. Pinned host memory is real: mapped as the CUDA backend maps it
+ * (sgm__host_map_pinnable: NUMA node preferred, MADV_DONTFORK) and page-locked
+ * with mlock, so the shared tier's commit cost and RLIMIT_MEMLOCK behaviour
+ * are the real ones. Its device address is its
  * host address (unified addressing).
  *
  * Fault injection for tests: with emu_fail_at = N > 0, the Nth fallible call
@@ -20,7 +21,6 @@
  */
 #include <errno.h>
 #include <numa.h>
-#include <numaif.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -162,20 +162,15 @@ static int emu_host_alloc(sgm_backend *be, uint64_t bytes, int numa_node, void *
   if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (host_alloc)");
   if (bytes == 0) return sgm__error_set(SGM_ERR_INVALID, "emulated device: host_alloc of 0 bytes");
   size_t len = sgm__align_up(bytes, EMU_PAGE);
-  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
-    int e = errno;
-    return sgm__error_set(SGM_ERR_NOMEM, "pinned host memory: mmap of %zu bytes failed: %s", len,
-                          strerror(e));
-  }
   /* "The device's node": an emulated device sits next to the calling CPU. */
   if (numa_node < 0 && numa_available() >= 0) {
     int cpu = sched_getcpu();
     numa_node = cpu >= 0 ? numa_node_of_cpu(cpu) : -1;
   }
-  /* Bind before the pages are touched, so mlock faults them in on that node. */
-  if (numa_node >= 0 && numa_available() >= 0 && numa_node <= numa_max_node())
-    numa_tonode_memory(p, len, numa_node);
+  /* Placed (by preference) before mlock faults the pages in. */
+  void *p = NULL;
+  int rc = sgm__host_map_pinnable(len, numa_node, &p);
+  if (rc != SGM_OK) return rc;
   if (mlock(p, len) != 0) {
     int e = errno;
     munmap(p, len);
@@ -276,6 +271,32 @@ static void emu_event_destroy(sgm_backend *be, void *event) {
   free(ev);
 }
 
+/* Every stream is one here: work on any of them is finished before the call
+ * that queued it returns, so nothing is ever ordered behind anything. */
+static void emu_stream_ref(sgm_backend *be, void *stream, sgm_stream_ref *out) {
+  (void)be;
+  out->key = 0;
+  out->handle = stream;
+}
+
+static int emu_event_create(sgm_backend *be, void **event_out) {
+  return emu_event_record(be, NULL, event_out);
+}
+
+static int emu_event_record_on(sgm_backend *be, void *event, const sgm_stream_ref *stream) {
+  if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (event_record_on)");
+  if (!event) return sgm__error_set(SGM_ERR_INVALID, "emulated device: event_record_on of a NULL event");
+  ((emu_event *)event)->stream = stream->handle;
+  return SGM_OK;
+}
+
+static int emu_stream_wait_event(sgm_backend *be, const sgm_stream_ref *stream, void *event) {
+  (void)stream;
+  if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (stream_wait_event)");
+  if (!event) return sgm__error_set(SGM_ERR_INVALID, "emulated device: stream_wait_event on a NULL event");
+  return SGM_OK;
+}
+
 static void emu_counters(sgm_backend *be, sgm_backend_counters *out) {
   sgm__lock_take(&be->mu);
   *out = be->c;
@@ -298,4 +319,8 @@ const sgm_backend_ops sgm__backend_emu_ops = {
     .event_query = emu_event_query,
     .event_wait = emu_event_wait,
     .event_destroy = emu_event_destroy,
+    .stream_ref = emu_stream_ref,
+    .event_create = emu_event_create,
+    .event_record_on = emu_event_record_on,
+    .stream_wait_event = emu_stream_wait_event,
 };
