@@ -146,7 +146,13 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg, sgm_context **out);
  */
 SGM_API void sgm_context_destroy(sgm_context *ctx);
 
-/* The configuration the context runs with, after defaults and overrides. */
+/*
+ * The configuration the context was created with, after defaults and
+ * overrides. The record belongs to the context, never changes after create
+ * (a later sgm_torch_set_memory_fraction changes the budget, not this
+ * record: read the budget with sgm_get_stats), and may be read from any
+ * thread until sgm_context_destroy. NULL when ctx is NULL.
+ */
 SGM_API const sgm_config *sgm_context_config(const sgm_context *ctx);
 
 /* The backend the context runs on: "cuda" or "emu" (auto resolved). */
@@ -161,15 +167,28 @@ SGM_API const char *sgm_context_backend(const sgm_context *ctx);
 SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream);
 
 /*
- * Free a pointer from sgm_alloc. NULL is a no-op. A pointer sgm did not hand
- * out, or one freed twice, is detected: nothing is freed, the thread's error is
- * set (SGM_ERR_INVALID) and, with SGM_VERBOSE >= 1, a warning is printed.
- * Thread-safe.
+ * Free a pointer from sgm_alloc, stream-ordered: work already queued on
+ * `stream` (NULL = the legacy default stream) may still use the block, so it
+ * is reused at once by later work on that stream and by other streams only
+ * after a device-side wait on that work (docs/streams.md). NULL ptr is a
+ * no-op. A pointer sgm did not hand out, or one freed twice, is detected:
+ * nothing is freed, the thread's error is set (SGM_ERR_INVALID) and, with
+ * SGM_VERBOSE >= 1, a warning is printed. Thread-safe.
  */
 SGM_API void sgm_free(sgm_context *ctx, void *ptr, void *stream);
 
 /* Like sgm_free, but returns the status instead of only setting the error. */
 SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream);
+
+/*
+ * Declare that work queued on `stream` uses ptr (a live pointer from
+ * sgm_alloc), as PyTorch's Tensor.record_stream: when ptr is freed, its memory
+ * is reused only after the work queued on `stream` up to that free has
+ * completed (an event recorded on it then). Recording the stream ptr was
+ * allocated on, or one already recorded, changes nothing. SGM_ERR_INVALID when
+ * ptr is not live in ctx; SGM_ERR_NOMEM out of host memory. Thread-safe.
+ */
+SGM_API sgm_status sgm_record_stream(sgm_context *ctx, void *ptr, void *stream);
 
 /* The tier of a live allocation, SGM_TIER_NONE for any other pointer. */
 SGM_API sgm_tier sgm_pointer_tier(sgm_context *ctx, const void *ptr);
@@ -188,6 +207,8 @@ typedef struct sgm_tier_stats {
   uint64_t n_allocs;        /* allocations served since create */
   uint64_t n_frees;         /* frees served since create */
   uint64_t n_failed;        /* allocations this tier could not serve */
+  uint64_t cached_bytes;    /* freed by the user, kept for reuse on the stream it was freed on
+                               (in committed, not in used; sgm_trim returns them) */
 } sgm_tier_stats;
 
 /* Counters of one context; fields are only ever added at the end. */
@@ -211,9 +232,11 @@ SGM_API sgm_status sgm_stats_json(sgm_context *ctx, char **out);
 SGM_API void sgm_string_free(char *s);
 
 /*
- * Return committed memory that is not in use (whole free chunks) to the
- * driver / OS. In reserve mode (growth off) the reservation is kept.
- * Thread-safe.
+ * Return committed memory that is not in use to the driver / OS: blocks cached
+ * for reuse by the streams they were freed on (after waiting, on the host, for
+ * the work those streams had queued at their frees, as torch.cuda.empty_cache
+ * does), then whole free chunks. In reserve mode (growth off) the reservation
+ * is kept. Thread-safe.
  */
 SGM_API sgm_status sgm_trim(sgm_context *ctx);
 
@@ -242,6 +265,9 @@ SGM_API sgm_status sgm_buffer_create(sgm_context *ctx, size_t size, sgm_buffer *
  * else shared memory; read back from disk with its checksum verified) and lock
  * it there until sgm_buffer_release. *device_ptr: its device address, NULL on
  * failure. Waits for a prefetch in flight. SGM_ERR_BUSY if already acquired.
+ * stream: where the caller will use it (NULL = the default stream): the data
+ * is ready for work queued there after the call, and follows the GPU work
+ * queued before the last release (copies run after it on the device).
  */
 SGM_API sgm_status sgm_buffer_acquire(sgm_buffer *b, void *stream, void **device_ptr);
 
@@ -252,7 +278,9 @@ SGM_API sgm_status sgm_buffer_acquire(sgm_buffer *b, void *stream, void **device
 SGM_API sgm_status sgm_buffer_release(sgm_buffer *b, void *stream);
 
 /* Copy n bytes from host memory into the buffer at offset / out of it, wherever
- * it lives (a disk-resident buffer is read back and verified). Bounds checked. */
+ * it lives (a disk-resident buffer is read back and verified). Bounds checked.
+ * The copy follows the GPU work queued before the last release: the call
+ * returns once that work and the copy are done. */
 SGM_API sgm_status sgm_buffer_write(sgm_buffer *b, size_t offset, const void *src, size_t n);
 SGM_API sgm_status sgm_buffer_read(sgm_buffer *b, size_t offset, void *dst, size_t n);
 
@@ -296,6 +324,10 @@ SGM_API void sgm_torch_free(void *ptr, size_t size, int device, void *stream);
  * sets the VRAM budget of a device's context to fraction × device memory. */
 SGM_API void sgm_torch_empty_cache(void);
 SGM_API void sgm_torch_set_memory_fraction(double fraction, int device);
+/* Tensor.record_stream for the C++ CUDAPluggableAllocator's set_record_stream_fn
+ * (the Python wrapper cannot install it): sgm_record_stream on the hook
+ * context holding ptr; a pointer no hook context holds is reported on stderr. */
+SGM_API void sgm_torch_record_stream(void *ptr, void *stream);
 /* The hook context of a device (created on first use); NULL with the error set on failure. */
 SGM_API sgm_context *sgm_hook_context(int device);
 

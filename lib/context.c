@@ -33,9 +33,7 @@
 
 static uint64_t context_monotonic_ms(void *user) {
   (void)user;
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+  return sgm__clock_monotonic_ns() / 1000000u;
 }
 
 void sgm__context_set_clock(sgm_context *ctx, uint64_t (*clock_ms)(void *user), void *user) {
@@ -52,8 +50,9 @@ uint64_t sgm__context_idle_tick(sgm_context *ctx) {
   uint64_t returned = 0;
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
     if (!ctx->tiers[t]) continue;
-    /* Blocks whose stream-ordered free has completed become free blocks. */
-    if (sgm__tier_n_pending(ctx->tiers[t])) sgm__tier_reclaim(ctx->tiers[t], NULL, false);
+    /* Cached blocks whose streams' work has completed go back to the pool,
+     * so that wholly free chunks can be seen and returned. */
+    if (sgm__tier_has_cached(ctx->tiers[t])) sgm__tier_reclaim(ctx->tiers[t], NULL, SGM_RECLAIM_QUERY);
     returned += sgm__tier_idle_trim(ctx->tiers[t], now, ctx->cfg.idle_trim_ms);
   }
   if (returned) {
@@ -67,7 +66,7 @@ static void *context_idle_main(void *arg) {
   sgm_context *ctx = arg;
   uint64_t period = ctx->cfg.idle_trim_ms / CONTEXT_IDLE_TICKS_PER_DELAY;
   if (period < CONTEXT_IDLE_MIN_PERIOD_MS) period = CONTEXT_IDLE_MIN_PERIOD_MS;
-  pthread_mutex_lock(&ctx->idle_mu);
+  sgm__lock_take(&ctx->idle_mu);
   while (!ctx->idle_stop) {
     struct timespec until;
     clock_gettime(CLOCK_MONOTONIC, &until);
@@ -79,13 +78,13 @@ static void *context_idle_main(void *arg) {
     }
     int rc = 0;
     while (!ctx->idle_stop && rc != ETIMEDOUT)
-      rc = pthread_cond_timedwait(&ctx->idle_cond, &ctx->idle_mu, &until);
+      rc = pthread_cond_timedwait(&ctx->idle_cond, &ctx->idle_mu.mu, &until);
     if (ctx->idle_stop) break;
-    pthread_mutex_unlock(&ctx->idle_mu);
+    sgm__lock_drop(&ctx->idle_mu);
     sgm__context_idle_tick(ctx);
-    pthread_mutex_lock(&ctx->idle_mu);
+    sgm__lock_take(&ctx->idle_mu);
   }
-  pthread_mutex_unlock(&ctx->idle_mu);
+  sgm__lock_drop(&ctx->idle_mu);
   return NULL;
 }
 
@@ -95,7 +94,7 @@ static int context_start_idle_thread(sgm_context *ctx) {
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&ctx->idle_cond, &ca);
   pthread_condattr_destroy(&ca);
-  pthread_mutex_init(&ctx->idle_mu, NULL);
+  sgm__lock_init(&ctx->idle_mu, SGM_LOCK_IDLE);
   if (ctx->cfg.idle_trim_ms == 0) return SGM_OK;
   int e = pthread_create(&ctx->idle_thread, NULL, context_idle_main, ctx);
   if (e != 0)
@@ -107,22 +106,22 @@ static int context_start_idle_thread(sgm_context *ctx) {
 
 static void context_stop_idle_thread(sgm_context *ctx) {
   if (ctx->idle_running) {
-    pthread_mutex_lock(&ctx->idle_mu);
+    sgm__lock_take(&ctx->idle_mu);
     ctx->idle_stop = true;
     pthread_cond_signal(&ctx->idle_cond);
-    pthread_mutex_unlock(&ctx->idle_mu);
+    sgm__lock_drop(&ctx->idle_mu);
     pthread_join(ctx->idle_thread, NULL);
     ctx->idle_running = false;
   }
   pthread_cond_destroy(&ctx->idle_cond);
-  pthread_mutex_destroy(&ctx->idle_mu);
+  sgm__lock_destroy(&ctx->idle_mu);
 }
 
 /* VRAM budget = device total × fraction, capped by SGM_VRAM_LIMIT and by
  * CUDA_DEVICE_MEMORY_LIMIT; aligned down to the device alignment. */
 static uint64_t context_vram_budget(const sgm_context *ctx) {
   uint64_t total = ctx->device_total_bytes;
-  uint64_t b = (uint64_t)((double)total * ctx->cfg.vram_fraction);
+  uint64_t b = (uint64_t)((double)total * ctx->vram_fraction);
   if (b > total) b = total;
   uint64_t cap = sgm__size_resolve(ctx->cfg.vram_limit, total, UINT64_MAX);
   if (cap < b) b = cap;
@@ -154,6 +153,7 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   sgm_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_NOMEM, "out of host memory creating a context");
   ctx->cfg = *cfg_in;
+  ctx->vram_fraction = ctx->cfg.vram_fraction;
   sgm__options_tf_growth(ctx->cfg.verbose, &ctx->cfg.allow_growth);
   rc = sgm__options_cuda_memory_limit(ctx->cfg.device, &ctx->cuda_memory_limit_bytes);
   if (rc != SGM_OK) goto out_free;
@@ -243,33 +243,10 @@ SGM_API const sgm_config *sgm_context_config(const sgm_context *ctx) {
   return ctx ? &ctx->cfg : NULL;
 }
 
-/* Allocate in tier t; when it is full but holds blocks freed on streams,
- * reclaim those this stream may reuse (or whose work completed) and retry. */
-static int context_alloc_in(sgm_context *ctx, sgm_tier t, size_t size, void *stream, sgm_devptr *d) {
-  int rc = sgm__placement_alloc(ctx, t, size, d);
-  if (sgm_likely(rc == SGM_OK)) return rc;
-  if ((rc == SGM__ERR_BUDGET || rc == SGM_ERR_NOMEM) && sgm__tier_n_pending(ctx->tiers[t]) &&
-      sgm__tier_reclaim(ctx->tiers[t], stream, false))
-    rc = sgm__placement_alloc(ctx, t, size, d);
-  return rc;
-}
-
-/* Rule 3 of the placement rules: VRAM is full, so the block lands in shared
- * GPU memory — device-accessible, slower. Counted, announced once at
+/* Rule 3 of the placement rules (decided in residency.c): VRAM was full, so
+ * the block at ptr landed in shared GPU memory. Counted, announced once at
  * SGM_VERBOSE >= 1, and reported to the callback every time. */
-static void *context_fallback(sgm_context *ctx, size_t size, void *stream) {
-  sgm_devptr d = 0;
-  int rc = context_alloc_in(ctx, SGM_TIER_SHARED, size, stream, &d);
-  if (rc != SGM_OK) {
-    if (rc != SGM__ERR_BUDGET && rc != SGM_ERR_NOMEM) return NULL;
-    char shared_msg[SGM_ERROR_MAX];
-    if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(ctx->tiers[SGM_TIER_SHARED], size);
-    snprintf(shared_msg, sizeof shared_msg, "%s", sgm_last_error());
-    sgm__tier_explain_budget(ctx->tiers[SGM_TIER_VRAM], size);
-    sgm__error_set(SGM_ERR_NOMEM, "sgm_alloc: VRAM and shared GPU memory are both full. VRAM: %s. "
-                   "Shared: %s", sgm_last_error(), shared_msg);
-    return NULL;
-  }
+static void *context_fallback(sgm_context *ctx, sgm_devptr d, size_t size) {
   void *ptr = (void *)(uintptr_t)d;
   uint64_t n = __atomic_fetch_add(&ctx->n_fallbacks, 1, __ATOMIC_RELAXED);
   __atomic_fetch_add(&ctx->fallback_bytes, (uint64_t)size, __ATOMIC_RELAXED);
@@ -305,7 +282,7 @@ int sgm__context_set_vram_fraction(sgm_context *ctx, double fraction) {
   if (!(fraction > 0.0 && fraction <= 1.0))
     return sgm__error_set(SGM_ERR_INVALID, "memory fraction %g is outside (0, 1]", fraction);
   sgm__lock_take(&ctx->lock);
-  ctx->cfg.vram_fraction = fraction;
+  ctx->vram_fraction = fraction; /* not cfg: sgm_context_config hands cfg out */
   uint64_t budget = context_vram_budget(ctx);
   ctx->budget_bytes[SGM_TIER_VRAM] = budget;
   sgm__lock_drop(&ctx->lock);
@@ -327,22 +304,11 @@ SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
     return NULL;
   }
   sgm_devptr d = 0;
-  /* Rule 2: released buffers in VRAM are demoted to make room. */
-  int rc = context_alloc_in(ctx, SGM_TIER_VRAM, size, stream, &d);
-  if (sgm_likely(rc == SGM_OK)) return (void *)(uintptr_t)d;
-  if (rc != SGM__ERR_BUDGET && rc != SGM_ERR_NOMEM) return NULL;
-  if (!ctx->cfg.shared_fallback) {
-    if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(ctx->tiers[SGM_TIER_VRAM], size);
-    sgm__error_set(SGM_ERR_NOMEM, "%s; shared GPU memory fallback is off (SGM_SHARED_FALLBACK=on "
-                   "lets full VRAM spill into pinned host memory)", sgm_last_error());
-    return NULL;
-  }
-  return context_fallback(ctx, size, stream);
+  sgm_tier where;
+  if (sgm_unlikely(sgm__residency_alloc(ctx, size, stream, &d, &where) != SGM_OK)) return NULL;
+  if (sgm_likely(where == SGM_TIER_VRAM)) return (void *)(uintptr_t)d;
+  return context_fallback(ctx, d, size);
 }
-
-/* Pending stream-ordered frees kept per tier before a free cleans up the
- * completed ones by itself: bounds the list without a query per free. */
-#define CONTEXT_PENDING_SWEEP 256
 
 static sgm_status context_bad_free(sgm_context *ctx, void *ptr) {
   __atomic_fetch_add(&ctx->n_bad_frees, 1, __ATOMIC_RELAXED);
@@ -358,42 +324,38 @@ SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream) {
   if (!ptr) return SGM_OK;
   if (sgm_unlikely(!ctx)) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_free: context is NULL");
   sgm_devptr d = (sgm_devptr)(uintptr_t)ptr;
-  if (ctx->bops->synchronous) {
-    /* No device work can still use the block: it is free for everyone now. */
-    uint64_t size = 0;
-    for (int t = 0; t < SGM_TIER_COUNT; t++)
-      if (ctx->tiers[t] && sgm__tier_free(ctx->tiers[t], d, &size) == SGM_OK) return SGM_OK;
-    return context_bad_free(ctx, ptr);
-  }
   /* Stream-ordered free (the rule RMM and PyTorch follow): work already queued
-   * on `stream` may still use the block, so it becomes reusable by that stream
-   * at once and by others only after an event recorded here completes. */
+   * on `stream` may still use the block, so it is cached for that stream —
+   * reusable by its later work at once, with no driver call — and reaches
+   * other streams only through a device-side wait (tier.c). */
+  sgm_stream_ref ref;
+  ctx->bops->stream_ref(ctx->be, stream, &ref);
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
-    sgm_tier_pool *p = ctx->tiers[t];
-    if (!p || !sgm__tier_owns(p, d)) continue;
-    void *ev = NULL;
-    int rc = ctx->bops->event_record(ctx->be, stream, &ev);
-    if (rc != SGM_OK) {
-      /* Without an event nobody can tell when the block is idle: keeping it
-       * allocated leaks it, reusing it could corrupt live work. Keep it. */
+    if (!ctx->tiers[t]) continue;
+    int rc = sgm__tier_free_on(ctx->tiers[t], d, &ref);
+    if (sgm_likely(rc == SGM_OK)) return SGM_OK;
+    if (rc != SGM_ERR_INVALID) {
+      /* An event for a stream named by sgm_record_stream could not be
+       * recorded: nobody could tell when the block is idle. Keep it. */
       sgm__log(ctx->cfg.verbose, 1, "sgm_free: %s; the block stays allocated", sgm_last_error());
       return (sgm_status)rc;
     }
-    if (ctx->bops->event_query(ctx->be, ev) == 1) {
-      /* The stream is idle: nothing can use the block any more. */
-      ctx->bops->event_destroy(ctx->be, ev);
-      uint64_t size = 0;
-      return sgm__tier_free(p, d, &size) == SGM_OK ? SGM_OK : context_bad_free(ctx, ptr);
-    }
-    rc = sgm__tier_free_deferred(p, d, stream, ev);
-    if (rc != SGM_OK) {
-      ctx->bops->event_destroy(ctx->be, ev);
-      return rc == SGM_ERR_INVALID ? context_bad_free(ctx, ptr) : (sgm_status)rc;
-    }
-    if (sgm__tier_n_pending(p) >= CONTEXT_PENDING_SWEEP) sgm__tier_reclaim(p, stream, false);
-    return SGM_OK;
   }
   return context_bad_free(ctx, ptr);
+}
+
+SGM_API sgm_status sgm_record_stream(sgm_context *ctx, void *ptr, void *stream) {
+  if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_record_stream: context is NULL");
+  sgm_stream_ref ref;
+  ctx->bops->stream_ref(ctx->be, stream, &ref);
+  for (int t = 0; t < SGM_TIER_COUNT; t++) {
+    if (!ctx->tiers[t]) continue;
+    int rc = sgm__tier_record_stream(ctx->tiers[t], (sgm_devptr)(uintptr_t)ptr, &ref);
+    if (rc != SGM_ERR_INVALID) return (sgm_status)rc;
+  }
+  return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_record_stream: %p is not a live "
+                                    "allocation of this context (from sgm_alloc, not yet freed)",
+                                    ptr);
 }
 
 SGM_API void sgm_free(sgm_context *ctx, void *ptr, void *stream) {

@@ -1,10 +1,9 @@
 /*
- * error.c — status names, the thread-local error message, the log sink,
- * assertion failures and the ordered locks.
+ * error.c — status names, the thread-local error message, the log sink and
+ * assertion failures.
  *
  * Invariants: the error message is per thread (no locking); the log writes one
- * whole line per call to stderr, never stdout. The lock-order check keeps, per
- * thread, the ranks of the locks it holds (SGM_DEBUG >= 2 only).
+ * whole line per call to stderr, never stdout.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -94,52 +93,4 @@ void sgm__assert_fail(const char *cond, const char *file, int line) {
   ssize_t w = write(STDERR_FILENO, msg, n > 0 ? (size_t)n : 0);
   (void)w;
   abort();
-}
-
-/* ---- ordered locks ---- */
-
-#define LOCK_MAX_HELD 8
-static _Thread_local int held_ranks[LOCK_MAX_HELD];
-static _Thread_local const sgm_lock *held_locks[LOCK_MAX_HELD];
-static _Thread_local int n_held;
-
-void sgm__lock_init(sgm_lock *l, int rank) {
-  pthread_mutex_init(&l->mu, NULL);
-  l->rank = rank;
-}
-
-void sgm__lock_destroy(sgm_lock *l) { pthread_mutex_destroy(&l->mu); }
-
-void sgm__lock_take(sgm_lock *l) {
-  if (SGM_DEBUG >= 2) {
-    for (int i = 0; i < n_held; i++) sgm_assert_internal(held_ranks[i] < l->rank);
-  }
-  pthread_mutex_lock(&l->mu);
-  if (SGM_DEBUG >= 2) {
-    sgm_assert_internal(n_held < LOCK_MAX_HELD);
-    held_ranks[n_held] = l->rank;
-    held_locks[n_held] = l;
-    n_held++;
-  }
-}
-
-void sgm__lock_drop(sgm_lock *l) {
-  if (SGM_DEBUG >= 2) {
-    int i = n_held - 1;
-    while (i >= 0 && held_locks[i] != l) i--;
-    sgm_assert_internal(i >= 0);
-    for (; i + 1 < n_held; i++) {
-      held_locks[i] = held_locks[i + 1];
-      held_ranks[i] = held_ranks[i + 1];
-    }
-    n_held--;
-  }
-  pthread_mutex_unlock(&l->mu);
-}
-
-bool sgm__lock_held(const sgm_lock *l) {
-  if (SGM_DEBUG < 2) return true;
-  for (int i = 0; i < n_held; i++)
-    if (held_locks[i] == l) return true;
-  return false;
 }

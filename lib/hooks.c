@@ -1,7 +1,8 @@
 /*
  * hooks.c — framework hooks: PyTorch's CUDAPluggableAllocator entry points
- * (sgm_torch_malloc / sgm_torch_free and the optional empty_cache and
- * set_memory_fraction), and sgm_hook_context for CuPy and C callers.
+ * (sgm_torch_malloc / sgm_torch_free and the optional empty_cache,
+ * set_memory_fraction and record_stream), and sgm_hook_context for CuPy and C
+ * callers.
  *
  * A framework hands sgm nothing but (size, device, stream), so the hooks keep
  * one context per device ordinal (0 .. HOOKS_MAX_DEVICES - 1), created lazily
@@ -16,10 +17,10 @@
  * Threading: the fast path is one acquire load of the slot, no lock. The
  * first use takes hooks_mu, loads the slot again (another thread may have
  * won), and creates the context under it, so concurrent first calls from many
- * threads create exactly one context. hooks_mu is a plain pthread mutex outside
- * the ranked sgm_lock order on purpose: it is always the outermost lock, sgm
- * never takes it from inside, and context creation (which takes tier and
- * backend locks) runs under it. It is one mutex for all devices: creation is
+ * threads create exactly one context. hooks_mu has the lowest rank
+ * (SGM_LOCK_HOOKS): it is always the outermost lock, sgm never takes it from
+ * inside, and context creation (which takes tier and backend locks) runs
+ * under it. It is one mutex for all devices: creation is
  * rare, and serialising it also serialises driver initialisation.
  * Calls on an existing context (alloc, free, trim, set_vram_fraction) run
  * without hooks_mu; the context locks itself.
@@ -57,7 +58,7 @@
 #define HOOKS_MAX_DEVICES 64
 
 static sgm_context *hooks_contexts[HOOKS_MAX_DEVICES]; /* per device; NULL until first use */
-static pthread_mutex_t hooks_mu = PTHREAD_MUTEX_INITIALIZER; /* serialises creation and reset */
+static sgm_lock hooks_mu = SGM_LOCK_INITIALIZER(SGM_LOCK_HOOKS); /* serialises creation and reset */
 static uint64_t hooks_n_created; /* contexts created since start (or the last reset) */
 
 /* One line to stderr whatever SGM_VERBOSE says: level 0 ("error") always prints. */
@@ -81,7 +82,7 @@ static sgm_context *hooks_get_or_create(int device, double fraction, bool *creat
   sgm_context *ctx = __atomic_load_n(&hooks_contexts[device], __ATOMIC_ACQUIRE);
   if (sgm_likely(ctx != NULL)) return ctx;
 
-  pthread_mutex_lock(&hooks_mu);
+  sgm__lock_take(&hooks_mu);
   ctx = __atomic_load_n(&hooks_contexts[device], __ATOMIC_ACQUIRE);
   if (!ctx) {
     sgm_config cfg;
@@ -94,7 +95,7 @@ static sgm_context *hooks_get_or_create(int device, double fraction, bool *creat
       if (created) *created = true;
     }
   }
-  pthread_mutex_unlock(&hooks_mu);
+  sgm__lock_drop(&hooks_mu);
   return ctx;
 }
 
@@ -138,6 +139,26 @@ SGM_API void sgm_torch_free(void *ptr, size_t size, int device, void *stream) {
   sgm_free(ctx, ptr, stream);
 }
 
+SGM_API void sgm_torch_record_stream(void *ptr, void *stream) {
+  if (!ptr) return;
+  /* PyTorch's record-stream hook passes no device: the pointer is live in
+   * exactly one hook context, the one whose sgm_record_stream accepts it. */
+  for (int d = 0; d < HOOKS_MAX_DEVICES; d++) {
+    sgm_context *ctx = __atomic_load_n(&hooks_contexts[d], __ATOMIC_ACQUIRE);
+    if (!ctx) continue;
+    sgm_status rc = sgm_record_stream(ctx, ptr, stream);
+    if (rc == SGM_OK) return;
+    if (rc != SGM_ERR_INVALID) {
+      hooks_report("sgm_torch_record_stream(%p, stream %p): %s", ptr, stream, sgm_last_error());
+      return;
+    }
+  }
+  sgm__error_set(SGM_ERR_INVALID, "sgm_torch_record_stream(%p, stream %p): no hook context holds "
+                 "this pointer live (freed already, or not from sgm_torch_malloc); nothing was "
+                 "recorded", ptr, stream);
+  hooks_report("%s", sgm_last_error());
+}
+
 SGM_API void sgm_torch_empty_cache(void) {
   for (int d = 0; d < HOOKS_MAX_DEVICES; d++) {
     sgm_context *ctx = __atomic_load_n(&hooks_contexts[d], __ATOMIC_ACQUIRE);
@@ -167,13 +188,13 @@ SGM_API void sgm_torch_set_memory_fraction(double fraction, int device) {
 }
 
 void sgm__hooks_reset_for_tests(void) {
-  pthread_mutex_lock(&hooks_mu);
+  sgm__lock_take(&hooks_mu);
   for (int d = 0; d < HOOKS_MAX_DEVICES; d++) {
     sgm_context *ctx = __atomic_exchange_n(&hooks_contexts[d], NULL, __ATOMIC_ACQ_REL);
     sgm_context_destroy(ctx);
   }
   __atomic_store_n(&hooks_n_created, 0, __ATOMIC_RELAXED);
-  pthread_mutex_unlock(&hooks_mu);
+  sgm__lock_drop(&hooks_mu);
 }
 
 uint64_t sgm__hooks_n_created(void) { return __atomic_load_n(&hooks_n_created, __ATOMIC_RELAXED); }

@@ -7,23 +7,29 @@
  * sgm_policy_register(). Entries are never removed, so a pointer handed out
  * stays valid and an index keeps meaning the same policy.
  *
+ * Older plug-ins load (the way SQLite keeps its VFS versions): a vtable built
+ * for any ABI from 1 up to SGM_POLICY_ABI_VERSION is accepted. One built for
+ * the current ABI is used in place; an older one is copied, only as many
+ * bytes as its version had, into a current-sized vtable the registry owns,
+ * with the members its version predates left NULL: absent, as the optional
+ * members they all are. sgm never reads past the end of a caller's vtable.
+ *
  * Invariants: every entry passed policy_validate(); names are unique ignoring
  * case; "all", "opt" and "opt-admit" are reserved (the trace replayer's
  * words for "every policy" and Belady's optimum with and without bypass).
  *
- * Threading: one mutex guards the table; it is held only to read or append,
+ * Threading: one lock (rank SGM_LOCK_REGISTRY, a leaf) guards the table; it is held only to read or append,
  * never while calling into a policy. This and the driver table are the
  * library's only process-wide mutable state.
  */
 #include <ctype.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "builtin.h"
 #include "internal.h"
 
-static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
+static sgm_lock registry_mu = SGM_LOCK_INITIALIZER(SGM_LOCK_REGISTRY);
 static const sgm_policy_ops *registry[SGM_POLICY_REGISTRY_MAX]; /* registered, in order */
 static size_t registry_n;                                        /* entries used */
 static bool registry_seeded;                                     /* built-ins are in */
@@ -35,25 +41,32 @@ static const sgm_policy_ops *const builtins[] = {
 
 static const char *const reserved_names[] = {"all", "opt", "opt-admit"};
 
-static bool name_ieq(const char *a, const char *b) {
-  for (; *a && *b; a++, b++)
-    if (tolower((unsigned char)*a) != tolower((unsigned char)*b)) return false;
-  return *a == *b;
+/* Upgraded copies of older plug-ins' vtables; registry points at them. */
+static sgm_policy_ops registry_upgraded[SGM_POLICY_REGISTRY_MAX];
+
+/* The bytes of sgm_policy_ops that ABI version abi defines; 0 for a version
+ * this library does not know. Each version only appended members. */
+static size_t policy_ops_bytes(uint32_t abi) {
+  switch (abi) {
+    case 1: return offsetof(sgm_policy_ops, record);
+    case 2: return sizeof(sgm_policy_ops);
+    default: return 0;
+  }
 }
 
 /* Index of name in the registry, or -1 (registry_mu held). */
 static long registry_find_locked(const char *name) {
   for (size_t i = 0; i < registry_n; i++)
-    if (name_ieq(registry[i]->name, name)) return (long)i;
+    if (sgm__options_str_ieq(registry[i]->name, name)) return (long)i;
   return -1;
 }
 
 /* Everything but the table: a complete, well-formed vtable. */
 static int policy_validate(const sgm_policy_ops *ops) {
   if (!ops) return sgm__error_set(SGM_ERR_INVALID, "sgm_policy_register: ops is NULL");
-  if (ops->abi_version != SGM_POLICY_ABI_VERSION)
+  if (ops->abi_version < 1 || ops->abi_version > SGM_POLICY_ABI_VERSION)
     return sgm__error_set(SGM_ERR_INVALID, "sgm_policy_register: the policy was built for plug-in ABI "
-                          "version %u, this library speaks version %u (rebuild it against this "
+                          "version %u, this library speaks versions 1 to %u (rebuild it against this "
                           "sgm/policy.h)", ops->abi_version, SGM_POLICY_ABI_VERSION);
   if (!ops->name) return sgm__error_set(SGM_ERR_INVALID, "sgm_policy_register: member name is NULL");
   size_t len = strnlen(ops->name, SGM_NAME_MAX);
@@ -82,13 +95,14 @@ static int policy_validate(const sgm_policy_ops *ops) {
                           "state per buffer; at most %u", ops->name, ops->state_bytes,
                           SGM_POLICY_STATE_MAX);
   for (size_t i = 0; i < sizeof reserved_names / sizeof reserved_names[0]; i++)
-    if (name_ieq(ops->name, reserved_names[i]))
+    if (sgm__options_str_ieq(ops->name, reserved_names[i]))
       return sgm__error_set(SGM_ERR_INVALID, "sgm_policy_register: the name \"%s\" is reserved",
                             ops->name);
   return SGM_OK;
 }
 
-/* Append ops (registry_mu held). */
+/* Append ops (registry_mu held; validated): in place when it speaks the
+ * current ABI, else as an upgraded copy. */
 static int registry_add_locked(const sgm_policy_ops *ops) {
   if (registry_find_locked(ops->name) >= 0)
     return sgm__error_set(SGM_ERR_INVALID, "sgm_policy_register: a policy named \"%s\" is already "
@@ -96,6 +110,13 @@ static int registry_add_locked(const sgm_policy_ops *ops) {
   if (registry_n == SGM_POLICY_REGISTRY_MAX)
     return sgm__error_set(SGM_ERR_NOMEM, "sgm_policy_register: the registry is full (%u policies)",
                           SGM_POLICY_REGISTRY_MAX);
+  if (ops->abi_version != SGM_POLICY_ABI_VERSION) {
+    sgm_policy_ops *up = &registry_upgraded[registry_n];
+    memset(up, 0, sizeof *up);
+    memcpy(up, ops, policy_ops_bytes(ops->abi_version));
+    up->abi_version = SGM_POLICY_ABI_VERSION;
+    ops = up;
+  }
   registry[registry_n++] = ops;
   return SGM_OK;
 }
@@ -115,35 +136,35 @@ static void registry_seed_locked(void) {
 SGM_API sgm_status sgm_policy_register(const sgm_policy_ops *ops) {
   int rc = policy_validate(ops);
   if (rc != SGM_OK) return (sgm_status)rc;
-  pthread_mutex_lock(&registry_mu);
+  sgm__lock_take(&registry_mu);
   registry_seed_locked();
   rc = registry_add_locked(ops);
-  pthread_mutex_unlock(&registry_mu);
+  sgm__lock_drop(&registry_mu);
   return (sgm_status)rc;
 }
 
 SGM_API const sgm_policy_ops *sgm_policy_find(const char *name) {
   if (!name) return NULL;
-  pthread_mutex_lock(&registry_mu);
+  sgm__lock_take(&registry_mu);
   registry_seed_locked();
   long i = registry_find_locked(name);
   const sgm_policy_ops *ops = i >= 0 ? registry[i] : NULL;
-  pthread_mutex_unlock(&registry_mu);
+  sgm__lock_drop(&registry_mu);
   return ops;
 }
 
 SGM_API size_t sgm_policy_count(void) {
-  pthread_mutex_lock(&registry_mu);
+  sgm__lock_take(&registry_mu);
   registry_seed_locked();
   size_t n = registry_n;
-  pthread_mutex_unlock(&registry_mu);
+  sgm__lock_drop(&registry_mu);
   return n;
 }
 
 SGM_API const sgm_policy_ops *sgm_policy_at(size_t i) {
-  pthread_mutex_lock(&registry_mu);
+  sgm__lock_take(&registry_mu);
   registry_seed_locked();
   const sgm_policy_ops *ops = i < registry_n ? registry[i] : NULL;
-  pthread_mutex_unlock(&registry_mu);
+  sgm__lock_drop(&registry_mu);
   return ops;
 }

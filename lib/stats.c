@@ -91,14 +91,15 @@ SGM_API sgm_status sgm_stats_json(sgm_context *ctx, char **out) {
                        "%s\"%s\":{\"budget_bytes\":%llu,\"committed_bytes\":%llu,\"used_bytes\":%llu,"
                        "\"peak_used_bytes\":%llu,\"n_live\":%llu,\"bytes_in\":%llu,"
                        "\"bytes_out\":%llu,\"n_evictions\":%llu,\"n_chunks\":%llu,"
-                       "\"n_allocs\":%llu,\"n_frees\":%llu,\"n_failed\":%llu}",
+                       "\"n_allocs\":%llu,\"n_frees\":%llu,\"n_failed\":%llu,\"cached_bytes\":%llu}",
                        t ? "," : "", sgm_tier_name((sgm_tier)t),
                        (unsigned long long)s->budget_bytes, (unsigned long long)s->committed_bytes,
                        (unsigned long long)s->used_bytes, (unsigned long long)s->peak_used_bytes,
                        (unsigned long long)s->n_live, (unsigned long long)s->bytes_in,
                        (unsigned long long)s->bytes_out, (unsigned long long)s->n_evictions,
                        (unsigned long long)s->n_chunks, (unsigned long long)s->n_allocs,
-                       (unsigned long long)s->n_frees, (unsigned long long)s->n_failed);
+                       (unsigned long long)s->n_frees, (unsigned long long)s->n_failed,
+                       (unsigned long long)s->cached_bytes);
   }
   sgm__strbuf_printf(&b, "}}");
   if (b.failed) {

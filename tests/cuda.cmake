@@ -65,15 +65,32 @@ else()
     ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
     LABELS "unit;cuda-double" TIMEOUT 300 SKIP_RETURN_CODE 77)
 
-  # The stream-ordered free rule, through the public API on the double.
-  if(TARGET unit_test_stream_order)
-    add_dependencies(unit_test_stream_order sgm_fake_cuda)
-    target_link_libraries(unit_test_stream_order PRIVATE ${CMAKE_DL_LIBS})
-    set_tests_properties(unit_test_stream_order PROPERTIES
+  # The double's own conformance suite: one test per driver rule it enforces.
+  # It links the double and calls the cu* API directly.
+  if(TARGET unit_test_fake_cuda)
+    target_include_directories(unit_test_fake_cuda SYSTEM PRIVATE ${SGM_CUDA_INCLUDE_DIR})
+    target_compile_definitions(unit_test_fake_cuda PRIVATE SGM_HAVE_CUDA_HEADERS=1)
+    target_link_libraries(unit_test_fake_cuda PRIVATE sgm_fake_cuda Threads::Threads)
+    set_tests_properties(unit_test_fake_cuda PROPERTIES
       ENVIRONMENT "SGM_VERBOSE=0"
       ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
       LABELS "unit;cuda-double" TIMEOUT 120 SKIP_RETURN_CODE 77)
   endif()
+
+  # Suites through the public API on the double: the stream-ordered free rule
+  # (stream_order), ordered migrations (migrate), graph capture (capture),
+  # honest fallback (fallback). Each skips its double-only cases without it.
+  foreach(n stream_order migrate capture fallback)
+    if(TARGET unit_test_${n})
+      add_dependencies(unit_test_${n} sgm_fake_cuda)
+      target_include_directories(unit_test_${n} SYSTEM PRIVATE ${SGM_CUDA_INCLUDE_DIR})
+      target_link_libraries(unit_test_${n} PRIVATE ${CMAKE_DL_LIBS})
+      set_tests_properties(unit_test_${n} PROPERTIES
+        ENVIRONMENT "SGM_VERBOSE=0"
+        ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
+        LABELS "unit;cuda-double" TIMEOUT 120 SKIP_RETURN_CODE 77)
+    endif()
+  endforeach()
 
   # No driver at all: an empty folder instead of the double's. Where a real
   # libcuda.so.1 is installed the loader still finds it and the case skips.
@@ -98,17 +115,52 @@ else()
     ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
     LABELS "unit;cuda-double" TIMEOUT 60 SKIP_RETURN_CODE 77)
 
+  # Expected failures (suites the strict double shows to break on today's
+  # sgm; each names its defect below): none at present.
+  set(_sgm_cuda_expected_fail)
+
   # Every black-box API suite once more, on the CUDA backend over the double.
   # The suites take the backend from SGM_BACKEND as ctest sets it.
   foreach(src ${SGM_API_TESTS})
     get_filename_component(n ${src} NAME_WE)
     if(TARGET api_${n})
       add_dependencies(api_${n} sgm_fake_cuda)
-      add_test(NAME cuda_api_${n} COMMAND api_${n})
+      if(n IN_LIST _sgm_cuda_expected_fail)
+        # An expected failure may abort (an sgm_assert): CTest never inverts a
+        # crash, so a wrapper turns a signal into exit status 1.
+        add_test(NAME cuda_api_${n} COMMAND sh
+          ${CMAKE_CURRENT_SOURCE_DIR}/support/fake_cuda/expected_failure.sh $<TARGET_FILE:api_${n}>)
+      else()
+        add_test(NAME cuda_api_${n} COMMAND api_${n})
+      endif()
       set_tests_properties(cuda_api_${n} PROPERTIES
         ENVIRONMENT "SGM_BACKEND=cuda;SGM_VERBOSE=0"
         ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
         LABELS "api;cuda-double" TIMEOUT 300 SKIP_RETURN_CODE 77)
     endif()
   endforeach()
+
+  # The black-box API suite with a 50 us simulated device time per operation,
+  # so that no record is complete right after it is made: a block freed on the
+  # NULL stream is reusable by that stream at once (test_alloc_free,
+  # test_budget_exhaustion), and concurrent reclaims own each event once
+  # (test_threads) — the defects of issue 10 this suite showed as expected
+  # failures until they were fixed.
+  if(TEST cuda_api_test_api)
+    set_tests_properties(cuda_api_test_api PROPERTIES
+      ENVIRONMENT "SGM_BACKEND=cuda;SGM_VERBOSE=0;FAKE_CUDA_DELAY_US=50")
+  endif()
+endif()
+
+# The GPU check bundle (tests/gpu/bundle.sh): packed from this very build, at
+# most 64 MiB, every library resolved from the folder or the base system, and
+# its run.sh exits 77 within seconds where no GPU answers. Only in a Release
+# build with the examples, the benchmarks and the CUDA headers (what the
+# bundle ships).
+if(SGM_CUDA_INCLUDE_DIR AND SGM_BUILD_BENCHMARKS AND SGM_BUILD_EXAMPLES
+   AND CMAKE_BUILD_TYPE STREQUAL "Release")
+  add_test(NAME gpu_bundle
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/gpu/bundle_check.sh ${CMAKE_BINARY_DIR})
+  set_tests_properties(gpu_bundle PROPERTIES
+    LABELS "gpu-bundle" TIMEOUT 120 SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
 endif()

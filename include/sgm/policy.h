@@ -50,8 +50,9 @@
 extern "C" {
 #endif
 
-/* The plug-in ABI this header describes; sgm_policy_ops.abi_version must equal
- * it. Version 2 added record and admit at the end of sgm_policy_ops. */
+/* The plug-in ABI this header describes. A vtable built for any version from
+ * 1 up to this one loads; the members its version predates count as absent.
+ * Version 2 added record and admit at the end of sgm_policy_ops. */
 #define SGM_POLICY_ABI_VERSION 2u
 
 /* The most per-buffer state a policy may ask for. Every buffer carries it
@@ -128,7 +129,7 @@ typedef struct sgm_policy_params {
  * one missing.
  */
 typedef struct sgm_policy_ops {
-  uint32_t abi_version; /* SGM_POLICY_ABI_VERSION: refused when it differs */
+  uint32_t abi_version; /* the SGM_POLICY_ABI_VERSION it was built with (1 up to this one) */
   const char *name;     /* [a-z0-9_-], 1 to SGM_NAME_MAX - 1 characters; matched ignoring case */
   const char *summary;  /* one line for listings; may be NULL */
   size_t state_bytes;   /* per-buffer state, at most SGM_POLICY_STATE_MAX; 0 allowed */
@@ -204,8 +205,9 @@ typedef struct sgm_policy_ops {
 /*
  * Add a policy to the process-wide registry, so that SGM_POLICY and the config
  * can name it. ops (and the strings it points to) must outlive every context
- * using it; sgm keeps the pointer. Refused with SGM_ERR_INVALID and a message
- * (sgm_last_error) when ops is NULL, its abi_version is not
+ * using it; sgm keeps the pointer (a vtable of an older ABI is copied, and
+ * sgm_policy_find then returns the copy). Refused with SGM_ERR_INVALID and a
+ * message (sgm_last_error) when ops is NULL, its abi_version is 0 or above
  * SGM_POLICY_ABI_VERSION, a member is missing (the message names it), the
  * name is malformed, reserved ("all", "opt", "opt-admit") or already registered; with
  * SGM_ERR_NOMEM when the registry is full. Thread-safe; register before

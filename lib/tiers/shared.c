@@ -13,7 +13,7 @@
  * Invariant: each chunk is one backend host allocation, freed exactly once;
  * its device address is the pool offset, its host address is kept beside it.
  * Threading: chunk functions are called by the pool without its lock held;
- * sgm__shared_host_ptr takes the pool lock.
+ * sgm__shared_host_ptr asks the pool (sgm__tier_chunk_of), which locks.
  */
 #include "tiers/tier.h"
 
@@ -21,12 +21,13 @@ static int shared_chunk_alloc(sgm_tier_pool *p, uint64_t bytes, sgm_chunk *out) 
   *out = (sgm_chunk){0};
   void *host = NULL;
   sgm_devptr d = 0;
-  int rc = p->p.bops->host_alloc(p->p.be, bytes, -1, &host, &d);
+  const sgm_tier_params *tp = sgm__tier_params(p);
+  int rc = tp->bops->host_alloc(tp->be, bytes, -1, &host, &d);
   if (rc != SGM_OK) return rc;
   if (d % SGM_DEVICE_ALIGN != 0) {
-    p->p.bops->host_free(p->p.be, host, bytes);
+    tp->bops->host_free(tp->be, host, bytes);
     return sgm__error_set(SGM_ERR_BACKEND, "the %s backend mapped pinned memory at a device address "
-                          "aligned to less than %u bytes", p->p.bops->name, SGM_DEVICE_ALIGN);
+                          "aligned to less than %u bytes", tp->bops->name, SGM_DEVICE_ALIGN);
   }
   out->base = d;
   out->host = host;
@@ -35,7 +36,8 @@ static int shared_chunk_alloc(sgm_tier_pool *p, uint64_t bytes, sgm_chunk *out) 
 }
 
 static void shared_chunk_free(sgm_tier_pool *p, const sgm_chunk *c) {
-  p->p.bops->host_free(p->p.be, c->host, c->bytes);
+  const sgm_tier_params *tp = sgm__tier_params(p);
+  tp->bops->host_free(tp->be, c->host, c->bytes);
 }
 
 const sgm_chunk_ops sgm__shared_chunk_ops = {
@@ -44,15 +46,7 @@ const sgm_chunk_ops sgm__shared_chunk_ops = {
 };
 
 void *sgm__shared_host_ptr(sgm_tier_pool *p, sgm_devptr ptr) {
-  void *host = NULL;
-  sgm__lock_take(&p->lock);
-  for (size_t i = 0; i < p->n_chunks; i++) {
-    const sgm_chunk *c = &p->chunks[i];
-    if (ptr >= c->base && ptr - c->base < c->bytes) {
-      host = (char *)c->host + (ptr - c->base);
-      break;
-    }
-  }
-  sgm__lock_drop(&p->lock);
-  return host;
+  sgm_chunk c;
+  if (!sgm__tier_chunk_of(p, ptr, &c)) return NULL;
+  return (char *)c.host + (ptr - c.base);
 }

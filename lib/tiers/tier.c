@@ -1,18 +1,42 @@
 /*
- * tier.c — the chunk pool every tier is built on (see tier.h for the model).
+ * tier.c — the chunk pool every tier is built on, and its stream-ordered
+ * caches (see tier.h for the model).
+ *
+ * Every block carved from the sub-allocator has a tier_block record in the
+ * pool's live map: LIVE while the user (or sgm) holds it, CACHED while it sits
+ * in a magazine, a stream's bag or the deferred list. A cached block belongs
+ * to one stream (its key): work queued on that stream may still use it.
+ *
+ *   user free on S --> thread magazine [class][slot]   (no shared lock)
+ *                          | full: half moves down
+ *                          v
+ *                      bag of S: open --seal--> sealed (+ fence event on S)
+ *                          |                        | fence seen complete
+ *   transfer to T <--------+ (record on S,          v
+ *   (T's open bag)            wait on T)      sub-allocator (anyone)
  *
  * Invariants (checked by sgm__tier_check):
  *  - committed_bytes <= budget_bytes (unless the budget was lowered below what
  *    was committed, see sgm__tier_set_budget), committed_bytes >= the sum of the
  *    live chunks' sizes (it also counts chunks being taken right now);
  *  - every chunk is one range of the sub-allocator, at its device address;
- *  - used_bytes and n_live equal the sub-allocator's.
+ *  - held_bytes and n_blocks equal the sub-allocator's used bytes and blocks,
+ *    and the live map holds n_blocks records;
+ *  - a stream's sealed bag is non-empty only while it has a fence (or one is
+ *    being recorded): blocks reach the sub-allocator only through a fence seen
+ *    complete, a host wait, or a synchronous backend;
+ *  - a fence or deferred event has one owner at a time (the busy flag), so it
+ *    is queried, recycled or destroyed by one thread only.
  *
- * Threading: every function takes the pool lock; none holds it across a
- * backend call (see tier.h).
+ * Threading: see tier.h for the locks and their order. The user's alloc and
+ * free on a warm magazine take only the magazine's spin lock (its own
+ * thread's, so uncontended) and, on free, one shard lock of the live map;
+ * counters go to the magazine and reach the pool in batches (at once when one
+ * thread uses the pool, so single-threaded stats are exact).
  */
 #include "tiers/tier.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,13 +47,285 @@
  * after this many rounds rather than spin forever. */
 #define TIER_MAX_GROW_ROUNDS 16
 
-static bool tier_is_pending_locked(const sgm_tier_pool *p, sgm_devptr ptr);
+/* Size classes: 256, 512, 768, 1024, then four per power of two up to 1 MiB
+ * (at most 25% rounding). 1 MiB is where PyTorch's allocator stops treating
+ * blocks as small; larger blocks are cached at their exact size. */
+#define TIER_CLASS_MAX_BYTES (UINT64_C(1) << 20)
+#define TIER_N_CLASSES 44
+/* Magazine slots per class, and the bytes one class may hold per thread
+ * (so big classes get fewer slots: at most 4 MiB cached per class per thread). */
+#define TIER_MAG_SLOTS 16
+#define TIER_MAG_CLASS_BYTES (UINT64_C(4) << 20)
+/* A magazine's counters reach the pool when this many bytes are pending,
+ * which bounds the error of used_bytes while several threads run. */
+#define TIER_MAG_FLUSH_BYTES (UINT64_C(1) << 20)
+/* Magazines per thread (pools a thread uses at once: two tiers of a context or two). */
+#define TIER_TLS_SLOTS 4
+/* Live-map shards: 64 keeps two threads' frees on different locks nearly always. */
+#define TIER_SHARDS 64
+#define TIER_SHARD_BUCKETS_MIN 64
+/* A large cached block is reused for a request when it is at most this much
+ * bigger (1/8: the same slack a size class allows at most). */
+#define TIER_LARGE_SLACK_SHIFT 3
 
-/* Keep room_bytes = budget - used (0 when over) for the lock-free check. */
+enum { TIER_LIVE = 1, TIER_CACHED = 2 };
+
+/* One block of the sub-allocator, known to the live map. */
+typedef struct tier_block {
+  sgm_devptr ptr;              /* its address (the sub-allocator offset) */
+  uint64_t bytes;              /* its size in the sub-allocator */
+  uint64_t asked;              /* the size handed out, rounded to SGM_DEVICE_ALIGN (counted in used) */
+  uint64_t key;                /* the stream it belongs to (allocated or freed on) */
+  void *handle;                /* that stream's handle, to record events on it */
+  int state;                   /* TIER_LIVE or TIER_CACHED (atomic; changed under the shard lock) */
+  int cls;                     /* its size class, -1 when its size is no class's */
+  sgm_stream_ref *rec;         /* streams named by sgm_record_stream (malloc'd), NULL if none */
+  size_t n_rec;                /* entries in rec */
+  struct tier_block *hnext;    /* chain in the live map */
+  struct tier_block *next;     /* in a cache list */
+} tier_block;
+
+/* A spin-locked shard of the live map, alone on its cache line. */
+typedef struct tier_shard {
+  int lock;                    /* spin lock (atomic) */
+  tier_block **buckets;        /* chains by address hash */
+  size_t n_buckets;            /* a power of two */
+  size_t n;                    /* records in the shard */
+} __attribute__((aligned(64))) tier_shard;
+
+/* Cached blocks of one stream, by class. */
+typedef struct tier_bag {
+  tier_block *cls[TIER_N_CLASSES]; /* LIFO lists of blocks of each class */
+  tier_block *large;           /* blocks of no class */
+  uint64_t bytes;              /* their sizes, summed */
+  size_t n;                    /* blocks in the bag */
+} tier_bag;
+
+/* One stream's bags (kept until the pool goes: a handful per program). */
+typedef struct tier_stream {
+  sgm_stream_ref ref;          /* the stream (key, handle of its last free) */
+  tier_bag open;               /* freed since the last fence was recorded */
+  tier_bag sealed;             /* freed before `fence` was recorded */
+  void *fence;                 /* pooled event covering sealed, NULL when none */
+  bool busy;                   /* a thread records or queries fence without the lock */
+  struct tier_stream *next;    /* the pool's list */
+} tier_stream;
+
+/* A free that waits for streams named by sgm_record_stream. */
+typedef struct tier_deferred {
+  tier_block *b;               /* the block (CACHED, key = the stream it was freed on) */
+  void **events;               /* one per recorded stream, recorded at the free */
+  size_t n_events;             /* entries in events */
+  bool busy;                   /* a thread queries them without the lock */
+  struct tier_deferred *next;  /* the pool's list */
+} tier_deferred;
+
+/* One thread's cache for one pool. */
+typedef struct tier_mag {
+  int lock;                    /* spin lock: the owner thread, or a reclaimer under the pool lock */
+  sgm_tier_pool *pool;         /* NULL once the pool is destroyed (registry lock) */
+  uint64_t pool_id;            /* the pool's id, for the thread's lookup */
+  struct tier_mag *prev, *next; /* the pool's list (registry and pool lock) */
+  uint64_t cached_bytes;       /* bytes in the slots (atomic: read by stats) */
+  int64_t d_used;              /* used bytes not yet added to the pool (atomic) */
+  int64_t d_live;              /* live blocks not yet added to the pool (atomic) */
+  uint64_t n_allocs;           /* allocations served by this thread, not yet added (atomic) */
+  uint64_t n_frees;            /* frees by this thread, not yet added (atomic) */
+  uint8_t n[TIER_N_CLASSES];   /* slots used per class */
+  tier_block *slot[TIER_N_CLASSES][TIER_MAG_SLOTS]; /* cached blocks, newest last */
+} tier_mag;
+
+struct sgm_tier_pool {
+  sgm_lock lock;              /* guards everything below but the params, atomics and shards */
+  sgm_tier_params p;          /* set at create, read-only after (but the budget, under the lock) */
+  uint64_t id;                /* unique for the process's life: magazines find their pool by it */
+  sgm_suballoc *sa;           /* carves the chunks; offsets are device addresses */
+  sgm_chunk *chunks;          /* live chunks, in the order they were taken */
+  size_t n_chunks;            /* entries used in chunks */
+  size_t cap_chunks;          /* entries allocated in chunks */
+  unsigned n_geometric;       /* growth chunks taken so far: the next is initial << this */
+  uint64_t committed_bytes;   /* chunk bytes taken or being taken from the backend */
+  uint64_t held_bytes;        /* bytes of blocks in the sub-allocator (live and cached) */
+  uint64_t n_blocks;          /* blocks in the sub-allocator */
+  uint64_t used_bytes;        /* handed-out bytes, but what magazines still hold back (atomic) */
+  int64_t n_live;             /* handed-out blocks, the same way (atomic) */
+  uint64_t peak_used_bytes;   /* highest used_bytes seen (atomic) */
+  uint64_t n_allocs;          /* blocks handed out, the same way (atomic) */
+  uint64_t n_frees;           /* blocks freed, the same way (atomic) */
+  uint64_t n_failed;          /* allocations this pool could not serve (atomic) */
+  uint64_t room_bytes;        /* budget - held, read without the lock (atomic; written under it) */
+  bool budget_lowered;        /* set_budget went below committed: committed may exceed it */
+  unsigned n_growing;         /* chunks being taken from the backend right now */
+  pthread_cond_t grown;       /* broadcast when a chunk taking finishes */
+  tier_stream *streams;       /* streams with bags */
+  uint64_t bag_bytes;         /* bytes in bags and deferred frees */
+  size_t n_bagged;            /* blocks in bags and deferred frees (atomic: read as a hint) */
+  tier_deferred *deferred;    /* frees waiting for recorded streams */
+  void **events;              /* pooled events, not recorded by anyone now */
+  size_t n_events, cap_events; /* entries used / allocated */
+  tier_mag *mags;             /* magazines of threads using the pool */
+  size_t n_mags;              /* entries in mags (atomic: read on the hot path) */
+  tier_shard shards[TIER_SHARDS]; /* the live map */
+};
+
+/* ---- small helpers ---- */
+
+static inline void tier_spin_lock(int *l) {
+  while (__atomic_exchange_n(l, 1, __ATOMIC_ACQUIRE)) {
+    while (__atomic_load_n(l, __ATOMIC_RELAXED)) sched_yield();
+  }
+}
+
+static inline void tier_spin_unlock(int *l) { __atomic_store_n(l, 0, __ATOMIC_RELEASE); }
+
+static inline uint64_t tier_hash(sgm_devptr ptr) {
+  uint64_t k = ptr >> 8;
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdull;
+  k ^= k >> 33;
+  k *= 0xc4ceb9fe1a85ec53ull;
+  k ^= k >> 33;
+  return k;
+}
+
+static inline tier_shard *tier_shard_of(sgm_tier_pool *p, uint64_t h) {
+  return &p->shards[h & (TIER_SHARDS - 1)];
+}
+
+/* Class of an aligned request (rounding up); -1 above the largest class. */
+static inline int tier_class(uint64_t need) {
+  if (need <= 1024) return (int)((need >> 8) - 1);
+  if (need > TIER_CLASS_MAX_BYTES) return -1;
+  int lg = 63 - __builtin_clzll(need - 1); /* need in (2^lg, 2^(lg+1)] */
+  uint64_t step = UINT64_C(1) << (lg - 2);
+  int sub = (int)((need - 1 - (UINT64_C(1) << lg)) >> (lg - 2)); /* 0..3 */
+  (void)step;
+  return 4 + (lg - 10) * 4 + sub;
+}
+
+static inline uint64_t tier_class_bytes(int cls) {
+  if (cls < 4) return (uint64_t)(cls + 1) << 8;
+  int lg = 10 + (cls - 4) / 4;
+  int sub = (cls - 4) % 4;
+  return (UINT64_C(1) << lg) + ((uint64_t)(sub + 1) << (lg - 2));
+}
+
+/* Class of a block of exactly bytes, -1 when bytes is no class's size. */
+static inline int tier_class_exact(uint64_t bytes) {
+  int c = tier_class(bytes);
+  return c >= 0 && tier_class_bytes(c) == bytes ? c : -1;
+}
+
+static inline unsigned tier_mag_cap(int cls) {
+  uint64_t n = TIER_MAG_CLASS_BYTES / tier_class_bytes(cls);
+  return n > TIER_MAG_SLOTS ? TIER_MAG_SLOTS : n < 2 ? 2 : (unsigned)n;
+}
+
+/* Keep room_bytes = budget - held (0 when over) for the lock-free check. */
 static void tier_update_room_locked(sgm_tier_pool *p) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
-  uint64_t room = p->p.budget_bytes > p->used_bytes ? p->p.budget_bytes - p->used_bytes : 0;
+  uint64_t room = p->p.budget_bytes > p->held_bytes ? p->p.budget_bytes - p->held_bytes : 0;
   __atomic_store_n(&p->room_bytes, room, __ATOMIC_RELAXED);
+}
+
+/* Count bytes handed out (or back, negative) at the pool level. */
+static void tier_count_used(sgm_tier_pool *p, int64_t d_used, int64_t d_live, uint64_t allocs,
+                            uint64_t frees) {
+  uint64_t used = __atomic_add_fetch(&p->used_bytes, (uint64_t)d_used, __ATOMIC_RELAXED);
+  if (d_live) __atomic_add_fetch(&p->n_live, d_live, __ATOMIC_RELAXED);
+  if (allocs) __atomic_add_fetch(&p->n_allocs, allocs, __ATOMIC_RELAXED);
+  if (frees) __atomic_add_fetch(&p->n_frees, frees, __ATOMIC_RELAXED);
+  if (d_used > 0) {
+    uint64_t peak = __atomic_load_n(&p->peak_used_bytes, __ATOMIC_RELAXED);
+    while (used > peak &&
+           !__atomic_compare_exchange_n(&p->peak_used_bytes, &peak, used, true, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {
+    }
+  }
+}
+
+/* ---- the live map ---- */
+
+static tier_block *tier_map_find_locked(tier_shard *s, sgm_devptr ptr, uint64_t h) {
+  for (tier_block *b = s->buckets[(h >> 6) & (s->n_buckets - 1)]; b; b = b->hnext)
+    if (b->ptr == ptr) return b;
+  return NULL;
+}
+
+/* Insert b (pool lock held); false when out of memory. */
+static bool tier_map_insert(sgm_tier_pool *p, tier_block *b) {
+  uint64_t h = tier_hash(b->ptr);
+  tier_shard *s = tier_shard_of(p, h);
+  tier_spin_lock(&s->lock);
+  if (!s->buckets || s->n >= 2 * s->n_buckets) {
+    size_t nb = s->buckets ? s->n_buckets * 2 : TIER_SHARD_BUCKETS_MIN;
+    tier_block **nbk = calloc(nb, sizeof *nbk);
+    if (nbk) {
+      for (size_t i = 0; s->buckets && i < s->n_buckets; i++) {
+        for (tier_block *x = s->buckets[i], *next; x; x = next) {
+          next = x->hnext;
+          size_t k = (tier_hash(x->ptr) >> 6) & (nb - 1);
+          x->hnext = nbk[k];
+          nbk[k] = x;
+        }
+      }
+      free(s->buckets);
+      s->buckets = nbk;
+      s->n_buckets = nb;
+    } else if (!s->buckets) {
+      tier_spin_unlock(&s->lock);
+      return false;
+    }
+  }
+  size_t k = (h >> 6) & (s->n_buckets - 1);
+  b->hnext = s->buckets[k];
+  s->buckets[k] = b;
+  s->n++;
+  tier_spin_unlock(&s->lock);
+  return true;
+}
+
+static void tier_map_remove(sgm_tier_pool *p, tier_block *b) {
+  uint64_t h = tier_hash(b->ptr);
+  tier_shard *s = tier_shard_of(p, h);
+  tier_spin_lock(&s->lock);
+  for (tier_block **pp = &s->buckets[(h >> 6) & (s->n_buckets - 1)]; *pp; pp = &(*pp)->hnext) {
+    if (*pp == b) {
+      *pp = b->hnext;
+      s->n--;
+      break;
+    }
+  }
+  tier_spin_unlock(&s->lock);
+}
+
+/* Move ptr's block from LIVE to CACHED; NULL when ptr is no live block. */
+static tier_block *tier_map_take_live(sgm_tier_pool *p, sgm_devptr ptr) {
+  uint64_t h = tier_hash(ptr);
+  tier_shard *s = tier_shard_of(p, h);
+  tier_spin_lock(&s->lock);
+  tier_block *b = s->buckets ? tier_map_find_locked(s, ptr, h) : NULL;
+  if (b && __atomic_load_n(&b->state, __ATOMIC_RELAXED) == TIER_LIVE)
+    __atomic_store_n(&b->state, TIER_CACHED, __ATOMIC_RELAXED);
+  else b = NULL;
+  tier_spin_unlock(&s->lock);
+  return b;
+}
+
+/* ---- the sub-allocator side (pool lock held) ---- */
+
+/* Give a cached block back to the sub-allocator and forget it. */
+static void tier_release_block_locked(sgm_tier_pool *p, tier_block *b) {
+  sgm_assert_internal(sgm__lock_held(&p->lock));
+  tier_map_remove(p, b);
+  uint64_t sz = 0;
+  int rc = sgm__suballoc_free(p->sa, b->ptr, &sz);
+  sgm_assert_internal(rc == SGM_OK && sz == b->bytes);
+  (void)rc;
+  p->held_bytes -= b->bytes;
+  p->n_blocks--;
+  free(b->rec);
+  free(b);
 }
 
 static int tier_add_chunk_locked(sgm_tier_pool *p, const sgm_chunk *c) {
@@ -49,12 +345,283 @@ static int tier_add_chunk_locked(sgm_tier_pool *p, const sgm_chunk *c) {
   return SGM_OK;
 }
 
+/* ---- bags ---- */
+
+static void tier_bag_push(tier_bag *g, tier_block *b) {
+  tier_block **head = b->cls >= 0 ? &g->cls[b->cls] : &g->large;
+  b->next = *head;
+  *head = b;
+  g->bytes += b->bytes;
+  g->n++;
+}
+
+/* A block of class cls (or, for cls < 0, of at least need bytes and at most
+ * 1/8 more) from the bag; NULL when none. */
+static tier_block *tier_bag_take(tier_bag *g, int cls, uint64_t need) {
+  if (g->n == 0) return NULL;
+  tier_block *b = NULL;
+  if (cls >= 0 && g->cls[cls]) {
+    b = g->cls[cls];
+    g->cls[cls] = b->next;
+  } else {
+    uint64_t lo = cls >= 0 ? tier_class_bytes(cls) : need;
+    uint64_t hi = lo + (lo >> TIER_LARGE_SLACK_SHIFT);
+    tier_block **best = NULL;
+    for (tier_block **pp = &g->large; *pp; pp = &(*pp)->next) {
+      uint64_t sz = (*pp)->bytes;
+      if (sz >= lo && sz <= hi && (!best || sz < (*best)->bytes)) best = pp;
+    }
+    if (!best) return NULL;
+    b = *best;
+    *best = b->next;
+  }
+  g->bytes -= b->bytes;
+  g->n--;
+  b->next = NULL;
+  return b;
+}
+
+/* Move every block of src into dst. */
+static void tier_bag_merge(tier_bag *dst, tier_bag *src) {
+  for (int c = -1; c < TIER_N_CLASSES; c++) {
+    tier_block **sh = c < 0 ? &src->large : &src->cls[c];
+    while (*sh) {
+      tier_block *b = *sh;
+      *sh = b->next;
+      tier_bag_push(dst, b);
+    }
+  }
+  src->bytes = 0;
+  src->n = 0;
+}
+
+static void tier_bag_release_locked(sgm_tier_pool *p, tier_bag *g) {
+  for (int c = -1; c < TIER_N_CLASSES; c++) {
+    tier_block **sh = c < 0 ? &g->large : &g->cls[c];
+    while (*sh) {
+      tier_block *b = *sh;
+      *sh = b->next;
+      tier_release_block_locked(p, b);
+    }
+  }
+  g->bytes = 0;
+  g->n = 0;
+}
+
+static tier_stream *tier_stream_find_locked(sgm_tier_pool *p, uint64_t key) {
+  for (tier_stream *s = p->streams; s; s = s->next)
+    if (s->ref.key == key) return s;
+  return NULL;
+}
+
+/* The stream's record, made when missing; NULL when out of memory. */
+static tier_stream *tier_stream_get_locked(sgm_tier_pool *p, const sgm_stream_ref *ref) {
+  tier_stream *s = tier_stream_find_locked(p, ref->key);
+  if (s) return s;
+  s = calloc(1, sizeof *s);
+  if (!s) return NULL;
+  s->ref = *ref;
+  s->next = p->streams;
+  p->streams = s;
+  return s;
+}
+
+static void tier_bagged_add_locked(sgm_tier_pool *p, int64_t n, int64_t bytes) {
+  p->bag_bytes += (uint64_t)bytes;
+  __atomic_store_n(&p->n_bagged, p->n_bagged + (size_t)n, __ATOMIC_RELAXED);
+}
+
+/* Cache b (CACHED, key and handle set) in its stream's open bag; a block whose
+ * stream record cannot be made goes back to the sub-allocator only when no
+ * work can use it (synchronous backend), else it stays cached on the deferred
+ * path of the next reclaim (kept live in the map: leaked until destroy). */
+static void tier_bag_add_locked(sgm_tier_pool *p, tier_block *b) {
+  sgm_stream_ref ref = {b->key, b->handle};
+  tier_stream *s = tier_stream_get_locked(p, &ref);
+  if (!s) {
+    if (p->p.bops->synchronous) {
+      tier_release_block_locked(p, b);
+      tier_update_room_locked(p);
+    } else {
+      sgm__log(p->p.verbose, 1, "%s: out of host memory caching a freed block; it stays "
+               "allocated until the context is destroyed", sgm_tier_name(p->p.tier));
+    }
+    return;
+  }
+  s->ref.handle = b->handle;
+  tier_bag_push(&s->open, b);
+  tier_bagged_add_locked(p, 1, (int64_t)b->bytes);
+}
+
+/* ---- pooled events ---- */
+
+static void *tier_event_get(sgm_tier_pool *p) {
+  void *ev = NULL;
+  sgm__lock_take(&p->lock);
+  if (p->n_events) ev = p->events[--p->n_events];
+  sgm__lock_drop(&p->lock);
+  if (!ev && p->p.bops->event_create(p->p.be, &ev) != SGM_OK) return NULL;
+  return ev;
+}
+
+static void tier_event_put_locked(sgm_tier_pool *p, void *ev) {
+  if (!ev) return;
+  if (p->n_events == p->cap_events) {
+    size_t cap = p->cap_events ? p->cap_events * 2 : 8;
+    void **n = realloc(p->events, cap * sizeof *n);
+    if (!n) {
+      /* Cannot pool it: it is not in use by anyone, destroying it is safe. */
+      sgm__lock_drop(&p->lock);
+      p->p.bops->event_destroy(p->p.be, ev);
+      sgm__lock_take(&p->lock);
+      return;
+    }
+    p->events = n;
+    p->cap_events = cap;
+  }
+  p->events[p->n_events++] = ev;
+}
+
+static void tier_event_put(sgm_tier_pool *p, void *ev) {
+  sgm__lock_take(&p->lock);
+  tier_event_put_locked(p, ev);
+  sgm__lock_drop(&p->lock);
+}
+
+/* ---- magazines ---- */
+
+static pthread_mutex_t tier_registry_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t tier_tls_once = PTHREAD_ONCE_INIT;
+static pthread_key_t tier_tls_key;
+static uint64_t tier_next_pool_id;
+static _Thread_local struct {
+  uint64_t pool_id;  /* the pool the magazine is for (0: empty slot) */
+  tier_mag *mag;     /* this thread's magazine for it */
+} tier_tls[TIER_TLS_SLOTS];
+
+/* Move every block of m into its stream's bag (pool and magazine lock held). */
+static void tier_mag_drain_locked(sgm_tier_pool *p, tier_mag *m) {
+  for (int c = 0; c < TIER_N_CLASSES; c++) {
+    for (unsigned i = 0; i < m->n[c]; i++) tier_bag_add_locked(p, m->slot[c][i]);
+    m->n[c] = 0;
+  }
+  __atomic_store_n(&m->cached_bytes, 0, __ATOMIC_RELAXED);
+}
+
+/* Add m's pending counters to the pool and zero them (owner thread, or pool lock + m's lock). */
+static void tier_mag_flush_counts(sgm_tier_pool *p, tier_mag *m) {
+  int64_t du = __atomic_load_n(&m->d_used, __ATOMIC_RELAXED);
+  int64_t dl = __atomic_load_n(&m->d_live, __ATOMIC_RELAXED);
+  uint64_t na = __atomic_load_n(&m->n_allocs, __ATOMIC_RELAXED);
+  uint64_t nf = __atomic_load_n(&m->n_frees, __ATOMIC_RELAXED);
+  __atomic_store_n(&m->d_used, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&m->d_live, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&m->n_allocs, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&m->n_frees, 0, __ATOMIC_RELAXED);
+  tier_count_used(p, du, dl, na, nf);
+}
+
+/* Unhook m from its pool (if alive), its blocks to the bags; registry lock held. */
+static void tier_mag_detach_registered(tier_mag *m) {
+  sgm_tier_pool *p = m->pool;
+  if (!p) return;
+  sgm__lock_take(&p->lock);
+  tier_spin_lock(&m->lock);
+  tier_mag_drain_locked(p, m);
+  tier_mag_flush_counts(p, m);
+  tier_spin_unlock(&m->lock);
+  if (m->prev) m->prev->next = m->next;
+  else p->mags = m->next;
+  if (m->next) m->next->prev = m->prev;
+  __atomic_store_n(&p->n_mags, p->n_mags - 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&m->pool, NULL, __ATOMIC_RELAXED);
+  sgm__lock_drop(&p->lock);
+}
+
+static void tier_mag_free(tier_mag *m) {
+  pthread_mutex_lock(&tier_registry_mu);
+  tier_mag_detach_registered(m);
+  pthread_mutex_unlock(&tier_registry_mu);
+  free(m);
+}
+
+/* Thread exit: every magazine of the thread goes back to its pool. */
+static void tier_tls_exit(void *unused) {
+  (void)unused;
+  for (int i = 0; i < TIER_TLS_SLOTS; i++) {
+    if (tier_tls[i].mag) tier_mag_free(tier_tls[i].mag);
+    tier_tls[i].mag = NULL;
+    tier_tls[i].pool_id = 0;
+  }
+}
+
+static void tier_tls_init(void) { pthread_key_create(&tier_tls_key, tier_tls_exit); }
+
+/* The calling thread's magazine for p, made on first use; NULL when out of memory. */
+static tier_mag *tier_mag_slow(sgm_tier_pool *p) {
+  pthread_once(&tier_tls_once, tier_tls_init);
+  int slot = -1;
+  for (int i = 0; i < TIER_TLS_SLOTS && slot < 0; i++)
+    if (!tier_tls[i].mag || !__atomic_load_n(&tier_tls[i].mag->pool, __ATOMIC_RELAXED)) slot = i;
+  if (slot < 0) slot = (int)(p->id % TIER_TLS_SLOTS);
+  if (tier_tls[slot].mag) {
+    tier_mag_free(tier_tls[slot].mag);
+    tier_tls[slot].mag = NULL;
+    tier_tls[slot].pool_id = 0;
+  }
+  tier_mag *m = calloc(1, sizeof *m);
+  if (!m) return NULL;
+  m->pool = p;
+  m->pool_id = p->id;
+  pthread_setspecific(tier_tls_key, (void *)1); /* so that tier_tls_exit runs */
+  pthread_mutex_lock(&tier_registry_mu);
+  sgm__lock_take(&p->lock);
+  m->next = p->mags;
+  if (p->mags) p->mags->prev = m;
+  p->mags = m;
+  __atomic_store_n(&p->n_mags, p->n_mags + 1, __ATOMIC_RELAXED);
+  sgm__lock_drop(&p->lock);
+  pthread_mutex_unlock(&tier_registry_mu);
+  tier_tls[slot].pool_id = p->id;
+  tier_tls[slot].mag = m;
+  return m;
+}
+
+static inline tier_mag *tier_mag_get(sgm_tier_pool *p) {
+  for (int i = 0; i < TIER_TLS_SLOTS; i++)
+    if (tier_tls[i].pool_id == p->id) return tier_tls[i].mag;
+  return tier_mag_slow(p);
+}
+
+/* Count one alloc or free of asked bytes (d_used > 0: alloc) on the
+ * magazine. Used bytes reach the pool in batches, or at once when the thread
+ * is the pool's only one (so that peak_used_bytes is exact then); the other
+ * counters are summed by sgm__tier_stats. Owner thread only. */
+static inline void tier_mag_count(sgm_tier_pool *p, tier_mag *m, int64_t d_used) {
+  bool alloc = d_used > 0;
+  int64_t du = __atomic_load_n(&m->d_used, __ATOMIC_RELAXED) + d_used;
+  __atomic_store_n(&m->d_live, __atomic_load_n(&m->d_live, __ATOMIC_RELAXED) + (alloc ? 1 : -1),
+                   __ATOMIC_RELAXED);
+  uint64_t *n = alloc ? &m->n_allocs : &m->n_frees;
+  __atomic_store_n(n, __atomic_load_n(n, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
+  if (__atomic_load_n(&p->n_mags, __ATOMIC_RELAXED) <= 1 ||
+      du >= (int64_t)TIER_MAG_FLUSH_BYTES || du <= -(int64_t)TIER_MAG_FLUSH_BYTES) {
+    tier_count_used(p, du, 0, 0, 0);
+    du = 0;
+  }
+  __atomic_store_n(&m->d_used, du, __ATOMIC_RELAXED);
+}
+
+/* ---- create / destroy ---- */
+
 int sgm__tier_create(const sgm_tier_params *params, sgm_tier_pool **out) {
   *out = NULL;
-  sgm_tier_pool *p = calloc(1, sizeof *p);
+  sgm_tier_pool *p = aligned_alloc(64, sgm__align_up(sizeof *p, 64));
   if (!p) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory creating the %s tier",
                                 sgm_tier_name(params->tier));
+  memset(p, 0, sizeof *p);
   p->p = *params;
+  p->id = __atomic_add_fetch(&tier_next_pool_id, 1, __ATOMIC_RELAXED);
   p->room_bytes = params->budget_bytes;
   pthread_cond_init(&p->grown, NULL);
   sgm__lock_init(&p->lock, SGM_LOCK_TIER_VRAM + (int)params->tier);
@@ -96,8 +663,30 @@ out_free:
 
 void sgm__tier_destroy(sgm_tier_pool *p) {
   if (!p) return;
-  sgm__tier_reclaim(p, NULL, true);
-  free(p->pending);
+  /* Threads' magazines: their blocks go to the bags; the threads free the
+   * magazines themselves (they find them detached). */
+  pthread_mutex_lock(&tier_registry_mu);
+  while (p->mags) tier_mag_detach_registered(p->mags);
+  pthread_mutex_unlock(&tier_registry_mu);
+  sgm__tier_reclaim(p, NULL, SGM_RECLAIM_WAIT);
+  /* Blocks sgm itself still holds (none when the context is clean). */
+  for (size_t i = 0; i < TIER_SHARDS; i++) {
+    tier_shard *s = &p->shards[i];
+    for (size_t k = 0; s->buckets && k < s->n_buckets; k++) {
+      for (tier_block *b = s->buckets[k], *next; b; b = next) {
+        next = b->hnext;
+        free(b->rec);
+        free(b);
+      }
+    }
+    free(s->buckets);
+  }
+  for (tier_stream *s = p->streams, *next; s; s = next) {
+    next = s->next;
+    free(s);
+  }
+  for (size_t i = 0; i < p->n_events; i++) p->p.bops->event_destroy(p->p.be, p->events[i]);
+  free(p->events);
   for (size_t i = 0; i < p->n_chunks; i++) p->p.ops->chunk_free(p, &p->chunks[i]);
   free(p->chunks);
   sgm__suballoc_destroy(p->sa);
@@ -105,6 +694,10 @@ void sgm__tier_destroy(sgm_tier_pool *p) {
   sgm__lock_destroy(&p->lock);
   free(p);
 }
+
+const sgm_tier_params *sgm__tier_params(const sgm_tier_pool *p) { return &p->p; }
+
+/* ---- growth ---- */
 
 /* Size of the next chunk for a block of need bytes (already aligned); 0 when
  * the budget has no room for it. Sets *dedicated. */
@@ -180,6 +773,28 @@ static uint64_t tier_release_chunks(sgm_tier_pool *p, sgm_chunk *list, size_t n)
   return bytes;
 }
 
+/* Take a chunk of `bytes` for a block of `need` bytes from the backend (pool
+ * lock not held). When the driver refuses it for lack of memory (other
+ * processes use the GPU too, or the budget is larger than the card's free
+ * memory), the chunk is retried at half the size, rounded up to the 64 KiB
+ * granule, down to the smallest chunk the block fits in: only a request the
+ * device cannot hold even alone is an out-of-memory (and may then fall back
+ * one tier down). out->bytes is the size taken. */
+static int tier_take_chunk(sgm_tier_pool *p, uint64_t bytes, uint64_t need, sgm_chunk *out) {
+  uint64_t floor = sgm__align_up(need, TIER_DEDICATED_GRANULE);
+  if (floor > bytes) floor = bytes;
+  for (;;) {
+    int rc = p->p.ops->chunk_alloc(p, bytes, out);
+    if (rc != SGM_ERR_NOMEM || bytes <= floor) return rc;
+    uint64_t half = sgm__align_up(bytes / 2, TIER_DEDICATED_GRANULE);
+    char a[32], b[32];
+    sgm__log(p->p.verbose, 2, "%s: the device refused a %s chunk (%s); retrying with %s",
+             sgm_tier_name(p->p.tier), sgm__fmt_bytes(bytes, a, sizeof a), sgm_last_error(),
+             sgm__fmt_bytes(half > floor ? half : floor, b, sizeof b));
+    bytes = half > floor ? half : floor;
+  }
+}
+
 /* The message for a chunk the backend would not give. */
 static int tier_backend_nomem_locked(sgm_tier_pool *p, uint64_t size) {
   char a[32], b[32], u[32], c[32];
@@ -187,62 +802,73 @@ static int tier_backend_nomem_locked(sgm_tier_pool *p, uint64_t size) {
   const char *name = sgm_tier_name(p->p.tier);
   return sgm__error_set(SGM_ERR_NOMEM,
                           "%s: cannot allocate %s: the device gave no new chunk (%s); "
-                          "budget %s, in use %s in %llu blocks, committed %s",
+                          "budget %s, holding %s in %llu blocks, committed %s",
                           name, sgm__fmt_bytes(size, a, sizeof a), sgm_last_error(),
                           sgm__fmt_bytes(p->p.budget_bytes, b, sizeof b),
-                          sgm__fmt_bytes(p->used_bytes, u, sizeof u), (unsigned long long)p->n_live,
+                          sgm__fmt_bytes(p->held_bytes, u, sizeof u), (unsigned long long)p->n_blocks,
                           sgm__fmt_bytes(p->committed_bytes, c, sizeof c));
 }
 
 int sgm__tier_explain_budget(sgm_tier_pool *p, uint64_t size) {
-  char a[32], b[32], u[32], c[32], l[32];
+  char a[32], b[32], u[32], c[32], l[32], k[32];
   sgm__lock_take(&p->lock);
   sgm_suballoc_stats st;
   sgm__suballoc_stats(p->sa, &st);
   const char *name = sgm_tier_name(p->p.tier);
+  uint64_t cached = p->bag_bytes;
+  for (tier_mag *m = p->mags; m; m = m->next) cached += __atomic_load_n(&m->cached_bytes, __ATOMIC_RELAXED);
+  uint64_t in_use = p->held_bytes > cached ? p->held_bytes - cached : 0;
   sgm__error_set(SGM_ERR_NOMEM,
                         "%s budget exhausted: cannot allocate %s; budget %s, in use %s in %llu "
-                        "blocks, committed %s, largest free block %s (free memory, or raise %s)",
+                        "blocks (and %s cached for streams whose work is still pending), "
+                        "committed %s, largest free block %s (free memory, or raise %s)",
                         name, sgm__fmt_bytes(size, a, sizeof a),
                         sgm__fmt_bytes(p->p.budget_bytes, b, sizeof b),
-                        sgm__fmt_bytes(p->used_bytes, u, sizeof u), (unsigned long long)p->n_live,
+                        sgm__fmt_bytes(in_use, u, sizeof u), (unsigned long long)p->n_blocks,
+                        sgm__fmt_bytes(cached, k, sizeof k),
                         sgm__fmt_bytes(p->committed_bytes, c, sizeof c),
                         sgm__fmt_bytes(st.largest_free_bytes, l, sizeof l), p->p.limit_hint);
   sgm__lock_drop(&p->lock);
   return SGM_ERR_NOMEM;
 }
 
-int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
-  *out = 0;
-  if (size == 0) return sgm__error_set(SGM_ERR_INVALID, "allocation of 0 bytes");
-  if (size > UINT64_MAX - SGM_DEVICE_ALIGN)
-    return sgm__error_set(SGM_ERR_INVALID, "allocation of %llu bytes overflows",
-                          (unsigned long long)size);
-  uint64_t need = sgm__align_up(size, SGM_DEVICE_ALIGN);
+/* Carve a block of need bytes (aligned) from the sub-allocator, growing when
+ * allowed; its record is made LIVE with asked bytes on stream ref. Takes and
+ * drops the pool lock. *out = NULL on failure (SGM__ERR_BUDGET: no message). */
+static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm_stream_ref *ref,
+                      tier_block **out) {
+  *out = NULL;
   /* A full budget is answered without the lock: this is the first step of
    * every fallback allocation. A free racing with this read may leave room a
    * moment later; the block then lands one tier down, as it would have a
    * moment earlier. */
-  if (need > __atomic_load_n(&p->room_bytes, __ATOMIC_RELAXED)) {
-    __atomic_fetch_add(&p->n_failed, 1, __ATOMIC_RELAXED);
-    return SGM__ERR_BUDGET;
-  }
+  if (need > __atomic_load_n(&p->room_bytes, __ATOMIC_RELAXED)) return SGM__ERR_BUDGET;
+  tier_block *b = malloc(sizeof *b);
+  if (!b) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for block metadata");
   bool trimmed = false;
   sgm__lock_take(&p->lock);
   for (int round = 0; round < TIER_MAX_GROW_ROUNDS; round++) {
     uint64_t off = 0, got = 0;
-    /* Use never passes the budget, also when a lowered budget left more
+    /* Blocks never pass the budget, also when a lowered budget left more
      * committed than it allows. */
-    if (need > p->p.budget_bytes - (p->used_bytes < p->p.budget_bytes ? p->used_bytes : p->p.budget_bytes))
+    if (need > p->p.budget_bytes - (p->held_bytes < p->p.budget_bytes ? p->held_bytes : p->p.budget_bytes))
       break;
     if (sgm__suballoc_try_alloc(p->sa, need, &off, &got)) {
-      p->used_bytes += got;
-      if (p->used_bytes > p->peak_used_bytes) p->peak_used_bytes = p->used_bytes;
+      *b = (tier_block){.ptr = off, .bytes = got, .asked = asked, .key = ref ? ref->key : 0,
+                        .handle = ref ? ref->handle : NULL, .state = TIER_LIVE,
+                        .cls = tier_class_exact(got)};
+      if (!tier_map_insert(p, b)) {
+        uint64_t sz;
+        sgm__suballoc_free(p->sa, off, &sz);
+        sgm__lock_drop(&p->lock);
+        free(b);
+        return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for block metadata");
+      }
+      p->held_bytes += got;
+      p->n_blocks++;
       tier_update_room_locked(p);
-      p->n_live++;
-      p->n_allocs++;
       sgm__lock_drop(&p->lock);
-      *out = off;
+      *out = b;
       return SGM_OK;
     }
     if (!p->p.growth) break;
@@ -273,11 +899,18 @@ int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
     p->n_growing++;
     sgm__lock_drop(&p->lock);
     sgm_chunk c = {0};
-    int rc = p->p.ops->chunk_alloc(p, chunk, &c);
+    int rc = tier_take_chunk(p, chunk, need, &c);
     if (rc == SGM_OK) c.dedicated = dedicated;
     sgm__lock_take(&p->lock);
     p->n_growing--;
     pthread_cond_broadcast(&p->grown);
+    if (rc == SGM_OK && c.bytes < chunk) {
+      /* Got a smaller chunk: give back the budget reserved for the rest, and
+       * do not let the geometric series climb while the device is short. */
+      p->committed_bytes -= chunk - c.bytes;
+      if (!dedicated && p->n_geometric > 0) p->n_geometric--;
+      chunk = c.bytes;
+    }
     if (rc == SGM_OK) {
       rc = tier_add_chunk_locked(p, &c);
       if (rc != SGM_OK) {
@@ -285,6 +918,7 @@ int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
         if (!dedicated && p->n_geometric > 0) p->n_geometric--;
         sgm__lock_drop(&p->lock);
         p->p.ops->chunk_free(p, &c);
+        free(b);
         return rc;
       }
       continue;
@@ -292,127 +926,527 @@ int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
     p->committed_bytes -= chunk;
     if (!dedicated && p->n_geometric > 0) p->n_geometric--;
     /* The message names the budget; the status stays the backend's. */
-    if (rc == SGM_ERR_NOMEM) tier_backend_nomem_locked(p, size);
-    else __atomic_fetch_add(&p->n_failed, 1, __ATOMIC_RELAXED);
+    if (rc == SGM_ERR_NOMEM) tier_backend_nomem_locked(p, need);
     sgm__lock_drop(&p->lock);
+    free(b);
     return rc;
   }
   /* The budget is full. The message is composed only if the caller needs it
    * (sgm__tier_explain_budget): on the fallback path it does not, and
    * formatting it would cost more than the fallback allocation itself. */
-  __atomic_fetch_add(&p->n_failed, 1, __ATOMIC_RELAXED);
   sgm__lock_drop(&p->lock);
+  free(b);
   return SGM__ERR_BUDGET;
+}
+
+int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
+  *out = 0;
+  if (size == 0) return sgm__error_set(SGM_ERR_INVALID, "allocation of 0 bytes");
+  if (size > UINT64_MAX - SGM_DEVICE_ALIGN)
+    return sgm__error_set(SGM_ERR_INVALID, "allocation of %llu bytes overflows",
+                          (unsigned long long)size);
+  uint64_t need = sgm__align_up(size, SGM_DEVICE_ALIGN);
+  tier_block *b = NULL;
+  int rc = tier_carve(p, need, need, NULL, &b);
+  /* Memory the device has finished with comes back before anyone is demoted. */
+  if ((rc == SGM__ERR_BUDGET || rc == SGM_ERR_NOMEM) && sgm__tier_has_cached(p) &&
+      sgm__tier_reclaim(p, NULL, SGM_RECLAIM_QUERY))
+    rc = tier_carve(p, need, need, NULL, &b);
+  if (rc != SGM_OK) {
+    __atomic_fetch_add(&p->n_failed, 1, __ATOMIC_RELAXED);
+    return rc;
+  }
+  tier_count_used(p, (int64_t)need, 1, 1, 0);
+  *out = b->ptr;
+  return SGM_OK;
+}
+
+/* ---- the user's path ---- */
+
+/* Hand a cached block out on stream ref (its state becomes LIVE). */
+static inline sgm_devptr tier_hand_out(sgm_tier_pool *p, tier_mag *m, tier_block *b, uint64_t asked,
+                                       const sgm_stream_ref *ref) {
+  b->asked = asked;
+  b->key = ref->key;
+  b->handle = ref->handle;
+  __atomic_store_n(&b->state, TIER_LIVE, __ATOMIC_RELEASE);
+  if (m) tier_mag_count(p, m, (int64_t)asked);
+  else tier_count_used(p, (int64_t)asked, 1, 1, 0);
+  return b->ptr;
+}
+
+/* A cached block of class cls (or exact size need for cls < 0) for stream ref:
+ * the magazine, then the stream's bags (refilling the magazine). NULL when none. */
+static tier_block *tier_take_cached(sgm_tier_pool *p, tier_mag *m, int cls, uint64_t need,
+                                    const sgm_stream_ref *ref) {
+  if (m && cls >= 0) {
+    tier_spin_lock(&m->lock);
+    unsigned n = m->n[cls];
+    for (unsigned i = n; i-- > 0;) {
+      tier_block *b = m->slot[cls][i];
+      if (b->key != ref->key) continue;
+      m->slot[cls][i] = m->slot[cls][n - 1];
+      m->n[cls] = (uint8_t)(n - 1);
+      __atomic_store_n(&m->cached_bytes, m->cached_bytes - b->bytes, __ATOMIC_RELAXED);
+      tier_spin_unlock(&m->lock);
+      return b;
+    }
+    tier_spin_unlock(&m->lock);
+  }
+  if (__atomic_load_n(&p->n_bagged, __ATOMIC_RELAXED) == 0) return NULL;
+  sgm__lock_take(&p->lock);
+  tier_stream *s = tier_stream_find_locked(p, ref->key);
+  tier_block *b = NULL;
+  if (s) {
+    b = tier_bag_take(&s->open, cls, need);
+    if (!b) b = tier_bag_take(&s->sealed, cls, need);
+    if (b) tier_bagged_add_locked(p, -1, -(int64_t)b->bytes);
+    /* Refill half the magazine from the open bag: the next allocations of
+     * this class on this stream then take no lock. */
+    if (b && m && cls >= 0) {
+      unsigned want = tier_mag_cap(cls) / 2;
+      tier_spin_lock(&m->lock);
+      while (m->n[cls] < want && s->open.cls[cls]) {
+        tier_block *x = tier_bag_take(&s->open, cls, 0);
+        tier_bagged_add_locked(p, -1, -(int64_t)x->bytes);
+        m->slot[cls][m->n[cls]++] = x;
+        __atomic_store_n(&m->cached_bytes, m->cached_bytes + x->bytes, __ATOMIC_RELAXED);
+      }
+      tier_spin_unlock(&m->lock);
+    }
+  }
+  sgm__lock_drop(&p->lock);
+  return b;
+}
+
+int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *ref, sgm_devptr *out) {
+  *out = 0;
+  if (sgm_unlikely(size == 0)) return sgm__error_set(SGM_ERR_INVALID, "allocation of 0 bytes");
+  if (sgm_unlikely(size > UINT64_MAX - TIER_CLASS_MAX_BYTES))
+    return sgm__error_set(SGM_ERR_INVALID, "allocation of %llu bytes overflows",
+                          (unsigned long long)size);
+  uint64_t need = sgm__align_up(size, SGM_DEVICE_ALIGN);
+  int cls = tier_class(need);
+  uint64_t block = cls >= 0 ? tier_class_bytes(cls) : need;
+  tier_mag *m = tier_mag_get(p);
+  tier_block *b = tier_take_cached(p, m, cls, need, ref);
+  if (sgm_likely(b != NULL)) {
+    *out = tier_hand_out(p, m, b, need, ref);
+    return SGM_OK;
+  }
+  int rc = tier_carve(p, block, need, ref, &b);
+  /* Reclaiming cached memory comes before anything moves or falls back:
+   * first other streams' caches through a device-side wait (two calls, no
+   * host wait), then what the device has finished with (fences queried). */
+  static const sgm_reclaim_mode order[] = {SGM_RECLAIM_TRANSFER, SGM_RECLAIM_QUERY};
+  for (int k = 0; rc != SGM_OK && k < 2; k++) {
+    if (rc != SGM__ERR_BUDGET && rc != SGM_ERR_NOMEM) break;
+    if (!sgm__tier_has_cached(p)) break;
+    if (sgm__tier_reclaim(p, ref, order[k]) == 0) continue;
+    b = tier_take_cached(p, m, cls, need, ref);
+    if (b) {
+      *out = tier_hand_out(p, m, b, need, ref);
+      return SGM_OK;
+    }
+    rc = tier_carve(p, block, need, ref, &b);
+  }
+  /* A failure is counted by the caller's next step (sgm__tier_alloc, after
+   * demotions), once per request. */
+  if (rc != SGM_OK) return rc;
+  /* Fresh from the sub-allocator: counted as handed out (state is LIVE). */
+  if (m) tier_mag_count(p, m, (int64_t)need);
+  else tier_count_used(p, (int64_t)need, 1, 1, 0);
+  *out = b->ptr;
+  return SGM_OK;
 }
 
 int sgm__tier_free(sgm_tier_pool *p, sgm_devptr ptr, uint64_t *size_out) {
   *size_out = 0;
-  sgm__lock_take(&p->lock);
-  uint64_t sz = 0;
+  tier_block *b = tier_map_take_live(p, ptr);
   /* Not ours: say so without a message; the caller tries the next tier and
    * composes the message only if no tier owns the pointer. */
-  if (sgm__suballoc_block_size(p->sa, ptr) == 0 ||
-      (p->n_pending && tier_is_pending_locked(p, ptr))) {
-    sgm__lock_drop(&p->lock);
-    return SGM_ERR_INVALID;
-  }
-  int rc = sgm__suballoc_free(p->sa, ptr, &sz);
-  if (rc == SGM_OK) {
-    sgm_assert_internal(p->used_bytes >= sz && p->n_live > 0);
-    p->used_bytes -= sz;
-    tier_update_room_locked(p);
-    p->n_live--;
-    p->n_frees++;
-  }
-  sgm__lock_drop(&p->lock);
-  *size_out = sz;
-  return rc;
-}
-
-static bool tier_is_pending_locked(const sgm_tier_pool *p, sgm_devptr ptr) {
-  for (size_t i = 0; i < p->n_pending; i++)
-    if (p->pending[i].ptr == ptr) return true;
-  return false;
-}
-
-int sgm__tier_free_deferred(sgm_tier_pool *p, sgm_devptr ptr, void *stream, void *event) {
+  if (!b) return SGM_ERR_INVALID;
+  uint64_t asked = b->asked;
   sgm__lock_take(&p->lock);
+  tier_release_block_locked(p, b);
+  tier_update_room_locked(p);
+  sgm__lock_drop(&p->lock);
+  tier_count_used(p, -(int64_t)asked, -1, 0, 1);
+  *size_out = asked;
+  return SGM_OK;
+}
+
+/* A free of a block named by sgm_record_stream: an event on every recorded
+ * stream, and the block waits in the deferred list until all have completed. */
+static int tier_free_recorded(sgm_tier_pool *p, tier_block *b) {
+  tier_deferred *d = calloc(1, sizeof *d);
+  void **evs = calloc(b->n_rec, sizeof *evs);
   int rc = SGM_OK;
-  if (sgm__suballoc_block_size(p->sa, ptr) == 0 || tier_is_pending_locked(p, ptr)) {
-    rc = SGM_ERR_INVALID;
-  } else {
-    if (p->n_pending == p->cap_pending) {
-      size_t cap = p->cap_pending ? p->cap_pending * 2 : 16;
-      sgm_pending_free *n = realloc(p->pending, cap * sizeof *n);
-      if (!n) rc = sgm__error_set(SGM_ERR_NOMEM, "out of host memory for pending frees");
-      else {
-        p->pending = n;
-        p->cap_pending = cap;
-      }
-    }
-    if (rc == SGM_OK) {
-      p->pending[p->n_pending] = (sgm_pending_free){ptr, stream, event};
-      __atomic_store_n(&p->n_pending, p->n_pending + 1, __ATOMIC_RELAXED);
-    }
+  if (!d || !evs) {
+    rc = sgm__error_set(SGM_ERR_NOMEM, "out of host memory freeing a block used by other streams");
+    goto out_fail;
   }
+  for (size_t i = 0; i < b->n_rec; i++) {
+    void *ev = tier_event_get(p);
+    if (!ev) {
+      rc = SGM_ERR_BACKEND; /* the backend's message says why */
+      goto out_fail;
+    }
+    evs[d->n_events++] = ev;
+    rc = p->p.bops->event_record_on(p->p.be, ev, &b->rec[i]);
+    if (rc != SGM_OK) goto out_fail;
+  }
+  d->b = b;
+  d->events = evs;
+  free(b->rec);
+  b->rec = NULL;
+  b->n_rec = 0;
+  sgm__lock_take(&p->lock);
+  d->next = p->deferred;
+  p->deferred = d;
+  tier_bagged_add_locked(p, 1, (int64_t)b->bytes);
   sgm__lock_drop(&p->lock);
+  return SGM_OK;
+
+out_fail:
+  /* Without the events nobody can tell when the other streams are done with
+   * the block: it stays live (the caller's free failed). */
+  if (d) for (size_t i = 0; i < d->n_events; i++) tier_event_put(p, evs[i]);
+  free(evs);
+  free(d);
+  __atomic_store_n(&b->state, TIER_LIVE, __ATOMIC_RELEASE);
   return rc;
 }
 
-size_t sgm__tier_n_pending(sgm_tier_pool *p) {
-  return __atomic_load_n(&p->n_pending, __ATOMIC_RELAXED);
-}
-
-size_t sgm__tier_reclaim(sgm_tier_pool *p, void *stream, bool wait) {
-  /* Snapshot the list under the lock, ask the driver without it, then free
-   * the ready blocks under the lock again. Frees arriving meanwhile are left
-   * for the next round. */
-  sgm__lock_take(&p->lock);
-  size_t n = p->n_pending;
-  sgm_pending_free *snap = n ? malloc(n * sizeof *snap) : NULL;
-  if (snap) memcpy(snap, p->pending, n * sizeof *snap);
-  sgm__lock_drop(&p->lock);
-  if (!snap) return 0;
-  size_t n_ready = 0;
-  for (size_t i = 0; i < n; i++) {
-    bool ready = stream != NULL && snap[i].stream == stream;
-    /* When waiting (the context is going away), a failed wait counts as done:
-     * the driver has nothing more to say about that work. */
-    if (!ready) ready = wait ? (p->p.bops->event_wait(p->p.be, snap[i].event), true)
-                             : p->p.bops->event_query(p->p.be, snap[i].event) == 1;
-    if (ready) snap[n_ready++] = snap[i];
-  }
-  sgm__lock_take(&p->lock);
-  for (size_t i = 0; i < n_ready; i++) {
-    for (size_t k = 0; k < p->n_pending; k++) {
-      if (p->pending[k].ptr != snap[i].ptr) continue;
-      p->pending[k] = p->pending[p->n_pending - 1];
-      __atomic_store_n(&p->n_pending, p->n_pending - 1, __ATOMIC_RELAXED);
-      uint64_t sz = 0;
-      if (sgm__suballoc_free(p->sa, snap[i].ptr, &sz) == SGM_OK) {
-        p->used_bytes -= sz;
-        p->n_live--;
-        p->n_frees++;
-        tier_update_room_locked(p);
-      }
-      break;
+int sgm__tier_free_on(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_ref *ref) {
+  tier_block *b = tier_map_take_live(p, ptr);
+  if (sgm_unlikely(!b)) return SGM_ERR_INVALID;
+  uint64_t asked = b->asked;
+  b->key = ref->key;
+  b->handle = ref->handle;
+  tier_mag *m = tier_mag_get(p);
+  if (sgm_unlikely(b->rec != NULL)) {
+    if (p->p.bops->synchronous) {
+      free(b->rec);
+      b->rec = NULL;
+      b->n_rec = 0;
+    } else {
+      int rc = tier_free_recorded(p, b);
+      if (rc != SGM_OK) return rc;
+      if (m) tier_mag_count(p, m, -(int64_t)asked);
+      else tier_count_used(p, -(int64_t)asked, -1, 0, 1);
+      return SGM_OK;
     }
   }
+  if (sgm_likely(m && b->cls >= 0)) {
+    int c = b->cls;
+    unsigned cap = tier_mag_cap(c);
+    tier_block *spill[TIER_MAG_SLOTS];
+    unsigned n_spill = 0;
+    tier_spin_lock(&m->lock);
+    if (m->n[c] >= cap) {
+      /* Full: the older half goes down to the bags (under the pool lock,
+       * taken after this lock is dropped). */
+      n_spill = cap / 2;
+      memcpy(spill, m->slot[c], n_spill * sizeof *spill);
+      memmove(m->slot[c], m->slot[c] + n_spill, (m->n[c] - n_spill) * sizeof *spill);
+      m->n[c] = (uint8_t)(m->n[c] - n_spill);
+      uint64_t spilled = 0;
+      for (unsigned i = 0; i < n_spill; i++) spilled += spill[i]->bytes;
+      __atomic_store_n(&m->cached_bytes, m->cached_bytes - spilled, __ATOMIC_RELAXED);
+    }
+    m->slot[c][m->n[c]++] = b;
+    __atomic_store_n(&m->cached_bytes, m->cached_bytes + b->bytes, __ATOMIC_RELAXED);
+    tier_spin_unlock(&m->lock);
+    if (n_spill) {
+      sgm__lock_take(&p->lock);
+      for (unsigned i = 0; i < n_spill; i++) tier_bag_add_locked(p, spill[i]);
+      sgm__lock_drop(&p->lock);
+    }
+  } else {
+    sgm__lock_take(&p->lock);
+    tier_bag_add_locked(p, b);
+    sgm__lock_drop(&p->lock);
+  }
+  if (m) tier_mag_count(p, m, -(int64_t)asked);
+  else tier_count_used(p, -(int64_t)asked, -1, 0, 1);
+  return SGM_OK;
+}
+
+int sgm__tier_record_stream(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_ref *ref) {
+  uint64_t h = tier_hash(ptr);
+  tier_shard *s = tier_shard_of(p, h);
+  tier_spin_lock(&s->lock);
+  tier_block *b = s->buckets ? tier_map_find_locked(s, ptr, h) : NULL;
+  int rc = SGM_OK;
+  if (!b || __atomic_load_n(&b->state, __ATOMIC_RELAXED) != TIER_LIVE) {
+    rc = SGM_ERR_INVALID;
+  } else if (ref->key != b->key) {
+    bool known = false;
+    for (size_t i = 0; i < b->n_rec && !known; i++) known = b->rec[i].key == ref->key;
+    if (!known) {
+      sgm_stream_ref *n = realloc(b->rec, (b->n_rec + 1) * sizeof *n);
+      if (!n) {
+        rc = SGM_ERR_NOMEM;
+      } else {
+        n[b->n_rec++] = *ref;
+        b->rec = n;
+      }
+    }
+  }
+  tier_spin_unlock(&s->lock);
+  if (rc == SGM_ERR_NOMEM)
+    return sgm__error_set(SGM_ERR_NOMEM, "sgm_record_stream: out of host memory");
+  return rc;
+}
+
+bool sgm__tier_has_cached(sgm_tier_pool *p) {
+  if (__atomic_load_n(&p->n_bagged, __ATOMIC_RELAXED)) return true;
+  if (!__atomic_load_n(&p->n_mags, __ATOMIC_RELAXED)) return false;
+  bool any = false;
+  sgm__lock_take(&p->lock);
+  for (tier_mag *m = p->mags; m && !any; m = m->next)
+    any = __atomic_load_n(&m->cached_bytes, __ATOMIC_RELAXED) != 0;
   sgm__lock_drop(&p->lock);
-  for (size_t i = 0; i < n_ready; i++) p->p.bops->event_destroy(p->p.be, snap[i].event);
-  free(snap);
-  return n_ready;
+  return any;
 }
 
 bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr) {
-  sgm__lock_take(&p->lock);
-  bool owns = sgm__suballoc_block_size(p->sa, ptr) != 0 && !tier_is_pending_locked(p, ptr);
-  sgm__lock_drop(&p->lock);
-  return owns;
+  uint64_t h = tier_hash(ptr);
+  tier_shard *s = tier_shard_of(p, h);
+  tier_spin_lock(&s->lock);
+  tier_block *b = s->buckets ? tier_map_find_locked(s, ptr, h) : NULL;
+  bool live = b && __atomic_load_n(&b->state, __ATOMIC_RELAXED) == TIER_LIVE;
+  tier_spin_unlock(&s->lock);
+  return live;
 }
 
+/* ---- reclaim ---- */
+
+enum { TIER_JOB_SEAL, TIER_JOB_FENCE, TIER_JOB_DEFERRED, TIER_JOB_TRANSFER };
+
+/* Work a reclaim does without the pool lock on one stream or deferred free. */
+typedef struct tier_job {
+  int kind;                    /* TIER_JOB_* */
+  tier_stream *s;              /* the stream (SEAL, FENCE, TRANSFER) */
+  tier_deferred *d;            /* the deferred free (DEFERRED) */
+  sgm_stream_ref ref;          /* the stream, copied under the lock */
+  void *ev;                    /* the event recorded or queried */
+  int done;                    /* 1: the work before the event has completed; 0: not (yet); <0: error */
+  tier_bag bag;                /* TRANSFER: the blocks moving to the taker */
+} tier_job;
+
+/* Did the work before ev complete? Query, or in WAIT mode wait (a failed wait
+ * counts as done: at destroy the driver has nothing more to say about it). */
+static int tier_event_done(sgm_tier_pool *p, void *ev, sgm_reclaim_mode mode) {
+  if (mode == SGM_RECLAIM_WAIT) {
+    if (p->p.bops->event_wait(p->p.be, ev) != SGM_OK)
+      sgm__log(p->p.verbose, 1, "%s: waiting for a stream's work failed (%s); its cached blocks "
+               "are returned anyway", sgm_tier_name(p->p.tier), sgm_last_error());
+    return 1;
+  }
+  int q = p->p.bops->event_query(p->p.be, ev);
+  if (q < 0)
+    sgm__log(p->p.verbose, 1, "%s: querying a stream's fence failed (%s); its cached blocks stay "
+             "with the stream", sgm_tier_name(p->p.tier), sgm_last_error());
+  return q;
+}
+
+/* Seal and fence every stream's cache, and return to the sub-allocator what
+ * the device has finished with (QUERY) or everything (WAIT). */
+static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode) {
+  size_t n_done = 0;
+  sgm__lock_take(&p->lock);
+  size_t n_jobs = 0;
+  for (tier_stream *s = p->streams; s; s = s->next) n_jobs += !s->busy && (s->fence || s->open.n);
+  for (tier_deferred *d = p->deferred; d; d = d->next) n_jobs += !d->busy;
+  tier_job *jobs = n_jobs ? calloc(n_jobs, sizeof *jobs) : NULL;
+  if (!jobs) {
+    sgm__lock_drop(&p->lock);
+    return 0;
+  }
+  size_t k = 0;
+  for (tier_stream *s = p->streams; s; s = s->next) {
+    if (s->busy || (!s->fence && !s->open.n)) continue;
+    s->busy = true;
+    jobs[k].s = s;
+    jobs[k].ref = s->ref;
+    if (s->fence) {
+      jobs[k].kind = TIER_JOB_FENCE;
+      jobs[k].ev = s->fence;
+    } else {
+      /* Everything freed on s so far is covered by an event recorded now. */
+      jobs[k].kind = TIER_JOB_SEAL;
+      tier_bag_merge(&s->sealed, &s->open);
+    }
+    k++;
+  }
+  for (tier_deferred *d = p->deferred; d; d = d->next) {
+    if (d->busy) continue;
+    d->busy = true;
+    jobs[k].kind = TIER_JOB_DEFERRED;
+    jobs[k].d = d;
+    k++;
+  }
+  sgm__lock_drop(&p->lock);
+
+  for (size_t i = 0; i < n_jobs; i++) {
+    tier_job *j = &jobs[i];
+    if (j->kind == TIER_JOB_SEAL) {
+      j->ev = tier_event_get(p);
+      if (!j->ev || p->p.bops->event_record_on(p->p.be, j->ev, &j->ref) != SGM_OK) {
+        sgm__log(p->p.verbose, 1, "%s: cannot fence a stream's cache (%s); it stays with the "
+                 "stream", sgm_tier_name(p->p.tier), sgm_last_error());
+        j->done = -1;
+        continue;
+      }
+      j->done = tier_event_done(p, j->ev, mode);
+    } else if (j->kind == TIER_JOB_FENCE) {
+      j->done = tier_event_done(p, j->ev, mode);
+    } else {
+      j->done = 1;
+      for (size_t e = 0; e < j->d->n_events && j->done == 1; e++)
+        j->done = tier_event_done(p, j->d->events[e], mode);
+    }
+  }
+
+  sgm__lock_take(&p->lock);
+  for (size_t i = 0; i < n_jobs; i++) {
+    tier_job *j = &jobs[i];
+    if (j->kind == TIER_JOB_DEFERRED) {
+      tier_deferred *d = j->d;
+      d->busy = false;
+      if (j->done != 1) continue;
+      for (tier_deferred **pp = &p->deferred; *pp; pp = &(*pp)->next)
+        if (*pp == d) {
+          *pp = d->next;
+          break;
+        }
+      for (size_t e = 0; e < d->n_events; e++) tier_event_put_locked(p, d->events[e]);
+      tier_bagged_add_locked(p, -1, -(int64_t)d->b->bytes);
+      /* The recorded streams are done; the stream it was freed on may not be. */
+      tier_bag_add_locked(p, d->b);
+      free(d->events);
+      free(d);
+      n_done++;
+      continue;
+    }
+    tier_stream *s = j->s;
+    s->busy = false;
+    if (j->kind == TIER_JOB_SEAL) {
+      if (j->done < 0) {
+        tier_bag_merge(&s->open, &s->sealed);
+        if (j->ev) tier_event_put_locked(p, j->ev);
+        continue;
+      }
+      s->fence = j->ev;
+    }
+    if (j->done == 1) {
+      n_done += s->sealed.n;
+      tier_bagged_add_locked(p, -(int64_t)s->sealed.n, -(int64_t)s->sealed.bytes);
+      tier_bag_release_locked(p, &s->sealed);
+      tier_event_put_locked(p, s->fence);
+      s->fence = NULL;
+    }
+  }
+  tier_update_room_locked(p);
+  sgm__lock_drop(&p->lock);
+  free(jobs);
+  return n_done;
+}
+
+/* Hand every other stream's cached blocks to taker: one event recorded on the
+ * owner, waited on by the taker on the device. */
+static size_t tier_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *taker) {
+  size_t n_done = 0;
+  sgm__lock_take(&p->lock);
+  size_t n_jobs = 0;
+  for (tier_stream *s = p->streams; s; s = s->next)
+    n_jobs += s->ref.key != taker->key && (s->open.n || s->sealed.n);
+  tier_job *jobs = n_jobs ? calloc(n_jobs, sizeof *jobs) : NULL;
+  if (!jobs) {
+    sgm__lock_drop(&p->lock);
+    return 0;
+  }
+  size_t k = 0;
+  for (tier_stream *s = p->streams; s; s = s->next) {
+    if (s->ref.key == taker->key || !(s->open.n || s->sealed.n)) continue;
+    jobs[k].kind = TIER_JOB_TRANSFER;
+    jobs[k].s = s;
+    jobs[k].ref = s->ref;
+    /* A fence being queried by another thread keeps going: it then finds
+     * the sealed bag empty. */
+    tier_bag_merge(&jobs[k].bag, &s->open);
+    tier_bag_merge(&jobs[k].bag, &s->sealed);
+    k++;
+  }
+  sgm__lock_drop(&p->lock);
+
+  for (size_t i = 0; i < n_jobs; i++) {
+    tier_job *j = &jobs[i];
+    void *ev = tier_event_get(p);
+    j->done = ev && p->p.bops->event_record_on(p->p.be, ev, &j->ref) == SGM_OK &&
+              p->p.bops->stream_wait_event(p->p.be, taker, ev) == SGM_OK;
+    if (!j->done)
+      sgm__log(p->p.verbose, 2, "%s: cannot order a stream after another (%s); their cached "
+               "blocks stay apart", sgm_tier_name(p->p.tier), sgm_last_error());
+    /* The wait captured the recording: the event may be recorded again. */
+    if (ev) tier_event_put(p, ev);
+  }
+
+  sgm__lock_take(&p->lock);
+  tier_stream *t = tier_stream_get_locked(p, taker);
+  for (size_t i = 0; i < n_jobs; i++) {
+    tier_job *j = &jobs[i];
+    if (j->done && t) {
+      n_done += j->bag.n;
+      tier_bag_merge(&t->open, &j->bag);
+    } else {
+      tier_bag_merge(&j->s->open, &j->bag);
+    }
+  }
+  sgm__lock_drop(&p->lock);
+  free(jobs);
+  return n_done;
+}
+
+size_t sgm__tier_reclaim(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode) {
+  size_t n_done = 0;
+  sgm__lock_take(&p->lock);
+  for (tier_mag *m = p->mags; m; m = m->next) {
+    tier_spin_lock(&m->lock);
+    tier_mag_drain_locked(p, m);
+    tier_spin_unlock(&m->lock);
+  }
+  if (p->p.bops->synchronous) {
+    /* Nothing is pending on a synchronous device: every cached block is free. */
+    for (tier_stream *s = p->streams; s; s = s->next) {
+      n_done += s->open.n + s->sealed.n;
+      tier_bagged_add_locked(p, -(int64_t)(s->open.n + s->sealed.n),
+                             -(int64_t)(s->open.bytes + s->sealed.bytes));
+      tier_bag_release_locked(p, &s->open);
+      tier_bag_release_locked(p, &s->sealed);
+    }
+    tier_update_room_locked(p);
+    sgm__lock_drop(&p->lock);
+    return n_done;
+  }
+  sgm__lock_drop(&p->lock);
+  if (mode == SGM_RECLAIM_TRANSFER) return taker ? tier_reclaim_transfer(p, taker) : 0;
+  n_done += tier_reclaim_fences(p, mode);
+  if (mode == SGM_RECLAIM_WAIT) {
+    /* The first round sealed what was open; the second waits for the fences
+     * of streams that already had one. */
+    n_done += tier_reclaim_fences(p, mode);
+    n_done += tier_reclaim_fences(p, mode);
+  }
+  return n_done;
+}
+
+/* ---- trimming and budget ---- */
+
 uint64_t sgm__tier_trim(sgm_tier_pool *p) {
-  sgm__tier_reclaim(p, NULL, false);
+  if (sgm__tier_has_cached(p)) sgm__tier_reclaim(p, NULL, SGM_RECLAIM_WAIT);
   sgm_chunk *list;
   sgm__lock_take(&p->lock);
   size_t n = tier_detach_free_locked(p, 0, UINT64_MAX, &list);
@@ -439,19 +1473,58 @@ void sgm__tier_set_budget(sgm_tier_pool *p, uint64_t budget_bytes) {
   if (over) sgm__tier_trim(p);
 }
 
+size_t sgm__tier_chunks(sgm_tier_pool *p, sgm_chunk *out, size_t max) {
+  sgm__lock_take(&p->lock);
+  size_t n = p->n_chunks;
+  for (size_t i = 0; i < n && i < max; i++) out[i] = p->chunks[i];
+  sgm__lock_drop(&p->lock);
+  return n;
+}
+
+bool sgm__tier_chunk_of(sgm_tier_pool *p, sgm_devptr ptr, sgm_chunk *out) {
+  bool found = false;
+  sgm__lock_take(&p->lock);
+  for (size_t i = 0; i < p->n_chunks && !found; i++) {
+    const sgm_chunk *c = &p->chunks[i];
+    if (ptr >= c->base && ptr - c->base < c->bytes) {
+      *out = *c;
+      found = true;
+    }
+  }
+  sgm__lock_drop(&p->lock);
+  return found;
+}
+
+/* ---- stats and checks ---- */
+
 void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out) {
   memset(out, 0, sizeof *out);
   sgm__lock_take(&p->lock);
   out->budget_bytes = p->p.budget_bytes;
   out->committed_bytes = p->committed_bytes;
-  out->used_bytes = p->used_bytes;
-  out->peak_used_bytes = p->peak_used_bytes;
-  out->n_live = p->n_live;
   out->n_chunks = p->n_chunks;
-  out->n_allocs = p->n_allocs;
-  out->n_frees = p->n_frees;
-  out->n_failed = __atomic_load_n(&p->n_failed, __ATOMIC_RELAXED);
+  int64_t used = (int64_t)__atomic_load_n(&p->used_bytes, __ATOMIC_RELAXED);
+  int64_t live = __atomic_load_n(&p->n_live, __ATOMIC_RELAXED);
+  uint64_t allocs = __atomic_load_n(&p->n_allocs, __ATOMIC_RELAXED);
+  uint64_t frees = __atomic_load_n(&p->n_frees, __ATOMIC_RELAXED);
+  uint64_t cached = p->bag_bytes;
+  for (tier_mag *m = p->mags; m; m = m->next) {
+    used += __atomic_load_n(&m->d_used, __ATOMIC_RELAXED);
+    live += __atomic_load_n(&m->d_live, __ATOMIC_RELAXED);
+    allocs += __atomic_load_n(&m->n_allocs, __ATOMIC_RELAXED);
+    frees += __atomic_load_n(&m->n_frees, __ATOMIC_RELAXED);
+    cached += __atomic_load_n(&m->cached_bytes, __ATOMIC_RELAXED);
+  }
   sgm__lock_drop(&p->lock);
+  /* Counts of several threads are summed unordered: clamp a transient minus. */
+  out->used_bytes = used > 0 ? (uint64_t)used : 0;
+  out->n_live = live > 0 ? (uint64_t)live : 0;
+  uint64_t peak = __atomic_load_n(&p->peak_used_bytes, __ATOMIC_RELAXED);
+  out->peak_used_bytes = peak > out->used_bytes ? peak : out->used_bytes;
+  out->n_allocs = allocs;
+  out->n_frees = frees;
+  out->n_failed = __atomic_load_n(&p->n_failed, __ATOMIC_RELAXED);
+  out->cached_bytes = cached;
 }
 
 bool sgm__tier_check(sgm_tier_pool *p) {
@@ -461,6 +1534,11 @@ bool sgm__tier_check(sgm_tier_pool *p) {
   for (size_t i = 0; i < p->n_chunks; i++) sum += p->chunks[i].bytes;
   sgm_suballoc_stats st;
   sgm__suballoc_stats(p->sa, &st);
+  size_t in_map = 0;
+  for (size_t i = 0; i < TIER_SHARDS; i++) in_map += __atomic_load_n(&p->shards[i].n, __ATOMIC_RELAXED);
+  uint64_t sealed_without_fence = 0;
+  for (tier_stream *s = p->streams; s; s = s->next)
+    if (s->sealed.n && !s->fence && !s->busy) sealed_without_fence++;
   if (!sgm__suballoc_check(p->sa)) {
     ok = false;
   } else if (p->committed_bytes > p->p.budget_bytes && !p->budget_lowered) {
@@ -473,11 +1551,15 @@ bool sgm__tier_check(sgm_tier_pool *p) {
                          (unsigned long long)sum, p->n_chunks,
                          (unsigned long long)st.capacity_bytes, (unsigned long long)st.n_ranges,
                          (unsigned long long)p->committed_bytes);
-  } else if (st.used_bytes != p->used_bytes || st.n_live != p->n_live) {
-    ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: used %llu/%llu blocks, sub-allocator %llu/%llu",
-                         sgm_tier_name(p->p.tier), (unsigned long long)p->used_bytes,
-                         (unsigned long long)p->n_live, (unsigned long long)st.used_bytes,
+  } else if (st.used_bytes != p->held_bytes || st.n_live != p->n_blocks || in_map != p->n_blocks) {
+    ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: holding %llu bytes in %llu blocks (%zu mapped), "
+                         "sub-allocator %llu/%llu",
+                         sgm_tier_name(p->p.tier), (unsigned long long)p->held_bytes,
+                         (unsigned long long)p->n_blocks, in_map, (unsigned long long)st.used_bytes,
                          (unsigned long long)st.n_live);
+  } else if (sealed_without_fence) {
+    ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: %llu streams hold sealed blocks without a fence",
+                         sgm_tier_name(p->p.tier), (unsigned long long)sealed_without_fence);
   }
   sgm__lock_drop(&p->lock);
   return ok;

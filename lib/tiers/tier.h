@@ -5,16 +5,35 @@
  * pinned host chunks) and carves them with the sub-allocator. The
  * sub-allocator's offset space is the device address space itself: each chunk
  * is added as a range at its device address, so a block's offset *is* the
- * pointer handed out, and freeing a pointer needs no lookup table (a pointer
- * that is not the start of a live block is refused by the sub-allocator).
+ * pointer handed out. A map of the pool's blocks (sharded, a spin lock per
+ * shard) finds a pointer's block on free without the pool lock; a pointer that
+ * is not the start of a live block is refused.
  *
  * Growth mode: chunks are taken on demand, geometrically growing from
  * growth_chunk_bytes; a block larger than the next chunk gets a chunk of its
- * own; committed bytes never exceed the budget. Reserve mode: one chunk of the
+ * own; committed bytes never exceed the budget. A chunk the device refuses for
+ * lack of memory is retried at halved sizes down to what the block needs
+ * before the allocation fails (and falls back a tier). Reserve mode: one chunk of the
  * whole budget is taken at create and kept until destroy.
  *
- * Threading: one lock per pool (rank = the tier's). The lock is never held
- * across a backend call: growing reserves the bytes under the lock
+ * Stream-ordered caches (DESIGN.md §8 "Streams"). A block the user frees on a
+ * stream stays allocated in the sub-allocator and is cached for that stream:
+ * first in the freeing thread's magazine (small stacks per size class, no
+ * shared lock), then in the stream's bag under the pool lock. An allocation on
+ * a stream takes its own stream's cached blocks with no driver call; another
+ * stream gets them only through an event recorded on the owner and waited on
+ * by the taker on the device (a transfer: two driver calls per owner stream,
+ * covering every block it holds), and the sub-allocator gets them back (for every stream)
+ * only once a fence event recorded on the owner has been *seen* complete.
+ * A synchronous backend has one stream for everything and no events.
+ * "used" counts blocks handed out to the user; cached blocks are counted in
+ * cached_bytes (and committed), not in used.
+ *
+ * Threading: one lock per pool (rank = the tier's) for the sub-allocator, the
+ * chunks and the bags; a spin lock per magazine (its owner thread, and
+ * reclaimers under the pool lock); a spin lock per shard of the live-block map.
+ * Order: magazine registry -> pool lock -> magazine -> shard. The pool lock is
+ * never held across a backend call: growing reserves the bytes under the lock
  * (committed_bytes += chunk, so concurrent growers cannot overshoot the
  * budget), drops it, calls the backend, and retakes it to add the range.
  */
@@ -24,15 +43,7 @@
 #include "backend/backend.h"
 #include "internal.h"
 
-typedef struct sgm_tier_pool sgm_tier_pool;
-
-/* A block freed on a stream whose work may still use it (stream-ordered free:
- * reusable by work on the same stream at once, by others after the event). */
-typedef struct sgm_pending_free {
-  sgm_devptr ptr; /* the block, still allocated in the sub-allocator */
-  void *stream;   /* the stream it was freed on */
-  void *event;    /* recorded on that stream at the free */
-} sgm_pending_free;
+typedef struct sgm_tier_pool sgm_tier_pool; /* opaque: defined in tier.c */
 
 typedef struct sgm_chunk {
   sgm_devptr base; /* device address of the first byte; the range's offset */
@@ -62,60 +73,60 @@ typedef struct sgm_tier_params {
   int verbose;                 /* log level */
 } sgm_tier_params;
 
-struct sgm_tier_pool {
-  sgm_lock lock;              /* guards everything below but the params */
-  sgm_tier_params p;          /* set at create, read-only after */
-  sgm_suballoc *sa;           /* carves the chunks; offsets are device addresses */
-  sgm_chunk *chunks;          /* live chunks, in the order they were taken */
-  size_t n_chunks;            /* entries used in chunks */
-  size_t cap_chunks;          /* entries allocated in chunks */
-  unsigned n_geometric;       /* growth chunks taken so far: the next is initial << this */
-  uint64_t committed_bytes;   /* chunk bytes taken or being taken from the backend */
-  uint64_t used_bytes;        /* bytes of live blocks (rounded to the alignment) */
-  uint64_t peak_used_bytes;   /* highest used_bytes */
-  uint64_t n_live;            /* live blocks */
-  uint64_t n_allocs;          /* blocks handed out since create */
-  uint64_t n_frees;           /* blocks freed since create */
-  uint64_t n_failed;          /* allocations this pool could not serve (atomic) */
-  uint64_t room_bytes;        /* budget - used, read without the lock (atomic; written under it) */
-  bool budget_lowered;        /* set_budget went below committed: committed may exceed it */
-  sgm_pending_free *pending;  /* blocks freed on a stream, not yet reusable by others */
-  size_t n_pending;           /* entries used in pending (read without the lock: atomic) */
-  size_t cap_pending;         /* entries allocated */
-  unsigned n_growing;         /* chunks being taken from the backend right now */
-  pthread_cond_t grown;       /* broadcast when a chunk taking finishes */
-};
+/* How far sgm__tier_reclaim goes to give cached blocks back. */
+typedef enum sgm_reclaim_mode {
+  SGM_RECLAIM_QUERY = 0,    /* fence every stream's cache; return what the driver says is done */
+  SGM_RECLAIM_TRANSFER = 1, /* hand other streams' caches to the taker (device-side wait) */
+  SGM_RECLAIM_WAIT = 2      /* wait on the host for every stream's work, return everything */
+} sgm_reclaim_mode;
 
 /* tier.c */
 
 /* Create a pool; in reserve mode this takes the whole budget as one chunk. */
 int sgm__tier_create(const sgm_tier_params *params, sgm_tier_pool **out);
-/* Return every chunk to the backend and free the pool. NULL is a no-op. */
+/* Wait for pending work, return every chunk to the backend and free the pool. NULL is a no-op. */
 void sgm__tier_destroy(sgm_tier_pool *p);
+/* The parameters the pool was created with (read-only; the budget may have changed since). */
+const sgm_tier_params *sgm__tier_params(const sgm_tier_pool *p);
 /* Returned by sgm__tier_alloc when the budget is full; no message is set. */
 #define SGM__ERR_BUDGET (-100)
-/* Allocate size bytes (aligned to SGM_DEVICE_ALIGN). *out = 0 on failure, and
+/* Allocate size bytes (aligned to SGM_DEVICE_ALIGN) from the sub-allocator, for
+ * sgm itself (buffers, migrations): no cache is used. *out = 0 on failure, and
  * then: SGM__ERR_BUDGET (no message: call sgm__tier_explain_budget when one is
  * needed), or a status with a message (the backend failed to give a chunk). */
 int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out);
+/* Allocate for the user on stream: the stream's cache first (no driver call),
+ * then the sub-allocator, then cached blocks of other streams (TRANSFER to
+ * this stream, then QUERY). Errors as sgm__tier_alloc. */
+int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *stream,
+                       sgm_devptr *out);
 /* Set the thread's message for a full budget: the budget, the use, the largest
  * free block and the variables that raise it; returns SGM_ERR_NOMEM. */
 int sgm__tier_explain_budget(sgm_tier_pool *p, uint64_t size);
-/* Free a block; SGM_ERR_INVALID (nothing changed, no message set) when ptr is
- * not a live block of this pool. *size_out: its size. */
+/* Free a block now, for everyone (sgm's own blocks: no device work uses them);
+ * SGM_ERR_INVALID (nothing changed, no message set) when ptr is not a live
+ * block of this pool. *size_out: its size as counted in used. */
 int sgm__tier_free(sgm_tier_pool *p, sgm_devptr ptr, uint64_t *size_out);
-/* Stream-ordered free: ptr becomes reusable once event completes (or at once
- * by work on stream). SGM_ERR_INVALID when ptr is not a live block or is
- * already pending (a double free). Takes ownership of event on success. */
-int sgm__tier_free_deferred(sgm_tier_pool *p, sgm_devptr ptr, void *stream, void *event);
-/* Free pending blocks that work on `stream` may reuse (same stream, or event
- * complete); with wait, wait for every event and free all. Returns how many. */
-size_t sgm__tier_reclaim(sgm_tier_pool *p, void *stream, bool wait);
-/* Pending frees now (a hint, read without the lock). */
-size_t sgm__tier_n_pending(sgm_tier_pool *p);
-/* True when ptr is the start of a live block of this pool. */
+/* The user's stream-ordered free: ptr is cached for `stream` (reusable by its
+ * work at once, by others through an event). Blocks named by
+ * sgm__tier_record_stream wait for those streams first. SGM_ERR_INVALID (no
+ * message) when ptr is not a live block; another status with a message when
+ * an event for a recorded stream could not be recorded (the block stays live). */
+int sgm__tier_free_on(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_ref *stream);
+/* Declare that work on `stream` uses the live block ptr: its free then waits
+ * for that work too. SGM_ERR_INVALID (no message) when ptr is not a live
+ * block; SGM_ERR_NOMEM with a message when out of host memory. */
+int sgm__tier_record_stream(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_ref *stream);
+/* Give cached blocks back (see sgm_reclaim_mode); taker is the stream that
+ * receives other streams' blocks in TRANSFER mode (NULL otherwise). Returns the
+ * number of blocks returned to the sub-allocator or transferred. */
+size_t sgm__tier_reclaim(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode);
+/* True when the pool may hold cached blocks (a hint, read without the lock). */
+bool sgm__tier_has_cached(sgm_tier_pool *p);
+/* True when ptr is the start of a live (handed out) block of this pool. */
 bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr);
-/* Return wholly free chunks to the backend (growth mode only); bytes returned. */
+/* Return cached blocks (waiting on the host for their streams' work) and then
+ * wholly free chunks to the backend (growth mode only); bytes returned. */
 uint64_t sgm__tier_trim(sgm_tier_pool *p);
 /* Change the budget; when it drops below what is committed, free chunks are
  * returned at once and further growth waits until use falls below it. */
@@ -125,6 +136,10 @@ void sgm__tier_set_budget(sgm_tier_pool *p, uint64_t budget_bytes);
  * is first "seen free" by one call and returned by a later one, so calls
  * should come every idle_ms / 4 or so. */
 uint64_t sgm__tier_idle_trim(sgm_tier_pool *p, uint64_t now_ms, uint64_t idle_ms);
+/* Copy up to max live chunks into out (oldest first); returns how many there are. */
+size_t sgm__tier_chunks(sgm_tier_pool *p, sgm_chunk *out, size_t max);
+/* The chunk holding device address ptr (copied into *out); false when none. */
+bool sgm__tier_chunk_of(sgm_tier_pool *p, sgm_devptr ptr, sgm_chunk *out);
 /* Counters (the migration fields are left 0 here). */
 void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out);
 /* Walk the pool and check every invariant; false with a message on the first broken one. */

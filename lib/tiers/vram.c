@@ -10,14 +10,14 @@
 static int vram_chunk_alloc(sgm_tier_pool *p, uint64_t bytes, sgm_chunk *out) {
   *out = (sgm_chunk){0};
   sgm_devptr d = 0;
-  int rc = p->p.bops->device_alloc(p->p.be, bytes, &d);
+  int rc = sgm__tier_params(p)->bops->device_alloc(sgm__tier_params(p)->be, bytes, &d);
   if (rc != SGM_OK) return rc;
   if (d % SGM_DEVICE_ALIGN != 0) {
     /* The pool's blocks are aligned relative to the chunk start; a backend that
      * broke its alignment promise would break cudaMalloc's for our users. */
-    p->p.bops->device_free(p->p.be, d, bytes);
+    sgm__tier_params(p)->bops->device_free(sgm__tier_params(p)->be, d, bytes);
     return sgm__error_set(SGM_ERR_BACKEND, "the %s backend returned device memory aligned to less "
-                          "than %u bytes", p->p.bops->name, SGM_DEVICE_ALIGN);
+                          "than %u bytes", sgm__tier_params(p)->bops->name, SGM_DEVICE_ALIGN);
   }
   out->base = d;
   out->bytes = bytes;
@@ -25,7 +25,8 @@ static int vram_chunk_alloc(sgm_tier_pool *p, uint64_t bytes, sgm_chunk *out) {
 }
 
 static void vram_chunk_free(sgm_tier_pool *p, const sgm_chunk *c) {
-  p->p.bops->device_free(p->p.be, c->base, c->bytes);
+  const sgm_tier_params *tp = sgm__tier_params(p);
+  tp->bops->device_free(tp->be, c->base, c->bytes);
 }
 
 const sgm_chunk_ops sgm__vram_chunk_ops = {

@@ -160,16 +160,18 @@ static void test_open_close(void **state) {
 static void test_mem_info(void **state) {
   (void)state;
   setenv("FAKE_CUDA_TOTAL_MEM", "256MiB", 1);
+  /* The context's own reservation is not free (the double charges 32 MiB,
+   * total/8, on a device this small). */
   sgm_backend *be = NULL;
   const sgm_backend_ops *ops = open_cuda(&be);
   uint64_t f = 0, t = 0;
   assert_int_equal(ops->mem_info(be, &f, &t), SGM_OK);
   assert_int_equal(t, 256 * SGM_MiB);
-  assert_int_equal(f, 256 * SGM_MiB);
+  assert_int_equal(f, 224 * SGM_MiB);
   sgm_devptr d = 0;
   assert_int_equal(ops->device_alloc(be, SGM_MiB, &d), SGM_OK);
   assert_int_equal(ops->mem_info(be, &f, &t), SGM_OK);
-  assert_int_equal(f, 255 * SGM_MiB);
+  assert_int_equal(f, 223 * SGM_MiB);
   /* More than the device has: NOMEM, with the driver's error name. */
   sgm_devptr big = 1;
   assert_int_equal(ops->device_alloc(be, 512 * SGM_MiB, &big), SGM_ERR_NOMEM);
@@ -300,7 +302,9 @@ static void test_close_frees_leaks(void **state) {
 static bool fault_is_log_only(const char *call) {
   static const char *const calls[] = {"cuCtxPopCurrent", "cuMemFree", "cuMemHostUnregister",
                                       "cuEventDestroy", "cuStreamDestroy",
-                                      "cuDevicePrimaryCtxRelease"};
+                                      "cuDevicePrimaryCtxRelease",
+                                      /* restoring the capture mode after a memory call */
+                                      "cuThreadExchangeStreamCaptureMode"};
   for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++)
     if (strcmp(call, calls[i]) == 0) return true;
   return false;
@@ -355,10 +359,13 @@ static int run_scenario(scenario *sc) {
   if ((rc = ops->copy(be, SGM_COPY_DEVICE_TO_DEVICE, hd, a, H, stream)) != SGM_OK) goto out;
   assert_memory_equal(h, src, H);
   if ((rc = ops->event_record(be, stream, &ev)) != SGM_OK) goto out;
+  /* The record completes later (the double runs streams on a worker, as a
+   * GPU does): wait for it, then it reads as complete. */
+  if ((rc = ops->event_wait(be, ev)) != SGM_OK) goto out;
   rc = ops->event_query(be, ev);
   if (rc < 0) goto out;
   assert_int_equal(rc, 1);
-  if ((rc = ops->event_wait(be, ev)) != SGM_OK) goto out;
+  rc = SGM_OK;
 out:
   RELEASE(sc, ops->event_destroy(be, ev));
   RELEASE(sc, ops->host_free(be, h, H));
@@ -476,6 +483,8 @@ static void test_events_two_streams(void **state) {
   void *e1 = NULL, *e2 = NULL;
   assert_int_equal(ops->event_record(be, s1, &e1), SGM_OK);
   assert_int_equal(ops->event_record(be, s2, &e2), SGM_OK);
+  assert_int_equal(ops->event_query(be, e1), 0);
+  fc.fake_cuda_settle(); /* s2's record is not held: it completes once the device runs it */
   assert_int_equal(ops->event_query(be, e1), 0);
   assert_int_equal(ops->event_query(be, e2), 1);
   sgm_backend_counters c;
@@ -638,7 +647,8 @@ static void *worker_thread(void *arg) {
         w->ops->copy(w->be, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)out, d, sizeof out, NULL) != SGM_OK ||
         memcmp(in, out, sizeof in) != 0)
       w->fails++;
-    if (w->ops->event_record(w->be, NULL, &ev) != SGM_OK || w->ops->event_query(w->be, ev) != 1)
+    if (w->ops->event_record(w->be, NULL, &ev) != SGM_OK || w->ops->event_wait(w->be, ev) != SGM_OK ||
+        w->ops->event_query(w->be, ev) != 1)
       w->fails++;
     w->ops->event_destroy(w->be, ev);
     w->ops->device_free(w->be, d, sizeof in);

@@ -185,9 +185,11 @@ static void test_lazy_commit_and_trim(void **state) {
   for (int i = 0; i < N; i++) {
     p[i] = sgm_alloc(ctx, 512 * 1024, NULL);
     assert_int_equal(sgm_pointer_tier(ctx, p[i]), SGM_TIER_SHARED);
-    sgm_tier_pool *sp = ctx->tiers[SGM_TIER_SHARED];
+    sgm_chunk chunks[64];
+    size_t n_chunks = sgm__tier_chunks(ctx->tiers[SGM_TIER_SHARED], chunks, 64);
+    assert_true(n_chunks > 0 && n_chunks <= 64);
     sgm_stats st = stats(ctx);
-    uint64_t last_chunk = sp->chunks[sp->n_chunks - 1].bytes;
+    uint64_t last_chunk = chunks[n_chunks - 1].bytes;
     assert_true(st.tier[SGM_TIER_SHARED].committed_bytes <=
                 st.tier[SGM_TIER_SHARED].used_bytes + last_chunk);
   }

@@ -1,41 +1,116 @@
 /*
- * fake_cuda.c — a TEST DOUBLE of the CUDA driver, NOT a driver.
+ * fake_cuda.c — a TEST DOUBLE of the CUDA 13.0 driver, NOT a driver.
  *
  * Built as a file named libcuda.so.1 in its own build folder
  * (build/<preset>/tests/support/fake_cuda/), so that a test which puts that
  * folder first on LD_LIBRARY_PATH makes sgm's CUDA backend dlopen this instead
- * of NVIDIA's driver. It implements, on host memory, exactly the driver entry
- * points sgm uses, with the checks a real driver makes where sgm could get them
- * wrong (a current context, live handles, addresses inside allocations, the
- * ABI version asked of cuGetProcAddress), and fault injection. It exists so the
- * loading, error and stream-order code of the backend runs on every commit on
- * machines with no GPU. Never install it, never ship it.
+ * of NVIDIA's driver. It implements, on host memory, the driver entry points
+ * sgm uses (and the stream, event and capture calls a stream-ordered allocator
+ * needs), as strictly as the driver: a double kinder than the driver hides
+ * the bugs it exists to find. Never install it, never ship it.
  *
- * The model:
- *  - FAKE_CUDA_DEVICE_COUNT devices (default 1; 0 = cuInit succeeds, no device),
- *    each with FAKE_CUDA_TOTAL_MEM bytes (default: SGM_EMU_VRAM when set, so the
- *    same suites see the same device size on both backends, else 1 GiB).
- *    Both are read at every cuInit, so one test process can change them.
- *  - Device memory is anonymous host memory (MAP_NORESERVE); the device address
- *    is the host address. Copies are memmove, done when enqueued.
- *  - Host registrations are bookkeeping only (nothing is page-locked); the
- *    device pointer of registered memory is its host address.
- *  - Streams only order events: an event is complete when recorded, unless
- *    events are held (globally or on its stream); it then stays pending until
- *    the test completes it. cuEventSynchronize and cuStreamSynchronize block
- *    until then (another thread must complete it).
- *  - Fault injection: every entry point except cuGetProcAddress,
- *    cuDriverGetVersion and the error-string calls is a counted call. The Nth
- *    counted call fails with a chosen CUresult, once: from the environment
- *    (FAKE_CUDA_FAIL_AT=N, FAKE_CUDA_FAIL_RESULT=CUDA_ERROR_x or a number,
- *    counted from load) or from fake_cuda_set_fail_at() (counted from then).
+ * The rules it enforces (each has a test in tests/unit/test_fake_cuda.c):
+ *  - Devices: FAKE_CUDA_DEVICE_COUNT (default 1; 0 = cuInit succeeds, no
+ *    device), each of FAKE_CUDA_TOTAL_MEM bytes (default SGM_EMU_VRAM, else
+ *    1 GiB), read at every cuInit. Driver version FAKE_CUDA_DRIVER_VERSION
+ *    (default 13000 = CUDA 13.0). One primary context per device; a context
+ *    must be current for every call that needs one.
+ *  - Asynchrony: every stream has a FIFO queue executed by one worker thread,
+ *    in stream order, FAKE_CUDA_DELAY_US (or fake_cuda_set_delay_us) of
+ *    simulated device time per operation. Copies, memsets and event records
+ *    complete LATER; an event is complete only once everything queued before
+ *    it on its stream is. cuStreamSynchronize, cuEventSynchronize and
+ *    cuCtxSynchronize wait for the work queued before the call.
+ *    FAKE_CUDA_LAZY=1 (fake_cuda_set_lazy) makes the slowest legal device:
+ *    work runs only while a host thread waits for some (a synchronize, a
+ *    device-to-pageable copy, a free, fake_cuda_settle), so a query right
+ *    after a record is NOT_READY every time, not just sometimes.
+ *    As the driver does for pageable host memory: a host-to-device copy from
+ *    unregistered memory is staged at enqueue; a device-to-host copy into
+ *    unregistered memory returns only once it is done. Copies to or from
+ *    registered host memory are fully asynchronous.
+ *  - cuStreamWaitEvent: work queued on the stream after the call starts only
+ *    once the event's latest record (at the time of the call) completed.
+ *  - The legacy default stream (NULL, CU_STREAM_LEGACY), one per context,
+ *    synchronises implicitly with every blocking stream of its context: its
+ *    work waits for all earlier work of blocking streams, and their later work
+ *    waits for its earlier work. CU_STREAM_NON_BLOCKING streams take no part.
+ *    CU_STREAM_PER_THREAD (and NULL through the _ptsz entry points that
+ *    cuGetProcAddress gives for CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+ *    is a distinct blocking stream per thread and context.
+ *  - Events: cuEventDestroy on a pending event does not complete the work;
+ *    destroying an event twice (or using a destroyed one) is
+ *    CUDA_ERROR_INVALID_HANDLE and counted (stats: bad_event_destroys,
+ *    bad_handles). Recording an event on a stream of another context is
+ *    CUDA_ERROR_INVALID_HANDLE, as is enqueueing on a stream of a context
+ *    that is not current. cuStreamDestroy with work pending returns at once;
+ *    the work goes on.
+ *  - Device memory: cuMemAlloc is anonymous host memory (device address = host
+ *    address), charged rounded up to 256 bytes. cuMemGetInfo's free is total
+ *    - the context's own reservation (FAKE_CUDA_CTX_OVERHEAD, default below)
+ *    - other processes' memory (FAKE_CUDA_OTHER_USED / fake_cuda_set_other_used)
+ *    - allocations; cuMemAlloc fails with OUT_OF_MEMORY past that free.
+ *    cuMemFree and cuMemHostUnregister wait for queued work that touches the
+ *    range (the driver synchronises on free; this double waits only for that).
+ *  - Host registration: p != NULL, size > 0, known flags, the device's
+ *    CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED (FAKE_CUDA_HOST_REGISTER_SUPPORTED,
+ *    default 1; 0 = NOT_SUPPORTED). The driver pins whole pages: the range is
+ *    widened to pages, every page must be mapped (else INVALID_VALUE) and no
+ *    page may belong to another registration (HOST_MEMORY_ALREADY_REGISTERED),
+ *    so two unaligned registrations sharing a page collide.
+ *    FAKE_CUDA_PINNED_LIMIT caps the registered bytes (OUT_OF_MEMORY past it);
+ *    FAKE_CUDA_HOST_REGISTER_RESULT / fake_cuda_set_host_register_result make
+ *    every registration fail with a result (OUT_OF_MEMORY, NOT_PERMITTED,
+ *    NOT_SUPPORTED...). Nothing is page-locked.
+ *  - Faults: every entry point but cuGetProcAddress, cuDriverGetVersion and
+ *    the error-string calls is a counted call. The Nth counted call fails with
+ *    a chosen CUresult, once (FAKE_CUDA_FAIL_AT / FAKE_CUDA_FAIL_RESULT from
+ *    load, fake_cuda_set_fail_at from then), or stickily
+ *    (fake_cuda_set_sticky_at, fake_cuda_set_sticky): a sticky error such as
+ *    CUDA_ERROR_ILLEGAL_ADDRESS poisons every retained primary context, whose
+ *    every later call fails with it, as the driver does after a kernel fault,
+ *    until the primary context is released to zero (destroyed).
  *    FAKE_CUDA_INIT_RESULT makes every cuInit fail with that result.
- *  - FAKE_CUDA_DRIVER_VERSION (default 12080) is what cuDriverGetVersion says.
+ *  - Stream capture: cuStreamBeginCapture (GLOBAL, THREAD_LOCAL, RELAXED; not
+ *    on the legacy stream; not twice), cuStreamEndCapture (same thread unless
+ *    RELAXED: else WRONG_THREAD; only on the origin stream: else UNMATCHED;
+ *    forked streams must be joined back: else UNJOINED), cuStreamIsCapturing,
+ *    cuStreamGetCaptureInfo (v1, v2, v3), cuThreadExchangeStreamCaptureMode.
+ *    Captured work is not executed. Potentially unsafe calls (cuMemAlloc,
+ *    cuMemFree, cuMemHostRegister, cuMemHostUnregister, cuCtxSynchronize) fail
+ *    with STREAM_CAPTURE_UNSUPPORTED and invalidate the capture when the
+ *    calling thread's mode forbids them (its own non-relaxed capture; in GLOBAL
+ *    mode, any other thread's GLOBAL capture). cuStreamSynchronize and
+ *    cuStreamQuery on a capturing stream: UNSUPPORTED, capture invalidated.
+ *    cuEventQuery/cuEventSynchronize on an event last recorded in a capture:
+ *    CUDA_ERROR_CAPTURED_EVENT. Work on the legacy stream while a blocking
+ *    stream of its context captures: STREAM_CAPTURE_IMPLICIT, capture
+ *    invalidated. Waiting in a capture on an event recorded outside it:
+ *    STREAM_CAPTURE_ISOLATION. Work on an invalidated capture:
+ *    STREAM_CAPTURE_INVALIDATED, and cuStreamEndCapture returns that and a NULL
+ *    graph. A graph is a token (node count); cuGraphDestroy frees it. Graphs
+ *    are not instantiated or launched.
+ *  - cuGetProcAddress (12.0+ signature with CUdriverProcAddressQueryResult, and
+ *    the 11.3 one): by base name; asking for a version newer than the driver is
+ *    INVALID_VALUE; older than the name's first release: status
+ *    VERSION_NOT_SUFFICIENT; the newest implemented ABI not newer than asked is
+ *    returned (cuStreamGetCaptureInfo v1/v2/v3, cuStreamBeginCapture v1/v2);
+ *    ABIs older than the oldest implemented (e.g. the 32-bit cuMemAlloc before
+ *    3.2) are not implemented: SYMBOL_NOT_FOUND. Per-thread default stream
+ *    variants (_ptsz) for PER_THREAD_DEFAULT_STREAM. Versioned names
+ *    ("cuMemAlloc_v2") are not base names: not found.
+ *  - Every entry point counts its calls (fake_cuda_calls(name)).
  *
- * The control API (fake_cuda.h) has the prefix fake_cuda_.
+ * The control API (fake_cuda.h) has the prefix fake_cuda_; tests hold work
+ * with it deterministically (held event records, a paused worker) instead of
+ * sleeping.
  *
- * Threading: one mutex guards all state; a condition variable wakes threads
- * blocked on pending events. The context stack is per thread, as in CUDA.
+ * Threading: one mutex guards all state; one condition variable wakes waiters
+ * (synchronize calls, control calls waiting for the worker to settle), another
+ * wakes the worker. The worker runs an operation with the mutex dropped. The
+ * context stack, the per-thread default streams and the capture mode are per
+ * thread, as in CUDA. A fork child gets no worker thread: its waiting threads
+ * (synchronize calls, settle) run the queued work themselves.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -45,6 +120,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cuda.h>
 
@@ -55,27 +132,129 @@
 #define FAKE_MAX_DEVICES 8
 #define FAKE_CTX_STACK 32
 #define FAKE_DEFAULT_MEM (UINT64_C(1) << 30)
-#define FAKE_DEFAULT_DRIVER_VERSION 12080
+/* CUDA 13.0, the driver sgm is checked against. */
+#define FAKE_DEFAULT_DRIVER_VERSION 13000
 #define FAKE_PAGE 4096u
 #define FAKE_OBJ_MAGIC 0x46414b45u /* "FAKE" */
+/* What a CUDA 12/13 primary context reserves for itself on a data-centre GPU
+ * (module images with lazy loading, local memory, printf/heap buffers): about
+ * 300 MiB is what nvidia-smi shows for an idle process that made a context.
+ * Devices under 2.4 GiB (the small devices of the test suites) are charged
+ * total/8 instead, so a 64 MiB test device still has 56 MiB to give. */
+#define FAKE_CTX_OVERHEAD (UINT64_C(300) << 20)
+#define FAKE_SMALL_DEVICE_DIVISOR 8
+/* Destroyed event handles remembered to tell a double destroy from garbage. */
+#define FAKE_DEAD_EVENTS 4096
+/* cuCtxGetStreamPriorityRange of an H100: 0 (least) to -5 (greatest). */
+#define FAKE_PRIORITY_LEAST 0
+#define FAKE_PRIORITY_GREATEST (-5)
+
+/* Every entry point, for the per-entry call counters (fake_cuda_calls). */
+#define FAKE_CALLS(X)                                                                          \
+  X(cuGetErrorName) X(cuGetErrorString) X(cuDriverGetVersion) X(cuGetProcAddress)              \
+  X(cuInit) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetAttribute) X(cuDeviceGetName)      \
+  X(cuDeviceGetPCIBusId) X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain)                       \
+  X(cuDevicePrimaryCtxRelease) X(cuCtxGetCurrent) X(cuCtxPushCurrent) X(cuCtxPopCurrent)       \
+  X(cuCtxSynchronize) X(cuCtxGetStreamPriorityRange) X(cuMemGetInfo) X(cuMemAlloc)             \
+  X(cuMemFree) X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemHostGetDevicePointer)        \
+  X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemsetD8Async)            \
+  X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuStreamDestroy) X(cuStreamSynchronize)    \
+  X(cuStreamQuery) X(cuStreamWaitEvent) X(cuStreamGetPriority) X(cuStreamGetFlags)             \
+  X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) X(cuEventDestroy)    \
+  X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing)                         \
+  X(cuStreamGetCaptureInfo) X(cuThreadExchangeStreamCaptureMode) X(cuGraphDestroy)
+
+enum {
+#define FAKE_ID_ROW(name) FAKE_ID_##name,
+  FAKE_CALLS(FAKE_ID_ROW)
+#undef FAKE_ID_ROW
+      FAKE_N_IDS
+};
+
+static const char *const fake_call_names[FAKE_N_IDS] = {
+#define FAKE_NAME_ROW(name) #name,
+    FAKE_CALLS(FAKE_NAME_ROW)
+#undef FAKE_NAME_ROW
+};
+
+typedef enum fake_stream_kind {
+  FAKE_STREAM_USER,       /* from cuStreamCreate*: counted as sgm's */
+  FAKE_STREAM_TEST,       /* from fake_cuda_stream_create: the test's own */
+  FAKE_STREAM_LEGACY,     /* a context's legacy default stream */
+  FAKE_STREAM_PER_THREAD, /* a thread's per-thread default stream */
+} fake_stream_kind;
+
+typedef enum fake_op_kind {
+  FAKE_OP_COPY,   /* memmove(dst, staged ? staged : src, n) */
+  FAKE_OP_MEMSET, /* memset(dst, value, n) */
+  FAKE_OP_RECORD, /* an event record: nothing to do but complete */
+  FAKE_OP_WAIT,   /* a cuStreamWaitEvent / implicit-sync marker: only its deps */
+} fake_op_kind;
+
+/* One queued operation. Operations are reference counted: the queue holds
+ * one reference until done, every op depending on it one, an event's latest
+ * record one, every waiter one. */
+typedef struct fake_op {
+  fake_op_kind kind;        /* what to do */
+  uintptr_t dst;            /* destination address (COPY, MEMSET) */
+  uintptr_t src;            /* source address (COPY) */
+  size_t n;                 /* bytes (COPY, MEMSET) */
+  unsigned char value;      /* byte (MEMSET) */
+  void *staged;             /* malloc'd copy of a pageable source, or NULL */
+  struct fake_op **deps;    /* ops that must be done before this one starts */
+  int n_deps;               /* entries of deps */
+  int held;                 /* a test holds it (event records under a hold) */
+  int running;              /* the worker is executing it */
+  int done;                 /* completed */
+  int refs;                 /* references (see above) */
+  struct CUstream_st *stream; /* queue it is in (valid until done) */
+  struct fake_op *next;     /* next in its stream's queue */
+} fake_op;
 
 struct CUctx_st {
-  int device;  /* ordinal */
-  int retains; /* cuDevicePrimaryCtxRetain count not yet released */
+  int device;                 /* ordinal */
+  int retains;                /* cuDevicePrimaryCtxRetain count not yet released */
+  CUresult sticky;            /* a sticky error every call fails with; CUDA_SUCCESS: none */
+  struct CUstream_st *legacy; /* its legacy default stream, made at first use */
+};
+
+struct CUgraph_st {
+  uint32_t magic;           /* FAKE_OBJ_MAGIC while live */
+  uint64_t nodes;           /* operations captured into it */
+  struct CUgraph_st *next;  /* list of live graphs */
 };
 
 struct CUstream_st {
-  uint32_t magic;           /* FAKE_OBJ_MAGIC while live */
-  int test_owned;           /* made by fake_cuda_stream_create, not counted as sgm's */
-  int held;                 /* events recorded here stay pending */
-  uint64_t n_pending;       /* pending events recorded here */
-  struct CUstream_st *next; /* list of live streams */
+  uint32_t magic;           /* FAKE_OBJ_MAGIC while the handle is valid */
+  fake_stream_kind kind;    /* who made it */
+  struct CUctx_st *ctx;     /* its context */
+  unsigned flags;           /* CU_STREAM_* */
+  int priority;             /* as asked, clamped to the range */
+  int destroyed;            /* handle destroyed; freed once its queue drains */
+  int held;                 /* event records enqueued here are held */
+  pthread_t owner;          /* the thread of a per-thread default stream */
+  fake_op *head;            /* oldest op not done */
+  fake_op *tail;            /* newest op not done (NULL: idle) */
+  CUstreamCaptureStatus cap_status; /* NONE, ACTIVE or INVALIDATED */
+  CUstreamCaptureMode cap_mode;     /* mode of the capture it takes part in */
+  uint64_t cap_id;          /* that capture's id */
+  int cap_origin;           /* the capture began on this stream */
+  pthread_t cap_thread;     /* the thread that began the capture */
+  uint64_t cap_nodes;       /* ops captured on this stream */
+  uint64_t cap_joined;      /* cap_nodes when last joined back (forked streams) */
+  struct CUgraph_st *cap_graph; /* the graph being captured */
+  struct CUstream_st *next; /* list of all streams */
 };
 
 struct CUevent_st {
   uint32_t magic;           /* FAKE_OBJ_MAGIC while live */
-  struct CUstream_st *stream; /* where it was last recorded (NULL: none, or destroyed) */
-  int pending;              /* recorded and not yet completed */
+  struct CUctx_st *ctx;     /* context it was created in */
+  unsigned flags;           /* CU_EVENT_* */
+  fake_op *last;            /* its latest record (a reference), NULL: none or captured */
+  int captured;             /* latest record was captured */
+  uint64_t cap_id;          /* the capture it was recorded in */
+  struct CUstream_st *cap_stream; /* the stream it was recorded on in capture */
+  uint64_t cap_seq;         /* that stream's cap_nodes at the record */
   struct CUevent_st *next;  /* list of live events */
 };
 
@@ -85,46 +264,72 @@ typedef struct fake_dalloc {
   size_t mapped;            /* bytes mapped (page-rounded) */
   uint64_t accounted;       /* bytes charged to the device (rounded to 256) */
   int device;               /* which device's memory */
-  struct fake_dalloc *next;
+  struct fake_dalloc *next; /* list of live allocations */
 } fake_dalloc;
 
 typedef struct fake_hreg {
-  uintptr_t base;           /* registered host range start */
-  size_t size;              /* its length */
+  uintptr_t base;           /* registered host range start, as given */
+  size_t size;              /* its length, as given */
+  uintptr_t page_lo;        /* first byte of its first page */
+  uintptr_t page_hi;        /* end of its last page */
   unsigned flags;           /* CU_MEMHOSTREGISTER_* */
-  struct fake_hreg *next;
+  struct fake_hreg *next;   /* list of live registrations */
 } fake_hreg;
 
 static struct {
   pthread_mutex_t mu;       /* guards everything here */
-  pthread_cond_t cv;        /* signalled when pending events complete */
+  pthread_cond_t cv;        /* ops completed / the worker settled */
+  pthread_cond_t work_cv;   /* new work, releases, unpause: wakes the worker */
+  int worker_started;       /* the worker thread exists (in this process) */
+  int worker_idle;          /* the worker found nothing runnable and sleeps */
+  int inline_worker;        /* no worker thread (a fork child): waiters run the work */
+  int paused;               /* fake_cuda_pause: the worker runs nothing */
+  int lazy;                 /* the worker runs work only while a host thread waits */
+  int demand;               /* host threads waiting for work now (lazy mode) */
+  uint64_t delay_us;        /* simulated device time per op */
   int initialized;          /* cuInit succeeded */
   int device_count;         /* from FAKE_CUDA_DEVICE_COUNT at the last cuInit */
   uint64_t total_mem;       /* per device, from FAKE_CUDA_TOTAL_MEM at the last cuInit */
+  uint64_t other_used;      /* bytes "other processes" hold on every device */
+  int other_used_set;       /* other_used came from the control call */
   uint64_t used_mem[FAKE_MAX_DEVICES]; /* accounted bytes allocated per device */
   struct CUctx_st ctx[FAKE_MAX_DEVICES]; /* the primary contexts */
-  uint64_t calls;           /* counted calls */
+  uint64_t calls;           /* counted calls (fault injection counts these) */
+  uint64_t per_call[FAKE_N_IDS]; /* every call, per entry point */
   uint64_t fail_at;         /* fail this counted call; 0 = never */
   CUresult fail_result;     /* with this result */
+  int fail_sticky;          /* and poison the contexts with it */
   int fault_hit;            /* the armed fault fired */
   const char *fault_call;   /* the entry point it fired in */
-  int hold_all;             /* every event recorded stays pending */
-  uint64_t n_pending;       /* pending events in all */
+  CUresult host_register_result; /* every cuMemHostRegister fails with it; 0: no */
+  int hold_all;             /* every event record enqueued stays held */
+  uint64_t bad_event_destroys; /* cuEventDestroy of an already destroyed event */
+  uint64_t bad_handles;     /* INVALID_HANDLE answers for a stream or event */
+  uint64_t next_capture_id; /* ids handed to captures */
+  uint64_t n_global_captures; /* ongoing captures begun in GLOBAL mode */
   fake_dalloc *dallocs;     /* live device allocations */
   fake_hreg *hregs;         /* live host registrations */
-  struct CUstream_st *streams; /* live streams */
+  uint64_t registered_bytes; /* page-rounded bytes of hregs */
+  struct CUstream_st *streams; /* all streams (user, test, legacy, per-thread, draining) */
   struct CUevent_st *events;   /* live events */
-  struct CUstream_st legacy;   /* stream 0 (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) */
+  struct CUgraph_st *graphs;   /* live graphs */
+  void *dead_events[FAKE_DEAD_EVENTS]; /* recently destroyed event handles */
+  unsigned dead_next;       /* next slot of dead_events to overwrite */
 } F = {
     .mu = PTHREAD_MUTEX_INITIALIZER,
     .cv = PTHREAD_COND_INITIALIZER,
+    .work_cv = PTHREAD_COND_INITIALIZER,
     .fail_result = CUDA_ERROR_UNKNOWN,
     .fault_call = "",
-    .legacy = {.magic = FAKE_OBJ_MAGIC},
+    .next_capture_id = 1,
 };
 
 static _Thread_local struct CUctx_st *tls_ctx[FAKE_CTX_STACK];
 static _Thread_local int tls_depth;
+static _Thread_local struct CUstream_st *tls_per_thread[FAKE_MAX_DEVICES];
+static _Thread_local CUstreamCaptureMode tls_capture_mode; /* 0 = GLOBAL, the default */
+static _Thread_local uint64_t tls_strict_captures; /* own ongoing non-RELAXED captures */
+static _Thread_local uint64_t tls_global_captures; /* own ongoing GLOBAL captures */
 
 /* ---- error names ---- */
 
@@ -150,6 +355,16 @@ static _Thread_local int tls_depth;
   X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                             \
   X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                             \
   X(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "system has unsupported display driver / cuda driver combination") \
+  X(CUDA_ERROR_ILLEGAL_STATE, "the operation cannot be performed in the present state") \
+  X(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing") \
+  X(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "operation failed due to a previous error during capture") \
+  X(CUDA_ERROR_STREAM_CAPTURE_MERGE, "operation would result in a merge of separate capture sequences") \
+  X(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, "capture was not ended in the same stream as it began") \
+  X(CUDA_ERROR_STREAM_CAPTURE_UNJOINED, "capturing stream has unjoined work") \
+  X(CUDA_ERROR_STREAM_CAPTURE_ISOLATION, "dependency created on uncaptured work in another stream") \
+  X(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "operation would make the legacy stream depend on a capturing blocking stream") \
+  X(CUDA_ERROR_CAPTURED_EVENT, "operation not permitted on an event last recorded in a capturing stream") \
+  X(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, "attempt to terminate a thread-local capture sequence from another thread") \
   X(CUDA_ERROR_UNKNOWN, "unknown error")
 
 static const struct {
@@ -199,59 +414,457 @@ static long fake_env_long(const char *name, long dflt) {
   return end && *end == '\0' ? v : dflt;
 }
 
-__attribute__((constructor)) static void fake_load(void) {
-  pthread_mutex_lock(&F.mu);
-  F.fail_at = (uint64_t)fake_env_long("FAKE_CUDA_FAIL_AT", 0);
-  F.fail_result = fake_parse_result(getenv("FAKE_CUDA_FAIL_RESULT"), CUDA_ERROR_UNKNOWN);
+static void fake_read_env_locked(void) {
+  F.delay_us = (uint64_t)fake_env_long("FAKE_CUDA_DELAY_US", 0);
+  F.lazy = fake_env_long("FAKE_CUDA_LAZY", 0) != 0;
+  if (!F.other_used_set) F.other_used = fake_parse_size(getenv("FAKE_CUDA_OTHER_USED"), 0);
+  F.host_register_result =
+      fake_parse_result(getenv("FAKE_CUDA_HOST_REGISTER_RESULT"), CUDA_SUCCESS);
+}
+
+/* fork(): the child has no worker and must find the mutex free. */
+static void fake_atfork_prepare(void) { pthread_mutex_lock(&F.mu); }
+static void fake_atfork_parent(void) { pthread_mutex_unlock(&F.mu); }
+static void fake_atfork_child(void) {
+  /* A thread started in a child of a threaded process is unsafe (and TSan
+   * refuses it): the child's waiters run its work themselves. */
+  F.inline_worker = 1;
+  F.worker_started = 0;
+  F.worker_idle = 0;
+  F.demand = 0;
+  /* An op the parent's worker was running is run again by the child's. */
+  for (struct CUstream_st *s = F.streams; s; s = s->next)
+    if (s->head) s->head->running = 0;
   pthread_mutex_unlock(&F.mu);
 }
 
-/* Count a call; the armed fault's result when this is the one to fail. */
-static CUresult fake_count(const char *fn) {
+__attribute__((constructor)) static void fake_load(void) {
+  pthread_atfork(fake_atfork_prepare, fake_atfork_parent, fake_atfork_child);
   pthread_mutex_lock(&F.mu);
-  uint64_t n = ++F.calls;
+  F.fail_at = (uint64_t)fake_env_long("FAKE_CUDA_FAIL_AT", 0);
+  F.fail_result = fake_parse_result(getenv("FAKE_CUDA_FAIL_RESULT"), CUDA_ERROR_UNKNOWN);
+  fake_read_env_locked();
+  pthread_mutex_unlock(&F.mu);
+}
+
+/* Poison every retained primary context with a sticky error. */
+static void fake_poison_locked(CUresult r) {
+  for (int d = 0; d < FAKE_MAX_DEVICES; d++)
+    if (F.ctx[d].retains > 0) F.ctx[d].sticky = r;
+  pthread_cond_broadcast(&F.work_cv);
+}
+
+/* Count a call; the armed fault's result when this is the one to fail. */
+static CUresult fake_count(int id, int counted) {
+  pthread_mutex_lock(&F.mu);
+  F.per_call[id]++;
   CUresult r = CUDA_SUCCESS;
-  if (F.fail_at != 0 && n == F.fail_at && !F.fault_hit) {
-    F.fault_hit = 1;
-    F.fault_call = fn;
-    r = F.fail_result;
+  if (counted) {
+    uint64_t n = ++F.calls;
+    if (F.fail_at != 0 && n == F.fail_at && !F.fault_hit) {
+      F.fault_hit = 1;
+      F.fault_call = fake_call_names[id];
+      r = F.fail_result;
+      if (F.fail_sticky) fake_poison_locked(r);
+    }
   }
   pthread_mutex_unlock(&F.mu);
   return r;
 }
 
-#define FAKE_COUNT(fn)                 \
-  do {                                 \
-    CUresult fr_ = fake_count(fn);     \
-    if (fr_ != CUDA_SUCCESS) return fr_; \
+/* A counted entry point: counts it and returns an armed fault's result. */
+#define FAKE_COUNT(name)                               \
+  do {                                                 \
+    CUresult fr_ = fake_count(FAKE_ID_##name, 1);      \
+    if (fr_ != CUDA_SUCCESS) return fr_;               \
   } while (0)
+/* An uncounted one (never fails by injection): only its call counter. */
+#define FAKE_TALLY(name) ((void)fake_count(FAKE_ID_##name, 0))
 
 /* Checks below run under F.mu. */
 static CUresult fake_need_init_locked(void) {
   return F.initialized ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
 
-/* The thread's current context, which must be a retained primary context. */
+/* The thread's current context, which must be a retained primary context
+ * not poisoned by a sticky error. */
 static CUresult fake_need_ctx_locked(struct CUctx_st **out) {
   if (!F.initialized) return CUDA_ERROR_NOT_INITIALIZED;
   if (tls_depth == 0) return CUDA_ERROR_INVALID_CONTEXT;
   struct CUctx_st *c = tls_ctx[tls_depth - 1];
   if (c->retains <= 0) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  if (c->sticky != CUDA_SUCCESS) return c->sticky;
   if (out) *out = c;
   return CUDA_SUCCESS;
 }
 
-static struct CUstream_st *fake_stream_locked(CUstream s) {
-  if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) return &F.legacy;
+static uint64_t fake_ctx_overhead_locked(void) {
+  uint64_t dflt = F.total_mem < FAKE_CTX_OVERHEAD * FAKE_SMALL_DEVICE_DIVISOR
+                      ? F.total_mem / FAKE_SMALL_DEVICE_DIVISOR
+                      : FAKE_CTX_OVERHEAD;
+  return fake_parse_size(getenv("FAKE_CUDA_CTX_OVERHEAD"), dflt);
+}
+
+/* cuMemGetInfo's free: total - context reservation - other processes - allocations. */
+static uint64_t fake_free_mem_locked(int device) {
+  uint64_t taken = fake_ctx_overhead_locked() + F.other_used + F.used_mem[device];
+  return taken < F.total_mem ? F.total_mem - taken : 0;
+}
+
+/* ---- streams, ops and the worker ---- */
+
+static struct CUstream_st *fake_new_stream_locked(fake_stream_kind kind, struct CUctx_st *ctx,
+                                                  unsigned flags, int priority) {
+  struct CUstream_st *s = calloc(1, sizeof *s);
+  if (!s) return NULL;
+  s->magic = FAKE_OBJ_MAGIC;
+  s->kind = kind;
+  s->ctx = ctx;
+  s->flags = flags;
+  s->priority = priority;
+  s->next = F.streams;
+  F.streams = s;
+  return s;
+}
+
+static void fake_free_stream_locked(struct CUstream_st *s) {
+  for (struct CUstream_st **pp = &F.streams; *pp; pp = &(*pp)->next)
+    if (*pp == s) {
+      *pp = s->next;
+      break;
+    }
+  s->magic = 0;
+  free(s);
+}
+
+/* A live stream handle given by the caller: a stream of the caller's, the
+ * test's, or a default stream resolved for context c (which may be NULL for
+ * lookups that do not need the default streams). */
+static CUresult fake_stream_locked(CUstream h, struct CUctx_st *c, struct CUstream_st **out) {
+  *out = NULL;
+  if (h == NULL || h == CU_STREAM_LEGACY) {
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!c->legacy) c->legacy = fake_new_stream_locked(FAKE_STREAM_LEGACY, c, 0, 0);
+    *out = c->legacy;
+    return c->legacy ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (h == CU_STREAM_PER_THREAD) {
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    struct CUstream_st **slot = &tls_per_thread[c->device];
+    if (!*slot) {
+      *slot = fake_new_stream_locked(FAKE_STREAM_PER_THREAD, c, 0, 0);
+      if (*slot) (*slot)->owner = pthread_self();
+    }
+    *out = *slot;
+    return *slot ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+  }
   for (struct CUstream_st *x = F.streams; x; x = x->next)
-    if (x == s) return x;
-  return NULL;
+    if (x == h && !x->destroyed &&
+        (x->kind == FAKE_STREAM_USER || x->kind == FAKE_STREAM_TEST)) {
+      *out = x;
+      return CUDA_SUCCESS;
+    }
+  F.bad_handles++;
+  return CUDA_ERROR_INVALID_HANDLE;
 }
 
 static struct CUevent_st *fake_event_locked(CUevent e) {
   for (struct CUevent_st *x = F.events; x; x = x->next)
     if (x == e) return x;
+  F.bad_handles++;
   return NULL;
+}
+
+static void fake_op_unref_locked(fake_op *op) {
+  if (!op || --op->refs > 0) return;
+  for (int i = 0; i < op->n_deps; i++) fake_op_unref_locked(op->deps[i]);
+  free(op->deps);
+  free(op->staged);
+  free(op);
+}
+
+static fake_op *fake_op_ref(fake_op *op) {
+  if (op) op->refs++;
+  return op;
+}
+
+/* Add a dependency on dep (if it is not done yet). */
+static CUresult fake_op_add_dep_locked(fake_op *op, fake_op *dep) {
+  if (!dep || dep->done) return CUDA_SUCCESS;
+  fake_op **d = realloc(op->deps, sizeof *d * (size_t)(op->n_deps + 1));
+  if (!d) return CUDA_ERROR_OUT_OF_MEMORY;
+  op->deps = d;
+  d[op->n_deps++] = fake_op_ref(dep);
+  return CUDA_SUCCESS;
+}
+
+static bool fake_blocking(const struct CUstream_st *s) {
+  return !(s->flags & CU_STREAM_NON_BLOCKING) && s->kind != FAKE_STREAM_LEGACY;
+}
+
+/* The implicit synchronisation of the legacy stream, as dependencies of an op
+ * about to be queued on s: legacy work waits for every blocking stream of its
+ * context, blocking work for the legacy stream. */
+static CUresult fake_implicit_deps_locked(fake_op *op, struct CUstream_st *s) {
+  CUresult r = CUDA_SUCCESS;
+  if (s->kind == FAKE_STREAM_LEGACY) {
+    for (struct CUstream_st *x = F.streams; x && r == CUDA_SUCCESS; x = x->next)
+      if (x != s && x->ctx == s->ctx && fake_blocking(x)) r = fake_op_add_dep_locked(op, x->tail);
+  } else if (fake_blocking(s) && s->ctx->legacy) {
+    r = fake_op_add_dep_locked(op, s->ctx->legacy->tail);
+  }
+  return r;
+}
+
+/* A blocking stream of c that captures (the legacy stream cannot be used then). */
+static struct CUstream_st *fake_blocking_capture_locked(struct CUctx_st *c) {
+  for (struct CUstream_st *x = F.streams; x; x = x->next)
+    if (x->ctx == c && fake_blocking(x) && x->cap_status != CU_STREAM_CAPTURE_STATUS_NONE)
+      return x;
+  return NULL;
+}
+
+static void fake_invalidate_capture_locked(uint64_t id) {
+  for (struct CUstream_st *x = F.streams; x; x = x->next)
+    if (x->cap_status == CU_STREAM_CAPTURE_STATUS_ACTIVE && x->cap_id == id)
+      x->cap_status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+}
+
+/* Before using the legacy stream of c: STREAM_CAPTURE_IMPLICIT (and the
+ * capture invalidated) while a blocking stream of c captures. */
+static CUresult fake_legacy_use_locked(struct CUstream_st *s) {
+  if (s->kind != FAKE_STREAM_LEGACY) return CUDA_SUCCESS;
+  struct CUstream_st *cap = fake_blocking_capture_locked(s->ctx);
+  if (!cap) return CUDA_SUCCESS;
+  fake_invalidate_capture_locked(cap->cap_id);
+  return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+}
+
+/* A potentially unsafe call (cuMemAlloc...) from this thread during capture:
+ * STREAM_CAPTURE_UNSUPPORTED, and the captures that forbid it invalidated. */
+static CUresult fake_capture_unsafe_locked(void) {
+  if (tls_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
+  bool own = tls_strict_captures > 0;
+  bool others = tls_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                F.n_global_captures > tls_global_captures;
+  if (!own && !others) return CUDA_SUCCESS;
+  pthread_t me = pthread_self();
+  for (struct CUstream_st *x = F.streams; x; x = x->next) {
+    if (!x->cap_origin || x->cap_status != CU_STREAM_CAPTURE_STATUS_ACTIVE) continue;
+    bool mine = pthread_equal(x->cap_thread, me) && x->cap_mode != CU_STREAM_CAPTURE_MODE_RELAXED;
+    bool global = x->cap_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                  tls_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+    if (mine || global) fake_invalidate_capture_locked(x->cap_id);
+  }
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+static bool fake_runnable(const fake_op *op) {
+  if (op->held || op->running || op->done) return false;
+  for (int i = 0; i < op->n_deps; i++)
+    if (!op->deps[i]->done) return false;
+  return true;
+}
+
+/* The runnable head op of the highest-priority stream (lowest number). */
+static fake_op *fake_next_runnable_locked(void) {
+  if (F.paused || (F.lazy && F.demand == 0)) return NULL;
+  fake_op *best = NULL;
+  for (struct CUstream_st *s = F.streams; s; s = s->next)
+    if (s->head && fake_runnable(s->head) &&
+        (!best || s->priority < best->stream->priority))
+      best = s->head;
+  return best;
+}
+
+static bool fake_ranges_overlap(uintptr_t a, size_t an, uintptr_t b, size_t bn) {
+  return an > 0 && bn > 0 && a < b + bn && b < a + an;
+}
+
+static void fake_execute(fake_op *op, int poisoned) {
+  if (poisoned || op->n == 0) return;
+  if (op->kind == FAKE_OP_COPY)
+    memmove((void *)op->dst, op->staged ? op->staged : (const void *)op->src, op->n);
+  else if (op->kind == FAKE_OP_MEMSET)
+    memset((void *)op->dst, op->value, op->n);
+}
+
+/* Run op (runnable, taken by the caller): drops F.mu while it works. */
+static void fake_run_locked(fake_op *op) {
+  op->running = 1;
+  uint64_t delay = F.delay_us;
+  int poisoned = op->stream->ctx->sticky != CUDA_SUCCESS;
+  pthread_mutex_unlock(&F.mu);
+  if (delay > 0) {
+    struct timespec ts = {(time_t)(delay / 1000000), (long)(delay % 1000000) * 1000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+  }
+  fake_execute(op, poisoned);
+  pthread_mutex_lock(&F.mu);
+  struct CUstream_st *s = op->stream;
+  op->running = 0;
+  op->done = 1;
+  s->head = op->next;
+  if (!s->head) s->tail = NULL;
+  op->next = NULL;
+  op->stream = NULL;
+  fake_op_unref_locked(op); /* the queue's reference */
+  if (s->destroyed && !s->head) fake_free_stream_locked(s);
+  pthread_cond_broadcast(&F.cv);
+}
+
+static void *fake_worker(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&F.mu);
+  for (;;) {
+    fake_op *op = fake_next_runnable_locked();
+    if (!op) {
+      F.worker_idle = 1;
+      pthread_cond_broadcast(&F.cv);
+      pthread_cond_wait(&F.work_cv, &F.mu);
+      continue;
+    }
+    F.worker_idle = 0;
+    fake_run_locked(op);
+  }
+  return NULL;
+}
+
+/* A waiter's turn: without a worker thread (a fork child) the waiter runs the
+ * next runnable op itself; else it sleeps until an op completes. */
+static void fake_wait_progress_locked(void) {
+  if (F.inline_worker) {
+    fake_op *op = fake_next_runnable_locked();
+    if (op) {
+      fake_run_locked(op);
+      return;
+    }
+  }
+  pthread_cond_wait(&F.cv, &F.mu);
+}
+
+static CUresult fake_start_worker_locked(void) {
+  if (F.worker_started || F.inline_worker) return CUDA_SUCCESS;
+  pthread_t t;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  int rc = pthread_create(&t, &attr, fake_worker, NULL);
+  pthread_attr_destroy(&attr);
+  if (rc != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  F.worker_started = 1;
+  return CUDA_SUCCESS;
+}
+
+/* Block until the worker can make no more progress: everything not held,
+ * paused or waiting on held work is done. */
+static void fake_settle_locked(void) {
+  F.demand++;
+  for (fake_op *op; F.inline_worker && (op = fake_next_runnable_locked()) != NULL;)
+    fake_run_locked(op);
+  pthread_cond_broadcast(&F.work_cv);
+  while (F.worker_started && (fake_next_runnable_locked() || !F.worker_idle)) {
+    F.worker_idle = 0;
+    pthread_cond_broadcast(&F.work_cv);
+    pthread_cond_wait(&F.cv, &F.mu);
+  }
+  F.demand--;
+}
+
+/* Queue op on s (its implicit dependencies added); in a capture, count it
+ * instead. On success *queued is the op (a new reference for the caller
+ * when want_ref), or NULL when captured. */
+static CUresult fake_enqueue_locked(struct CUstream_st *s, fake_op *op, fake_op **queued) {
+  if (queued) *queued = NULL;
+  CUresult r = fake_legacy_use_locked(s);
+  if (r != CUDA_SUCCESS) goto out_free;
+  if (s->cap_status == CU_STREAM_CAPTURE_STATUS_INVALIDATED) {
+    r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    goto out_free;
+  }
+  if (s->cap_status == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+    s->cap_nodes++;
+    if (s->cap_graph) s->cap_graph->nodes++;
+    goto out_free; /* captured, not executed */
+  }
+  if ((r = fake_start_worker_locked()) != CUDA_SUCCESS) goto out_free;
+  if ((r = fake_implicit_deps_locked(op, s)) != CUDA_SUCCESS) goto out_free;
+  op->stream = s;
+  op->refs = 1;
+  if (s->tail) s->tail->next = op;
+  else s->head = op;
+  s->tail = op;
+  if (queued) *queued = fake_op_ref(op);
+  pthread_cond_broadcast(&F.work_cv);
+  return CUDA_SUCCESS;
+out_free:
+  for (int i = 0; i < op->n_deps; i++) fake_op_unref_locked(op->deps[i]);
+  free(op->deps);
+  free(op->staged);
+  free(op);
+  return r;
+}
+
+/* Wait for op (a reference the caller holds, dropped here). */
+static void fake_wait_op_locked(fake_op *op) {
+  if (!op) return;
+  F.demand++; /* a lazy device runs while someone waits */
+  pthread_cond_broadcast(&F.work_cv);
+  while (!op->done) fake_wait_progress_locked();
+  F.demand--;
+  fake_op_unref_locked(op);
+}
+
+/* The work of s enqueued so far, as one marker op to wait for: its tail, and
+ * for the legacy stream what its next op would implicitly wait for. Returns a
+ * reference (or NULL: nothing pending). */
+static CUresult fake_stream_marker_locked(struct CUstream_st *s, fake_op **out) {
+  *out = NULL;
+  fake_op *m = calloc(1, sizeof *m);
+  if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
+  m->kind = FAKE_OP_WAIT;
+  m->refs = 1;
+  CUresult r = fake_op_add_dep_locked(m, s->tail);
+  if (r == CUDA_SUCCESS && s->kind == FAKE_STREAM_LEGACY) r = fake_implicit_deps_locked(m, s);
+  if (r != CUDA_SUCCESS || m->n_deps == 0) {
+    fake_op_unref_locked(m);
+    return r;
+  }
+  /* Not queued: done once every dependency is (checked by the waiter). */
+  *out = m;
+  return CUDA_SUCCESS;
+}
+
+static bool fake_marker_done(const fake_op *m) {
+  for (int i = 0; i < m->n_deps; i++)
+    if (!m->deps[i]->done) return false;
+  return true;
+}
+
+static void fake_wait_marker_locked(fake_op *m) {
+  if (!m) return;
+  F.demand++;
+  pthread_cond_broadcast(&F.work_cv);
+  while (!fake_marker_done(m)) fake_wait_progress_locked();
+  F.demand--;
+  fake_op_unref_locked(m);
+}
+
+/* Wait until no queued op touches [base, base + n). */
+static void fake_wait_range_locked(uintptr_t base, size_t n) {
+  for (;;) {
+    fake_op *busy = NULL;
+    for (struct CUstream_st *s = F.streams; s && !busy; s = s->next)
+      for (fake_op *op = s->head; op && !busy; op = op->next)
+        if ((op->kind == FAKE_OP_COPY || op->kind == FAKE_OP_MEMSET) &&
+            (fake_ranges_overlap(op->dst, op->n, base, n) ||
+             (op->kind == FAKE_OP_COPY && !op->staged && fake_ranges_overlap(op->src, op->n, base, n))))
+          busy = op;
+    if (!busy) return;
+    fake_op_ref(busy);
+    fake_wait_op_locked(busy);
+  }
 }
 
 /* True when [addr, addr + n) is device-addressable: inside one allocation or
@@ -266,16 +879,18 @@ static bool fake_device_range_locked(uintptr_t addr, size_t n) {
   return false;
 }
 
-static void fake_complete_locked(struct CUevent_st *e) {
-  if (!e->pending) return;
-  e->pending = 0;
-  F.n_pending--;
-  if (e->stream) e->stream->n_pending--;
+/* True when [addr, addr + n) is registered (page-locked) host memory. */
+static bool fake_pinned_range_locked(uintptr_t addr, size_t n) {
+  for (fake_hreg *h = F.hregs; h; h = h->next)
+    if (addr >= h->base && n <= h->size && addr - h->base <= h->size - n) return true;
+  return false;
 }
 
-/* ---- the entry points sgm uses ---- */
+/* ---- the entry points: device and context ---- */
 
 FAKE_API CUresult cuGetErrorName(CUresult error, const char **pStr) {
+  FAKE_TALLY(cuGetErrorName);
+  if (!pStr) return CUDA_ERROR_INVALID_VALUE;
   for (size_t i = 0; i < sizeof fake_errors / sizeof fake_errors[0]; i++)
     if (fake_errors[i].r == error) {
       *pStr = fake_errors[i].name;
@@ -286,6 +901,8 @@ FAKE_API CUresult cuGetErrorName(CUresult error, const char **pStr) {
 }
 
 FAKE_API CUresult cuGetErrorString(CUresult error, const char **pStr) {
+  FAKE_TALLY(cuGetErrorString);
+  if (!pStr) return CUDA_ERROR_INVALID_VALUE;
   for (size_t i = 0; i < sizeof fake_errors / sizeof fake_errors[0]; i++)
     if (fake_errors[i].r == error) {
       *pStr = fake_errors[i].str;
@@ -295,14 +912,19 @@ FAKE_API CUresult cuGetErrorString(CUresult error, const char **pStr) {
   return CUDA_ERROR_INVALID_VALUE;
 }
 
+static int fake_driver_version(void) {
+  return (int)fake_env_long("FAKE_CUDA_DRIVER_VERSION", FAKE_DEFAULT_DRIVER_VERSION);
+}
+
 FAKE_API CUresult cuDriverGetVersion(int *driverVersion) {
+  FAKE_TALLY(cuDriverGetVersion);
   if (!driverVersion) return CUDA_ERROR_INVALID_VALUE;
-  *driverVersion = (int)fake_env_long("FAKE_CUDA_DRIVER_VERSION", FAKE_DEFAULT_DRIVER_VERSION);
+  *driverVersion = fake_driver_version();
   return CUDA_SUCCESS;
 }
 
 FAKE_API CUresult cuInit(unsigned int Flags) {
-  FAKE_COUNT("cuInit");
+  FAKE_COUNT(cuInit);
   if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
   CUresult forced = fake_parse_result(getenv("FAKE_CUDA_INIT_RESULT"), CUDA_SUCCESS);
   if (forced != CUDA_SUCCESS) return forced;
@@ -321,7 +943,7 @@ FAKE_API CUresult cuInit(unsigned int Flags) {
 }
 
 FAKE_API CUresult cuDeviceGetCount(int *count) {
-  FAKE_COUNT("cuDeviceGetCount");
+  FAKE_COUNT(cuDeviceGetCount);
   pthread_mutex_lock(&F.mu);
   CUresult r = fake_need_init_locked();
   if (r == CUDA_SUCCESS) {
@@ -339,7 +961,8 @@ static CUresult fake_need_device_locked(CUdevice dev) {
 }
 
 FAKE_API CUresult cuDeviceGet(CUdevice *device, int ordinal) {
-  FAKE_COUNT("cuDeviceGet");
+  FAKE_COUNT(cuDeviceGet);
+  if (!device) return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&F.mu);
   CUresult r = fake_need_device_locked(ordinal);
   if (r == CUDA_SUCCESS) *device = ordinal;
@@ -348,7 +971,7 @@ FAKE_API CUresult cuDeviceGet(CUdevice *device, int ordinal) {
 }
 
 FAKE_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
-  FAKE_COUNT("cuDeviceGetAttribute");
+  FAKE_COUNT(cuDeviceGetAttribute);
   pthread_mutex_lock(&F.mu);
   CUresult r = fake_need_device_locked(dev);
   pthread_mutex_unlock(&F.mu);
@@ -358,14 +981,26 @@ FAKE_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdev
     case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
       *pi = (int)fake_env_long("FAKE_CUDA_CAN_MAP_HOST", 1);
       break;
-    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: *pi = 1; break;
+    case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED:
+      *pi = (int)fake_env_long("FAKE_CUDA_HOST_REGISTER_SUPPORTED", 1);
+      break;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+    case CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM:
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS:
+      *pi = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: *pi = 2; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = 0; break;
     default: *pi = 0; break;
   }
   return CUDA_SUCCESS;
 }
 
 FAKE_API CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
-  FAKE_COUNT("cuDeviceGetName");
+  FAKE_COUNT(cuDeviceGetName);
   pthread_mutex_lock(&F.mu);
   CUresult r = fake_need_device_locked(dev);
   pthread_mutex_unlock(&F.mu);
@@ -376,7 +1011,7 @@ FAKE_API CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
 }
 
 FAKE_API CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev) {
-  FAKE_COUNT("cuDeviceGetPCIBusId");
+  FAKE_COUNT(cuDeviceGetPCIBusId);
   pthread_mutex_lock(&F.mu);
   CUresult r = fake_need_device_locked(dev);
   pthread_mutex_unlock(&F.mu);
@@ -389,7 +1024,8 @@ FAKE_API CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev) {
 }
 
 FAKE_API CUresult cuDeviceTotalMem(size_t *bytes, CUdevice dev) {
-  FAKE_COUNT("cuDeviceTotalMem");
+  FAKE_COUNT(cuDeviceTotalMem);
+  if (!bytes) return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&F.mu);
   CUresult r = fake_need_device_locked(dev);
   if (r == CUDA_SUCCESS) *bytes = (size_t)F.total_mem;
@@ -398,7 +1034,8 @@ FAKE_API CUresult cuDeviceTotalMem(size_t *bytes, CUdevice dev) {
 }
 
 FAKE_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
-  FAKE_COUNT("cuDevicePrimaryCtxRetain");
+  FAKE_COUNT(cuDevicePrimaryCtxRetain);
+  if (!pctx) return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&F.mu);
   CUresult r = fake_need_device_locked(dev);
   if (r == CUDA_SUCCESS) {
@@ -410,19 +1047,25 @@ FAKE_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
 }
 
 FAKE_API CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
-  FAKE_COUNT("cuDevicePrimaryCtxRelease");
+  FAKE_COUNT(cuDevicePrimaryCtxRelease);
   pthread_mutex_lock(&F.mu);
   CUresult r = fake_need_device_locked(dev);
   if (r == CUDA_SUCCESS) {
-    if (F.ctx[dev].retains > 0) F.ctx[dev].retains--;
-    else r = CUDA_ERROR_INVALID_CONTEXT;
+    if (F.ctx[dev].retains > 0) {
+      /* The last release destroys the context: a sticky error goes with it.
+       * Live objects stay listed so leak checks still see them. */
+      if (--F.ctx[dev].retains == 0) F.ctx[dev].sticky = CUDA_SUCCESS;
+    } else {
+      r = CUDA_ERROR_INVALID_CONTEXT;
+    }
   }
   pthread_mutex_unlock(&F.mu);
   return r;
 }
 
 FAKE_API CUresult cuCtxGetCurrent(CUcontext *pctx) {
-  FAKE_COUNT("cuCtxGetCurrent");
+  FAKE_COUNT(cuCtxGetCurrent);
+  if (!pctx) return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&F.mu);
   CUresult r = fake_need_init_locked();
   pthread_mutex_unlock(&F.mu);
@@ -432,7 +1075,7 @@ FAKE_API CUresult cuCtxGetCurrent(CUcontext *pctx) {
 }
 
 FAKE_API CUresult cuCtxPushCurrent(CUcontext ctx) {
-  FAKE_COUNT("cuCtxPushCurrent");
+  FAKE_COUNT(cuCtxPushCurrent);
   pthread_mutex_lock(&F.mu);
   CUresult r = fake_need_init_locked();
   if (r == CUDA_SUCCESS) {
@@ -447,21 +1090,62 @@ FAKE_API CUresult cuCtxPushCurrent(CUcontext ctx) {
 }
 
 FAKE_API CUresult cuCtxPopCurrent(CUcontext *pctx) {
-  FAKE_COUNT("cuCtxPopCurrent");
+  FAKE_COUNT(cuCtxPopCurrent);
   if (tls_depth == 0) return CUDA_ERROR_INVALID_CONTEXT;
   CUcontext c = tls_ctx[--tls_depth];
   if (pctx) *pctx = c;
   return CUDA_SUCCESS;
 }
 
+FAKE_API CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority) {
+  FAKE_COUNT(cuCtxGetStreamPriorityRange);
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_need_ctx_locked(NULL);
+  pthread_mutex_unlock(&F.mu);
+  if (r != CUDA_SUCCESS) return r;
+  if (leastPriority) *leastPriority = FAKE_PRIORITY_LEAST;
+  if (greatestPriority) *greatestPriority = FAKE_PRIORITY_GREATEST;
+  return CUDA_SUCCESS;
+}
+
+/* Wait for all work queued so far in context c. */
+static CUresult fake_ctx_sync_locked(struct CUctx_st *c) {
+  fake_op *m = calloc(1, sizeof *m);
+  if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
+  m->kind = FAKE_OP_WAIT;
+  m->refs = 1;
+  CUresult r = CUDA_SUCCESS;
+  for (struct CUstream_st *x = F.streams; x && r == CUDA_SUCCESS; x = x->next)
+    if (x->ctx == c) r = fake_op_add_dep_locked(m, x->tail);
+  if (r != CUDA_SUCCESS) {
+    fake_op_unref_locked(m);
+    return r;
+  }
+  fake_wait_marker_locked(m);
+  return c->sticky;
+}
+
+FAKE_API CUresult cuCtxSynchronize(void) {
+  FAKE_COUNT(cuCtxSynchronize);
+  pthread_mutex_lock(&F.mu);
+  struct CUctx_st *c = NULL;
+  CUresult r = fake_need_ctx_locked(&c);
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked();
+  if (r == CUDA_SUCCESS) r = fake_ctx_sync_locked(c);
+  pthread_mutex_unlock(&F.mu);
+  return r;
+}
+
+/* ---- device memory ---- */
+
 FAKE_API CUresult cuMemGetInfo(size_t *free, size_t *total) {
-  FAKE_COUNT("cuMemGetInfo");
+  FAKE_COUNT(cuMemGetInfo);
+  if (!free || !total) return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&F.mu);
   struct CUctx_st *c = NULL;
   CUresult r = fake_need_ctx_locked(&c);
   if (r == CUDA_SUCCESS) {
-    uint64_t used = F.used_mem[c->device];
-    *free = (size_t)(used < F.total_mem ? F.total_mem - used : 0);
+    *free = (size_t)fake_free_mem_locked(c->device);
     *total = (size_t)F.total_mem;
   }
   pthread_mutex_unlock(&F.mu);
@@ -469,7 +1153,7 @@ FAKE_API CUresult cuMemGetInfo(size_t *free, size_t *total) {
 }
 
 FAKE_API CUresult cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
-  FAKE_COUNT("cuMemAlloc");
+  FAKE_COUNT(cuMemAlloc);
   if (!dptr) return CUDA_ERROR_INVALID_VALUE;
   *dptr = 0;
   if (bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -477,8 +1161,8 @@ FAKE_API CUresult cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
   pthread_mutex_lock(&F.mu);
   struct CUctx_st *c = NULL;
   CUresult r = fake_need_ctx_locked(&c);
-  if (r == CUDA_SUCCESS && (acc > F.total_mem || F.used_mem[c->device] > F.total_mem - acc))
-    r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked();
+  if (r == CUDA_SUCCESS && acc > fake_free_mem_locked(c->device)) r = CUDA_ERROR_OUT_OF_MEMORY;
   if (r == CUDA_SUCCESS) F.used_mem[c->device] += acc;
   pthread_mutex_unlock(&F.mu);
   if (r != CUDA_SUCCESS) return r;
@@ -501,19 +1185,26 @@ FAKE_API CUresult cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
 }
 
 FAKE_API CUresult cuMemFree(CUdeviceptr dptr) {
-  FAKE_COUNT("cuMemFree");
+  FAKE_COUNT(cuMemFree);
   pthread_mutex_lock(&F.mu);
   CUresult r = fake_need_ctx_locked(NULL);
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked();
   fake_dalloc *found = NULL;
   if (r == CUDA_SUCCESS) {
+    for (fake_dalloc *a = F.dallocs; a; a = a->next)
+      if (a->base == (uintptr_t)dptr) found = a;
+    if (!found) r = CUDA_ERROR_INVALID_VALUE;
+  }
+  if (found) {
+    /* The driver synchronises before freeing: no queued copy may still
+     * touch the memory when it is unmapped. */
+    fake_wait_range_locked(found->base, found->size);
     for (fake_dalloc **pp = &F.dallocs; *pp; pp = &(*pp)->next)
-      if ((*pp)->base == (uintptr_t)dptr) {
-        found = *pp;
+      if (*pp == found) {
         *pp = found->next;
-        F.used_mem[found->device] -= found->accounted;
         break;
       }
-    if (!found) r = CUDA_ERROR_INVALID_VALUE;
+    F.used_mem[found->device] -= found->accounted;
   }
   pthread_mutex_unlock(&F.mu);
   if (found) {
@@ -523,22 +1214,47 @@ FAKE_API CUresult cuMemFree(CUdeviceptr dptr) {
   return r;
 }
 
+/* ---- host registration ---- */
+
+/* Every page of [lo, hi) is mapped in this process. */
+static bool fake_mapped(uintptr_t lo, uintptr_t hi) {
+  unsigned char vec[64];
+  for (uintptr_t p = lo; p < hi;) {
+    size_t pages = (hi - p) / FAKE_PAGE;
+    if (pages > sizeof vec) pages = sizeof vec;
+    if (mincore((void *)p, pages * FAKE_PAGE, vec) != 0) return false; /* ENOMEM: unmapped */
+    p += pages * FAKE_PAGE;
+  }
+  return true;
+}
+
 FAKE_API CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags) {
-  FAKE_COUNT("cuMemHostRegister");
+  FAKE_COUNT(cuMemHostRegister);
   const unsigned known = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
                          CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY;
   if (!p || bytesize == 0 || (Flags & ~known)) return CUDA_ERROR_INVALID_VALUE;
+  uintptr_t base = (uintptr_t)p;
+  if (base + bytesize < base) return CUDA_ERROR_INVALID_VALUE;
+  uintptr_t lo = base & ~(uintptr_t)(FAKE_PAGE - 1);
+  uintptr_t hi = (base + bytesize + FAKE_PAGE - 1) & ~(uintptr_t)(FAKE_PAGE - 1);
   fake_hreg *h = malloc(sizeof *h);
   if (!h) return CUDA_ERROR_OUT_OF_MEMORY;
-  uintptr_t base = (uintptr_t)p;
+  uint64_t limit = fake_parse_size(getenv("FAKE_CUDA_PINNED_LIMIT"), UINT64_MAX);
   pthread_mutex_lock(&F.mu);
   CUresult r = fake_need_ctx_locked(NULL);
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked();
+  if (r == CUDA_SUCCESS && fake_env_long("FAKE_CUDA_HOST_REGISTER_SUPPORTED", 1) == 0)
+    r = CUDA_ERROR_NOT_SUPPORTED;
+  if (r == CUDA_SUCCESS && F.host_register_result != CUDA_SUCCESS) r = F.host_register_result;
+  if (r == CUDA_SUCCESS && !fake_mapped(lo, hi)) r = CUDA_ERROR_INVALID_VALUE;
   for (fake_hreg *x = F.hregs; r == CUDA_SUCCESS && x; x = x->next)
-    if (base < x->base + x->size && x->base < base + bytesize)
-      r = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    if (lo < x->page_hi && x->page_lo < hi) r = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  if (r == CUDA_SUCCESS && (hi - lo > limit || F.registered_bytes > limit - (hi - lo)))
+    r = CUDA_ERROR_OUT_OF_MEMORY;
   if (r == CUDA_SUCCESS) {
-    *h = (fake_hreg){base, bytesize, Flags, F.hregs};
+    *h = (fake_hreg){base, bytesize, lo, hi, Flags, F.hregs};
     F.hregs = h;
+    F.registered_bytes += hi - lo;
     h = NULL;
   }
   pthread_mutex_unlock(&F.mu);
@@ -547,18 +1263,24 @@ FAKE_API CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags
 }
 
 FAKE_API CUresult cuMemHostUnregister(void *p) {
-  FAKE_COUNT("cuMemHostUnregister");
+  FAKE_COUNT(cuMemHostUnregister);
   pthread_mutex_lock(&F.mu);
   CUresult r = fake_need_ctx_locked(NULL);
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked();
   fake_hreg *found = NULL;
   if (r == CUDA_SUCCESS) {
+    for (fake_hreg *x = F.hregs; x; x = x->next)
+      if (x->base == (uintptr_t)p) found = x;
+    if (!found) r = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  }
+  if (found) {
+    fake_wait_range_locked(found->base, found->size);
     for (fake_hreg **pp = &F.hregs; *pp; pp = &(*pp)->next)
-      if ((*pp)->base == (uintptr_t)p) {
-        found = *pp;
+      if (*pp == found) {
         *pp = found->next;
         break;
       }
-    if (!found) r = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    F.registered_bytes -= found->page_hi - found->page_lo;
   }
   pthread_mutex_unlock(&F.mu);
   free(found);
@@ -566,7 +1288,7 @@ FAKE_API CUresult cuMemHostUnregister(void *p) {
 }
 
 FAKE_API CUresult cuMemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsigned int Flags) {
-  FAKE_COUNT("cuMemHostGetDevicePointer");
+  FAKE_COUNT(cuMemHostGetDevicePointer);
   if (!pdptr || Flags != 0) return CUDA_ERROR_INVALID_VALUE;
   *pdptr = 0;
   pthread_mutex_lock(&F.mu);
@@ -584,70 +1306,111 @@ FAKE_API CUresult cuMemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsigne
   return r;
 }
 
-/* A copy: check the context, the stream and every device range, then move. */
+/* ---- copies and memsets: queued, done later by the worker ---- */
+
+/* The current context and the stream h of it, for an enqueue. */
+static CUresult fake_target_locked(CUstream h, struct CUctx_st **c, struct CUstream_st **s) {
+  CUresult r = fake_need_ctx_locked(c);
+  if (r == CUDA_SUCCESS) r = fake_stream_locked(h, *c, s);
+  if (r == CUDA_SUCCESS && (*s)->ctx != *c) {
+    F.bad_handles++;
+    r = CUDA_ERROR_INVALID_HANDLE; /* a stream of another context */
+  }
+  return r;
+}
+
+/* A copy: check the context, the stream and every device range, then queue
+ * it. Pageable host memory as the driver treats it: a source is staged now,
+ * a destination is written before the call returns. */
 static CUresult fake_copy(uintptr_t dst, bool dst_dev, uintptr_t src, bool src_dev, size_t n,
-                          CUstream s) {
+                          CUstream h) {
+  fake_op *op = calloc(1, sizeof *op);
+  if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+  op->kind = FAKE_OP_COPY;
+  op->dst = dst;
+  op->src = src;
+  op->n = n;
   pthread_mutex_lock(&F.mu);
-  CUresult r = fake_need_ctx_locked(NULL);
-  if (r == CUDA_SUCCESS && !fake_stream_locked(s)) r = CUDA_ERROR_INVALID_HANDLE;
+  struct CUctx_st *c = NULL;
+  struct CUstream_st *s = NULL;
+  fake_op *queued = NULL;
+  bool sync_after = false;
+  CUresult r = fake_target_locked(h, &c, &s);
   if (r == CUDA_SUCCESS && n > 0 &&
       (!dst || !src || (dst_dev && !fake_device_range_locked(dst, n)) ||
        (src_dev && !fake_device_range_locked(src, n))))
     r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && n > 0 && !src_dev && !fake_pinned_range_locked(src, n)) {
+    op->staged = malloc(n);
+    if (!op->staged) r = CUDA_ERROR_OUT_OF_MEMORY;
+    else memcpy(op->staged, (const void *)src, n);
+  }
+  if (r == CUDA_SUCCESS && !dst_dev && !fake_pinned_range_locked(dst, n)) sync_after = true;
+  if (r == CUDA_SUCCESS) {
+    r = fake_enqueue_locked(s, op, sync_after ? &queued : NULL);
+    op = NULL;
+  }
+  if (queued) fake_wait_op_locked(queued);
   pthread_mutex_unlock(&F.mu);
-  if (r == CUDA_SUCCESS && n > 0) memmove((void *)dst, (const void *)src, n);
+  if (op) {
+    free(op->staged);
+    free(op);
+  }
   return r;
 }
 
 FAKE_API CUresult cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
                                     CUstream hStream) {
-  FAKE_COUNT("cuMemcpyHtoDAsync");
+  FAKE_COUNT(cuMemcpyHtoDAsync);
   return fake_copy((uintptr_t)dstDevice, true, (uintptr_t)srcHost, false, ByteCount, hStream);
 }
 
 FAKE_API CUresult cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
                                     CUstream hStream) {
-  FAKE_COUNT("cuMemcpyDtoHAsync");
+  FAKE_COUNT(cuMemcpyDtoHAsync);
   return fake_copy((uintptr_t)dstHost, false, (uintptr_t)srcDevice, true, ByteCount, hStream);
 }
 
 FAKE_API CUresult cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
                                     CUstream hStream) {
-  FAKE_COUNT("cuMemcpyDtoDAsync");
+  FAKE_COUNT(cuMemcpyDtoDAsync);
   return fake_copy((uintptr_t)dstDevice, true, (uintptr_t)srcDevice, true, ByteCount, hStream);
 }
 
-static struct CUstream_st *fake_new_stream_locked(int test_owned) {
-  struct CUstream_st *s = calloc(1, sizeof *s);
-  if (!s) return NULL;
-  s->magic = FAKE_OBJ_MAGIC;
-  s->test_owned = test_owned;
-  s->next = F.streams;
-  F.streams = s;
-  return s;
+FAKE_API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
+                                  CUstream hStream) {
+  FAKE_COUNT(cuMemsetD8Async);
+  fake_op *op = calloc(1, sizeof *op);
+  if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+  *op = (fake_op){.kind = FAKE_OP_MEMSET, .dst = (uintptr_t)dstDevice, .n = N, .value = uc};
+  pthread_mutex_lock(&F.mu);
+  struct CUctx_st *c = NULL;
+  struct CUstream_st *s = NULL;
+  CUresult r = fake_target_locked(hStream, &c, &s);
+  if (r == CUDA_SUCCESS && N > 0 && !fake_device_range_locked((uintptr_t)dstDevice, N))
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    r = fake_enqueue_locked(s, op, NULL);
+    op = NULL;
+  }
+  pthread_mutex_unlock(&F.mu);
+  free(op);
+  return r;
 }
 
-static void fake_drop_stream_locked(struct CUstream_st *s) {
-  for (struct CUstream_st **pp = &F.streams; *pp; pp = &(*pp)->next)
-    if (*pp == s) {
-      *pp = s->next;
-      break;
-    }
-  /* Its pending events stay pending (the work "goes on") but forget it. */
-  for (struct CUevent_st *e = F.events; e; e = e->next)
-    if (e->stream == s) e->stream = NULL;
-  s->magic = 0;
-  free(s);
-}
+/* ---- streams ---- */
 
-FAKE_API CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) {
-  FAKE_COUNT("cuStreamCreate");
+static CUresult fake_stream_create(CUstream *phStream, unsigned int Flags, int priority) {
   if (!phStream || (Flags & ~(unsigned)CU_STREAM_NON_BLOCKING)) return CUDA_ERROR_INVALID_VALUE;
   *phStream = NULL;
+  /* Out-of-range priorities are clamped, as the driver does. */
+  if (priority > FAKE_PRIORITY_LEAST) priority = FAKE_PRIORITY_LEAST;
+  if (priority < FAKE_PRIORITY_GREATEST) priority = FAKE_PRIORITY_GREATEST;
   pthread_mutex_lock(&F.mu);
-  CUresult r = fake_need_ctx_locked(NULL);
+  struct CUctx_st *c = NULL;
+  CUresult r = fake_need_ctx_locked(&c);
   if (r == CUDA_SUCCESS) {
-    struct CUstream_st *s = fake_new_stream_locked(0);
+    struct CUstream_st *s = fake_new_stream_locked(FAKE_STREAM_USER, c, Flags, priority);
     if (s) *phStream = s;
     else r = CUDA_ERROR_OUT_OF_MEMORY;
   }
@@ -655,46 +1418,164 @@ FAKE_API CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) {
   return r;
 }
 
+FAKE_API CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) {
+  FAKE_COUNT(cuStreamCreate);
+  return fake_stream_create(phStream, Flags, FAKE_PRIORITY_LEAST);
+}
+
+FAKE_API CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority) {
+  FAKE_COUNT(cuStreamCreateWithPriority);
+  return fake_stream_create(phStream, flags, priority);
+}
+
+/* Ends the capture s takes part in (all its streams), dropping its counts. */
+static void fake_end_capture_locked(struct CUstream_st *origin) {
+  uint64_t id = origin->cap_id;
+  if (origin->cap_mode == CU_STREAM_CAPTURE_MODE_GLOBAL) F.n_global_captures--;
+  if (pthread_equal(origin->cap_thread, pthread_self())) {
+    if (origin->cap_mode != CU_STREAM_CAPTURE_MODE_RELAXED) tls_strict_captures--;
+    if (origin->cap_mode == CU_STREAM_CAPTURE_MODE_GLOBAL) tls_global_captures--;
+  }
+  for (struct CUstream_st *x = F.streams; x; x = x->next)
+    if (x->cap_status != CU_STREAM_CAPTURE_STATUS_NONE && x->cap_id == id) {
+      x->cap_status = CU_STREAM_CAPTURE_STATUS_NONE;
+      x->cap_origin = 0;
+      x->cap_graph = NULL;
+      x->cap_nodes = x->cap_joined = 0;
+    }
+}
+
+/* Destroy a stream handle; its queued work goes on and the stream is freed
+ * once it drains. */
+static void fake_destroy_stream_locked(struct CUstream_st *s) {
+  if (s->cap_origin) {
+    struct CUgraph_st *g = s->cap_graph;
+    fake_end_capture_locked(s);
+    if (g) g->magic = FAKE_OBJ_MAGIC; /* stays listed; freed by reset */
+  }
+  s->destroyed = 1;
+  s->magic = 0;
+  if (!s->head) fake_free_stream_locked(s);
+}
+
 FAKE_API CUresult cuStreamDestroy(CUstream hStream) {
-  FAKE_COUNT("cuStreamDestroy");
+  FAKE_COUNT(cuStreamDestroy);
   pthread_mutex_lock(&F.mu);
-  CUresult r = fake_need_ctx_locked(NULL);
-  struct CUstream_st *s = r == CUDA_SUCCESS ? fake_stream_locked(hStream) : NULL;
-  if (r == CUDA_SUCCESS && (!s || s == &F.legacy)) r = CUDA_ERROR_INVALID_HANDLE;
-  if (r == CUDA_SUCCESS) fake_drop_stream_locked(s);
+  struct CUctx_st *c = NULL;
+  CUresult r = fake_need_ctx_locked(&c);
+  struct CUstream_st *s = NULL;
+  if (r == CUDA_SUCCESS && (hStream == NULL || hStream == CU_STREAM_LEGACY ||
+                            hStream == CU_STREAM_PER_THREAD)) {
+    F.bad_handles++;
+    r = CUDA_ERROR_INVALID_HANDLE;
+  }
+  if (r == CUDA_SUCCESS) r = fake_stream_locked(hStream, c, &s);
+  if (r == CUDA_SUCCESS && s->kind != FAKE_STREAM_USER) r = CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS) fake_destroy_stream_locked(s);
   pthread_mutex_unlock(&F.mu);
   return r;
 }
 
+/* Synchronize or query: not on a capturing stream (the capture is then
+ * invalidated), nor the legacy stream while a blocking one captures. */
+static CUresult fake_stream_check_sync_locked(struct CUstream_st *s) {
+  CUresult r = fake_legacy_use_locked(s);
+  if (r != CUDA_SUCCESS) return r;
+  if (s->cap_status != CU_STREAM_CAPTURE_STATUS_NONE) {
+    fake_invalidate_capture_locked(s->cap_id);
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  return CUDA_SUCCESS;
+}
+
 FAKE_API CUresult cuStreamSynchronize(CUstream hStream) {
-  FAKE_COUNT("cuStreamSynchronize");
+  FAKE_COUNT(cuStreamSynchronize);
   pthread_mutex_lock(&F.mu);
-  CUresult r = fake_need_ctx_locked(NULL);
-  struct CUstream_st *s = r == CUDA_SUCCESS ? fake_stream_locked(hStream) : NULL;
-  if (r == CUDA_SUCCESS && !s) r = CUDA_ERROR_INVALID_HANDLE;
-  /* Re-find the stream after each wake-up: it may be destroyed meanwhile. */
-  while (r == CUDA_SUCCESS && s && s->n_pending > 0) {
-    pthread_cond_wait(&F.cv, &F.mu);
-    s = fake_stream_locked(hStream);
+  struct CUctx_st *c = NULL;
+  struct CUstream_st *s = NULL;
+  fake_op *m = NULL;
+  CUresult r = fake_need_ctx_locked(&c);
+  if (r == CUDA_SUCCESS) r = fake_stream_locked(hStream, c, &s);
+  if (r == CUDA_SUCCESS) r = fake_stream_check_sync_locked(s);
+  if (r == CUDA_SUCCESS) r = fake_stream_marker_locked(s, &m);
+  if (r == CUDA_SUCCESS) {
+    fake_wait_marker_locked(m);
+    r = c->sticky;
   }
   pthread_mutex_unlock(&F.mu);
   return r;
 }
 
-FAKE_API CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
-  FAKE_COUNT("cuEventCreate");
-  const unsigned known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
-  if (!phEvent || (Flags & ~known)) return CUDA_ERROR_INVALID_VALUE;
-  *phEvent = NULL;
+FAKE_API CUresult cuStreamQuery(CUstream hStream) {
+  FAKE_COUNT(cuStreamQuery);
   pthread_mutex_lock(&F.mu);
-  CUresult r = fake_need_ctx_locked(NULL);
+  struct CUctx_st *c = NULL;
+  struct CUstream_st *s = NULL;
+  fake_op *m = NULL;
+  CUresult r = fake_need_ctx_locked(&c);
+  if (r == CUDA_SUCCESS) r = fake_stream_locked(hStream, c, &s);
+  if (r == CUDA_SUCCESS) r = fake_stream_check_sync_locked(s);
+  if (r == CUDA_SUCCESS) r = fake_stream_marker_locked(s, &m);
+  if (r == CUDA_SUCCESS && m) {
+    if (!fake_marker_done(m)) r = CUDA_ERROR_NOT_READY;
+    fake_op_unref_locked(m);
+  }
+  pthread_mutex_unlock(&F.mu);
+  return r;
+}
+
+FAKE_API CUresult cuStreamGetPriority(CUstream hStream, int *priority) {
+  FAKE_COUNT(cuStreamGetPriority);
+  if (!priority) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&F.mu);
+  struct CUctx_st *c = NULL;
+  struct CUstream_st *s = NULL;
+  CUresult r = fake_need_ctx_locked(&c);
+  if (r == CUDA_SUCCESS) r = fake_stream_locked(hStream, c, &s);
+  if (r == CUDA_SUCCESS) *priority = s->priority;
+  pthread_mutex_unlock(&F.mu);
+  return r;
+}
+
+FAKE_API CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags) {
+  FAKE_COUNT(cuStreamGetFlags);
+  if (!flags) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&F.mu);
+  struct CUctx_st *c = NULL;
+  struct CUstream_st *s = NULL;
+  CUresult r = fake_need_ctx_locked(&c);
+  if (r == CUDA_SUCCESS) r = fake_stream_locked(hStream, c, &s);
+  if (r == CUDA_SUCCESS) *flags = s->flags;
+  pthread_mutex_unlock(&F.mu);
+  return r;
+}
+
+/* ---- events ---- */
+
+FAKE_API CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
+  FAKE_COUNT(cuEventCreate);
+  const unsigned known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+  if (!phEvent) return CUDA_ERROR_INVALID_VALUE;
+  *phEvent = NULL;
+  /* An interprocess event must not time. */
+  if ((Flags & ~known) ||
+      ((Flags & CU_EVENT_INTERPROCESS) && !(Flags & CU_EVENT_DISABLE_TIMING)))
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&F.mu);
+  struct CUctx_st *c = NULL;
+  CUresult r = fake_need_ctx_locked(&c);
   if (r == CUDA_SUCCESS) {
     struct CUevent_st *e = calloc(1, sizeof *e);
     if (e) {
       e->magic = FAKE_OBJ_MAGIC;
+      e->ctx = c;
+      e->flags = Flags;
       e->next = F.events;
       F.events = e;
       *phEvent = e;
+      /* The handle is live again: a destroy of it is no longer a double one. */
+      for (unsigned i = 0; i < FAKE_DEAD_EVENTS; i++)
+        if (F.dead_events[i] == (void *)e) F.dead_events[i] = NULL;
     } else {
       r = CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -703,155 +1584,571 @@ FAKE_API CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
   return r;
 }
 
+static void fake_event_set_last_locked(struct CUevent_st *e, fake_op *op) {
+  fake_op_unref_locked(e->last);
+  e->last = op;
+}
+
 FAKE_API CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
-  FAKE_COUNT("cuEventRecord");
+  FAKE_COUNT(cuEventRecord);
+  fake_op *op = calloc(1, sizeof *op);
+  if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+  op->kind = FAKE_OP_RECORD;
   pthread_mutex_lock(&F.mu);
-  CUresult r = fake_need_ctx_locked(NULL);
-  struct CUevent_st *e = r == CUDA_SUCCESS ? fake_event_locked(hEvent) : NULL;
-  struct CUstream_st *s = r == CUDA_SUCCESS ? fake_stream_locked(hStream) : NULL;
-  if (r == CUDA_SUCCESS && (!e || !s)) r = CUDA_ERROR_INVALID_HANDLE;
+  struct CUctx_st *c = NULL;
+  struct CUstream_st *s = NULL;
+  struct CUevent_st *e = NULL;
+  fake_op *queued = NULL;
+  CUresult r = fake_target_locked(hStream, &c, &s);
+  if (r == CUDA_SUCCESS && !(e = fake_event_locked(hEvent))) r = CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS && e->ctx != s->ctx) {
+    F.bad_handles++;
+    r = CUDA_ERROR_INVALID_HANDLE; /* event and stream of different contexts */
+  }
   if (r == CUDA_SUCCESS) {
-    fake_complete_locked(e); /* re-recording replaces the earlier capture */
-    e->stream = s;
-    if (F.hold_all || s->held) {
-      e->pending = 1;
-      s->n_pending++;
-      F.n_pending++;
+    op->held = F.hold_all || s->held;
+    bool capturing = s->cap_status == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    r = fake_enqueue_locked(s, op, &queued);
+    op = NULL;
+    if (r == CUDA_SUCCESS) {
+      fake_event_set_last_locked(e, queued); /* a re-record replaces the earlier one */
+      e->captured = capturing;
+      e->cap_id = capturing ? s->cap_id : 0;
+      e->cap_stream = capturing ? s : NULL;
+      e->cap_seq = capturing ? s->cap_nodes : 0;
     }
   }
   pthread_mutex_unlock(&F.mu);
+  free(op);
   return r;
 }
 
-FAKE_API CUresult cuEventQuery(CUevent hEvent) {
-  FAKE_COUNT("cuEventQuery");
-  pthread_mutex_lock(&F.mu);
+/* Query or synchronize: not on an event last recorded in a capture. */
+static CUresult fake_event_check_locked(CUevent hEvent, struct CUevent_st **out) {
   CUresult r = fake_need_ctx_locked(NULL);
-  struct CUevent_st *e = r == CUDA_SUCCESS ? fake_event_locked(hEvent) : NULL;
-  if (r == CUDA_SUCCESS && !e) r = CUDA_ERROR_INVALID_HANDLE;
-  if (r == CUDA_SUCCESS && e->pending) r = CUDA_ERROR_NOT_READY;
+  if (r != CUDA_SUCCESS) return r;
+  if (!(*out = fake_event_locked(hEvent))) return CUDA_ERROR_INVALID_HANDLE;
+  if ((*out)->captured) return CUDA_ERROR_CAPTURED_EVENT;
+  return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuEventQuery(CUevent hEvent) {
+  FAKE_COUNT(cuEventQuery);
+  pthread_mutex_lock(&F.mu);
+  struct CUevent_st *e = NULL;
+  CUresult r = fake_event_check_locked(hEvent, &e);
+  if (r == CUDA_SUCCESS && e->last && !e->last->done) r = CUDA_ERROR_NOT_READY;
+  if (r == CUDA_SUCCESS) r = e->ctx->sticky;
   pthread_mutex_unlock(&F.mu);
   return r;
 }
 
 FAKE_API CUresult cuEventSynchronize(CUevent hEvent) {
-  FAKE_COUNT("cuEventSynchronize");
+  FAKE_COUNT(cuEventSynchronize);
   pthread_mutex_lock(&F.mu);
-  CUresult r = fake_need_ctx_locked(NULL);
-  struct CUevent_st *e = r == CUDA_SUCCESS ? fake_event_locked(hEvent) : NULL;
-  if (r == CUDA_SUCCESS && !e) r = CUDA_ERROR_INVALID_HANDLE;
-  while (r == CUDA_SUCCESS && e && e->pending) {
-    pthread_cond_wait(&F.cv, &F.mu);
-    e = fake_event_locked(hEvent); /* destroyed meanwhile: nothing left to wait for */
+  struct CUevent_st *e = NULL;
+  CUresult r = fake_event_check_locked(hEvent, &e);
+  if (r == CUDA_SUCCESS) {
+    struct CUctx_st *c = e->ctx;
+    fake_wait_op_locked(fake_op_ref(e->last)); /* the event may be destroyed meanwhile */
+    r = c->sticky;
   }
   pthread_mutex_unlock(&F.mu);
   return r;
 }
 
 FAKE_API CUresult cuEventDestroy(CUevent hEvent) {
-  FAKE_COUNT("cuEventDestroy");
+  FAKE_COUNT(cuEventDestroy);
   pthread_mutex_lock(&F.mu);
   CUresult r = fake_need_ctx_locked(NULL);
-  struct CUevent_st *e = r == CUDA_SUCCESS ? fake_event_locked(hEvent) : NULL;
-  if (r == CUDA_SUCCESS && !e) r = CUDA_ERROR_INVALID_HANDLE;
+  struct CUevent_st *e = NULL;
+  if (r == CUDA_SUCCESS && !(e = fake_event_locked(hEvent))) {
+    r = CUDA_ERROR_INVALID_HANDLE;
+    for (unsigned i = 0; hEvent && i < FAKE_DEAD_EVENTS; i++)
+      if (F.dead_events[i] == (void *)hEvent) {
+        F.bad_event_destroys++;
+        break;
+      }
+  }
   if (r == CUDA_SUCCESS) {
-    /* Pending work is only modelled by events: dropping the event drops it. */
-    fake_complete_locked(e);
+    /* The recorded work goes on: only the handle goes. */
+    fake_event_set_last_locked(e, NULL);
     for (struct CUevent_st **pp = &F.events; *pp; pp = &(*pp)->next)
       if (*pp == e) {
         *pp = e->next;
         break;
       }
+    F.dead_events[F.dead_next++ % FAKE_DEAD_EVENTS] = e;
     e->magic = 0;
     free(e);
-    pthread_cond_broadcast(&F.cv);
   }
   pthread_mutex_unlock(&F.mu);
   return r;
 }
 
-/* ---- cuGetProcAddress: base name -> the function above ---- */
+FAKE_API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+  FAKE_COUNT(cuStreamWaitEvent);
+  if (Flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL) return CUDA_ERROR_INVALID_VALUE;
+  fake_op *op = calloc(1, sizeof *op);
+  if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+  op->kind = FAKE_OP_WAIT;
+  pthread_mutex_lock(&F.mu);
+  struct CUctx_st *c = NULL;
+  struct CUstream_st *s = NULL;
+  struct CUevent_st *e = NULL;
+  /* The event may belong to another context or device. */
+  CUresult r = fake_target_locked(hStream, &c, &s);
+  if (r == CUDA_SUCCESS && !(e = fake_event_locked(hEvent))) r = CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS && e->captured) {
+    struct CUstream_st *src = e->cap_stream;
+    if (s->cap_status == CU_STREAM_CAPTURE_STATUS_NONE) {
+      /* Fork: the stream joins the capture the event was recorded in. */
+      struct CUstream_st *origin = NULL;
+      for (struct CUstream_st *x = F.streams; x; x = x->next)
+        if (x->cap_origin && x->cap_id == e->cap_id) origin = x;
+      if (!origin) {
+        r = CUDA_ERROR_STREAM_CAPTURE_ISOLATION; /* that capture has ended */
+      } else {
+        s->cap_status = origin->cap_status;
+        s->cap_mode = origin->cap_mode;
+        s->cap_id = origin->cap_id;
+        s->cap_thread = origin->cap_thread;
+        s->cap_graph = origin->cap_graph;
+        s->cap_nodes = s->cap_joined = 0;
+      }
+    } else if (s->cap_id != e->cap_id) {
+      r = CUDA_ERROR_STREAM_CAPTURE_MERGE;
+    } else if (src && src != s && !src->cap_origin && e->cap_seq == src->cap_nodes) {
+      src->cap_joined = src->cap_nodes; /* join: the forked stream's work is waited for */
+    }
+    if (r == CUDA_SUCCESS && s->cap_status == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+      r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    goto out;
+  }
+  if (r == CUDA_SUCCESS && s->cap_status != CU_STREAM_CAPTURE_STATUS_NONE && e->last &&
+      !(Flags & CU_EVENT_WAIT_EXTERNAL)) {
+    fake_invalidate_capture_locked(s->cap_id);
+    r = CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+  }
+  if (r == CUDA_SUCCESS) r = fake_op_add_dep_locked(op, e->last);
+  if (r == CUDA_SUCCESS) {
+    r = fake_enqueue_locked(s, op, NULL);
+    op = NULL;
+  }
+out:
+  if (op) {
+    op->refs = 1;
+    fake_op_unref_locked(op); /* never queued: drops its dependencies */
+  }
+  pthread_mutex_unlock(&F.mu);
+  return r;
+}
 
-/* X(name, abi): the CUDA version of the signature implemented; older ABIs are
- * not implemented, so asking for them answers VERSION_NOT_SUFFICIENT. */
-#define FAKE_ENTRY_POINTS(X)                                                             \
-  X(cuGetErrorName, 6000) X(cuGetErrorString, 6000) X(cuDriverGetVersion, 2020)          \
-  X(cuInit, 2000) X(cuDeviceGetCount, 2000) X(cuDeviceGet, 2000)                         \
-  X(cuDeviceGetAttribute, 2000) X(cuDeviceGetName, 2000) X(cuDeviceGetPCIBusId, 4010)    \
-  X(cuDeviceTotalMem, 3020) X(cuDevicePrimaryCtxRetain, 7000)                            \
-  X(cuDevicePrimaryCtxRelease, 11000) X(cuCtxGetCurrent, 4000) X(cuCtxPushCurrent, 4000) \
-  X(cuCtxPopCurrent, 4000) X(cuMemGetInfo, 3020) X(cuMemAlloc, 3020) X(cuMemFree, 3020)  \
-  X(cuMemHostRegister, 6050) X(cuMemHostUnregister, 4000)                                \
-  X(cuMemHostGetDevicePointer, 3020) X(cuMemcpyHtoDAsync, 3020)                          \
-  X(cuMemcpyDtoHAsync, 3020) X(cuMemcpyDtoDAsync, 3020) X(cuStreamCreate, 2000)          \
-  X(cuStreamDestroy, 4000) X(cuStreamSynchronize, 2000) X(cuEventCreate, 2000)           \
-  X(cuEventRecord, 2000) X(cuEventQuery, 2000) X(cuEventSynchronize, 2000)               \
-  X(cuEventDestroy, 4000)
+/* ---- stream capture ---- */
+
+static CUresult fake_begin_capture(CUstream hStream, CUstreamCaptureMode mode) {
+  if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+      mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+    return CUDA_ERROR_INVALID_VALUE;
+  struct CUgraph_st *g = calloc(1, sizeof *g);
+  if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_lock(&F.mu);
+  struct CUctx_st *c = NULL;
+  struct CUstream_st *s = NULL;
+  CUresult r = fake_need_ctx_locked(&c);
+  if (r == CUDA_SUCCESS) r = fake_stream_locked(hStream, c, &s);
+  if (r == CUDA_SUCCESS && s->kind == FAKE_STREAM_LEGACY) r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  if (r == CUDA_SUCCESS && s->cap_status != CU_STREAM_CAPTURE_STATUS_NONE)
+    r = CUDA_ERROR_ILLEGAL_STATE;
+  if (r == CUDA_SUCCESS) {
+    g->magic = FAKE_OBJ_MAGIC;
+    g->next = F.graphs;
+    F.graphs = g;
+    g = NULL;
+    s->cap_status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    s->cap_mode = mode;
+    s->cap_id = F.next_capture_id++;
+    s->cap_origin = 1;
+    s->cap_thread = pthread_self();
+    s->cap_graph = F.graphs;
+    s->cap_nodes = s->cap_joined = 0;
+    if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
+      F.n_global_captures++;
+      tls_global_captures++;
+    }
+    if (mode != CU_STREAM_CAPTURE_MODE_RELAXED) tls_strict_captures++;
+  }
+  pthread_mutex_unlock(&F.mu);
+  free(g);
+  return r;
+}
+
+FAKE_API CUresult cuStreamBeginCapture(CUstream hStream, CUstreamCaptureMode mode) {
+  FAKE_COUNT(cuStreamBeginCapture);
+  return fake_begin_capture(hStream, mode);
+}
+
+/* The CUDA 10.0 form: no mode (GLOBAL). */
+static CUresult fake_begin_capture_v1(CUstream hStream) {
+  FAKE_COUNT(cuStreamBeginCapture);
+  return fake_begin_capture(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL);
+}
+
+static void fake_free_graph_locked(struct CUgraph_st *g) {
+  for (struct CUgraph_st **pp = &F.graphs; *pp; pp = &(*pp)->next)
+    if (*pp == g) {
+      *pp = g->next;
+      break;
+    }
+  g->magic = 0;
+  free(g);
+}
+
+FAKE_API CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
+  FAKE_COUNT(cuStreamEndCapture);
+  if (!phGraph) return CUDA_ERROR_INVALID_VALUE;
+  *phGraph = NULL;
+  pthread_mutex_lock(&F.mu);
+  struct CUctx_st *c = NULL;
+  struct CUstream_st *s = NULL;
+  CUresult r = fake_need_ctx_locked(&c);
+  if (r == CUDA_SUCCESS) r = fake_stream_locked(hStream, c, &s);
+  if (r == CUDA_SUCCESS && s->cap_status == CU_STREAM_CAPTURE_STATUS_NONE)
+    r = CUDA_ERROR_ILLEGAL_STATE;
+  if (r == CUDA_SUCCESS && !s->cap_origin) r = CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
+  if (r == CUDA_SUCCESS && s->cap_mode != CU_STREAM_CAPTURE_MODE_RELAXED &&
+      !pthread_equal(s->cap_thread, pthread_self()))
+    r = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+  if (r == CUDA_SUCCESS) {
+    for (struct CUstream_st *x = F.streams; x; x = x->next)
+      if (x != s && x->cap_status != CU_STREAM_CAPTURE_STATUS_NONE && x->cap_id == s->cap_id &&
+          x->cap_nodes > x->cap_joined)
+        r = CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
+    if (s->cap_status == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+      r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    struct CUgraph_st *g = s->cap_graph;
+    fake_end_capture_locked(s);
+    if (r == CUDA_SUCCESS) *phGraph = g;
+    else if (g) fake_free_graph_locked(g);
+  }
+  pthread_mutex_unlock(&F.mu);
+  return r;
+}
+
+FAKE_API CUresult cuGraphDestroy(CUgraph hGraph) {
+  FAKE_COUNT(cuGraphDestroy);
+  pthread_mutex_lock(&F.mu);
+  CUresult r = CUDA_ERROR_INVALID_VALUE;
+  for (struct CUgraph_st *g = F.graphs; g; g = g->next)
+    if (g == hGraph) {
+      bool capturing = false;
+      for (struct CUstream_st *x = F.streams; x; x = x->next) capturing |= x->cap_graph == g;
+      r = capturing ? CUDA_ERROR_ILLEGAL_STATE : CUDA_SUCCESS;
+      if (!capturing) fake_free_graph_locked(g);
+      break;
+    }
+  pthread_mutex_unlock(&F.mu);
+  return r;
+}
+
+/* Status and id of the capture hStream takes part in (the legacy stream
+ * while a blocking stream captures: STREAM_CAPTURE_IMPLICIT). */
+static CUresult fake_capture_info(CUstream hStream, CUstreamCaptureStatus *status, cuuint64_t *id,
+                                  CUgraph *graph) {
+  pthread_mutex_lock(&F.mu);
+  struct CUctx_st *c = NULL;
+  struct CUstream_st *s = NULL;
+  CUresult r = fake_need_ctx_locked(&c);
+  if (r == CUDA_SUCCESS) r = fake_stream_locked(hStream, c, &s);
+  if (r == CUDA_SUCCESS && s->kind == FAKE_STREAM_LEGACY && fake_blocking_capture_locked(s->ctx))
+    r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+  if (r == CUDA_SUCCESS) {
+    if (status) *status = s->cap_status;
+    if (id && s->cap_status != CU_STREAM_CAPTURE_STATUS_NONE) *id = s->cap_id;
+    if (graph) *graph = s->cap_status != CU_STREAM_CAPTURE_STATUS_NONE ? s->cap_graph : NULL;
+  }
+  pthread_mutex_unlock(&F.mu);
+  return r;
+}
+
+FAKE_API CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
+  FAKE_COUNT(cuStreamIsCapturing);
+  if (!captureStatus) return CUDA_ERROR_INVALID_VALUE;
+  return fake_capture_info(hStream, captureStatus, NULL, NULL);
+}
+
+/* CUDA 12.3+ (v3): with edge data. No dependency nodes are modelled. */
+FAKE_API CUresult cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
+                                         cuuint64_t *id_out, CUgraph *graph_out,
+                                         const CUgraphNode **dependencies_out,
+                                         const CUgraphEdgeData **edgeData_out,
+                                         size_t *numDependencies_out) {
+  FAKE_COUNT(cuStreamGetCaptureInfo);
+  if (!captureStatus_out) return CUDA_ERROR_INVALID_VALUE;
+  if (dependencies_out) *dependencies_out = NULL;
+  if (edgeData_out) *edgeData_out = NULL;
+  if (numDependencies_out) *numDependencies_out = 0;
+  return fake_capture_info(hStream, captureStatus_out, id_out, graph_out);
+}
+
+/* CUDA 11.3 (v2): no edge data. */
+static CUresult fake_get_capture_info_v2(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
+                                         cuuint64_t *id_out, CUgraph *graph_out,
+                                         const CUgraphNode **dependencies_out,
+                                         size_t *numDependencies_out) {
+  return cuStreamGetCaptureInfo(hStream, captureStatus_out, id_out, graph_out, dependencies_out,
+                                NULL, numDependencies_out);
+}
+
+/* CUDA 10.1 (v1): status and id. */
+static CUresult fake_get_capture_info_v1(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
+                                         cuuint64_t *id_out) {
+  return cuStreamGetCaptureInfo(hStream, captureStatus_out, id_out, NULL, NULL, NULL, NULL);
+}
+
+FAKE_API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
+  FAKE_COUNT(cuThreadExchangeStreamCaptureMode);
+  if (!mode || (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+                *mode != CU_STREAM_CAPTURE_MODE_RELAXED))
+    return CUDA_ERROR_INVALID_VALUE;
+  CUstreamCaptureMode old = tls_capture_mode;
+  tls_capture_mode = *mode;
+  *mode = old;
+  return CUDA_SUCCESS;
+}
+
+/* ---- per-thread default stream variants (_ptsz): NULL is CU_STREAM_PER_THREAD ---- */
+
+static CUstream fake_ptsz(CUstream s) { return s == NULL ? CU_STREAM_PER_THREAD : s; }
+
+static CUresult fake_memcpy_htod_ptsz(CUdeviceptr d, const void *s, size_t n, CUstream h) {
+  return cuMemcpyHtoDAsync(d, s, n, fake_ptsz(h));
+}
+static CUresult fake_memcpy_dtoh_ptsz(void *d, CUdeviceptr s, size_t n, CUstream h) {
+  return cuMemcpyDtoHAsync(d, s, n, fake_ptsz(h));
+}
+static CUresult fake_memcpy_dtod_ptsz(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream h) {
+  return cuMemcpyDtoDAsync(d, s, n, fake_ptsz(h));
+}
+static CUresult fake_memset_d8_ptsz(CUdeviceptr d, unsigned char v, size_t n, CUstream h) {
+  return cuMemsetD8Async(d, v, n, fake_ptsz(h));
+}
+static CUresult fake_stream_sync_ptsz(CUstream h) { return cuStreamSynchronize(fake_ptsz(h)); }
+static CUresult fake_stream_query_ptsz(CUstream h) { return cuStreamQuery(fake_ptsz(h)); }
+static CUresult fake_stream_wait_event_ptsz(CUstream h, CUevent e, unsigned int f) {
+  return cuStreamWaitEvent(fake_ptsz(h), e, f);
+}
+static CUresult fake_event_record_ptsz(CUevent e, CUstream h) {
+  return cuEventRecord(e, fake_ptsz(h));
+}
+static CUresult fake_begin_capture_ptsz(CUstream h, CUstreamCaptureMode m) {
+  return cuStreamBeginCapture(fake_ptsz(h), m);
+}
+static CUresult fake_begin_capture_v1_ptsz(CUstream h) { return fake_begin_capture_v1(fake_ptsz(h)); }
+static CUresult fake_end_capture_ptsz(CUstream h, CUgraph *g) {
+  return cuStreamEndCapture(fake_ptsz(h), g);
+}
+static CUresult fake_is_capturing_ptsz(CUstream h, CUstreamCaptureStatus *st) {
+  return cuStreamIsCapturing(fake_ptsz(h), st);
+}
+static CUresult fake_capture_info_v3_ptsz(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id,
+                                          CUgraph *g, const CUgraphNode **d,
+                                          const CUgraphEdgeData **ed, size_t *n) {
+  return cuStreamGetCaptureInfo(fake_ptsz(h), st, id, g, d, ed, n);
+}
+static CUresult fake_capture_info_v2_ptsz(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id,
+                                          CUgraph *g, const CUgraphNode **d, size_t *n) {
+  return fake_get_capture_info_v2(fake_ptsz(h), st, id, g, d, n);
+}
+static CUresult fake_capture_info_v1_ptsz(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id) {
+  return fake_get_capture_info_v1(fake_ptsz(h), st, id);
+}
+static CUresult fake_stream_priority_ptsz(CUstream h, int *p) {
+  return cuStreamGetPriority(fake_ptsz(h), p);
+}
+static CUresult fake_stream_flags_ptsz(CUstream h, unsigned int *f) {
+  return cuStreamGetFlags(fake_ptsz(h), f);
+}
+
+/* ---- cuGetProcAddress: base name and version -> an implementation ---- */
+
+FAKE_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                   CUdriverProcAddressQueryResult *symbolStatus);
+static CUresult fake_get_proc_address_v1(const char *symbol, void **pfn, int cudaVersion,
+                                         cuuint64_t flags);
+
+/*
+ * X(name, intro, abi, fn, ptsz): the base name, the CUDA version it first
+ * appeared in, the CUDA version whose signature fn implements, fn, and its
+ * per-thread default stream variant (NULL: takes no stream). A name with
+ * several ABIs has one row per ABI, oldest first.
+ */
+#define FAKE_ENTRY_POINTS(X)                                                                     \
+  X(cuGetErrorName, 6000, 6000, cuGetErrorName, NULL)                                           \
+  X(cuGetErrorString, 6000, 6000, cuGetErrorString, NULL)                                       \
+  X(cuDriverGetVersion, 2020, 2020, cuDriverGetVersion, NULL)                                   \
+  X(cuGetProcAddress, 11030, 11030, fake_get_proc_address_v1, NULL)                             \
+  X(cuGetProcAddress, 11030, 12000, cuGetProcAddress, NULL)                                     \
+  X(cuInit, 2000, 2000, cuInit, NULL)                                                           \
+  X(cuDeviceGetCount, 2000, 2000, cuDeviceGetCount, NULL)                                       \
+  X(cuDeviceGet, 2000, 2000, cuDeviceGet, NULL)                                                 \
+  X(cuDeviceGetAttribute, 2000, 2000, cuDeviceGetAttribute, NULL)                               \
+  X(cuDeviceGetName, 2000, 2000, cuDeviceGetName, NULL)                                         \
+  X(cuDeviceGetPCIBusId, 4010, 4010, cuDeviceGetPCIBusId, NULL)                                 \
+  X(cuDeviceTotalMem, 2000, 3020, cuDeviceTotalMem, NULL)                                       \
+  X(cuDevicePrimaryCtxRetain, 7000, 7000, cuDevicePrimaryCtxRetain, NULL)                       \
+  X(cuDevicePrimaryCtxRelease, 7000, 11000, cuDevicePrimaryCtxRelease, NULL)                    \
+  X(cuCtxGetCurrent, 4000, 4000, cuCtxGetCurrent, NULL)                                         \
+  X(cuCtxPushCurrent, 2000, 4000, cuCtxPushCurrent, NULL)                                       \
+  X(cuCtxPopCurrent, 2000, 4000, cuCtxPopCurrent, NULL)                                         \
+  X(cuCtxSynchronize, 2000, 2000, cuCtxSynchronize, NULL)                                       \
+  X(cuCtxGetStreamPriorityRange, 5050, 5050, cuCtxGetStreamPriorityRange, NULL)                 \
+  X(cuMemGetInfo, 2000, 3020, cuMemGetInfo, NULL)                                               \
+  X(cuMemAlloc, 2000, 3020, cuMemAlloc, NULL)                                                   \
+  X(cuMemFree, 2000, 3020, cuMemFree, NULL)                                                     \
+  X(cuMemHostRegister, 4000, 6050, cuMemHostRegister, NULL)                                     \
+  X(cuMemHostUnregister, 4000, 4000, cuMemHostUnregister, NULL)                                 \
+  X(cuMemHostGetDevicePointer, 2020, 3020, cuMemHostGetDevicePointer, NULL)                     \
+  X(cuMemcpyHtoDAsync, 2000, 3020, cuMemcpyHtoDAsync, fake_memcpy_htod_ptsz)                    \
+  X(cuMemcpyDtoHAsync, 2000, 3020, cuMemcpyDtoHAsync, fake_memcpy_dtoh_ptsz)                    \
+  X(cuMemcpyDtoDAsync, 3000, 3020, cuMemcpyDtoDAsync, fake_memcpy_dtod_ptsz)                    \
+  X(cuMemsetD8Async, 3020, 3020, cuMemsetD8Async, fake_memset_d8_ptsz)                          \
+  X(cuStreamCreate, 2000, 2000, cuStreamCreate, NULL)                                           \
+  X(cuStreamCreateWithPriority, 5050, 5050, cuStreamCreateWithPriority, NULL)                   \
+  X(cuStreamDestroy, 2000, 4000, cuStreamDestroy, NULL)                                         \
+  X(cuStreamSynchronize, 2000, 2000, cuStreamSynchronize, fake_stream_sync_ptsz)                \
+  X(cuStreamQuery, 2000, 2000, cuStreamQuery, fake_stream_query_ptsz)                           \
+  X(cuStreamWaitEvent, 3020, 3020, cuStreamWaitEvent, fake_stream_wait_event_ptsz)              \
+  X(cuStreamGetPriority, 5050, 5050, cuStreamGetPriority, fake_stream_priority_ptsz)            \
+  X(cuStreamGetFlags, 5050, 5050, cuStreamGetFlags, fake_stream_flags_ptsz)                     \
+  X(cuEventCreate, 2000, 2000, cuEventCreate, NULL)                                             \
+  X(cuEventRecord, 2000, 2000, cuEventRecord, fake_event_record_ptsz)                           \
+  X(cuEventQuery, 2000, 2000, cuEventQuery, NULL)                                               \
+  X(cuEventSynchronize, 2000, 2000, cuEventSynchronize, NULL)                                   \
+  X(cuEventDestroy, 2000, 4000, cuEventDestroy, NULL)                                           \
+  X(cuStreamBeginCapture, 10000, 10000, fake_begin_capture_v1, fake_begin_capture_v1_ptsz)      \
+  X(cuStreamBeginCapture, 10000, 10010, cuStreamBeginCapture, fake_begin_capture_ptsz)          \
+  X(cuStreamEndCapture, 10000, 10000, cuStreamEndCapture, fake_end_capture_ptsz)                \
+  X(cuStreamIsCapturing, 10000, 10000, cuStreamIsCapturing, fake_is_capturing_ptsz)             \
+  X(cuStreamGetCaptureInfo, 10010, 10010, fake_get_capture_info_v1, fake_capture_info_v1_ptsz)  \
+  X(cuStreamGetCaptureInfo, 10010, 11030, fake_get_capture_info_v2, fake_capture_info_v2_ptsz)  \
+  X(cuStreamGetCaptureInfo, 10010, 12030, cuStreamGetCaptureInfo, fake_capture_info_v3_ptsz)    \
+  X(cuThreadExchangeStreamCaptureMode, 10010, 10010, cuThreadExchangeStreamCaptureMode, NULL)   \
+  X(cuGraphDestroy, 10000, 10000, cuGraphDestroy, NULL)
 
 static const struct {
   const char *name; /* base name, as cuGetProcAddress is asked */
+  int intro;        /* CUDA version the name first appeared in */
+  int abi;          /* CUDA version of fn's signature */
   void *fn;         /* this double's implementation */
-  int abi;          /* CUDA version of its signature */
+  void *ptsz;       /* its per-thread default stream variant, or NULL */
 } fake_entries[] = {
-/* #name is not macro-expanded ("cuMemAlloc"); &name is (cuMemAlloc_v2). */
-#define FAKE_ENTRY_ROW(name, abi) {#name, (void *)&name, abi},
+/* #name is not macro-expanded ("cuMemAlloc"); fn is (cuMemAlloc_v2). */
+#define FAKE_ENTRY_ROW(name, intro, abi, fn, ptsz) {#name, intro, abi, (void *)&fn, (void *)ptsz},
     FAKE_ENTRY_POINTS(FAKE_ENTRY_ROW)
 #undef FAKE_ENTRY_ROW
 };
 
-FAKE_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
-                                      cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus) {
+FAKE_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                   CUdriverProcAddressQueryResult *symbolStatus) {
+  FAKE_TALLY(cuGetProcAddress);
   if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
   *pfn = NULL;
   if (symbolStatus) *symbolStatus = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-  int driver = 0;
-  cuDriverGetVersion(&driver);
-  if (cudaVersion > driver) return CUDA_ERROR_INVALID_VALUE; /* as the real driver */
+  if (cudaVersion > fake_driver_version()) return CUDA_ERROR_INVALID_VALUE;
   if (flags > (CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))
     return CUDA_ERROR_INVALID_VALUE;
+  bool per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) &&
+                    !(flags & CU_GET_PROC_ADDRESS_LEGACY_STREAM);
+  int best = -1, intro = 0;
   for (size_t i = 0; i < sizeof fake_entries / sizeof fake_entries[0]; i++) {
     if (strcmp(symbol, fake_entries[i].name) != 0) continue;
-    if (cudaVersion < fake_entries[i].abi) {
-      if (symbolStatus) *symbolStatus = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
-      return CUDA_SUCCESS;
-    }
-    *pfn = fake_entries[i].fn;
-    if (symbolStatus) *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
+    intro = fake_entries[i].intro;
+    if (fake_entries[i].abi <= cudaVersion) best = (int)i; /* rows are oldest first */
+  }
+  if (best < 0) {
+    /* CUDA_SUCCESS and a NULL pfn, as the driver answers. Unknown, versioned
+     * ("cuMemAlloc_v2"), or an ABI this double lacks: not found; older than
+     * the name itself: version not sufficient. */
+    if (intro != 0 && cudaVersion < intro && symbolStatus)
+      *symbolStatus = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
     return CUDA_SUCCESS;
   }
-  return CUDA_SUCCESS; /* unknown (e.g. a versioned name like "cuMemAlloc_v2"): pfn NULL */
+  *pfn = per_thread && fake_entries[best].ptsz ? fake_entries[best].ptsz : fake_entries[best].fn;
+  if (symbolStatus) *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
+  return CUDA_SUCCESS;
 }
 
 /* The CUDA 11.3 to 11.8 form, without the status. */
+static CUresult fake_get_proc_address_v1(const char *symbol, void **pfn, int cudaVersion,
+                                         cuuint64_t flags) {
+  return cuGetProcAddress(symbol, pfn, cudaVersion, flags, NULL);
+}
+
+/* Exported under its 11.x name too, for loaders that dlsym it. */
 #undef cuGetProcAddress
 FAKE_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 FAKE_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
-  return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
+  return fake_get_proc_address_v1(symbol, pfn, cudaVersion, flags);
 }
 
 /* ---- control API (fake_cuda.h) ---- */
 
+static void fake_release_holds_locked(struct CUstream_st *only) {
+  for (struct CUstream_st *s = F.streams; s; s = s->next)
+    if (!only || s == only)
+      for (fake_op *op = s->head; op; op = op->next) op->held = 0;
+}
+
 FAKE_API void fake_cuda_reset(void) {
   pthread_mutex_lock(&F.mu);
   F.calls = 0;
+  memset(F.per_call, 0, sizeof F.per_call);
   F.fail_at = 0;
+  F.fail_sticky = 0;
   F.fault_hit = 0;
   F.fault_call = "";
   F.hold_all = 0;
+  F.paused = 0;
+  F.other_used_set = 0;
+  F.bad_event_destroys = 0;
+  F.bad_handles = 0;
+  fake_read_env_locked();
+  for (int d = 0; d < FAKE_MAX_DEVICES; d++) F.ctx[d].sticky = CUDA_SUCCESS;
   for (struct CUstream_st *s = F.streams; s; s = s->next) s->held = 0;
-  F.legacy.held = 0;
-  for (struct CUevent_st *e = F.events; e; e = e->next) fake_complete_locked(e);
-  pthread_cond_broadcast(&F.cv);
+  fake_release_holds_locked(NULL);
+  fake_settle_locked();
   pthread_mutex_unlock(&F.mu);
+}
+
+static void fake_arm_locked(uint64_t n, int result, int sticky) {
+  F.calls = 0;
+  F.fail_at = n;
+  F.fail_result = (CUresult)result;
+  F.fail_sticky = sticky;
+  F.fault_hit = 0;
+  F.fault_call = "";
 }
 
 FAKE_API void fake_cuda_set_fail_at(uint64_t n, int result) {
   pthread_mutex_lock(&F.mu);
-  F.calls = 0;
-  F.fail_at = n;
-  F.fail_result = (CUresult)result;
-  F.fault_hit = 0;
-  F.fault_call = "";
+  fake_arm_locked(n, result, 0);
+  pthread_mutex_unlock(&F.mu);
+}
+
+FAKE_API void fake_cuda_set_sticky_at(uint64_t n, int result) {
+  pthread_mutex_lock(&F.mu);
+  fake_arm_locked(n, result, 1);
+  pthread_mutex_unlock(&F.mu);
+}
+
+FAKE_API void fake_cuda_set_sticky(int result) {
+  pthread_mutex_lock(&F.mu);
+  if (result == CUDA_SUCCESS)
+    for (int d = 0; d < FAKE_MAX_DEVICES; d++) F.ctx[d].sticky = CUDA_SUCCESS;
+  else
+    fake_poison_locked((CUresult)result);
   pthread_mutex_unlock(&F.mu);
 }
 
@@ -871,11 +2168,23 @@ FAKE_API void fake_cuda_get_stats(fake_cuda_stats *out) {
     out->device_bytes += a->accounted;
   }
   for (fake_hreg *h = F.hregs; h; h = h->next) out->host_registrations++;
-  for (struct CUstream_st *s = F.streams; s; s = s->next) out->streams += !s->test_owned;
-  for (struct CUevent_st *e = F.events; e; e = e->next) out->events++;
-  out->pending_events = F.n_pending;
-  for (int d = 0; d < FAKE_MAX_DEVICES; d++) out->ctx_retains += (uint64_t)F.ctx[d].retains;
+  for (struct CUstream_st *s = F.streams; s; s = s->next) {
+    out->streams += s->kind == FAKE_STREAM_USER && !s->destroyed;
+    for (fake_op *op = s->head; op; op = op->next) out->pending_ops++;
+    out->captures_active += s->cap_origin;
+  }
+  for (struct CUevent_st *e = F.events; e; e = e->next) {
+    out->events++;
+    out->pending_events += e->last && !e->last->done;
+  }
+  for (struct CUgraph_st *g = F.graphs; g; g = g->next) out->graphs++;
+  for (int d = 0; d < FAKE_MAX_DEVICES; d++) {
+    out->ctx_retains += (uint64_t)F.ctx[d].retains;
+    if (F.ctx[d].sticky != CUDA_SUCCESS) out->sticky_result = (uint64_t)F.ctx[d].sticky;
+  }
   out->fault_hit = (uint64_t)F.fault_hit;
+  out->bad_event_destroys = F.bad_event_destroys;
+  out->bad_handles = F.bad_handles;
   pthread_mutex_unlock(&F.mu);
 }
 
@@ -893,38 +2202,90 @@ FAKE_API void fake_cuda_hold_events(int on) {
 
 FAKE_API void fake_cuda_complete_events(void) {
   pthread_mutex_lock(&F.mu);
-  for (struct CUevent_st *e = F.events; e; e = e->next) fake_complete_locked(e);
-  pthread_cond_broadcast(&F.cv);
+  fake_release_holds_locked(NULL);
+  fake_settle_locked();
   pthread_mutex_unlock(&F.mu);
 }
 
 FAKE_API void *fake_cuda_stream_create(void) {
   pthread_mutex_lock(&F.mu);
-  void *s = fake_new_stream_locked(1);
+  void *s = fake_new_stream_locked(FAKE_STREAM_TEST, &F.ctx[0], 0, FAKE_PRIORITY_LEAST);
   pthread_mutex_unlock(&F.mu);
   return s;
 }
 
 FAKE_API void fake_cuda_stream_destroy(void *stream) {
   pthread_mutex_lock(&F.mu);
-  struct CUstream_st *s = fake_stream_locked(stream);
-  if (s && s != &F.legacy) fake_drop_stream_locked(s);
-  pthread_cond_broadcast(&F.cv);
+  struct CUstream_st *s = NULL;
+  if (stream && fake_stream_locked(stream, NULL, &s) == CUDA_SUCCESS) fake_destroy_stream_locked(s);
   pthread_mutex_unlock(&F.mu);
 }
 
 FAKE_API void fake_cuda_hold_stream(void *stream, int on) {
   pthread_mutex_lock(&F.mu);
-  struct CUstream_st *s = fake_stream_locked(stream);
-  if (s) s->held = on != 0;
+  struct CUstream_st *s = NULL;
+  if (fake_stream_locked(stream, &F.ctx[0], &s) == CUDA_SUCCESS) s->held = on != 0;
   pthread_mutex_unlock(&F.mu);
 }
 
 FAKE_API void fake_cuda_complete_stream(void *stream) {
   pthread_mutex_lock(&F.mu);
-  struct CUstream_st *s = fake_stream_locked(stream);
-  for (struct CUevent_st *e = F.events; s && e; e = e->next)
-    if (e->stream == s) fake_complete_locked(e);
-  pthread_cond_broadcast(&F.cv);
+  struct CUstream_st *s = NULL;
+  if (fake_stream_locked(stream, &F.ctx[0], &s) == CUDA_SUCCESS) {
+    fake_release_holds_locked(s);
+    fake_settle_locked();
+  }
   pthread_mutex_unlock(&F.mu);
+}
+
+FAKE_API void fake_cuda_set_delay_us(uint64_t us) {
+  pthread_mutex_lock(&F.mu);
+  F.delay_us = us;
+  pthread_mutex_unlock(&F.mu);
+}
+
+FAKE_API void fake_cuda_pause(int on) {
+  pthread_mutex_lock(&F.mu);
+  F.paused = on != 0;
+  pthread_cond_broadcast(&F.work_cv);
+  pthread_mutex_unlock(&F.mu);
+}
+
+FAKE_API void fake_cuda_set_lazy(int on) {
+  pthread_mutex_lock(&F.mu);
+  F.lazy = on != 0;
+  pthread_cond_broadcast(&F.work_cv);
+  pthread_mutex_unlock(&F.mu);
+}
+
+FAKE_API void fake_cuda_settle(void) {
+  pthread_mutex_lock(&F.mu);
+  fake_settle_locked();
+  pthread_mutex_unlock(&F.mu);
+}
+
+FAKE_API void fake_cuda_set_other_used(uint64_t bytes) {
+  pthread_mutex_lock(&F.mu);
+  F.other_used = bytes;
+  F.other_used_set = 1;
+  pthread_mutex_unlock(&F.mu);
+}
+
+FAKE_API void fake_cuda_set_host_register_result(int result) {
+  pthread_mutex_lock(&F.mu);
+  F.host_register_result = (CUresult)result;
+  pthread_mutex_unlock(&F.mu);
+}
+
+FAKE_API uint64_t fake_cuda_calls(const char *name) {
+  pthread_mutex_lock(&F.mu);
+  uint64_t n = 0;
+  if (!name || !*name) {
+    n = F.calls;
+  } else {
+    for (int i = 0; i < FAKE_N_IDS; i++)
+      if (strcmp(name, fake_call_names[i]) == 0) n = F.per_call[i];
+  }
+  pthread_mutex_unlock(&F.mu);
+  return n;
 }

@@ -6,40 +6,86 @@
  * sgm loads the double with dlopen(RTLD_LOCAL), so a test reaches these
  * functions with dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD) and dlsym after
  * sgm has loaded it; FAKE_CUDA_CONTROL(X) lists them for such a lookup table.
+ *
+ * Work is asynchronous in the double as on a GPU: a copy or an event record
+ * completes later, on a worker thread. Tests never sleep for it: they hold
+ * records (fake_cuda_hold_*), pause the worker, and release or settle.
  */
 #ifndef SGM_FAKE_CUDA_H
 #define SGM_FAKE_CUDA_H
 
 #include <stdint.h>
 
-/* What the double holds now (all live counts are what sgm must give back). */
+/* What the double holds now (all live counts are what sgm must give back).
+ * Fields only ever grow at the end. */
 typedef struct fake_cuda_stats {
   uint64_t calls;              /* counted driver calls since load or fake_cuda_reset() */
   uint64_t device_allocs;      /* live cuMemAlloc allocations */
   uint64_t device_bytes;       /* their bytes (as accounted: rounded up to 256) */
   uint64_t host_registrations; /* live cuMemHostRegister ranges */
-  uint64_t streams;            /* live streams from cuStreamCreate (not the test's own) */
+  uint64_t streams;            /* live streams from cuStreamCreate* (not the test's own) */
   uint64_t events;             /* live events from cuEventCreate */
-  uint64_t pending_events;     /* recorded events not yet complete */
+  uint64_t pending_events;     /* live events whose latest record is not complete */
   uint64_t ctx_retains;        /* primary-context retains not yet released, all devices */
   uint64_t fault_hit;          /* 1 once the armed fault has fired */
+  uint64_t pending_ops;        /* queued operations not complete (incl. destroyed events') */
+  uint64_t bad_event_destroys; /* cuEventDestroy of an already destroyed event (must stay 0) */
+  uint64_t bad_handles;        /* INVALID_HANDLE answers for streams and events */
+  uint64_t graphs;             /* live graphs from cuStreamEndCapture */
+  uint64_t captures_active;    /* captures begun and not ended */
+  uint64_t sticky_result;      /* a sticky CUresult poisoning a context, 0 when none */
 } fake_cuda_stats;
 
 /*
  * X(return type, name, parameters) for every control function:
- *  fake_cuda_reset             disarm faults, zero the call count, stop holding events
- *                              (live objects stay: they are what leak checks count)
- *  fake_cuda_set_fail_at       the nth counted call from now fails with result (once);
- *                              n = 0 disarms
+ *  fake_cuda_reset             disarm faults, clear sticky errors, zero the call
+ *                              counters, stop holding, release every held record,
+ *                              unpause, re-read the FAKE_CUDA_* knobs, wait for the
+ *                              worker to settle (live objects stay: they are what
+ *                              leak checks count)
+ *  fake_cuda_set_fail_at       the nth counted call from now fails with result
+ *                              (once); n = 0 disarms
  *  fake_cuda_fault_call        name of the entry point the fault hit, "" before it did
  *  fake_cuda_get_stats         fill *out
  *  fake_cuda_live_allocations  device allocations + host registrations now
- *  fake_cuda_hold_events       on != 0: events recorded from now on stay pending
- *  fake_cuda_complete_events   complete every pending event (wakes waiters)
- *  fake_cuda_stream_create     a stream for the test itself (no context needed)
- *  fake_cuda_stream_destroy    destroy such a stream
- *  fake_cuda_hold_stream       on != 0: events recorded on stream stay pending
- *  fake_cuda_complete_stream   complete the pending events of stream
+ *  fake_cuda_hold_events       on != 0: event records enqueued from now on are held:
+ *                              they (and all later work of their stream, and work
+ *                              that waits on them) stay pending until released
+ *  fake_cuda_complete_events   release every held record, then wait until the
+ *                              worker has run everything it can
+ *  fake_cuda_stream_create     a blocking stream of device 0's primary context for
+ *                              the test itself (no context needs to be current)
+ *  fake_cuda_stream_destroy    destroy such a stream (its work goes on)
+ *  fake_cuda_hold_stream       on != 0: event records enqueued on stream are held
+ *  fake_cuda_complete_stream   release the held records of stream, then settle
+ *  fake_cuda_set_delay_us      simulated device time per queued operation
+ *                              (also FAKE_CUDA_DELAY_US)
+ *  fake_cuda_pause             on != 0: the worker runs nothing (every queued
+ *                              operation stays pending); 0: it resumes
+ *  fake_cuda_set_lazy          on != 0: the worker runs work only while a host
+ *                              thread waits for some (also FAKE_CUDA_LAZY=1)
+ *  fake_cuda_settle            wait until the worker has run everything it can
+ *                              (held, paused or blocked work stays pending)
+ *  fake_cuda_set_other_used    bytes "other processes" hold on every device
+ *                              (also FAKE_CUDA_OTHER_USED)
+ *  fake_cuda_set_host_register_result  every cuMemHostRegister fails with result
+ *                              (e.g. CUDA_ERROR_NOT_PERMITTED); 0 = normal
+ *                              (also FAKE_CUDA_HOST_REGISTER_RESULT)
+ *  fake_cuda_set_sticky_at     the nth counted call from now fails with result and
+ *                              poisons every retained primary context with it
+ *  fake_cuda_set_sticky        poison every retained primary context now with
+ *                              result (CUDA_SUCCESS clears)
+ *  fake_cuda_calls             calls of one entry point by base name
+ *                              ("cuMemAlloc") since load or reset; NULL or "":
+ *                              all counted calls
+ *
+ * Other knobs, read from the environment: FAKE_CUDA_DEVICE_COUNT,
+ * FAKE_CUDA_TOTAL_MEM, FAKE_CUDA_DRIVER_VERSION (default 13000),
+ * FAKE_CUDA_INIT_RESULT, FAKE_CUDA_FAIL_AT, FAKE_CUDA_FAIL_RESULT,
+ * FAKE_CUDA_CAN_MAP_HOST, FAKE_CUDA_HOST_REGISTER_SUPPORTED (default 1),
+ * FAKE_CUDA_PINNED_LIMIT, FAKE_CUDA_CTX_OVERHEAD (default 300 MiB, total/8 on
+ * devices under 2.4 GiB), FAKE_CUDA_PCI_BUS_ID. The rules the double enforces
+ * are listed at the top of fake_cuda.c.
  */
 #define FAKE_CUDA_CONTROL(X)                                            \
   X(void, fake_cuda_reset, (void))                                      \
@@ -52,7 +98,16 @@ typedef struct fake_cuda_stats {
   X(void *, fake_cuda_stream_create, (void))                            \
   X(void, fake_cuda_stream_destroy, (void *stream))                     \
   X(void, fake_cuda_hold_stream, (void *stream, int on))                \
-  X(void, fake_cuda_complete_stream, (void *stream))
+  X(void, fake_cuda_complete_stream, (void *stream))                    \
+  X(void, fake_cuda_set_delay_us, (uint64_t us))                        \
+  X(void, fake_cuda_pause, (int on))                                    \
+  X(void, fake_cuda_set_lazy, (int on))                                 \
+  X(void, fake_cuda_settle, (void))                                     \
+  X(void, fake_cuda_set_other_used, (uint64_t bytes))                   \
+  X(void, fake_cuda_set_host_register_result, (int result))             \
+  X(void, fake_cuda_set_sticky_at, (uint64_t n, int result))            \
+  X(void, fake_cuda_set_sticky, (int result))                           \
+  X(uint64_t, fake_cuda_calls, (const char *name))
 
 #define FAKE_CUDA_DECLARE(ret, name, params) ret name params;
 FAKE_CUDA_CONTROL(FAKE_CUDA_DECLARE)

@@ -1,0 +1,216 @@
+/*
+ * placement.h — what the placement files share, and nothing else sees:
+ *
+ *   placement.c  the placement state: create, destroy, stats, invariant walk
+ *   buffer.c     the public sgm_buffer_* API and the buffer states
+ *   residency.c  DESIGN.md §3 in one file: the policy host, the victim
+ *                search, and where an allocation or a buffer lands
+ *   migrate.c    moving a buffer's data between tiers (demote, promote, spill)
+ *   prefetch.c   the prefetch queue and its worker
+ *
+ * A buffer's data lives in exactly one tier: a block of the VRAM or shared
+ * pool (b->dptr), or an extent of the spill file (b->ext; none yet for a
+ * buffer created straight on disk and never written: it reads as zeros).
+ *
+ * States: RELEASED (listed, or on disk), ACQUIRED, BUSY (one thread owns it
+ * while moving or copying; others wait until it is not). Only the owner of a
+ * BUSY buffer touches its data fields (tier, dptr, ext).
+ *
+ * Locking: pl->lock (rank SGM_LOCK_BUFFERS) guards states, the policies, the
+ * prefetch queue and the counters; it is the lock the policy contract calls
+ * "the tier lock". It is never held across a copy, disk I/O or a pool call: a
+ * mover marks the buffer BUSY, drops the lock, moves, retakes it. The one
+ * exception is the event query while choosing victims: a non-blocking driver
+ * call, made under the lock so a chosen victim is known to be idle.
+ */
+#ifndef SGM_PLACEMENT_H
+#define SGM_PLACEMENT_H
+
+#include "backend/backend.h"
+#include "builtin.h"
+#include "internal.h"
+#include "sgm/policy.h"
+#include "tiers/disk.h"
+
+#define SGM_N_RESIDENT 2 /* VRAM and shared: the tiers with policies */
+
+typedef enum sgm_buf_state { SGM_BUF_RELEASED, SGM_BUF_ACQUIRED, SGM_BUF_BUSY } sgm_buf_state;
+
+struct sgm_buffer {
+  sgm_context *ctx;          /* owner */
+  uint64_t size;             /* bytes asked for */
+  sgm_tier tier;             /* where the data is now (see sgm__buffer_set_tier) */
+  sgm_devptr dptr;           /* block address in VRAM / shared; 0 on disk */
+  sgm_disk_extent ext;       /* on disk: the extent; bytes == 0: never written (zeros) */
+  uint32_t state;            /* sgm_buf_state | SGM_BUF_WAITERS: see sgm__buffer_state */
+  int priority;              /* sgm_priority the user set */
+  void *event;               /* GPU work queued before release; NULL = none pending */
+  void *event_stream;        /* the stream event was recorded on (the release's) */
+  bool prefetch_queued;      /* in pl's prefetch queue */
+  bool listed;               /* an item of pl->pol[tier] now */
+  bool pinned;               /* pl->pol[pin_tier] holds a pin on it (on_remove PIN) */
+  bool fresh;                /* entered its tier unused: its first acquire is no hit */
+  sgm_tier pin_tier;         /* the tier whose policy holds the pin, when pinned */
+  sgm_policy_item item;      /* what policies see; item.priority = the level holding it */
+  sgm_buffer *skip_next;     /* victim search: candidates skipped (GPU work pending) */
+  sgm_buffer *pf_prev, *pf_next;   /* prefetch queue links */
+  sgm_buffer *all_prev, *all_next; /* every live buffer of the context */
+  /* then, at pl->state_offset: pl->state_bytes of policy state (item.state) */
+};
+
+struct sgm_placement {
+  sgm_lock lock;                       /* guards everything below */
+  uint64_t n_busy_wakeups;             /* waits for a BUSY buffer that woke (atomic; tests) */
+  sgm__prio_layer *pol[SGM_N_RESIDENT]; /* each resident tier's policy, one instance per priority */
+  size_t state_offset;                 /* where policy state starts in a buffer's allocation */
+  size_t state_bytes;                  /* its size: the larger of the two policies' state_bytes */
+  uint64_t next_id;                    /* the last sgm_policy_item.id handed out (atomic) */
+  bool record[SGM_N_RESIDENT];         /* the tier's policy has a record member */
+  bool any_record;                     /* either has: acquire records */
+  uint64_t n_listed[SGM_N_RESIDENT];   /* buffers listed per tier (read without the lock) */
+  uint64_t n_searches;                 /* victim searches, to pace debug checks */
+  uint64_t (*clock_ns)(void *user);    /* the policies' clock (monotonic ns; tests inject) */
+  void *clock_user;                    /* its argument */
+  sgm_buffer *all;                     /* every live buffer */
+  sgm_disk *disk;                      /* the spill tier, NULL when off */
+  uint64_t bytes_in[SGM_TIER_COUNT];   /* migrated into each tier */
+  uint64_t bytes_out[SGM_TIER_COUNT];  /* migrated out of each tier */
+  uint64_t n_evictions[SGM_TIER_COUNT]; /* buffers moved out to make room */
+  uint64_t n_disk_live;                /* buffers on disk (with or without extent) */
+  uint64_t disk_used_bytes;            /* their sizes */
+  pthread_t worker;                    /* prefetch worker */
+  bool worker_started;                 /* the worker runs */
+  bool stop;                           /* asks the worker to end */
+  pthread_cond_t work_cond;            /* wakes the worker */
+  sgm_buffer *pf_head, *pf_tail;       /* prefetch queue, oldest at the head */
+};
+
+/* b->state is a word of its own: the state in the low bits, and
+ * SGM_BUF_WAITERS while a thread sleeps until this buffer stops being BUSY.
+ * Written only under pl->lock (sgm__buffer_set_state), read anywhere
+ * (acquire): a thread that waits sleeps on this word, so only a change of
+ * this buffer wakes it. */
+#define SGM_BUF_STATE_MASK 3u
+#define SGM_BUF_WAITERS 4u
+
+static inline sgm_buf_state sgm__buffer_state(const sgm_buffer *b) {
+  return (sgm_buf_state)(__atomic_load_n(&b->state, __ATOMIC_ACQUIRE) & SGM_BUF_STATE_MASK);
+}
+
+/* Set b's state (pl->lock held) and wake the threads waiting for it. The
+ * wake happens under the lock: a woken owner may destroy b right after. */
+static inline void sgm__buffer_set_state(sgm_buffer *b, sgm_buf_state s) {
+  uint32_t old = __atomic_exchange_n(&b->state, (uint32_t)s, __ATOMIC_RELEASE);
+  if (sgm_unlikely(old & SGM_BUF_WAITERS)) sgm__word_wake_all(&b->state);
+}
+
+static inline sgm_buffer *sgm__buffer_of(sgm_policy_item *it) {
+  return (sgm_buffer *)(void *)((char *)it - offsetof(sgm_buffer, item));
+}
+
+/* A mover (the owner of a BUSY buffer) changes its tier without the lock;
+ * sgm_buffer_tier reads it, under the lock but while the move goes on. The
+ * one field so shared: atomic on both sides (relaxed: a moving buffer's tier
+ * is either, and the lock orders everything else). */
+static inline void sgm__buffer_set_tier(sgm_buffer *b, sgm_tier t) {
+  __atomic_store_n(&b->tier, t, __ATOMIC_RELAXED);
+}
+
+/* ------------------------------------------------------------------------ */
+/* placement.c */
+
+/* Walk the policies and every buffer (pl->lock held): true when every
+ * invariant holds, else false with the first broken one on stderr. O(n). */
+bool sgm__placement_valid_locked(struct sgm_placement *pl);
+
+/* ------------------------------------------------------------------------ */
+/* buffer.c — states. */
+
+/* What a taker is about to do with a buffer. */
+typedef enum sgm_take_kind {
+  SGM_TAKE_USE,  /* acquire, host read or write: a use (see sgm__residency_take_for_use) */
+  SGM_TAKE_MOVE, /* explicit eviction: pinned, back unused if it does not move */
+  SGM_TAKE_FREE  /* destroy: out of every policy */
+} sgm_take_kind;
+
+/* Wait (pl->lock held, released while waiting) until b is not BUSY. The one
+ * wait-while-busy loop of the placement files. */
+void sgm__buffer_wait_locked(struct sgm_placement *pl, sgm_buffer *b);
+/* Wait until b is not BUSY, then take it (pl->lock held): out of its policy,
+ * BUSY, a queued prefetch cancelled. Returns the state it had (RELEASED or
+ * ACQUIRED). */
+sgm_buf_state sgm__buffer_take_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k);
+/* Give b (BUSY, owned by the caller; pl->lock not held) back in state `to`:
+ * a RELEASED resident buffer re-enters its policy (used: the taker used it);
+ * one left on disk loses any pin. Wakes its waiters. */
+void sgm__buffer_finish(struct sgm_placement *pl, sgm_buffer *b, sgm_buf_state to, bool used);
+/* Free b's storage in its tier and its pending event (b unlinked, no lock). */
+void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b);
+
+/* ------------------------------------------------------------------------ */
+/* residency.c — the policy host (pl->lock held for the first five). */
+
+/* Take a listed b out of its tier's policy; PIN keeps the instance's state
+ * for b until the pin ends (sgm__residency_put or _unpin). No-op if unlisted. */
+void sgm__residency_take(struct sgm_placement *pl, sgm_buffer *b, sgm_policy_remove why);
+/* b is about to be used: a fresh one's first use ends its membership (DROP),
+ * any other is pinned. */
+void sgm__residency_take_for_use(struct sgm_placement *pl, sgm_buffer *b);
+/* End b's pin for good (b destroyed, or left the resident tiers). */
+void sgm__residency_unpin(struct sgm_placement *pl, sgm_buffer *b);
+/* b (RELEASED, resident, unlisted) enters its tier's policy: back from a pin
+ * in the same instance (used: a hit; else restored), or new there. */
+void sgm__residency_put(struct sgm_placement *pl, sgm_buffer *b, bool used);
+/* b is being acquired: a use, for the policies that count uses (record). */
+void sgm__residency_record(struct sgm_placement *pl, const sgm_buffer *b);
+/* Allocate size bytes in resident tier t (no lock held), evicting released
+ * buffers while it does not fit (rule 2). cand: the newcomer the block is
+ * for, which the VRAM policy may refuse (create, promote); NULL for plain
+ * allocations and demotions. Returns the tier's status when nothing (more)
+ * can be evicted, the request never could fit, or cand was refused:
+ * SGM__ERR_BUDGET for a full budget. May call the driver and block. */
+int sgm__residency_alloc_for(sgm_context *ctx, sgm_tier t, uint64_t size, const sgm_buffer *cand,
+                             uint64_t *out);
+/* Set the "both budgets are full" message (SGM_ERR_NOMEM, returned):
+ * "<what>: VRAM and shared GPU memory are both full. VRAM: <why>. Shared:
+ * <why><tail>". explain_shared false: this thread's current message already
+ * says why shared memory failed. tail may be "". */
+int sgm__residency_both_full(sgm_context *ctx, uint64_t size, bool explain_shared, const char *what,
+                             const char *tail);
+/* Where a new buffer lands (rules 1, 2, 4): VRAM, else shared, else straight
+ * to disk. Sets b->tier and b->dptr (and counts a disk buffer). No lock held.
+ * SGM_ERR_NOMEM with the budgets named when nothing fits. */
+int sgm__residency_place_buffer(sgm_context *ctx, sgm_buffer *b);
+/* Make b (BUSY, owned by the caller) resident (rule 5): VRAM if it fits after
+ * evicting, else shared memory. On failure b is where it was. */
+int sgm__residency_make_resident(sgm_context *ctx, sgm_buffer *b);
+
+/* ------------------------------------------------------------------------ */
+/* migrate.c — moving data (the caller owns b: BUSY; no lock held). */
+
+/* Move b one or more tiers down to `to` (evict: counted as an eviction).
+ * On failure b is unchanged. */
+int sgm__migrate_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict);
+/* Move b up into the block dst just allocated in resident tier `to`. On
+ * failure b is unchanged and dst freed (a checksum mismatch leaves b on disk). */
+int sgm__migrate_promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, sgm_devptr dst);
+/* Copy n bytes between host memory and b's data at offset, wherever it lives
+ * (write: host -> buffer), after the GPU work queued before b's release. */
+int sgm__migrate_host_io(sgm_context *ctx, sgm_buffer *b, size_t offset, void *host, size_t n,
+                         bool write);
+/* A buffer is about to be used on `stream` with *event (recorded on
+ * event_stream at its release, NULL = none) maybe pending: make the release's
+ * work come first for that stream, then destroy the event (*event = NULL).
+ * On failure *event stays. Every copy in this file orders itself; this is for
+ * a use that copies nothing (acquire of a buffer that does not move). */
+int sgm__migrate_order_use(sgm_context *ctx, void **event, void *event_stream, void *stream);
+
+/* ------------------------------------------------------------------------ */
+/* prefetch.c (pl->lock held for cancel). */
+
+/* Take b out of the prefetch queue: the caller does the work itself. */
+void sgm__prefetch_cancel_locked(struct sgm_placement *pl, sgm_buffer *b);
+/* Stop and join the worker if it runs (no lock held). */
+void sgm__prefetch_stop(struct sgm_placement *pl);
+
+#endif /* SGM_PLACEMENT_H */

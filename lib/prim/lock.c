@@ -1,0 +1,84 @@
+/*
+ * prim/lock.c — the ordered locks (a lock witness in the manner of jemalloc's)
+ * and the futex word waits that let a thread sleep on one buffer's state.
+ *
+ * Invariants: with SGM_DEBUG >= 2 every thread keeps the ranks of the sgm
+ * locks it holds and a lock may only be taken above every rank held; every
+ * mutex in libsgm is an sgm_lock, so the witness sees them all (condition
+ * variables wait through sgm__lock_wait, which keeps the record straight).
+ * Threading: the witness is thread-local; nothing here is shared but the
+ * locks and words the callers own.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define LOCK_MAX_HELD 8
+static _Thread_local int held_ranks[LOCK_MAX_HELD];
+static _Thread_local const sgm_lock *held_locks[LOCK_MAX_HELD];
+static _Thread_local int n_held;
+
+void sgm__lock_init(sgm_lock *l, int rank) {
+  pthread_mutex_init(&l->mu, NULL);
+  l->rank = rank;
+}
+
+void sgm__lock_destroy(sgm_lock *l) { pthread_mutex_destroy(&l->mu); }
+
+void sgm__lock_take(sgm_lock *l) {
+  if (SGM_DEBUG >= 2) {
+    for (int i = 0; i < n_held; i++) sgm_assert_internal(held_ranks[i] < l->rank);
+  }
+  pthread_mutex_lock(&l->mu);
+  if (SGM_DEBUG >= 2) {
+    sgm_assert_internal(n_held < LOCK_MAX_HELD);
+    held_ranks[n_held] = l->rank;
+    held_locks[n_held] = l;
+    n_held++;
+  }
+}
+
+void sgm__lock_drop(sgm_lock *l) {
+  if (SGM_DEBUG >= 2) {
+    int i = n_held - 1;
+    while (i >= 0 && held_locks[i] != l) i--;
+    sgm_assert_internal(i >= 0);
+    for (; i + 1 < n_held; i++) {
+      held_locks[i] = held_locks[i + 1];
+      held_ranks[i] = held_ranks[i + 1];
+    }
+    n_held--;
+  }
+  pthread_mutex_unlock(&l->mu);
+}
+
+bool sgm__lock_held(const sgm_lock *l) {
+  if (SGM_DEBUG < 2) return true;
+  for (int i = 0; i < n_held; i++)
+    if (held_locks[i] == l) return true;
+  return false;
+}
+
+/* The hooks lock may stay held: it is the outermost lock, held on purpose
+ * while a context (and so the driver) is brought up. */
+void sgm__lock_assert_none_held(void) {
+  for (int i = 0; i < n_held; i++) sgm_assert_internal(held_ranks[i] == SGM_LOCK_HOOKS);
+}
+
+/* Word waits (Linux futexes, private to the process): a sleeping thread costs
+ * the waker one system call, and only a waker that saw the sleeper's flag
+ * makes it, so the common path stays a plain atomic store. */
+void sgm__word_wait(uint32_t *word, uint32_t expected) {
+  /* EAGAIN (the word already changed) and EINTR both mean: look again. */
+  (void)syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
+}
+
+void sgm__word_wake_all(uint32_t *word) {
+  (void)syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}

@@ -1,0 +1,326 @@
+/*
+ * residency.c — where data lives: every rule of DESIGN.md §3 that decides a
+ * tier, the host of the eviction policies, and the victim search.
+ *
+ *   rule 1  an allocation or a new buffer goes to VRAM if it fits
+ *           (sgm__residency_alloc, sgm__residency_place_buffer)
+ *   rule 2  else released buffers in VRAM are demoted until it does, as far
+ *           as the VRAM policy admits the newcomer (sgm__residency_alloc_for)
+ *   rule 3  else it lands in shared memory; an allocation stops there
+ *   rule 4  a buffer may be created straight on disk
+ *   rule 5  acquire brings a buffer back up (sgm__residency_make_resident)
+ *   rule 6  a victim with GPU work pending is skipped (residency_pick_victim)
+ *
+ * Eviction policies (include/sgm/policy.h, policies/): each resident tier
+ * (VRAM, shared) has a priority layer running the policy the config names
+ * (SGM_POLICY, or SGM_POLICY_VRAM / SGM_POLICY_SHARED): one instance per
+ * priority level, victims from the lowest level that has one.
+ *
+ *     pol[VRAM]    MINIMUM [lru] LOW [lru] NORMAL [lru] HIGH [lru] MAXIMUM [lru]
+ *     pol[SHARED]  the same with its own policy; victims go to disk
+ *
+ * Invariant: a buffer is an item of pol[b->tier] (b->listed) exactly when it
+ * is RELEASED and resident; acquired and BUSY buffers are not, so they are
+ * never victims. A victim with GPU work pending (its release event not
+ * complete) is skipped: taken out with PIN, put back with RESTORE once the
+ * search is over. The policy's per-buffer state lives inline after the buffer
+ * struct (pl->state_offset), sized for the larger of the two policies.
+ *
+ * Pins: taking a listed buffer out for use, a copy or a move is on_remove(PIN);
+ * the instance keeps its state until the pin ends with on_access (used),
+ * on_insert(RESTORE) (back unused in the same instance) or on_remove(DROP)
+ * (destroyed, or back in another tier or priority level). b->pinned and
+ * b->pin_tier say which instance holds a pin; b->item.priority is the level
+ * that holds or pins the item, b->priority the one the user set.
+ *
+ * Record and admit (the optional members of ABI 2): every acquire is
+ * recorded, before anything moves, with each tier's policy that counts
+ * (pl->any_record keeps the check to one branch for those that do not). When
+ * VRAM is full and a newcomer — a buffer being created there, or promoted by
+ * an acquire or a prefetch — needs room, each victim is offered to the VRAM
+ * policy's admit before it leaves; a refusal stops the eviction and the
+ * newcomer lands one tier down (sgm__residency_alloc_for returns
+ * SGM__ERR_BUDGET, and its callers fall back: create to shared memory,
+ * acquire to use in shared memory, prefetch to staying put). Plain
+ * allocations and demotions never ask. A request that could not fit even with
+ * every released buffer gone evicts nothing (residency_could_fit).
+ *
+ * Fresh buffers: a buffer that entered its tier without being used (created
+ * there, prefetched into it, demoted into it) is fresh. Its first acquire is
+ * the reference that brought it in, not a hit: it leaves the policy with DROP
+ * and comes back as new. Host reads and writes of a fresh buffer keep it fresh
+ * (an upload is not a use); of any other buffer they count as a use.
+ *
+ * Threading: the policy host functions run under pl->lock; the allocation
+ * functions take it (and the tier locks) in turn, never across a move.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "placement.h"
+#include "tiers/tier.h"
+
+/* Debug builds walk every policy and buffer on each victim search while this
+ * few buffers are listed, and on every 256th search above: the walk is O(n). */
+#define RESIDENCY_CHECK_ALWAYS 256
+#define RESIDENCY_CHECK_EVERY 256
+
+/* ---- the policy host (pl->lock held) ---- */
+
+static void residency_count_listed(struct sgm_placement *pl, sgm_tier t, int64_t d) {
+  __atomic_store_n(&pl->n_listed[t], pl->n_listed[t] + (uint64_t)d, __ATOMIC_RELAXED);
+}
+
+void sgm__residency_take(struct sgm_placement *pl, sgm_buffer *b, sgm_policy_remove why) {
+  if (!b->listed) return;
+  sgm_assert_internal(b->tier < SGM_N_RESIDENT && !b->pinned);
+  sgm__prio_remove(pl->pol[b->tier], &b->item, why);
+  b->listed = false;
+  residency_count_listed(pl, b->tier, -1);
+  if (why == SGM_POLICY_REMOVE_PIN) {
+    b->pinned = true;
+    b->pin_tier = b->tier;
+  }
+}
+
+void sgm__residency_take_for_use(struct sgm_placement *pl, sgm_buffer *b) {
+  sgm__residency_take(pl, b, b->fresh ? SGM_POLICY_REMOVE_DROP : SGM_POLICY_REMOVE_PIN);
+}
+
+void sgm__residency_unpin(struct sgm_placement *pl, sgm_buffer *b) {
+  if (!b->pinned) return;
+  sgm__prio_remove(pl->pol[b->pin_tier], &b->item, SGM_POLICY_REMOVE_DROP);
+  b->pinned = false;
+}
+
+void sgm__residency_put(struct sgm_placement *pl, sgm_buffer *b, bool used) {
+  sgm_assert_internal(sgm__buffer_state(b) == SGM_BUF_RELEASED && b->tier < SGM_N_RESIDENT && !b->listed);
+  sgm__prio_layer *l = pl->pol[b->tier];
+  bool back = false;
+  if (b->pinned) {
+    back = b->pin_tier == b->tier && b->item.priority == b->priority;
+    if (!back) sgm__prio_remove(pl->pol[b->pin_tier], &b->item, SGM_POLICY_REMOVE_DROP);
+    b->pinned = false;
+  }
+  if (back && used) {
+    sgm__prio_access(l, &b->item);
+  } else if (back) {
+    sgm__prio_insert(l, &b->item, SGM_POLICY_INSERT_RESTORE);
+  } else {
+    b->item.priority = b->priority;
+    sgm__prio_insert(l, &b->item, SGM_POLICY_INSERT_NEW);
+    b->fresh = !used;
+  }
+  b->listed = true;
+  residency_count_listed(pl, b->tier, +1);
+}
+
+void sgm__residency_record(struct sgm_placement *pl, const sgm_buffer *b) {
+  if (!pl->any_record) return;
+  for (int t = 0; t < SGM_N_RESIDENT; t++)
+    if (pl->record[t]) sgm__prio_record(pl->pol[t], b->priority, b->item.id);
+}
+
+/* ---- the victim search ---- */
+
+/* Pick a victim in resident tier t for a request of `want` bytes: the
+ * policy's choice, skipping buffers with GPU work pending. cand: the newcomer
+ * the room is for (VRAM only), whose admission the policy is asked before the
+ * victim leaves; NULL = no question. Returns the victim BUSY, or NULL when
+ * every listed buffer is busy on the GPU, none is listed, or the policy
+ * refused the newcomer (*refused set; the victim stays listed). */
+static sgm_buffer *residency_pick_victim(sgm_context *ctx, sgm_tier t, uint64_t want,
+                                         const sgm_buffer *cand, bool *refused) {
+  struct sgm_placement *pl = ctx->pl;
+  sgm_buffer *v = NULL, *skipped = NULL;
+  sgm__lock_take(&pl->lock);
+  uint64_t listed = pl->n_listed[0] + pl->n_listed[1];
+  if (SGM_EXPENSIVE_CHECKS &&
+      (listed <= RESIDENCY_CHECK_ALWAYS || pl->n_searches % RESIDENCY_CHECK_EVERY == 0))
+    sgm_assert_expensive(sgm__placement_valid_locked(pl));
+  pl->n_searches++;
+  sgm_policy_item *it;
+  while (!v && (it = sgm__prio_next_victim(pl->pol[t], want)) != NULL) {
+    sgm_buffer *b = sgm__buffer_of(it);
+    sgm_assert(b->listed && sgm__buffer_state(b) == SGM_BUF_RELEASED && b->tier == t);
+    if (b->event) {
+      if (ctx->bops->event_query(ctx->be, b->event) != 1) {
+        sgm__residency_take(pl, b, SGM_POLICY_REMOVE_PIN); /* out of the way while the search goes on */
+        b->skip_next = skipped;
+        skipped = b;
+        continue;
+      }
+      ctx->bops->event_destroy(ctx->be, b->event);
+      b->event = NULL;
+    }
+    if (cand) {
+      /* Read under the lock: priority is the one field of cand another
+       * thread (set_priority) may write. */
+      sgm_policy_item c = {.id = cand->item.id, .size_bytes = cand->size,
+                           .priority = cand->priority, .state = NULL};
+      if (!sgm__prio_admit(pl->pol[t], &c, it)) {
+        *refused = true;
+        break;
+      }
+    }
+    sgm__residency_take(pl, b, SGM_POLICY_REMOVE_EVICT);
+    v = b;
+  }
+  /* Last skipped first: each goes back to the eviction end, so the original
+   * order is kept there. */
+  while (skipped) {
+    sgm_buffer *b = skipped;
+    skipped = b->skip_next;
+    b->skip_next = NULL;
+    sgm__residency_put(pl, b, false);
+  }
+  if (v) sgm__buffer_set_state(v, SGM_BUF_BUSY);
+  sgm__lock_drop(&pl->lock);
+  return v;
+}
+
+/* Could size bytes ever fit in tier t if every released buffer there left?
+ * No when the request exceeds the budget, or the room left plus everything
+ * evictable (each buffer counted with the most its rounding can add) falls
+ * short: evicting would then move buffers for nothing. A hint read under two
+ * locks in turn; a race only decides which tier the request lands in. */
+static bool residency_could_fit(sgm_context *ctx, sgm_tier t, uint64_t size) {
+  struct sgm_placement *pl = ctx->pl;
+  sgm_tier_stats ts;
+  sgm__tier_stats(ctx->tiers[t], &ts);
+  uint64_t need = sgm__align_up(size, SGM_DEVICE_ALIGN);
+  if (need > ts.budget_bytes) return false;
+  sgm__lock_take(&pl->lock);
+  uint64_t movable = sgm__prio_reclaimable(pl->pol[t]) + pl->n_listed[t] * (SGM_DEVICE_ALIGN - 1);
+  sgm__lock_drop(&pl->lock);
+  uint64_t room = ts.budget_bytes > ts.used_bytes ? ts.budget_bytes - ts.used_bytes : 0;
+  return need <= room || need - room <= movable;
+}
+
+static bool residency_full(int rc) { return rc == SGM__ERR_BUDGET || rc == SGM_ERR_NOMEM; }
+
+int sgm__residency_alloc_for(sgm_context *ctx, sgm_tier t, uint64_t size, const sgm_buffer *cand,
+                             uint64_t *out) {
+  bool checked = false;
+  for (;;) {
+    int rc = sgm__tier_alloc(ctx->tiers[t], size, out);
+    if (!residency_full(rc)) return rc;
+    if (__atomic_load_n(&ctx->pl->n_listed[t], __ATOMIC_RELAXED) == 0) return rc;
+    if (!checked) {
+      checked = true;
+      if (!residency_could_fit(ctx, t, size)) return rc;
+    }
+    bool refused = false;
+    sgm_buffer *v = residency_pick_victim(ctx, t, size, t == SGM_TIER_VRAM ? cand : NULL, &refused);
+    if (!v) return rc;
+    int drc = sgm__migrate_demote(ctx, v, (sgm_tier)(t + 1), true);
+    sgm__buffer_finish(ctx->pl, v, SGM_BUF_RELEASED, false);
+    if (drc != SGM_OK) return drc;
+  }
+}
+
+/* ---- where things land ---- */
+
+int sgm__residency_both_full(sgm_context *ctx, uint64_t size, bool explain_shared, const char *what,
+                             const char *tail) {
+  char shared[SGM_ERROR_MAX];
+  if (explain_shared) sgm__tier_explain_budget(ctx->tiers[SGM_TIER_SHARED], size);
+  snprintf(shared, sizeof shared, "%s", sgm_last_error());
+  sgm__tier_explain_budget(ctx->tiers[SGM_TIER_VRAM], size);
+  return sgm__error_set(SGM_ERR_NOMEM, "%s: VRAM and shared GPU memory are both full. VRAM: %s. "
+                        "Shared: %s%s", what, sgm_last_error(), shared, tail);
+}
+
+/* Allocate in tier t for work on stream: the tier's stream caches, its free
+ * memory and the other streams' cached blocks first (sgm__tier_alloc_on,
+ * which reclaims cached memory before anything moves); only then are released
+ * buffers demoted to make room (rule 2). */
+static int residency_alloc_in(sgm_context *ctx, sgm_tier t, size_t size, const sgm_stream_ref *stream,
+                              sgm_devptr *d) {
+  int rc = sgm__tier_alloc_on(ctx->tiers[t], size, stream, d);
+  if (sgm_likely(rc == SGM_OK)) return rc;
+  if (residency_full(rc)) rc = sgm__residency_alloc_for(ctx, t, size, NULL, d);
+  return rc;
+}
+
+int sgm__residency_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *out, sgm_tier *where) {
+  *where = SGM_TIER_VRAM;
+  sgm_stream_ref ref;
+  ctx->bops->stream_ref(ctx->be, stream, &ref);
+  int rc = residency_alloc_in(ctx, SGM_TIER_VRAM, size, &ref, out); /* rules 1 and 2 */
+  if (sgm_likely(rc == SGM_OK)) return rc;
+  *where = SGM_TIER_NONE;
+  *out = 0;
+  if (!residency_full(rc)) return rc;
+  if (!ctx->cfg.shared_fallback) {
+    if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(ctx->tiers[SGM_TIER_VRAM], size);
+    return sgm__error_set(SGM_ERR_NOMEM, "%s; shared GPU memory fallback is off (SGM_SHARED_FALLBACK=on "
+                          "lets full VRAM spill into pinned host memory)", sgm_last_error());
+  }
+  rc = residency_alloc_in(ctx, SGM_TIER_SHARED, size, &ref, out); /* rule 3 */
+  if (rc == SGM_OK) {
+    *where = SGM_TIER_SHARED;
+    return rc;
+  }
+  *out = 0;
+  if (!residency_full(rc)) return rc;
+  return sgm__residency_both_full(ctx, size, rc == SGM__ERR_BUDGET, "sgm_alloc", "");
+}
+
+int sgm__residency_place_buffer(sgm_context *ctx, sgm_buffer *b) {
+  struct sgm_placement *pl = ctx->pl;
+  int rc = sgm__residency_alloc_for(ctx, SGM_TIER_VRAM, b->size, b, &b->dptr);
+  if (rc == SGM_OK) {
+    b->tier = SGM_TIER_VRAM;
+    return rc;
+  }
+  if (!residency_full(rc)) return rc;
+  rc = sgm__residency_alloc_for(ctx, SGM_TIER_SHARED, b->size, NULL, &b->dptr);
+  if (rc == SGM_OK) b->tier = SGM_TIER_SHARED;
+  if (!residency_full(rc)) return rc;
+  sgm_tier_stats ds = {0};
+  if (pl->disk) sgm__disk_stats(pl->disk, &ds);
+  sgm__lock_take(&pl->lock);
+  bool fits = pl->disk && ds.budget_bytes - pl->disk_used_bytes >= b->size &&
+              pl->disk_used_bytes <= ds.budget_bytes;
+  if (fits) {
+    pl->n_disk_live++;
+    pl->disk_used_bytes += b->size;
+  }
+  sgm__lock_drop(&pl->lock);
+  if (fits) {
+    b->tier = SGM_TIER_DISK; /* rule 4: straight to disk; no extent until written */
+    return SGM_OK;
+  }
+  char what[64];
+  snprintf(what, sizeof what, "sgm_buffer_create(%llu)", (unsigned long long)b->size);
+  return sgm__residency_both_full(ctx, b->size, true, what,
+                                  pl->disk ? ". Disk: the spill limit is reached (raise SGM_SPILL_LIMIT)"
+                                           : ". Disk: off (set SGM_SPILL_DIR to spill to disk)");
+}
+
+/* Promote b into resident tier `to` if a block there can be had (evicting,
+ * as far as the VRAM policy admits b). */
+static int residency_promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to) {
+  sgm_devptr dst = 0;
+  int rc = sgm__residency_alloc_for(ctx, to, b->size, b, &dst);
+  if (rc != SGM_OK) return rc;
+  return sgm__migrate_promote(ctx, b, to, dst);
+}
+
+int sgm__residency_make_resident(sgm_context *ctx, sgm_buffer *b) {
+  if (b->tier == SGM_TIER_VRAM) return SGM_OK;
+  int rc = residency_promote(ctx, b, SGM_TIER_VRAM);
+  if (rc == SGM_OK) return SGM_OK;
+  if (!residency_full(rc)) return rc;
+  if (b->tier == SGM_TIER_SHARED) return SGM_OK;
+  rc = residency_promote(ctx, b, SGM_TIER_SHARED);
+  if (rc == SGM__ERR_BUDGET) {
+    char what[96];
+    snprintf(what, sizeof what, "cannot make a %llu-byte buffer resident (everything resident is "
+             "acquired)", (unsigned long long)b->size);
+    rc = sgm__residency_both_full(ctx, b->size, true, what, "");
+  }
+  return rc;
+}

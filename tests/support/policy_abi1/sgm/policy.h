@@ -1,0 +1,188 @@
+/* FROZEN: include/sgm/policy.h as it stood at plug-in ABI version 1 (commit
+ * dcad644), kept byte for byte below this comment so that a test can build a
+ * version-1 plug-in and check that it still loads. Do not edit. */
+/*
+ * sgm/policy.h — the plug-in interface for eviction policies.
+ *
+ * A policy decides which released buffer leaves a resident tier (VRAM or
+ * shared memory) when something new needs room. sgm makes one *instance* of
+ * the chosen policy per (tier, priority level): buffers of a lower
+ * sgm_priority always leave first, and within a level the policy chooses.
+ * The built-ins (lru, clock, lfu, arc, s3fifo) live in policies/ and use
+ * nothing but this header; a program adds its own with sgm_policy_register()
+ * and selects it by name (SGM_POLICY, SGM_POLICY_VRAM, SGM_POLICY_SHARED).
+ * Longer prose, with a worked example: docs/policies.md.
+ *
+ * What a policy sees. Every buffer that is *released*, *resident* in the
+ * instance's tier and *movable* is an item of exactly one instance. Acquired
+ * buffers, buffers being copied or moved, and buffers on disk are not: an item
+ * goes out with on_remove(PIN) before it is used and comes back afterwards.
+ * next_victim() therefore never offers a buffer that is in use.
+ *
+ * The contract, for every method but create and destroy:
+ *  - It runs under the placement lock (one lock for all buffer residency state
+ *    of a context: placement.c's pl->lock, rank SGM_LOCK_BUFFERS; it plays the
+ *    part of "the tier lock" for buffers). Calls on one instance are never
+ *    concurrent; calls on different instances (tiers, contexts) may be.
+ *  - It must not block (no sleeping, no I/O, no waiting on other threads), must
+ *    not call back into sgm, and should be O(1) (next_victim O(1) amortised):
+ *    acquire of a VRAM-resident buffer costs about 100 ns in all, policy included.
+ *  - It must not fail: a policy that cannot allocate (a ghost entry, say)
+ *    degrades its choices, never its contract.
+ *
+ * C11 and C++17 clean. Fields are only ever added at the end of the structs;
+ * an incompatible change bumps SGM_POLICY_ABI_VERSION, and a vtable built for
+ * another version is refused at registration.
+ */
+#ifndef SGM_POLICY_H
+#define SGM_POLICY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <sgm.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The plug-in ABI this header describes; sgm_policy_ops.abi_version must equal it. */
+#define SGM_POLICY_ABI_VERSION 1u
+
+/* The most per-buffer state a policy may ask for. Every buffer carries it
+ * inline, sized for the larger of its context's two policies: 256 bytes is
+ * four cache lines, eight times what a built-in needs (at most 32). */
+#define SGM_POLICY_STATE_MAX 256u
+
+/* How many policies the registry holds, built-ins included: a fixed table, so
+ * lookups never race with a reallocation; 32 leaves 27 for programs. */
+#define SGM_POLICY_REGISTRY_MAX 32u
+
+/* One instance of a policy: the policy's own type, opaque to sgm. */
+typedef struct sgm_policy sgm_policy;
+
+/*
+ * A buffer as a policy sees it. sgm owns it; the policy reads id, size_bytes
+ * and priority and owns the bytes at state. The struct lives inside the buffer,
+ * so its address is stable for the buffer's whole life and a policy may link
+ * items through their state (intrusive lists).
+ */
+typedef struct sgm_policy_item {
+  uint64_t id;         /* unique in the context for the buffer's life, never reused: ghosts key on it */
+  uint64_t size_bytes; /* the buffer's size in bytes; constant */
+  int priority;        /* sgm_priority; constant while the item is in (or pinned by) an instance */
+  void *state;         /* state_bytes bytes for the policy, 16-byte aligned; NULL if state_bytes == 0 */
+} sgm_policy_item;
+
+/* Why an item leaves an instance (on_remove). */
+typedef enum sgm_policy_remove {
+  /*
+   * Out for a while: it is being acquired, copied, moved, or was skipped as a
+   * victim (GPU work still pending on it). The policy must not offer it from
+   * next_victim and must keep what it needs in the item's state; it may leave
+   * the state linked in its own structures (the memory stays valid). Exactly
+   * one of on_access, on_insert(RESTORE) or on_remove(DROP) ends the pin.
+   */
+  SGM_POLICY_REMOVE_PIN = 0,
+  /* The victim next_victim just returned leaves the tier (it is demoted, not
+   * freed, so it may come back: remember its id as a ghost if useful). */
+  SGM_POLICY_REMOVE_EVICT = 1,
+  /* Gone for good, without eviction: destroyed, moved by sgm_buffer_evict or a
+   * prefetch, its priority changed, or a pin ends without it coming back.
+   * The item may be in the structures or pinned. Forget it. */
+  SGM_POLICY_REMOVE_DROP = 2
+} sgm_policy_remove;
+
+/* How an item enters an instance (on_insert). */
+typedef enum sgm_policy_insert {
+  /* New to this instance: created in the tier, or moved into it (promoted,
+   * demoted, prefetched), or back after on_remove(DROP). The state holds
+   * garbage; the policy may look the id up among its ghosts. */
+  SGM_POLICY_INSERT_NEW = 0,
+  /* Back from on_remove(PIN) without being used (a skipped victim, a move that
+   * did not happen): put it back as if it had never left, or at the eviction
+   * end when its place is lost. Not a hit. */
+  SGM_POLICY_INSERT_RESTORE = 1
+} sgm_policy_insert;
+
+/* What create gets. */
+typedef struct sgm_policy_params {
+  uint32_t abi_version;    /* SGM_POLICY_ABI_VERSION of the caller */
+  sgm_tier tier;           /* the tier this instance serves: SGM_TIER_VRAM or SGM_TIER_SHARED */
+  int priority;            /* the priority level it serves (one instance per level) */
+  uint64_t capacity_bytes; /* the tier's budget: the most its items can ever add up to (ARC's c) */
+  /* The instance's only clock: monotonic nanoseconds. Tests pass a fake one;
+   * sgm passes its context clock. Callable from every method but destroy. */
+  uint64_t (*clock_ns)(void *clock_user);
+  void *clock_user; /* argument of clock_ns */
+} sgm_policy_params;
+
+/*
+ * The vtable. Every member must be set except `summary` and `check`;
+ * sgm_policy_register names the first one missing.
+ */
+typedef struct sgm_policy_ops {
+  uint32_t abi_version; /* SGM_POLICY_ABI_VERSION: refused when it differs */
+  const char *name;     /* [a-z0-9_-], 1 to SGM_NAME_MAX - 1 characters; matched ignoring case */
+  const char *summary;  /* one line for listings; may be NULL */
+  size_t state_bytes;   /* per-buffer state, at most SGM_POLICY_STATE_MAX; 0 allowed */
+
+  /* Make an instance. Not under any sgm lock; may allocate. SGM_OK and *out,
+   * or an error status (*out NULL). */
+  sgm_status (*create)(const sgm_policy_params *params, sgm_policy **out);
+  /* Free an instance. Items may still be in it or pinned: do not touch them
+   * (their buffers are being freed); free only what the instance allocated. */
+  void (*destroy)(sgm_policy *p);
+
+  /* `it` enters the instance (see sgm_policy_insert). */
+  void (*on_insert)(sgm_policy *p, sgm_policy_item *it, sgm_policy_insert how);
+  /* `it`, pinned since on_remove(PIN), is back after being used (acquired and
+   * released, or read or written by the host): a hit. */
+  void (*on_access)(sgm_policy *p, sgm_policy_item *it);
+  /* `it` leaves the instance (see sgm_policy_remove). */
+  void (*on_remove)(sgm_policy *p, sgm_policy_item *it, sgm_policy_remove why);
+
+  /* The sum of size_bytes of the items in the instance (pinned ones excluded). */
+  uint64_t (*reclaimable_bytes)(const sgm_policy *p);
+  /*
+   * The item to evict next, to make room for a request of bytes_wanted (a
+   * hint: sgm calls again, after each eviction, until the request fits, so a
+   * big request takes several small victims). Returns NULL only when the
+   * instance holds no item. Must not remove the item: sgm follows with
+   * on_remove(EVICT), or on_remove(PIN) when it cannot move it now and then
+   * asks again. May reorganise the instance (advance a clock hand, move items
+   * between queues); O(1) amortised.
+   */
+  sgm_policy_item *(*next_victim)(sgm_policy *p, uint64_t bytes_wanted);
+
+  /* Optional: walk the whole instance and check its invariants; SGM_OK, or
+   * SGM_ERR_CORRUPT with a message in why. Tests and debug builds call it. */
+  sgm_status (*check)(const sgm_policy *p, char *why, size_t why_len);
+} sgm_policy_ops;
+
+/*
+ * Add a policy to the process-wide registry, so that SGM_POLICY and the config
+ * can name it. ops (and the strings it points to) must outlive every context
+ * using it; sgm keeps the pointer. Refused with SGM_ERR_INVALID and a message
+ * (sgm_last_error) when ops is NULL, its abi_version is not
+ * SGM_POLICY_ABI_VERSION, a member is missing (the message names it), the
+ * name is malformed, reserved ("all", "opt") or already registered; with
+ * SGM_ERR_NOMEM when the registry is full. Thread-safe; register before
+ * creating the contexts that use it.
+ */
+SGM_API sgm_status sgm_policy_register(const sgm_policy_ops *ops);
+
+/* The registered policy of that name (case ignored), NULL if none. Thread-safe. */
+SGM_API const sgm_policy_ops *sgm_policy_find(const char *name);
+
+/* How many policies are registered (built-ins first, in this order: lru,
+ * clock, lfu, arc, s3fifo), and the i-th of them (NULL past the end).
+ * Thread-safe; the list only grows. */
+SGM_API size_t sgm_policy_count(void);
+SGM_API const sgm_policy_ops *sgm_policy_at(size_t i);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SGM_POLICY_H */

@@ -1,0 +1,1009 @@
+/*
+ * test_fake_cuda.c — the conformance suite of the CUDA driver test double
+ * (tests/support/fake_cuda): one test per rule of the CUDA 13.0 driver the
+ * double enforces, each named for its rule. The suite links the double and
+ * calls it through the cu* API directly; tests hold or pause work with the
+ * double's control API and release it, they never sleep for it.
+ *
+ * Built without the CUDA toolkit's headers, the suite skips (exit 77).
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "test_util.h"
+
+#if defined(SGM_HAVE_CUDA_HEADERS) && SGM_HAVE_CUDA_HEADERS
+#include <cuda.h>
+
+#include "fake_cuda.h"
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+#define PAGE ((size_t)4096)
+
+static CUcontext ctx0;
+
+#define CU_OK(call) assert_int_equal((call), CUDA_SUCCESS)
+
+static void clean_env(void) {
+  const char *vars[] = {"FAKE_CUDA_DEVICE_COUNT", "FAKE_CUDA_TOTAL_MEM", "FAKE_CUDA_DELAY_US",
+                        "FAKE_CUDA_LAZY", "FAKE_CUDA_OTHER_USED", "FAKE_CUDA_CTX_OVERHEAD",
+                        "FAKE_CUDA_HOST_REGISTER_SUPPORTED", "FAKE_CUDA_HOST_REGISTER_RESULT",
+                        "FAKE_CUDA_PINNED_LIMIT", "FAKE_CUDA_DRIVER_VERSION", "SGM_EMU_VRAM"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+}
+
+/* Every test: a clean double, device 0's primary context current. */
+static int setup(void **state) {
+  (void)state;
+  clean_env();
+  fake_cuda_reset();
+  if (cuInit(0) != CUDA_SUCCESS) return -1;
+  if (cuDevicePrimaryCtxRetain(&ctx0, 0) != CUDA_SUCCESS) return -1;
+  return cuCtxPushCurrent(ctx0) == CUDA_SUCCESS ? 0 : -1;
+}
+
+/* ... and leaves nothing behind in it. */
+static int teardown(void **state) {
+  (void)state;
+  fake_cuda_reset();
+  CUcontext popped = NULL;
+  cuCtxPopCurrent(&popped);
+  cuDevicePrimaryCtxRelease(0);
+  fake_cuda_stats st;
+  fake_cuda_get_stats(&st);
+  if (st.device_allocs || st.host_registrations || st.streams || st.events || st.ctx_retains ||
+      st.pending_ops || st.graphs || st.captures_active) {
+    fprintf(stderr, "left behind: %llu allocs, %llu registrations, %llu streams, %llu events, "
+            "%llu retains, %llu ops, %llu graphs, %llu captures\n",
+            (unsigned long long)st.device_allocs, (unsigned long long)st.host_registrations,
+            (unsigned long long)st.streams, (unsigned long long)st.events,
+            (unsigned long long)st.ctx_retains, (unsigned long long)st.pending_ops,
+            (unsigned long long)st.graphs, (unsigned long long)st.captures_active);
+    return -1;
+  }
+  return 0;
+}
+
+static CUdeviceptr dev_alloc(size_t n) {
+  CUdeviceptr d = 0;
+  CU_OK(cuMemAlloc(&d, n));
+  return d;
+}
+
+/* Page-aligned host memory registered with the driver (pinned). */
+static unsigned char *pinned_alloc(size_t n) {
+  void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  assert_true(p != MAP_FAILED);
+  CU_OK(cuMemHostRegister(p, n, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE));
+  return p;
+}
+
+static void pinned_free(unsigned char *p, size_t n) {
+  CU_OK(cuMemHostUnregister(p));
+  munmap(p, n);
+}
+
+static CUstream stream_new(unsigned flags) {
+  CUstream s = NULL;
+  CU_OK(cuStreamCreate(&s, flags));
+  return s;
+}
+
+static CUevent event_new(void) {
+  CUevent e = NULL;
+  CU_OK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  return e;
+}
+
+/* ---- asynchrony and stream order ---- */
+
+static void test_record_behind_pending_copy_is_not_complete(void **state) {
+  (void)state;
+  CUdeviceptr a = dev_alloc(64 * KiB), b = dev_alloc(64 * KiB);
+  CUstream s = stream_new(0);
+  CUevent e = event_new();
+  fake_cuda_pause(1); /* the device runs nothing */
+  CU_OK(cuMemsetD8Async(a, 0x5a, 64 * KiB, s));
+  CU_OK(cuMemcpyDtoDAsync(b, a, 64 * KiB, s));
+  CU_OK(cuEventRecord(e, s));
+  assert_int_equal(cuEventQuery(e), CUDA_ERROR_NOT_READY);
+  assert_int_equal(cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+  assert_int_equal(((unsigned char *)(uintptr_t)b)[100], 0); /* not copied yet */
+  fake_cuda_pause(0);
+  CU_OK(cuEventSynchronize(e));
+  CU_OK(cuEventQuery(e));
+  assert_int_equal(((unsigned char *)(uintptr_t)b)[100], 0x5a);
+  CU_OK(cuEventDestroy(e));
+  CU_OK(cuStreamDestroy(s));
+  CU_OK(cuMemFree(a));
+  CU_OK(cuMemFree(b));
+}
+
+static void test_copies_complete_later_in_stream_order(void **state) {
+  (void)state;
+  const size_t n = 256 * KiB;
+  unsigned char *in = pinned_alloc(n), *out = pinned_alloc(n);
+  for (size_t i = 0; i < n; i++) in[i] = (unsigned char)(i * 7 + 1);
+  CUdeviceptr a = dev_alloc(n), b = dev_alloc(n);
+  CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+  fake_cuda_pause(1);
+  CU_OK(cuMemcpyHtoDAsync(a, in, n, s));
+  CU_OK(cuMemcpyDtoDAsync(b, a, n, s));
+  CU_OK(cuMemcpyDtoHAsync(out, b, n, s));
+  assert_int_equal(out[1], 0); /* registered memory: the calls returned at once */
+  fake_cuda_pause(0);
+  CU_OK(cuStreamSynchronize(s));
+  /* In any other order out would hold zeros. */
+  assert_memory_equal(in, out, n);
+  CU_OK(cuStreamDestroy(s));
+  CU_OK(cuMemFree(a));
+  CU_OK(cuMemFree(b));
+  pinned_free(in, n);
+  pinned_free(out, n);
+}
+
+static void test_pageable_source_is_staged_at_enqueue(void **state) {
+  (void)state;
+  unsigned char *src = malloc(4096);
+  assert_non_null(src);
+  memset(src, 0x11, 4096);
+  CUdeviceptr d = dev_alloc(4096);
+  CUstream s = stream_new(0);
+  fake_cuda_pause(1);
+  CU_OK(cuMemcpyHtoDAsync(d, src, 4096, s));
+  memset(src, 0x22, 4096); /* the caller may reuse pageable memory at once */
+  fake_cuda_pause(0);
+  CU_OK(cuStreamSynchronize(s));
+  assert_int_equal(((unsigned char *)(uintptr_t)d)[4000], 0x11);
+  CU_OK(cuStreamDestroy(s));
+  CU_OK(cuMemFree(d));
+  free(src);
+}
+
+static void test_pageable_destination_is_written_before_return(void **state) {
+  (void)state;
+  unsigned char *dst = calloc(1, 8192);
+  assert_non_null(dst);
+  CUdeviceptr d = dev_alloc(8192);
+  CUstream s = stream_new(0);
+  fake_cuda_set_delay_us(2000); /* slow device: the call must still wait */
+  CU_OK(cuMemsetD8Async(d, 0x33, 8192, s));
+  CU_OK(cuMemcpyDtoHAsync(dst, d, 8192, s));
+  assert_int_equal(dst[8191], 0x33);
+  fake_cuda_set_delay_us(0);
+  CU_OK(cuStreamDestroy(s));
+  CU_OK(cuMemFree(d));
+  free(dst);
+}
+
+static void test_stream_wait_event_orders_later_work(void **state) {
+  (void)state;
+  CUdeviceptr d = dev_alloc(4096);
+  CUstream s1 = stream_new(CU_STREAM_NON_BLOCKING), s2 = stream_new(CU_STREAM_NON_BLOCKING);
+  CUevent e = event_new();
+  fake_cuda_hold_stream(s1, 1); /* s1's record stays pending */
+  CU_OK(cuEventRecord(e, s1));
+  CU_OK(cuStreamWaitEvent(s2, e, 0));
+  CU_OK(cuMemsetD8Async(d, 0x44, 4096, s2));
+  fake_cuda_settle();
+  assert_int_equal(cuStreamQuery(s2), CUDA_ERROR_NOT_READY);
+  assert_int_equal(((unsigned char *)(uintptr_t)d)[0], 0);
+  fake_cuda_complete_stream(s1);
+  CU_OK(cuStreamSynchronize(s2));
+  assert_int_equal(((unsigned char *)(uintptr_t)d)[0], 0x44);
+  fake_cuda_hold_stream(s1, 0);
+  CU_OK(cuEventDestroy(e));
+  CU_OK(cuStreamDestroy(s1));
+  CU_OK(cuStreamDestroy(s2));
+  CU_OK(cuMemFree(d));
+}
+
+static void test_stream_wait_event_takes_the_record_at_call_time(void **state) {
+  (void)state;
+  CUdeviceptr d = dev_alloc(4096);
+  CUstream s1 = stream_new(CU_STREAM_NON_BLOCKING), s2 = stream_new(CU_STREAM_NON_BLOCKING);
+  CUstream s3 = stream_new(CU_STREAM_NON_BLOCKING);
+  CUevent e = event_new();
+  fake_cuda_hold_stream(s1, 1);
+  CU_OK(cuEventRecord(e, s1));
+  CU_OK(cuStreamWaitEvent(s2, e, 0));
+  CU_OK(cuEventRecord(e, s3)); /* a later record does not release s2 */
+  CU_OK(cuMemsetD8Async(d, 0x45, 4096, s2));
+  CU_OK(cuEventSynchronize(e));
+  fake_cuda_settle();
+  assert_int_equal(cuStreamQuery(s2), CUDA_ERROR_NOT_READY);
+  fake_cuda_complete_stream(s1);
+  CU_OK(cuStreamSynchronize(s2));
+  assert_int_equal(((unsigned char *)(uintptr_t)d)[9], 0x45);
+  CU_OK(cuEventDestroy(e));
+  CU_OK(cuStreamDestroy(s1));
+  CU_OK(cuStreamDestroy(s2));
+  CU_OK(cuStreamDestroy(s3));
+  CU_OK(cuMemFree(d));
+}
+
+/* ---- default streams ---- */
+
+static void test_legacy_stream_waits_for_blocking_streams(void **state) {
+  (void)state;
+  CUdeviceptr d = dev_alloc(4096);
+  CUstream s = stream_new(0); /* blocking */
+  CUevent e = event_new();
+  fake_cuda_hold_stream(s, 1);
+  CU_OK(cuEventRecord(e, s));
+  CU_OK(cuMemsetD8Async(d, 0x55, 4096, NULL));
+  fake_cuda_settle();
+  assert_int_equal(cuStreamQuery(NULL), CUDA_ERROR_NOT_READY);
+  assert_int_equal(cuStreamQuery(CU_STREAM_LEGACY), CUDA_ERROR_NOT_READY);
+  fake_cuda_complete_stream(s);
+  CU_OK(cuStreamSynchronize(CU_STREAM_LEGACY));
+  assert_int_equal(((unsigned char *)(uintptr_t)d)[1], 0x55);
+  CU_OK(cuEventDestroy(e));
+  CU_OK(cuStreamDestroy(s));
+  CU_OK(cuMemFree(d));
+}
+
+static void test_blocking_stream_waits_for_legacy_stream(void **state) {
+  (void)state;
+  CUdeviceptr d = dev_alloc(4096);
+  CUstream s = stream_new(0);
+  CUevent e = event_new();
+  fake_cuda_hold_events(1);
+  CU_OK(cuEventRecord(e, NULL)); /* held on the legacy stream */
+  fake_cuda_hold_events(0);
+  CU_OK(cuMemsetD8Async(d, 0x56, 4096, s));
+  fake_cuda_settle();
+  assert_int_equal(cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+  fake_cuda_complete_events();
+  CU_OK(cuStreamSynchronize(s));
+  assert_int_equal(((unsigned char *)(uintptr_t)d)[2], 0x56);
+  CU_OK(cuEventDestroy(e));
+  CU_OK(cuStreamDestroy(s));
+  CU_OK(cuMemFree(d));
+}
+
+static void test_non_blocking_stream_does_not_sync_with_legacy(void **state) {
+  (void)state;
+  CUdeviceptr d = dev_alloc(4096);
+  CUstream nb = stream_new(CU_STREAM_NON_BLOCKING);
+  CUevent e = event_new();
+  fake_cuda_hold_stream(nb, 1);
+  CU_OK(cuEventRecord(e, nb));
+  CU_OK(cuMemsetD8Async(d, 0x57, 4096, NULL)); /* does not wait for nb */
+  CU_OK(cuStreamSynchronize(NULL));
+  assert_int_equal(((unsigned char *)(uintptr_t)d)[3], 0x57);
+  assert_int_equal(cuEventQuery(e), CUDA_ERROR_NOT_READY);
+  fake_cuda_hold_events(1);
+  CU_OK(cuEventRecord(e, NULL));
+  fake_cuda_hold_events(0);
+  CU_OK(cuMemsetD8Async(d, 0x58, 4096, nb)); /* nor does nb wait for the legacy stream */
+  fake_cuda_complete_stream(nb);
+  CU_OK(cuStreamSynchronize(nb));
+  assert_int_equal(((unsigned char *)(uintptr_t)d)[3], 0x58);
+  assert_int_equal(cuEventQuery(e), CUDA_ERROR_NOT_READY);
+  fake_cuda_complete_events();
+  CU_OK(cuEventDestroy(e));
+  CU_OK(cuStreamDestroy(nb));
+  CU_OK(cuMemFree(d));
+}
+
+typedef struct pt_arg {
+  CUevent e;    /* to record on the thread's per-thread stream */
+  int hold;     /* hold that record */
+  CUresult sync; /* cuStreamQuery(CU_STREAM_PER_THREAD) after settling */
+} pt_arg;
+
+static void *per_thread_main(void *arg) {
+  pt_arg *a = arg;
+  if (cuCtxPushCurrent(ctx0) != CUDA_SUCCESS) return NULL;
+  if (a->hold) fake_cuda_hold_events(1);
+  cuEventRecord(a->e, CU_STREAM_PER_THREAD);
+  if (a->hold) fake_cuda_hold_events(0);
+  fake_cuda_settle();
+  a->sync = cuStreamQuery(CU_STREAM_PER_THREAD);
+  CUcontext c;
+  cuCtxPopCurrent(&c);
+  return NULL;
+}
+
+static void test_per_thread_stream_is_distinct_per_thread(void **state) {
+  (void)state;
+  pt_arg held = {event_new(), 1, CUDA_ERROR_UNKNOWN}, free_ = {event_new(), 0, CUDA_ERROR_UNKNOWN};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, per_thread_main, &held), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  assert_int_equal(held.sync, CUDA_ERROR_NOT_READY);
+  /* Another thread's per-thread stream is not held behind the first one's. */
+  assert_int_equal(pthread_create(&t, NULL, per_thread_main, &free_), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  assert_int_equal(free_.sync, CUDA_SUCCESS);
+  /* But it is blocking: the legacy stream waits for it. */
+  CUdeviceptr d = dev_alloc(4096);
+  CU_OK(cuMemsetD8Async(d, 0x59, 4096, NULL));
+  fake_cuda_settle();
+  assert_int_equal(cuStreamQuery(NULL), CUDA_ERROR_NOT_READY);
+  fake_cuda_complete_events();
+  CU_OK(cuStreamSynchronize(NULL));
+  assert_int_equal(((unsigned char *)(uintptr_t)d)[4], 0x59);
+  CU_OK(cuEventDestroy(held.e));
+  CU_OK(cuEventDestroy(free_.e));
+  CU_OK(cuMemFree(d));
+}
+
+static void test_ptsz_entry_points_take_null_as_the_per_thread_stream(void **state) {
+  (void)state;
+  CUresult (*sync_ptsz)(CUstream) = NULL, (*sync_legacy)(CUstream) = NULL;
+  CUdriverProcAddressQueryResult st;
+  CU_OK(cuGetProcAddress("cuStreamSynchronize", (void **)&sync_ptsz, 12000,
+                         CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st));
+  assert_int_equal(st, CU_GET_PROC_ADDRESS_SUCCESS);
+  CU_OK(cuGetProcAddress("cuStreamSynchronize", (void **)&sync_legacy, 12000,
+                         CU_GET_PROC_ADDRESS_LEGACY_STREAM, &st));
+  assert_ptr_not_equal((void *)sync_ptsz, (void *)sync_legacy);
+  /* Hold the per-thread stream of this thread: NULL through _ptsz is it. */
+  CUevent e = event_new();
+  fake_cuda_hold_events(1);
+  CU_OK(cuEventRecord(e, CU_STREAM_PER_THREAD));
+  fake_cuda_hold_events(0);
+  CUresult (*query_ptsz)(CUstream) = NULL;
+  CU_OK(cuGetProcAddress("cuStreamQuery", (void **)&query_ptsz, 12000,
+                         CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st));
+  assert_int_equal(query_ptsz(NULL), CUDA_ERROR_NOT_READY);
+  fake_cuda_complete_events();
+  CU_OK(sync_ptsz(NULL));
+  CU_OK(query_ptsz(NULL));
+  CU_OK(cuEventDestroy(e));
+}
+
+/* ---- events and streams: lifetimes and handles ---- */
+
+static void test_destroying_a_pending_event_does_not_complete_its_work(void **state) {
+  (void)state;
+  CUdeviceptr d = dev_alloc(4096);
+  CUstream s = stream_new(0);
+  CUevent e = event_new();
+  fake_cuda_pause(1);
+  CU_OK(cuMemsetD8Async(d, 0x61, 4096, s));
+  CU_OK(cuEventRecord(e, s));
+  CU_OK(cuEventDestroy(e));
+  fake_cuda_stats st;
+  fake_cuda_get_stats(&st);
+  assert_int_equal(st.events, 0);
+  assert_int_equal(st.pending_ops, 2); /* the work goes on */
+  assert_int_equal(((unsigned char *)(uintptr_t)d)[5], 0);
+  fake_cuda_pause(0);
+  CU_OK(cuStreamSynchronize(s));
+  assert_int_equal(((unsigned char *)(uintptr_t)d)[5], 0x61);
+  CU_OK(cuStreamDestroy(s));
+  CU_OK(cuMemFree(d));
+}
+
+static void test_destroying_an_event_twice_is_an_invalid_handle_and_counted(void **state) {
+  (void)state;
+  CUevent e = event_new();
+  CU_OK(cuEventDestroy(e));
+  assert_int_equal(cuEventDestroy(e), CUDA_ERROR_INVALID_HANDLE);
+  assert_int_equal(cuEventQuery(e), CUDA_ERROR_INVALID_HANDLE);
+  fake_cuda_stats st;
+  fake_cuda_get_stats(&st);
+  assert_int_equal(st.bad_event_destroys, 1);
+  assert_true(st.bad_handles >= 2);
+}
+
+static void test_destroying_a_stream_with_pending_work_lets_it_finish(void **state) {
+  (void)state;
+  CUdeviceptr d = dev_alloc(4096);
+  CUstream s = stream_new(0);
+  fake_cuda_pause(1);
+  CU_OK(cuMemsetD8Async(d, 0x62, 4096, s));
+  CU_OK(cuStreamDestroy(s)); /* returns at once */
+  assert_int_equal(cuStreamQuery(s), CUDA_ERROR_INVALID_HANDLE);
+  fake_cuda_pause(0);
+  CU_OK(cuCtxSynchronize());
+  assert_int_equal(((unsigned char *)(uintptr_t)d)[6], 0x62);
+  CU_OK(cuMemFree(d));
+}
+
+static void test_event_and_stream_of_different_contexts_are_refused(void **state) {
+  (void)state;
+  setenv("FAKE_CUDA_DEVICE_COUNT", "2", 1);
+  CU_OK(cuInit(0));
+  CUcontext ctx1 = NULL;
+  CU_OK(cuDevicePrimaryCtxRetain(&ctx1, 1));
+  CUstream s0 = stream_new(0); /* of device 0 */
+  CU_OK(cuCtxPushCurrent(ctx1));
+  CUevent e1 = event_new(); /* of device 1 */
+  assert_int_equal(cuEventRecord(e1, s0), CUDA_ERROR_INVALID_HANDLE);
+  CUdeviceptr d1 = dev_alloc(4096);
+  assert_int_equal(cuMemsetD8Async(d1, 1, 4096, s0), CUDA_ERROR_INVALID_HANDLE);
+  CU_OK(cuEventRecord(e1, NULL)); /* device 1's own legacy stream */
+  CU_OK(cuEventSynchronize(e1));
+  CU_OK(cuMemFree(d1));
+  CUcontext c;
+  CU_OK(cuCtxPopCurrent(&c));
+  assert_int_equal(cuEventRecord(e1, s0), CUDA_ERROR_INVALID_HANDLE); /* s0's context is current */
+  /* Waiting on another context's event is allowed. */
+  CU_OK(cuStreamWaitEvent(s0, e1, 0));
+  CU_OK(cuStreamSynchronize(s0));
+  CU_OK(cuEventDestroy(e1));
+  CU_OK(cuStreamDestroy(s0));
+  CU_OK(cuDevicePrimaryCtxRelease(1));
+}
+
+/* ---- memory ---- */
+
+static void test_free_waits_for_queued_work_on_the_range(void **state) {
+  (void)state;
+  CUdeviceptr d = dev_alloc(4 * MiB);
+  CUstream s = stream_new(0);
+  fake_cuda_set_delay_us(5000);
+  CU_OK(cuMemsetD8Async(d, 0x63, 4 * MiB, s));
+  CU_OK(cuMemFree(d)); /* unmapping under the memset would crash */
+  fake_cuda_stats st;
+  fake_cuda_get_stats(&st);
+  assert_int_equal(st.pending_ops, 0);
+  fake_cuda_set_delay_us(0);
+  CU_OK(cuStreamDestroy(s));
+}
+
+static void test_mem_get_info_counts_context_and_other_processes(void **state) {
+  (void)state;
+  setenv("FAKE_CUDA_TOTAL_MEM", "8GiB", 1);
+  CU_OK(cuInit(0));
+  size_t free_b = 0, total = 0;
+  CU_OK(cuMemGetInfo(&free_b, &total));
+  assert_int_equal(total, 8192 * MiB);
+  assert_int_equal(free_b, (8192 - 300) * MiB); /* the context's own reservation */
+  fake_cuda_set_other_used(2048 * MiB);
+  CU_OK(cuMemGetInfo(&free_b, &total));
+  assert_int_equal(free_b, (8192 - 300 - 2048) * MiB);
+  CUdeviceptr d = 0;
+  assert_int_equal(cuMemAlloc(&d, free_b + 256), CUDA_ERROR_OUT_OF_MEMORY);
+  CU_OK(cuMemAlloc(&d, 64 * MiB));
+  CU_OK(cuMemGetInfo(&free_b, &total));
+  assert_int_equal(free_b, (8192 - 300 - 2048 - 64) * MiB);
+  CU_OK(cuMemFree(d));
+}
+
+/* ---- host registration ---- */
+
+static void test_host_registration_of_unmapped_pages_fails(void **state) {
+  (void)state;
+  unsigned char *p = mmap(NULL, 3 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  assert_true(p != MAP_FAILED);
+  assert_int_equal(munmap(p + PAGE, PAGE), 0); /* a hole in the middle */
+  assert_int_equal(cuMemHostRegister(p, 3 * PAGE, 0), CUDA_ERROR_INVALID_VALUE);
+  CU_OK(cuMemHostRegister(p, PAGE, 0));
+  CU_OK(cuMemHostUnregister(p));
+  assert_int_equal(cuMemHostUnregister(p), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+  munmap(p, PAGE);
+  munmap(p + 2 * PAGE, PAGE);
+}
+
+static void test_unaligned_registrations_sharing_a_page_collide(void **state) {
+  (void)state;
+  unsigned char *p = mmap(NULL, 2 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  assert_true(p != MAP_FAILED);
+  CU_OK(cuMemHostRegister(p + 16, 100, 0)); /* unaligned: the driver pins the whole page */
+  assert_int_equal(cuMemHostRegister(p + 512, 100, 0), CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+  assert_int_equal(cuMemHostRegister(p + PAGE - 8, 16, 0),
+                   CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+  CU_OK(cuMemHostRegister(p + PAGE + 8, 100, 0)); /* the next page is free */
+  CU_OK(cuMemHostUnregister(p + 16));
+  CU_OK(cuMemHostUnregister(p + PAGE + 8));
+  munmap(p, 2 * PAGE);
+}
+
+static void test_host_registration_failures_as_the_driver_reports_them(void **state) {
+  (void)state;
+  unsigned char *p = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  assert_true(p != MAP_FAILED);
+  assert_int_equal(cuMemHostRegister(NULL, PAGE, 0), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(cuMemHostRegister(p, 0, 0), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(cuMemHostRegister(p, PAGE, 0x100), CUDA_ERROR_INVALID_VALUE);
+  const CUresult forced[] = {CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_NOT_PERMITTED,
+                             CUDA_ERROR_NOT_SUPPORTED};
+  for (size_t i = 0; i < 3; i++) {
+    fake_cuda_set_host_register_result(forced[i]);
+    assert_int_equal(cuMemHostRegister(p, PAGE, 0), forced[i]);
+  }
+  fake_cuda_set_host_register_result(CUDA_SUCCESS);
+  setenv("FAKE_CUDA_HOST_REGISTER_SUPPORTED", "0", 1);
+  int attr = -1;
+  CU_OK(cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED, 0));
+  assert_int_equal(attr, 0);
+  assert_int_equal(cuMemHostRegister(p, PAGE, 0), CUDA_ERROR_NOT_SUPPORTED);
+  unsetenv("FAKE_CUDA_HOST_REGISTER_SUPPORTED");
+  CU_OK(cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED, 0));
+  assert_int_equal(attr, 1);
+  setenv("FAKE_CUDA_PINNED_LIMIT", "2048", 1); /* less than the page it must pin */
+  assert_int_equal(cuMemHostRegister(p, 100, 0), CUDA_ERROR_OUT_OF_MEMORY);
+  unsetenv("FAKE_CUDA_PINNED_LIMIT");
+  CU_OK(cuMemHostRegister(p, PAGE, 0));
+  CU_OK(cuMemHostUnregister(p));
+  munmap(p, PAGE);
+}
+
+/* ---- faults ---- */
+
+static void test_an_injected_fault_fires_once(void **state) {
+  (void)state;
+  fake_cuda_set_fail_at(2, CUDA_ERROR_OUT_OF_MEMORY);
+  CUdeviceptr a = 0, b = 0, c = 0;
+  CU_OK(cuMemAlloc(&a, 4096));
+  assert_int_equal(cuMemAlloc(&b, 4096), CUDA_ERROR_OUT_OF_MEMORY);
+  assert_string_equal(fake_cuda_fault_call(), "cuMemAlloc");
+  CU_OK(cuMemAlloc(&c, 4096));
+  CU_OK(cuMemFree(a));
+  CU_OK(cuMemFree(c));
+}
+
+static void test_a_sticky_error_fails_every_later_call_of_the_context(void **state) {
+  (void)state;
+  CUdeviceptr d = dev_alloc(4096);
+  CUstream s = stream_new(0);
+  fake_cuda_set_sticky_at(2, CUDA_ERROR_ILLEGAL_ADDRESS);
+  CU_OK(cuMemsetD8Async(d, 1, 4096, s));
+  assert_int_equal(cuStreamSynchronize(s), CUDA_ERROR_ILLEGAL_ADDRESS); /* the fault */
+  CUdeviceptr e = 0;
+  assert_int_equal(cuMemAlloc(&e, 4096), CUDA_ERROR_ILLEGAL_ADDRESS);
+  assert_int_equal(cuStreamSynchronize(s), CUDA_ERROR_ILLEGAL_ADDRESS);
+  assert_int_equal(cuMemFree(d), CUDA_ERROR_ILLEGAL_ADDRESS);
+  int n = 0;
+  CU_OK(cuDeviceGetCount(&n)); /* no context needed: unaffected */
+  fake_cuda_stats st;
+  fake_cuda_get_stats(&st);
+  assert_int_equal(st.sticky_result, CUDA_ERROR_ILLEGAL_ADDRESS);
+  /* Only destroying the context clears it (see the next test); the control
+   * call stands in for that here so the objects can be released. */
+  fake_cuda_set_sticky(CUDA_SUCCESS);
+  CU_OK(cuStreamDestroy(s));
+  CU_OK(cuMemFree(d));
+}
+
+static void test_releasing_the_primary_context_to_zero_clears_a_sticky_error(void **state) {
+  (void)state;
+  fake_cuda_set_sticky(CUDA_ERROR_ILLEGAL_ADDRESS);
+  CUdeviceptr d = 0;
+  assert_int_equal(cuMemAlloc(&d, 4096), CUDA_ERROR_ILLEGAL_ADDRESS);
+  CUcontext c;
+  CU_OK(cuCtxPopCurrent(&c));
+  CU_OK(cuDevicePrimaryCtxRelease(0)); /* destroyed */
+  CU_OK(cuDevicePrimaryCtxRetain(&ctx0, 0));
+  CU_OK(cuCtxPushCurrent(ctx0));
+  CU_OK(cuMemAlloc(&d, 4096));
+  CU_OK(cuMemFree(d));
+}
+
+/* ---- stream capture ---- */
+
+static void test_captured_work_is_not_executed_and_ends_in_a_graph(void **state) {
+  (void)state;
+  CUdeviceptr d = dev_alloc(4096);
+  CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+  CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUstreamCaptureStatus cs;
+  cuuint64_t id = 0;
+  CU_OK(cuStreamIsCapturing(s, &cs));
+  assert_int_equal(cs, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  CU_OK(cuStreamGetCaptureInfo(s, &cs, &id, NULL, NULL, NULL, NULL));
+  assert_true(id != 0);
+  CU_OK(cuMemsetD8Async(d, 0x71, 4096, s));
+  assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+                   CUDA_ERROR_ILLEGAL_STATE);
+  CUgraph g = NULL;
+  CU_OK(cuStreamEndCapture(s, &g));
+  assert_non_null(g);
+  CU_OK(cuStreamSynchronize(s));
+  assert_int_equal(((unsigned char *)(uintptr_t)d)[0], 0);
+  CU_OK(cuStreamIsCapturing(s, &cs));
+  assert_int_equal(cs, CU_STREAM_CAPTURE_STATUS_NONE);
+  CUgraph none = (CUgraph)1;
+  assert_int_equal(cuStreamEndCapture(s, &none), CUDA_ERROR_ILLEGAL_STATE);
+  assert_null(none);
+  CU_OK(cuGraphDestroy(g));
+  assert_int_equal(cuStreamBeginCapture(NULL, CU_STREAM_CAPTURE_MODE_GLOBAL),
+                   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); /* never the legacy stream */
+  CU_OK(cuStreamDestroy(s));
+  CU_OK(cuMemFree(d));
+}
+
+static void test_unsafe_calls_during_global_capture_invalidate_it(void **state) {
+  (void)state;
+  CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+  CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUdeviceptr d = 0;
+  assert_int_equal(cuMemAlloc(&d, 4096), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CUstreamCaptureStatus cs;
+  CU_OK(cuStreamIsCapturing(s, &cs));
+  assert_int_equal(cs, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+  assert_int_equal(cuMemsetD8Async(0, 0, 0, s), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CUgraph g = (CUgraph)1;
+  assert_int_equal(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  assert_null(g);
+  CU_OK(cuMemAlloc(&d, 4096)); /* no capture any more */
+  CU_OK(cuMemFree(d));
+  CU_OK(cuStreamDestroy(s));
+}
+
+typedef struct capture_arg {
+  CUstream s;                /* stream to capture on */
+  CUstreamCaptureMode mode;  /* mode to begin with */
+  pthread_mutex_t mu;        /* guards step */
+  pthread_cond_t cv;         /* signals step changes */
+  int step;                  /* 1: capture begun; 2: main is done; 3: ended */
+  CUresult end;              /* cuStreamEndCapture's answer */
+} capture_arg;
+
+static void capture_step(capture_arg *a, int step) {
+  pthread_mutex_lock(&a->mu);
+  a->step = step;
+  pthread_cond_broadcast(&a->cv);
+  pthread_mutex_unlock(&a->mu);
+}
+
+static void capture_wait(capture_arg *a, int step) {
+  pthread_mutex_lock(&a->mu);
+  while (a->step < step) pthread_cond_wait(&a->cv, &a->mu);
+  pthread_mutex_unlock(&a->mu);
+}
+
+static void *capture_main(void *arg) {
+  capture_arg *a = arg;
+  cuCtxPushCurrent(ctx0);
+  cuStreamBeginCapture(a->s, a->mode);
+  capture_step(a, 1);
+  capture_wait(a, 2);
+  CUgraph g = NULL;
+  a->end = cuStreamEndCapture(a->s, &g);
+  if (g) cuGraphDestroy(g);
+  CUcontext c;
+  cuCtxPopCurrent(&c);
+  return NULL;
+}
+
+static CUresult alloc_free(void) {
+  CUdeviceptr d = 0;
+  CUresult r = cuMemAlloc(&d, 4096);
+  if (r == CUDA_SUCCESS) cuMemFree(d);
+  return r;
+}
+
+static void test_thread_capture_modes_decide_who_may_make_unsafe_calls(void **state) {
+  (void)state;
+  for (int round = 0; round < 3; round++) {
+    /* Another thread captures: GLOBAL (round 0, 1) or THREAD_LOCAL (round 2). */
+    capture_arg a = {.s = stream_new(CU_STREAM_NON_BLOCKING),
+                     .mode = round < 2 ? CU_STREAM_CAPTURE_MODE_GLOBAL
+                                       : CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                     .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, capture_main, &a), 0);
+    capture_wait(&a, 1);
+    CUresult expect_end = CUDA_SUCCESS;
+    if (round == 0) {
+      /* This thread in GLOBAL mode: the other thread's GLOBAL capture forbids it. */
+      assert_int_equal(alloc_free(), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+      expect_end = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    } else {
+      /* THREAD_LOCAL ignores other threads' captures; GLOBAL ignores
+       * THREAD_LOCAL captures of others. */
+      CUstreamCaptureMode m = round == 1 ? CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+                                         : CU_STREAM_CAPTURE_MODE_GLOBAL;
+      CU_OK(cuThreadExchangeStreamCaptureMode(&m));
+      CU_OK(alloc_free());
+      CU_OK(cuThreadExchangeStreamCaptureMode(&m));
+      assert_int_equal(m, round == 1 ? CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+                                     : CU_STREAM_CAPTURE_MODE_GLOBAL);
+    }
+    capture_step(&a, 2);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(a.end, expect_end);
+    CU_OK(cuStreamDestroy(a.s));
+  }
+}
+
+static void test_relaxed_capture_allows_unsafe_calls(void **state) {
+  (void)state;
+  CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+  CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  CU_OK(alloc_free());
+  CUgraph g = NULL;
+  CU_OK(cuStreamEndCapture(s, &g));
+  CU_OK(cuGraphDestroy(g));
+  CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  assert_int_equal(alloc_free(), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); /* its own capture */
+  assert_int_equal(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CU_OK(cuStreamDestroy(s));
+}
+
+static void test_synchronizing_a_capturing_stream_is_illegal(void **state) {
+  (void)state;
+  CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+  CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  assert_int_equal(cuStreamSynchronize(s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CUgraph g = NULL;
+  assert_int_equal(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  assert_int_equal(cuStreamQuery(s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  assert_int_equal(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CU_OK(cuStreamDestroy(s));
+}
+
+static void test_an_event_recorded_in_capture_cannot_be_queried(void **state) {
+  (void)state;
+  CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+  CUevent e = event_new();
+  CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CU_OK(cuEventRecord(e, s));
+  assert_int_equal(cuEventQuery(e), CUDA_ERROR_CAPTURED_EVENT);
+  assert_int_equal(cuEventSynchronize(e), CUDA_ERROR_CAPTURED_EVENT);
+  CUgraph g = NULL;
+  CU_OK(cuStreamEndCapture(s, &g));
+  CU_OK(cuGraphDestroy(g));
+  assert_int_equal(cuEventQuery(e), CUDA_ERROR_CAPTURED_EVENT); /* last recorded in capture */
+  CU_OK(cuEventRecord(e, s));
+  CU_OK(cuEventSynchronize(e));
+  CU_OK(cuEventDestroy(e));
+  CU_OK(cuStreamDestroy(s));
+}
+
+static void test_legacy_stream_use_during_blocking_capture_is_implicit(void **state) {
+  (void)state;
+  CUdeviceptr d = dev_alloc(4096);
+  CUstream s = stream_new(0); /* blocking */
+  CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  CUstreamCaptureStatus cs;
+  assert_int_equal(cuStreamIsCapturing(NULL, &cs), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+  CU_OK(cuStreamIsCapturing(s, &cs));
+  assert_int_equal(cs, CU_STREAM_CAPTURE_STATUS_ACTIVE); /* a query does not invalidate */
+  assert_int_equal(cuMemsetD8Async(d, 1, 4096, NULL), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+  CU_OK(cuStreamIsCapturing(s, &cs));
+  assert_int_equal(cs, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+  CUgraph g = NULL;
+  assert_int_equal(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  /* A non-blocking capture leaves the legacy stream usable. */
+  CUstream nb = stream_new(CU_STREAM_NON_BLOCKING);
+  CU_OK(cuStreamBeginCapture(nb, CU_STREAM_CAPTURE_MODE_RELAXED));
+  CU_OK(cuMemsetD8Async(d, 2, 4096, NULL));
+  CU_OK(cuStreamSynchronize(NULL));
+  CU_OK(cuStreamEndCapture(nb, &g));
+  CU_OK(cuGraphDestroy(g));
+  CU_OK(cuStreamDestroy(nb));
+  CU_OK(cuStreamDestroy(s));
+  CU_OK(cuMemFree(d));
+}
+
+static void test_capture_ends_on_its_thread_and_stream_with_forks_joined(void **state) {
+  (void)state;
+  CUstream s = stream_new(CU_STREAM_NON_BLOCKING), s2 = stream_new(CU_STREAM_NON_BLOCKING);
+  CUevent fork = event_new(), join = event_new();
+  CUdeviceptr d = dev_alloc(4096);
+  CUgraph g = NULL;
+  /* A fork never joined back. */
+  CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CU_OK(cuEventRecord(fork, s));
+  CU_OK(cuStreamWaitEvent(s2, fork, 0)); /* s2 joins the capture */
+  CUstreamCaptureStatus cs;
+  CU_OK(cuStreamIsCapturing(s2, &cs));
+  assert_int_equal(cs, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  CU_OK(cuMemsetD8Async(d, 1, 4096, s2));
+  assert_int_equal(cuStreamEndCapture(s2, &g), CUDA_ERROR_STREAM_CAPTURE_UNMATCHED);
+  assert_int_equal(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
+  CU_OK(cuStreamIsCapturing(s2, &cs));
+  assert_int_equal(cs, CU_STREAM_CAPTURE_STATUS_NONE);
+  /* Joined back: fine. */
+  CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CU_OK(cuEventRecord(fork, s));
+  CU_OK(cuStreamWaitEvent(s2, fork, 0));
+  CU_OK(cuMemsetD8Async(d, 1, 4096, s2));
+  CU_OK(cuEventRecord(join, s2));
+  CU_OK(cuStreamWaitEvent(s, join, 0));
+  CU_OK(cuStreamEndCapture(s, &g));
+  CU_OK(cuGraphDestroy(g));
+  /* Waiting in a capture on work recorded outside it crosses the boundary. */
+  CU_OK(cuEventRecord(join, s2));
+  CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  assert_int_equal(cuStreamWaitEvent(s, join, 0), CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
+  assert_int_equal(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  /* A GLOBAL capture ends only on the thread that began it. */
+  capture_arg a = {.s = s, .mode = CU_STREAM_CAPTURE_MODE_GLOBAL,
+                   .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, capture_main, &a), 0);
+  capture_wait(&a, 1);
+  assert_int_equal(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+  capture_step(&a, 2);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  assert_int_equal(a.end, CUDA_SUCCESS);
+  CU_OK(cuEventDestroy(fork));
+  CU_OK(cuEventDestroy(join));
+  CU_OK(cuStreamDestroy(s));
+  CU_OK(cuStreamDestroy(s2));
+  CU_OK(cuMemFree(d));
+}
+
+/* ---- cuGetProcAddress, version, counters, priorities ---- */
+
+static void test_get_proc_address_answers_by_version_and_flags(void **state) {
+  (void)state;
+  void *fn = NULL;
+  CUdriverProcAddressQueryResult st;
+  CU_OK(cuGetProcAddress("cuMemAlloc", &fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st));
+  assert_int_equal(st, CU_GET_PROC_ADDRESS_SUCCESS);
+  assert_ptr_equal(fn, (void *)&cuMemAlloc_v2); /* the _v2 ABI from 3.2 */
+  /* The 32-bit ABI before 3.2 is not implemented: not found, pfn NULL. */
+  CU_OK(cuGetProcAddress("cuMemAlloc", &fn, 3000, CU_GET_PROC_ADDRESS_DEFAULT, &st));
+  assert_null(fn);
+  assert_int_equal(st, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+  /* Older than the name: version not sufficient. */
+  CU_OK(cuGetProcAddress("cuStreamBeginCapture", &fn, 9020, CU_GET_PROC_ADDRESS_DEFAULT, &st));
+  assert_null(fn);
+  assert_int_equal(st, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+  /* One name, three ABIs. */
+  void *v1 = NULL, *v2 = NULL, *v3 = NULL;
+  CU_OK(cuGetProcAddress("cuStreamGetCaptureInfo", &v1, 11020, 0, &st));
+  CU_OK(cuGetProcAddress("cuStreamGetCaptureInfo", &v2, 12000, 0, &st));
+  CU_OK(cuGetProcAddress("cuStreamGetCaptureInfo", &v3, 13000, 0, &st));
+  assert_non_null(v1);
+  assert_ptr_not_equal(v1, v2);
+  assert_ptr_not_equal(v2, v3);
+  assert_ptr_equal(v3, (void *)&cuStreamGetCaptureInfo_v3);
+  /* Versioned and unknown names are not base names. */
+  CU_OK(cuGetProcAddress("cuMemAlloc_v2", &fn, 12000, 0, &st));
+  assert_null(fn);
+  assert_int_equal(st, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+  /* Newer than the driver: an error. */
+  assert_int_equal(cuGetProcAddress("cuMemAlloc", &fn, 13010, 0, &st), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(cuGetProcAddress("cuMemAlloc", &fn, 12000, 8, &st), CUDA_ERROR_INVALID_VALUE);
+  /* Per-thread variants only where a stream is taken. */
+  void *a = NULL, *b = NULL;
+  CU_OK(cuGetProcAddress("cuMemAlloc", &a, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st));
+  assert_ptr_equal(a, (void *)&cuMemAlloc_v2);
+  CU_OK(cuGetProcAddress("cuEventRecord", &a, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st));
+  CU_OK(cuGetProcAddress("cuEventRecord", &b, 12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &st));
+  assert_ptr_not_equal(a, b);
+  assert_ptr_equal(b, (void *)&cuEventRecord);
+}
+
+static void test_driver_version_is_13_0(void **state) {
+  (void)state;
+  int v = 0;
+  CU_OK(cuDriverGetVersion(&v));
+  assert_int_equal(v, 13000);
+}
+
+static void test_every_entry_point_counts_its_calls(void **state) {
+  (void)state;
+  assert_int_equal(fake_cuda_calls("cuMemAlloc"), 0);
+  uint64_t before = fake_cuda_calls(NULL); /* setup's calls */
+  CUdeviceptr d = dev_alloc(4096);
+  size_t f, t;
+  CU_OK(cuMemGetInfo(&f, &t));
+  CU_OK(cuMemFree(d));
+  assert_int_equal(fake_cuda_calls("cuMemAlloc"), 1);
+  assert_int_equal(fake_cuda_calls("cuMemFree"), 1);
+  assert_int_equal(fake_cuda_calls("cuMemGetInfo"), 1);
+  assert_int_equal(fake_cuda_calls(NULL) - before, 3);
+  assert_int_equal(fake_cuda_calls("cuNoSuchCall"), 0);
+}
+
+static void test_stream_priorities_are_clamped_to_the_range(void **state) {
+  (void)state;
+  int least = 1, greatest = 1;
+  CU_OK(cuCtxGetStreamPriorityRange(&least, &greatest));
+  assert_true(greatest < least);
+  CUstream s = NULL;
+  CU_OK(cuStreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, greatest - 10));
+  int p = 0;
+  unsigned flags = 0;
+  CU_OK(cuStreamGetPriority(s, &p));
+  CU_OK(cuStreamGetFlags(s, &flags));
+  assert_int_equal(p, greatest);
+  assert_int_equal(flags, CU_STREAM_NON_BLOCKING);
+  CU_OK(cuStreamDestroy(s));
+  assert_int_equal(cuStreamCreate(&s, 0x10), CUDA_ERROR_INVALID_VALUE);
+}
+
+/* Lazy mode: work runs only while someone waits, so a query right after a
+ * record is NOT_READY every time. */
+static void test_lazy_device_runs_work_only_while_waited_for(void **state) {
+  (void)state;
+  fake_cuda_set_lazy(1);
+  CUstream s = stream_new(0);
+  CUevent e = event_new();
+  for (int i = 0; i < 50; i++) {
+    CU_OK(cuEventRecord(e, s));
+    assert_int_equal(cuEventQuery(e), CUDA_ERROR_NOT_READY);
+    CU_OK(cuEventSynchronize(e));
+    CU_OK(cuEventQuery(e));
+  }
+  fake_cuda_set_lazy(0);
+  CU_OK(cuEventDestroy(e));
+  CU_OK(cuStreamDestroy(s));
+}
+
+/* After fork() only the forking thread exists: the child's queued work still
+ * completes (its waiting thread runs it), on the child's own memory. */
+static void test_a_fork_child_runs_its_own_work(void **state) {
+  (void)state;
+  CUdeviceptr d = dev_alloc(4096);
+  CUstream s = stream_new(0);
+  CU_OK(cuMemsetD8Async(d, 0x21, 4096, s)); /* the parent's worker exists now */
+  CU_OK(cuStreamSynchronize(s));
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    int ok = cuMemsetD8Async(d, 0x22, 4096, s) == CUDA_SUCCESS &&
+             cuStreamSynchronize(s) == CUDA_SUCCESS &&
+             ((unsigned char *)(uintptr_t)d)[7] == 0x22;
+    _exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  assert_int_equal(((unsigned char *)(uintptr_t)d)[7], 0x21); /* the parent's memory */
+  CU_OK(cuStreamDestroy(s));
+  CU_OK(cuMemFree(d));
+}
+
+int main(void) {
+#define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
+  const struct CMUnitTest tests[] = {
+      T(test_record_behind_pending_copy_is_not_complete),
+      T(test_copies_complete_later_in_stream_order),
+      T(test_pageable_source_is_staged_at_enqueue),
+      T(test_pageable_destination_is_written_before_return),
+      T(test_stream_wait_event_orders_later_work),
+      T(test_stream_wait_event_takes_the_record_at_call_time),
+      T(test_legacy_stream_waits_for_blocking_streams),
+      T(test_blocking_stream_waits_for_legacy_stream),
+      T(test_non_blocking_stream_does_not_sync_with_legacy),
+      T(test_per_thread_stream_is_distinct_per_thread),
+      T(test_ptsz_entry_points_take_null_as_the_per_thread_stream),
+      T(test_destroying_a_pending_event_does_not_complete_its_work),
+      T(test_destroying_an_event_twice_is_an_invalid_handle_and_counted),
+      T(test_destroying_a_stream_with_pending_work_lets_it_finish),
+      T(test_event_and_stream_of_different_contexts_are_refused),
+      T(test_free_waits_for_queued_work_on_the_range),
+      T(test_mem_get_info_counts_context_and_other_processes),
+      T(test_host_registration_of_unmapped_pages_fails),
+      T(test_unaligned_registrations_sharing_a_page_collide),
+      T(test_host_registration_failures_as_the_driver_reports_them),
+      T(test_an_injected_fault_fires_once),
+      T(test_a_sticky_error_fails_every_later_call_of_the_context),
+      T(test_releasing_the_primary_context_to_zero_clears_a_sticky_error),
+      T(test_captured_work_is_not_executed_and_ends_in_a_graph),
+      T(test_unsafe_calls_during_global_capture_invalidate_it),
+      T(test_thread_capture_modes_decide_who_may_make_unsafe_calls),
+      T(test_relaxed_capture_allows_unsafe_calls),
+      T(test_synchronizing_a_capturing_stream_is_illegal),
+      T(test_an_event_recorded_in_capture_cannot_be_queried),
+      T(test_legacy_stream_use_during_blocking_capture_is_implicit),
+      T(test_capture_ends_on_its_thread_and_stream_with_forks_joined),
+      T(test_get_proc_address_answers_by_version_and_flags),
+      T(test_driver_version_is_13_0),
+      T(test_every_entry_point_counts_its_calls),
+      T(test_stream_priorities_are_clamped_to_the_range),
+      T(test_lazy_device_runs_work_only_while_waited_for),
+      T(test_a_fork_child_runs_its_own_work),
+  };
+#undef T
+  return cmocka_run_group_tests_name("fake_cuda", tests, NULL, NULL);
+}
+
+#else
+
+int main(void) {
+  printf("# fake_cuda: built without the CUDA headers: skipped\n");
+  return 77;
+}
+
+#endif
