@@ -183,6 +183,17 @@ static void sweep_cycle(sweep_run *r, sweep_buf *s) {
   }
 }
 
+/* An explicit eviction may also be refused with SGM_ERR_BUSY while GPU work
+ * queued before the release is pending (the buffer stays where it was). */
+static void sweep_evict(sweep_run *r, sweep_buf *s, sgm_tier to) {
+  sgm_status rc = sgm_buffer_evict(s->b, to);
+  if (rc == SGM_ERR_BUSY && sgm_last_error()[0]) {
+    r->n_failed_calls++;
+    return;
+  }
+  sweep_status(r, rc, to == SGM_TIER_DISK ? "sgm_buffer_evict(disk)" : "sgm_buffer_evict(shared)");
+}
+
 /* Read a buffer back; one retry, since the one-shot fault may hit this read. */
 static void sweep_verify(sweep_run *r, sweep_buf *s) {
   if (!s->b || !s->known) return;
@@ -260,8 +271,8 @@ static void sweep_once(sweep_run *r) {
   /* Cycle through the buffers until the early ones reach the spill file. */
   for (int round = 0; round < 2; round++)
     for (int i = 0; i < SWEEP_N_BUFS; i++) sweep_cycle(r, &bufs[i]);
-  if (bufs[0].b) sweep_status(r, sgm_buffer_evict(bufs[0].b, SGM_TIER_DISK), "sgm_buffer_evict(disk)");
-  if (bufs[1].b) sweep_status(r, sgm_buffer_evict(bufs[1].b, SGM_TIER_SHARED), "sgm_buffer_evict(shared)");
+  if (bufs[0].b) sweep_evict(r, &bufs[0], SGM_TIER_DISK);
+  if (bufs[1].b) sweep_evict(r, &bufs[1], SGM_TIER_SHARED);
   if (bufs[2].b) {
     sweep_status(r, sgm_buffer_prefetch(bufs[2].b, NULL), "sgm_buffer_prefetch");
     sweep_cycle(r, &bufs[2]);
