@@ -39,10 +39,11 @@
 #include <cmocka.h>
 
 #include "sgm.h"
+#include "stress_util.h"
 #include "test_util.h"
 
-#define KiB (UINT64_C(1) << 10)
-#define MiB (UINT64_C(1) << 20)
+#define KiB STRESS_KiB
+#define MiB STRESS_MiB
 #define FORK_N_BUFS 8
 #define FORK_BUF_BYTES (256 * KiB)
 #define FORK_N_ALLOCS 6
@@ -56,32 +57,18 @@ typedef struct fork_world {
   unsigned char *a[FORK_N_ALLOCS];       /* allocations, patterns 100.. */
 } fork_world;
 
-static void pattern(unsigned char *p, size_t n, unsigned seed) {
-  unsigned x = seed * 2654435761u + 3;
-  for (size_t i = 0; i < n; i++) {
-    x = x * 1103515245u + 12345u;
-    p[i] = (unsigned char)(x >> 16);
-  }
-}
-
 static void world_create(fork_world *w, uint64_t idle_trim_ms) {
   memset(w, 0, sizeof *w);
   sgm_config cfg;
-  sgm_config_init(&cfg);
-  cfg.backend = SGM_BACKEND_EMU;
-  cfg.emu_vram_bytes = 64 * MiB;
-  cfg.vram_limit = (sgm_size){.bytes = 1 * MiB};
-  cfg.shared_limit = (sgm_size){.bytes = 2 * MiB};
+  stress_config(&cfg, 1 * MiB, 2 * MiB, spill, 64 * MiB);
   cfg.growth_chunk_bytes = 256 * KiB;
   cfg.idle_trim_ms = idle_trim_ms;
-  snprintf(cfg.spill_dir, sizeof cfg.spill_dir, "%s", spill);
-  cfg.spill_limit = (sgm_size){.bytes = 64 * MiB};
   if (sgm_context_create(&cfg, &w->ctx) != SGM_OK) fail_msg("create: %s", sgm_last_error());
   unsigned char *p = malloc(FORK_BUF_BYTES);
   assert_non_null(p);
   for (int i = 0; i < FORK_N_BUFS; i++) {
     assert_int_equal(sgm_buffer_create(w->ctx, FORK_BUF_BYTES, &w->b[i]), SGM_OK);
-    pattern(p, FORK_BUF_BYTES, (unsigned)i);
+    stress_pattern(p, FORK_BUF_BYTES, (unsigned)i);
     assert_int_equal(sgm_buffer_write(w->b[i], 0, p, FORK_BUF_BYTES), SGM_OK);
   }
   free(p);
@@ -94,7 +81,7 @@ static void world_create(fork_world *w, uint64_t idle_trim_ms) {
   for (int i = 0; i < FORK_N_ALLOCS; i++) {
     w->a[i] = sgm_alloc(w->ctx, FORK_ALLOC_BYTES, NULL);
     if (!w->a[i]) continue; /* the budgets may be full: not what this tests */
-    pattern(w->a[i], FORK_ALLOC_BYTES, 100u + (unsigned)i);
+    stress_pattern(w->a[i], FORK_ALLOC_BYTES, 100u + (unsigned)i);
   }
 }
 
@@ -119,7 +106,7 @@ static void world_check_and_destroy(fork_world *w) {
   assert_non_null(want);
   assert_non_null(got);
   for (int i = 0; i < FORK_N_BUFS; i++) {
-    pattern(want, FORK_BUF_BYTES, (unsigned)i);
+    stress_pattern(want, FORK_BUF_BYTES, (unsigned)i);
     sgm_status rc = sgm_buffer_read(w->b[i], 0, got, FORK_BUF_BYTES);
     if (rc != SGM_OK)
       parent_fail("parent: buffer %d (tier %s) after the child: %s (%s)", i,
@@ -133,14 +120,14 @@ static void world_check_and_destroy(fork_world *w) {
       parent_fail("parent: spilling after the child: %s (%s)", sgm_status_string(rc), sgm_last_error());
       continue;
     }
-    pattern(want, FORK_BUF_BYTES, (unsigned)i);
+    stress_pattern(want, FORK_BUF_BYTES, (unsigned)i);
     rc = sgm_buffer_read(w->b[i], 0, got, FORK_BUF_BYTES);
     if (rc != SGM_OK || memcmp(want, got, FORK_BUF_BYTES) != 0)
       parent_fail("parent: buffer %d wrong after a new spill (%s)", i, sgm_status_string(rc));
   }
   for (int i = 0; i < FORK_N_ALLOCS; i++) {
     if (!w->a[i]) continue;
-    pattern(want, FORK_ALLOC_BYTES, 100u + (unsigned)i);
+    stress_pattern(want, FORK_ALLOC_BYTES, 100u + (unsigned)i);
     if (memcmp(want, w->a[i], FORK_ALLOC_BYTES) != 0) parent_fail("parent: allocation %d changed", i);
     if (sgm_free_ex(w->ctx, w->a[i], NULL) != SGM_OK) parent_fail("parent: free: %s", sgm_last_error());
   }
@@ -300,13 +287,7 @@ static int dir_entries(const char *path) {
 /* The victim: spills buffers in a loop, one byte down the pipe per eviction. */
 static void spiller_main(int wfd) {
   sgm_config cfg;
-  sgm_config_init(&cfg);
-  cfg.backend = SGM_BACKEND_EMU;
-  cfg.emu_vram_bytes = 64 * MiB;
-  cfg.vram_limit = (sgm_size){.bytes = 1 * MiB};
-  cfg.shared_limit = (sgm_size){.bytes = 1 * MiB};
-  snprintf(cfg.spill_dir, sizeof cfg.spill_dir, "%s", spill);
-  cfg.spill_limit = (sgm_size){.bytes = 256 * MiB};
+  stress_config(&cfg, 1 * MiB, 1 * MiB, spill, 256 * MiB);
   sgm_context *ctx = NULL;
   if (sgm_context_create(&cfg, &ctx) != SGM_OK) _exit(2);
   unsigned char *p = malloc(FORK_BUF_BYTES);
@@ -314,7 +295,7 @@ static void spiller_main(int wfd) {
   for (unsigned i = 0;; i++) {
     sgm_buffer *b = NULL;
     if (sgm_buffer_create(ctx, FORK_BUF_BYTES, &b) != SGM_OK) _exit(4);
-    pattern(p, FORK_BUF_BYTES, i);
+    stress_pattern(p, FORK_BUF_BYTES, i);
     if (sgm_buffer_write(b, 0, p, FORK_BUF_BYTES) != SGM_OK) _exit(5);
     if (sgm_buffer_evict(b, SGM_TIER_DISK) != SGM_OK) _exit(6);
     if (write(wfd, "s", 1) != 1) _exit(7);
