@@ -273,6 +273,10 @@ uint64_t sgm__context_idle_tick(sgm_context *ctx);
  * share among themselves is in placement.h). */
 struct sgm_placement;
 int sgm__placement_create(sgm_context *ctx);
+/* sgm_trim's part in placement: the disk tier's pinned staging buffer goes
+ * back to the driver when no transfer holds it (it comes back on the next
+ * disk<->VRAM transfer). Bytes returned. */
+uint64_t sgm__placement_trim(sgm_context *ctx);
 /* True when d is the block of a live buffer (sgm_free must refuse it). */
 bool sgm__placement_owns_block(sgm_context *ctx, uint64_t d);
 /* Stops the prefetch worker and frees every buffer still alive. */
