@@ -310,7 +310,6 @@ SGM_API void sgm_buffer_destroy(sgm_buffer *b) {
   if (b->all_next) b->all_next->all_prev = b->all_prev;
   if (b->tier == SGM_TIER_DISK) {
     pl->n_disk_live--;
-    pl->disk_used_bytes -= b->size;
   }
   sgm__lock_drop(&pl->lock);
   sgm__buffer_free_storage(ctx, b);

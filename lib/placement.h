@@ -93,11 +93,13 @@ struct sgm_placement {
   sgm_buffer *graveyard[16];           /* debug builds: destroyed buffers kept, poisoned */
   unsigned n_graveyard;                /* the next graveyard slot (round robin) */
   sgm_disk *disk;                      /* the spill tier, NULL when off */
+  void *disk_bounce;                   /* pinned staging lent to disk, allocated on first use */
+  bool disk_bounce_tried;              /* (atomic) its allocation was attempted */
   uint64_t bytes_in[SGM_TIER_COUNT];   /* migrated into each tier */
   uint64_t bytes_out[SGM_TIER_COUNT];  /* migrated out of each tier */
   uint64_t n_evictions[SGM_TIER_COUNT]; /* buffers moved out to make room */
-  uint64_t n_disk_live;                /* buffers on disk (with or without extent) */
-  uint64_t disk_used_bytes;            /* their sizes */
+  uint64_t n_disk_live;                /* buffers on disk (with or without extents); their
+                                          budget is the disk tier's (sgm__disk_reserve) */
   pthread_t worker;                    /* prefetch worker */
   bool worker_started;                 /* the worker runs */
   bool stop;                           /* asks the worker to end */

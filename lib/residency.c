@@ -295,17 +295,13 @@ int sgm__residency_place_buffer(sgm_context *ctx, sgm_buffer *b) {
   rc = sgm__residency_alloc_for(ctx, SGM_TIER_SHARED, b->size, NULL, &b->dptr);
   if (rc == SGM_OK) b->tier = SGM_TIER_SHARED;
   if (!residency_full(rc)) return rc;
-  sgm_tier_stats ds = {0};
-  if (pl->disk) sgm__disk_stats(pl->disk, &ds);
-  sgm__lock_take(&pl->lock);
-  bool fits = pl->disk && ds.budget_bytes - pl->disk_used_bytes >= b->size &&
-              pl->disk_used_bytes <= ds.budget_bytes;
+  /* Rule 4: the disk tier keeps the budget; b's bytes are promised there
+   * until its chunks are written. */
+  bool fits = pl->disk && sgm__disk_reserve(pl->disk, b->size) == SGM_OK;
   if (fits) {
+    sgm__lock_take(&pl->lock);
     pl->n_disk_live++;
-    pl->disk_used_bytes += b->size;
-  }
-  sgm__lock_drop(&pl->lock);
-  if (fits) {
+    sgm__lock_drop(&pl->lock);
     b->tier = SGM_TIER_DISK; /* rule 4: straight to disk; no extent until written */
     return SGM_OK;
   }
