@@ -1236,7 +1236,7 @@ bool sgm__tier_owns_own(sgm_tier_pool *p, sgm_devptr ptr) {
   tier_shard *s = tier_shard_of(p, h);
   tier_spin_lock(&s->lock);
   tier_block *b = s->buckets ? tier_map_find_locked(s, ptr, h) : NULL;
-  bool own = b && b->own && __atomic_load_n(&b->state, __ATOMIC_RELAXED) == TIER_LIVE;
+  bool own = b && b->own && __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) == TIER_LIVE;
   tier_spin_unlock(&s->lock);
   return own;
 }
