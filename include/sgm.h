@@ -144,6 +144,13 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg, sgm_context **out);
  * Destroy a context and return all its memory to the driver. Pointers it
  * handed out become invalid. NULL is a no-op. No other thread may be using
  * the context.
+ *
+ * fork(): a context belongs to the process that created it. In a child, every
+ * call on an inherited context or its buffers fails with SGM_ERR_UNSUPPORTED
+ * ("created by process P before fork()"); create a new context in the child.
+ * The child's sgm_context_destroy (and sgm_buffer_destroy) of an inherited
+ * one touches nothing of the parent's: it closes the child's descriptor of the
+ * spill file and leaves the rest of the copy to the child's exit or exec.
  */
 SGM_API void sgm_context_destroy(sgm_context *ctx);
 

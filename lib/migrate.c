@@ -92,11 +92,9 @@ static void migrate_count(struct sgm_placement *pl, sgm_tier from, sgm_tier to, 
   if (evict) pl->n_evictions[from]++;
   if (to == SGM_TIER_DISK) {
     pl->n_disk_live++;
-    pl->disk_used_bytes += n;
   }
   if (from == SGM_TIER_DISK) {
     pl->n_disk_live--;
-    pl->disk_used_bytes -= n;
   }
   sgm__lock_drop(&pl->lock);
 }
@@ -119,8 +117,15 @@ static void migrate_disk_free_all(sgm_disk *disk, sgm_disk_extent *ext, uint64_t
   free(ext);
 }
 
+/* Invariant: every chunk of a disk-resident buffer has an extent or, never
+ * written since the buffer was created on disk, a reservation in the disk
+ * tier's budget (sgm__disk_reserve). */
 void sgm__migrate_disk_drop(sgm_context *ctx, sgm_buffer *b) {
-  migrate_disk_free_all(ctx->pl->disk, b->ext, migrate_n_chunks(b));
+  uint64_t n = migrate_n_chunks(b), unwritten = 0;
+  for (uint64_t i = 0; i < n; i++)
+    if (!b->ext || b->ext[i].bytes == 0) unwritten += sgm__align_up(migrate_chunk_len(b, i), 4096);
+  if (unwritten) sgm__disk_unreserve(ctx->pl->disk, unwritten);
+  migrate_disk_free_all(ctx->pl->disk, b->ext, n);
   b->ext = NULL;
 }
 
@@ -167,15 +172,48 @@ static int migrate_no_stage(const sgm_buffer *b) {
                         (unsigned long long)b->size);
 }
 
-/* Spill a VRAM-resident b to disk through a host staging copy. */
+_Static_assert(SGM_DISK_CHUNK <= SGM_DISK_BOUNCE_BYTES, "a chunk is staged in one bounce buffer");
+
+/* A staging buffer of SGM_DISK_BOUNCE_BYTES from the disk tier: the pinned
+ * one (DMA straight from it), allocated through the backend on the first
+ * transfer that needs it, when no other transfer holds it. */
+static void *migrate_stage_get(sgm_context *ctx) {
+  struct sgm_placement *pl = ctx->pl;
+  bool tried = false;
+  if (!__atomic_load_n(&pl->disk_bounce_tried, __ATOMIC_ACQUIRE) &&
+      __atomic_compare_exchange_n(&pl->disk_bounce_tried, &tried, true, false, __ATOMIC_ACQ_REL,
+                                  __ATOMIC_ACQUIRE)) {
+    void *host = NULL;
+    sgm_devptr dev = 0;
+    if (ctx->bops->host_alloc(ctx->be, SGM_DISK_BOUNCE_BYTES, -1, &host, &dev) == SGM_OK) {
+      pl->disk_bounce = host; /* read only by destroy, after every transfer */
+      sgm__disk_lend_bounce(pl->disk, host);
+    } else {
+      sgm__log(ctx->cfg.verbose, 2, "no pinned staging buffer for the disk tier (%s): transfers "
+               "stage through pageable memory", sgm_last_error());
+    }
+  }
+  return sgm__disk_stage_get(pl->disk);
+}
+
+/* Spill a VRAM-resident b to disk chunk by chunk through a staging buffer. */
 static int migrate_vram_to_disk(sgm_context *ctx, sgm_buffer *b) {
-  void *stage = malloc(b->size);
+  char *stage = migrate_stage_get(ctx);
   if (!stage) return migrate_no_stage(b);
-  int rc = migrate_copy(ctx, b, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)stage, b->dptr, b->size);
-  sgm_disk_extent *ext = NULL;
-  if (rc == SGM_OK) rc = migrate_disk_store(ctx, b, stage, &ext);
-  free(stage);
-  if (rc != SGM_OK) return rc;
+  uint64_t n = migrate_n_chunks(b);
+  sgm_disk_extent *ext = calloc((size_t)n, sizeof *ext);
+  int rc = ext ? SGM_OK : sgm__error_set(SGM_ERR_NOMEM, "out of host memory for spill extents");
+  for (uint64_t i = 0; i < n && rc == SGM_OK; i++) {
+    uint64_t len = migrate_chunk_len(b, i);
+    rc = migrate_copy(ctx, b, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)stage, b->dptr + i * SGM_DISK_CHUNK,
+                      len);
+    if (rc == SGM_OK) rc = sgm__disk_write(ctx->pl->disk, stage, len, &ext[i]);
+  }
+  sgm__disk_stage_put(ctx->pl->disk, stage);
+  if (rc != SGM_OK) {
+    migrate_disk_free_all(ctx->pl->disk, ext, n);
+    return rc;
+  }
   migrate_free_block(ctx, SGM_TIER_VRAM, b->dptr);
   b->dptr = 0;
   b->ext = ext;
@@ -228,12 +266,20 @@ int sgm__migrate_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict
 int sgm__migrate_promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, sgm_devptr dst) {
   sgm_tier from = b->tier;
   int rc;
-  if (from == SGM_TIER_DISK) {
-    void *host = to == SGM_TIER_SHARED ? migrate_shared_host(ctx, dst) : malloc(b->size);
-    rc = host ? migrate_disk_load(ctx, b, host) : migrate_no_stage(b);
-    if (rc == SGM_OK && to == SGM_TIER_VRAM)
-      rc = migrate_copy(ctx, b, SGM_COPY_HOST_TO_DEVICE, dst, (uintptr_t)host, b->size);
-    if (to == SGM_TIER_VRAM) free(host);
+  if (from == SGM_TIER_DISK && to == SGM_TIER_SHARED) {
+    rc = migrate_disk_load(ctx, b, migrate_shared_host(ctx, dst));
+    if (rc == SGM_OK) sgm__migrate_disk_drop(ctx, b);
+  } else if (from == SGM_TIER_DISK) {
+    /* Into VRAM chunk by chunk through the disk tier's staging buffer. */
+    char *stage = migrate_stage_get(ctx);
+    rc = stage ? SGM_OK : migrate_no_stage(b);
+    for (uint64_t i = 0, n = migrate_n_chunks(b); i < n && rc == SGM_OK; i++) {
+      rc = migrate_disk_load_chunk(ctx, b, i, stage);
+      if (rc == SGM_OK)
+        rc = migrate_copy(ctx, b, SGM_COPY_HOST_TO_DEVICE, dst + i * SGM_DISK_CHUNK, (uintptr_t)stage,
+                          migrate_chunk_len(b, i));
+    }
+    sgm__disk_stage_put(ctx->pl->disk, stage);
     if (rc == SGM_OK) sgm__migrate_disk_drop(ctx, b);
   } else {
     rc = migrate_copy(ctx, b, SGM_COPY_HOST_TO_DEVICE, dst,
@@ -280,11 +326,12 @@ static int migrate_disk_write(sgm_context *ctx, sgm_buffer *b, uint64_t offset, 
       memcpy(stage + (lo - c0), data, (size_t)(hi - lo));
       data = stage;
     }
-    rc = sgm__disk_write(disk, data, len, &fresh[i - first]);
+    /* A chunk never written holds a reservation: its extent comes out of it. */
+    rc = sgm__disk_write_ex(disk, data, len, b->ext[i].bytes == 0, &fresh[i - first]);
   }
   if (rc != SGM_OK) {
     for (uint64_t k = 0; k < n_new; k++)
-      if (fresh[k].bytes) sgm__disk_free(disk, &fresh[k]);
+      if (fresh[k].bytes) sgm__disk_free_ex(disk, &fresh[k], b->ext[first + k].bytes == 0);
     free(fresh);
     return rc; /* every old extent stays: the buffer holds its old contents */
   }
@@ -301,9 +348,8 @@ int sgm__migrate_host_io(sgm_context *ctx, sgm_buffer *b, size_t offset, void *h
   if (b->tier != SGM_TIER_DISK)
     return write ? migrate_copy(ctx, b, SGM_COPY_HOST_TO_DEVICE, b->dptr + offset, (uintptr_t)host, n)
                  : migrate_copy(ctx, b, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)host, b->dptr + offset, n);
-  /* One chunk of staging at most, whatever the buffer's size. */
-  uint64_t stage_bytes = b->size < SGM_DISK_CHUNK ? b->size : SGM_DISK_CHUNK;
-  char *stage = malloc((size_t)stage_bytes);
+  /* One chunk of staging, the disk tier's, whatever the buffer's size. */
+  char *stage = migrate_stage_get(ctx);
   if (!stage) return migrate_no_stage(b);
   int rc = SGM_OK;
   if (write) {
@@ -318,6 +364,6 @@ int sgm__migrate_host_io(sgm_context *ctx, sgm_buffer *b, size_t offset, void *h
       if (rc == SGM_OK) memcpy((char *)host + (lo - offset), stage + (lo - c0), (size_t)(hi - lo));
     }
   }
-  free(stage);
+  sgm__disk_stage_put(ctx->pl->disk, stage);
   return rc;
 }

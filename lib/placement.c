@@ -183,7 +183,9 @@ void sgm__placement_destroy(sgm_context *ctx) {
     sgm__buffer_free_storage(ctx, b);
     free(b);
   }
-  placement_free(pl);
+  void *bounce = pl->disk_bounce;
+  placement_free(pl); /* closes the disk tier, which only borrowed the bounce */
+  if (bounce) ctx->bops->host_free(ctx->be, bounce, SGM_DISK_BOUNCE_BYTES);
   ctx->pl = NULL;
 }
 

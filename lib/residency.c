@@ -116,8 +116,7 @@ void sgm__residency_put(struct sgm_placement *pl, sgm_buffer *b, bool used) {
   residency_count_listed(pl, b->tier, +1);
 }
 
-void sgm__residency_record(struct sgm_placement *pl, const sgm_buffer *b) {
-  if (!pl->any_record) return;
+void sgm__residency_record_slow(struct sgm_placement *pl, const sgm_buffer *b) {
   for (int t = 0; t < SGM_N_RESIDENT; t++)
     if (pl->record[t]) sgm__prio_record(pl->pol[t], b->priority, b->item.id);
 }
@@ -296,17 +295,13 @@ int sgm__residency_place_buffer(sgm_context *ctx, sgm_buffer *b) {
   rc = sgm__residency_alloc_for(ctx, SGM_TIER_SHARED, b->size, NULL, &b->dptr);
   if (rc == SGM_OK) b->tier = SGM_TIER_SHARED;
   if (!residency_full(rc)) return rc;
-  sgm_tier_stats ds = {0};
-  if (pl->disk) sgm__disk_stats(pl->disk, &ds);
-  sgm__lock_take(&pl->lock);
-  bool fits = pl->disk && ds.budget_bytes - pl->disk_used_bytes >= b->size &&
-              pl->disk_used_bytes <= ds.budget_bytes;
+  /* Rule 4: the disk tier keeps the budget; b's bytes are promised there
+   * until its chunks are written. */
+  bool fits = pl->disk && sgm__disk_reserve(pl->disk, b->size) == SGM_OK;
   if (fits) {
+    sgm__lock_take(&pl->lock);
     pl->n_disk_live++;
-    pl->disk_used_bytes += b->size;
-  }
-  sgm__lock_drop(&pl->lock);
-  if (fits) {
+    sgm__lock_drop(&pl->lock);
     b->tier = SGM_TIER_DISK; /* rule 4: straight to disk; no extent until written */
     return SGM_OK;
   }

@@ -307,7 +307,7 @@ static tier_block *tier_map_take_live(sgm_tier_pool *p, sgm_devptr ptr, bool own
   tier_shard *s = tier_shard_of(p, h);
   tier_spin_lock(&s->lock);
   tier_block *b = s->buckets ? tier_map_find_locked(s, ptr, h) : NULL;
-  if (b && b->own == own && __atomic_load_n(&b->state, __ATOMIC_RELAXED) == TIER_LIVE)
+  if (b && b->own == own && __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) == TIER_LIVE)
     __atomic_store_n(&b->state, TIER_CACHED, __ATOMIC_RELAXED);
   else b = NULL;
   tier_spin_unlock(&s->lock);
@@ -1189,7 +1189,7 @@ int sgm__tier_record_stream(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_r
   tier_spin_lock(&s->lock);
   tier_block *b = s->buckets ? tier_map_find_locked(s, ptr, h) : NULL;
   int rc = SGM_OK;
-  if (!b || b->own || __atomic_load_n(&b->state, __ATOMIC_RELAXED) != TIER_LIVE) {
+  if (!b || b->own || __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) != TIER_LIVE) {
     rc = SGM_ERR_INVALID;
   } else if (ref->key != b->key) {
     bool known = false;
@@ -1226,7 +1226,7 @@ bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr) {
   tier_shard *s = tier_shard_of(p, h);
   tier_spin_lock(&s->lock);
   tier_block *b = s->buckets ? tier_map_find_locked(s, ptr, h) : NULL;
-  bool live = b && __atomic_load_n(&b->state, __ATOMIC_RELAXED) == TIER_LIVE;
+  bool live = b && __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) == TIER_LIVE;
   tier_spin_unlock(&s->lock);
   return live;
 }
@@ -1236,7 +1236,7 @@ bool sgm__tier_owns_own(sgm_tier_pool *p, sgm_devptr ptr) {
   tier_shard *s = tier_shard_of(p, h);
   tier_spin_lock(&s->lock);
   tier_block *b = s->buckets ? tier_map_find_locked(s, ptr, h) : NULL;
-  bool own = b && b->own && __atomic_load_n(&b->state, __ATOMIC_RELAXED) == TIER_LIVE;
+  bool own = b && b->own && __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) == TIER_LIVE;
   tier_spin_unlock(&s->lock);
   return own;
 }

@@ -18,6 +18,7 @@
 #include "backend/backend.h"
 #include "internal.h"
 #include "test_util.h"
+#include "disk_spy.h"
 #include "tiers/disk.h"
 #include "tiers/tier.h"
 
@@ -616,6 +617,10 @@ static void test_partial_writes_touch_only_their_chunks(void **state) {
   sgm_buffer *b;
   assert_int_equal(sgm_buffer_create(ctx, 64 * MiB, &b), SGM_OK);
   assert_int_equal(sgm_buffer_tier(b), SGM_TIER_DISK);
+  /* Created on disk: its 64 MiB are reserved in the disk tier's budget, once. */
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.tier[SGM_TIER_DISK].used_bytes, 64 * MiB);
   unsigned char *piece = malloc(MiB);
   assert_non_null(piece);
   sgm_tier_stats before, after;
@@ -630,6 +635,9 @@ static void test_partial_writes_touch_only_their_chunks(void **state) {
                 (unsigned long long)(written / MiB), (unsigned long long)(read / MiB));
   assert_true(written > 0 && written <= 64 * MiB);
   assert_true(read <= 48 * MiB);
+  /* Written chunks turned their reservation into extents: still 64 MiB. */
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.tier[SGM_TIER_DISK].used_bytes, 64 * MiB);
   memset(piece, 0x7F, MiB);
   assert_int_equal(sgm_buffer_write(b, 4 * MiB - MiB / 2, piece, MiB), SGM_OK);
   for (size_t i = 0; i < 17; i++) {
@@ -641,6 +649,41 @@ static void test_partial_writes_touch_only_their_chunks(void **state) {
     }
   }
   free(piece);
+  sgm_buffer_destroy(b);
+  sgm_context_destroy(ctx);
+}
+
+/* Invariant (disk tier staging): transfers between the spill file and VRAM
+ * go chunk by chunk through one pinned staging buffer the disk tier keeps:
+ * the first such transfer pins SGM_DISK_BOUNCE_BYTES once, later ones pin
+ * nothing more, and the data survives three round trips of a buffer larger
+ * than one chunk. */
+static void test_disk_vram_staging_is_kept(void **state) {
+  (void)state;
+  sgm_test_clean_env();
+  setenv("SGM_EMU_VRAM", "64MiB", 1);
+  setenv("SGM_VRAM_LIMIT", "16MiB", 1);
+  setenv("SGM_SHARED_LIMIT", "64KiB", 1); /* no room: VRAM <-> disk directly */
+  setenv("SGM_SPILL_DIR", spill_dir, 1);
+  setenv("SGM_SPILL_LIMIT", "64MiB", 1);
+  sgm_context *ctx = NULL;
+  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+  sgm_buffer *b;
+  assert_int_equal(sgm_buffer_create(ctx, 6 * MiB + 123, &b), SGM_OK);
+  write_buffer(b, 808);
+  sgm_backend_counters c0, c;
+  ctx->bops->counters(ctx->be, &c0);
+  for (int round = 0; round < 3; round++) {
+    assert_int_equal(sgm_buffer_evict(b, SGM_TIER_DISK), SGM_OK);
+    void *d = NULL;
+    assert_int_equal(sgm_buffer_acquire(b, NULL, &d), SGM_OK);
+    assert_int_equal(sgm_pointer_tier(ctx, d), SGM_TIER_VRAM);
+    assert_int_equal(sgm_buffer_release(b, NULL), SGM_OK);
+    ctx->bops->counters(ctx->be, &c);
+    assert_int_equal(c.n_host_live, c0.n_host_live + 1);
+    assert_int_equal(c.host_live_bytes, c0.host_live_bytes + SGM_DISK_BOUNCE_BYTES);
+  }
+  check_buffer(b, 808);
   sgm_buffer_destroy(b);
   sgm_context_destroy(ctx);
 }
@@ -662,6 +705,7 @@ int main(void) {
       cmocka_unit_test(test_acquire_driver_oom_message),
       cmocka_unit_test(test_double_destroy_detected),
       cmocka_unit_test(test_partial_writes_touch_only_their_chunks),
+      cmocka_unit_test(test_disk_vram_staging_is_kept),
   };
   /* CMOCKA_FILTER=test_name runs one test (checking a test against old code). */
   if (getenv("CMOCKA_FILTER")) cmocka_set_test_filter(getenv("CMOCKA_FILTER"));

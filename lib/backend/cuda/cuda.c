@@ -1044,14 +1044,19 @@ static void cuda_event_destroy(sgm_backend *be, void *event) {
              "ignored", event);
     return;
   }
-  bool pushed;
-  if (cuda_enter(be, op, &pushed) != SGM_OK) {
-    sgm__log(be->verbose, 1, "CUDA: %s: %s", op, sgm_last_error());
-    return;
-  }
+  bool pushed = false;
+  bool entered = cuda_enter(be, op, &pushed) == SGM_OK;
+  if (!entered) sgm__log(be->verbose, 2, "CUDA: %s: %s; destroying it anyway", op, sgm_last_error());
+  /* The handle names the event: the driver destroys it without our context
+   * current if it can. */
   CUresult r = CU(cuEventDestroy)((CUevent)event);
-  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuEventDestroy");
-  cuda_leave(be, pushed, op);
+  if (entered) cuda_leave(be, pushed, op);
+  if (r == CUDA_SUCCESS) return;
+  cuda_log_failure(be, r, op, "cuEventDestroy");
+  /* Still the driver's: back in the table, so that close() destroys it. */
+  sgm__lock_take(&be->lock);
+  if (cuda_obj_add_locked(be, (uint64_t)(uintptr_t)event, 0, CUDA_OBJ_EVENT)) be->c.n_events_live++;
+  sgm__lock_drop(&be->lock);
 }
 
 /* Per-thread default streams get keys (serial << 3) | 2: never 0 (legacy),
