@@ -501,6 +501,7 @@ SGM_API sgm_status sgm_trim(sgm_context *ctx) {
   uint64_t returned = 0;
   for (int t = 0; t < SGM_TIER_COUNT; t++)
     if (ctx->tiers[t]) returned += sgm__tier_trim(ctx->tiers[t]);
+  returned += sgm__placement_trim(ctx);
   char b[32];
   sgm__log(ctx->cfg.verbose, 3, "trim returned %s", sgm__fmt_bytes(returned, b, sizeof b));
   return SGM_OK;

@@ -277,6 +277,10 @@ struct sgm_placement;
  * directory is set (its open's status). Leaves nothing on failure. Called
  * once from sgm_context_create, before any other thread sees ctx. */
 int sgm__placement_create(sgm_context *ctx);
+/* sgm_trim's part in placement: the disk tier's pinned staging buffer goes
+ * back to the driver when no transfer holds it (it comes back on the next
+ * disk<->VRAM transfer). Bytes returned. */
+uint64_t sgm__placement_trim(sgm_context *ctx);
 /* True when d is the block of a live buffer (sgm_free must refuse it). Takes
  * the tiers' shard locks briefly; any thread. */
 bool sgm__placement_owns_block(sgm_context *ctx, uint64_t d);

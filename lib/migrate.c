@@ -186,7 +186,7 @@ static void *migrate_stage_get(sgm_context *ctx) {
     void *host = NULL;
     sgm_devptr dev = 0;
     if (ctx->bops->host_alloc(ctx->be, SGM_DISK_BOUNCE_BYTES, -1, &host, &dev) == SGM_OK) {
-      pl->disk_bounce = host; /* read only by destroy, after every transfer */
+      __atomic_store_n(&pl->disk_bounce, host, __ATOMIC_RELEASE);
       sgm__disk_lend_bounce(pl->disk, host);
     } else {
       sgm__log(ctx->cfg.verbose, 2, "no pinned staging buffer for the disk tier (%s): transfers "

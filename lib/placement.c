@@ -183,7 +183,7 @@ void sgm__placement_destroy(sgm_context *ctx) {
     sgm__buffer_free_storage(ctx, b);
     free(b);
   }
-  void *bounce = pl->disk_bounce;
+  void *bounce = __atomic_load_n(&pl->disk_bounce, __ATOMIC_ACQUIRE);
   placement_free(pl); /* closes the disk tier, which only borrowed the bounce */
   if (bounce) ctx->bops->host_free(ctx->be, bounce, SGM_DISK_BOUNCE_BYTES);
   ctx->pl = NULL;
@@ -204,6 +204,18 @@ void sgm__placement_stats(sgm_context *ctx, sgm_stats *st) {
 }
 
 struct sgm_disk *sgm__placement_disk(sgm_context *ctx) { return ctx->pl->disk; }
+
+uint64_t sgm__placement_trim(sgm_context *ctx) {
+  struct sgm_placement *pl = ctx->pl;
+  if (!pl->disk || !__atomic_load_n(&pl->disk_bounce, __ATOMIC_ACQUIRE)) return 0;
+  void *p = sgm__disk_take_back_bounce(pl->disk);
+  if (!p) return 0; /* a transfer holds it, or it is not lent yet */
+  __atomic_store_n(&pl->disk_bounce, NULL, __ATOMIC_RELEASE);
+  ctx->bops->host_free(ctx->be, p, SGM_DISK_BOUNCE_BYTES);
+  /* The next disk<->VRAM transfer pins one again. */
+  __atomic_store_n(&pl->disk_bounce_tried, false, __ATOMIC_RELEASE);
+  return SGM_DISK_BOUNCE_BYTES;
+}
 
 
 bool sgm__placement_owns_block(sgm_context *ctx, sgm_devptr d) {

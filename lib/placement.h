@@ -93,7 +93,8 @@ struct sgm_placement {
   sgm_buffer *graveyard[16];           /* debug builds: destroyed buffers kept, poisoned */
   unsigned n_graveyard;                /* the next graveyard slot (round robin) */
   sgm_disk *disk;                      /* the spill tier, NULL when off */
-  void *disk_bounce;                   /* pinned staging lent to disk, allocated on first use */
+  void *disk_bounce;                   /* (atomic) pinned staging lent to disk, allocated on first
+                                          use, given back by sgm_trim */
   bool disk_bounce_tried;              /* (atomic) its allocation was attempted */
   uint64_t bytes_in[SGM_TIER_COUNT];   /* migrated into each tier */
   uint64_t bytes_out[SGM_TIER_COUNT];  /* migrated out of each tier */

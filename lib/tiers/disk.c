@@ -466,6 +466,14 @@ void sgm__disk_lend_bounce(sgm_disk *d, void *pinned) {
   sgm__lock_drop(&d->lock);
 }
 
+void *sgm__disk_take_back_bounce(sgm_disk *d) {
+  sgm__lock_take(&d->lock);
+  void *p = d->pinned && !d->pinned_busy ? d->pinned : NULL;
+  if (p) d->pinned = NULL;
+  sgm__lock_drop(&d->lock);
+  return p;
+}
+
 void *sgm__disk_stage_get(sgm_disk *d) {
   sgm__lock_take(&d->lock);
   void *p = d->pinned && !d->pinned_busy ? d->pinned : NULL;

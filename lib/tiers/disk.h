@@ -91,6 +91,9 @@ void sgm__disk_free(sgm_disk *d, const sgm_disk_extent *e);
  * unpinned one (NULL when out of memory); stage_put takes either back. */
 #define SGM_DISK_BOUNCE_BYTES (UINT64_C(4) << 20)
 void sgm__disk_lend_bounce(sgm_disk *d, void *pinned);
+/* Take the lent pinned buffer back if no transfer holds it (then the tier
+ * stages through its own buffers); returns it, or NULL. */
+void *sgm__disk_take_back_bounce(sgm_disk *d);
 void *sgm__disk_stage_get(sgm_disk *d);
 void sgm__disk_stage_put(sgm_disk *d, void *p);
 

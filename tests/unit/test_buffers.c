@@ -54,6 +54,17 @@ static sgm_context *make_ctx(bool spill) {
   return ctx;
 }
 
+/* A context with the spill directory and the given SGM_* pairs (NULL-ended). */
+static sgm_context *make_ctx_env(const char *const *kv) {
+  sgm_test_clean_env();
+  setenv("SGM_SPILL_DIR", spill_dir, 1);
+  for (size_t i = 0; kv[i]; i += 2) setenv(kv[i], kv[i + 1], 1);
+  sgm_context *ctx = NULL;
+  sgm_status rc = sgm_context_create(NULL, &ctx);
+  if (rc != SGM_OK) fail_msg("create: %s", sgm_last_error());
+  return ctx;
+}
+
 static void fill_pattern(unsigned char *p, size_t n, uint64_t seed) {
   sgm_test_rng r;
   sgm_test_rng_init(&r, seed);
@@ -205,6 +216,21 @@ static void test_priorities_order_evictions(void **state) {
   sgm_context_destroy(ctx); /* frees every buffer still alive */
 }
 
+/* Flip one bit of the byte at `at` in b's first extent in the spill file. */
+static void corrupt_extent(sgm_context *ctx, sgm_buffer *b, uint64_t at) {
+  uint64_t off;
+  assert_true(sgm__buffer_disk_offset(b, &off));
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", sgm__disk_fd(sgm__placement_disk(ctx)));
+  int fd = open(path, O_RDWR);
+  assert_true(fd >= 0);
+  unsigned char byte;
+  assert_int_equal(pread(fd, &byte, 1, (off_t)(off + at)), 1);
+  byte ^= 0x40;
+  assert_int_equal(pwrite(fd, &byte, 1, (off_t)(off + at)), 1);
+  close(fd);
+}
+
 /* Invariant: a flipped byte in the spill file is caught by the checksum:
  * read and acquire fail with SGM_ERR_CORRUPT, never return garbage, and the
  * buffer stays on disk. */
@@ -217,17 +243,7 @@ static void test_corruption_detected(void **state) {
   assert_int_equal(sgm_buffer_evict(b, SGM_TIER_DISK), SGM_OK);
   assert_int_equal(sgm_buffer_tier(b), SGM_TIER_DISK);
   check_buffer(b, 5);
-  uint64_t off;
-  assert_true(sgm__buffer_disk_offset(b, &off));
-  char path[64];
-  snprintf(path, sizeof path, "/proc/self/fd/%d", sgm__disk_fd(sgm__placement_disk(ctx)));
-  int fd = open(path, O_RDWR);
-  assert_true(fd >= 0);
-  unsigned char byte;
-  assert_int_equal(pread(fd, &byte, 1, (off_t)(off + 4321)), 1);
-  byte ^= 0x40;
-  assert_int_equal(pwrite(fd, &byte, 1, (off_t)(off + 4321)), 1);
-  close(fd);
+  corrupt_extent(ctx, b, 4321);
   unsigned char out[16];
   assert_int_equal(sgm_buffer_read(b, 0, out, sizeof out), SGM_ERR_CORRUPT);
   void *d = NULL;
@@ -402,21 +418,6 @@ static void test_bad_arguments(void **state) {
 
 /* ---- hostile inputs (issue 12) ---- */
 
-/* Flip one byte of b's extent in the spill file. */
-static void corrupt_extent(sgm_context *ctx, sgm_buffer *b) {
-  uint64_t off;
-  assert_true(sgm__buffer_disk_offset(b, &off));
-  char path[64];
-  snprintf(path, sizeof path, "/proc/self/fd/%d", sgm__disk_fd(sgm__placement_disk(ctx)));
-  int fd = open(path, O_RDWR);
-  assert_true(fd >= 0);
-  unsigned char byte;
-  assert_int_equal(pread(fd, &byte, 1, (off_t)(off + 123)), 1);
-  byte ^= 0x10;
-  assert_int_equal(pwrite(fd, &byte, 1, (off_t)(off + 123)), 1);
-  close(fd);
-}
-
 /* Invariant (#2): sgm_free of the device pointer an acquired buffer handed
  * out is refused as foreign (SGM_ERR_INVALID, counted as a bad free) and
  * frees nothing: the next allocation does not get that address and the
@@ -501,7 +502,7 @@ static void test_rewrite_corrupt_and_failed_writes(void **state) {
   assert_int_equal(sgm_buffer_create(ctx, n, &b), SGM_OK);
   write_buffer(b, 61);
   assert_int_equal(sgm_buffer_evict(b, SGM_TIER_DISK), SGM_OK);
-  corrupt_extent(ctx, b);
+  corrupt_extent(ctx, b, 123);
   unsigned char small[64] = {0};
   assert_int_equal(sgm_buffer_write(b, 10, small, sizeof small), SGM_ERR_CORRUPT);
   write_buffer(b, 62); /* asserts SGM_OK */
@@ -529,14 +530,9 @@ static void test_rewrite_corrupt_and_failed_writes(void **state) {
  * budget nor claim that "everything resident is acquired". */
 static void test_acquire_driver_oom_message(void **state) {
   (void)state;
-  sgm_test_clean_env();
-  setenv("SGM_EMU_VRAM", "4MiB", 1);
-  setenv("SGM_VRAM_FRACTION", "1", 1);
-  setenv("SGM_SHARED_LIMIT", "1MiB", 1);
-  setenv("SGM_SPILL_DIR", spill_dir, 1);
-  setenv("SGM_SPILL_LIMIT", "64MiB", 1);
-  sgm_context *ctx = NULL;
-  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+  static const char *const env[] = {"SGM_EMU_VRAM", "4MiB", "SGM_VRAM_FRACTION", "1",
+                                    "SGM_SHARED_LIMIT", "1MiB", "SGM_SPILL_LIMIT", "64MiB", NULL};
+  sgm_context *ctx = make_ctx_env(env);
   sgm_devptr hog = 0; /* another process's memory, as far as sgm can tell */
   assert_int_equal(ctx->bops->device_alloc(ctx->be, 3 * MiB + 512 * 1024, &hog), SGM_OK);
   sgm_buffer *b;
@@ -606,14 +602,9 @@ static void test_double_destroy_detected(void **state) {
  * reads back as written. Measured in bytes, not time. */
 static void test_partial_writes_touch_only_their_chunks(void **state) {
   (void)state;
-  sgm_test_clean_env();
-  setenv("SGM_EMU_VRAM", "64MiB", 1);
-  setenv("SGM_VRAM_LIMIT", "4MiB", 1);
-  setenv("SGM_SHARED_LIMIT", "4MiB", 1);
-  setenv("SGM_SPILL_DIR", spill_dir, 1);
-  setenv("SGM_SPILL_LIMIT", "256MiB", 1);
-  sgm_context *ctx = NULL;
-  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+  static const char *const env[] = {"SGM_EMU_VRAM", "64MiB", "SGM_VRAM_LIMIT", "4MiB",
+                                    "SGM_SHARED_LIMIT", "4MiB", "SGM_SPILL_LIMIT", "256MiB", NULL};
+  sgm_context *ctx = make_ctx_env(env);
   sgm_buffer *b;
   assert_int_equal(sgm_buffer_create(ctx, 64 * MiB, &b), SGM_OK);
   assert_int_equal(sgm_buffer_tier(b), SGM_TIER_DISK);
@@ -660,14 +651,10 @@ static void test_partial_writes_touch_only_their_chunks(void **state) {
  * than one chunk. */
 static void test_disk_vram_staging_is_kept(void **state) {
   (void)state;
-  sgm_test_clean_env();
-  setenv("SGM_EMU_VRAM", "64MiB", 1);
-  setenv("SGM_VRAM_LIMIT", "16MiB", 1);
-  setenv("SGM_SHARED_LIMIT", "64KiB", 1); /* no room: VRAM <-> disk directly */
-  setenv("SGM_SPILL_DIR", spill_dir, 1);
-  setenv("SGM_SPILL_LIMIT", "64MiB", 1);
-  sgm_context *ctx = NULL;
-  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+  /* No room in shared memory: VRAM <-> disk directly. */
+  static const char *const env[] = {"SGM_EMU_VRAM", "64MiB", "SGM_VRAM_LIMIT", "16MiB",
+                                    "SGM_SHARED_LIMIT", "64KiB", "SGM_SPILL_LIMIT", "64MiB", NULL};
+  sgm_context *ctx = make_ctx_env(env);
   sgm_buffer *b;
   assert_int_equal(sgm_buffer_create(ctx, 6 * MiB + 123, &b), SGM_OK);
   write_buffer(b, 808);
