@@ -1,4 +1,5 @@
-// bench_suballoc.cc — the offset-based sub-allocator (lib/suballoc.c).
+// bench_suballoc.cc — the offset-based sub-allocator (lib/suballoc.c), through
+// its public face, the virtual block (include/sgm/vblock.h).
 //
 // 1. Churn: 10,000 live blocks, sizes log-uniform 256 B .. 16 MiB, alignment
 //    256; each iteration frees one random live block and allocates a new one
@@ -32,7 +33,8 @@
 #include <vector>
 
 extern "C" {
-#include "internal.h"
+#include "sgm.h"
+#include "sgm/vblock.h"
 }
 
 #ifndef SGM_TRACES_DEFAULT
@@ -40,6 +42,8 @@ extern "C" {
 #endif
 
 namespace {
+
+inline uint64_t AlignUp(uint64_t x, uint64_t a) { return (x + a - 1) & ~(a - 1); }
 
 // ---------------------------------------------------------------------------
 // Churn.
@@ -62,9 +66,9 @@ struct Workload {
       size_table[i] = static_cast<uint64_t>(
           std::exp(std::log(kMinSize) + (i + 0.5) / kSizeSteps * (std::log(kMaxSize) - std::log(kMinSize))));
     double mean = 0;
-    for (uint64_t x : size_table) mean += static_cast<double>(sgm__align_up(x, kAlign));
+    for (uint64_t x : size_table) mean += static_cast<double>(AlignUp(x, kAlign));
     mean /= kSizeSteps;
-    capacity_bytes = sgm__align_up(static_cast<uint64_t>(2.0 * kLive * mean), kAlign);
+    capacity_bytes = AlignUp(static_cast<uint64_t>(2.0 * kLive * mean), kAlign);
   }
   // One pair: the live slot to free and the size to allocate in its place.
   inline void Next(uint32_t *victim, uint64_t *size) {
@@ -80,42 +84,40 @@ struct Workload {
 
 void BM_ChurnSuballoc(benchmark::State &state) {
   Workload wl;
-  sgm_suballoc *sa = nullptr;
-  if (sgm__suballoc_create(kAlign, &sa) != SGM_OK ||
-      sgm__suballoc_add_range(sa, 0, wl.capacity_bytes) != SGM_OK) {
+  sgm_vblock *vb = nullptr;
+  if (sgm_vblock_create(0, wl.capacity_bytes, kAlign, &vb) != SGM_OK) {
     state.SkipWithError(sgm_last_error());
     return;
   }
   std::vector<uint64_t> live(kLive);
-  uint64_t got = 0, size;
+  uint64_t size;
   uint32_t v;
   for (size_t i = 0; i < kLive; i++) {
     wl.Next(&v, &size);
-    if (!sgm__suballoc_try_alloc(sa, size, &live[i], &got)) std::abort();
+    if (sgm_vblock_alloc(vb, size, 0, &live[i]) != SGM_OK) std::abort();
   }
   // Warm up into the steady state (the free-block population settles).
   for (size_t i = 0; i < 20 * kLive; i++) {
     wl.Next(&v, &size);
-    sgm__suballoc_free(sa, live[v], &got);
-    if (!sgm__suballoc_try_alloc(sa, size, &live[v], &got)) std::abort();
+    sgm_vblock_free(vb, live[v]);
+    if (sgm_vblock_alloc(vb, size, 0, &live[v]) != SGM_OK) std::abort();
   }
   bool ok = true;
   for (auto _ : state) {
     wl.Next(&v, &size);
-    sgm__suballoc_free(sa, live[v], &got);
-    ok &= sgm__suballoc_try_alloc(sa, size, &live[v], &got);
+    sgm_vblock_free(vb, live[v]);
+    ok &= sgm_vblock_alloc(vb, size, 0, &live[v]) == SGM_OK;
   }
   if (!ok) state.SkipWithError("an allocation failed: capacity too small");
-  sgm_suballoc_stats st;
-  sgm__suballoc_stats(sa, &st);
+  sgm_vblock_stats st;
+  sgm_vblock_get_stats(vb, &st);
   state.counters["pairs"] = static_cast<double>(state.iterations());
-  state.counters["live"] = static_cast<double>(st.n_live);
-  state.counters["free_blocks"] = static_cast<double>(st.n_free_blocks);
+  state.counters["live"] = static_cast<double>(st.n_allocations);
+  state.counters["free_blocks"] = static_cast<double>(st.n_free_ranges);
   state.counters["used_GiB"] = static_cast<double>(st.used_bytes) / (1 << 30);
-  state.counters["capacity_GiB"] = static_cast<double>(st.capacity_bytes) / (1 << 30);
+  state.counters["capacity_GiB"] = static_cast<double>(st.size_bytes) / (1 << 30);
   state.counters["largest_free_MiB"] = static_cast<double>(st.largest_free_bytes) / (1 << 20);
-  if (!sgm__suballoc_check(sa)) state.SkipWithError(sgm_last_error());
-  sgm__suballoc_destroy(sa);
+  sgm_vblock_destroy(vb);
 }
 
 void BM_ChurnJemalloc(benchmark::State &state) {
@@ -205,22 +207,20 @@ bool LoadTrace(const std::string &path, const std::string &name, Trace *t) {
 // Replay into a fresh allocator with one range [0, capacity); true when every
 // allocation fits. offsets: scratch, one per buffer.
 bool Replay(const Trace &t, uint64_t capacity, std::vector<uint64_t> &offsets) {
-  sgm_suballoc *sa = nullptr;
-  if (sgm__suballoc_create(1, &sa) != SGM_OK) std::abort();
-  if (sgm__suballoc_add_range(sa, 0, capacity) != SGM_OK) std::abort();
+  sgm_vblock *vb = nullptr;
+  if (sgm_vblock_create(0, capacity, 1, &vb) != SGM_OK) std::abort();
   bool ok = true;
-  uint64_t got;
   for (const Event &e : t.events) {
     if (e.kind) {
-      if (!sgm__suballoc_try_alloc(sa, t.sizes[e.id], &offsets[e.id], &got)) {
+      if (sgm_vblock_alloc(vb, t.sizes[e.id], 0, &offsets[e.id]) != SGM_OK) {
         ok = false;
         break;
       }
-    } else if (sgm__suballoc_free(sa, offsets[e.id], &got) != SGM_OK) {
+    } else if (sgm_vblock_free(vb, offsets[e.id]) != SGM_OK) {
       std::abort();
     }
   }
-  sgm__suballoc_destroy(sa);
+  sgm_vblock_destroy(vb);
   return ok;
 }
 
@@ -244,28 +244,27 @@ void BM_ReplaySuballoc(benchmark::State &state, Trace *t) {
   // allocates, so each one starts from the same single free block and the
   // timing holds the operations only, not create/destroy.
   std::vector<uint64_t> offsets(t->sizes.size());
-  sgm_suballoc *sa = nullptr;
-  if (sgm__suballoc_create(1, &sa) != SGM_OK || sgm__suballoc_add_range(sa, 0, t->min_capacity) != SGM_OK) {
+  sgm_vblock *vb = nullptr;
+  if (sgm_vblock_create(0, t->min_capacity, 1, &vb) != SGM_OK) {
     state.SkipWithError(sgm_last_error());
     return;
   }
   bool ok = true;
-  uint64_t got;
   auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
     for (const Event &e : t->events) {
       if (e.kind)
-        ok &= sgm__suballoc_try_alloc(sa, t->sizes[e.id], &offsets[e.id], &got);
+        ok &= sgm_vblock_alloc(vb, t->sizes[e.id], 0, &offsets[e.id]) == SGM_OK;
       else
-        sgm__suballoc_free(sa, offsets[e.id], &got);
+        sgm_vblock_free(vb, offsets[e.id]);
     }
   }
   double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
-  sgm_suballoc_stats st;
-  sgm__suballoc_stats(sa, &st);
-  if (!ok || st.n_live != 0 || st.n_free_blocks != 1 || !sgm__suballoc_check(sa))
+  sgm_vblock_stats st;
+  sgm_vblock_get_stats(vb, &st);
+  if (!ok || st.n_allocations != 0 || st.n_free_ranges != 1)
     state.SkipWithError("the replay failed at its minimum capacity or left blocks behind");
-  sgm__suballoc_destroy(sa);
+  sgm_vblock_destroy(vb);
   double events = static_cast<double>(t->events.size());
   state.counters["frag"] = t->fragmentation;
   state.counters["events"] = events;

@@ -102,6 +102,7 @@ typedef struct sgm_config {
   uint64_t idle_trim_ms;          /* SGM_IDLE_TRIM_MS: free chunks idle this long go back; 0 = never */
   char policy_vram[SGM_NAME_MAX];   /* SGM_POLICY_VRAM: the VRAM tier's policy; "" = policy */
   char policy_shared[SGM_NAME_MAX]; /* SGM_POLICY_SHARED: the shared tier's policy; "" = policy */
+  uint64_t shared_chunk_bytes;    /* SGM_SHARED_CHUNK: first pinned chunk of the shared tier */
   /*
    * The first bad environment value sgm_config_init() met, as a message that
    * names the variable and the value; "" when all were good. A config whose
@@ -265,6 +266,9 @@ SGM_API sgm_status sgm_buffer_create(sgm_context *ctx, size_t size, sgm_buffer *
  * else shared memory; read back from disk with its checksum verified) and lock
  * it there until sgm_buffer_release. *device_ptr: its device address, NULL on
  * failure. Waits for a prefetch in flight. SGM_ERR_BUSY if already acquired.
+ * stream: where the caller will use it (NULL = the default stream): the data
+ * is ready for work queued there after the call, and follows the GPU work
+ * queued before the last release (copies run after it on the device).
  */
 SGM_API sgm_status sgm_buffer_acquire(sgm_buffer *b, void *stream, void **device_ptr);
 
@@ -275,7 +279,14 @@ SGM_API sgm_status sgm_buffer_acquire(sgm_buffer *b, void *stream, void **device
 SGM_API sgm_status sgm_buffer_release(sgm_buffer *b, void *stream);
 
 /* Copy n bytes from host memory into the buffer at offset / out of it, wherever
- * it lives (a disk-resident buffer is read back and verified). Bounds checked. */
+ * it lives (a disk-resident buffer is read back and verified). Bounds checked.
+ * The copy follows the GPU work queued before the last release: the call
+ * returns once that work and the copy are done.
+ * A failed write leaves every byte outside [offset, offset + n) as it was; the
+ * bytes inside hold old or new data (a device copy may have run before its
+ * completion failed), except on a disk-resident buffer, which keeps all its old
+ * contents. A write covering the whole buffer succeeds even when its contents
+ * were lost (SGM_ERR_CORRUPT): it replaces them. */
 SGM_API sgm_status sgm_buffer_write(sgm_buffer *b, size_t offset, const void *src, size_t n);
 SGM_API sgm_status sgm_buffer_read(sgm_buffer *b, size_t offset, void *dst, size_t n);
 

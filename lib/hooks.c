@@ -17,10 +17,10 @@
  * Threading: the fast path is one acquire load of the slot, no lock. The
  * first use takes hooks_mu, loads the slot again (another thread may have
  * won), and creates the context under it, so concurrent first calls from many
- * threads create exactly one context. hooks_mu is a plain pthread mutex outside
- * the ranked sgm_lock order on purpose: it is always the outermost lock, sgm
- * never takes it from inside, and context creation (which takes tier and
- * backend locks) runs under it. It is one mutex for all devices: creation is
+ * threads create exactly one context. hooks_mu has the lowest rank
+ * (SGM_LOCK_HOOKS): it is always the outermost lock, sgm never takes it from
+ * inside, and context creation (which takes tier and backend locks) runs
+ * under it. It is one mutex for all devices: creation is
  * rare, and serialising it also serialises driver initialisation.
  * Calls on an existing context (alloc, free, trim, set_vram_fraction) run
  * without hooks_mu; the context locks itself.
@@ -58,7 +58,7 @@
 #define HOOKS_MAX_DEVICES 64
 
 static sgm_context *hooks_contexts[HOOKS_MAX_DEVICES]; /* per device; NULL until first use */
-static pthread_mutex_t hooks_mu = PTHREAD_MUTEX_INITIALIZER; /* serialises creation and reset */
+static sgm_lock hooks_mu = SGM_LOCK_INITIALIZER(SGM_LOCK_HOOKS); /* serialises creation and reset */
 static uint64_t hooks_n_created; /* contexts created since start (or the last reset) */
 
 /* One line to stderr whatever SGM_VERBOSE says: level 0 ("error") always prints. */
@@ -82,7 +82,7 @@ static sgm_context *hooks_get_or_create(int device, double fraction, bool *creat
   sgm_context *ctx = __atomic_load_n(&hooks_contexts[device], __ATOMIC_ACQUIRE);
   if (sgm_likely(ctx != NULL)) return ctx;
 
-  pthread_mutex_lock(&hooks_mu);
+  sgm__lock_take(&hooks_mu);
   ctx = __atomic_load_n(&hooks_contexts[device], __ATOMIC_ACQUIRE);
   if (!ctx) {
     sgm_config cfg;
@@ -95,7 +95,7 @@ static sgm_context *hooks_get_or_create(int device, double fraction, bool *creat
       if (created) *created = true;
     }
   }
-  pthread_mutex_unlock(&hooks_mu);
+  sgm__lock_drop(&hooks_mu);
   return ctx;
 }
 
@@ -188,13 +188,13 @@ SGM_API void sgm_torch_set_memory_fraction(double fraction, int device) {
 }
 
 void sgm__hooks_reset_for_tests(void) {
-  pthread_mutex_lock(&hooks_mu);
+  sgm__lock_take(&hooks_mu);
   for (int d = 0; d < HOOKS_MAX_DEVICES; d++) {
     sgm_context *ctx = __atomic_exchange_n(&hooks_contexts[d], NULL, __ATOMIC_ACQ_REL);
     sgm_context_destroy(ctx);
   }
   __atomic_store_n(&hooks_n_created, 0, __ATOMIC_RELAXED);
-  pthread_mutex_unlock(&hooks_mu);
+  sgm__lock_drop(&hooks_mu);
 }
 
 uint64_t sgm__hooks_n_created(void) { return __atomic_load_n(&hooks_n_created, __ATOMIC_RELAXED); }

@@ -64,12 +64,15 @@ const char *sgm__fmt_bytes(uint64_t bytes, char *buf, size_t len);
 /* Locks with a fixed order, checked when SGM_DEBUG >= 2: a thread may only take
  * a lock of a higher rank than every lock it holds. */
 typedef enum sgm_lock_rank {
+  SGM_LOCK_HOOKS = 0,   /* hooks.c: creation of the per-device contexts (outermost) */
   SGM_LOCK_CONTEXT = 1, /* context-wide state (callback, clock) */
   SGM_LOCK_BUFFERS = 2, /* buffer states and residency lists (placement.c) */
   SGM_LOCK_TIER_VRAM = 3,
   SGM_LOCK_TIER_SHARED = 4,
   SGM_LOCK_TIER_DISK = 5,
-  SGM_LOCK_BACKEND = 6 /* inside a backend only */
+  SGM_LOCK_BACKEND = 6,  /* inside a backend only */
+  SGM_LOCK_IDLE = 7,     /* context.c: the idle thread's stop flag (a leaf) */
+  SGM_LOCK_REGISTRY = 8  /* policy.c: the policy registry (a leaf) */
 } sgm_lock_rank;
 
 typedef struct sgm_lock {
@@ -77,15 +80,21 @@ typedef struct sgm_lock {
   int rank;           /* sgm_lock_rank: position in the lock order */
 } sgm_lock;
 
+/* A statically initialised lock of that rank (process-wide locks). */
+#define SGM_LOCK_INITIALIZER(rank) {PTHREAD_MUTEX_INITIALIZER, (rank)}
+
 void sgm__lock_init(sgm_lock *l, int rank);
 void sgm__lock_destroy(sgm_lock *l);
 void sgm__lock_take(sgm_lock *l);
 void sgm__lock_drop(sgm_lock *l);
 /* True when this thread holds l (tracked only when SGM_DEBUG >= 2; else true). */
 bool sgm__lock_held(const sgm_lock *l);
-/* Debug builds (SGM_DEBUG >= 2): abort unless this thread holds no sgm lock.
- * Called at the top of every backend operation: no sgm lock is held across a
- * driver call (STYLE.md, Threads). */
+/* Debug builds (SGM_DEBUG >= 2): abort unless this thread holds no sgm lock
+ * (but the outermost hooks lock, held while a context is brought up). Called
+ * at the top of the backend operations that may block (mem_info, allocations,
+ * frees, copies, event record and wait): no sgm lock is held across such a
+ * driver call (STYLE.md, Threads). event_query and event_destroy do not block
+ * and are called under the placement lock while choosing victims. */
 void sgm__lock_assert_none_held(void);
 /* Sleep while *word == expected (returns at once if it differs; may return
  * spuriously: callers loop). Wake every thread sleeping on word. Private to
@@ -133,11 +142,19 @@ int sgm__options_validate(const sgm_config *cfg);
 void sgm__options_tf_growth(int verbose, int *allow_growth);
 /* CUDA_DEVICE_MEMORY_LIMIT_<device>, else CUDA_DEVICE_MEMORY_LIMIT: *out = cap in bytes, 0 if unset. */
 int sgm__options_cuda_memory_limit(int device, uint64_t *out);
+/* ASCII case-insensitive string equality (option values, policy names). */
+bool sgm__options_str_ieq(const char *a, const char *b);
 /* Resolve a size against its reference (device memory, RAM, free disk); unset gives dflt. */
 uint64_t sgm__size_resolve(sgm_size s, uint64_t reference, uint64_t dflt);
 
 /* ------------------------------------------------------------------------ */
-/* backend/host.c — the host machine: RAM, cgroup limit, NUMA. */
+/* prim/clock.c — the one monotonic clock. */
+
+/* CLOCK_MONOTONIC in nanoseconds. Any thread; never fails. */
+uint64_t sgm__clock_monotonic_ns(void);
+
+/* ------------------------------------------------------------------------ */
+/* prim/host.c — the host machine: RAM, cgroup limit, NUMA. */
 
 /* Physical RAM of the machine (hwloc), in bytes; 0 if unknown. */
 uint64_t sgm__host_machine_ram(void);
@@ -146,6 +163,11 @@ uint64_t sgm__host_machine_ram(void);
 int sgm__host_cgroup_limit(const char *root, uint64_t *out);
 /* min(machine RAM, cgroup limit), reading the cgroup under root. */
 uint64_t sgm__host_physical_ram(const char *root);
+/* Map bytes (a multiple of the page size) of anonymous memory for a backend to
+ * page-lock: excluded from fork() children (MADV_DONTFORK), placed on NUMA node
+ * `node` by preference (MPOL_PREFERRED; node < 0: no preference). *out = NULL
+ * and a message on failure. Free with munmap. */
+int sgm__host_map_pinnable(uint64_t bytes, int node, void **out);
 
 /* ------------------------------------------------------------------------ */
 /* suballoc.c — offset-based sub-allocator with metadata off-chunk.
@@ -222,10 +244,24 @@ struct sgm_context {
   void *clock_user;                        /* its argument */
   pthread_t idle_thread;                   /* runs sgm__context_idle_tick every idle_ms / 4 */
   pthread_cond_t idle_cond;                /* wakes the idle thread to stop */
-  pthread_mutex_t idle_mu;                 /* guards idle_stop for the condition variable */
+  sgm_lock idle_mu;                        /* guards idle_stop for the condition variable */
   bool idle_running;                       /* the idle thread was started */
   bool idle_stop;                          /* asks the idle thread to end */
+  unsigned fork_generation;                /* sgm__fork_generation when created */
+  long owner_pid;                          /* the process that created it (messages only) */
 };
+
+/* fork(): bumped in every child by a pthread_atfork handler (atomic). */
+extern unsigned sgm__fork_generation;
+/* True in a child of the process that created ctx: every public entry asks
+ * (one relaxed load) and answers sgm__context_fork_error. */
+static inline bool sgm__context_forked(const sgm_context *ctx) {
+  return sgm_unlikely(__atomic_load_n(&sgm__fork_generation, __ATOMIC_RELAXED) !=
+                      ctx->fork_generation);
+}
+/* Set "fn: this context was created by process P before fork() ..." and
+ * return SGM_ERR_UNSUPPORTED. */
+int sgm__context_fork_error(const sgm_context *ctx, const char *fn);
 
 /* Replace the idle-trim clock (tests); NULL restores the monotonic clock. */
 void sgm__context_set_clock(sgm_context *ctx, uint64_t (*clock_ms)(void *user), void *user);
@@ -237,6 +273,8 @@ uint64_t sgm__context_idle_tick(sgm_context *ctx);
  * share among themselves is in placement.h). */
 struct sgm_placement;
 int sgm__placement_create(sgm_context *ctx);
+/* True when d is the block of a live buffer (sgm_free must refuse it). */
+bool sgm__placement_owns_block(sgm_context *ctx, uint64_t d);
 /* Stops the prefetch worker and frees every buffer still alive. */
 void sgm__placement_destroy(sgm_context *ctx);
 /* residency.c, rules 1-3 for sgm_alloc: a block in VRAM if it fits, demoting

@@ -6,6 +6,17 @@
  *
  * Invariant: a move either completes (data in the new tier, the old storage
  * freed, the migration counted) or leaves the buffer as it was.
+ *
+ * Ordering (DESIGN.md §8): every copy of a buffer's data runs after the GPU
+ * work queued before its release. While that work is pending (b->event not
+ * complete) the copy runs on the release's own stream (migrate_copy), so the
+ * device orders it, and the host waits only for the copy's completion, which
+ * the backend's copy contract gives before the source block is freed,
+ * reused or unpinned. Once the copy is done the release event is complete
+ * too and is dropped. A released buffer on the legacy stream, or on a
+ * per-thread default stream (whose handle names another stream on the
+ * mover's thread), is copied on the legacy stream, which follows the earlier
+ * work of every blocking stream.
  * Threading: the caller owns the buffer (BUSY) and holds no lock; the copies,
  * disk I/O and pool calls here run unlocked. pl->lock is taken only to count.
  */
@@ -20,8 +31,53 @@ static void *migrate_shared_host(sgm_context *ctx, sgm_devptr d) {
   return sgm__shared_host_ptr(ctx->tiers[SGM_TIER_SHARED], d);
 }
 
-static int migrate_copy(sgm_context *ctx, sgm_copy_kind kind, uint64_t dst, uint64_t src, uint64_t n) {
-  return ctx->bops->copy(ctx->be, kind, dst, src, n, NULL);
+/* True when work queued on stream a before now is ordered before work queued
+ * on b afterwards by stream order alone (the same stream). */
+static bool migrate_same_stream(void *a, void *b) {
+  if (!a) a = SGM_STREAM_LEGACY;
+  if (!b) b = SGM_STREAM_LEGACY;
+  return a == b;
+}
+
+/* Drop b's release event if its work has completed; else say which stream a
+ * copy of b's data must run on to follow that work (see the file comment). */
+static void *migrate_order_stream(sgm_context *ctx, sgm_buffer *b) {
+  if (!b->event) return NULL;
+  if (ctx->bops->event_query(ctx->be, b->event) == 1) {
+    ctx->bops->event_destroy(ctx->be, b->event);
+    b->event = NULL;
+    return NULL;
+  }
+  void *s = b->event_stream;
+  return !s || s == SGM_STREAM_PER_THREAD ? SGM_STREAM_LEGACY : s;
+}
+
+/* Copy n bytes of b's data (from or to it), after the work queued before its
+ * release; complete when this returns. */
+static int migrate_copy(sgm_context *ctx, sgm_buffer *b, sgm_copy_kind kind, uint64_t dst,
+                        uint64_t src, uint64_t n) {
+  void *stream = migrate_order_stream(ctx, b);
+  int rc = ctx->bops->copy(ctx->be, kind, dst, src, n, stream);
+  if (rc == SGM_OK && stream) {
+    /* The copy followed the release's work on its stream and is complete. */
+    ctx->bops->event_destroy(ctx->be, b->event);
+    b->event = NULL;
+  }
+  return rc;
+}
+
+int sgm__migrate_order_use(sgm_context *ctx, void **event, void *event_stream, void *stream) {
+  if (!*event) return SGM_OK;
+  if (!migrate_same_stream(event_stream, stream)) {
+    /* Another stream: its work must see the release's work done. Until the
+     * backend can make one stream wait for another's event on the device,
+     * the host waits (only here: a pending release and a stream change). */
+    int rc = ctx->bops->event_wait(ctx->be, *event);
+    if (rc != SGM_OK) return rc;
+  }
+  ctx->bops->event_destroy(ctx->be, *event);
+  *event = NULL;
+  return SGM_OK;
 }
 
 static void migrate_free_block(sgm_context *ctx, sgm_tier t, sgm_devptr d) {
@@ -45,13 +101,65 @@ static void migrate_count(struct sgm_placement *pl, sgm_tier from, sgm_tier to, 
   sgm__lock_drop(&pl->lock);
 }
 
-/* Read a disk-resident buffer's bytes into host memory dst (zeros if never written). */
-static int migrate_disk_load(sgm_context *ctx, const sgm_buffer *b, void *dst) {
-  if (b->ext.bytes == 0) {
-    memset(dst, 0, b->size);
+/* ---- a disk-resident buffer: one extent per SGM_DISK_CHUNK ---- */
+
+static uint64_t migrate_n_chunks(const sgm_buffer *b) {
+  return (b->size + SGM_DISK_CHUNK - 1) / SGM_DISK_CHUNK;
+}
+
+static uint64_t migrate_chunk_len(const sgm_buffer *b, uint64_t i) {
+  uint64_t start = i * SGM_DISK_CHUNK;
+  return b->size - start < SGM_DISK_CHUNK ? b->size - start : SGM_DISK_CHUNK;
+}
+
+static void migrate_disk_free_all(sgm_disk *disk, sgm_disk_extent *ext, uint64_t n) {
+  if (!ext) return;
+  for (uint64_t i = 0; i < n; i++)
+    if (ext[i].bytes) sgm__disk_free(disk, &ext[i]);
+  free(ext);
+}
+
+void sgm__migrate_disk_drop(sgm_context *ctx, sgm_buffer *b) {
+  migrate_disk_free_all(ctx->pl->disk, b->ext, migrate_n_chunks(b));
+  b->ext = NULL;
+}
+
+/* Write b->size bytes of host memory src as a new set of extents (*out,
+ * malloc'd). On failure nothing stays allocated. */
+static int migrate_disk_store(sgm_context *ctx, const sgm_buffer *b, const void *src,
+                              sgm_disk_extent **out) {
+  *out = NULL;
+  uint64_t n = migrate_n_chunks(b);
+  sgm_disk_extent *ext = calloc((size_t)n, sizeof *ext);
+  if (!ext) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for spill extents");
+  for (uint64_t i = 0; i < n; i++) {
+    int rc = sgm__disk_write(ctx->pl->disk, (const char *)src + i * SGM_DISK_CHUNK,
+                             migrate_chunk_len(b, i), &ext[i]);
+    if (rc != SGM_OK) {
+      migrate_disk_free_all(ctx->pl->disk, ext, i);
+      return rc;
+    }
+  }
+  *out = ext;
+  return SGM_OK;
+}
+
+/* Read chunk i of a disk-resident b into dst (zeros if never written). */
+static int migrate_disk_load_chunk(sgm_context *ctx, const sgm_buffer *b, uint64_t i, void *dst) {
+  if (!b->ext || b->ext[i].bytes == 0) {
+    memset(dst, 0, (size_t)migrate_chunk_len(b, i));
     return SGM_OK;
   }
-  return sgm__disk_read(ctx->pl->disk, &b->ext, dst);
+  return sgm__disk_read(ctx->pl->disk, &b->ext[i], dst);
+}
+
+/* Read a disk-resident buffer's bytes into host memory dst (zeros if never written). */
+static int migrate_disk_load(sgm_context *ctx, const sgm_buffer *b, void *dst) {
+  for (uint64_t i = 0, n = migrate_n_chunks(b); i < n; i++) {
+    int rc = migrate_disk_load_chunk(ctx, b, i, (char *)dst + i * SGM_DISK_CHUNK);
+    if (rc != SGM_OK) return rc;
+  }
+  return SGM_OK;
 }
 
 static int migrate_no_stage(const sgm_buffer *b) {
@@ -63,9 +171,9 @@ static int migrate_no_stage(const sgm_buffer *b) {
 static int migrate_vram_to_disk(sgm_context *ctx, sgm_buffer *b) {
   void *stage = malloc(b->size);
   if (!stage) return migrate_no_stage(b);
-  int rc = migrate_copy(ctx, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)stage, b->dptr, b->size);
-  sgm_disk_extent ext;
-  if (rc == SGM_OK) rc = sgm__disk_write(ctx->pl->disk, stage, b->size, &ext);
+  int rc = migrate_copy(ctx, b, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)stage, b->dptr, b->size);
+  sgm_disk_extent *ext = NULL;
+  if (rc == SGM_OK) rc = migrate_disk_store(ctx, b, stage, &ext);
   free(stage);
   if (rc != SGM_OK) return rc;
   migrate_free_block(ctx, SGM_TIER_VRAM, b->dptr);
@@ -84,8 +192,8 @@ int sgm__migrate_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict
       if (!pl->disk)
         return sgm__error_set(SGM_ERR_NOMEM, "no disk tier to spill to: set SGM_SPILL_DIR to a "
                               "directory (and SGM_SPILL_LIMIT) to let buffers spill to disk");
-      sgm_disk_extent ext;
-      int rc = sgm__disk_write(pl->disk, migrate_shared_host(ctx, b->dptr), b->size, &ext);
+      sgm_disk_extent *ext = NULL;
+      int rc = migrate_disk_store(ctx, b, migrate_shared_host(ctx, b->dptr), &ext);
       if (rc != SGM_OK) return rc; /* the data stays in shared memory */
       migrate_free_block(ctx, SGM_TIER_SHARED, b->dptr);
       b->dptr = 0;
@@ -102,7 +210,7 @@ int sgm__migrate_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict
       }
       if (rc == SGM__ERR_BUDGET) rc = sgm__tier_explain_budget(ctx->tiers[next], b->size);
       if (rc != SGM_OK) return rc;
-      rc = migrate_copy(ctx, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)migrate_shared_host(ctx, dst),
+      rc = migrate_copy(ctx, b, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)migrate_shared_host(ctx, dst),
                         b->dptr, b->size);
       if (rc != SGM_OK) {
         migrate_free_block(ctx, next, dst);
@@ -124,12 +232,12 @@ int sgm__migrate_promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, sgm_devpt
     void *host = to == SGM_TIER_SHARED ? migrate_shared_host(ctx, dst) : malloc(b->size);
     rc = host ? migrate_disk_load(ctx, b, host) : migrate_no_stage(b);
     if (rc == SGM_OK && to == SGM_TIER_VRAM)
-      rc = migrate_copy(ctx, SGM_COPY_HOST_TO_DEVICE, dst, (uintptr_t)host, b->size);
+      rc = migrate_copy(ctx, b, SGM_COPY_HOST_TO_DEVICE, dst, (uintptr_t)host, b->size);
     if (to == SGM_TIER_VRAM) free(host);
-    if (rc == SGM_OK && b->ext.bytes) sgm__disk_free(ctx->pl->disk, &b->ext);
+    if (rc == SGM_OK) sgm__migrate_disk_drop(ctx, b);
   } else {
-    rc = migrate_copy(ctx, SGM_COPY_HOST_TO_DEVICE, dst, (uintptr_t)migrate_shared_host(ctx, b->dptr),
-                      b->size);
+    rc = migrate_copy(ctx, b, SGM_COPY_HOST_TO_DEVICE, dst,
+                      (uintptr_t)migrate_shared_host(ctx, b->dptr), b->size);
     if (rc == SGM_OK) migrate_free_block(ctx, from, b->dptr);
   }
   if (rc != SGM_OK) {
@@ -137,30 +245,79 @@ int sgm__migrate_promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, sgm_devpt
     return rc;
   }
   b->dptr = dst;
-  b->ext = (sgm_disk_extent){0};
   sgm__buffer_set_tier(b, to);
   migrate_count(ctx->pl, from, to, b->size, false);
+  return SGM_OK;
+}
+
+/* A host write into a disk-resident b: each chunk it touches goes to a new
+ * extent (a chunk it covers whole straight from src, unread — a lost chunk
+ * is replaced; one it covers in part read, patched and written through
+ * stage); only when all are written do they replace the old ones. */
+static int migrate_disk_write(sgm_context *ctx, sgm_buffer *b, uint64_t offset, const char *src,
+                              uint64_t n, char *stage) {
+  sgm_disk *disk = ctx->pl->disk;
+  uint64_t first = offset / SGM_DISK_CHUNK, last = (offset + n - 1) / SGM_DISK_CHUNK;
+  uint64_t n_new = last - first + 1;
+  sgm_disk_extent *fresh = calloc((size_t)n_new, sizeof *fresh);
+  if (!fresh) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for spill extents");
+  if (!b->ext) {
+    b->ext = calloc((size_t)migrate_n_chunks(b), sizeof *b->ext); /* all zeros so far */
+    if (!b->ext) {
+      free(fresh);
+      return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for spill extents");
+    }
+  }
+  int rc = SGM_OK;
+  for (uint64_t i = first; i <= last && rc == SGM_OK; i++) {
+    uint64_t c0 = i * SGM_DISK_CHUNK, len = migrate_chunk_len(b, i);
+    uint64_t lo = offset > c0 ? offset : c0;
+    uint64_t hi = offset + n < c0 + len ? offset + n : c0 + len;
+    const char *data = src + (lo - offset);
+    if (lo != c0 || hi != c0 + len) {
+      rc = migrate_disk_load_chunk(ctx, b, i, stage);
+      if (rc != SGM_OK) break;
+      memcpy(stage + (lo - c0), data, (size_t)(hi - lo));
+      data = stage;
+    }
+    rc = sgm__disk_write(disk, data, len, &fresh[i - first]);
+  }
+  if (rc != SGM_OK) {
+    for (uint64_t k = 0; k < n_new; k++)
+      if (fresh[k].bytes) sgm__disk_free(disk, &fresh[k]);
+    free(fresh);
+    return rc; /* every old extent stays: the buffer holds its old contents */
+  }
+  for (uint64_t i = first; i <= last; i++) {
+    if (b->ext[i].bytes) sgm__disk_free(disk, &b->ext[i]);
+    b->ext[i] = fresh[i - first];
+  }
+  free(fresh);
   return SGM_OK;
 }
 
 int sgm__migrate_host_io(sgm_context *ctx, sgm_buffer *b, size_t offset, void *host, size_t n,
                          bool write) {
   if (b->tier != SGM_TIER_DISK)
-    return write ? migrate_copy(ctx, SGM_COPY_HOST_TO_DEVICE, b->dptr + offset, (uintptr_t)host, n)
-                 : migrate_copy(ctx, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)host, b->dptr + offset, n);
-  struct sgm_placement *pl = ctx->pl;
-  void *img = malloc(b->size);
-  int rc = img ? migrate_disk_load(ctx, b, img) : migrate_no_stage(b);
-  if (rc == SGM_OK && !write) memcpy(host, (char *)img + offset, n);
-  if (rc == SGM_OK && write) {
-    memcpy((char *)img + offset, host, n);
-    sgm_disk_extent ext;
-    rc = sgm__disk_write(pl->disk, img, b->size, &ext);
-    if (rc == SGM_OK) {
-      if (b->ext.bytes) sgm__disk_free(pl->disk, &b->ext);
-      b->ext = ext;
+    return write ? migrate_copy(ctx, b, SGM_COPY_HOST_TO_DEVICE, b->dptr + offset, (uintptr_t)host, n)
+                 : migrate_copy(ctx, b, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)host, b->dptr + offset, n);
+  /* One chunk of staging at most, whatever the buffer's size. */
+  uint64_t stage_bytes = b->size < SGM_DISK_CHUNK ? b->size : SGM_DISK_CHUNK;
+  char *stage = malloc((size_t)stage_bytes);
+  if (!stage) return migrate_no_stage(b);
+  int rc = SGM_OK;
+  if (write) {
+    rc = migrate_disk_write(ctx, b, offset, host, n, stage);
+  } else {
+    uint64_t first = offset / SGM_DISK_CHUNK, last = (offset + n - 1) / SGM_DISK_CHUNK;
+    for (uint64_t i = first; i <= last && rc == SGM_OK; i++) {
+      uint64_t c0 = i * SGM_DISK_CHUNK, len = migrate_chunk_len(b, i);
+      uint64_t lo = offset > c0 ? offset : c0;
+      uint64_t hi = offset + n < c0 + len ? offset + n : c0 + len;
+      rc = migrate_disk_load_chunk(ctx, b, i, stage);
+      if (rc == SGM_OK) memcpy((char *)host + (lo - offset), stage + (lo - c0), (size_t)(hi - lo));
     }
   }
-  free(img);
+  free(stage);
   return rc;
 }

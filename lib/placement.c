@@ -14,9 +14,9 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "placement.h"
+#include "tiers/tier.h"
 
 /* Walk the policies and every buffer (pl->lock held): SGM_OK or
  * SGM_ERR_CORRUPT with the first broken invariant in why. O(n). */
@@ -77,9 +77,7 @@ bool sgm__placement_valid_locked(struct sgm_placement *pl) {
 
 static uint64_t placement_monotonic_ns(void *user) {
   (void)user;
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+  return sgm__clock_monotonic_ns();
 }
 
 /* The policies' clock, read under pl->lock (the policy contract). */
@@ -100,6 +98,7 @@ static const char *placement_policy_setting(const sgm_config *cfg, sgm_tier t, c
 }
 
 static void placement_free(struct sgm_placement *pl) {
+  for (size_t i = 0; i < sizeof pl->graveyard / sizeof pl->graveyard[0]; i++) free(pl->graveyard[i]);
   for (int t = 0; t < SGM_N_RESIDENT; t++) sgm__prio_destroy(pl->pol[t]);
   if (pl->disk) sgm__disk_close(pl->disk);
   pthread_cond_destroy(&pl->work_cond);
@@ -204,3 +203,11 @@ void sgm__placement_stats(sgm_context *ctx, sgm_stats *st) {
 
 struct sgm_disk *sgm__placement_disk(sgm_context *ctx) { return ctx->pl->disk; }
 
+
+bool sgm__placement_owns_block(sgm_context *ctx, sgm_devptr d) {
+  /* Programs without buffers pay one relaxed load per free. */
+  if (__atomic_load_n(&ctx->pl->n_buffers, __ATOMIC_RELAXED) == 0) return false;
+  for (int t = 0; t < SGM_N_RESIDENT; t++)
+    if (ctx->tiers[t] && sgm__tier_owns_own(ctx->tiers[t], d)) return true;
+  return false;
+}

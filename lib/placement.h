@@ -9,8 +9,10 @@
  *   prefetch.c   the prefetch queue and its worker
  *
  * A buffer's data lives in exactly one tier: a block of the VRAM or shared
- * pool (b->dptr), or an extent of the spill file (b->ext; none yet for a
- * buffer created straight on disk and never written: it reads as zeros).
+ * pool (b->dptr), or extents of the spill file (b->ext, one per
+ * SGM_DISK_CHUNK of the buffer, so a partial write rewrites only the chunks
+ * it touches; none yet for a buffer created straight on disk and never
+ * written: it reads as zeros).
  *
  * States: RELEASED (listed, or on disk), ACQUIRED, BUSY (one thread owns it
  * while moving or copying; others wait until it is not). Only the owner of a
@@ -33,18 +35,34 @@
 #include "tiers/disk.h"
 
 #define SGM_N_RESIDENT 2 /* VRAM and shared: the tiers with policies */
+/* A disk-resident buffer is stored as extents of this many bytes (the last
+ * shorter): a write of 1 MiB into a 64 MiB buffer reads and rewrites 4 MiB,
+ * not 64, and stages no more than that in RAM; 4 MiB is also the bounce
+ * size of the disk tier and keeps a spill's direct I/O in requests of that
+ * size (docs/disk.md). */
+#define SGM_DISK_CHUNK (UINT64_C(4) << 20)
 
 typedef enum sgm_buf_state { SGM_BUF_RELEASED, SGM_BUF_ACQUIRED, SGM_BUF_BUSY } sgm_buf_state;
+
+/* b->magic: a live buffer, and one sgm_buffer_destroy has finished with
+ * (debug builds keep the latter's memory a while to recognise it: see
+ * sgm__buffer_check). Behind ctx and size: malloc keeps its free-list links
+ * in a freed block's first 16 bytes. */
+#define SGM_BUFFER_LIVE 0x5B0FFE21u
+#define SGM_BUFFER_DEAD 0xDEADB0F5u
 
 struct sgm_buffer {
   sgm_context *ctx;          /* owner */
   uint64_t size;             /* bytes asked for */
+  uint32_t magic;            /* SGM_BUFFER_LIVE, SGM_BUFFER_DEAD once destroyed */
   sgm_tier tier;             /* where the data is now (see sgm__buffer_set_tier) */
   sgm_devptr dptr;           /* block address in VRAM / shared; 0 on disk */
-  sgm_disk_extent ext;       /* on disk: the extent; bytes == 0: never written (zeros) */
+  sgm_disk_extent *ext;      /* on disk: one extent per SGM_DISK_CHUNK of data (bytes 0: that
+                                chunk never written, zeros); NULL: none (zeros) or not on disk */
   uint32_t state;            /* sgm_buf_state | SGM_BUF_WAITERS: see sgm__buffer_state */
   int priority;              /* sgm_priority the user set */
   void *event;               /* GPU work queued before release; NULL = none pending */
+  void *event_stream;        /* the stream event was recorded on (the release's) */
   bool prefetch_queued;      /* in pl's prefetch queue */
   bool listed;               /* an item of pl->pol[tier] now */
   bool pinned;               /* pl->pol[pin_tier] holds a pin on it (on_remove PIN) */
@@ -71,6 +89,9 @@ struct sgm_placement {
   uint64_t (*clock_ns)(void *user);    /* the policies' clock (monotonic ns; tests inject) */
   void *clock_user;                    /* its argument */
   sgm_buffer *all;                     /* every live buffer */
+  uint64_t n_buffers;                  /* live buffers (atomic: sgm_free reads it unlocked) */
+  sgm_buffer *graveyard[16];           /* debug builds: destroyed buffers kept, poisoned */
+  unsigned n_graveyard;                /* the next graveyard slot (round robin) */
   sgm_disk *disk;                      /* the spill tier, NULL when off */
   uint64_t bytes_in[SGM_TIER_COUNT];   /* migrated into each tier */
   uint64_t bytes_out[SGM_TIER_COUNT];  /* migrated out of each tier */
@@ -143,6 +164,11 @@ sgm_buf_state sgm__buffer_take_locked(struct sgm_placement *pl, sgm_buffer *b, s
  * a RELEASED resident buffer re-enters its policy (used: the taker used it);
  * one left on disk loses any pin. Wakes its waiters. */
 void sgm__buffer_finish(struct sgm_placement *pl, sgm_buffer *b, sgm_buf_state to, bool used);
+/* The check at every public buffer entry: NULL, a destroyed buffer (debug
+ * builds, where destroyed buffers stay recognisable for a while), a context
+ * inherited through fork(). SGM_OK or the status with the message set. */
+int sgm__buffer_check(const sgm_buffer *b, const char *fn);
+
 /* Free b's storage in its tier and its pending event (b unlinked, no lock). */
 void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b);
 
@@ -193,10 +219,21 @@ int sgm__migrate_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict
 /* Move b up into the block dst just allocated in resident tier `to`. On
  * failure b is unchanged and dst freed (a checksum mismatch leaves b on disk). */
 int sgm__migrate_promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, sgm_devptr dst);
+/* Give back b's spill extents (b->ext freed and NULL). */
+void sgm__migrate_disk_drop(sgm_context *ctx, sgm_buffer *b);
 /* Copy n bytes between host memory and b's data at offset, wherever it lives
- * (write: host -> buffer). */
+ * (write: host -> buffer), after the GPU work queued before b's release.
+ * A disk-resident buffer rewrites only the chunks
+ * the write touches, each into a new extent: a failed write leaves every old
+ * extent, i.e. all of the old contents. */
 int sgm__migrate_host_io(sgm_context *ctx, sgm_buffer *b, size_t offset, void *host, size_t n,
                          bool write);
+/* A buffer is about to be used on `stream` with *event (recorded on
+ * event_stream at its release, NULL = none) maybe pending: make the release's
+ * work come first for that stream, then destroy the event (*event = NULL).
+ * On failure *event stays. Every copy in this file orders itself; this is for
+ * a use that copies nothing (acquire of a buffer that does not move). */
+int sgm__migrate_order_use(sgm_context *ctx, void **event, void *event_stream, void *stream);
 
 /* ------------------------------------------------------------------------ */
 /* prefetch.c (pl->lock held for cancel). */

@@ -18,19 +18,18 @@
  * case; "all", "opt" and "opt-admit" are reserved (the trace replayer's
  * words for "every policy" and Belady's optimum with and without bypass).
  *
- * Threading: one mutex guards the table; it is held only to read or append,
+ * Threading: one lock (rank SGM_LOCK_REGISTRY, a leaf) guards the table; it is held only to read or append,
  * never while calling into a policy. This and the driver table are the
  * library's only process-wide mutable state.
  */
 #include <ctype.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "builtin.h"
 #include "internal.h"
 
-static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
+static sgm_lock registry_mu = SGM_LOCK_INITIALIZER(SGM_LOCK_REGISTRY);
 static const sgm_policy_ops *registry[SGM_POLICY_REGISTRY_MAX]; /* registered, in order */
 static size_t registry_n;                                        /* entries used */
 static bool registry_seeded;                                     /* built-ins are in */
@@ -55,16 +54,10 @@ static size_t policy_ops_bytes(uint32_t abi) {
   }
 }
 
-static bool name_ieq(const char *a, const char *b) {
-  for (; *a && *b; a++, b++)
-    if (tolower((unsigned char)*a) != tolower((unsigned char)*b)) return false;
-  return *a == *b;
-}
-
 /* Index of name in the registry, or -1 (registry_mu held). */
 static long registry_find_locked(const char *name) {
   for (size_t i = 0; i < registry_n; i++)
-    if (name_ieq(registry[i]->name, name)) return (long)i;
+    if (sgm__options_str_ieq(registry[i]->name, name)) return (long)i;
   return -1;
 }
 
@@ -102,7 +95,7 @@ static int policy_validate(const sgm_policy_ops *ops) {
                           "state per buffer; at most %u", ops->name, ops->state_bytes,
                           SGM_POLICY_STATE_MAX);
   for (size_t i = 0; i < sizeof reserved_names / sizeof reserved_names[0]; i++)
-    if (name_ieq(ops->name, reserved_names[i]))
+    if (sgm__options_str_ieq(ops->name, reserved_names[i]))
       return sgm__error_set(SGM_ERR_INVALID, "sgm_policy_register: the name \"%s\" is reserved",
                             ops->name);
   return SGM_OK;
@@ -143,35 +136,35 @@ static void registry_seed_locked(void) {
 SGM_API sgm_status sgm_policy_register(const sgm_policy_ops *ops) {
   int rc = policy_validate(ops);
   if (rc != SGM_OK) return (sgm_status)rc;
-  pthread_mutex_lock(&registry_mu);
+  sgm__lock_take(&registry_mu);
   registry_seed_locked();
   rc = registry_add_locked(ops);
-  pthread_mutex_unlock(&registry_mu);
+  sgm__lock_drop(&registry_mu);
   return (sgm_status)rc;
 }
 
 SGM_API const sgm_policy_ops *sgm_policy_find(const char *name) {
   if (!name) return NULL;
-  pthread_mutex_lock(&registry_mu);
+  sgm__lock_take(&registry_mu);
   registry_seed_locked();
   long i = registry_find_locked(name);
   const sgm_policy_ops *ops = i >= 0 ? registry[i] : NULL;
-  pthread_mutex_unlock(&registry_mu);
+  sgm__lock_drop(&registry_mu);
   return ops;
 }
 
 SGM_API size_t sgm_policy_count(void) {
-  pthread_mutex_lock(&registry_mu);
+  sgm__lock_take(&registry_mu);
   registry_seed_locked();
   size_t n = registry_n;
-  pthread_mutex_unlock(&registry_mu);
+  sgm__lock_drop(&registry_mu);
   return n;
 }
 
 SGM_API const sgm_policy_ops *sgm_policy_at(size_t i) {
-  pthread_mutex_lock(&registry_mu);
+  sgm__lock_take(&registry_mu);
   registry_seed_locked();
   const sgm_policy_ops *ops = i < registry_n ? registry[i] : NULL;
-  pthread_mutex_unlock(&registry_mu);
+  sgm__lock_drop(&registry_mu);
   return ops;
 }

@@ -44,8 +44,6 @@ sgm_policy_item *sgm__prio_next_victim(sgm__prio_layer *l, uint64_t bytes_wanted
 /* A use of buffer `id`, of priority `priority`, is being acquired: to that
  * level's instance, when the policy has a record member (cheap otherwise). */
 void sgm__prio_record(sgm__prio_layer *l, int priority, uint64_t id);
-/* Whether the policy has record / admit (placement skips the calls if not). */
-bool sgm__prio_has_record(const sgm__prio_layer *l);
 /* May `victim` (just returned by sgm__prio_next_victim) be evicted to make
  * room for `candidate`? true when the candidate's priority is above the
  * victim's or the policy has no admit member; else the victim's level decides. */

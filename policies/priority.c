@@ -84,8 +84,6 @@ void sgm__prio_record(sgm__prio_layer *l, int priority, uint64_t id) {
   if (l->ops->record) l->ops->record(l->level[priority], id);
 }
 
-bool sgm__prio_has_record(const sgm__prio_layer *l) { return l->ops->record != NULL; }
-
 bool sgm__prio_admit(sgm__prio_layer *l, const sgm_policy_item *candidate,
                      const sgm_policy_item *victim) {
   /* Priorities come first: a newcomer of a higher level may always push out

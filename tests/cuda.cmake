@@ -77,15 +77,20 @@ else()
       LABELS "unit;cuda-double" TIMEOUT 120 SKIP_RETURN_CODE 77)
   endif()
 
-  # The stream-ordered free rule, through the public API on the double.
-  if(TARGET unit_test_stream_order)
-    add_dependencies(unit_test_stream_order sgm_fake_cuda)
-    target_link_libraries(unit_test_stream_order PRIVATE ${CMAKE_DL_LIBS})
-    set_tests_properties(unit_test_stream_order PROPERTIES
-      ENVIRONMENT "SGM_VERBOSE=0"
-      ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
-      LABELS "unit;cuda-double" TIMEOUT 120 SKIP_RETURN_CODE 77)
-  endif()
+  # Suites through the public API on the double: the stream-ordered free rule
+  # (stream_order), ordered migrations (migrate), graph capture (capture),
+  # honest fallback (fallback). Each skips its double-only cases without it.
+  foreach(n stream_order migrate capture fallback)
+    if(TARGET unit_test_${n})
+      add_dependencies(unit_test_${n} sgm_fake_cuda)
+      target_include_directories(unit_test_${n} SYSTEM PRIVATE ${SGM_CUDA_INCLUDE_DIR})
+      target_link_libraries(unit_test_${n} PRIVATE ${CMAKE_DL_LIBS})
+      set_tests_properties(unit_test_${n} PROPERTIES
+        ENVIRONMENT "SGM_VERBOSE=0"
+        ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
+        LABELS "unit;cuda-double" TIMEOUT 120 SKIP_RETURN_CODE 77)
+    endif()
+  endforeach()
 
   # No driver at all: an empty folder instead of the double's. Where a real
   # libcuda.so.1 is installed the loader still finds it and the case skips.

@@ -23,8 +23,16 @@
  *  - The free functions cannot fail from sgm's point of view: a driver error
  *    there is reported through the log, never returned.
  *  - copy() copies n bytes between any two addresses the kind names, in order on
- *    `stream` (NULL = the backend's own stream), and returns when the copy is
- *    complete as seen from the host (later issues add asynchronous copies).
+ *    `stream` (NULL = the backend's own stream, which waits for nobody's work;
+ *    SGM_STREAM_LEGACY = the legacy default stream), and returns when the copy
+ *    is complete as seen from the host: the source may be reused, freed or
+ *    unpinned at once, the destination is ready for any later work.
+ *    Ordering: a copy on the caller's stream starts only after all work queued
+ *    there before it. That is how sgm orders a migration after the work that
+ *    last used a buffer (the release event's stream): on the device, without
+ *    waiting for that work on the host first. A copy on a stream that is
+ *    capturing a CUDA graph would be captured instead of run: it is refused
+ *    with SGM_ERR_BUSY (nothing copied).
  *  - Every function is safe to call from any thread at once; sgm never holds one
  *    of its tier locks across a backend call.
  *  - The backend counts its live allocations; close() with allocations still
@@ -39,8 +47,15 @@
  *    *event_out is NULL on failure.
  *  - event_query() returns 1 when the event has completed, 0 while work before
  *    it is pending, or a negative sgm_status (error message set). Never blocks.
+ *    While the event's stream is capturing a CUDA graph it answers 0 without
+ *    asking the driver (an event recorded into a capture is a graph node;
+ *    querying it would invalidate the capture): blocks freed or buffers
+ *    released during a capture wait for its end.
  *  - event_wait() blocks the calling thread until the event has completed;
- *    SGM_OK or a negative sgm_status.
+ *    SGM_OK or a negative sgm_status (SGM_ERR_BUSY while its stream captures).
+ *  - Graph capture: the memory functions (device/host alloc and free) never
+ *    invalidate another thread's capture (CUDA: relaxed capture mode around
+ *    the driver's memory calls).
  *  - event_destroy() releases the token (also while still pending: the work
  *    goes on, only the token is gone); NULL is a no-op; cannot fail.
  *  - The emulated device finishes all work before returning, so its events are
@@ -67,6 +82,9 @@
  *  - stream_wait_event() makes all work queued on the stream after this call
  *    wait, on the device, for the event's last recording; the host never
  *    waits. The event may be recorded again at once after the call.
+ *  - Both refuse with SGM_ERR_BUSY (nothing recorded or waited) while their
+ *    stream captures a CUDA graph: memory does not cross streams during a
+ *    capture (CUDA: one cuStreamIsCapturing before each).
  *  - These three, with event_query/event_wait/event_destroy, are the only
  *    calls on sgm's steady allocation path, and that path makes none of them
  *    unless memory crosses from one stream to another: no backend-wide lock
@@ -85,6 +103,14 @@
 #define SGM_DEVICE_ALIGN 256u
 
 typedef uint64_t sgm_devptr; /* a device address (CUdeviceptr on CUDA) */
+
+/* The legacy default stream, named to copy() (where NULL means the backend's
+ * own stream); the value of CU_STREAM_LEGACY. Its work follows all earlier
+ * work of every blocking stream, per-thread default streams included. */
+#define SGM_STREAM_LEGACY ((void *)(uintptr_t)0x1)
+/* The calling thread's per-thread default stream (CU_STREAM_PER_THREAD): the
+ * same handle names another stream on every thread. */
+#define SGM_STREAM_PER_THREAD ((void *)(uintptr_t)0x2)
 
 typedef enum sgm_copy_kind {
   SGM_COPY_HOST_TO_DEVICE = 0, /* dst device address, src host pointer */

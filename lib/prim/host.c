@@ -19,14 +19,27 @@
  * Unreadable or malformed files count as "no limit there": a cgroup we cannot
  * read must not stop a context, and the machine's RAM still bounds the result.
  *
+ * Pinnable mappings (sgm__host_map_pinnable): the one place both backends get
+ * the anonymous memory they page-lock for the shared tier. Two rules live here:
+ *  - NUMA placement is preferred, never strict: MPOL_PREFERRED asks for the
+ *    node and falls back to others when it is full, where numa_tonode_memory's
+ *    MPOL_BIND would make a full node the OOM killer's business instead of a
+ *    clean allocation failure (two-socket hosts, small nodes).
+ *  - MADV_DONTFORK: a child of fork() does not inherit pinned, device-mapped
+ *    chunks (the driver's mapping is not valid there, and copy-on-write of
+ *    pinned pages would break the parent's DMA target).
+ *
  * Threading: no state; every call reads the files afresh.
  */
 #include <ctype.h>
 #include <errno.h>
 #include <hwloc.h>
+#include <numa.h>
+#include <numaif.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -176,4 +189,34 @@ uint64_t sgm__host_physical_ram(const char *root) {
   if (sgm__host_cgroup_limit(root, &limit) != SGM_OK) limit = 0;
   if (limit && (machine == 0 || limit < machine)) return limit;
   return machine;
+}
+
+int sgm__host_map_pinnable(uint64_t bytes, int node, void **out) {
+  *out = NULL;
+  void *p = mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    char b[32];
+    return sgm__error_set(SGM_ERR_NOMEM, "cannot map %s of host memory to pin: mmap failed: %s",
+                          sgm__fmt_bytes(bytes, b, sizeof b), strerror(e));
+  }
+  if (madvise(p, (size_t)bytes, MADV_DONTFORK) != 0) {
+    int e = errno;
+    munmap(p, (size_t)bytes);
+    return sgm__error_set(SGM_ERR_BACKEND, "cannot keep pinned host memory out of fork() children: "
+                          "madvise(MADV_DONTFORK) failed: %s", strerror(e));
+  }
+  /* Before the pages are touched: pinning faults them in where the policy says.
+   * A refused policy (no NUMA support, a cpuset without the node) only costs
+   * locality, so it is not an error. */
+  if (node >= 0 && numa_available() >= 0 && node <= numa_max_node()) {
+    struct bitmask *mask = numa_allocate_nodemask();
+    if (mask) {
+      numa_bitmask_setbit(mask, (unsigned)node);
+      (void)mbind(p, (unsigned long)bytes, MPOL_PREFERRED, mask->maskp, mask->size + 1, 0);
+      numa_free_nodemask(mask);
+    }
+  }
+  *out = p;
+  return SGM_OK;
 }

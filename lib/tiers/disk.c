@@ -81,6 +81,12 @@
 #define DISK_AIO_CACHE 4
 /* Names tried by the create-and-unlink fallback before giving up. */
 #define DISK_NAME_TRIES 64
+/* Paths in messages are cut in the middle to this many bytes (with the NUL):
+ * a message is at most 1 KiB (error.c) and callers keep copies in
+ * SGM_ERROR_MAX (512) bytes; the errno and the hint after a long path must
+ * survive both. Both ends stay: the mount point and the leaf are
+ * what a reader recognises. */
+#define DISK_SHOWN_MAX 72
 
 struct sgm_disk {
   sgm_lock lock;                 /* guards the fields marked (L) */
@@ -91,8 +97,8 @@ struct sgm_disk {
   uint64_t limit_bytes;          /* the budget: size of the offset space */
   int punch_ok;                  /* hole punching works here (atomic; cleared on EOPNOTSUPP) */
   int aio_ok;                    /* Linux AIO works here (atomic; cleared when io_setup fails) */
-  char dir[SGM_PATH_MAX];        /* the spill directory as given */
-  char fs_name[SGM_PATH_MAX + 64]; /* "ext4 at /home": file system type and mount point */
+  char dir[DISK_SHOWN_MAX];      /* the spill directory as given, cut in the middle if long */
+  char fs_name[DISK_SHOWN_MAX + 64]; /* "ext4 at /home": type and mount point (cut likewise) */
   sgm_suballoc *sa;              /* (L) carves [0, limit_bytes); offsets are file offsets */
   uint64_t used_bytes;           /* (L) bytes of live extents, rounded to DISK_ALIGN */
   uint64_t peak_used_bytes;      /* (L) highest used_bytes */
@@ -109,6 +115,21 @@ struct sgm_disk {
 
 /* ------------------------------------------------------------------------ */
 /* Opening: file system description, the file, the I/O mode. */
+
+/* s for a message: whole when it fits in len (with the NUL), else its head
+ * and tail around "...". */
+static const char *disk_shorten(const char *s, char *buf, size_t len) {
+  size_t n = strlen(s);
+  if (n < len) {
+    memcpy(buf, s, n + 1);
+    return buf;
+  }
+  size_t keep = len - 4, head = keep / 3, tail = keep - head;
+  memcpy(buf, s, head);
+  memcpy(buf + head, "...", 3);
+  memcpy(buf + head + 3, s + n - tail, tail + 1);
+  return buf;
+}
 
 static const char *disk_fs_magic_name(long type) {
   switch ((unsigned long)type & 0xFFFFFFFFul) {
@@ -163,8 +184,9 @@ static void disk_describe_fs(const char *dir, char *out, size_t len) {
       snprintf(best_type, sizeof best_type, "file system 0x%lx", (unsigned long)sf.f_type);
     else snprintf(best_type, sizeof best_type, "unknown file system");
   }
-  if (best_dir[0]) snprintf(out, len, "%s at %s", best_type, best_dir);
-  else snprintf(out, len, "%s holding %s", best_type, real);
+  char shown[DISK_SHOWN_MAX];
+  if (best_dir[0]) snprintf(out, len, "%s at %s", best_type, disk_shorten(best_dir, shown, sizeof shown));
+  else snprintf(out, len, "%s holding %s", best_type, disk_shorten(real, shown, sizeof shown));
 }
 
 /* The create-and-unlink fallback for file systems without O_TMPFILE. */
@@ -242,19 +264,21 @@ int sgm__disk_open_ex(const char *dir, sgm_size limit, int verbose,
   if (strlen(dir) >= SGM_PATH_MAX)
     return sgm__error_set(SGM_ERR_INVALID, "spill directory path is longer than %d bytes",
                           SGM_PATH_MAX - 1);
+  char shown[DISK_SHOWN_MAX];
+  disk_shorten(dir, shown, sizeof shown);
   struct stat st;
   int e = stat(dir, &st) != 0 ? errno : !S_ISDIR(st.st_mode) ? ENOTDIR : 0;
   if (e) {
     if (e == ENOENT || e == ENOTDIR)
       return sgm__error_set(SGM_ERR_INVALID, "spill directory %s: %s (create it, or set "
-                            "SGM_SPILL_DIR to an existing writable directory)", dir, strerror(e));
+                            "SGM_SPILL_DIR to an existing writable directory)", shown, strerror(e));
     return sgm__error_set(SGM_ERR_IO, "spill directory %s: %s (set SGM_SPILL_DIR to a directory "
-                          "this process can write)", dir, strerror(e));
+                          "this process can write)", shown, strerror(e));
   }
   struct statvfs vfs;
   if (statvfs(dir, &vfs) != 0)
     return sgm__error_set(SGM_ERR_IO, "spill directory %s: statvfs: %s (set SGM_SPILL_DIR to a "
-                          "local writable directory)", dir, strerror(errno));
+                          "local writable directory)", shown, strerror(errno));
   uint64_t free_bytes = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize;
   uint64_t budget = sgm__size_resolve(limit, free_bytes, free_bytes / 2);
   if (budget > (uint64_t)INT64_MAX) budget = (uint64_t)INT64_MAX; /* the largest off_t */
@@ -268,15 +292,22 @@ int sgm__disk_open_ex(const char *dir, sgm_size limit, int verbose,
   d->punch_ok = 1;
   d->aio_ok = 1;
   d->mem_align = DISK_ALIGN;
-  snprintf(d->dir, sizeof d->dir, "%s", dir);
+  snprintf(d->dir, sizeof d->dir, "%s", shown);
   disk_describe_fs(dir, d->fs_name, sizeof d->fs_name);
   sgm__lock_init(&d->lock, SGM_LOCK_TIER_DISK);
   char b[32], f[32];
   int rc;
+  if (budget == 0 && limit.fraction == 0 && limit.bytes) {
+    /* A byte count below one extent: the setting, not the disk, is short. */
+    rc = sgm__error_set(SGM_ERR_INVALID, "SGM_SPILL_LIMIT=%llu bytes is below one 4 KiB spill "
+                        "extent: set SGM_SPILL_LIMIT to at least 4KiB (or unset it for 50%% of "
+                        "the free space in %s)", (unsigned long long)limit.bytes, d->dir);
+    goto out_free;
+  }
   if (budget == 0) {
     rc = sgm__error_set(SGM_ERR_INVALID, "spill limit resolves to 0 bytes: %s (%s) has %s free; "
                         "free space there, set SGM_SPILL_LIMIT to at least 4KiB, or point "
-                        "SGM_SPILL_DIR at a file system with room", dir, d->fs_name,
+                        "SGM_SPILL_DIR at a file system with room", d->dir, d->fs_name,
                         sgm__fmt_bytes(free_bytes, f, sizeof f));
     goto out_free;
   }
@@ -296,14 +327,14 @@ int sgm__disk_open_ex(const char *dir, sgm_size limit, int verbose,
     err = disk_create_named(dir, &d->fd);
   if (d->fd < 0) {
     rc = sgm__error_set(SGM_ERR_IO, "cannot create the spill file in %s (%s): %s (make the "
-                        "directory writable or set SGM_SPILL_DIR elsewhere)", dir, d->fs_name,
+                        "directory writable or set SGM_SPILL_DIR elsewhere)", d->dir, d->fs_name,
                         strerror(err));
     goto out_free;
   }
   /* O_TMPFILE applies the umask; 0600 exactly: spilled data is private. */
   if (fchmod(d->fd, 0600) != 0) {
     rc = sgm__error_set(SGM_ERR_IO, "cannot make the spill file in %s private (chmod 0600): %s",
-                        dir, strerror(errno));
+                        d->dir, strerror(errno));
     goto out_free;
   }
   d->io = SGM_DISK_IO_BUFFERED;
@@ -321,12 +352,12 @@ int sgm__disk_open_ex(const char *dir, sgm_size limit, int verbose,
    * serialise size-changing direct I/O) and no read meets end of file. */
   if (ftruncate(d->fd, (off_t)budget) != 0)
     sgm__log(verbose, 1, "cannot size the spill file in %s to %s (%s): spilling may be slower",
-             dir, sgm__fmt_bytes(budget, b, sizeof b), strerror(errno));
+             d->dir, sgm__fmt_bytes(budget, b, sizeof b), strerror(errno));
   rc = sgm__suballoc_create(DISK_ALIGN, &d->sa);
   if (rc != SGM_OK) goto out_free;
   rc = sgm__suballoc_add_range(d->sa, 0, budget);
   if (rc != SGM_OK) goto out_free;
-  sgm__log(verbose, 2, "disk tier: spill file in %s (%s), limit %s, %s I/O", dir, d->fs_name,
+  sgm__log(verbose, 2, "disk tier: spill file in %s (%s), limit %s, %s I/O", d->dir, d->fs_name,
            sgm__fmt_bytes(budget, b, sizeof b),
            d->io == SGM_DISK_IO_DIRECT ? "direct" : "buffered");
   *out = d;
@@ -725,15 +756,17 @@ static int disk_io_error(sgm_disk *d, bool writing, int err, uint64_t n, uint64_
                            "below the free space, or set SGM_SPILL_DIR to a larger file system"
                          : "the data stays where it was; check the disk (dmesg) or set "
                            "SGM_SPILL_DIR to another file system";
+  /* The errno and the hint first: the paths after them are the part a
+   * message cut at SGM_ERROR_MAX can lose. */
   return sgm__error_set(SGM_ERR_IO,
-                        "spill %s of %s at offset %llu failed after %s: %s; spill file in %s on "
-                        "%s (%s free of %s), SGM_SPILL_LIMIT %s with %s spilled now; %s",
+                        "spill %s of %s at offset %llu failed after %s: %s; %s (spill file in %s "
+                        "on %s, %s free of %s, SGM_SPILL_LIMIT %s with %s spilled now)",
                         writing ? "write" : "read", sgm__fmt_bytes(n, a, sizeof a),
-                        (unsigned long long)off, sgm__fmt_bytes(done, b, sizeof b), why, d->dir,
-                        d->fs_name, sgm__fmt_bytes(free_bytes, fr, sizeof fr),
+                        (unsigned long long)off, sgm__fmt_bytes(done, b, sizeof b), why, hint,
+                        d->dir, d->fs_name, sgm__fmt_bytes(free_bytes, fr, sizeof fr),
                         sgm__fmt_bytes(total, c, sizeof c),
                         sgm__fmt_bytes(d->limit_bytes, l, sizeof l),
-                        sgm__fmt_bytes(used, u, sizeof u), hint);
+                        sgm__fmt_bytes(used, u, sizeof u));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -771,7 +804,10 @@ int sgm__disk_write(sgm_disk *d, const void *src, uint64_t n, sgm_disk_extent *o
   d->used_bytes += size;
   if (d->used_bytes > d->peak_used_bytes) d->peak_used_bytes = d->used_bytes;
   d->n_live++;
-  if (d->fault_countdown && --d->fault_countdown == 0) {
+  if (d->fault_countdown == UINT64_MAX) {
+    x.kind = d->fault_kind; /* every write fails, until disarmed */
+    x.state = x.kind == SGM_DISK_FAULT_NONE ? DISK_FAULT_OFF : DISK_FAULT_ARMED;
+  } else if (d->fault_countdown && --d->fault_countdown == 0) {
     x.kind = d->fault_kind;
     x.state = x.kind == SGM_DISK_FAULT_NONE ? DISK_FAULT_OFF : DISK_FAULT_ARMED;
     d->fault_kind = SGM_DISK_FAULT_NONE;

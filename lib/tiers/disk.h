@@ -81,7 +81,8 @@ const char *sgm__disk_fs_name(const sgm_disk *d);
 
 /* Testing: make the nth sgm__disk_write from now (1 = the next one) fail the
  * given way: ENOSPC or EIO from the first write call, or SHORT (half the
- * data written, then no progress). nth 0 or kind NONE = off. One-shot. */
+ * data written, then no progress). nth 0 or kind NONE = off. One-shot;
+ * nth UINT64_MAX: every write from now fails (a full file system). */
 typedef enum sgm_disk_fault {
   SGM_DISK_FAULT_NONE,
   SGM_DISK_FAULT_ENOSPC,

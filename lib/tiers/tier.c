@@ -79,6 +79,7 @@ typedef struct tier_block {
   void *handle;                /* that stream's handle, to record events on it */
   int state;                   /* TIER_LIVE or TIER_CACHED (atomic; changed under the shard lock) */
   int cls;                     /* its size class, -1 when its size is no class's */
+  bool own;                    /* taken by sgm__tier_alloc for sgm itself: user frees refuse it */
   sgm_stream_ref *rec;         /* streams named by sgm_record_stream (malloc'd), NULL if none */
   size_t n_rec;                /* entries in rec */
   struct tier_block *hnext;    /* chain in the live map */
@@ -156,7 +157,8 @@ struct sgm_tier_pool {
   uint64_t room_bytes;        /* budget - held, read without the lock (atomic; written under it) */
   bool budget_lowered;        /* set_budget went below committed: committed may exceed it */
   unsigned n_growing;         /* chunks being taken from the backend right now */
-  pthread_cond_t grown;       /* broadcast when a chunk taking finishes */
+  unsigned n_releasing;       /* chunks detached and being returned right now (still committed) */
+  pthread_cond_t grown;       /* broadcast when a chunk taking finishes or a release ends */
   tier_stream *streams;       /* streams with bags */
   uint64_t bag_bytes;         /* bytes in bags and deferred frees */
   size_t n_bagged;            /* blocks in bags and deferred frees (atomic: read as a hint) */
@@ -300,12 +302,12 @@ static void tier_map_remove(sgm_tier_pool *p, tier_block *b) {
 }
 
 /* Move ptr's block from LIVE to CACHED; NULL when ptr is no live block. */
-static tier_block *tier_map_take_live(sgm_tier_pool *p, sgm_devptr ptr) {
+static tier_block *tier_map_take_live(sgm_tier_pool *p, sgm_devptr ptr, bool own) {
   uint64_t h = tier_hash(ptr);
   tier_shard *s = tier_shard_of(p, h);
   tier_spin_lock(&s->lock);
   tier_block *b = s->buckets ? tier_map_find_locked(s, ptr, h) : NULL;
-  if (b && __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) == TIER_LIVE)
+  if (b && b->own == own && __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) == TIER_LIVE)
     __atomic_store_n(&b->state, TIER_CACHED, __ATOMIC_RELAXED);
   else b = NULL;
   tier_spin_unlock(&s->lock);
@@ -753,6 +755,7 @@ static size_t tier_detach_free_locked(sgm_tier_pool *p, uint64_t now_ms, uint64_
     }
   }
   p->n_chunks = w;
+  p->n_releasing += (unsigned)k; /* committed until tier_release_chunks drops them */
   *out = list;
   return k;
 }
@@ -765,12 +768,37 @@ static uint64_t tier_release_chunks(sgm_tier_pool *p, sgm_chunk *list, size_t n)
     bytes += list[i].bytes;
   }
   free(list);
-  if (bytes) {
+  if (n) {
     sgm__lock_take(&p->lock);
     p->committed_bytes -= bytes;
+    p->n_releasing -= (unsigned)n;
+    /* Growers that found the budget held by these chunks look again. */
+    pthread_cond_broadcast(&p->grown);
     sgm__lock_drop(&p->lock);
   }
   return bytes;
+}
+
+/* Take a chunk of `bytes` for a block of `need` bytes from the backend (pool
+ * lock not held). When the driver refuses it for lack of memory (other
+ * processes use the GPU too, or the budget is larger than the card's free
+ * memory), the chunk is retried at half the size, rounded up to the 64 KiB
+ * granule, down to the smallest chunk the block fits in: only a request the
+ * device cannot hold even alone is an out-of-memory (and may then fall back
+ * one tier down). out->bytes is the size taken. */
+static int tier_take_chunk(sgm_tier_pool *p, uint64_t bytes, uint64_t need, sgm_chunk *out) {
+  uint64_t floor = sgm__align_up(need, TIER_DEDICATED_GRANULE);
+  if (floor > bytes) floor = bytes;
+  for (;;) {
+    int rc = p->p.ops->chunk_alloc(p, bytes, out);
+    if (rc != SGM_ERR_NOMEM || bytes <= floor) return rc;
+    uint64_t half = sgm__align_up(bytes / 2, TIER_DEDICATED_GRANULE);
+    char a[32], b[32];
+    sgm__log(p->p.verbose, 2, "%s: the device refused a %s chunk (%s); retrying with %s",
+             sgm_tier_name(p->p.tier), sgm__fmt_bytes(bytes, a, sizeof a), sgm_last_error(),
+             sgm__fmt_bytes(half > floor ? half : floor, b, sizeof b));
+    bytes = half > floor ? half : floor;
+  }
 }
 
 /* The message for a chunk the backend would not give. */
@@ -834,7 +862,7 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
     if (sgm__suballoc_try_alloc(p->sa, need, &off, &got)) {
       *b = (tier_block){.ptr = off, .bytes = got, .asked = asked, .key = ref ? ref->key : 0,
                         .handle = ref ? ref->handle : NULL, .state = TIER_LIVE,
-                        .cls = tier_class_exact(got)};
+                        .cls = tier_class_exact(got), .own = ref == NULL};
       if (!tier_map_insert(p, b)) {
         uint64_t sz;
         sgm__suballoc_free(p->sa, off, &sz);
@@ -852,9 +880,10 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
     if (!p->p.growth) break;
     bool dedicated = false;
     uint64_t chunk = tier_next_chunk_locked(p, need, &dedicated);
-    if (chunk == 0 && p->n_growing > 0) {
-      /* The budget is held by chunks other threads are taking right now: one
-       * of them may have room for this block. Wait for it, then look again. */
+    if (chunk == 0 && (p->n_growing > 0 || p->n_releasing > 0)) {
+      /* The budget is held by chunks other threads are taking right now (one
+       * of them may have room for this block) or giving back (a trim: their
+       * bytes are committed until the backend has them). Wait, look again. */
       pthread_cond_wait(&p->grown, &p->lock.mu);
       round--;
       continue;
@@ -877,11 +906,18 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
     p->n_growing++;
     sgm__lock_drop(&p->lock);
     sgm_chunk c = {0};
-    int rc = p->p.ops->chunk_alloc(p, chunk, &c);
+    int rc = tier_take_chunk(p, chunk, need, &c);
     if (rc == SGM_OK) c.dedicated = dedicated;
     sgm__lock_take(&p->lock);
     p->n_growing--;
     pthread_cond_broadcast(&p->grown);
+    if (rc == SGM_OK && c.bytes < chunk) {
+      /* Got a smaller chunk: give back the budget reserved for the rest, and
+       * do not let the geometric series climb while the device is short. */
+      p->committed_bytes -= chunk - c.bytes;
+      if (!dedicated && p->n_geometric > 0) p->n_geometric--;
+      chunk = c.bytes;
+    }
     if (rc == SGM_OK) {
       rc = tier_add_chunk_locked(p, &c);
       if (rc != SGM_OK) {
@@ -1033,7 +1069,7 @@ int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *re
 
 int sgm__tier_free(sgm_tier_pool *p, sgm_devptr ptr, uint64_t *size_out) {
   *size_out = 0;
-  tier_block *b = tier_map_take_live(p, ptr);
+  tier_block *b = tier_map_take_live(p, ptr, true);
   /* Not ours: say so without a message; the caller tries the next tier and
    * composes the message only if no tier owns the pointer. */
   if (!b) return SGM_ERR_INVALID;
@@ -1090,7 +1126,7 @@ out_fail:
 }
 
 int sgm__tier_free_on(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_ref *ref) {
-  tier_block *b = tier_map_take_live(p, ptr);
+  tier_block *b = tier_map_take_live(p, ptr, false);
   if (sgm_unlikely(!b)) return SGM_ERR_INVALID;
   uint64_t asked = b->asked;
   b->key = ref->key;
@@ -1150,7 +1186,7 @@ int sgm__tier_record_stream(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_r
   tier_spin_lock(&s->lock);
   tier_block *b = s->buckets ? tier_map_find_locked(s, ptr, h) : NULL;
   int rc = SGM_OK;
-  if (!b || __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) != TIER_LIVE) {
+  if (!b || b->own || __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) != TIER_LIVE) {
     rc = SGM_ERR_INVALID;
   } else if (ref->key != b->key) {
     bool known = false;
@@ -1190,6 +1226,16 @@ bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr) {
   bool live = b && __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) == TIER_LIVE;
   tier_spin_unlock(&s->lock);
   return live;
+}
+
+bool sgm__tier_owns_own(sgm_tier_pool *p, sgm_devptr ptr) {
+  uint64_t h = tier_hash(ptr);
+  tier_shard *s = tier_shard_of(p, h);
+  tier_spin_lock(&s->lock);
+  tier_block *b = s->buckets ? tier_map_find_locked(s, ptr, h) : NULL;
+  bool own = b && b->own && __atomic_load_n(&b->state, __ATOMIC_RELAXED) == TIER_LIVE;
+  tier_spin_unlock(&s->lock);
+  return own;
 }
 
 /* ---- reclaim ---- */
@@ -1265,9 +1311,11 @@ static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode) {
     tier_job *j = &jobs[i];
     if (j->kind == TIER_JOB_SEAL) {
       j->ev = tier_event_get(p);
-      if (!j->ev || p->p.bops->event_record_on(p->p.be, j->ev, &j->ref) != SGM_OK) {
-        sgm__log(p->p.verbose, 1, "%s: cannot fence a stream's cache (%s); it stays with the "
-                 "stream", sgm_tier_name(p->p.tier), sgm_last_error());
+      int rrc = j->ev ? p->p.bops->event_record_on(p->p.be, j->ev, &j->ref) : SGM_ERR_BACKEND;
+      if (rrc != SGM_OK) {
+        /* A capturing stream (BUSY) keeps its cache until the capture ends. */
+        sgm__log(p->p.verbose, rrc == SGM_ERR_BUSY ? 3 : 1, "%s: cannot fence a stream's cache "
+                 "(%s); it stays with the stream", sgm_tier_name(p->p.tier), sgm_last_error());
         j->done = -1;
         continue;
       }
@@ -1473,7 +1521,7 @@ void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out) {
   sgm__lock_take(&p->lock);
   out->budget_bytes = p->p.budget_bytes;
   out->committed_bytes = p->committed_bytes;
-  out->n_chunks = p->n_chunks;
+  out->n_chunks = p->n_chunks + p->n_releasing; /* committed counts those being returned */
   int64_t used = (int64_t)__atomic_load_n(&p->used_bytes, __ATOMIC_RELAXED);
   int64_t live = __atomic_load_n(&p->n_live, __ATOMIC_RELAXED);
   uint64_t allocs = __atomic_load_n(&p->n_allocs, __ATOMIC_RELAXED);

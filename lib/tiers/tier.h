@@ -11,7 +11,9 @@
  *
  * Growth mode: chunks are taken on demand, geometrically growing from
  * growth_chunk_bytes; a block larger than the next chunk gets a chunk of its
- * own; committed bytes never exceed the budget. Reserve mode: one chunk of the
+ * own; committed bytes never exceed the budget. A chunk the device refuses for
+ * lack of memory is retried at halved sizes down to what the block needs
+ * before the allocation fails (and falls back a tier). Reserve mode: one chunk of the
  * whole budget is taken at create and kept until destroy.
  *
  * Stream-ordered caches (DESIGN.md §8 "Streams"). A block the user frees on a
@@ -123,6 +125,10 @@ size_t sgm__tier_reclaim(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_recl
 bool sgm__tier_has_cached(sgm_tier_pool *p);
 /* True when ptr is the start of a live (handed out) block of this pool. */
 bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr);
+/* True when ptr is the start of a live block sgm took for itself with
+ * sgm__tier_alloc (a buffer's storage): the user's sgm__tier_free_on and
+ * sgm__tier_record_stream refuse those as not theirs. */
+bool sgm__tier_owns_own(sgm_tier_pool *p, sgm_devptr ptr);
 /* Return cached blocks (waiting on the host for their streams' work) and then
  * wholly free chunks to the backend (growth mode only); bytes returned. */
 uint64_t sgm__tier_trim(sgm_tier_pool *p);

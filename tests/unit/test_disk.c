@@ -609,6 +609,49 @@ static void test_read_dead_extent(void **state) {
   sgm__disk_close(d);
 }
 
+/* Invariant (messages): a spill directory path of ~950 bytes is cut in the
+ * middle in messages, so the errno text and the hint after it survive the
+ * 1 KiB thread-local message: for a missing directory and for a write that fails with
+ * ENOSPC. And SGM_SPILL_LIMIT below one 4 KiB extent names the setting, not
+ * "free space there" (the disk is not what is short). */
+static void test_long_path_and_tiny_limit_messages(void **state) {
+  fixture *f = *state;
+  char path[SGM_PATH_MAX];
+  size_t n = (size_t)snprintf(path, sizeof path, "%s", f->dir);
+  char made[10][SGM_PATH_MAX];
+  for (int level = 0; level < 10; level++) {
+    n += (size_t)snprintf(path + n, sizeof path - n, "/%s%d",
+                          "a-rather-long-directory-name-for-a-spill-tier-of-a-cluster-job-xx"
+                          "xxxxxxxxxxxxxxxxxxxxxxx", level);
+    assert_int_equal(mkdir(path, 0700), 0);
+    snprintf(made[level], sizeof made[level], "%s", path);
+  }
+  assert_true(strlen(path) > 900);
+  char missing[SGM_PATH_MAX + 16];
+  snprintf(missing, sizeof missing, "%.*s/nope", (int)(SGM_PATH_MAX - 8), path);
+  sgm_disk *d = NULL;
+  assert_int_equal(sgm__disk_open(missing, abs_size(0), 0, &d), SGM_ERR_INVALID);
+  assert_non_null(strstr(sgm_last_error(), "No such file or directory"));
+  assert_non_null(strstr(sgm_last_error(), "set SGM_SPILL_DIR to an existing writable directory)"));
+  assert_non_null(strstr(sgm_last_error(), "/nope"));
+
+  d = open_disk(path, 4 * MiB, SGM_DISK_IO_AUTO);
+  unsigned char buf[8192];
+  memset(buf, 7, sizeof buf);
+  sgm_disk_extent e;
+  sgm__disk_inject(d, SGM_DISK_FAULT_ENOSPC, 1);
+  assert_int_equal(sgm__disk_write(d, buf, sizeof buf, &e), SGM_ERR_IO);
+  assert_non_null(strstr(sgm_last_error(), strerror(ENOSPC)));
+  assert_non_null(strstr(sgm_last_error(), "lower SGM_SPILL_LIMIT"));
+  sgm__disk_close(d);
+
+  assert_int_equal(sgm__disk_open(f->dir, abs_size(1024), 0, &d), SGM_ERR_INVALID);
+  assert_null(d);
+  assert_non_null(strstr(sgm_last_error(), "SGM_SPILL_LIMIT=1024 bytes"));
+  assert_null(strstr(sgm_last_error(), "free space there"));
+  for (int level = 9; level >= 0; level--) assert_int_equal(rmdir(made[level]), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_roundtrip_random, setup, teardown),
@@ -622,6 +665,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_open_errors, setup, teardown),
       cmocka_unit_test_setup_teardown(test_limit_resolution, setup, teardown),
       cmocka_unit_test_setup_teardown(test_read_dead_extent, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_long_path_and_tiny_limit_messages, setup, teardown),
   };
+  /* CMOCKA_FILTER=test_name runs one test (checking a test against old code). */
+  if (getenv("CMOCKA_FILTER")) cmocka_set_test_filter(getenv("CMOCKA_FILTER"));
   return cmocka_run_group_tests_name("disk", tests, NULL, NULL);
 }

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "test_util.h"
@@ -928,6 +929,31 @@ static void test_lazy_device_runs_work_only_while_waited_for(void **state) {
   CU_OK(cuStreamDestroy(s));
 }
 
+/* After fork() only the forking thread exists: the child's queued work still
+ * completes (its waiting thread runs it), on the child's own memory. */
+static void test_a_fork_child_runs_its_own_work(void **state) {
+  (void)state;
+  CUdeviceptr d = dev_alloc(4096);
+  CUstream s = stream_new(0);
+  CU_OK(cuMemsetD8Async(d, 0x21, 4096, s)); /* the parent's worker exists now */
+  CU_OK(cuStreamSynchronize(s));
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    int ok = cuMemsetD8Async(d, 0x22, 4096, s) == CUDA_SUCCESS &&
+             cuStreamSynchronize(s) == CUDA_SUCCESS &&
+             ((unsigned char *)(uintptr_t)d)[7] == 0x22;
+    _exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  assert_int_equal(((unsigned char *)(uintptr_t)d)[7], 0x21); /* the parent's memory */
+  CU_OK(cuStreamDestroy(s));
+  CU_OK(cuMemFree(d));
+}
+
 int main(void) {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
   const struct CMUnitTest tests[] = {
@@ -967,6 +993,7 @@ int main(void) {
       T(test_every_entry_point_counts_its_calls),
       T(test_stream_priorities_are_clamped_to_the_range),
       T(test_lazy_device_runs_work_only_while_waited_for),
+      T(test_a_fork_child_runs_its_own_work),
   };
 #undef T
   return cmocka_run_group_tests_name("fake_cuda", tests, NULL, NULL);

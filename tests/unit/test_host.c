@@ -1,5 +1,5 @@
 /*
- * test_host.c — the host machine (lib/backend/host.c): machine RAM from hwloc
+ * test_host.c — the host machine (lib/prim/host.c): machine RAM from hwloc
  * and the cgroup memory limit, read from fake /proc and /sys trees built in a
  * temporary directory for cgroup v2 and v1.
  */

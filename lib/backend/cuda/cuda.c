@@ -36,9 +36,9 @@
  * cuMemHostGetDevicePointer. Every live allocation and event is in a table so
  * that free() can check it and close() can return what was leaked.
  *
- * Copies run on the caller's stream, or on a non-blocking stream the backend
- * owns when the caller passes NULL, and are synchronised before copy()
- * returns, as the contract asks.
+ * Copies run on the caller's stream (never while it captures a graph), or on
+ * a non-blocking stream the backend owns when the caller passes NULL, and are
+ * synchronised before copy() returns, as the contract asks.
  *
  * Errors: every CUresult becomes an sgm_status (out of memory -> NOMEM, a bad
  * handle or value the caller passed -> INVALID, anything else -> BACKEND) and a
@@ -130,7 +130,9 @@ _Static_assert(sizeof(size_t) == sizeof(uint64_t), "sgm's CUDA backend needs a 6
   X(cuEventQuery, 2000)                \
   X(cuEventSynchronize, 2000)          \
   X(cuEventDestroy, 4000)              \
-  X(cuStreamWaitEvent, 3020)
+  X(cuStreamWaitEvent, 3020)           \
+  X(cuStreamIsCapturing, 10000)        \
+  X(cuThreadExchangeStreamCaptureMode, 10010)
 
 typedef struct cuda_table {
 #define CUDA_MEMBER(name, abi) PFN_##name##_v##abi pfn_##name;
@@ -249,7 +251,7 @@ typedef enum cuda_obj_kind {
 
 typedef struct cuda_obj {
   uint64_t key;          /* address or handle, as above */
-  uint64_t bytes;        /* size: device bytes asked for, host mapping length, 0 for events */
+  uint64_t bytes;        /* device bytes asked for, host mapping length; events: their CUstream */
   int kind;              /* cuda_obj_kind */
   struct cuda_obj *next; /* next in the hash chain */
 } cuda_obj;
@@ -262,6 +264,8 @@ struct sgm_backend {
   CUstream copy_stream;       /* non-blocking stream for copies the caller gave no stream for */
   int numa_node;              /* the GPU's NUMA node, -1 when unknown */
   int can_map_host;           /* CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY */
+  int can_register_host;      /* CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED */
+  char no_host_tier[256];     /* why pinned host memory is unavailable; "" = it is (under lock) */
   int verbose;                /* log level from the config */
   char pci_bus_id[32];        /* "0000:65:00.0" */
   char name[128];             /* the device's name, for messages */
@@ -330,6 +334,22 @@ static bool cuda_obj_remove_locked(sgm_backend *be, uint64_t key, int kind, uint
   return false;
 }
 
+/* The stream an event was last recorded on; false when event is not live. */
+static bool cuda_event_stream(sgm_backend *be, void *event, CUstream *stream) {
+  uint64_t key = (uint64_t)(uintptr_t)event;
+  bool found = false;
+  sgm__lock_take(&be->lock);
+  for (cuda_obj *o = be->buckets[cuda_obj_hash(key, be->n_buckets)]; o; o = o->next) {
+    if (o->key == key && o->kind == CUDA_OBJ_EVENT) {
+      *stream = (CUstream)(uintptr_t)o->bytes;
+      found = true;
+      break;
+    }
+  }
+  sgm__lock_drop(&be->lock);
+  return found;
+}
+
 static void cuda_count_call(sgm_backend *be) {
   __atomic_fetch_add(&be->c.n_calls, 1, __ATOMIC_RELAXED);
 }
@@ -394,6 +414,54 @@ static void cuda_log_failure(sgm_backend *be, CUresult r, const char *op, const 
            name);
 }
 
+/*
+ * Graph capture. A thread's memory calls (cuMemAlloc, cuMemFree,
+ * cuMemHostRegister/Unregister) would invalidate a capture in the default
+ * GLOBAL mode, whichever thread captures: they run in RELAXED mode, as
+ * PyTorch's allocator does around cudaMalloc. Events recorded on a capturing
+ * stream are graph nodes: they are never queried or waited on while that
+ * stream captures (cuda_capturing).
+ */
+/* Switch the calling thread to RELAXED; *prev is the mode to restore. */
+static CUresult cuda_relax(CUstreamCaptureMode *prev) {
+  *prev = CU_STREAM_CAPTURE_MODE_RELAXED;
+  return CU(cuThreadExchangeStreamCaptureMode)(prev);
+}
+
+/* Restore the mode cuda_relax replaced. A failure cannot be undone from here
+ * (the memory call is done): logged, like a failed context pop. */
+static void cuda_unrelax(sgm_backend *be, CUstreamCaptureMode prev, const char *op) {
+  if (prev == CU_STREAM_CAPTURE_MODE_RELAXED) return;
+  CUresult r = CU(cuThreadExchangeStreamCaptureMode)(&prev);
+  if (r != CUDA_SUCCESS)
+    sgm__log(be->verbose, 1, "CUDA: %s: restoring the thread's capture mode failed; it stays "
+             "relaxed", op);
+}
+
+/* 1 when `stream` captures now (or the driver says the legacy stream is
+ * implicitly part of another thread's capture): work recorded there is not
+ * work that completes, and asking about it would invalidate the capture.
+ * 0 when not; a negative status (message set) when the driver fails. */
+static int cuda_capturing(CUstream stream, const char *op) {
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUresult r = CU(cuStreamIsCapturing)(stream, &st);
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) return 1;
+  if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuStreamIsCapturing", CUDA_BLAME_CALLER);
+  return st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* The event was last recorded into a capture that has ended: it stands for
+ * graph nodes, never for work that completes, and the driver refuses to
+ * query it (CUDA_ERROR_CAPTURED_EVENT). What sgm asks it — has the work
+ * queued before the free or release finished? — is answered by recording it
+ * again on the same stream now, after the stream's real work, and asking
+ * (wait: waiting for) that record. */
+static CUresult cuda_rerecord_captured(void *event, CUstream stream, bool wait) {
+  CUresult r = CU(cuEventRecord)((CUevent)event, stream);
+  if (r != CUDA_SUCCESS) return r;
+  return wait ? CU(cuEventSynchronize)((CUevent)event) : CU(cuEventQuery)((CUevent)event);
+}
+
 static int cuda_open(const sgm_config *cfg, sgm_backend **out) {
   *out = NULL;
   pthread_once(&cuda_drv_once, cuda_load);
@@ -454,10 +522,20 @@ static int cuda_open(const sgm_config *cfg, sgm_backend **out) {
     goto out_free;
   }
   r = CU(cuDeviceGetAttribute)(&be->can_map_host, CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, be->dev);
+  if (r == CUDA_SUCCESS)
+    r = CU(cuDeviceGetAttribute)(&be->can_register_host,
+                                 CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED, be->dev);
   if (r != CUDA_SUCCESS) {
     rc = cuda_fail(r, op, "cuDeviceGetAttribute", CUDA_BLAME_DRIVER);
     goto out_free;
   }
+  /* Known at open: every host_alloc then says why, without a driver call. */
+  if (!be->can_map_host)
+    snprintf(be->no_host_tier, sizeof be->no_host_tier, "cannot map host memory into its address "
+             "space (CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY is 0)");
+  else if (!be->can_register_host)
+    snprintf(be->no_host_tier, sizeof be->no_host_tier, "does not support registering host "
+             "memory (CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED is 0)");
   r = CU(cuDevicePrimaryCtxRetain)(&be->ctx, be->dev);
   if (r != CUDA_SUCCESS) {
     rc = cuda_fail(r, op, "cuDevicePrimaryCtxRetain", CUDA_BLAME_DRIVER);
@@ -504,6 +582,8 @@ static void cuda_close(sgm_backend *be) {
              (unsigned long long)be->c.n_device_live, (unsigned long long)be->c.n_host_live,
              (unsigned long long)be->c.n_events_live);
   /* No other thread may use the backend now: walk the table without the lock. */
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (entered && cuda_relax(&mode) != CUDA_SUCCESS) mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   for (size_t i = 0; i < be->n_buckets; i++) {
     for (cuda_obj *o = be->buckets[i], *next; o; o = next) {
       next = o->next;
@@ -527,6 +607,7 @@ static void cuda_close(sgm_backend *be) {
       free(o);
     }
   }
+  cuda_unrelax(be, mode, op);
   if (entered) {
     CUresult r = CU(cuStreamDestroy)(be->copy_stream);
     if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuStreamDestroy");
@@ -540,6 +621,7 @@ static void cuda_close(sgm_backend *be) {
 }
 
 static int cuda_mem_info(sgm_backend *be, uint64_t *free_bytes, uint64_t *total_bytes) {
+  sgm__lock_assert_none_held();
   *free_bytes = 0;
   *total_bytes = 0;
   cuda_count_call(be);
@@ -557,6 +639,7 @@ static int cuda_mem_info(sgm_backend *be, uint64_t *free_bytes, uint64_t *total_
 }
 
 static int cuda_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
+  sgm__lock_assert_none_held();
   *out = 0;
   cuda_count_call(be);
   if (bytes == 0) return sgm__error_set(SGM_ERR_INVALID, "CUDA: device_alloc of 0 bytes");
@@ -567,7 +650,14 @@ static int cuda_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
   int rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
   CUdeviceptr p = 0;
-  CUresult r = CU(cuMemAlloc)(&p, (size_t)bytes);
+  CUstreamCaptureMode mode;
+  CUresult r = cuda_relax(&mode);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuThreadExchangeStreamCaptureMode", CUDA_BLAME_DRIVER);
+    goto out_leave;
+  }
+  r = CU(cuMemAlloc)(&p, (size_t)bytes);
+  cuda_unrelax(be, mode, op);
   if (r != CUDA_SUCCESS) {
     rc = cuda_fail(r, op, "cuMemAlloc", CUDA_BLAME_DRIVER);
     goto out_leave;
@@ -580,7 +670,10 @@ static int cuda_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
   }
   sgm__lock_drop(&be->lock);
   if (!added) {
-    r = CU(cuMemFree)(p);
+    if (cuda_relax(&mode) == CUDA_SUCCESS) {
+      r = CU(cuMemFree)(p);
+      cuda_unrelax(be, mode, op);
+    }
     if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
     rc = sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
     goto out_leave;
@@ -592,6 +685,7 @@ out_leave:
 }
 
 static void cuda_device_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
+  sgm__lock_assert_none_held();
   if (!ptr) return;
   const char *op = "freeing device memory";
   uint64_t known = 0;
@@ -613,40 +707,91 @@ static void cuda_device_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
     sgm__log(be->verbose, 1, "CUDA: %s: %s", op, sgm_last_error());
     return;
   }
-  CUresult r = CU(cuMemFree)((CUdeviceptr)ptr);
-  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
+  CUstreamCaptureMode mode;
+  CUresult r = cuda_relax(&mode);
+  if (r == CUDA_SUCCESS) {
+    r = CU(cuMemFree)((CUdeviceptr)ptr);
+    cuda_unrelax(be, mode, op);
+    if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
+  } else {
+    cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
+  }
   cuda_leave(be, pushed, op);
+}
+
+/* The message for a device without pinned host memory: what the device or
+ * driver refused, and what that means for the user. */
+static int cuda_no_host_tier_error(const sgm_backend *be, const char *why) {
+  return sgm__error_set(SGM_ERR_UNSUPPORTED,
+                        "CUDA: device %d (%s) %s, so sgm has no shared GPU memory tier on it: "
+                        "allocations past the VRAM budget fail instead of spilling to pinned host "
+                        "memory (lower the VRAM use, or run where the driver may register host "
+                        "memory: not under a hypervisor, container or confidential-computing mode "
+                        "that forbids it)", be->ordinal, be->name, why);
+}
+
+/* True (message set) when the shared tier is known to be unavailable. */
+static bool cuda_host_tier_unavailable(sgm_backend *be) {
+  char why[sizeof be->no_host_tier];
+  sgm__lock_take(&be->lock);
+  memcpy(why, be->no_host_tier, sizeof why);
+  sgm__lock_drop(&be->lock);
+  if (!why[0]) return false;
+  cuda_no_host_tier_error(be, why);
+  return true;
+}
+
+/* cuMemHostRegister said NOT_SUPPORTED or NOT_PERMITTED: that will not change
+ * for this process, so it is remembered and every later host_alloc fails at
+ * once with the same message. */
+static int cuda_host_register_refused(sgm_backend *be, CUresult r) {
+  const char *name = NULL;
+  if (CU(cuGetErrorName)(r, &name) != CUDA_SUCCESS || !name) name = "unknown CUresult";
+  sgm__lock_take(&be->lock);
+  snprintf(be->no_host_tier, sizeof be->no_host_tier, "refused to register host memory "
+           "(cuMemHostRegister: %s: %s)", name,
+           r == CUDA_ERROR_NOT_PERMITTED ? "not permitted here" : "not supported on this system");
+  char why[sizeof be->no_host_tier];
+  memcpy(why, be->no_host_tier, sizeof why);
+  sgm__lock_drop(&be->lock);
+  sgm__log(be->verbose, 1, "CUDA: device %d: %s; the shared GPU memory tier is off", be->ordinal,
+           why);
+  return cuda_no_host_tier_error(be, why);
 }
 
 static int cuda_host_alloc(sgm_backend *be, uint64_t bytes, int numa_node, void **host_out,
                            sgm_devptr *dev_out) {
+  sgm__lock_assert_none_held();
   *host_out = NULL;
   *dev_out = 0;
   cuda_count_call(be);
   if (bytes == 0) return sgm__error_set(SGM_ERR_INVALID, "CUDA: host_alloc of 0 bytes");
-  if (!be->can_map_host)
-    return sgm__error_set(SGM_ERR_UNSUPPORTED, "CUDA: device %d (%s) cannot map host memory, so "
-                          "it has no shared GPU memory tier", be->ordinal, be->name);
+  if (cuda_host_tier_unavailable(be)) return SGM_ERR_UNSUPPORTED;
   uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
   if (bytes > SIZE_MAX - page) return sgm__error_set(SGM_ERR_NOMEM, "CUDA: host_alloc size too large");
   size_t len = (size_t)sgm__align_up(bytes, page);
   char op[64];
   char b[32];
   snprintf(op, sizeof op, "pinning %s of host memory", sgm__fmt_bytes(len, b, sizeof b));
-  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
-    int e = errno;
-    return sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: mmap failed: %s", op, strerror(e));
-  }
-  /* Bind before the driver faults the pages in to pin them: they then land on
-   * the node (the caller's choice, else the GPU's own). */
-  int node = numa_node >= 0 ? numa_node : be->numa_node;
-  if (node >= 0 && numa_available() >= 0 && node <= numa_max_node())
-    numa_tonode_memory(p, len, node);
+  /* The caller's node, else the GPU's own: preferred, not bound. */
+  void *p = NULL;
+  int rc = sgm__host_map_pinnable(len, numa_node >= 0 ? numa_node : be->numa_node, &p);
+  if (rc != SGM_OK) return rc;
   bool pushed;
-  int rc = cuda_enter(be, op, &pushed);
+  rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) goto out_unmap;
-  CUresult r = CU(cuMemHostRegister)(p, len, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
+  CUstreamCaptureMode mode;
+  CUresult r = cuda_relax(&mode);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuThreadExchangeStreamCaptureMode", CUDA_BLAME_DRIVER);
+    goto out_leave;
+  }
+  r = CU(cuMemHostRegister)(p, len, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
+  cuda_unrelax(be, mode, op);
+  if (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_NOT_PERMITTED) {
+    rc = cuda_host_register_refused(be, r);
+    goto out_leave;
+  }
   if (r != CUDA_SUCCESS) {
     rc = cuda_fail(r, op, "cuMemHostRegister", CUDA_BLAME_DRIVER);
     goto out_leave;
@@ -674,7 +819,11 @@ static int cuda_host_alloc(sgm_backend *be, uint64_t bytes, int numa_node, void 
   return SGM_OK;
 
 out_unregister:
-  r = CU(cuMemHostUnregister)(p);
+  r = cuda_relax(&mode);
+  if (r == CUDA_SUCCESS) {
+    r = CU(cuMemHostUnregister)(p);
+    cuda_unrelax(be, mode, op);
+  }
   if (r != CUDA_SUCCESS) {
     /* Still pinned by the driver: unmapping it would leave the driver a
      * dangling registration; leak the mapping instead. */
@@ -690,6 +839,7 @@ out_unmap:
 }
 
 static void cuda_host_free(sgm_backend *be, void *host, uint64_t bytes) {
+  sgm__lock_assert_none_held();
   if (!host) return;
   const char *op = "unpinning host memory";
   uint64_t len = 0;
@@ -711,10 +861,17 @@ static void cuda_host_free(sgm_backend *be, void *host, uint64_t bytes) {
     sgm__log(be->verbose, 1, "CUDA: %s: %s; the memory stays pinned", op, sgm_last_error());
     return;
   }
-  CUresult r = CU(cuMemHostUnregister)(host);
+  CUstreamCaptureMode mode;
+  CUresult r = cuda_relax(&mode);
+  const char *call = "cuThreadExchangeStreamCaptureMode";
+  if (r == CUDA_SUCCESS) {
+    call = "cuMemHostUnregister";
+    r = CU(cuMemHostUnregister)(host);
+    cuda_unrelax(be, mode, op);
+  }
   cuda_leave(be, pushed, op);
   if (r != CUDA_SUCCESS) {
-    cuda_log_failure(be, r, op, "cuMemHostUnregister");
+    cuda_log_failure(be, r, op, call);
     return; /* never unmap what the driver may still have pinned */
   }
   munmap(host, len);
@@ -722,6 +879,7 @@ static void cuda_host_free(sgm_backend *be, void *host, uint64_t bytes) {
 
 static int cuda_copy(sgm_backend *be, sgm_copy_kind kind, uint64_t dst, uint64_t src, uint64_t n,
                      void *stream) {
+  sgm__lock_assert_none_held();
   cuda_count_call(be);
   if (kind > SGM_COPY_DEVICE_TO_DEVICE)
     return sgm__error_set(SGM_ERR_INVALID, "CUDA: bad copy kind %d", (int)kind);
@@ -734,6 +892,14 @@ static int cuda_copy(sgm_backend *be, sgm_copy_kind kind, uint64_t dst, uint64_t
   bool pushed;
   int rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
+  /* Only the caller's stream can be capturing (sgm's own never is). */
+  if (stream && (rc = cuda_capturing(s, op)) != 0) {
+    cuda_leave(be, pushed, op);
+    if (rc < 0) return rc;
+    return sgm__error_set(SGM_ERR_BUSY, "CUDA: %s: the stream the buffer was last used on is "
+                          "capturing a CUDA graph, so the copy would be captured instead of run; "
+                          "end the capture first", op);
+  }
   CUresult r;
   const char *call;
   switch (kind) {
@@ -773,6 +939,7 @@ static void cuda_counters(sgm_backend *be, sgm_backend_counters *out) {
 }
 
 static int cuda_event_record(sgm_backend *be, void *stream, void **event_out) {
+  sgm__lock_assert_none_held();
   *event_out = NULL;
   cuda_count_call(be);
   const char *op = "recording an event";
@@ -792,7 +959,8 @@ static int cuda_event_record(sgm_backend *be, void *stream, void **event_out) {
     goto out_destroy;
   }
   sgm__lock_take(&be->lock);
-  bool added = cuda_obj_add_locked(be, (uint64_t)(uintptr_t)ev, 0, CUDA_OBJ_EVENT);
+  bool added = cuda_obj_add_locked(be, (uint64_t)(uintptr_t)ev, (uint64_t)(uintptr_t)stream,
+                                   CUDA_OBJ_EVENT);
   if (added) be->c.n_events_live++;
   sgm__lock_drop(&be->lock);
   if (!added) {
@@ -815,10 +983,21 @@ static int cuda_event_query(sgm_backend *be, void *event) {
   cuda_count_call(be);
   if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_query of a NULL event");
   const char *op = "querying an event";
+  CUstream stream = NULL;
+  if (!cuda_event_stream(be, event, &stream))
+    return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_query of %p, which this backend did not "
+                          "record", event);
   bool pushed;
   int rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
+  /* Recorded into a capture that goes on: not complete before it ends. */
+  rc = cuda_capturing(stream, op);
+  if (rc != 0) {
+    cuda_leave(be, pushed, op);
+    return rc < 0 ? rc : 0;
+  }
   CUresult r = CU(cuEventQuery)((CUevent)event);
+  if (r == CUDA_ERROR_CAPTURED_EVENT) r = cuda_rerecord_captured(event, stream, false);
   cuda_leave(be, pushed, op);
   if (r == CUDA_SUCCESS) return 1;
   if (r == CUDA_ERROR_NOT_READY) return 0;
@@ -826,13 +1005,27 @@ static int cuda_event_query(sgm_backend *be, void *event) {
 }
 
 static int cuda_event_wait(sgm_backend *be, void *event) {
+  sgm__lock_assert_none_held();
   cuda_count_call(be);
   if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_wait on a NULL event");
   const char *op = "waiting for an event";
+  CUstream stream = NULL;
+  if (!cuda_event_stream(be, event, &stream))
+    return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_wait on %p, which this backend did not "
+                          "record", event);
   bool pushed;
   int rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
+  rc = cuda_capturing(stream, op);
+  if (rc != 0) {
+    cuda_leave(be, pushed, op);
+    if (rc < 0) return rc;
+    return sgm__error_set(SGM_ERR_BUSY, "CUDA: %s: the event's stream is capturing a CUDA graph; "
+                          "its work runs when the graph is launched, so it cannot be waited for "
+                          "now (end the capture first)", op);
+  }
   CUresult r = CU(cuEventSynchronize)((CUevent)event);
+  if (r == CUDA_ERROR_CAPTURED_EVENT) r = cuda_rerecord_captured(event, stream, true);
   cuda_leave(be, pushed, op);
   if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuEventSynchronize", CUDA_BLAME_CALLER);
   return SGM_OK;
@@ -929,17 +1122,41 @@ out_leave:
   return rc;
 }
 
+/* Refuse (SGM_ERR_BUSY) to record on or wait from a stream that captures a
+ * CUDA graph: the record would be a graph node, not work that completes, and
+ * a wait would pull the other stream into the capture (or break it). */
+static int cuda_refuse_capturing(CUstream s, const char *op) {
+  int rc = cuda_capturing(s, op);
+  if (rc <= 0) return rc;
+  return sgm__error_set(SGM_ERR_BUSY, "CUDA: %s: the stream is capturing a CUDA graph; memory "
+                        "does not cross streams during a capture", op);
+}
+
 static int cuda_event_record_on(sgm_backend *be, void *event, const sgm_stream_ref *stream) {
   cuda_count_call(be);
   if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_record_on of a NULL event");
   const char *op = "recording a pooled event";
+  CUstream s = cuda_stream_handle(stream);
   for (int attempt = 0;; attempt++) {
     bool pushed;
     int rc = cuda_enter(be, op, &pushed);
     if (rc != SGM_OK) return rc;
-    CUresult r = CU(cuEventRecord)((CUevent)event, cuda_stream_handle(stream));
+    rc = cuda_refuse_capturing(s, op);
+    if (rc != SGM_OK) {
+      cuda_leave(be, pushed, op);
+      return rc;
+    }
+    CUresult r = CU(cuEventRecord)((CUevent)event, s);
     cuda_leave(be, pushed, op);
-    if (r == CUDA_SUCCESS) return SGM_OK;
+    if (r == CUDA_SUCCESS) {
+      /* event_query and event_wait look up the stream it was recorded on. */
+      uint64_t key = (uint64_t)(uintptr_t)event;
+      sgm__lock_take(&be->lock);
+      for (cuda_obj *o = be->buckets[cuda_obj_hash(key, be->n_buckets)]; o; o = o->next)
+        if (o->key == key && o->kind == CUDA_OBJ_EVENT) o->bytes = (uint64_t)(uintptr_t)s;
+      sgm__lock_drop(&be->lock);
+      return SGM_OK;
+    }
     if (attempt == 0 && cuda_context_error(r)) continue;
     return cuda_fail(r, op, "cuEventRecord", CUDA_BLAME_CALLER);
   }
@@ -949,11 +1166,17 @@ static int cuda_stream_wait_event(sgm_backend *be, const sgm_stream_ref *stream,
   cuda_count_call(be);
   if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: stream_wait_event on a NULL event");
   const char *op = "ordering a stream after an event";
+  CUstream s = cuda_stream_handle(stream);
   for (int attempt = 0;; attempt++) {
     bool pushed;
     int rc = cuda_enter(be, op, &pushed);
     if (rc != SGM_OK) return rc;
-    CUresult r = CU(cuStreamWaitEvent)(cuda_stream_handle(stream), (CUevent)event, 0);
+    rc = cuda_refuse_capturing(s, op);
+    if (rc != SGM_OK) {
+      cuda_leave(be, pushed, op);
+      return rc;
+    }
+    CUresult r = CU(cuStreamWaitEvent)(s, (CUevent)event, 0);
     cuda_leave(be, pushed, op);
     if (r == CUDA_SUCCESS) return SGM_OK;
     if (attempt == 0 && cuda_context_error(r)) continue;

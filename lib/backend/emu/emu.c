@@ -5,9 +5,10 @@
  * is its own anonymous mapping, committed by the OS only when touched, and the
  * device's free memory is the fixed size minus what is allocated. The rest of
  * sgm never dereferences these addresses except through copy(), as on a real
- * GPU. Pinned host memory is real: mapped, bound to the requested NUMA node
- * with libnuma, and page-locked with mlock, so the shared tier's commit cost
- * and RLIMIT_MEMLOCK behaviour are the real ones. Its device address is its
+ * GPU. Pinned host memory is real: mapped as the CUDA backend maps it
+ * (sgm__host_map_pinnable: NUMA node preferred, MADV_DONTFORK) and page-locked
+ * with mlock, so the shared tier's commit cost and RLIMIT_MEMLOCK behaviour
+ * are the real ones. Its device address is its
  * host address (unified addressing).
  *
  * Fault injection for tests: with emu_fail_at = N > 0, the Nth fallible call
@@ -20,7 +21,6 @@
  */
 #include <errno.h>
 #include <numa.h>
-#include <numaif.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -35,7 +35,7 @@
 #define EMU_PAGE 4096u
 
 struct sgm_backend {
-  pthread_mutex_t mu;          /* guards everything below */
+  sgm_lock mu;                 /* guards everything below (rank SGM_LOCK_BACKEND) */
   uint64_t total_bytes;        /* the emulated device's memory size */
   uint64_t fail_at;            /* fail the call with this number; 0 = never */
   int verbose;                 /* log level from the config */
@@ -52,9 +52,9 @@ typedef struct emu_event {
 
 /* Count one fallible call; true when the fault knob says this one fails. */
 static bool emu_inject(sgm_backend *be) {
-  pthread_mutex_lock(&be->mu);
+  sgm__lock_take(&be->mu);
   uint64_t n = ++be->c.n_calls;
-  pthread_mutex_unlock(&be->mu);
+  sgm__lock_drop(&be->mu);
   return be->fail_at != 0 && n == be->fail_at;
 }
 
@@ -69,7 +69,7 @@ static int emu_open(const sgm_config *cfg, sgm_backend **out) {
                           (unsigned long long)cfg->emu_vram_bytes, SGM_DEVICE_ALIGN);
   sgm_backend *be = calloc(1, sizeof *be);
   if (!be) return sgm__error_set(SGM_ERR_NOMEM, "emulated device: out of host memory");
-  pthread_mutex_init(&be->mu, NULL);
+  sgm__lock_init(&be->mu, SGM_LOCK_BACKEND);
   be->total_bytes = cfg->emu_vram_bytes;
   be->fail_at = cfg->emu_fail_at;
   be->verbose = cfg->verbose;
@@ -90,36 +90,38 @@ static void emu_close(sgm_backend *be) {
     be->events = ev->next;
     free(ev);
   }
-  pthread_mutex_destroy(&be->mu);
+  sgm__lock_destroy(&be->mu);
   free(be);
 }
 
 static int emu_mem_info(sgm_backend *be, uint64_t *free_bytes, uint64_t *total_bytes) {
+  sgm__lock_assert_none_held();
   *free_bytes = 0;
   *total_bytes = 0;
   if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (mem_info)");
-  pthread_mutex_lock(&be->mu);
+  sgm__lock_take(&be->mu);
   *free_bytes = be->total_bytes - be->c.device_live_bytes;
   *total_bytes = be->total_bytes;
-  pthread_mutex_unlock(&be->mu);
+  sgm__lock_drop(&be->mu);
   return SGM_OK;
 }
 
 static uint64_t emu_accounted(uint64_t bytes) { return sgm__align_up(bytes, SGM_DEVICE_ALIGN); }
 
 static int emu_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
+  sgm__lock_assert_none_held();
   *out = 0;
   if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (device_alloc)");
   if (bytes == 0) return sgm__error_set(SGM_ERR_INVALID, "emulated device: device_alloc of 0 bytes");
   uint64_t acc = emu_accounted(bytes);
-  pthread_mutex_lock(&be->mu);
+  sgm__lock_take(&be->mu);
   bool fits = acc <= be->total_bytes - be->c.device_live_bytes;
   if (fits) {
     be->c.device_live_bytes += acc;
     be->c.n_device_live++;
   }
   uint64_t free_now = be->total_bytes - be->c.device_live_bytes;
-  pthread_mutex_unlock(&be->mu);
+  sgm__lock_drop(&be->mu);
   if (!fits) {
     char a[32], f[32];
     return sgm__error_set(SGM_ERR_NOMEM, "emulated device: out of memory allocating %s (%s free)",
@@ -130,10 +132,10 @@ static int emu_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
     int e = errno;
-    pthread_mutex_lock(&be->mu);
+    sgm__lock_take(&be->mu);
     be->c.device_live_bytes -= acc;
     be->c.n_device_live--;
-    pthread_mutex_unlock(&be->mu);
+    sgm__lock_drop(&be->mu);
     return sgm__error_set(SGM_ERR_NOMEM, "emulated device: mmap of %llu bytes failed: %s",
                           (unsigned long long)bytes, strerror(e));
   }
@@ -142,36 +144,33 @@ static int emu_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
 }
 
 static void emu_device_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
+  sgm__lock_assert_none_held();
   if (!ptr) return;
   munmap((void *)(uintptr_t)ptr, sgm__align_up(bytes, EMU_PAGE));
-  pthread_mutex_lock(&be->mu);
+  sgm__lock_take(&be->mu);
   sgm_assert(be->c.n_device_live > 0 && be->c.device_live_bytes >= emu_accounted(bytes));
   be->c.device_live_bytes -= emu_accounted(bytes);
   be->c.n_device_live--;
-  pthread_mutex_unlock(&be->mu);
+  sgm__lock_drop(&be->mu);
 }
 
 static int emu_host_alloc(sgm_backend *be, uint64_t bytes, int numa_node, void **host_out,
                           sgm_devptr *dev_out) {
+  sgm__lock_assert_none_held();
   *host_out = NULL;
   *dev_out = 0;
   if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (host_alloc)");
   if (bytes == 0) return sgm__error_set(SGM_ERR_INVALID, "emulated device: host_alloc of 0 bytes");
   size_t len = sgm__align_up(bytes, EMU_PAGE);
-  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
-    int e = errno;
-    return sgm__error_set(SGM_ERR_NOMEM, "pinned host memory: mmap of %zu bytes failed: %s", len,
-                          strerror(e));
-  }
   /* "The device's node": an emulated device sits next to the calling CPU. */
   if (numa_node < 0 && numa_available() >= 0) {
     int cpu = sched_getcpu();
     numa_node = cpu >= 0 ? numa_node_of_cpu(cpu) : -1;
   }
-  /* Bind before the pages are touched, so mlock faults them in on that node. */
-  if (numa_node >= 0 && numa_available() >= 0 && numa_node <= numa_max_node())
-    numa_tonode_memory(p, len, numa_node);
+  /* Placed (by preference) before mlock faults the pages in. */
+  void *p = NULL;
+  int rc = sgm__host_map_pinnable(len, numa_node, &p);
+  if (rc != SGM_OK) return rc;
   if (mlock(p, len) != 0) {
     int e = errno;
     munmap(p, len);
@@ -186,29 +185,31 @@ static int emu_host_alloc(sgm_backend *be, uint64_t bytes, int numa_node, void *
         sgm__fmt_bytes(len, a, sizeof a), strerror(e),
         rl.rlim_cur == RLIM_INFINITY ? "unlimited" : sgm__fmt_bytes(rl.rlim_cur, l, sizeof l));
   }
-  pthread_mutex_lock(&be->mu);
+  sgm__lock_take(&be->mu);
   be->c.host_live_bytes += len;
   be->c.n_host_live++;
-  pthread_mutex_unlock(&be->mu);
+  sgm__lock_drop(&be->mu);
   *host_out = p;
   *dev_out = (sgm_devptr)(uintptr_t)p;
   return SGM_OK;
 }
 
 static void emu_host_free(sgm_backend *be, void *host, uint64_t bytes) {
+  sgm__lock_assert_none_held();
   if (!host) return;
   size_t len = sgm__align_up(bytes, EMU_PAGE);
   munlock(host, len);
   munmap(host, len);
-  pthread_mutex_lock(&be->mu);
+  sgm__lock_take(&be->mu);
   sgm_assert(be->c.n_host_live > 0 && be->c.host_live_bytes >= len);
   be->c.host_live_bytes -= len;
   be->c.n_host_live--;
-  pthread_mutex_unlock(&be->mu);
+  sgm__lock_drop(&be->mu);
 }
 
 static int emu_copy(sgm_backend *be, sgm_copy_kind kind, uint64_t dst, uint64_t src, uint64_t n,
                     void *stream) {
+  sgm__lock_assert_none_held();
   (void)stream; /* the emulated device completes every copy before returning */
   if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (copy)");
   if (kind > SGM_COPY_DEVICE_TO_DEVICE)
@@ -227,18 +228,19 @@ static int emu_copy(sgm_backend *be, sgm_copy_kind kind, uint64_t dst, uint64_t 
  */
 
 static int emu_event_record(sgm_backend *be, void *stream, void **event_out) {
+  sgm__lock_assert_none_held();
   *event_out = NULL;
   if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (event_record)");
   emu_event *ev = malloc(sizeof *ev);
   if (!ev) return sgm__error_set(SGM_ERR_NOMEM, "emulated device: out of host memory recording an event");
   ev->stream = stream;
   ev->prev = NULL;
-  pthread_mutex_lock(&be->mu);
+  sgm__lock_take(&be->mu);
   ev->next = be->events;
   if (be->events) be->events->prev = ev;
   be->events = ev;
   be->c.n_events_live++;
-  pthread_mutex_unlock(&be->mu);
+  sgm__lock_drop(&be->mu);
   *event_out = ev;
   return SGM_OK;
 }
@@ -250,6 +252,7 @@ static int emu_event_query(sgm_backend *be, void *event) {
 }
 
 static int emu_event_wait(sgm_backend *be, void *event) {
+  sgm__lock_assert_none_held();
   if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (event_wait)");
   if (!event) return sgm__error_set(SGM_ERR_INVALID, "emulated device: event_wait on a NULL event");
   return SGM_OK;
@@ -258,13 +261,13 @@ static int emu_event_wait(sgm_backend *be, void *event) {
 static void emu_event_destroy(sgm_backend *be, void *event) {
   if (!event) return;
   emu_event *ev = event;
-  pthread_mutex_lock(&be->mu);
+  sgm__lock_take(&be->mu);
   sgm_assert(be->c.n_events_live > 0);
   if (ev->prev) ev->prev->next = ev->next;
   else be->events = ev->next;
   if (ev->next) ev->next->prev = ev->prev;
   be->c.n_events_live--;
-  pthread_mutex_unlock(&be->mu);
+  sgm__lock_drop(&be->mu);
   free(ev);
 }
 
@@ -295,9 +298,9 @@ static int emu_stream_wait_event(sgm_backend *be, const sgm_stream_ref *stream, 
 }
 
 static void emu_counters(sgm_backend *be, sgm_backend_counters *out) {
-  pthread_mutex_lock(&be->mu);
+  sgm__lock_take(&be->mu);
   *out = be->c;
-  pthread_mutex_unlock(&be->mu);
+  sgm__lock_drop(&be->mu);
 }
 
 const sgm_backend_ops sgm__backend_emu_ops = {

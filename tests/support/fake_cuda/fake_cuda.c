@@ -109,8 +109,8 @@
  * (synchronize calls, control calls waiting for the worker to settle), another
  * wakes the worker. The worker runs an operation with the mutex dropped. The
  * context stack, the per-thread default streams and the capture mode are per
- * thread, as in CUDA. A fork child starts with no worker; one is started at
- * its first enqueue.
+ * thread, as in CUDA. A fork child gets no worker thread: its waiting threads
+ * (synchronize calls, settle) run the queued work themselves.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -282,6 +282,7 @@ static struct {
   pthread_cond_t work_cv;   /* new work, releases, unpause: wakes the worker */
   int worker_started;       /* the worker thread exists (in this process) */
   int worker_idle;          /* the worker found nothing runnable and sleeps */
+  int inline_worker;        /* no worker thread (a fork child): waiters run the work */
   int paused;               /* fake_cuda_pause: the worker runs nothing */
   int lazy;                 /* the worker runs work only while a host thread waits */
   int demand;               /* host threads waiting for work now (lazy mode) */
@@ -425,8 +426,15 @@ static void fake_read_env_locked(void) {
 static void fake_atfork_prepare(void) { pthread_mutex_lock(&F.mu); }
 static void fake_atfork_parent(void) { pthread_mutex_unlock(&F.mu); }
 static void fake_atfork_child(void) {
+  /* A thread started in a child of a threaded process is unsafe (and TSan
+   * refuses it): the child's waiters run its work themselves. */
+  F.inline_worker = 1;
   F.worker_started = 0;
   F.worker_idle = 0;
+  F.demand = 0;
+  /* An op the parent's worker was running is run again by the child's. */
+  for (struct CUstream_st *s = F.streams; s; s = s->next)
+    if (s->head) s->head->running = 0;
   pthread_mutex_unlock(&F.mu);
 }
 
@@ -681,6 +689,31 @@ static void fake_execute(fake_op *op, int poisoned) {
     memset((void *)op->dst, op->value, op->n);
 }
 
+/* Run op (runnable, taken by the caller): drops F.mu while it works. */
+static void fake_run_locked(fake_op *op) {
+  op->running = 1;
+  uint64_t delay = F.delay_us;
+  int poisoned = op->stream->ctx->sticky != CUDA_SUCCESS;
+  pthread_mutex_unlock(&F.mu);
+  if (delay > 0) {
+    struct timespec ts = {(time_t)(delay / 1000000), (long)(delay % 1000000) * 1000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+  }
+  fake_execute(op, poisoned);
+  pthread_mutex_lock(&F.mu);
+  struct CUstream_st *s = op->stream;
+  op->running = 0;
+  op->done = 1;
+  s->head = op->next;
+  if (!s->head) s->tail = NULL;
+  op->next = NULL;
+  op->stream = NULL;
+  fake_op_unref_locked(op); /* the queue's reference */
+  if (s->destroyed && !s->head) fake_free_stream_locked(s);
+  pthread_cond_broadcast(&F.cv);
+}
+
 static void *fake_worker(void *arg) {
   (void)arg;
   pthread_mutex_lock(&F.mu);
@@ -693,33 +726,26 @@ static void *fake_worker(void *arg) {
       continue;
     }
     F.worker_idle = 0;
-    op->running = 1;
-    uint64_t delay = F.delay_us;
-    int poisoned = op->stream->ctx->sticky != CUDA_SUCCESS;
-    pthread_mutex_unlock(&F.mu);
-    if (delay > 0) {
-      struct timespec ts = {(time_t)(delay / 1000000), (long)(delay % 1000000) * 1000};
-      while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-      }
-    }
-    fake_execute(op, poisoned);
-    pthread_mutex_lock(&F.mu);
-    struct CUstream_st *s = op->stream;
-    op->running = 0;
-    op->done = 1;
-    s->head = op->next;
-    if (!s->head) s->tail = NULL;
-    op->next = NULL;
-    op->stream = NULL;
-    fake_op_unref_locked(op); /* the queue's reference */
-    if (s->destroyed && !s->head) fake_free_stream_locked(s);
-    pthread_cond_broadcast(&F.cv);
+    fake_run_locked(op);
   }
   return NULL;
 }
 
+/* A waiter's turn: without a worker thread (a fork child) the waiter runs the
+ * next runnable op itself; else it sleeps until an op completes. */
+static void fake_wait_progress_locked(void) {
+  if (F.inline_worker) {
+    fake_op *op = fake_next_runnable_locked();
+    if (op) {
+      fake_run_locked(op);
+      return;
+    }
+  }
+  pthread_cond_wait(&F.cv, &F.mu);
+}
+
 static CUresult fake_start_worker_locked(void) {
-  if (F.worker_started) return CUDA_SUCCESS;
+  if (F.worker_started || F.inline_worker) return CUDA_SUCCESS;
   pthread_t t;
   pthread_attr_t attr;
   pthread_attr_init(&attr);
@@ -735,6 +761,8 @@ static CUresult fake_start_worker_locked(void) {
  * paused or waiting on held work is done. */
 static void fake_settle_locked(void) {
   F.demand++;
+  for (fake_op *op; F.inline_worker && (op = fake_next_runnable_locked()) != NULL;)
+    fake_run_locked(op);
   pthread_cond_broadcast(&F.work_cv);
   while (F.worker_started && (fake_next_runnable_locked() || !F.worker_idle)) {
     F.worker_idle = 0;
@@ -783,7 +811,7 @@ static void fake_wait_op_locked(fake_op *op) {
   if (!op) return;
   F.demand++; /* a lazy device runs while someone waits */
   pthread_cond_broadcast(&F.work_cv);
-  while (!op->done) pthread_cond_wait(&F.cv, &F.mu);
+  while (!op->done) fake_wait_progress_locked();
   F.demand--;
   fake_op_unref_locked(op);
 }
@@ -818,7 +846,7 @@ static void fake_wait_marker_locked(fake_op *m) {
   if (!m) return;
   F.demand++;
   pthread_cond_broadcast(&F.work_cv);
-  while (!fake_marker_done(m)) pthread_cond_wait(&F.cv, &F.mu);
+  while (!fake_marker_done(m)) fake_wait_progress_locked();
   F.demand--;
   fake_op_unref_locked(m);
 }

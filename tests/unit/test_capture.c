@@ -1,0 +1,213 @@
+/*
+ * test_capture.c — sgm under CUDA graph capture (issue 10 item 3), on
+ * SGM_BACKEND=cuda against the driver test double, which models capture as
+ * the driver does: in the default GLOBAL mode, a memory call (cuMemAlloc,
+ * cuMemHostRegister, ...) made while a capture goes on invalidates it;
+ * querying or waiting on an event last recorded into a capture fails
+ * (CUDA_ERROR_CAPTURED_EVENT), also after the capture ended. A capture
+ * that was invalidated fails at cuStreamEndCapture
+ * (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED): that is what each case checks last.
+ *
+ * What sgm guarantees (docs/frameworks.md, "CUDA graphs"):
+ *  - allocating while a stream captures, also when the pool must grow from
+ *    the driver (VRAM chunk, pinned shared chunk), leaves the capture valid;
+ *  - a block freed on a capturing stream is reused by that stream inside the
+ *    capture (graph order), by other streams only after the capture ended;
+ *  - events recorded during a capture (a free, a buffer release) are never
+ *    queried while it goes on.
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda.h>
+
+#include "fake_cuda.h"
+#include "internal.h"
+#include "test_util.h"
+
+#define MiB (UINT64_C(1) << 20)
+
+#define FAKE_MEMBER(ret, name, params) ret(*name) params;
+static struct {
+  FAKE_CUDA_CONTROL(FAKE_MEMBER)
+} fc;
+/* The driver calls the test makes itself, as an application would. */
+static struct {
+  CUresult (*begin)(CUstream, CUstreamCaptureMode);
+  CUresult (*end)(CUstream, CUgraph *);
+  CUresult (*device_get)(CUdevice *, int);
+  CUresult (*retain)(CUcontext *, CUdevice);
+  CUresult (*release)(CUdevice);
+  CUresult (*push)(CUcontext);
+  CUresult (*pop)(CUcontext *);
+} drv;
+static void *fake_lib;
+
+static int load_fake(void **state) {
+  (void)state;
+  fake_lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!fake_lib) return -1;
+#define FAKE_LOOKUP(ret, name, params) *(void **)&fc.name = dlsym(fake_lib, #name);
+  FAKE_CUDA_CONTROL(FAKE_LOOKUP)
+#undef FAKE_LOOKUP
+  *(void **)&drv.begin = dlsym(fake_lib, "cuStreamBeginCapture_v2");
+  *(void **)&drv.end = dlsym(fake_lib, "cuStreamEndCapture");
+  *(void **)&drv.device_get = dlsym(fake_lib, "cuDeviceGet");
+  *(void **)&drv.retain = dlsym(fake_lib, "cuDevicePrimaryCtxRetain");
+  *(void **)&drv.release = dlsym(fake_lib, "cuDevicePrimaryCtxRelease_v2");
+  *(void **)&drv.push = dlsym(fake_lib, "cuCtxPushCurrent_v2");
+  *(void **)&drv.pop = dlsym(fake_lib, "cuCtxPopCurrent_v2");
+  if (!fc.fake_cuda_hold_events || !fc.fake_cuda_settle || !drv.begin || !drv.end || !drv.device_get || !drv.retain ||
+      !drv.release || !drv.push || !drv.pop) {
+    fprintf(stderr, "libcuda.so.1 is not the test double, or it has no capture model\n");
+    return -1;
+  }
+  fc.fake_cuda_reset();
+  return 0;
+}
+
+static int unload_fake(void **state) {
+  (void)state;
+  if (fake_lib) dlclose(fake_lib);
+  return 0;
+}
+
+/* A CUDA context on device 0 with a VRAM budget of vram_limit in growth mode
+ * (chunks come from the driver when the pool grows), and the primary context
+ * current on this thread so that the test can begin captures. */
+static sgm_context *make_ctx(const char *vram_limit, bool fallback) {
+  sgm_test_clean_env();
+  setenv("SGM_BACKEND", "cuda", 1);
+  setenv("SGM_VRAM_LIMIT", vram_limit, 1);
+  setenv("SGM_ALLOW_GROWTH", "on", 1);
+  setenv("SGM_SHARED_FALLBACK", fallback ? "on" : "off", 1);
+  sgm_context *ctx = NULL;
+  sgm_status rc = sgm_context_create(NULL, &ctx);
+  if (rc != SGM_OK) fprintf(stderr, "create: %s\n", sgm_last_error());
+  assert_int_equal(rc, SGM_OK);
+  CUdevice dev;
+  CUcontext cu;
+  assert_int_equal(drv.device_get(&dev, 0), CUDA_SUCCESS);
+  assert_int_equal(drv.retain(&cu, dev), CUDA_SUCCESS);
+  assert_int_equal(drv.push(cu), CUDA_SUCCESS);
+  return ctx;
+}
+
+static void destroy_ctx(sgm_context *ctx) {
+  sgm_context_destroy(ctx);
+  CUcontext cu;
+  assert_int_equal(drv.pop(&cu), CUDA_SUCCESS);
+  CUdevice dev;
+  assert_int_equal(drv.device_get(&dev, 0), CUDA_SUCCESS);
+  assert_int_equal(drv.release(dev), CUDA_SUCCESS);
+  assert_int_equal(fc.fake_cuda_live_allocations(), 0);
+}
+
+static void end_capture_valid(void *stream) {
+  CUgraph g = NULL;
+  CUresult r = drv.end((CUstream)stream, &g);
+  if (r != CUDA_SUCCESS)
+    fail_msg("the capture was invalidated by sgm (cuStreamEndCapture returned %d)", (int)r);
+  assert_non_null(g);
+}
+
+/* Invariant: allocations during a GLOBAL-mode capture that make the VRAM pool
+ * grow (cuMemAlloc) and then spill into a new pinned chunk (cuMemHostRegister)
+ * succeed and leave the capture valid. */
+static void test_alloc_growing_during_capture(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("4MiB", true);
+  void *s = fc.fake_cuda_stream_create();
+  assert_int_equal(drv.begin((CUstream)s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  void *v = sgm_alloc(ctx, 2 * MiB, s);
+  if (!v) fail_msg("alloc during capture failed: %s", sgm_last_error());
+  assert_int_equal(sgm_pointer_tier(ctx, v), SGM_TIER_VRAM);
+  void *h = sgm_alloc(ctx, 4 * MiB, s); /* past the VRAM budget: a new pinned chunk */
+  if (!h) fail_msg("fallback alloc during capture failed: %s", sgm_last_error());
+  assert_int_equal(sgm_pointer_tier(ctx, h), SGM_TIER_SHARED);
+  end_capture_valid(s);
+  sgm_free(ctx, h, s);
+  sgm_free(ctx, v, s);
+  fc.fake_cuda_stream_destroy(s);
+  destroy_ctx(ctx);
+}
+
+/* Invariant: a block freed on a capturing stream S is reused by S inside the
+ * capture, refused to stream B while the capture goes on (its event is a
+ * graph node: never queried, so the capture stays valid), and reusable by B
+ * once the capture ended. */
+static void test_free_during_capture_deferred(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("4MiB", false);
+  void *s = fc.fake_cuda_stream_create(), *b = fc.fake_cuda_stream_create();
+  void *p = sgm_alloc(ctx, 4 * MiB, s);
+  assert_non_null(p);
+  assert_int_equal(drv.begin((CUstream)s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  assert_int_equal(sgm_free_ex(ctx, p, s), SGM_OK);
+  assert_null(sgm_alloc(ctx, 4 * MiB, b)); /* B: not while S captures */
+  void *again = sgm_alloc(ctx, 4 * MiB, s); /* S itself: graph order holds */
+  assert_ptr_equal(again, p);
+  assert_int_equal(sgm_free_ex(ctx, again, s), SGM_OK);
+  assert_null(sgm_alloc(ctx, 4 * MiB, b));
+  assert_int_equal(sgm_trim(ctx), SGM_OK); /* trim reclaims too: no query either */
+  end_capture_valid(s);
+  /* The capture ended: B may have the block once S's real work queued before
+   * the free is done (the event is recorded again after it; the double runs
+   * it on its worker). */
+  void *q = sgm_alloc(ctx, 4 * MiB, b);
+  if (!q) {
+    fc.fake_cuda_settle();
+    q = sgm_alloc(ctx, 4 * MiB, b);
+  }
+  assert_ptr_equal(q, p);
+  sgm_free(ctx, q, b);
+  fc.fake_cuda_stream_destroy(b);
+  fc.fake_cuda_stream_destroy(s);
+  destroy_ctx(ctx);
+}
+
+/* Invariant: releasing a buffer on a capturing stream records its event into
+ * the capture without querying it; eviction (which asks whether the GPU work
+ * before the release is done) says BUSY while the capture goes on and moves
+ * the buffer once it ended. */
+static void test_buffer_release_during_capture(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("8MiB", true);
+  void *s = fc.fake_cuda_stream_create();
+  sgm_buffer *buf = NULL;
+  assert_int_equal(sgm_buffer_create(ctx, 1 * MiB, &buf), SGM_OK);
+  void *dptr = NULL;
+  assert_int_equal(sgm_buffer_acquire(buf, s, &dptr), SGM_OK);
+  assert_int_equal(drv.begin((CUstream)s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  assert_int_equal(sgm_buffer_release(buf, s), SGM_OK);
+  assert_int_equal(sgm_buffer_evict(buf, SGM_TIER_SHARED), SGM_ERR_BUSY);
+  end_capture_valid(s);
+  sgm_status rc = sgm_buffer_evict(buf, SGM_TIER_SHARED);
+  if (rc == SGM_ERR_BUSY) { /* the event, recorded again after the capture, runs on the worker */
+    fc.fake_cuda_settle();
+    rc = sgm_buffer_evict(buf, SGM_TIER_SHARED);
+  }
+  assert_int_equal(rc, SGM_OK);
+  assert_int_equal(sgm_buffer_tier(buf), SGM_TIER_SHARED);
+  sgm_buffer_destroy(buf);
+  fc.fake_cuda_stream_destroy(s);
+  destroy_ctx(ctx);
+}
+
+int main(void) {
+  void *probe = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!probe || !dlsym(probe, "fake_cuda_hold_events")) {
+    printf("# capture: the driver test double is not on LD_LIBRARY_PATH: skipped\n");
+    if (probe) dlclose(probe);
+    return 77;
+  }
+  dlclose(probe);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_alloc_growing_during_capture),
+      cmocka_unit_test(test_free_during_capture_deferred),
+      cmocka_unit_test(test_buffer_release_during_capture),
+  };
+  return cmocka_run_group_tests_name("capture", tests, load_fake, unload_fake);
+}
