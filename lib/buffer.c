@@ -22,7 +22,8 @@ void sgm__buffer_wait_locked(struct sgm_placement *pl, sgm_buffer *b) {
     /* The flag is set under the lock the owner needs to change the state,
      * so the owner's change sees it; a change between here and the sleep
      * makes the sleep return at once. */
-    __atomic_fetch_or(&b->state, SGM_BUF_WAITERS, __ATOMIC_RELAXED);
+    __atomic_store_n(&b->state, __atomic_load_n(&b->state, __ATOMIC_RELAXED) | SGM_BUF_WAITERS,
+                     __ATOMIC_RELAXED);
     sgm__lock_drop(&pl->lock);
     sgm__word_wait(&b->state, SGM_BUF_BUSY | SGM_BUF_WAITERS);
     __atomic_fetch_add(&pl->n_busy_wakeups, 1, __ATOMIC_RELAXED);

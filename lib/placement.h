@@ -118,9 +118,12 @@ static inline sgm_buf_state sgm__buffer_state(const sgm_buffer *b) {
 }
 
 /* Set b's state (pl->lock held) and wake the threads waiting for it. The
- * wake happens under the lock: a woken owner may destroy b right after. */
+ * wake happens under the lock: a woken owner may destroy b right after.
+ * A plain load and store, no read-modify-write: every writer of the word,
+ * the waiters' flag included, holds pl->lock. */
 static inline void sgm__buffer_set_state(sgm_buffer *b, sgm_buf_state s) {
-  uint32_t old = __atomic_exchange_n(&b->state, (uint32_t)s, __ATOMIC_RELEASE);
+  uint32_t old = __atomic_load_n(&b->state, __ATOMIC_RELAXED);
+  __atomic_store_n(&b->state, (uint32_t)s, __ATOMIC_RELEASE);
   if (sgm_unlikely(old & SGM_BUF_WAITERS)) sgm__word_wake_all(&b->state);
 }
 
@@ -186,8 +189,12 @@ void sgm__residency_unpin(struct sgm_placement *pl, sgm_buffer *b);
 /* b (RELEASED, resident, unlisted) enters its tier's policy: back from a pin
  * in the same instance (used: a hit; else restored), or new there. */
 void sgm__residency_put(struct sgm_placement *pl, sgm_buffer *b, bool used);
-/* b is being acquired: a use, for the policies that count uses (record). */
-void sgm__residency_record(struct sgm_placement *pl, const sgm_buffer *b);
+/* b is being acquired: a use, for the policies that count uses (record).
+ * Inline: one branch on every acquire when neither policy counts. */
+void sgm__residency_record_slow(struct sgm_placement *pl, const sgm_buffer *b);
+static inline void sgm__residency_record(struct sgm_placement *pl, const sgm_buffer *b) {
+  if (sgm_unlikely(pl->any_record)) sgm__residency_record_slow(pl, b);
+}
 /* Allocate size bytes in resident tier t (no lock held), evicting released
  * buffers while it does not fit (rule 2). cand: the newcomer the block is
  * for, which the VRAM policy may refuse (create, promote); NULL for plain

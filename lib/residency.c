@@ -116,8 +116,7 @@ void sgm__residency_put(struct sgm_placement *pl, sgm_buffer *b, bool used) {
   residency_count_listed(pl, b->tier, +1);
 }
 
-void sgm__residency_record(struct sgm_placement *pl, const sgm_buffer *b) {
-  if (!pl->any_record) return;
+void sgm__residency_record_slow(struct sgm_placement *pl, const sgm_buffer *b) {
   for (int t = 0; t < SGM_N_RESIDENT; t++)
     if (pl->record[t]) sgm__prio_record(pl->pol[t], b->priority, b->item.id);
 }

@@ -1057,9 +1057,12 @@ int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *re
     }
     rc = tier_carve(p, block, need, ref, &b);
   }
-  /* A failure is counted by the caller's next step (sgm__tier_alloc, after
-   * demotions), once per request. */
-  if (rc != SGM_OK) return rc;
+  /* Counted per attempt, as sgm__tier_alloc counts: a request retried after
+   * demotions may count more than once. */
+  if (rc != SGM_OK) {
+    __atomic_fetch_add(&p->n_failed, 1, __ATOMIC_RELAXED);
+    return rc;
+  }
   /* Fresh from the sub-allocator: counted as handed out (state is LIVE). */
   if (m) tier_mag_count(p, m, (int64_t)need);
   else tier_count_used(p, (int64_t)need, 1, 1, 0);

@@ -252,11 +252,25 @@ static void model_op_free(model_thread *t) {
   model_free_at(t, (int)sgm_test_rng_range(&t->rng, 0, (uint64_t)t->n_allocs - 1));
 }
 
+static model_buf *model_pick_buf(model_thread *t) {
+  if (t->n_bufs == 0) return NULL;
+  return &t->bufs[sgm_test_rng_range(&t->rng, 0, (uint64_t)t->n_bufs - 1)];
+}
+
 /* Pointers sgm did not hand out: refused, and nothing changes. */
 static void model_op_foreign_free(model_thread *t) {
   char on_stack[16];
   void *p = on_stack;
   model_alloc *a = NULL;
+  model_buf *m = t->sh->p->free_buffer_pointers ? model_pick_buf(t) : NULL;
+  if (m && m->dev) {
+    /* A buffer's block is not an allocation: sgm_free must refuse it. */
+    sgm_status rc = sgm_free_ex(t->sh->ctx, m->dev, NULL);
+    if (rc != SGM_ERR_INVALID)
+      model_fail(t, "sgm_free_ex of an acquired buffer's device pointer answered %s",
+                 sgm_status_string(rc));
+    return;
+  }
   if (t->n_allocs > 0) {
     a = &t->allocs[sgm_test_rng_range(&t->rng, 0, (uint64_t)t->n_allocs - 1)];
     if (a->size > 1) p = a->p + sgm_test_rng_range(&t->rng, 1, a->size - 1);
@@ -289,11 +303,6 @@ static void model_op_create(model_thread *t) {
   else if (!model_allowed_refusal(t, rc))
     model_fail(t, "first write of a new buffer: %s", sgm_status_string(rc));
   t->bufs[t->n_bufs++] = m;
-}
-
-static model_buf *model_pick_buf(model_thread *t) {
-  if (t->n_bufs == 0) return NULL;
-  return &t->bufs[sgm_test_rng_range(&t->rng, 0, (uint64_t)t->n_bufs - 1)];
 }
 
 static void model_range(model_thread *t, size_t size, size_t *off, size_t *n) {

@@ -48,6 +48,8 @@ typedef struct model_params {
   uint64_t shared_bytes;       /* the shared budget (SGM_SHARED_LIMIT); 0 = 4 MiB */
   uint64_t max_object_bytes;   /* largest allocation or buffer; 0 = 256 KiB */
   uint64_t idle_trim_ms;       /* SGM_IDLE_TRIM_MS; 0 = off */
+  bool free_buffer_pointers;   /* foreign frees also try an acquired buffer's device pointer,
+                                  which must be refused (issue 12, defect 2) */
   model_checkpoint_fn checkpoint; /* NULL = none */
   void *checkpoint_user;       /* its argument */
 } model_params;

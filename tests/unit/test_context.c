@@ -594,6 +594,8 @@ static void spy_chunk_free(sgm_tier_pool *p, const sgm_chunk *c) {
 }
 
 static const sgm_chunk_ops spy_chunk_ops = {spy_chunk_alloc, spy_chunk_free};
+/* The pool asks its backend only whether device work is synchronous: the spy's is. */
+static const sgm_backend_ops spy_backend_ops = {.name = "spy", .synchronous = true};
 
 /* Invariant (idle trim): while a free chunk is being returned, an allocation
  * that fits the budget waits for it instead of failing ("in use 0 B,
@@ -607,7 +609,8 @@ static void test_trim_does_not_fail_allocations(void **state) {
   pthread_cond_init(&g_spy.cond, NULL);
   g_spy.next_base = UINT64_C(1) << 40;
   sgm_tier_params tp = {
-      .tier = SGM_TIER_SHARED, .ops = &spy_chunk_ops, .budget_bytes = 64 * MiB, .growth = true,
+      .tier = SGM_TIER_SHARED, .ops = &spy_chunk_ops, .bops = &spy_backend_ops,
+      .budget_bytes = 64 * MiB, .growth = true,
       .growth_chunk_bytes = 64 * MiB, .max_chunk_bytes = 64 * MiB, .limit_hint = "test"};
   assert_int_equal(sgm__tier_create(&tp, &g_spy.pool), SGM_OK);
   sgm_devptr d = 0;
