@@ -383,32 +383,26 @@ static tier_block *tier_bag_take(tier_bag *g, int cls, uint64_t need) {
   return b;
 }
 
-/* Move every block of src into dst. */
-static void tier_bag_merge(tier_bag *dst, tier_bag *src) {
-  for (int c = -1; c < TIER_N_CLASSES; c++) {
-    tier_block **sh = c < 0 ? &src->large : &src->cls[c];
-    while (*sh) {
-      tier_block *b = *sh;
-      *sh = b->next;
-      tier_bag_push(dst, b);
-    }
-  }
-  src->bytes = 0;
-  src->n = 0;
-}
-
-static void tier_bag_release_locked(sgm_tier_pool *p, tier_bag *g) {
+/* Empty the bag, handing each block to `to`: into dst (a merge), or back to
+ * the sub-allocator (p, pool lock held). */
+static void tier_bag_drain(tier_bag *g, tier_bag *dst, sgm_tier_pool *p) {
   for (int c = -1; c < TIER_N_CLASSES; c++) {
     tier_block **sh = c < 0 ? &g->large : &g->cls[c];
     while (*sh) {
       tier_block *b = *sh;
       *sh = b->next;
-      tier_release_block_locked(p, b);
+      if (dst) tier_bag_push(dst, b);
+      else tier_release_block_locked(p, b);
     }
   }
   g->bytes = 0;
   g->n = 0;
 }
+
+/* Move every block of src into dst. */
+static void tier_bag_merge(tier_bag *dst, tier_bag *src) { tier_bag_drain(src, dst, NULL); }
+
+static void tier_bag_release_locked(sgm_tier_pool *p, tier_bag *g) { tier_bag_drain(g, NULL, p); }
 
 static tier_stream *tier_stream_find_locked(sgm_tier_pool *p, uint64_t key) {
   for (tier_stream *s = p->streams; s; s = s->next)
