@@ -264,7 +264,11 @@ typedef enum sgm_priority {
 /*
  * Create a released buffer of size bytes (contents undefined until written),
  * placed by the placement rules: VRAM if it fits (evicting released buffers),
- * else shared memory, else the disk tier. *out NULL on failure.
+ * else shared memory, else the disk tier. The caller owns the buffer until
+ * sgm_buffer_destroy (or sgm_context_destroy, which frees what is left).
+ * *out NULL on failure: SGM_ERR_INVALID (ctx or out NULL, size 0),
+ * SGM_ERR_NOMEM (nothing fits: the message names each tier's budget), or a
+ * backend/disk status from an eviction. Thread-safe.
  */
 SGM_API sgm_status sgm_buffer_create(sgm_context *ctx, size_t size, sgm_buffer **out);
 
@@ -282,6 +286,10 @@ SGM_API sgm_status sgm_buffer_acquire(sgm_buffer *b, void *stream, void **device
 /*
  * Unlock an acquired buffer. stream: where GPU work using it was queued (NULL =
  * the default stream); the buffer does not move before that work completes.
+ * Fails with SGM_ERR_INVALID when b is NULL or not acquired (nothing
+ * changes), or with the backend's status when the event cannot be recorded
+ * on stream: the buffer then stays acquired (nothing may move it) and the
+ * call may be retried. Call it from the thread that uses the buffer.
  */
 SGM_API sgm_status sgm_buffer_release(sgm_buffer *b, void *stream);
 
@@ -304,12 +312,21 @@ SGM_API sgm_status sgm_buffer_read(sgm_buffer *b, size_t offset, void *dst, size
 SGM_API sgm_status sgm_buffer_evict(sgm_buffer *b, sgm_tier to);
 
 /* Start making the buffer resident in VRAM on a worker thread (D3D12's
- * EnqueueMakeResident); returns at once. stream is unused for now. */
+ * EnqueueMakeResident); returns at once (a failure of the move itself is only
+ * logged). No-op for a buffer that is acquired, in VRAM or already queued.
+ * SGM_ERR_INVALID for NULL; SGM_ERR_NOMEM if the worker cannot start. stream
+ * is unused for now. */
 SGM_API sgm_status sgm_buffer_prefetch(sgm_buffer *b, void *stream);
 
-SGM_API sgm_status sgm_buffer_set_priority(sgm_buffer *b, int priority);
-/* The tier holding the buffer's data now; SGM_TIER_NONE for NULL. */
+/* Set the buffer's residency priority (default SGM_PRIORITY_NORMAL): at once
+ * for a released resident buffer, at its release for an acquired one.
+ * SGM_ERR_INVALID for NULL or a value outside SGM_PRIORITY_MINIMUM..MAXIMUM
+ * (nothing changes). */
+SGM_API sgm_status sgm_buffer_set_priority(sgm_buffer *b, sgm_priority priority);
+/* The tier holding the buffer's data now (a buffer being moved reports
+ * either end); SGM_TIER_NONE for NULL. Any thread. */
 SGM_API sgm_tier sgm_buffer_tier(const sgm_buffer *b);
+/* The size the buffer was created with; 0 for NULL. Any thread. */
 SGM_API size_t sgm_buffer_size(const sgm_buffer *b);
 /* Free the buffer wherever it lives (waits for a prefetch in flight). NULL is a no-op. */
 SGM_API void sgm_buffer_destroy(sgm_buffer *b);

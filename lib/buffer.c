@@ -259,12 +259,13 @@ SGM_API sgm_status sgm_buffer_evict(sgm_buffer *b, sgm_tier to) {
   return (sgm_status)rc;
 }
 
-SGM_API sgm_status sgm_buffer_set_priority(sgm_buffer *b, int priority) {
+SGM_API sgm_status sgm_buffer_set_priority(sgm_buffer *b, sgm_priority priority) {
   BUF_CHECK(b, "sgm_buffer_set_priority");
-  if (priority < SGM_PRIORITY_MINIMUM || priority > SGM_PRIORITY_MAXIMUM)
+  /* Compared as an int: a C caller may pass any value. */
+  if ((int)priority < SGM_PRIORITY_MINIMUM || (int)priority > SGM_PRIORITY_MAXIMUM)
     return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_set_priority: %d is not a "
                                       "priority (SGM_PRIORITY_MINIMUM 0 .. SGM_PRIORITY_MAXIMUM 4)",
-                                      priority);
+                                      (int)priority);
   struct sgm_placement *pl = b->ctx->pl;
   sgm__lock_take(&pl->lock);
   bool listed = b->listed, fresh = b->fresh;

@@ -383,32 +383,26 @@ static tier_block *tier_bag_take(tier_bag *g, int cls, uint64_t need) {
   return b;
 }
 
-/* Move every block of src into dst. */
-static void tier_bag_merge(tier_bag *dst, tier_bag *src) {
-  for (int c = -1; c < TIER_N_CLASSES; c++) {
-    tier_block **sh = c < 0 ? &src->large : &src->cls[c];
-    while (*sh) {
-      tier_block *b = *sh;
-      *sh = b->next;
-      tier_bag_push(dst, b);
-    }
-  }
-  src->bytes = 0;
-  src->n = 0;
-}
-
-static void tier_bag_release_locked(sgm_tier_pool *p, tier_bag *g) {
+/* Empty the bag, handing each block to `to`: into dst (a merge), or back to
+ * the sub-allocator (p, pool lock held). */
+static void tier_bag_drain(tier_bag *g, tier_bag *dst, sgm_tier_pool *p) {
   for (int c = -1; c < TIER_N_CLASSES; c++) {
     tier_block **sh = c < 0 ? &g->large : &g->cls[c];
     while (*sh) {
       tier_block *b = *sh;
       *sh = b->next;
-      tier_release_block_locked(p, b);
+      if (dst) tier_bag_push(dst, b);
+      else tier_release_block_locked(p, b);
     }
   }
   g->bytes = 0;
   g->n = 0;
 }
+
+/* Move every block of src into dst. */
+static void tier_bag_merge(tier_bag *dst, tier_bag *src) { tier_bag_drain(src, dst, NULL); }
+
+static void tier_bag_release_locked(sgm_tier_pool *p, tier_bag *g) { tier_bag_drain(g, NULL, p); }
 
 static tier_stream *tier_stream_find_locked(sgm_tier_pool *p, uint64_t key) {
   for (tier_stream *s = p->streams; s; s = s->next)
@@ -1314,9 +1308,11 @@ static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode) {
     tier_job *j = &jobs[i];
     if (j->kind == TIER_JOB_SEAL) {
       j->ev = tier_event_get(p);
-      if (!j->ev || p->p.bops->event_record_on(p->p.be, j->ev, &j->ref) != SGM_OK) {
-        sgm__log(p->p.verbose, 1, "%s: cannot fence a stream's cache (%s); it stays with the "
-                 "stream", sgm_tier_name(p->p.tier), sgm_last_error());
+      int rrc = j->ev ? p->p.bops->event_record_on(p->p.be, j->ev, &j->ref) : SGM_ERR_BACKEND;
+      if (rrc != SGM_OK) {
+        /* A capturing stream (BUSY) keeps its cache until the capture ends. */
+        sgm__log(p->p.verbose, rrc == SGM_ERR_BUSY ? 3 : 1, "%s: cannot fence a stream's cache "
+                 "(%s); it stays with the stream", sgm_tier_name(p->p.tier), sgm_last_error());
         j->done = -1;
         continue;
       }

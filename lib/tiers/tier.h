@@ -22,8 +22,9 @@
  * shared lock), then in the stream's bag under the pool lock. An allocation on
  * a stream takes its own stream's cached blocks with no driver call; another
  * stream gets them only through an event recorded on the owner and waited on
- * by the taker on the device (a transfer: two driver calls per owner stream,
- * covering every block it holds), and the sub-allocator gets them back (for every stream)
+ * by the taker on the device (a transfer: one record and one wait per owner
+ * stream, covering every block it holds; refused while either stream
+ * captures a CUDA graph), and the sub-allocator gets them back (for every stream)
  * only once a fence event recorded on the owner has been *seen* complete.
  * A synchronous backend has one stream for everything and no events.
  * "used" counts blocks handed out to the user; cached blocks are counted in
