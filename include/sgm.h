@@ -102,6 +102,7 @@ typedef struct sgm_config {
   uint64_t idle_trim_ms;          /* SGM_IDLE_TRIM_MS: free chunks idle this long go back; 0 = never */
   char policy_vram[SGM_NAME_MAX];   /* SGM_POLICY_VRAM: the VRAM tier's policy; "" = policy */
   char policy_shared[SGM_NAME_MAX]; /* SGM_POLICY_SHARED: the shared tier's policy; "" = policy */
+  uint64_t shared_chunk_bytes;    /* SGM_SHARED_CHUNK: first pinned chunk of the shared tier */
   /*
    * The first bad environment value sgm_config_init() met, as a message that
    * names the variable and the value; "" when all were good. A config whose
@@ -143,6 +144,13 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg, sgm_context **out);
  * Destroy a context and return all its memory to the driver. Pointers it
  * handed out become invalid. NULL is a no-op. No other thread may be using
  * the context.
+ *
+ * fork(): a context belongs to the process that created it. In a child, every
+ * call on an inherited context or its buffers fails with SGM_ERR_UNSUPPORTED
+ * ("created by process P before fork()"); create a new context in the child.
+ * The child's sgm_context_destroy (and sgm_buffer_destroy) of an inherited
+ * one touches nothing of the parent's: it closes the child's descriptor of the
+ * spill file and leaves the rest of the copy to the child's exit or exec.
  */
 SGM_API void sgm_context_destroy(sgm_context *ctx);
 
@@ -256,7 +264,11 @@ typedef enum sgm_priority {
 /*
  * Create a released buffer of size bytes (contents undefined until written),
  * placed by the placement rules: VRAM if it fits (evicting released buffers),
- * else shared memory, else the disk tier. *out NULL on failure.
+ * else shared memory, else the disk tier. The caller owns the buffer until
+ * sgm_buffer_destroy (or sgm_context_destroy, which frees what is left).
+ * *out NULL on failure: SGM_ERR_INVALID (ctx or out NULL, size 0),
+ * SGM_ERR_NOMEM (nothing fits: the message names each tier's budget), or a
+ * backend/disk status from an eviction. Thread-safe.
  */
 SGM_API sgm_status sgm_buffer_create(sgm_context *ctx, size_t size, sgm_buffer **out);
 
@@ -274,13 +286,22 @@ SGM_API sgm_status sgm_buffer_acquire(sgm_buffer *b, void *stream, void **device
 /*
  * Unlock an acquired buffer. stream: where GPU work using it was queued (NULL =
  * the default stream); the buffer does not move before that work completes.
+ * Fails with SGM_ERR_INVALID when b is NULL or not acquired (nothing
+ * changes), or with the backend's status when the event cannot be recorded
+ * on stream: the buffer then stays acquired (nothing may move it) and the
+ * call may be retried. Call it from the thread that uses the buffer.
  */
 SGM_API sgm_status sgm_buffer_release(sgm_buffer *b, void *stream);
 
 /* Copy n bytes from host memory into the buffer at offset / out of it, wherever
  * it lives (a disk-resident buffer is read back and verified). Bounds checked.
  * The copy follows the GPU work queued before the last release: the call
- * returns once that work and the copy are done. */
+ * returns once that work and the copy are done.
+ * A failed write leaves every byte outside [offset, offset + n) as it was; the
+ * bytes inside hold old or new data (a device copy may have run before its
+ * completion failed), except on a disk-resident buffer, which keeps all its old
+ * contents. A write covering the whole buffer succeeds even when its contents
+ * were lost (SGM_ERR_CORRUPT): it replaces them. */
 SGM_API sgm_status sgm_buffer_write(sgm_buffer *b, size_t offset, const void *src, size_t n);
 SGM_API sgm_status sgm_buffer_read(sgm_buffer *b, size_t offset, void *dst, size_t n);
 
@@ -291,12 +312,21 @@ SGM_API sgm_status sgm_buffer_read(sgm_buffer *b, size_t offset, void *dst, size
 SGM_API sgm_status sgm_buffer_evict(sgm_buffer *b, sgm_tier to);
 
 /* Start making the buffer resident in VRAM on a worker thread (D3D12's
- * EnqueueMakeResident); returns at once. stream is unused for now. */
+ * EnqueueMakeResident); returns at once (a failure of the move itself is only
+ * logged). No-op for a buffer that is acquired, in VRAM or already queued.
+ * SGM_ERR_INVALID for NULL; SGM_ERR_NOMEM if the worker cannot start. stream
+ * is unused for now. */
 SGM_API sgm_status sgm_buffer_prefetch(sgm_buffer *b, void *stream);
 
-SGM_API sgm_status sgm_buffer_set_priority(sgm_buffer *b, int priority);
-/* The tier holding the buffer's data now; SGM_TIER_NONE for NULL. */
+/* Set the buffer's residency priority (default SGM_PRIORITY_NORMAL): at once
+ * for a released resident buffer, at its release for an acquired one.
+ * SGM_ERR_INVALID for NULL or a value outside SGM_PRIORITY_MINIMUM..MAXIMUM
+ * (nothing changes). */
+SGM_API sgm_status sgm_buffer_set_priority(sgm_buffer *b, sgm_priority priority);
+/* The tier holding the buffer's data now (a buffer being moved reports
+ * either end); SGM_TIER_NONE for NULL. Any thread. */
 SGM_API sgm_tier sgm_buffer_tier(const sgm_buffer *b);
+/* The size the buffer was created with; 0 for NULL. Any thread. */
 SGM_API size_t sgm_buffer_size(const sgm_buffer *b);
 /* Free the buffer wherever it lives (waits for a prefetch in flight). NULL is a no-op. */
 SGM_API void sgm_buffer_destroy(sgm_buffer *b);

@@ -22,7 +22,8 @@ void sgm__buffer_wait_locked(struct sgm_placement *pl, sgm_buffer *b) {
     /* The flag is set under the lock the owner needs to change the state,
      * so the owner's change sees it; a change between here and the sleep
      * makes the sleep return at once. */
-    __atomic_fetch_or(&b->state, SGM_BUF_WAITERS, __ATOMIC_RELAXED);
+    __atomic_store_n(&b->state, __atomic_load_n(&b->state, __ATOMIC_RELAXED) | SGM_BUF_WAITERS,
+                     __ATOMIC_RELAXED);
     sgm__lock_drop(&pl->lock);
     sgm__word_wait(&b->state, SGM_BUF_BUSY | SGM_BUF_WAITERS);
     __atomic_fetch_add(&pl->n_busy_wakeups, 1, __ATOMIC_RELAXED);
@@ -54,7 +55,7 @@ void sgm__buffer_finish(struct sgm_placement *pl, sgm_buffer *b, sgm_buf_state t
 void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b) {
   uint64_t sz;
   if (b->tier == SGM_TIER_DISK) {
-    if (b->ext.bytes) sgm__disk_free(ctx->pl->disk, &b->ext);
+    sgm__migrate_disk_drop(ctx, b);
   } else {
     sgm__tier_free(ctx->tiers[b->tier], b->dptr, &sz);
   }
@@ -65,8 +66,8 @@ bool sgm__buffer_disk_offset(sgm_buffer *b, uint64_t *offset) {
   struct sgm_placement *pl = b->ctx->pl;
   sgm__lock_take(&pl->lock);
   sgm__buffer_wait_locked(pl, b); /* its mover owns ext */
-  bool on = b->tier == SGM_TIER_DISK && b->ext.bytes != 0;
-  *offset = on ? b->ext.offset : 0;
+  bool on = b->tier == SGM_TIER_DISK && b->ext && b->ext[0].bytes != 0;
+  *offset = on ? b->ext[0].offset : 0;
   sgm__lock_drop(&pl->lock);
   return on;
 }
@@ -81,15 +82,42 @@ static int buffer_lock_released(struct sgm_placement *pl, sgm_buffer *b, const c
   return sgm__error_set(SGM_ERR_BUSY, "%s: the buffer is acquired (release it first)", fn);
 }
 
-#define BUF_CHECK(b, what)                                                              \
-  do {                                                                                  \
-    if (!(b)) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, what ": buffer is NULL"); \
+int sgm__buffer_check(const sgm_buffer *b, const char *fn) {
+  if (!b) return sgm__error_set(SGM_ERR_INVALID, "%s: buffer is NULL", fn);
+  /* Only debug builds look: there a destroyed buffer's memory is kept a
+   * while (the graveyard), so reading it is defined; release builds free it. */
+  if (SGM_DEBUG >= 1 && sgm_unlikely(b->magic != SGM_BUFFER_LIVE))
+    return sgm__error_set(SGM_ERR_INVALID, "%s: %p is not a live buffer (%s)", fn, (const void *)b,
+                          b->magic == SGM_BUFFER_DEAD ? "it was destroyed" : "not from sgm_buffer_create");
+  if (sgm__context_forked(b->ctx)) return sgm__context_fork_error(b->ctx, fn);
+  return SGM_OK;
+}
+
+#define BUF_CHECK(b, what)                                   \
+  do {                                                       \
+    int check_rc_ = sgm__buffer_check((b), what);            \
+    if (check_rc_ != SGM_OK) return (sgm_status)check_rc_;   \
   } while (0)
+
+/* Debug builds: poison a destroyed buffer and keep its memory until 16 more
+ * were destroyed, so a second destroy (or any use) finds SGM_BUFFER_DEAD
+ * instead of reading freed memory. Returns what may be freed now. */
+static sgm_buffer *buffer_bury(struct sgm_placement *pl, sgm_buffer *b) {
+  b->magic = SGM_BUFFER_DEAD;
+  if (SGM_DEBUG < 1) return b;
+  sgm__lock_take(&pl->lock);
+  unsigned slot = pl->n_graveyard++ % (unsigned)(sizeof pl->graveyard / sizeof pl->graveyard[0]);
+  sgm_buffer *old = pl->graveyard[slot];
+  pl->graveyard[slot] = b;
+  sgm__lock_drop(&pl->lock);
+  return old;
+}
 
 SGM_API sgm_status sgm_buffer_create(sgm_context *ctx, size_t size, sgm_buffer **out) {
   if (!out) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_create: out is NULL");
   *out = NULL;
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_create: context is NULL");
+  if (sgm__context_forked(ctx)) return (sgm_status)sgm__context_fork_error(ctx, "sgm_buffer_create");
   if (size == 0)
     return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_create: size is 0 (ask for at least one byte)");
   struct sgm_placement *pl = ctx->pl;
@@ -97,6 +125,7 @@ SGM_API sgm_status sgm_buffer_create(sgm_context *ctx, size_t size, sgm_buffer *
   if (!b) return (sgm_status)sgm__error_set(SGM_ERR_NOMEM, "out of host memory for a buffer");
   b->ctx = ctx;
   b->size = size;
+  b->magic = SGM_BUFFER_LIVE;
   b->priority = SGM_PRIORITY_NORMAL;
   b->item.size_bytes = size;
   b->item.priority = SGM_PRIORITY_NORMAL;
@@ -108,6 +137,7 @@ SGM_API sgm_status sgm_buffer_create(sgm_context *ctx, size_t size, sgm_buffer *
     free(b);
     return (sgm_status)rc;
   }
+  __atomic_add_fetch(&pl->n_buffers, 1, __ATOMIC_RELAXED);
   sgm__lock_take(&pl->lock);
   sgm__buffer_set_state(b, SGM_BUF_RELEASED);
   if (b->tier < SGM_N_RESIDENT) sgm__residency_put(pl, b, false); /* fresh: created, not yet used */
@@ -173,7 +203,8 @@ SGM_API sgm_status sgm_buffer_release(sgm_buffer *b, void *stream) {
 }
 
 static int buffer_bounds(const sgm_buffer *b, size_t offset, const void *p, size_t n, const char *fn) {
-  if (!b) return sgm__error_set(SGM_ERR_INVALID, "%s: buffer is NULL", fn);
+  int rc = sgm__buffer_check(b, fn);
+  if (rc != SGM_OK) return rc;
   if (!p && n) return sgm__error_set(SGM_ERR_INVALID, "%s: host pointer is NULL", fn);
   if (offset > b->size || n > b->size - offset)
     return sgm__error_set(SGM_ERR_INVALID, "%s: offset %zu + %zu bytes is past the buffer's %llu bytes",
@@ -228,12 +259,13 @@ SGM_API sgm_status sgm_buffer_evict(sgm_buffer *b, sgm_tier to) {
   return (sgm_status)rc;
 }
 
-SGM_API sgm_status sgm_buffer_set_priority(sgm_buffer *b, int priority) {
+SGM_API sgm_status sgm_buffer_set_priority(sgm_buffer *b, sgm_priority priority) {
   BUF_CHECK(b, "sgm_buffer_set_priority");
-  if (priority < SGM_PRIORITY_MINIMUM || priority > SGM_PRIORITY_MAXIMUM)
+  /* Compared as an int: a C caller may pass any value. */
+  if ((int)priority < SGM_PRIORITY_MINIMUM || (int)priority > SGM_PRIORITY_MAXIMUM)
     return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_set_priority: %d is not a "
                                       "priority (SGM_PRIORITY_MINIMUM 0 .. SGM_PRIORITY_MAXIMUM 4)",
-                                      priority);
+                                      (int)priority);
   struct sgm_placement *pl = b->ctx->pl;
   sgm__lock_take(&pl->lock);
   bool listed = b->listed, fresh = b->fresh;
@@ -250,7 +282,7 @@ SGM_API sgm_status sgm_buffer_set_priority(sgm_buffer *b, int priority) {
 }
 
 SGM_API sgm_tier sgm_buffer_tier(const sgm_buffer *b) {
-  if (!b) return SGM_TIER_NONE;
+  if (sgm__buffer_check(b, "sgm_buffer_tier") != SGM_OK) return SGM_TIER_NONE;
   struct sgm_placement *pl = b->ctx->pl;
   sgm__lock_take(&pl->lock);
   sgm_tier t = __atomic_load_n(&b->tier, __ATOMIC_RELAXED); /* see sgm__buffer_set_tier */
@@ -262,7 +294,15 @@ SGM_API size_t sgm_buffer_size(const sgm_buffer *b) { return b ? (size_t)b->size
 
 SGM_API void sgm_buffer_destroy(sgm_buffer *b) {
   if (!b) return;
+  /* Destroying twice is a use after free: debug builds recognise it (the
+   * graveyard) and stop, as for any broken contract. */
+  if (SGM_DEBUG >= 1 && b->magic == SGM_BUFFER_DEAD)
+    sgm__assert_fail("sgm_buffer_destroy: this buffer was already destroyed", __FILE__, __LINE__);
+  sgm_assert(b->magic == SGM_BUFFER_LIVE);
   sgm_context *ctx = b->ctx;
+  /* A child's copy of its parent's buffer: nothing here is the child's to
+   * free (sgm_context_destroy explains); it goes with the child's exit. */
+  if (sgm__context_forked(ctx)) return;
   struct sgm_placement *pl = ctx->pl;
   sgm__lock_take(&pl->lock);
   sgm__buffer_take_locked(pl, b, SGM_TAKE_FREE);
@@ -271,9 +311,9 @@ SGM_API void sgm_buffer_destroy(sgm_buffer *b) {
   if (b->all_next) b->all_next->all_prev = b->all_prev;
   if (b->tier == SGM_TIER_DISK) {
     pl->n_disk_live--;
-    pl->disk_used_bytes -= b->size;
   }
   sgm__lock_drop(&pl->lock);
   sgm__buffer_free_storage(ctx, b);
-  free(b);
+  __atomic_sub_fetch(&pl->n_buffers, 1, __ATOMIC_RELAXED);
+  free(buffer_bury(pl, b));
 }

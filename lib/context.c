@@ -12,9 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "internal.h"
+#include "tiers/disk.h"
 #include "tiers/tier.h"
 
 /* The shared pool's floor, as Windows: max(RAM / 2, 64 MiB). */
@@ -117,23 +119,95 @@ static void context_stop_idle_thread(sgm_context *ctx) {
   sgm__lock_destroy(&ctx->idle_mu);
 }
 
-/* VRAM budget = device total × fraction, capped by SGM_VRAM_LIMIT and by
- * CUDA_DEVICE_MEMORY_LIMIT; aligned down to the device alignment. */
-static uint64_t context_vram_budget(const sgm_context *ctx) {
-  uint64_t total = ctx->device_total_bytes;
-  uint64_t b = (uint64_t)((double)total * ctx->vram_fraction);
-  if (b > total) b = total;
-  uint64_t cap = sgm__size_resolve(ctx->cfg.vram_limit, total, UINT64_MAX);
-  if (cap < b) b = cap;
-  if (ctx->cuda_memory_limit_bytes && ctx->cuda_memory_limit_bytes < b)
-    b = ctx->cuda_memory_limit_bytes;
-  return b & ~(uint64_t)(SGM_DEVICE_ALIGN - 1);
+/* ------------------------------------------------------------------------ */
+/* fork(). A child has one thread, copies of the parent's structures (possibly
+ * mid-update under a lock another thread held), the parent's spill file
+ * description and no usable device: nothing it does through an inherited
+ * context may touch them. A pthread_atfork child handler bumps the fork
+ * generation; every public entry compares it with the one its context was
+ * created in: one relaxed load on the hot path, no getpid(). */
+
+unsigned sgm__fork_generation;
+static pthread_once_t context_fork_once = PTHREAD_ONCE_INIT;
+
+static void context_atfork_child(void) {
+  __atomic_add_fetch(&sgm__fork_generation, 1, __ATOMIC_RELAXED);
 }
 
-static uint64_t context_shared_budget(const sgm_context *ctx) {
+static void context_fork_register(void) { pthread_atfork(NULL, NULL, context_atfork_child); }
+
+int sgm__context_fork_error(const sgm_context *ctx, const char *fn) {
+  return sgm__error_set(SGM_ERR_UNSUPPORTED,
+                        "%s: this context was created by process %ld before fork(); a child "
+                        "cannot use it (its memory, device and spill file belong to the parent). "
+                        "Create a new context in the child",
+                        fn, (long)ctx->owner_pid);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Budgets. Each resolves at create (the VRAM one also when a framework sets a
+ * memory fraction) and must hold at least one block: a budget below
+ * SGM_DEVICE_ALIGN (256 bytes, the granule of every allocation) can never
+ * hand anything out, so it is a mistake in the setting that made it so, and
+ * the message names that setting. The floor is one block and not more on
+ * purpose: sgm-replay simulates caches of a few KiB. */
+
+/* VRAM budget = device total × fraction, capped by SGM_VRAM_LIMIT and by
+ * CUDA_DEVICE_MEMORY_LIMIT; aligned down to the device alignment. *out = 0
+ * and SGM_ERR_INVALID naming the setting that brought it below one block. */
+static int context_vram_budget(const sgm_context *ctx, double fraction, const char *fraction_name,
+                               uint64_t *out) {
+  *out = 0;
+  uint64_t total = ctx->device_total_bytes;
+  /* In long double, so total = 2^64 - 1 cannot overflow the conversion back. */
+  long double want = (long double)total * (long double)fraction;
+  uint64_t b = want >= (long double)total ? total : (uint64_t)want;
+  const char *why = fraction_name;
+  uint64_t cap = sgm__size_resolve(ctx->cfg.vram_limit, total, UINT64_MAX);
+  if (cap < b) {
+    b = cap;
+    why = "SGM_VRAM_LIMIT";
+  }
+  if (ctx->cuda_memory_limit_bytes && ctx->cuda_memory_limit_bytes < b) {
+    b = ctx->cuda_memory_limit_bytes;
+    why = "CUDA_DEVICE_MEMORY_LIMIT";
+  }
+  b &= ~(uint64_t)(SGM_DEVICE_ALIGN - 1);
+  if (b < SGM_DEVICE_ALIGN) {
+    char t[32];
+    return sgm__error_set(SGM_ERR_INVALID,
+                          "the VRAM budget resolves to 0 bytes because of %s (device memory %s, "
+                          "fraction %g, SGM_VRAM_LIMIT %s, CUDA_DEVICE_MEMORY_LIMIT %llu bytes): a "
+                          "budget must hold at least one %d-byte block; raise %s",
+                          why, sgm__fmt_bytes(total, t, sizeof t), fraction,
+                          ctx->cfg.vram_limit.bytes || ctx->cfg.vram_limit.fraction ? "set" : "none",
+                          (unsigned long long)ctx->cuda_memory_limit_bytes, SGM_DEVICE_ALIGN, why);
+  }
+  *out = b;
+  return SGM_OK;
+}
+
+/* Shared budget = SGM_SHARED_LIMIT (bytes or % of RAM), else max(RAM / 2,
+ * 64 MiB). It is a cap: above physical RAM (when known) it is clamped to RAM
+ * with a warning, since no more can ever be pinned. */
+static int context_shared_budget(const sgm_context *ctx, uint64_t *out) {
   uint64_t ram = ctx->physical_ram_bytes;
   uint64_t dflt = ram / 2 > CONTEXT_SHARED_MIN_BYTES ? ram / 2 : CONTEXT_SHARED_MIN_BYTES;
-  return sgm__size_resolve(ctx->cfg.shared_limit, ram, dflt);
+  uint64_t b = sgm__size_resolve(ctx->cfg.shared_limit, ram, dflt);
+  char l[32], r[32];
+  if (ram && b > ram && (ctx->cfg.shared_limit.bytes || ctx->cfg.shared_limit.fraction)) {
+    sgm__log(ctx->cfg.verbose, 1, "SGM_SHARED_LIMIT (%s) is more than the physical RAM (%s): the "
+             "shared budget is clamped to %s", sgm__fmt_bytes(b, l, sizeof l),
+             sgm__fmt_bytes(ram, r, sizeof r), r);
+    b = ram;
+  }
+  *out = b & ~(uint64_t)(SGM_DEVICE_ALIGN - 1);
+  if (*out < SGM_DEVICE_ALIGN)
+    return sgm__error_set(SGM_ERR_INVALID, "SGM_SHARED_LIMIT resolves to %llu bytes (physical RAM "
+                          "%s): a budget must hold at least one %d-byte block; raise "
+                          "SGM_SHARED_LIMIT", (unsigned long long)b,
+                          sgm__fmt_bytes(ram, r, sizeof r), SGM_DEVICE_ALIGN);
+  return SGM_OK;
 }
 
 SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **out) {
@@ -145,14 +219,17 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
     sgm_config_init(&local);
     cfg_in = &local;
   }
-  if (cfg_in->error[0])
-    return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "%s", cfg_in->error);
+  /* cfg->error is read bounded, by validate: a program may hand a struct
+   * whose error field it never terminated. */
   int rc = sgm__options_validate(cfg_in);
   if (rc != SGM_OK) return (sgm_status)rc;
 
   sgm_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_NOMEM, "out of host memory creating a context");
   ctx->cfg = *cfg_in;
+  pthread_once(&context_fork_once, context_fork_register);
+  ctx->fork_generation = __atomic_load_n(&sgm__fork_generation, __ATOMIC_RELAXED);
+  ctx->owner_pid = getpid();
   ctx->vram_fraction = ctx->cfg.vram_fraction;
   sgm__options_tf_growth(ctx->cfg.verbose, &ctx->cfg.allow_growth);
   rc = sgm__options_cuda_memory_limit(ctx->cfg.device, &ctx->cuda_memory_limit_bytes);
@@ -165,8 +242,10 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   if (rc != SGM_OK) goto out_close;
   ctx->physical_ram_bytes = sgm__host_physical_ram("");
 
-  ctx->budget_bytes[SGM_TIER_VRAM] = context_vram_budget(ctx);
-  ctx->budget_bytes[SGM_TIER_SHARED] = context_shared_budget(ctx);
+  rc = context_vram_budget(ctx, ctx->vram_fraction, "SGM_VRAM_FRACTION",
+                           &ctx->budget_bytes[SGM_TIER_VRAM]);
+  if (rc == SGM_OK) rc = context_shared_budget(ctx, &ctx->budget_bytes[SGM_TIER_SHARED]);
+  if (rc != SGM_OK) goto out_close;
   /* The disk tier's budget is resolved by placement when it opens the spill
    * file (SGM_SPILL_LIMIT against the free space there); 0 = no disk tier. */
   ctx->budget_bytes[SGM_TIER_DISK] = 0;
@@ -192,6 +271,7 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   sp.ops = &sgm__shared_chunk_ops;
   sp.budget_bytes = ctx->budget_bytes[SGM_TIER_SHARED];
   sp.growth = true;
+  sp.growth_chunk_bytes = ctx->cfg.shared_chunk_bytes;
   sp.max_chunk_bytes = CONTEXT_SHARED_MAX_CHUNK;
   sp.limit_hint = "SGM_SHARED_LIMIT";
   rc = sgm__tier_create(&sp, &ctx->tiers[SGM_TIER_SHARED]);
@@ -229,8 +309,23 @@ out_free:
   return (sgm_status)rc;
 }
 
+/* The child's destroy of a context inherited through fork(): the parent's
+ * threads are not here to join, its locks may be held forever, its device
+ * memory and pinned chunks are not the child's to free and its spill extents
+ * must not be punched. Only the child's descriptor of the spill file is
+ * closed (a process-local act); the rest of the copy is left to the child's
+ * exit or exec, which is the only safe way to give it back. */
+static void context_destroy_forked(sgm_context *ctx) {
+  struct sgm_disk *d = ctx->pl ? sgm__placement_disk(ctx) : NULL;
+  if (d) close(sgm__disk_fd(d));
+}
+
 SGM_API void sgm_context_destroy(sgm_context *ctx) {
   if (!ctx) return;
+  if (sgm__context_forked(ctx)) {
+    context_destroy_forked(ctx);
+    return;
+  }
   context_stop_idle_thread(ctx);
   sgm__lock_destroy(&ctx->lock);
   sgm__placement_destroy(ctx);
@@ -271,6 +366,8 @@ static void *context_fallback(sgm_context *ctx, sgm_devptr d, size_t size) {
 
 SGM_API sgm_status sgm_set_fallback_callback(sgm_context *ctx, sgm_fallback_fn fn, void *user) {
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_set_fallback_callback: context is NULL");
+  if (sgm__context_forked(ctx))
+    return (sgm_status)sgm__context_fork_error(ctx, "sgm_set_fallback_callback");
   sgm__lock_take(&ctx->lock);
   ctx->fallback_user = fn ? user : NULL;
   __atomic_store_n(&ctx->fallback_fn, fn, __ATOMIC_RELEASE);
@@ -281,11 +378,16 @@ SGM_API sgm_status sgm_set_fallback_callback(sgm_context *ctx, sgm_fallback_fn f
 int sgm__context_set_vram_fraction(sgm_context *ctx, double fraction) {
   if (!(fraction > 0.0 && fraction <= 1.0))
     return sgm__error_set(SGM_ERR_INVALID, "memory fraction %g is outside (0, 1]", fraction);
+  if (sgm__context_forked(ctx)) return sgm__context_fork_error(ctx, "set_memory_fraction");
   sgm__lock_take(&ctx->lock);
-  ctx->vram_fraction = fraction; /* not cfg: sgm_context_config hands cfg out */
-  uint64_t budget = context_vram_budget(ctx);
-  ctx->budget_bytes[SGM_TIER_VRAM] = budget;
+  uint64_t budget = 0;
+  int rc = context_vram_budget(ctx, fraction, "the memory fraction", &budget);
+  if (rc == SGM_OK) {
+    ctx->vram_fraction = fraction; /* not cfg: sgm_context_config hands cfg out */
+    ctx->budget_bytes[SGM_TIER_VRAM] = budget;
+  }
   sgm__lock_drop(&ctx->lock);
+  if (rc != SGM_OK) return rc; /* the budget stays as it was */
   sgm__tier_set_budget(ctx->tiers[SGM_TIER_VRAM], budget);
   return SGM_OK;
 }
@@ -299,6 +401,10 @@ SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
     sgm__error_set(SGM_ERR_INVALID, "sgm_alloc: context is NULL");
     return NULL;
   }
+  if (sgm__context_forked(ctx)) {
+    sgm__context_fork_error(ctx, "sgm_alloc");
+    return NULL;
+  }
   if (sgm_unlikely(size == 0)) {
     sgm__error_set(SGM_ERR_INVALID, "sgm_alloc: size is 0 (ask for at least one byte)");
     return NULL;
@@ -308,6 +414,18 @@ SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
   if (sgm_unlikely(sgm__residency_alloc(ctx, size, stream, &d, &where) != SGM_OK)) return NULL;
   if (sgm_likely(where == SGM_TIER_VRAM)) return (void *)(uintptr_t)d;
   return context_fallback(ctx, d, size);
+}
+
+/* sgm_free of a pointer an acquired buffer handed out: the block is the
+ * buffer's, not an allocation; freeing it would let sgm_alloc hand it out
+ * again under the buffer's data. */
+static sgm_status context_buffer_free(sgm_context *ctx, void *ptr) {
+  __atomic_fetch_add(&ctx->n_bad_frees, 1, __ATOMIC_RELAXED);
+  sgm__error_set(SGM_ERR_INVALID, "sgm_free: %p is the memory of an sgm_buffer, not an "
+                 "allocation; nothing was freed (release the buffer with sgm_buffer_release, "
+                 "free it with sgm_buffer_destroy)", ptr);
+  sgm__log(ctx->cfg.verbose, 1, "%s", sgm_last_error());
+  return SGM_ERR_INVALID;
 }
 
 static sgm_status context_bad_free(sgm_context *ctx, void *ptr) {
@@ -323,6 +441,7 @@ static sgm_status context_bad_free(sgm_context *ctx, void *ptr) {
 SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream) {
   if (!ptr) return SGM_OK;
   if (sgm_unlikely(!ctx)) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_free: context is NULL");
+  if (sgm__context_forked(ctx)) return (sgm_status)sgm__context_fork_error(ctx, "sgm_free");
   sgm_devptr d = (sgm_devptr)(uintptr_t)ptr;
   /* Stream-ordered free (the rule RMM and PyTorch follow): work already queued
    * on `stream` may still use the block, so it is cached for that stream —
@@ -341,6 +460,9 @@ SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream) {
       return (sgm_status)rc;
     }
   }
+  /* The tiers refuse sgm's own blocks (a buffer's storage): only the message
+   * differs, so the check costs nothing on the good path. */
+  if (sgm__placement_owns_block(ctx, d)) return context_buffer_free(ctx, ptr);
   return context_bad_free(ctx, ptr);
 }
 
@@ -364,6 +486,10 @@ SGM_API void sgm_free(sgm_context *ctx, void *ptr, void *stream) {
 
 SGM_API sgm_tier sgm_pointer_tier(sgm_context *ctx, const void *ptr) {
   if (!ctx || !ptr) return SGM_TIER_NONE;
+  if (sgm__context_forked(ctx)) {
+    sgm__context_fork_error(ctx, "sgm_pointer_tier");
+    return SGM_TIER_NONE;
+  }
   for (int t = 0; t < SGM_TIER_COUNT; t++)
     if (ctx->tiers[t] && sgm__tier_owns(ctx->tiers[t], (sgm_devptr)(uintptr_t)ptr)) return (sgm_tier)t;
   return SGM_TIER_NONE;
@@ -371,9 +497,11 @@ SGM_API sgm_tier sgm_pointer_tier(sgm_context *ctx, const void *ptr) {
 
 SGM_API sgm_status sgm_trim(sgm_context *ctx) {
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_trim: context is NULL");
+  if (sgm__context_forked(ctx)) return (sgm_status)sgm__context_fork_error(ctx, "sgm_trim");
   uint64_t returned = 0;
   for (int t = 0; t < SGM_TIER_COUNT; t++)
     if (ctx->tiers[t]) returned += sgm__tier_trim(ctx->tiers[t]);
+  returned += sgm__placement_trim(ctx);
   char b[32];
   sgm__log(ctx->cfg.verbose, 3, "trim returned %s", sgm__fmt_bytes(returned, b, sizeof b));
   return SGM_OK;

@@ -247,7 +247,21 @@ struct sgm_context {
   sgm_lock idle_mu;                        /* guards idle_stop for the condition variable */
   bool idle_running;                       /* the idle thread was started */
   bool idle_stop;                          /* asks the idle thread to end */
+  unsigned fork_generation;                /* sgm__fork_generation when created */
+  long owner_pid;                          /* the process that created it (messages only) */
 };
+
+/* fork(): bumped in every child by a pthread_atfork handler (atomic). */
+extern unsigned sgm__fork_generation;
+/* True in a child of the process that created ctx: every public entry asks
+ * (one relaxed load) and answers sgm__context_fork_error. */
+static inline bool sgm__context_forked(const sgm_context *ctx) {
+  return sgm_unlikely(__atomic_load_n(&sgm__fork_generation, __ATOMIC_RELAXED) !=
+                      ctx->fork_generation);
+}
+/* Set "fn: this context was created by process P before fork() ..." and
+ * return SGM_ERR_UNSUPPORTED. */
+int sgm__context_fork_error(const sgm_context *ctx, const char *fn);
 
 /* Replace the idle-trim clock (tests); NULL restores the monotonic clock. */
 void sgm__context_set_clock(sgm_context *ctx, uint64_t (*clock_ms)(void *user), void *user);
@@ -258,8 +272,20 @@ uint64_t sgm__context_idle_tick(sgm_context *ctx);
  * eviction and migration: the only code that touches two tiers (what they
  * share among themselves is in placement.h). */
 struct sgm_placement;
+/* Build ctx->pl: the two resident tiers' policies (SGM_ERR_INVALID naming the
+ * variable when a policy is not registered) and the spill tier when a spill
+ * directory is set (its open's status). Leaves nothing on failure. Called
+ * once from sgm_context_create, before any other thread sees ctx. */
 int sgm__placement_create(sgm_context *ctx);
-/* Stops the prefetch worker and frees every buffer still alive. */
+/* sgm_trim's part in placement: the disk tier's pinned staging buffer goes
+ * back to the driver when no transfer holds it (it comes back on the next
+ * disk<->VRAM transfer). Bytes returned. */
+uint64_t sgm__placement_trim(sgm_context *ctx);
+/* True when d is the block of a live buffer (sgm_free must refuse it). Takes
+ * the tiers' shard locks briefly; any thread. */
+bool sgm__placement_owns_block(sgm_context *ctx, uint64_t d);
+/* Stops the prefetch worker and frees every buffer still alive, then the
+ * policies and the spill tier. No other thread may use ctx. NULL pl: no-op. */
 void sgm__placement_destroy(sgm_context *ctx);
 /* residency.c, rules 1-3 for sgm_alloc: a block in VRAM if it fits, demoting
  * released buffers (cascading) to make room; else, when SGM_SHARED_FALLBACK
@@ -269,20 +295,29 @@ void sgm__placement_destroy(sgm_context *ctx);
  * naming the budgets, or a backend status. No lock held; may block on copies
  * and driver calls. */
 int sgm__residency_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *out, sgm_tier *where);
-/* Add migration counters and the disk tier's figures to *st. */
+/* Add migration counters and the disk tier's figures to *st (the caller
+ * zeroed it). Any thread; takes the placement lock. Cannot fail. */
 void sgm__placement_stats(sgm_context *ctx, sgm_stats *st);
-/* Tests: the spill tier (NULL when off) and where a disk-resident buffer's
- * extent starts (false when it is not on disk or has no extent). */
+/* Tests: the spill tier (NULL when off); the context keeps ownership. */
 struct sgm_disk *sgm__placement_disk(sgm_context *ctx);
-/* Tests: the policies' clock (ns), a walk of every policy instance's
- * structure (SGM_OK or a status with why filled), and a tier's policy name. */
+/* Tests: replace the policies' clock (ns; NULL restores the monotonic one;
+ * called under the placement lock, must not block). */
 void sgm__placement_set_clock(sgm_context *ctx, uint64_t (*clock_ns)(void *user), void *user);
+/* Tests: walk every buffer and policy instance under the placement lock;
+ * SGM_OK, or SGM_ERR_CORRUPT with the first broken invariant in why. O(n). */
 int sgm__placement_check(sgm_context *ctx, char *why, size_t why_len);
+/* The name of the policy tier t runs (static storage); NULL for the disk
+ * tier or a bad t. */
 const char *sgm__placement_policy_name(sgm_context *ctx, sgm_tier t);
+/* buffer.c, tests: where a disk-resident buffer's extent starts in the spill
+ * file; false (and *offset 0) when it is not on disk or has no extent yet.
+ * Waits while another thread moves b. */
 bool sgm__buffer_disk_offset(sgm_buffer *b, uint64_t *offset);
 
-/* Set the VRAM budget to fraction × device memory (capped as at create);
- * free chunks above a lowered budget are returned. */
+/* context.c: set the VRAM budget to fraction × device memory (capped as at
+ * create); free chunks above a lowered budget are returned. SGM_ERR_INVALID
+ * (nothing changes) outside (0, 1]. Thread-safe; leaves ctx->cfg as created
+ * (sgm_context_config hands that record out). */
 int sgm__context_set_vram_fraction(sgm_context *ctx, double fraction);
 
 /* stats.c: the JSON writer grows a string; false when out of memory. */

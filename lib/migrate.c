@@ -92,22 +92,79 @@ static void migrate_count(struct sgm_placement *pl, sgm_tier from, sgm_tier to, 
   if (evict) pl->n_evictions[from]++;
   if (to == SGM_TIER_DISK) {
     pl->n_disk_live++;
-    pl->disk_used_bytes += n;
   }
   if (from == SGM_TIER_DISK) {
     pl->n_disk_live--;
-    pl->disk_used_bytes -= n;
   }
   sgm__lock_drop(&pl->lock);
 }
 
-/* Read a disk-resident buffer's bytes into host memory dst (zeros if never written). */
-static int migrate_disk_load(sgm_context *ctx, const sgm_buffer *b, void *dst) {
-  if (b->ext.bytes == 0) {
-    memset(dst, 0, b->size);
+/* ---- a disk-resident buffer: one extent per SGM_DISK_CHUNK ---- */
+
+static uint64_t migrate_n_chunks(const sgm_buffer *b) {
+  return (b->size + SGM_DISK_CHUNK - 1) / SGM_DISK_CHUNK;
+}
+
+static uint64_t migrate_chunk_len(const sgm_buffer *b, uint64_t i) {
+  uint64_t start = i * SGM_DISK_CHUNK;
+  return b->size - start < SGM_DISK_CHUNK ? b->size - start : SGM_DISK_CHUNK;
+}
+
+static void migrate_disk_free_all(sgm_disk *disk, sgm_disk_extent *ext, uint64_t n) {
+  if (!ext) return;
+  for (uint64_t i = 0; i < n; i++)
+    if (ext[i].bytes) sgm__disk_free(disk, &ext[i]);
+  free(ext);
+}
+
+/* Invariant: every chunk of a disk-resident buffer has an extent or, never
+ * written since the buffer was created on disk, a reservation in the disk
+ * tier's budget (sgm__disk_reserve). */
+void sgm__migrate_disk_drop(sgm_context *ctx, sgm_buffer *b) {
+  uint64_t n = migrate_n_chunks(b), unwritten = 0;
+  for (uint64_t i = 0; i < n; i++)
+    if (!b->ext || b->ext[i].bytes == 0) unwritten += sgm__align_up(migrate_chunk_len(b, i), 4096);
+  if (unwritten) sgm__disk_unreserve(ctx->pl->disk, unwritten);
+  migrate_disk_free_all(ctx->pl->disk, b->ext, n);
+  b->ext = NULL;
+}
+
+/* Write b->size bytes of host memory src as a new set of extents (*out,
+ * malloc'd). On failure nothing stays allocated. */
+static int migrate_disk_store(sgm_context *ctx, const sgm_buffer *b, const void *src,
+                              sgm_disk_extent **out) {
+  *out = NULL;
+  uint64_t n = migrate_n_chunks(b);
+  sgm_disk_extent *ext = calloc((size_t)n, sizeof *ext);
+  if (!ext) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for spill extents");
+  for (uint64_t i = 0; i < n; i++) {
+    int rc = sgm__disk_write(ctx->pl->disk, (const char *)src + i * SGM_DISK_CHUNK,
+                             migrate_chunk_len(b, i), &ext[i]);
+    if (rc != SGM_OK) {
+      migrate_disk_free_all(ctx->pl->disk, ext, i);
+      return rc;
+    }
+  }
+  *out = ext;
+  return SGM_OK;
+}
+
+/* Read chunk i of a disk-resident b into dst (zeros if never written). */
+static int migrate_disk_load_chunk(sgm_context *ctx, const sgm_buffer *b, uint64_t i, void *dst) {
+  if (!b->ext || b->ext[i].bytes == 0) {
+    memset(dst, 0, (size_t)migrate_chunk_len(b, i));
     return SGM_OK;
   }
-  return sgm__disk_read(ctx->pl->disk, &b->ext, dst);
+  return sgm__disk_read(ctx->pl->disk, &b->ext[i], dst);
+}
+
+/* Read a disk-resident buffer's bytes into host memory dst (zeros if never written). */
+static int migrate_disk_load(sgm_context *ctx, const sgm_buffer *b, void *dst) {
+  for (uint64_t i = 0, n = migrate_n_chunks(b); i < n; i++) {
+    int rc = migrate_disk_load_chunk(ctx, b, i, (char *)dst + i * SGM_DISK_CHUNK);
+    if (rc != SGM_OK) return rc;
+  }
+  return SGM_OK;
 }
 
 static int migrate_no_stage(const sgm_buffer *b) {
@@ -115,15 +172,48 @@ static int migrate_no_stage(const sgm_buffer *b) {
                         (unsigned long long)b->size);
 }
 
-/* Spill a VRAM-resident b to disk through a host staging copy. */
+_Static_assert(SGM_DISK_CHUNK <= SGM_DISK_BOUNCE_BYTES, "a chunk is staged in one bounce buffer");
+
+/* A staging buffer of SGM_DISK_BOUNCE_BYTES from the disk tier: the pinned
+ * one (DMA straight from it), allocated through the backend on the first
+ * transfer that needs it, when no other transfer holds it. */
+static void *migrate_stage_get(sgm_context *ctx) {
+  struct sgm_placement *pl = ctx->pl;
+  bool tried = false;
+  if (!__atomic_load_n(&pl->disk_bounce_tried, __ATOMIC_ACQUIRE) &&
+      __atomic_compare_exchange_n(&pl->disk_bounce_tried, &tried, true, false, __ATOMIC_ACQ_REL,
+                                  __ATOMIC_ACQUIRE)) {
+    void *host = NULL;
+    sgm_devptr dev = 0;
+    if (ctx->bops->host_alloc(ctx->be, SGM_DISK_BOUNCE_BYTES, -1, &host, &dev) == SGM_OK) {
+      __atomic_store_n(&pl->disk_bounce, host, __ATOMIC_RELEASE);
+      sgm__disk_lend_bounce(pl->disk, host);
+    } else {
+      sgm__log(ctx->cfg.verbose, 2, "no pinned staging buffer for the disk tier (%s): transfers "
+               "stage through pageable memory", sgm_last_error());
+    }
+  }
+  return sgm__disk_stage_get(pl->disk);
+}
+
+/* Spill a VRAM-resident b to disk chunk by chunk through a staging buffer. */
 static int migrate_vram_to_disk(sgm_context *ctx, sgm_buffer *b) {
-  void *stage = malloc(b->size);
+  char *stage = migrate_stage_get(ctx);
   if (!stage) return migrate_no_stage(b);
-  int rc = migrate_copy(ctx, b, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)stage, b->dptr, b->size);
-  sgm_disk_extent ext;
-  if (rc == SGM_OK) rc = sgm__disk_write(ctx->pl->disk, stage, b->size, &ext);
-  free(stage);
-  if (rc != SGM_OK) return rc;
+  uint64_t n = migrate_n_chunks(b);
+  sgm_disk_extent *ext = calloc((size_t)n, sizeof *ext);
+  int rc = ext ? SGM_OK : sgm__error_set(SGM_ERR_NOMEM, "out of host memory for spill extents");
+  for (uint64_t i = 0; i < n && rc == SGM_OK; i++) {
+    uint64_t len = migrate_chunk_len(b, i);
+    rc = migrate_copy(ctx, b, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)stage, b->dptr + i * SGM_DISK_CHUNK,
+                      len);
+    if (rc == SGM_OK) rc = sgm__disk_write(ctx->pl->disk, stage, len, &ext[i]);
+  }
+  sgm__disk_stage_put(ctx->pl->disk, stage);
+  if (rc != SGM_OK) {
+    migrate_disk_free_all(ctx->pl->disk, ext, n);
+    return rc;
+  }
   migrate_free_block(ctx, SGM_TIER_VRAM, b->dptr);
   b->dptr = 0;
   b->ext = ext;
@@ -140,8 +230,8 @@ int sgm__migrate_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict
       if (!pl->disk)
         return sgm__error_set(SGM_ERR_NOMEM, "no disk tier to spill to: set SGM_SPILL_DIR to a "
                               "directory (and SGM_SPILL_LIMIT) to let buffers spill to disk");
-      sgm_disk_extent ext;
-      int rc = sgm__disk_write(pl->disk, migrate_shared_host(ctx, b->dptr), b->size, &ext);
+      sgm_disk_extent *ext = NULL;
+      int rc = migrate_disk_store(ctx, b, migrate_shared_host(ctx, b->dptr), &ext);
       if (rc != SGM_OK) return rc; /* the data stays in shared memory */
       migrate_free_block(ctx, SGM_TIER_SHARED, b->dptr);
       b->dptr = 0;
@@ -176,13 +266,21 @@ int sgm__migrate_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict
 int sgm__migrate_promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, sgm_devptr dst) {
   sgm_tier from = b->tier;
   int rc;
-  if (from == SGM_TIER_DISK) {
-    void *host = to == SGM_TIER_SHARED ? migrate_shared_host(ctx, dst) : malloc(b->size);
-    rc = host ? migrate_disk_load(ctx, b, host) : migrate_no_stage(b);
-    if (rc == SGM_OK && to == SGM_TIER_VRAM)
-      rc = migrate_copy(ctx, b, SGM_COPY_HOST_TO_DEVICE, dst, (uintptr_t)host, b->size);
-    if (to == SGM_TIER_VRAM) free(host);
-    if (rc == SGM_OK && b->ext.bytes) sgm__disk_free(ctx->pl->disk, &b->ext);
+  if (from == SGM_TIER_DISK && to == SGM_TIER_SHARED) {
+    rc = migrate_disk_load(ctx, b, migrate_shared_host(ctx, dst));
+    if (rc == SGM_OK) sgm__migrate_disk_drop(ctx, b);
+  } else if (from == SGM_TIER_DISK) {
+    /* Into VRAM chunk by chunk through the disk tier's staging buffer. */
+    char *stage = migrate_stage_get(ctx);
+    rc = stage ? SGM_OK : migrate_no_stage(b);
+    for (uint64_t i = 0, n = migrate_n_chunks(b); i < n && rc == SGM_OK; i++) {
+      rc = migrate_disk_load_chunk(ctx, b, i, stage);
+      if (rc == SGM_OK)
+        rc = migrate_copy(ctx, b, SGM_COPY_HOST_TO_DEVICE, dst + i * SGM_DISK_CHUNK, (uintptr_t)stage,
+                          migrate_chunk_len(b, i));
+    }
+    sgm__disk_stage_put(ctx->pl->disk, stage);
+    if (rc == SGM_OK) sgm__migrate_disk_drop(ctx, b);
   } else {
     rc = migrate_copy(ctx, b, SGM_COPY_HOST_TO_DEVICE, dst,
                       (uintptr_t)migrate_shared_host(ctx, b->dptr), b->size);
@@ -193,9 +291,55 @@ int sgm__migrate_promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, sgm_devpt
     return rc;
   }
   b->dptr = dst;
-  b->ext = (sgm_disk_extent){0};
   sgm__buffer_set_tier(b, to);
   migrate_count(ctx->pl, from, to, b->size, false);
+  return SGM_OK;
+}
+
+/* A host write into a disk-resident b: each chunk it touches goes to a new
+ * extent (a chunk it covers whole straight from src, unread — a lost chunk
+ * is replaced; one it covers in part read, patched and written through
+ * stage); only when all are written do they replace the old ones. */
+static int migrate_disk_write(sgm_context *ctx, sgm_buffer *b, uint64_t offset, const char *src,
+                              uint64_t n, char *stage) {
+  sgm_disk *disk = ctx->pl->disk;
+  uint64_t first = offset / SGM_DISK_CHUNK, last = (offset + n - 1) / SGM_DISK_CHUNK;
+  uint64_t n_new = last - first + 1;
+  sgm_disk_extent *fresh = calloc((size_t)n_new, sizeof *fresh);
+  if (!fresh) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for spill extents");
+  if (!b->ext) {
+    b->ext = calloc((size_t)migrate_n_chunks(b), sizeof *b->ext); /* all zeros so far */
+    if (!b->ext) {
+      free(fresh);
+      return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for spill extents");
+    }
+  }
+  int rc = SGM_OK;
+  for (uint64_t i = first; i <= last && rc == SGM_OK; i++) {
+    uint64_t c0 = i * SGM_DISK_CHUNK, len = migrate_chunk_len(b, i);
+    uint64_t lo = offset > c0 ? offset : c0;
+    uint64_t hi = offset + n < c0 + len ? offset + n : c0 + len;
+    const char *data = src + (lo - offset);
+    if (lo != c0 || hi != c0 + len) {
+      rc = migrate_disk_load_chunk(ctx, b, i, stage);
+      if (rc != SGM_OK) break;
+      memcpy(stage + (lo - c0), data, (size_t)(hi - lo));
+      data = stage;
+    }
+    /* A chunk never written holds a reservation: its extent comes out of it. */
+    rc = sgm__disk_write_ex(disk, data, len, b->ext[i].bytes == 0, &fresh[i - first]);
+  }
+  if (rc != SGM_OK) {
+    for (uint64_t k = 0; k < n_new; k++)
+      if (fresh[k].bytes) sgm__disk_free_ex(disk, &fresh[k], b->ext[first + k].bytes == 0);
+    free(fresh);
+    return rc; /* every old extent stays: the buffer holds its old contents */
+  }
+  for (uint64_t i = first; i <= last; i++) {
+    if (b->ext[i].bytes) sgm__disk_free(disk, &b->ext[i]);
+    b->ext[i] = fresh[i - first];
+  }
+  free(fresh);
   return SGM_OK;
 }
 
@@ -204,19 +348,22 @@ int sgm__migrate_host_io(sgm_context *ctx, sgm_buffer *b, size_t offset, void *h
   if (b->tier != SGM_TIER_DISK)
     return write ? migrate_copy(ctx, b, SGM_COPY_HOST_TO_DEVICE, b->dptr + offset, (uintptr_t)host, n)
                  : migrate_copy(ctx, b, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)host, b->dptr + offset, n);
-  struct sgm_placement *pl = ctx->pl;
-  void *img = malloc(b->size);
-  int rc = img ? migrate_disk_load(ctx, b, img) : migrate_no_stage(b);
-  if (rc == SGM_OK && !write) memcpy(host, (char *)img + offset, n);
-  if (rc == SGM_OK && write) {
-    memcpy((char *)img + offset, host, n);
-    sgm_disk_extent ext;
-    rc = sgm__disk_write(pl->disk, img, b->size, &ext);
-    if (rc == SGM_OK) {
-      if (b->ext.bytes) sgm__disk_free(pl->disk, &b->ext);
-      b->ext = ext;
+  /* One chunk of staging, the disk tier's, whatever the buffer's size. */
+  char *stage = migrate_stage_get(ctx);
+  if (!stage) return migrate_no_stage(b);
+  int rc = SGM_OK;
+  if (write) {
+    rc = migrate_disk_write(ctx, b, offset, host, n, stage);
+  } else {
+    uint64_t first = offset / SGM_DISK_CHUNK, last = (offset + n - 1) / SGM_DISK_CHUNK;
+    for (uint64_t i = first; i <= last && rc == SGM_OK; i++) {
+      uint64_t c0 = i * SGM_DISK_CHUNK, len = migrate_chunk_len(b, i);
+      uint64_t lo = offset > c0 ? offset : c0;
+      uint64_t hi = offset + n < c0 + len ? offset + n : c0 + len;
+      rc = migrate_disk_load_chunk(ctx, b, i, stage);
+      if (rc == SGM_OK) memcpy((char *)host + (lo - offset), stage + (lo - c0), (size_t)(hi - lo));
     }
   }
-  free(img);
+  sgm__disk_stage_put(ctx->pl->disk, stage);
   return rc;
 }

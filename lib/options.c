@@ -64,7 +64,7 @@ static const sgm_option option_rows[] = {
              "host memory), auto (cuda when a device answers, else emu with a notice)"},
     /* Device 0, as CUDA's own default device. */
     {.env = "SGM_DEVICE", FIELD(device), .kind = SGM_OPT_INT, .default_value = "0", .min = 0,
-     .help = "device ordinal the context opens (as counted by CUDA)"},
+     .help = "device ordinal the context opens (as counted by CUDA: 0 to the number of GPUs - 1)"},
     /* No cap by default: the fraction below already sizes the budget. */
     {.env = "SGM_VRAM_LIMIT", FIELD(vram_limit), .kind = SGM_OPT_SIZE, .default_value = "none",
      .names = keyword_none,
@@ -110,10 +110,12 @@ static const sgm_option option_rows[] = {
     {.env = "SGM_VERBOSE", FIELD(verbose), .kind = SGM_OPT_INT, .default_value = "1", .min = 0,
      .max = 3, .help = "stderr log level: 0 silent, 1 warnings, 2 info, 3 debug"},
     /* 1 GiB: fits any CI machine yet holds real workloads; 1 MiB at least so
-     * that a chunk or two fit. */
+     * that a chunk or two fit; at most 128 TiB, the user address space of
+     * x86-64 that the emulated device's memory comes from (and far below
+     * 2^64, so no budget arithmetic on it can overflow). */
     {.env = "SGM_EMU_VRAM", FIELD(emu_vram_bytes), .kind = SGM_OPT_BYTES,
-     .default_value = "1GiB", .min = (double)SGM_MiB,
-     .help = "memory of the emulated device (SGM_BACKEND=emu), at least 1 MiB"},
+     .default_value = "1GiB", .min = (double)SGM_MiB, .max = (double)(SGM_GiB * 1024 * 128),
+     .help = "memory of the emulated device (SGM_BACKEND=emu), from 1 MiB to 128 TiB"},
     /* 2 MiB: CUDA's allocation granularity (cuMemGetAllocationGranularity on
      * current GPUs, and the large-page size cuMemAlloc rounds to), so a smaller
      * chunk would waste the rest of the page. Multiples of 64 KiB, the smallest
@@ -121,7 +123,8 @@ static const sgm_option option_rows[] = {
     {.env = "SGM_GROWTH_CHUNK", FIELD(growth_chunk_bytes), .kind = SGM_OPT_BYTES,
      .default_value = "2MiB", .min = (double)(64 * SGM_KiB), .max = (double)(SGM_GiB * 1024),
      .granule_bytes = 64 * SGM_KiB,
-     .help = "first chunk taken from the driver in growth mode; a multiple of 64 KiB up to 1 TiB"},
+     .help = "first VRAM chunk taken from the driver in growth mode; a multiple of 64 KiB up to "
+             "1 TiB (shared memory has SGM_SHARED_CHUNK)"},
     /* On: the point of sgm. Off is the Windows driver's "prefer no sysmem
      * fallback": a full VRAM budget fails instead of slowing down. */
     {.env = "SGM_SHARED_FALLBACK", FIELD(shared_fallback), .kind = SGM_OPT_BOOL,
@@ -134,6 +137,15 @@ static const sgm_option option_rows[] = {
      .default_value = "2000", .max = 86400000.0,
      .help = "free shared-memory chunks (and growth-mode VRAM chunks) idle this many ms go back "
              "to the OS/driver; 0 = only on sgm_trim"},
+    /* 2 MiB, as SGM_GROWTH_CHUNK's default, but its own row: pinned host RAM
+     * is paid at once (faulted in and locked) and taken from every other
+     * program, so it must not follow a VRAM chunk size chosen for a big card.
+     * At most 64 MiB, where doubling stops anyway (lib/context.c). */
+    {.env = "SGM_SHARED_CHUNK", FIELD(shared_chunk_bytes), .kind = SGM_OPT_BYTES,
+     .default_value = "2MiB", .min = (double)(64 * SGM_KiB), .max = (double)(64 * SGM_MiB),
+     .granule_bytes = 64 * SGM_KiB,
+     .help = "first pinned chunk of the shared tier (doubling up to 64 MiB); a multiple of "
+             "64 KiB up to 64 MiB"},
     /* 0 = never: fault injection is only for tests. */
     {.env = "SGM_EMU_FAIL_AT", FIELD(emu_fail_at), .kind = SGM_OPT_U64, .default_value = "0",
      .help = "testing: the Nth call to the emulated device fails (open is call 1); 0 = never"},
@@ -202,10 +214,13 @@ static const char *fmt_exact(uint64_t b, char *buf, size_t len) {
   return buf;
 }
 
-/* The range of an INT / U64 row as a phrase: "from 0 to 3", "0 or more". */
+/* The range of an INT / U64 row as a phrase: "from 0 to 3", "0 or more". An
+ * INT row without a max still has one: the largest int. */
 static void fmt_range(const sgm_option *opt, char *buf, size_t len) {
   if (opt->max > 0)
     snprintf(buf, len, "from %.0f to %.0f", opt->min, opt->max);
+  else if (opt->kind == SGM_OPT_INT)
+    snprintf(buf, len, "from %.0f to %d", opt->min, INT_MAX);
   else
     snprintf(buf, len, "%.0f or more", opt->min);
 }
@@ -794,8 +809,13 @@ static void options_warn_unknown(int verbose) {
 }
 
 SGM_API void sgm_config_init(sgm_config *cfg) {
-  sgm_assert(cfg != NULL);
-  if (!cfg) return;
+  /* A caller's mistake, not sgm's: reported like every bad argument, also in
+   * debug builds (an assertion here would abort the program). */
+  if (!cfg) {
+    sgm__error_set(SGM_ERR_INVALID, "sgm_config_init: cfg is NULL (pass the address of an "
+                   "sgm_config to fill)");
+    return;
+  }
   memset(cfg, 0, sizeof *cfg);
   char err[SGM_ERROR_MAX];
   for (size_t i = 0; i < N_OPTIONS; i++) {

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 
 #include "placement.h"
+#include "tiers/tier.h"
 
 /* Walk the policies and every buffer (pl->lock held): SGM_OK or
  * SGM_ERR_CORRUPT with the first broken invariant in why. O(n). */
@@ -97,6 +98,7 @@ static const char *placement_policy_setting(const sgm_config *cfg, sgm_tier t, c
 }
 
 static void placement_free(struct sgm_placement *pl) {
+  for (size_t i = 0; i < sizeof pl->graveyard / sizeof pl->graveyard[0]; i++) free(pl->graveyard[i]);
   for (int t = 0; t < SGM_N_RESIDENT; t++) sgm__prio_destroy(pl->pol[t]);
   if (pl->disk) sgm__disk_close(pl->disk);
   pthread_cond_destroy(&pl->work_cond);
@@ -181,7 +183,9 @@ void sgm__placement_destroy(sgm_context *ctx) {
     sgm__buffer_free_storage(ctx, b);
     free(b);
   }
-  placement_free(pl);
+  void *bounce = __atomic_load_n(&pl->disk_bounce, __ATOMIC_ACQUIRE);
+  placement_free(pl); /* closes the disk tier, which only borrowed the bounce */
+  if (bounce) ctx->bops->host_free(ctx->be, bounce, SGM_DISK_BOUNCE_BYTES);
   ctx->pl = NULL;
 }
 
@@ -201,3 +205,23 @@ void sgm__placement_stats(sgm_context *ctx, sgm_stats *st) {
 
 struct sgm_disk *sgm__placement_disk(sgm_context *ctx) { return ctx->pl->disk; }
 
+uint64_t sgm__placement_trim(sgm_context *ctx) {
+  struct sgm_placement *pl = ctx->pl;
+  if (!pl->disk || !__atomic_load_n(&pl->disk_bounce, __ATOMIC_ACQUIRE)) return 0;
+  void *p = sgm__disk_take_back_bounce(pl->disk);
+  if (!p) return 0; /* a transfer holds it, or it is not lent yet */
+  __atomic_store_n(&pl->disk_bounce, NULL, __ATOMIC_RELEASE);
+  ctx->bops->host_free(ctx->be, p, SGM_DISK_BOUNCE_BYTES);
+  /* The next disk<->VRAM transfer pins one again. */
+  __atomic_store_n(&pl->disk_bounce_tried, false, __ATOMIC_RELEASE);
+  return SGM_DISK_BOUNCE_BYTES;
+}
+
+
+bool sgm__placement_owns_block(sgm_context *ctx, sgm_devptr d) {
+  /* Programs without buffers pay one relaxed load per free. */
+  if (__atomic_load_n(&ctx->pl->n_buffers, __ATOMIC_RELAXED) == 0) return false;
+  for (int t = 0; t < SGM_N_RESIDENT; t++)
+    if (ctx->tiers[t] && sgm__tier_owns_own(ctx->tiers[t], d)) return true;
+  return false;
+}

@@ -9,8 +9,10 @@
  *   prefetch.c   the prefetch queue and its worker
  *
  * A buffer's data lives in exactly one tier: a block of the VRAM or shared
- * pool (b->dptr), or an extent of the spill file (b->ext; none yet for a
- * buffer created straight on disk and never written: it reads as zeros).
+ * pool (b->dptr), or extents of the spill file (b->ext, one per
+ * SGM_DISK_CHUNK of the buffer, so a partial write rewrites only the chunks
+ * it touches; none yet for a buffer created straight on disk and never
+ * written: it reads as zeros).
  *
  * States: RELEASED (listed, or on disk), ACQUIRED, BUSY (one thread owns it
  * while moving or copying; others wait until it is not). Only the owner of a
@@ -33,15 +35,30 @@
 #include "tiers/disk.h"
 
 #define SGM_N_RESIDENT 2 /* VRAM and shared: the tiers with policies */
+/* A disk-resident buffer is stored as extents of this many bytes (the last
+ * shorter): a write of 1 MiB into a 64 MiB buffer reads and rewrites 4 MiB,
+ * not 64, and stages no more than that in RAM; 4 MiB is also the bounce
+ * size of the disk tier and keeps a spill's direct I/O in requests of that
+ * size (docs/disk.md). */
+#define SGM_DISK_CHUNK (UINT64_C(4) << 20)
 
 typedef enum sgm_buf_state { SGM_BUF_RELEASED, SGM_BUF_ACQUIRED, SGM_BUF_BUSY } sgm_buf_state;
+
+/* b->magic: a live buffer, and one sgm_buffer_destroy has finished with
+ * (debug builds keep the latter's memory a while to recognise it: see
+ * sgm__buffer_check). Behind ctx and size: malloc keeps its free-list links
+ * in a freed block's first 16 bytes. */
+#define SGM_BUFFER_LIVE 0x5B0FFE21u
+#define SGM_BUFFER_DEAD 0xDEADB0F5u
 
 struct sgm_buffer {
   sgm_context *ctx;          /* owner */
   uint64_t size;             /* bytes asked for */
+  uint32_t magic;            /* SGM_BUFFER_LIVE, SGM_BUFFER_DEAD once destroyed */
   sgm_tier tier;             /* where the data is now (see sgm__buffer_set_tier) */
   sgm_devptr dptr;           /* block address in VRAM / shared; 0 on disk */
-  sgm_disk_extent ext;       /* on disk: the extent; bytes == 0: never written (zeros) */
+  sgm_disk_extent *ext;      /* on disk: one extent per SGM_DISK_CHUNK of data (bytes 0: that
+                                chunk never written, zeros); NULL: none (zeros) or not on disk */
   uint32_t state;            /* sgm_buf_state | SGM_BUF_WAITERS: see sgm__buffer_state */
   int priority;              /* sgm_priority the user set */
   void *event;               /* GPU work queued before release; NULL = none pending */
@@ -72,12 +89,18 @@ struct sgm_placement {
   uint64_t (*clock_ns)(void *user);    /* the policies' clock (monotonic ns; tests inject) */
   void *clock_user;                    /* its argument */
   sgm_buffer *all;                     /* every live buffer */
+  uint64_t n_buffers;                  /* live buffers (atomic: sgm_free reads it unlocked) */
+  sgm_buffer *graveyard[16];           /* debug builds: destroyed buffers kept, poisoned */
+  unsigned n_graveyard;                /* the next graveyard slot (round robin) */
   sgm_disk *disk;                      /* the spill tier, NULL when off */
+  void *disk_bounce;                   /* (atomic) pinned staging lent to disk, allocated on first
+                                          use, given back by sgm_trim */
+  bool disk_bounce_tried;              /* (atomic) its allocation was attempted */
   uint64_t bytes_in[SGM_TIER_COUNT];   /* migrated into each tier */
   uint64_t bytes_out[SGM_TIER_COUNT];  /* migrated out of each tier */
   uint64_t n_evictions[SGM_TIER_COUNT]; /* buffers moved out to make room */
-  uint64_t n_disk_live;                /* buffers on disk (with or without extent) */
-  uint64_t disk_used_bytes;            /* their sizes */
+  uint64_t n_disk_live;                /* buffers on disk (with or without extents); their
+                                          budget is the disk tier's (sgm__disk_reserve) */
   pthread_t worker;                    /* prefetch worker */
   bool worker_started;                 /* the worker runs */
   bool stop;                           /* asks the worker to end */
@@ -98,9 +121,12 @@ static inline sgm_buf_state sgm__buffer_state(const sgm_buffer *b) {
 }
 
 /* Set b's state (pl->lock held) and wake the threads waiting for it. The
- * wake happens under the lock: a woken owner may destroy b right after. */
+ * wake happens under the lock: a woken owner may destroy b right after.
+ * A plain load and store, no read-modify-write: every writer of the word,
+ * the waiters' flag included, holds pl->lock. */
 static inline void sgm__buffer_set_state(sgm_buffer *b, sgm_buf_state s) {
-  uint32_t old = __atomic_exchange_n(&b->state, (uint32_t)s, __ATOMIC_RELEASE);
+  uint32_t old = __atomic_load_n(&b->state, __ATOMIC_RELAXED);
+  __atomic_store_n(&b->state, (uint32_t)s, __ATOMIC_RELEASE);
   if (sgm_unlikely(old & SGM_BUF_WAITERS)) sgm__word_wake_all(&b->state);
 }
 
@@ -144,6 +170,11 @@ sgm_buf_state sgm__buffer_take_locked(struct sgm_placement *pl, sgm_buffer *b, s
  * a RELEASED resident buffer re-enters its policy (used: the taker used it);
  * one left on disk loses any pin. Wakes its waiters. */
 void sgm__buffer_finish(struct sgm_placement *pl, sgm_buffer *b, sgm_buf_state to, bool used);
+/* The check at every public buffer entry: NULL, a destroyed buffer (debug
+ * builds, where destroyed buffers stay recognisable for a while), a context
+ * inherited through fork(). SGM_OK or the status with the message set. */
+int sgm__buffer_check(const sgm_buffer *b, const char *fn);
+
 /* Free b's storage in its tier and its pending event (b unlinked, no lock). */
 void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b);
 
@@ -161,8 +192,12 @@ void sgm__residency_unpin(struct sgm_placement *pl, sgm_buffer *b);
 /* b (RELEASED, resident, unlisted) enters its tier's policy: back from a pin
  * in the same instance (used: a hit; else restored), or new there. */
 void sgm__residency_put(struct sgm_placement *pl, sgm_buffer *b, bool used);
-/* b is being acquired: a use, for the policies that count uses (record). */
-void sgm__residency_record(struct sgm_placement *pl, const sgm_buffer *b);
+/* b is being acquired: a use, for the policies that count uses (record).
+ * Inline: one branch on every acquire when neither policy counts. */
+void sgm__residency_record_slow(struct sgm_placement *pl, const sgm_buffer *b);
+static inline void sgm__residency_record(struct sgm_placement *pl, const sgm_buffer *b) {
+  if (sgm_unlikely(pl->any_record)) sgm__residency_record_slow(pl, b);
+}
 /* Allocate size bytes in resident tier t (no lock held), evicting released
  * buffers while it does not fit (rule 2). cand: the newcomer the block is
  * for, which the VRAM policy may refuse (create, promote); NULL for plain
@@ -194,8 +229,13 @@ int sgm__migrate_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict
 /* Move b up into the block dst just allocated in resident tier `to`. On
  * failure b is unchanged and dst freed (a checksum mismatch leaves b on disk). */
 int sgm__migrate_promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, sgm_devptr dst);
+/* Give back b's spill extents (b->ext freed and NULL). */
+void sgm__migrate_disk_drop(sgm_context *ctx, sgm_buffer *b);
 /* Copy n bytes between host memory and b's data at offset, wherever it lives
- * (write: host -> buffer), after the GPU work queued before b's release. */
+ * (write: host -> buffer), after the GPU work queued before b's release.
+ * A disk-resident buffer rewrites only the chunks
+ * the write touches, each into a new extent: a failed write leaves every old
+ * extent, i.e. all of the old contents. */
 int sgm__migrate_host_io(sgm_context *ctx, sgm_buffer *b, size_t offset, void *host, size_t n,
                          bool write);
 /* A buffer is about to be used on `stream` with *event (recorded on

@@ -59,7 +59,8 @@ void sgm__prefetch_stop(struct sgm_placement *pl) {
 
 SGM_API sgm_status sgm_buffer_prefetch(sgm_buffer *b, void *stream) {
   (void)stream;
-  if (!b) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_prefetch: buffer is NULL");
+  int check = sgm__buffer_check(b, "sgm_buffer_prefetch");
+  if (check != SGM_OK) return (sgm_status)check;
   sgm_context *ctx = b->ctx;
   struct sgm_placement *pl = ctx->pl;
   int rc = SGM_OK;

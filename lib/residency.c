@@ -116,8 +116,7 @@ void sgm__residency_put(struct sgm_placement *pl, sgm_buffer *b, bool used) {
   residency_count_listed(pl, b->tier, +1);
 }
 
-void sgm__residency_record(struct sgm_placement *pl, const sgm_buffer *b) {
-  if (!pl->any_record) return;
+void sgm__residency_record_slow(struct sgm_placement *pl, const sgm_buffer *b) {
   for (int t = 0; t < SGM_N_RESIDENT; t++)
     if (pl->record[t]) sgm__prio_record(pl->pol[t], b->priority, b->item.id);
 }
@@ -200,11 +199,17 @@ static bool residency_could_fit(sgm_context *ctx, sgm_tier t, uint64_t size) {
 
 static bool residency_full(int rc) { return rc == SGM__ERR_BUDGET || rc == SGM_ERR_NOMEM; }
 
-int sgm__residency_alloc_for(sgm_context *ctx, sgm_tier t, uint64_t size, const sgm_buffer *cand,
-                             uint64_t *out) {
+/* Rules 1 and 2 in tier t: allocate, and while the tier is full demote
+ * released buffers (the policy's victims, never cand) and try again. With a
+ * stream the block is the user's (sgm__tier_alloc_on: the stream's cache and
+ * other streams' cached memory come first), else sgm's own. */
+static int residency_alloc_making_room(sgm_context *ctx, sgm_tier t, uint64_t size,
+                                       const sgm_buffer *cand, const sgm_stream_ref *stream,
+                                       uint64_t *out) {
   bool checked = false;
   for (;;) {
-    int rc = sgm__tier_alloc(ctx->tiers[t], size, out);
+    int rc = stream ? sgm__tier_alloc_on(ctx->tiers[t], size, stream, out)
+                    : sgm__tier_alloc(ctx->tiers[t], size, out);
     if (!residency_full(rc)) return rc;
     if (__atomic_load_n(&ctx->pl->n_listed[t], __ATOMIC_RELAXED) == 0) return rc;
     if (!checked) {
@@ -216,8 +221,22 @@ int sgm__residency_alloc_for(sgm_context *ctx, sgm_tier t, uint64_t size, const 
     if (!v) return rc;
     int drc = sgm__migrate_demote(ctx, v, (sgm_tier)(t + 1), true);
     sgm__buffer_finish(ctx->pl, v, SGM_BUF_RELEASED, false);
-    if (drc != SGM_OK) return drc;
+    if (drc != SGM_OK) {
+      /* A failed demotion (a full or failing spill file system, a copy that
+       * failed) must never fail a request that fits without it: the victim
+       * stays where it was, and the request is answered as if nothing more
+       * could be evicted, so callers fall back (rule 3) or use the buffer
+       * where it is (rule 5). */
+      sgm__log(ctx->cfg.verbose, 2, "making room in %s: a demotion failed (%s); not evicting "
+               "further", sgm_tier_name(t), sgm_last_error());
+      return rc;
+    }
   }
+}
+
+int sgm__residency_alloc_for(sgm_context *ctx, sgm_tier t, uint64_t size, const sgm_buffer *cand,
+                             uint64_t *out) {
+  return residency_alloc_making_room(ctx, t, size, cand, NULL, out);
 }
 
 /* ---- where things land ---- */
@@ -235,13 +254,10 @@ int sgm__residency_both_full(sgm_context *ctx, uint64_t size, bool explain_share
 /* Allocate in tier t for work on stream: the tier's stream caches, its free
  * memory and the other streams' cached blocks first (sgm__tier_alloc_on,
  * which reclaims cached memory before anything moves); only then are released
- * buffers demoted to make room (rule 2). */
+ * buffers demoted to make room (rule 2). The block is the user's. */
 static int residency_alloc_in(sgm_context *ctx, sgm_tier t, size_t size, const sgm_stream_ref *stream,
                               sgm_devptr *d) {
-  int rc = sgm__tier_alloc_on(ctx->tiers[t], size, stream, d);
-  if (sgm_likely(rc == SGM_OK)) return rc;
-  if (residency_full(rc)) rc = sgm__residency_alloc_for(ctx, t, size, NULL, d);
-  return rc;
+  return residency_alloc_making_room(ctx, t, size, NULL, stream, d);
 }
 
 int sgm__residency_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *out, sgm_tier *where) {
@@ -279,17 +295,13 @@ int sgm__residency_place_buffer(sgm_context *ctx, sgm_buffer *b) {
   rc = sgm__residency_alloc_for(ctx, SGM_TIER_SHARED, b->size, NULL, &b->dptr);
   if (rc == SGM_OK) b->tier = SGM_TIER_SHARED;
   if (!residency_full(rc)) return rc;
-  sgm_tier_stats ds = {0};
-  if (pl->disk) sgm__disk_stats(pl->disk, &ds);
-  sgm__lock_take(&pl->lock);
-  bool fits = pl->disk && ds.budget_bytes - pl->disk_used_bytes >= b->size &&
-              pl->disk_used_bytes <= ds.budget_bytes;
+  /* Rule 4: the disk tier keeps the budget; b's bytes are promised there
+   * until its chunks are written. */
+  bool fits = pl->disk && sgm__disk_reserve(pl->disk, b->size) == SGM_OK;
   if (fits) {
+    sgm__lock_take(&pl->lock);
     pl->n_disk_live++;
-    pl->disk_used_bytes += b->size;
-  }
-  sgm__lock_drop(&pl->lock);
-  if (fits) {
+    sgm__lock_drop(&pl->lock);
     b->tier = SGM_TIER_DISK; /* rule 4: straight to disk; no extent until written */
     return SGM_OK;
   }
@@ -314,13 +326,27 @@ int sgm__residency_make_resident(sgm_context *ctx, sgm_buffer *b) {
   int rc = residency_promote(ctx, b, SGM_TIER_VRAM);
   if (rc == SGM_OK) return SGM_OK;
   if (!residency_full(rc)) return rc;
+  /* SGM_ERR_NOMEM with a message: the driver gave no memory, whatever the
+   * budget says; keep its words for the message below. */
+  char vram_why[SGM_ERROR_MAX] = "";
+  if (rc == SGM_ERR_NOMEM) snprintf(vram_why, sizeof vram_why, "%s", sgm_last_error());
   if (b->tier == SGM_TIER_SHARED) return SGM_OK;
   rc = residency_promote(ctx, b, SGM_TIER_SHARED);
-  if (rc == SGM__ERR_BUDGET) {
-    char what[96];
-    snprintf(what, sizeof what, "cannot make a %llu-byte buffer resident (everything resident is "
-             "acquired)", (unsigned long long)b->size);
-    rc = sgm__residency_both_full(ctx, b->size, true, what, "");
+  if (!residency_full(rc)) return rc;
+  char shared_why[SGM_ERROR_MAX];
+  if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(ctx->tiers[SGM_TIER_SHARED], b->size);
+  snprintf(shared_why, sizeof shared_why, "%s", sgm_last_error());
+  if (!vram_why[0]) {
+    sgm__tier_explain_budget(ctx->tiers[SGM_TIER_VRAM], b->size);
+    snprintf(vram_why, sizeof vram_why, "%s", sgm_last_error());
   }
-  return rc;
+  /* "Everything resident is acquired" only when it is so: nothing released
+   * is left in either resident tier to evict. */
+  struct sgm_placement *pl = ctx->pl;
+  bool none_listed = __atomic_load_n(&pl->n_listed[SGM_TIER_VRAM], __ATOMIC_RELAXED) == 0 &&
+                     __atomic_load_n(&pl->n_listed[SGM_TIER_SHARED], __ATOMIC_RELAXED) == 0;
+  return sgm__error_set(SGM_ERR_NOMEM, "cannot make a %llu-byte buffer resident%s. VRAM: %s. "
+                        "Shared: %s", (unsigned long long)b->size,
+                        none_listed ? " (no released buffer is left to evict)" : "", vram_why,
+                        shared_why);
 }

@@ -16,6 +16,7 @@ SGM_API sgm_status sgm_get_stats(sgm_context *ctx, sgm_stats *out) {
   if (!out) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_get_stats: out is NULL");
   memset(out, 0, sizeof *out);
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_get_stats: context is NULL");
+  if (sgm__context_forked(ctx)) return (sgm_status)sgm__context_fork_error(ctx, "sgm_get_stats");
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
     if (ctx->tiers[t]) sgm__tier_stats(ctx->tiers[t], &out->tier[t]);
     else out->tier[t].budget_bytes = ctx->budget_bytes[t];

@@ -82,6 +82,9 @@
  *  - stream_wait_event() makes all work queued on the stream after this call
  *    wait, on the device, for the event's last recording; the host never
  *    waits. The event may be recorded again at once after the call.
+ *  - Both refuse with SGM_ERR_BUSY (nothing recorded or waited) while their
+ *    stream captures a CUDA graph: memory does not cross streams during a
+ *    capture (CUDA: one cuStreamIsCapturing before each).
  *  - These three, with event_query/event_wait/event_destroy, are the only
  *    calls on sgm's steady allocation path, and that path makes none of them
  *    unless memory crosses from one stream to another: no backend-wide lock

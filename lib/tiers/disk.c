@@ -30,7 +30,7 @@
  *  - a failed write leaves nothing allocated (range freed, blocks punched).
  *
  * Threading: one lock (rank SGM_LOCK_TIER_DISK) guards the sub-allocator, the
- * counters, the fault injector and the bounce and AIO caches; it is never held across
+ * counters, the engine pointer and the bounce and AIO caches; it is never held across
  * I/O, hashing or copying: an extent is carved under the lock, the lock is
  * dropped, the data moves, and the lock is retaken to publish the outcome.
  * The caller serialises use of one extent (no free during its read).
@@ -60,7 +60,7 @@
 /* Bounce buffer for unaligned buffers and partial blocks: 1, 4, 8 and 16 MiB
  * were within this VM's noise (docs/disk.md); 4 MiB is one request at the
  * usual max_sectors_kb and small enough to cache a few. */
-#define DISK_BOUNCE_BYTES (UINT64_C(4) << 20)
+#define DISK_BOUNCE_BYTES SGM_DISK_BOUNCE_BYTES
 /* Bounce buffers kept for reuse: one per concurrent spiller of a typical
  * 4-thread workload; more are allocated and freed on demand. */
 #define DISK_BOUNCE_CACHE 4
@@ -81,6 +81,12 @@
 #define DISK_AIO_CACHE 4
 /* Names tried by the create-and-unlink fallback before giving up. */
 #define DISK_NAME_TRIES 64
+/* Paths in messages are cut in the middle to this many bytes (with the NUL):
+ * a message is at most 1 KiB (error.c) and callers keep copies in
+ * SGM_ERROR_MAX (512) bytes; the errno and the hint after a long path must
+ * survive both. Both ends stay: the mount point and the leaf are
+ * what a reader recognises. */
+#define DISK_SHOWN_MAX 72
 
 struct sgm_disk {
   sgm_lock lock;                 /* guards the fields marked (L) */
@@ -91,24 +97,100 @@ struct sgm_disk {
   uint64_t limit_bytes;          /* the budget: size of the offset space */
   int punch_ok;                  /* hole punching works here (atomic; cleared on EOPNOTSUPP) */
   int aio_ok;                    /* Linux AIO works here (atomic; cleared when io_setup fails) */
-  char dir[SGM_PATH_MAX];        /* the spill directory as given */
-  char fs_name[SGM_PATH_MAX + 64]; /* "ext4 at /home": file system type and mount point */
+  char dir[DISK_SHOWN_MAX];      /* the spill directory as given, cut in the middle if long */
+  char fs_name[DISK_SHOWN_MAX + 64]; /* "ext4 at /home": type and mount point (cut likewise) */
   sgm_suballoc *sa;              /* (L) carves [0, limit_bytes); offsets are file offsets */
   uint64_t used_bytes;           /* (L) bytes of live extents, rounded to DISK_ALIGN */
+  uint64_t reserved_bytes;       /* (L) budget promised to data not written yet (sgm__disk_reserve) */
   uint64_t peak_used_bytes;      /* (L) highest used_bytes */
   uint64_t n_live;               /* (L) live extents */
   uint64_t bytes_in;             /* (L) data bytes written successfully since open */
   uint64_t bytes_out;            /* (L) data bytes read back and verified since open */
-  sgm_disk_fault fault_kind;     /* (L) testing: how the armed write fails */
-  uint64_t fault_countdown;      /* (L) testing: writes until it fires; 0 = disarmed */
+  const sgm_disk_engine *engine; /* the system calls that move data (tests install a spy) */
+  void *engine_user;             /* the engine's argument */
   void *bounce[DISK_BOUNCE_CACHE]; /* (L) cached bounce buffers, DISK_BOUNCE_BYTES each */
   unsigned n_bounce;             /* (L) entries used in bounce */
+  void *pinned;                  /* (L) the lent pinned staging buffer (not ours to free), or NULL */
+  bool pinned_busy;              /* (L) pinned is handed out now */
   aio_context_t aio[DISK_AIO_CACHE]; /* (L) cached AIO contexts, DISK_AIO_DEPTH deep */
   unsigned n_aio;                /* (L) entries used in aio */
 };
 
 /* ------------------------------------------------------------------------ */
+/* The kernel's I/O engine: the system calls as they are. */
+
+static ssize_t disk_sys_pwrite(void *user, int fd, const void *buf, size_t n, uint64_t off) {
+  (void)user;
+  return pwrite(fd, buf, n, (off_t)off);
+}
+
+static ssize_t disk_sys_pread(void *user, int fd, void *buf, size_t n, uint64_t off) {
+  (void)user;
+  return pread(fd, buf, n, (off_t)off);
+}
+
+static long disk_sys_io_submit(void *user, aio_context_t ctx, long nr, struct iocb **cbs) {
+  (void)user;
+  return syscall(SYS_io_submit, ctx, nr, cbs);
+}
+
+static long disk_sys_io_getevents(void *user, aio_context_t ctx, long min_nr, long nr,
+                                  struct io_event *ev) {
+  (void)user;
+  return syscall(SYS_io_getevents, ctx, min_nr, nr, ev, NULL);
+}
+
+const sgm_disk_engine sgm__disk_kernel_engine = {
+    .name = "kernel",
+    .pwrite = disk_sys_pwrite,
+    .pread = disk_sys_pread,
+    .io_submit = disk_sys_io_submit,
+    .io_getevents = disk_sys_io_getevents,
+};
+
+void sgm__disk_set_engine(sgm_disk *d, const sgm_disk_engine *e, void *user) {
+  sgm__lock_take(&d->lock);
+  const sgm_disk_engine *old = d->engine;
+  void *old_user = d->engine_user;
+  d->engine = e ? e : &sgm__disk_kernel_engine;
+  d->engine_user = e ? user : NULL;
+  sgm__lock_drop(&d->lock);
+  if (old && old->release && (old != d->engine || old_user != d->engine_user)) old->release(old_user);
+}
+
+const sgm_disk_engine *sgm__disk_get_engine(sgm_disk *d, void **user) {
+  sgm__lock_take(&d->lock);
+  const sgm_disk_engine *e = d->engine;
+  if (user) *user = d->engine_user;
+  sgm__lock_drop(&d->lock);
+  return e;
+}
+
+/* The engine for one transfer, read once under the lock. */
+static void disk_engine_get(sgm_disk *d, const sgm_disk_engine **e, void **user) {
+  sgm__lock_take(&d->lock);
+  *e = d->engine;
+  *user = d->engine_user;
+  sgm__lock_drop(&d->lock);
+}
+
+/* ------------------------------------------------------------------------ */
 /* Opening: file system description, the file, the I/O mode. */
+
+/* s for a message: whole when it fits in len (with the NUL), else its head
+ * and tail around "...". */
+static const char *disk_shorten(const char *s, char *buf, size_t len) {
+  size_t n = strlen(s);
+  if (n < len) {
+    memcpy(buf, s, n + 1);
+    return buf;
+  }
+  size_t keep = len - 4, head = keep / 3, tail = keep - head;
+  memcpy(buf, s, head);
+  memcpy(buf + head, "...", 3);
+  memcpy(buf + head + 3, s + n - tail, tail + 1);
+  return buf;
+}
 
 static const char *disk_fs_magic_name(long type) {
   switch ((unsigned long)type & 0xFFFFFFFFul) {
@@ -163,8 +245,9 @@ static void disk_describe_fs(const char *dir, char *out, size_t len) {
       snprintf(best_type, sizeof best_type, "file system 0x%lx", (unsigned long)sf.f_type);
     else snprintf(best_type, sizeof best_type, "unknown file system");
   }
-  if (best_dir[0]) snprintf(out, len, "%s at %s", best_type, best_dir);
-  else snprintf(out, len, "%s holding %s", best_type, real);
+  char shown[DISK_SHOWN_MAX];
+  if (best_dir[0]) snprintf(out, len, "%s at %s", best_type, disk_shorten(best_dir, shown, sizeof shown));
+  else snprintf(out, len, "%s holding %s", best_type, disk_shorten(real, shown, sizeof shown));
 }
 
 /* The create-and-unlink fallback for file systems without O_TMPFILE. */
@@ -242,19 +325,21 @@ int sgm__disk_open_ex(const char *dir, sgm_size limit, int verbose,
   if (strlen(dir) >= SGM_PATH_MAX)
     return sgm__error_set(SGM_ERR_INVALID, "spill directory path is longer than %d bytes",
                           SGM_PATH_MAX - 1);
+  char shown[DISK_SHOWN_MAX];
+  disk_shorten(dir, shown, sizeof shown);
   struct stat st;
   int e = stat(dir, &st) != 0 ? errno : !S_ISDIR(st.st_mode) ? ENOTDIR : 0;
   if (e) {
     if (e == ENOENT || e == ENOTDIR)
       return sgm__error_set(SGM_ERR_INVALID, "spill directory %s: %s (create it, or set "
-                            "SGM_SPILL_DIR to an existing writable directory)", dir, strerror(e));
+                            "SGM_SPILL_DIR to an existing writable directory)", shown, strerror(e));
     return sgm__error_set(SGM_ERR_IO, "spill directory %s: %s (set SGM_SPILL_DIR to a directory "
-                          "this process can write)", dir, strerror(e));
+                          "this process can write)", shown, strerror(e));
   }
   struct statvfs vfs;
   if (statvfs(dir, &vfs) != 0)
     return sgm__error_set(SGM_ERR_IO, "spill directory %s: statvfs: %s (set SGM_SPILL_DIR to a "
-                          "local writable directory)", dir, strerror(errno));
+                          "local writable directory)", shown, strerror(errno));
   uint64_t free_bytes = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize;
   uint64_t budget = sgm__size_resolve(limit, free_bytes, free_bytes / 2);
   if (budget > (uint64_t)INT64_MAX) budget = (uint64_t)INT64_MAX; /* the largest off_t */
@@ -268,15 +353,23 @@ int sgm__disk_open_ex(const char *dir, sgm_size limit, int verbose,
   d->punch_ok = 1;
   d->aio_ok = 1;
   d->mem_align = DISK_ALIGN;
-  snprintf(d->dir, sizeof d->dir, "%s", dir);
+  d->engine = &sgm__disk_kernel_engine;
+  snprintf(d->dir, sizeof d->dir, "%s", shown);
   disk_describe_fs(dir, d->fs_name, sizeof d->fs_name);
   sgm__lock_init(&d->lock, SGM_LOCK_TIER_DISK);
   char b[32], f[32];
   int rc;
+  if (budget == 0 && limit.fraction == 0 && limit.bytes) {
+    /* A byte count below one extent: the setting, not the disk, is short. */
+    rc = sgm__error_set(SGM_ERR_INVALID, "SGM_SPILL_LIMIT=%llu bytes is below one 4 KiB spill "
+                        "extent: set SGM_SPILL_LIMIT to at least 4KiB (or unset it for 50%% of "
+                        "the free space in %s)", (unsigned long long)limit.bytes, d->dir);
+    goto out_free;
+  }
   if (budget == 0) {
     rc = sgm__error_set(SGM_ERR_INVALID, "spill limit resolves to 0 bytes: %s (%s) has %s free; "
                         "free space there, set SGM_SPILL_LIMIT to at least 4KiB, or point "
-                        "SGM_SPILL_DIR at a file system with room", dir, d->fs_name,
+                        "SGM_SPILL_DIR at a file system with room", d->dir, d->fs_name,
                         sgm__fmt_bytes(free_bytes, f, sizeof f));
     goto out_free;
   }
@@ -296,14 +389,14 @@ int sgm__disk_open_ex(const char *dir, sgm_size limit, int verbose,
     err = disk_create_named(dir, &d->fd);
   if (d->fd < 0) {
     rc = sgm__error_set(SGM_ERR_IO, "cannot create the spill file in %s (%s): %s (make the "
-                        "directory writable or set SGM_SPILL_DIR elsewhere)", dir, d->fs_name,
+                        "directory writable or set SGM_SPILL_DIR elsewhere)", d->dir, d->fs_name,
                         strerror(err));
     goto out_free;
   }
   /* O_TMPFILE applies the umask; 0600 exactly: spilled data is private. */
   if (fchmod(d->fd, 0600) != 0) {
     rc = sgm__error_set(SGM_ERR_IO, "cannot make the spill file in %s private (chmod 0600): %s",
-                        dir, strerror(errno));
+                        d->dir, strerror(errno));
     goto out_free;
   }
   d->io = SGM_DISK_IO_BUFFERED;
@@ -321,12 +414,12 @@ int sgm__disk_open_ex(const char *dir, sgm_size limit, int verbose,
    * serialise size-changing direct I/O) and no read meets end of file. */
   if (ftruncate(d->fd, (off_t)budget) != 0)
     sgm__log(verbose, 1, "cannot size the spill file in %s to %s (%s): spilling may be slower",
-             dir, sgm__fmt_bytes(budget, b, sizeof b), strerror(errno));
+             d->dir, sgm__fmt_bytes(budget, b, sizeof b), strerror(errno));
   rc = sgm__suballoc_create(DISK_ALIGN, &d->sa);
   if (rc != SGM_OK) goto out_free;
   rc = sgm__suballoc_add_range(d->sa, 0, budget);
   if (rc != SGM_OK) goto out_free;
-  sgm__log(verbose, 2, "disk tier: spill file in %s (%s), limit %s, %s I/O", dir, d->fs_name,
+  sgm__log(verbose, 2, "disk tier: spill file in %s (%s), limit %s, %s I/O", d->dir, d->fs_name,
            sgm__fmt_bytes(budget, b, sizeof b),
            d->io == SGM_DISK_IO_DIRECT ? "direct" : "buffered");
   *out = d;
@@ -338,6 +431,7 @@ out_free:
 
 void sgm__disk_close(sgm_disk *d) {
   if (!d) return;
+  if (d->engine && d->engine->release) d->engine->release(d->engine_user);
   if (d->fd >= 0) close(d->fd);
   for (unsigned i = 0; i < d->n_bounce; i++) free(d->bounce[i]);
   for (unsigned i = 0; i < d->n_aio; i++) syscall(SYS_io_destroy, d->aio[i]);
@@ -364,6 +458,37 @@ static void disk_bounce_put(sgm_disk *d, void *p) {
   if (d->n_bounce < DISK_BOUNCE_CACHE) d->bounce[d->n_bounce++] = p, p = NULL;
   sgm__lock_drop(&d->lock);
   free(p);
+}
+
+void sgm__disk_lend_bounce(sgm_disk *d, void *pinned) {
+  sgm__lock_take(&d->lock);
+  if (!d->pinned) d->pinned = pinned;
+  sgm__lock_drop(&d->lock);
+}
+
+void *sgm__disk_take_back_bounce(sgm_disk *d) {
+  sgm__lock_take(&d->lock);
+  void *p = d->pinned && !d->pinned_busy ? d->pinned : NULL;
+  if (p) d->pinned = NULL;
+  sgm__lock_drop(&d->lock);
+  return p;
+}
+
+void *sgm__disk_stage_get(sgm_disk *d) {
+  sgm__lock_take(&d->lock);
+  void *p = d->pinned && !d->pinned_busy ? d->pinned : NULL;
+  if (p) d->pinned_busy = true;
+  sgm__lock_drop(&d->lock);
+  return p ? p : disk_bounce_get(d);
+}
+
+void sgm__disk_stage_put(sgm_disk *d, void *p) {
+  if (!p) return;
+  sgm__lock_take(&d->lock);
+  bool mine = p == d->pinned;
+  if (mine) d->pinned_busy = false;
+  sgm__lock_drop(&d->lock);
+  if (!mine) disk_bounce_put(d, p);
 }
 
 /* A cached AIO context or a new one; false where the kernel will not give one
@@ -395,37 +520,19 @@ static void disk_aio_put(sgm_disk *d, aio_context_t ctx) {
   if (!cached) syscall(SYS_io_destroy, ctx);
 }
 
-/* One transfer's state: the armed fault and the bytes moved. */
-typedef enum disk_fault_state {
-  DISK_FAULT_OFF,   /* nothing armed */
-  DISK_FAULT_ARMED, /* the next write call fails the way kind says */
-  DISK_FAULT_STALL  /* SHORT fired: every further write call makes no progress */
-} disk_fault_state;
-
+/* One transfer's state: its engine and the bytes moved. */
 typedef struct disk_xfer {
-  sgm_disk_fault kind;    /* testing: how the armed fault fails */
-  disk_fault_state state; /* testing: where the fault is */
-  uint64_t done;          /* bytes: data moved so far */
+  const sgm_disk_engine *e; /* the engine, fixed for the transfer */
+  void *user;               /* its argument */
+  int fd;                   /* the spill file */
+  uint64_t done;            /* bytes: data moved so far */
 } disk_xfer;
 
 /* Write all len bytes at off; 0, an errno, or DISK_SHORT. */
-static int disk_pwrite_all(int fd, const unsigned char *buf, uint64_t len, uint64_t off,
-                           disk_xfer *x) {
+static int disk_pwrite_all(const unsigned char *buf, uint64_t len, uint64_t off, disk_xfer *x) {
   while (len) {
     size_t chunk = (size_t)(len > DISK_IO_MAX ? DISK_IO_MAX : len);
-    if (sgm_unlikely(x->state != DISK_FAULT_OFF)) {
-      if (x->state == DISK_FAULT_STALL) return DISK_SHORT;
-      if (x->kind == SGM_DISK_FAULT_ENOSPC) return x->state = DISK_FAULT_OFF, ENOSPC;
-      if (x->kind == SGM_DISK_FAULT_EIO) return x->state = DISK_FAULT_OFF, EIO;
-      /* SHORT: half goes out for real (aligned, for O_DIRECT), then no
-       * further call makes progress. */
-      x->state = DISK_FAULT_STALL;
-      chunk = (size_t)((chunk / 2) & ~(DISK_ALIGN - 1));
-      ssize_t w = chunk ? pwrite(fd, buf, chunk, (off_t)off) : 0;
-      if (w > 0) x->done += (uint64_t)w;
-      return DISK_SHORT;
-    }
-    ssize_t w = pwrite(fd, buf, chunk, (off_t)off);
+    ssize_t w = x->e->pwrite(x->user, x->fd, buf, chunk, off);
     if (w < 0) {
       if (errno == EINTR) continue;
       return errno;
@@ -437,10 +544,10 @@ static int disk_pwrite_all(int fd, const unsigned char *buf, uint64_t len, uint6
 }
 
 /* Read all len bytes at off; 0, an errno, or DISK_SHORT (end of file). */
-static int disk_pread_all(int fd, unsigned char *buf, uint64_t len, uint64_t off, disk_xfer *x) {
+static int disk_pread_all(unsigned char *buf, uint64_t len, uint64_t off, disk_xfer *x) {
   while (len) {
     size_t chunk = (size_t)(len > DISK_IO_MAX ? DISK_IO_MAX : len);
-    ssize_t r = pread(fd, buf, chunk, (off_t)off);
+    ssize_t r = x->e->pread(x->user, x->fd, buf, chunk, off);
     if (r < 0) {
       if (errno == EINTR) continue;
       return errno;
@@ -463,9 +570,10 @@ typedef struct disk_slot {
 /* Wait for at least one completion. false when the context broke (then it is
  * destroyed, which waits for everything in flight, and every pending slot
  * fails with EIO). */
-static bool disk_aio_reap(aio_context_t ctx, disk_slot *slots, uint64_t *in_flight) {
+static bool disk_aio_reap(const disk_xfer *x, aio_context_t ctx, disk_slot *slots,
+                          uint64_t *in_flight) {
   struct io_event ev[DISK_AIO_DEPTH];
-  long r = syscall(SYS_io_getevents, ctx, 1, DISK_AIO_DEPTH, ev, NULL);
+  long r = x->e->io_getevents(x->user, ctx, 1, DISK_AIO_DEPTH, ev);
   if (r < 0 && errno == EINTR) return true;
   if (r < 0) {
     syscall(SYS_io_destroy, ctx);
@@ -506,44 +614,30 @@ static int disk_aio_body(sgm_disk *d, aio_context_t ctx, bool writing, unsigned 
       const uint64_t c = len - pos < piece ? len - pos : piece;
       memset(s, 0, sizeof *s);
       if (writing) XXH3_64bits_update(hs, buf + pos, (size_t)c);
-      /* Testing: an armed fault fires on the second piece, with the first in
-       * flight. SHORT is a real partial completion (half the piece), then no
-       * progress; ENOSPC and EIO come from the synchronous call below. */
-      uint64_t nbytes = c;
-      bool sync = false;
-      if (sgm_unlikely(x->state == DISK_FAULT_ARMED) && i == 1) {
-        if (x->kind == SGM_DISK_FAULT_SHORT) {
-          nbytes = (c / 2) & ~(DISK_ALIGN - 1);
-          x->state = DISK_FAULT_STALL;
-        }
-        sync = nbytes == 0 || x->kind != SGM_DISK_FAULT_SHORT;
+      s->cb.aio_data = (uint64_t)(uintptr_t)s;
+      s->cb.aio_lio_opcode = writing ? IOCB_CMD_PWRITE : IOCB_CMD_PREAD;
+      s->cb.aio_fildes = (uint32_t)d->fd;
+      s->cb.aio_buf = (uint64_t)(uintptr_t)(buf + pos);
+      s->cb.aio_nbytes = c;
+      s->cb.aio_offset = (int64_t)(off + pos);
+      struct iocb *p = &s->cb;
+      long r;
+      do r = x->e->io_submit(x->user, ctx, 1, &p);
+      while (r < 0 && errno == EINTR);
+      if (r == 1) {
+        s->async = true;
+        in_flight++;
+        continue;
       }
-      if (!sync) {
-        s->cb.aio_data = (uint64_t)(uintptr_t)s;
-        s->cb.aio_lio_opcode = writing ? IOCB_CMD_PWRITE : IOCB_CMD_PREAD;
-        s->cb.aio_fildes = (uint32_t)d->fd;
-        s->cb.aio_buf = (uint64_t)(uintptr_t)(buf + pos);
-        s->cb.aio_nbytes = nbytes;
-        s->cb.aio_offset = (int64_t)(off + pos);
-        struct iocb *p = &s->cb;
-        long r;
-        do r = syscall(SYS_io_submit, ctx, 1, &p);
-        while (r < 0 && errno == EINTR);
-        if (r == 1) {
-          s->async = true;
-          in_flight++;
-          continue;
-        }
-      }
-      /* Not queued (the kernel said EAGAIN, say), or a test's fault fires:
-       * this piece moves synchronously. */
-      s->err = writing ? disk_pwrite_all(d->fd, buf + pos, c, off + pos, x)
-                       : disk_pread_all(d->fd, buf + pos, c, off + pos, x);
+      /* Not queued (the kernel said EAGAIN, say): this piece moves
+       * synchronously. */
+      s->err = writing ? disk_pwrite_all(buf + pos, c, off + pos, x)
+                       : disk_pread_all(buf + pos, c, off + pos, x);
       s->done = true;
     }
     disk_slot *s = &slots[next_done % DISK_AIO_DEPTH];
     while (!s->done)
-      if (!disk_aio_reap(ctx, slots, &in_flight)) *ctx_ok = false;
+      if (!disk_aio_reap(x, ctx, slots, &in_flight)) *ctx_ok = false;
     uint64_t pos = next_done * piece;
     uint64_t c = len - pos < piece ? len - pos : piece;
     if (s->err) {
@@ -554,15 +648,15 @@ static int disk_aio_body(sgm_disk *d, aio_context_t ctx, bool writing, unsigned 
       uint64_t got = (uint64_t)s->res;
       x->done += got;
       if (got < c)
-        err = writing ? disk_pwrite_all(d->fd, buf + pos + got, c - got, off + pos + got, x)
-                      : disk_pread_all(d->fd, buf + pos + got, c - got, off + pos + got, x);
+        err = writing ? disk_pwrite_all(buf + pos + got, c - got, off + pos + got, x)
+                      : disk_pread_all(buf + pos + got, c - got, off + pos + got, x);
     }
     if (!err && !writing) XXH3_64bits_update(hs, buf + pos, (size_t)c);
     next_done++;
   }
   /* The kernel may still be moving later pieces of this buffer. */
   while (in_flight)
-    if (!disk_aio_reap(ctx, slots, &in_flight)) *ctx_ok = false;
+    if (!disk_aio_reap(x, ctx, slots, &in_flight)) *ctx_ok = false;
   return err;
 }
 
@@ -582,8 +676,7 @@ static int disk_direct_body(sgm_disk *d, bool writing, unsigned char *buf, uint6
     return err;
   }
   if (writing) XXH3_64bits_update(hs, buf, (size_t)len);
-  int err = writing ? disk_pwrite_all(d->fd, buf, len, off, x)
-                    : disk_pread_all(d->fd, buf, len, off, x);
+  int err = writing ? disk_pwrite_all(buf, len, off, x) : disk_pread_all(buf, len, off, x);
   if (!err && !writing) XXH3_64bits_update(hs, buf, (size_t)len);
   return err;
 }
@@ -611,7 +704,7 @@ static int disk_write_direct(sgm_disk *d, const unsigned char *src, uint64_t n, 
       memset(bounce + c, 0, (size_t)(padded - c));
       XXH3_64bits_update(&hs, bounce, (size_t)c);
       uint64_t before = x->done;
-      err = disk_pwrite_all(d->fd, bounce, padded, off + pos, x);
+      err = disk_pwrite_all(bounce, padded, off + pos, x);
       if (x->done - before > c) x->done = before + c; /* the padding is not data */
       pos += c;
     }
@@ -627,7 +720,7 @@ static int disk_write_direct(sgm_disk *d, const unsigned char *src, uint64_t n, 
 static int disk_write_buffered(sgm_disk *d, const unsigned char *src, uint64_t n, uint64_t off,
                                disk_xfer *x, uint64_t *sum) {
   *sum = XXH3_64bits(src, (size_t)n);
-  int err = disk_pwrite_all(d->fd, src, n, off, x);
+  int err = disk_pwrite_all(src, n, off, x);
   if (err) return err;
   if (sync_file_range(d->fd, (off_t)off, (off_t)n, SYNC_FILE_RANGE_WAIT_BEFORE |
                       SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) != 0)
@@ -653,7 +746,7 @@ static int disk_read_direct(sgm_disk *d, unsigned char *dst, uint64_t n, uint64_
     if (!bounce) return ENOMEM;
     while (pos < n && !err) {
       uint64_t c = n - pos < DISK_BOUNCE_BYTES ? n - pos : DISK_BOUNCE_BYTES;
-      err = disk_pread_all(d->fd, bounce, sgm__align_up(c, DISK_ALIGN), off + pos, x);
+      err = disk_pread_all(bounce, sgm__align_up(c, DISK_ALIGN), off + pos, x);
       if (err) break;
       XXH3_64bits_update(&hs, bounce, (size_t)c);
       memcpy(dst + pos, bounce, (size_t)c);
@@ -671,7 +764,7 @@ static int disk_read_direct(sgm_disk *d, unsigned char *dst, uint64_t n, uint64_
 static int disk_read_buffered(sgm_disk *d, unsigned char *dst, uint64_t n, uint64_t off,
                               disk_xfer *x, uint64_t *sum) {
   posix_fadvise(d->fd, (off_t)off, (off_t)n, POSIX_FADV_WILLNEED);
-  int err = disk_pread_all(d->fd, dst, n, off, x);
+  int err = disk_pread_all(dst, n, off, x);
   posix_fadvise(d->fd, (off_t)off, (off_t)n, POSIX_FADV_DONTNEED);
   if (!err) *sum = XXH3_64bits(dst, (size_t)n);
   return err;
@@ -690,14 +783,15 @@ static void disk_punch(sgm_disk *d, uint64_t off, uint64_t size) {
   }
 }
 
-/* Return a carved range to the budget. */
-static void disk_release_range(sgm_disk *d, uint64_t off) {
+/* Return a carved range to the budget (reserve: to the reservation it came from). */
+static void disk_release_range(sgm_disk *d, uint64_t off, bool reserve) {
   sgm__lock_take(&d->lock);
   uint64_t size = 0;
   int rc = sgm__suballoc_free(d->sa, off, &size);
   sgm_assert_internal(rc == SGM_OK);
   (void)rc;
   d->used_bytes -= size;
+  if (reserve) d->reserved_bytes += size;
   d->n_live--;
   sgm__lock_drop(&d->lock);
 }
@@ -725,35 +819,79 @@ static int disk_io_error(sgm_disk *d, bool writing, int err, uint64_t n, uint64_
                            "below the free space, or set SGM_SPILL_DIR to a larger file system"
                          : "the data stays where it was; check the disk (dmesg) or set "
                            "SGM_SPILL_DIR to another file system";
+  /* The errno and the hint first: the paths after them are the part a
+   * message cut at SGM_ERROR_MAX can lose. */
   return sgm__error_set(SGM_ERR_IO,
-                        "spill %s of %s at offset %llu failed after %s: %s; spill file in %s on "
-                        "%s (%s free of %s), SGM_SPILL_LIMIT %s with %s spilled now; %s",
+                        "spill %s of %s at offset %llu failed after %s: %s; %s (spill file in %s "
+                        "on %s, %s free of %s, SGM_SPILL_LIMIT %s with %s spilled now)",
                         writing ? "write" : "read", sgm__fmt_bytes(n, a, sizeof a),
-                        (unsigned long long)off, sgm__fmt_bytes(done, b, sizeof b), why, d->dir,
-                        d->fs_name, sgm__fmt_bytes(free_bytes, fr, sizeof fr),
+                        (unsigned long long)off, sgm__fmt_bytes(done, b, sizeof b), why, hint,
+                        d->dir, d->fs_name, sgm__fmt_bytes(free_bytes, fr, sizeof fr),
                         sgm__fmt_bytes(total, c, sizeof c),
                         sgm__fmt_bytes(d->limit_bytes, l, sizeof l),
-                        sgm__fmt_bytes(used, u, sizeof u), hint);
+                        sgm__fmt_bytes(used, u, sizeof u));
 }
 
 /* ------------------------------------------------------------------------ */
 /* Extents. */
 
+/* ------------------------------------------------------------------------ */
+/* The budget: extents carved plus reservations, counted here only. */
+
+int sgm__disk_reserve(sgm_disk *d, uint64_t bytes) {
+  uint64_t size = sgm__align_up(bytes, DISK_ALIGN);
+  sgm__lock_take(&d->lock);
+  uint64_t in_use = d->used_bytes + d->reserved_bytes;
+  bool fits = size <= d->limit_bytes && in_use <= d->limit_bytes - size;
+  if (fits) {
+    d->reserved_bytes += size;
+    if (d->used_bytes + d->reserved_bytes > d->peak_used_bytes)
+      d->peak_used_bytes = d->used_bytes + d->reserved_bytes;
+  }
+  sgm__lock_drop(&d->lock);
+  if (fits) return SGM_OK;
+  char a[32], l[32], u[32];
+  return sgm__error_set(SGM_ERR_NOMEM, "disk tier budget exhausted: cannot place %s; "
+                        "SGM_SPILL_LIMIT gives %s, %s in use (raise SGM_SPILL_LIMIT or free "
+                        "spilled buffers)", sgm__fmt_bytes(bytes, a, sizeof a),
+                        sgm__fmt_bytes(d->limit_bytes, l, sizeof l),
+                        sgm__fmt_bytes(in_use, u, sizeof u));
+}
+
+void sgm__disk_unreserve(sgm_disk *d, uint64_t bytes) {
+  uint64_t size = sgm__align_up(bytes, DISK_ALIGN);
+  sgm__lock_take(&d->lock);
+  sgm_assert_internal(d->reserved_bytes >= size);
+  d->reserved_bytes -= size < d->reserved_bytes ? size : d->reserved_bytes;
+  sgm__lock_drop(&d->lock);
+}
+
 int sgm__disk_write(sgm_disk *d, const void *src, uint64_t n, sgm_disk_extent *out) {
+  return sgm__disk_write_ex(d, src, n, false, out);
+}
+
+int sgm__disk_write_ex(sgm_disk *d, const void *src, uint64_t n, bool reserved,
+                       sgm_disk_extent *out) {
   memset(out, 0, sizeof *out);
   if (n == 0) return sgm__error_set(SGM_ERR_INVALID, "spill write of 0 bytes");
   if (n > UINT64_MAX - DISK_ALIGN || n > (uint64_t)SIZE_MAX)
     return sgm__error_set(SGM_ERR_INVALID, "spill write of %llu bytes overflows",
                           (unsigned long long)n);
   uint64_t off = 0, size = 0;
-  disk_xfer x = {SGM_DISK_FAULT_NONE, DISK_FAULT_OFF, 0};
+  disk_xfer x = {NULL, NULL, d->fd, 0};
+  disk_engine_get(d, &x.e, &x.user);
+  if (x.e->begin) x.e->begin(x.user, true, n);
   sgm__lock_take(&d->lock);
-  if (!sgm__suballoc_try_alloc(d->sa, n, &off, &size)) {
+  /* Reservations hold budget the sub-allocator does not see: a write that
+   * does not come from one must fit beside them. */
+  uint64_t want = sgm__align_up(n, DISK_ALIGN);
+  bool over = !reserved && d->used_bytes + d->reserved_bytes + want > d->limit_bytes;
+  if (over || !sgm__suballoc_try_alloc(d->sa, n, &off, &size)) {
     char a[32], l[32], u[32], f[32];
     sgm_suballoc_stats st;
     sgm__suballoc_stats(d->sa, &st);
     int rc;
-    if (st.largest_free_bytes >= sgm__align_up(n, DISK_ALIGN))
+    if (!over && st.largest_free_bytes >= want)
       rc = sgm__error_set(SGM_ERR_NOMEM, "out of host memory for spill extent metadata");
     else
       rc = sgm__error_set(SGM_ERR_NOMEM,
@@ -762,20 +900,17 @@ int sgm__disk_write(sgm_disk *d, const void *src, uint64_t n, sgm_disk_extent *o
                           "SGM_SPILL_LIMIT or free spilled buffers)",
                           sgm__fmt_bytes(n, a, sizeof a),
                           sgm__fmt_bytes(d->limit_bytes, l, sizeof l),
-                          sgm__fmt_bytes(d->used_bytes, u, sizeof u),
+                          sgm__fmt_bytes(d->used_bytes + d->reserved_bytes, u, sizeof u),
                           (unsigned long long)d->n_live,
                           sgm__fmt_bytes(st.largest_free_bytes, f, sizeof f));
     sgm__lock_drop(&d->lock);
     return rc;
   }
   d->used_bytes += size;
-  if (d->used_bytes > d->peak_used_bytes) d->peak_used_bytes = d->used_bytes;
+  if (reserved) d->reserved_bytes -= size < d->reserved_bytes ? size : d->reserved_bytes;
+  if (d->used_bytes + d->reserved_bytes > d->peak_used_bytes)
+    d->peak_used_bytes = d->used_bytes + d->reserved_bytes;
   d->n_live++;
-  if (d->fault_countdown && --d->fault_countdown == 0) {
-    x.kind = d->fault_kind;
-    x.state = x.kind == SGM_DISK_FAULT_NONE ? DISK_FAULT_OFF : DISK_FAULT_ARMED;
-    d->fault_kind = SGM_DISK_FAULT_NONE;
-  }
   sgm__lock_drop(&d->lock);
 
   uint64_t sum = 0;
@@ -784,7 +919,7 @@ int sgm__disk_write(sgm_disk *d, const void *src, uint64_t n, sgm_disk_extent *o
   if (sgm_unlikely(err)) {
     /* Give back what was carved and whatever reached the file. */
     disk_punch(d, off, size);
-    disk_release_range(d, off);
+    disk_release_range(d, off, reserved);
     if (err == ENOMEM)
       return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for a spill bounce buffer");
     return disk_io_error(d, true, err, n, off, x.done);
@@ -808,7 +943,9 @@ int sgm__disk_read(sgm_disk *d, const sgm_disk_extent *e, void *dst) {
     return sgm__error_set(SGM_ERR_INVALID, "spill read at offset %llu: no live extent of %llu "
                           "bytes there", (unsigned long long)e->offset,
                           (unsigned long long)e->bytes);
-  disk_xfer x = {SGM_DISK_FAULT_NONE, DISK_FAULT_OFF, 0};
+  disk_xfer x = {NULL, NULL, d->fd, 0};
+  disk_engine_get(d, &x.e, &x.user);
+  if (x.e->begin) x.e->begin(x.user, false, e->bytes);
   uint64_t sum = 0;
   int err = d->io == SGM_DISK_IO_DIRECT ? disk_read_direct(d, dst, e->bytes, e->offset, &x, &sum)
                                         : disk_read_buffered(d, dst, e->bytes, e->offset, &x, &sum);
@@ -834,7 +971,9 @@ int sgm__disk_read(sgm_disk *d, const sgm_disk_extent *e, void *dst) {
   return SGM_OK;
 }
 
-void sgm__disk_free(sgm_disk *d, const sgm_disk_extent *e) {
+void sgm__disk_free(sgm_disk *d, const sgm_disk_extent *e) { sgm__disk_free_ex(d, e, false); }
+
+void sgm__disk_free_ex(sgm_disk *d, const sgm_disk_extent *e, bool reserve) {
   if (!e || e->bytes == 0) return;
   sgm__lock_take(&d->lock);
   uint64_t size = sgm__suballoc_block_size(d->sa, e->offset);
@@ -844,14 +983,14 @@ void sgm__disk_free(sgm_disk *d, const sgm_disk_extent *e) {
   /* Punch before the range is free again: a write that got it next could
    * otherwise lose its fresh data to this hole. */
   disk_punch(d, e->offset, size);
-  disk_release_range(d, e->offset);
+  disk_release_range(d, e->offset, reserve);
 }
 
 void sgm__disk_stats(sgm_disk *d, sgm_tier_stats *out) {
   memset(out, 0, sizeof *out);
   sgm__lock_take(&d->lock);
   out->budget_bytes = d->limit_bytes;
-  out->used_bytes = d->used_bytes;
+  out->used_bytes = d->used_bytes + d->reserved_bytes;
   out->peak_used_bytes = d->peak_used_bytes;
   out->n_live = d->n_live;
   out->bytes_in = d->bytes_in;
@@ -866,10 +1005,3 @@ int sgm__disk_fd(const sgm_disk *d) { return d->fd; }
 sgm_disk_io sgm__disk_io_mode(const sgm_disk *d) { return d->io; }
 
 const char *sgm__disk_fs_name(const sgm_disk *d) { return d->fs_name; }
-
-void sgm__disk_inject(sgm_disk *d, sgm_disk_fault kind, uint64_t nth) {
-  sgm__lock_take(&d->lock);
-  d->fault_kind = kind;
-  d->fault_countdown = kind == SGM_DISK_FAULT_NONE ? 0 : nth;
-  sgm__lock_drop(&d->lock);
-}

@@ -16,6 +16,9 @@
 #ifndef SGM_DISK_H
 #define SGM_DISK_H
 
+#include <linux/aio_abi.h>
+#include <sys/types.h>
+
 #include "internal.h"
 
 typedef struct sgm_disk sgm_disk;
@@ -56,6 +59,19 @@ void sgm__disk_close(sgm_disk *d);
  * ENOSPC, EIO, a short write → SGM_ERR_IO naming the file system (type and
  * mount point) and the limit; n == 0 or too large → SGM_ERR_INVALID. */
 int sgm__disk_write(sgm_disk *d, const void *src, uint64_t n, sgm_disk_extent *out);
+/* The budget, counted here only: live extents plus reservations. reserve
+ * promises bytes (rounded to 4 KiB) to data that is not written yet (a
+ * buffer created straight on disk): SGM_ERR_NOMEM naming SGM_SPILL_LIMIT
+ * when they do not fit beside what is in use; unreserve gives them back.
+ * write_ex with reserved = true carves its extent out of such a promise
+ * (it cannot fail for budget); free_ex with reserve = true turns the extent
+ * back into one. sgm__disk_write = write_ex(..., false, ...). */
+int sgm__disk_reserve(sgm_disk *d, uint64_t bytes);
+void sgm__disk_unreserve(sgm_disk *d, uint64_t bytes);
+int sgm__disk_write_ex(sgm_disk *d, const void *src, uint64_t n, bool reserved,
+                       sgm_disk_extent *out);
+void sgm__disk_free_ex(sgm_disk *d, const sgm_disk_extent *e, bool reserve);
+
 /* Read extent e back into dst (at least e->bytes long) and verify its
  * checksum: a mismatch → SGM_ERR_CORRUPT naming the offset and both checksums;
  * I/O errors → SGM_ERR_IO; e not a live extent → SGM_ERR_INVALID. The extent
@@ -67,9 +83,23 @@ int sgm__disk_read(sgm_disk *d, const sgm_disk_extent *e, void *dst);
  * a caller bug: asserted when SGM_DEBUG >= 1, else ignored. */
 void sgm__disk_free(sgm_disk *d, const sgm_disk_extent *e);
 
+/* Staging for transfers between the spill file and device memory: buffers of
+ * SGM_DISK_BOUNCE_BYTES, page-aligned, kept by the tier (no malloc per
+ * transfer). lend_bounce gives the tier one pinned buffer of that size (the
+ * caller allocated it through its backend, keeps ownership and frees it after
+ * sgm__disk_close); stage_get hands it out when it is free, else a cached
+ * unpinned one (NULL when out of memory); stage_put takes either back. */
+#define SGM_DISK_BOUNCE_BYTES (UINT64_C(4) << 20)
+void sgm__disk_lend_bounce(sgm_disk *d, void *pinned);
+/* Take the lent pinned buffer back if no transfer holds it (then the tier
+ * stages through its own buffers); returns it, or NULL. */
+void *sgm__disk_take_back_bounce(sgm_disk *d);
+void *sgm__disk_stage_get(sgm_disk *d);
+void sgm__disk_stage_put(sgm_disk *d, void *p);
+
 /* budget_bytes = the resolved limit; committed_bytes = disk space the spill
  * file holds now (st_blocks); used_bytes / peak_used_bytes = live extents
- * (rounded to 4 KiB); n_live = live extents; bytes_in / bytes_out = data
+ * (rounded to 4 KiB) plus reservations; n_live = live extents; bytes_in / bytes_out = data
  * written / read back successfully since open; n_evictions = 0. */
 void sgm__disk_stats(sgm_disk *d, sgm_tier_stats *out);
 /* The spill file's descriptor (tests reach the file through /proc/self/fd/N). */
@@ -79,15 +109,28 @@ sgm_disk_io sgm__disk_io_mode(const sgm_disk *d);
 /* "ext4 at /home" — the file system of the spill directory, for messages. */
 const char *sgm__disk_fs_name(const sgm_disk *d);
 
-/* Testing: make the nth sgm__disk_write from now (1 = the next one) fail the
- * given way: ENOSPC or EIO from the first write call, or SHORT (half the
- * data written, then no progress). nth 0 or kind NONE = off. One-shot. */
-typedef enum sgm_disk_fault {
-  SGM_DISK_FAULT_NONE,
-  SGM_DISK_FAULT_ENOSPC,
-  SGM_DISK_FAULT_EIO,
-  SGM_DISK_FAULT_SHORT
-} sgm_disk_fault;
-void sgm__disk_inject(sgm_disk *d, sgm_disk_fault kind, uint64_t nth);
+/* The I/O engine: the system calls that move a transfer's data, behind a
+ * small vtable so that tests install a spy (tests/support/disk_spy.c) that
+ * fails, shortens or stalls them, and no fault injection lives in the
+ * transfer loops. Each function behaves as its system call: -1 with errno
+ * set on failure. begin (optional) is called once at the start of each
+ * sgm__disk_write (writing) or sgm__disk_read, before any call of the
+ * others; release (optional) when the engine is replaced or the tier closed. */
+typedef struct sgm_disk_engine {
+  const char *name;
+  ssize_t (*pwrite)(void *user, int fd, const void *buf, size_t n, uint64_t off);
+  ssize_t (*pread)(void *user, int fd, void *buf, size_t n, uint64_t off);
+  long (*io_submit)(void *user, aio_context_t ctx, long nr, struct iocb **cbs);
+  long (*io_getevents)(void *user, aio_context_t ctx, long min_nr, long nr, struct io_event *ev);
+  void (*begin)(void *user, bool writing, uint64_t bytes);
+  void (*release)(void *user);
+} sgm_disk_engine;
+/* The production engine: pwrite, pread, io_submit, io_getevents as they are. */
+extern const sgm_disk_engine sgm__disk_kernel_engine;
+/* Install e (NULL: the kernel's) with its argument; the previous engine's
+ * release runs. No transfer may be in flight. */
+void sgm__disk_set_engine(sgm_disk *d, const sgm_disk_engine *e, void *user);
+/* The engine in use and its argument. */
+const sgm_disk_engine *sgm__disk_get_engine(sgm_disk *d, void **user);
 
 #endif /* SGM_DISK_H */

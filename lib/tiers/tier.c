@@ -79,6 +79,7 @@ typedef struct tier_block {
   void *handle;                /* that stream's handle, to record events on it */
   int state;                   /* TIER_LIVE or TIER_CACHED (atomic; changed under the shard lock) */
   int cls;                     /* its size class, -1 when its size is no class's */
+  bool own;                    /* taken by sgm__tier_alloc for sgm itself: user frees refuse it */
   sgm_stream_ref *rec;         /* streams named by sgm_record_stream (malloc'd), NULL if none */
   size_t n_rec;                /* entries in rec */
   struct tier_block *hnext;    /* chain in the live map */
@@ -156,7 +157,8 @@ struct sgm_tier_pool {
   uint64_t room_bytes;        /* budget - held, read without the lock (atomic; written under it) */
   bool budget_lowered;        /* set_budget went below committed: committed may exceed it */
   unsigned n_growing;         /* chunks being taken from the backend right now */
-  pthread_cond_t grown;       /* broadcast when a chunk taking finishes */
+  unsigned n_releasing;       /* chunks detached and being returned right now (still committed) */
+  pthread_cond_t grown;       /* broadcast when a chunk taking finishes or a release ends */
   tier_stream *streams;       /* streams with bags */
   uint64_t bag_bytes;         /* bytes in bags and deferred frees */
   size_t n_bagged;            /* blocks in bags and deferred frees (atomic: read as a hint) */
@@ -300,12 +302,12 @@ static void tier_map_remove(sgm_tier_pool *p, tier_block *b) {
 }
 
 /* Move ptr's block from LIVE to CACHED; NULL when ptr is no live block. */
-static tier_block *tier_map_take_live(sgm_tier_pool *p, sgm_devptr ptr) {
+static tier_block *tier_map_take_live(sgm_tier_pool *p, sgm_devptr ptr, bool own) {
   uint64_t h = tier_hash(ptr);
   tier_shard *s = tier_shard_of(p, h);
   tier_spin_lock(&s->lock);
   tier_block *b = s->buckets ? tier_map_find_locked(s, ptr, h) : NULL;
-  if (b && __atomic_load_n(&b->state, __ATOMIC_RELAXED) == TIER_LIVE)
+  if (b && b->own == own && __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) == TIER_LIVE)
     __atomic_store_n(&b->state, TIER_CACHED, __ATOMIC_RELAXED);
   else b = NULL;
   tier_spin_unlock(&s->lock);
@@ -381,32 +383,26 @@ static tier_block *tier_bag_take(tier_bag *g, int cls, uint64_t need) {
   return b;
 }
 
-/* Move every block of src into dst. */
-static void tier_bag_merge(tier_bag *dst, tier_bag *src) {
-  for (int c = -1; c < TIER_N_CLASSES; c++) {
-    tier_block **sh = c < 0 ? &src->large : &src->cls[c];
-    while (*sh) {
-      tier_block *b = *sh;
-      *sh = b->next;
-      tier_bag_push(dst, b);
-    }
-  }
-  src->bytes = 0;
-  src->n = 0;
-}
-
-static void tier_bag_release_locked(sgm_tier_pool *p, tier_bag *g) {
+/* Empty the bag, handing each block to `to`: into dst (a merge), or back to
+ * the sub-allocator (p, pool lock held). */
+static void tier_bag_drain(tier_bag *g, tier_bag *dst, sgm_tier_pool *p) {
   for (int c = -1; c < TIER_N_CLASSES; c++) {
     tier_block **sh = c < 0 ? &g->large : &g->cls[c];
     while (*sh) {
       tier_block *b = *sh;
       *sh = b->next;
-      tier_release_block_locked(p, b);
+      if (dst) tier_bag_push(dst, b);
+      else tier_release_block_locked(p, b);
     }
   }
   g->bytes = 0;
   g->n = 0;
 }
+
+/* Move every block of src into dst. */
+static void tier_bag_merge(tier_bag *dst, tier_bag *src) { tier_bag_drain(src, dst, NULL); }
+
+static void tier_bag_release_locked(sgm_tier_pool *p, tier_bag *g) { tier_bag_drain(g, NULL, p); }
 
 static tier_stream *tier_stream_find_locked(sgm_tier_pool *p, uint64_t key) {
   for (tier_stream *s = p->streams; s; s = s->next)
@@ -753,6 +749,7 @@ static size_t tier_detach_free_locked(sgm_tier_pool *p, uint64_t now_ms, uint64_
     }
   }
   p->n_chunks = w;
+  p->n_releasing += (unsigned)k; /* committed until tier_release_chunks drops them */
   *out = list;
   return k;
 }
@@ -765,9 +762,12 @@ static uint64_t tier_release_chunks(sgm_tier_pool *p, sgm_chunk *list, size_t n)
     bytes += list[i].bytes;
   }
   free(list);
-  if (bytes) {
+  if (n) {
     sgm__lock_take(&p->lock);
     p->committed_bytes -= bytes;
+    p->n_releasing -= (unsigned)n;
+    /* Growers that found the budget held by these chunks look again. */
+    pthread_cond_broadcast(&p->grown);
     sgm__lock_drop(&p->lock);
   }
   return bytes;
@@ -856,7 +856,7 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
     if (sgm__suballoc_try_alloc(p->sa, need, &off, &got)) {
       *b = (tier_block){.ptr = off, .bytes = got, .asked = asked, .key = ref ? ref->key : 0,
                         .handle = ref ? ref->handle : NULL, .state = TIER_LIVE,
-                        .cls = tier_class_exact(got)};
+                        .cls = tier_class_exact(got), .own = ref == NULL};
       if (!tier_map_insert(p, b)) {
         uint64_t sz;
         sgm__suballoc_free(p->sa, off, &sz);
@@ -874,9 +874,10 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
     if (!p->p.growth) break;
     bool dedicated = false;
     uint64_t chunk = tier_next_chunk_locked(p, need, &dedicated);
-    if (chunk == 0 && p->n_growing > 0) {
-      /* The budget is held by chunks other threads are taking right now: one
-       * of them may have room for this block. Wait for it, then look again. */
+    if (chunk == 0 && (p->n_growing > 0 || p->n_releasing > 0)) {
+      /* The budget is held by chunks other threads are taking right now (one
+       * of them may have room for this block) or giving back (a trim: their
+       * bytes are committed until the backend has them). Wait, look again. */
       pthread_cond_wait(&p->grown, &p->lock.mu);
       round--;
       continue;
@@ -1050,9 +1051,12 @@ int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *re
     }
     rc = tier_carve(p, block, need, ref, &b);
   }
-  /* A failure is counted by the caller's next step (sgm__tier_alloc, after
-   * demotions), once per request. */
-  if (rc != SGM_OK) return rc;
+  /* Counted per attempt, as sgm__tier_alloc counts: a request retried after
+   * demotions may count more than once. */
+  if (rc != SGM_OK) {
+    __atomic_fetch_add(&p->n_failed, 1, __ATOMIC_RELAXED);
+    return rc;
+  }
   /* Fresh from the sub-allocator: counted as handed out (state is LIVE). */
   if (m) tier_mag_count(p, m, (int64_t)need);
   else tier_count_used(p, (int64_t)need, 1, 1, 0);
@@ -1062,7 +1066,7 @@ int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *re
 
 int sgm__tier_free(sgm_tier_pool *p, sgm_devptr ptr, uint64_t *size_out) {
   *size_out = 0;
-  tier_block *b = tier_map_take_live(p, ptr);
+  tier_block *b = tier_map_take_live(p, ptr, true);
   /* Not ours: say so without a message; the caller tries the next tier and
    * composes the message only if no tier owns the pointer. */
   if (!b) return SGM_ERR_INVALID;
@@ -1119,7 +1123,7 @@ out_fail:
 }
 
 int sgm__tier_free_on(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_ref *ref) {
-  tier_block *b = tier_map_take_live(p, ptr);
+  tier_block *b = tier_map_take_live(p, ptr, false);
   if (sgm_unlikely(!b)) return SGM_ERR_INVALID;
   uint64_t asked = b->asked;
   b->key = ref->key;
@@ -1179,7 +1183,7 @@ int sgm__tier_record_stream(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_r
   tier_spin_lock(&s->lock);
   tier_block *b = s->buckets ? tier_map_find_locked(s, ptr, h) : NULL;
   int rc = SGM_OK;
-  if (!b || __atomic_load_n(&b->state, __ATOMIC_RELAXED) != TIER_LIVE) {
+  if (!b || b->own || __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) != TIER_LIVE) {
     rc = SGM_ERR_INVALID;
   } else if (ref->key != b->key) {
     bool known = false;
@@ -1216,9 +1220,19 @@ bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr) {
   tier_shard *s = tier_shard_of(p, h);
   tier_spin_lock(&s->lock);
   tier_block *b = s->buckets ? tier_map_find_locked(s, ptr, h) : NULL;
-  bool live = b && __atomic_load_n(&b->state, __ATOMIC_RELAXED) == TIER_LIVE;
+  bool live = b && __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) == TIER_LIVE;
   tier_spin_unlock(&s->lock);
   return live;
+}
+
+bool sgm__tier_owns_own(sgm_tier_pool *p, sgm_devptr ptr) {
+  uint64_t h = tier_hash(ptr);
+  tier_shard *s = tier_shard_of(p, h);
+  tier_spin_lock(&s->lock);
+  tier_block *b = s->buckets ? tier_map_find_locked(s, ptr, h) : NULL;
+  bool own = b && b->own && __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) == TIER_LIVE;
+  tier_spin_unlock(&s->lock);
+  return own;
 }
 
 /* ---- reclaim ---- */
@@ -1294,9 +1308,11 @@ static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode) {
     tier_job *j = &jobs[i];
     if (j->kind == TIER_JOB_SEAL) {
       j->ev = tier_event_get(p);
-      if (!j->ev || p->p.bops->event_record_on(p->p.be, j->ev, &j->ref) != SGM_OK) {
-        sgm__log(p->p.verbose, 1, "%s: cannot fence a stream's cache (%s); it stays with the "
-                 "stream", sgm_tier_name(p->p.tier), sgm_last_error());
+      int rrc = j->ev ? p->p.bops->event_record_on(p->p.be, j->ev, &j->ref) : SGM_ERR_BACKEND;
+      if (rrc != SGM_OK) {
+        /* A capturing stream (BUSY) keeps its cache until the capture ends. */
+        sgm__log(p->p.verbose, rrc == SGM_ERR_BUSY ? 3 : 1, "%s: cannot fence a stream's cache "
+                 "(%s); it stays with the stream", sgm_tier_name(p->p.tier), sgm_last_error());
         j->done = -1;
         continue;
       }
@@ -1502,7 +1518,7 @@ void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out) {
   sgm__lock_take(&p->lock);
   out->budget_bytes = p->p.budget_bytes;
   out->committed_bytes = p->committed_bytes;
-  out->n_chunks = p->n_chunks;
+  out->n_chunks = p->n_chunks + p->n_releasing; /* committed counts those being returned */
   int64_t used = (int64_t)__atomic_load_n(&p->used_bytes, __ATOMIC_RELAXED);
   int64_t live = __atomic_load_n(&p->n_live, __ATOMIC_RELAXED);
   uint64_t allocs = __atomic_load_n(&p->n_allocs, __ATOMIC_RELAXED);

@@ -22,8 +22,9 @@
  * shared lock), then in the stream's bag under the pool lock. An allocation on
  * a stream takes its own stream's cached blocks with no driver call; another
  * stream gets them only through an event recorded on the owner and waited on
- * by the taker on the device (a transfer: two driver calls per owner stream,
- * covering every block it holds), and the sub-allocator gets them back (for every stream)
+ * by the taker on the device (a transfer: one record and one wait per owner
+ * stream, covering every block it holds; refused while either stream
+ * captures a CUDA graph), and the sub-allocator gets them back (for every stream)
  * only once a fence event recorded on the owner has been *seen* complete.
  * A synchronous backend has one stream for everything and no events.
  * "used" counts blocks handed out to the user; cached blocks are counted in
@@ -125,6 +126,10 @@ size_t sgm__tier_reclaim(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_recl
 bool sgm__tier_has_cached(sgm_tier_pool *p);
 /* True when ptr is the start of a live (handed out) block of this pool. */
 bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr);
+/* True when ptr is the start of a live block sgm took for itself with
+ * sgm__tier_alloc (a buffer's storage): the user's sgm__tier_free_on and
+ * sgm__tier_record_stream refuse those as not theirs. */
+bool sgm__tier_owns_own(sgm_tier_pool *p, sgm_devptr ptr);
 /* Return cached blocks (waiting on the host for their streams' work) and then
  * wholly free chunks to the backend (growth mode only); bytes returned. */
 uint64_t sgm__tier_trim(sgm_tier_pool *p);

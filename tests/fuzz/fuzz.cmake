@@ -46,12 +46,7 @@ foreach(fmt ${_sgm_fuzz_trace_formats})
 endforeach()
 
 if(SGM_FUZZ)
-  # While defect 6 of issue 12 (nonsense budgets accepted; an overflowing cast
-  # in the VRAM budget) is open, fuzzing skips its checks so that it can find
-  # new defects; the known inputs below keep failing until it is fixed.
-  # Remove FUZZ_KNOWN_DEFECT6 with the fix.
-  sgm_add_fuzz(fuzz_options SOURCES ${_sgm_fuzz_dir}/fuzz_options.c LIBS sgm_internal
-    DEFS FUZZ_KNOWN_DEFECT6)
+  sgm_add_fuzz(fuzz_options SOURCES ${_sgm_fuzz_dir}/fuzz_options.c LIBS sgm_internal)
   # Likewise the trace readers' size wrap-around (known/trace-size-wrap).
   foreach(fmt ${_sgm_fuzz_trace_formats})
     target_compile_definitions(fuzz_trace_${fmt} PRIVATE FUZZ_KNOWN_TRACE_SIZE_WRAP)
@@ -67,17 +62,10 @@ foreach(fmt ${_sgm_fuzz_trace_formats})
 endforeach()
 # Known defects: one WILL_FAIL test per input, so that each input is held
 # until its defect is fixed (then move the input into the corpus).
-#  - known/defect6: issue 12 defect 6, budgets that resolve to 0 bytes or past
-#    the machine are accepted (SGM_VRAM_LIMIT=1..255, SGM_VRAM_FRACTION=0.000001,
-#    CUDA_DEVICE_MEMORY_LIMIT=1, SGM_SHARED_LIMIT=2^64-1).
+#  (issue 12 defect 6's inputs are fixed and live in corpus/options/defect6-*.)
 #  - known/trace-size-wrap (not in issue 12): sgm-replay's readers accept block
 #    sizes whose 256-byte rounding or sum wraps past 2^64 (total_bytes ends up
 #    below one block's size); <format>-<case> names the reader.
-file(GLOB _sgm_known CONFIGURE_DEPENDS ${_sgm_fuzz_dir}/known/defect6/*)
-foreach(f ${_sgm_known})
-  get_filename_component(n ${f} NAME)
-  sgm_add_fuzz_test(fuzz_options_defect6_${n} fuzz_options ${f} WILL_FAIL "issue 12 defect 6")
-endforeach()
 file(GLOB _sgm_known CONFIGURE_DEPENDS ${_sgm_fuzz_dir}/known/trace-size-wrap/*)
 foreach(f ${_sgm_known})
   get_filename_component(n ${f} NAME)

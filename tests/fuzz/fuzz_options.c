@@ -19,8 +19,7 @@
  *    redirected into one private temporary folder) succeeds or fails with a
  *    message; a context that was created resolves a VRAM budget of at least
  *    one device block and at most the device, and a shared budget of at most
- *    max(physical RAM, 64 MiB) (issue 12, defect 6: compiled out while
- *    FUZZ_KNOWN_DEFECT6 is defined, see tests/fuzz/fuzz.cmake).
+ *    max(physical RAM, 64 MiB) (issue 12, defect 6).
  *
  * LLVMFuzzerInitialize also checks, when SGM_FUZZ_DICT names the dictionary
  * (tests/fuzz/options.dict), that every row of the option table is in it, so
@@ -136,7 +135,6 @@ static void fuzz_options_apply(const uint8_t *data, size_t size) {
 
 /* The budget invariants of a created context (defect 6 of issue 12). */
 static void fuzz_options_check_budgets(sgm_context *ctx) {
-#ifndef FUZZ_KNOWN_DEFECT6
   sgm_stats st;
   if (sgm_get_stats(ctx, &st) != SGM_OK) fuzz_options_fail("sgm_get_stats failed", sgm_last_error());
   uint64_t vram = st.tier[SGM_TIER_VRAM].budget_bytes;
@@ -156,9 +154,6 @@ static void fuzz_options_check_budgets(sgm_context *ctx) {
              (unsigned long long)shared, (unsigned long long)st.physical_ram_bytes);
     fuzz_options_fail("the shared budget exceeds physical RAM", why);
   }
-#else
-  (void)ctx;
-#endif
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -179,11 +174,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (cfg.error[0] == '\0') {
     cfg.backend = SGM_BACKEND_EMU;
     if (cfg.spill_dir[0]) snprintf(cfg.spill_dir, sizeof cfg.spill_dir, "%s", fuzz_spill_dir);
-#ifdef FUZZ_KNOWN_DEFECT6
-    /* Defect 6's overflowing cast (device total × fraction past 2^64) is known:
-     * keep the emulated device below it so that fuzzing finds something new. */
-    if (cfg.emu_vram_bytes > (UINT64_C(1) << 62)) cfg.emu_vram_bytes = UINT64_C(1) << 62;
-#endif
     sgm_context *ctx = NULL;
     sgm_status rc = sgm_context_create(&cfg, &ctx);
     if (rc == SGM_OK) {

@@ -23,7 +23,9 @@
 # that should run on a GPU and did not is a failure), 77 without a GPU.
 #
 # Env: OUT (log folder), GPU_CHECK_VRAM_LIMIT (bytes, default 2 GiB),
-#      GPU_CHECK_BUDGET_S (default 230: the 4 minutes less the summary).
+#      GPU_CHECK_BUDGET_S (default 230: the 4 minutes less the summary),
+#      GPU_CHECK_ALLOW_DOUBLE=1 (probe accepts the driver test double: to try
+#      this script on a machine without a GPU; the Python steps then skip).
 set -u
 set -o pipefail
 

@@ -35,10 +35,10 @@ if(SGM_CUDA_INCLUDE_DIR AND SGM_FAKE_CUDA_DIR)
     LABELS "stress;fault;cuda-double;known-defect" WILL_FAIL TRUE)
 endif()
 
-# Fork and crash tests: one ctest per case. The fork cases hold issue 12's
-# defect 1 (a forked child's use of the inherited context destroys the
-# parent's spilled data, and is not refused): WILL_FAIL until fixed, then drop
-# the property. TSan: a child of a threaded process may start threads.
+# Fork and crash tests: one ctest per case. The fork cases held issue 12's
+# defect 1 (a forked child's use of the inherited context destroyed the
+# parent's spilled data); fixed, they pass plainly. TSan: a child of a
+# threaded process may start threads.
 add_executable(stress_fork ${_sgm_stress_dir}/test_fork.c)
 target_compile_options(stress_fork PRIVATE -Wall -Wextra -Werror)
 target_link_libraries(stress_fork PRIVATE sgm_test_support)
@@ -48,5 +48,3 @@ foreach(case spilled prefetch idle-trim kill-spill)
     ENVIRONMENT "SGM_BACKEND=emu;SGM_VERBOSE=0;TSAN_OPTIONS=halt_on_error=1:die_after_fork=0"
     LABELS "stress;fork" TIMEOUT 300)
 endforeach()
-set_tests_properties(stress_fork_spilled stress_fork_prefetch stress_fork_idle-trim PROPERTIES
-  WILL_FAIL TRUE LABELS "stress;fork;known-defect")

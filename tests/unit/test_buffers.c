@@ -8,14 +8,17 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
 #include "internal.h"
 #include "test_util.h"
+#include "disk_spy.h"
 #include "tiers/disk.h"
 #include "tiers/tier.h"
 
@@ -48,6 +51,17 @@ static sgm_context *make_ctx(bool spill) {
   sgm_status rc = sgm_context_create(NULL, &ctx);
   if (rc != SGM_OK) fprintf(stderr, "create: %s\n", sgm_last_error());
   assert_int_equal(rc, SGM_OK);
+  return ctx;
+}
+
+/* A context with the spill directory and the given SGM_* pairs (NULL-ended). */
+static sgm_context *make_ctx_env(const char *const *kv) {
+  sgm_test_clean_env();
+  setenv("SGM_SPILL_DIR", spill_dir, 1);
+  for (size_t i = 0; kv[i]; i += 2) setenv(kv[i], kv[i + 1], 1);
+  sgm_context *ctx = NULL;
+  sgm_status rc = sgm_context_create(NULL, &ctx);
+  if (rc != SGM_OK) fail_msg("create: %s", sgm_last_error());
   return ctx;
 }
 
@@ -202,6 +216,21 @@ static void test_priorities_order_evictions(void **state) {
   sgm_context_destroy(ctx); /* frees every buffer still alive */
 }
 
+/* Flip one bit of the byte at `at` in b's first extent in the spill file. */
+static void corrupt_extent(sgm_context *ctx, sgm_buffer *b, uint64_t at) {
+  uint64_t off;
+  assert_true(sgm__buffer_disk_offset(b, &off));
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", sgm__disk_fd(sgm__placement_disk(ctx)));
+  int fd = open(path, O_RDWR);
+  assert_true(fd >= 0);
+  unsigned char byte;
+  assert_int_equal(pread(fd, &byte, 1, (off_t)(off + at)), 1);
+  byte ^= 0x40;
+  assert_int_equal(pwrite(fd, &byte, 1, (off_t)(off + at)), 1);
+  close(fd);
+}
+
 /* Invariant: a flipped byte in the spill file is caught by the checksum:
  * read and acquire fail with SGM_ERR_CORRUPT, never return garbage, and the
  * buffer stays on disk. */
@@ -214,17 +243,7 @@ static void test_corruption_detected(void **state) {
   assert_int_equal(sgm_buffer_evict(b, SGM_TIER_DISK), SGM_OK);
   assert_int_equal(sgm_buffer_tier(b), SGM_TIER_DISK);
   check_buffer(b, 5);
-  uint64_t off;
-  assert_true(sgm__buffer_disk_offset(b, &off));
-  char path[64];
-  snprintf(path, sizeof path, "/proc/self/fd/%d", sgm__disk_fd(sgm__placement_disk(ctx)));
-  int fd = open(path, O_RDWR);
-  assert_true(fd >= 0);
-  unsigned char byte;
-  assert_int_equal(pread(fd, &byte, 1, (off_t)(off + 4321)), 1);
-  byte ^= 0x40;
-  assert_int_equal(pwrite(fd, &byte, 1, (off_t)(off + 4321)), 1);
-  close(fd);
+  corrupt_extent(ctx, b, 4321);
   unsigned char out[16];
   assert_int_equal(sgm_buffer_read(b, 0, out, sizeof out), SGM_ERR_CORRUPT);
   void *d = NULL;
@@ -397,6 +416,265 @@ static void test_bad_arguments(void **state) {
   sgm_context_destroy(ctx);
 }
 
+/* ---- hostile inputs (issue 12) ---- */
+
+/* Invariant (#2): sgm_free of the device pointer an acquired buffer handed
+ * out is refused as foreign (SGM_ERR_INVALID, counted as a bad free) and
+ * frees nothing: the next allocation does not get that address and the
+ * buffer's bytes stay. (It used to answer SGM_OK.) */
+static void test_free_refuses_buffer_block(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx(false);
+  sgm_buffer *b;
+  assert_int_equal(sgm_buffer_create(ctx, 1 * MiB, &b), SGM_OK);
+  write_buffer(b, 77);
+  void *d = NULL;
+  assert_int_equal(sgm_buffer_acquire(b, NULL, &d), SGM_OK);
+  assert_int_equal(sgm_free_ex(ctx, d, NULL), SGM_ERR_INVALID);
+  assert_non_null(strstr(sgm_last_error(), "sgm_buffer"));
+  void *p = sgm_alloc(ctx, 1 * MiB, NULL);
+  assert_non_null(p);
+  assert_ptr_not_equal(p, d);
+  assert_int_equal(sgm_free_ex(ctx, p, NULL), SGM_OK);
+  assert_int_equal(sgm_buffer_release(b, NULL), SGM_OK);
+  /* In shared memory too, after a move. */
+  assert_int_equal(sgm_buffer_evict(b, SGM_TIER_SHARED), SGM_OK);
+  void *big = sgm_alloc(ctx, 8 * MiB, NULL); /* VRAM full: acquire stays in shared */
+  assert_non_null(big);
+  assert_int_equal(sgm_buffer_acquire(b, NULL, &d), SGM_OK);
+  assert_int_equal(sgm_pointer_tier(ctx, d), SGM_TIER_SHARED);
+  assert_int_equal(sgm_free_ex(ctx, d, NULL), SGM_ERR_INVALID);
+  assert_int_equal(sgm_buffer_release(b, NULL), SGM_OK);
+  check_buffer(b, 77);
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.n_bad_frees, 2);
+  assert_int_equal(sgm_free_ex(ctx, big, NULL), SGM_OK);
+  sgm_buffer_destroy(b);
+  sgm_context_destroy(ctx);
+}
+
+/* Invariant (#4): a failure to demote (every spill write fails: a full file
+ * system) never fails a request that fits without demoting: sgm_alloc of
+ * 1000 KiB lands in the 1 MiB of shared memory left, and acquiring a buffer
+ * that sits in shared memory uses it there. (Both failed with the disk's
+ * ENOSPC.) */
+static void test_demotion_failure_fails_nothing_that_fits(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx(true); /* VRAM 8 MiB, shared 16 MiB */
+  sgm_buffer *x, *s, *v[4];
+  assert_int_equal(sgm_buffer_create(ctx, 2 * MiB, &x), SGM_OK);
+  write_buffer(x, 41);
+  assert_int_equal(sgm_buffer_evict(x, SGM_TIER_SHARED), SGM_OK);
+  assert_int_equal(sgm_buffer_create(ctx, 13 * MiB, &s), SGM_OK);
+  assert_int_equal(sgm_buffer_tier(s), SGM_TIER_SHARED);
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(sgm_buffer_create(ctx, 2 * MiB, &v[i]), SGM_OK);
+    assert_int_equal(sgm_buffer_tier(v[i]), SGM_TIER_VRAM);
+  }
+  sgm__disk_inject(sgm__placement_disk(ctx), SGM_DISK_FAULT_ENOSPC, UINT64_MAX);
+  void *p = sgm_alloc(ctx, 1000 << 10, NULL);
+  if (!p) fail_msg("sgm_alloc(1000 KiB): %s", sgm_last_error());
+  assert_int_equal(sgm_pointer_tier(ctx, p), SGM_TIER_SHARED);
+  assert_int_equal(sgm_free_ex(ctx, p, NULL), SGM_OK);
+  void *d = NULL;
+  sgm_status rc = sgm_buffer_acquire(x, NULL, &d);
+  if (rc != SGM_OK) fail_msg("acquire: %s", sgm_last_error());
+  assert_int_equal(sgm_pointer_tier(ctx, d), SGM_TIER_SHARED);
+  assert_int_equal(sgm_buffer_release(x, NULL), SGM_OK);
+  check_buffer(x, 41);
+  for (int i = 0; i < 4; i++) sgm_buffer_destroy(v[i]);
+  sgm_buffer_destroy(s);
+  sgm_buffer_destroy(x);
+  sgm__disk_inject(sgm__placement_disk(ctx), SGM_DISK_FAULT_NONE, 0);
+  sgm_context_destroy(ctx);
+}
+
+/* Invariant (#7, #9): a write covering the whole of a corrupt buffer
+ * replaces the lost contents (it used to return SGM_ERR_CORRUPT forever); a
+ * partial write still reports the corruption; a failed write to a
+ * disk-resident buffer leaves all its old contents (the documented contract). */
+static void test_rewrite_corrupt_and_failed_writes(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx(true);
+  sgm_buffer *b;
+  const size_t n = 300000;
+  assert_int_equal(sgm_buffer_create(ctx, n, &b), SGM_OK);
+  write_buffer(b, 61);
+  assert_int_equal(sgm_buffer_evict(b, SGM_TIER_DISK), SGM_OK);
+  corrupt_extent(ctx, b, 123);
+  unsigned char small[64] = {0};
+  assert_int_equal(sgm_buffer_write(b, 10, small, sizeof small), SGM_ERR_CORRUPT);
+  write_buffer(b, 62); /* asserts SGM_OK */
+  check_buffer(b, 62);
+
+  /* Failed writes, disk-resident: partial and whole, nothing changes. */
+  assert_int_equal(sgm_buffer_evict(b, SGM_TIER_DISK), SGM_OK);
+  unsigned char *other = malloc(n);
+  assert_non_null(other);
+  memset(other, 0xEE, n);
+  sgm__disk_inject(sgm__placement_disk(ctx), SGM_DISK_FAULT_ENOSPC, 1);
+  assert_int_equal(sgm_buffer_write(b, 1000, other, 5000), SGM_ERR_IO);
+  check_buffer(b, 62);
+  sgm__disk_inject(sgm__placement_disk(ctx), SGM_DISK_FAULT_EIO, 1);
+  assert_int_equal(sgm_buffer_write(b, 0, other, n), SGM_ERR_IO);
+  check_buffer(b, 62);
+  assert_int_equal(sgm_buffer_tier(b), SGM_TIER_DISK);
+  free(other);
+  sgm_buffer_destroy(b);
+  sgm_context_destroy(ctx);
+}
+
+/* Invariant (#12): when the driver has no memory for an acquire (another
+ * process took the device), the message says so; it does not blame a full
+ * budget nor claim that "everything resident is acquired". */
+static void test_acquire_driver_oom_message(void **state) {
+  (void)state;
+  static const char *const env[] = {"SGM_EMU_VRAM", "4MiB", "SGM_VRAM_FRACTION", "1",
+                                    "SGM_SHARED_LIMIT", "1MiB", "SGM_SPILL_LIMIT", "64MiB", NULL};
+  sgm_context *ctx = make_ctx_env(env);
+  sgm_devptr hog = 0; /* another process's memory, as far as sgm can tell */
+  assert_int_equal(ctx->bops->device_alloc(ctx->be, 3 * MiB + 512 * 1024, &hog), SGM_OK);
+  sgm_buffer *b;
+  assert_int_equal(sgm_buffer_create(ctx, 2 * MiB, &b), SGM_OK);
+  assert_int_equal(sgm_buffer_tier(b), SGM_TIER_DISK);
+  void *d = NULL;
+  assert_int_equal(sgm_buffer_acquire(b, NULL, &d), SGM_ERR_NOMEM);
+  const char *msg = sgm_last_error();
+  print_message("# %s\n", msg);
+  assert_non_null(strstr(msg, "out of memory"));
+  assert_null(strstr(msg, "everything resident is acquired"));
+  assert_null(strstr(msg, "VRAM budget exhausted"));
+  sgm_buffer_destroy(b);
+  ctx->bops->device_free(ctx->be, hog, 3 * MiB + 512 * 1024);
+  sgm_context_destroy(ctx);
+}
+
+/* Invariant (#10): a destroyed buffer is recognised in debug builds: a call
+ * on it is SGM_ERR_INVALID ("destroyed"), and destroying it again stops the
+ * program with a message instead of freeing freed memory (in a child). */
+static void test_double_destroy_detected(void **state) {
+  (void)state;
+  if (SGM_DEBUG < 1) skip();
+  sgm_context *ctx = make_ctx(false);
+  sgm_buffer *b;
+  assert_int_equal(sgm_buffer_create(ctx, 4096, &b), SGM_OK);
+  sgm_buffer_destroy(b);
+  unsigned char x = 1;
+  assert_int_equal(sgm_buffer_write(b, 0, &x, 1), SGM_ERR_INVALID);
+  assert_non_null(strstr(sgm_last_error(), "destroyed"));
+  int fds[2];
+  assert_int_equal(pipe(fds), 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[0]);
+    sgm_context *c2 = NULL;
+    if (sgm_context_create(NULL, &c2) != SGM_OK) _exit(3);
+    sgm_buffer *b2;
+    if (sgm_buffer_create(c2, 4096, &b2) != SGM_OK) _exit(4);
+    sgm_buffer_destroy(b2);
+    sgm_buffer_destroy(b2);
+    _exit(0);
+  }
+  close(fds[1]);
+  char out[4096] = "";
+  size_t got = 0;
+  ssize_t r;
+  while (got + 1 < sizeof out && (r = read(fds[0], out + got, sizeof out - 1 - got)) > 0)
+    got += (size_t)r;
+  out[got] = '\0';
+  close(fds[0]);
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
+  assert_non_null(strstr(out, "already destroyed"));
+  sgm_context_destroy(ctx);
+}
+
+/* Invariant (#8): a write into a disk-resident buffer moves only the
+ * SGM_DISK_CHUNK-sized pieces it touches: 16 writes of 1 MiB into a 64 MiB
+ * buffer with 4 MiB budgets write 64 MiB to the spill file and read back at
+ * most 48 MiB (they wrote the whole 64 MiB buffer each time, reading it back
+ * first: 1 GiB each way; the issue's 64 writes took 14 s), and every byte
+ * reads back as written. Measured in bytes, not time. */
+static void test_partial_writes_touch_only_their_chunks(void **state) {
+  (void)state;
+  static const char *const env[] = {"SGM_EMU_VRAM", "64MiB", "SGM_VRAM_LIMIT", "4MiB",
+                                    "SGM_SHARED_LIMIT", "4MiB", "SGM_SPILL_LIMIT", "256MiB", NULL};
+  sgm_context *ctx = make_ctx_env(env);
+  sgm_buffer *b;
+  assert_int_equal(sgm_buffer_create(ctx, 64 * MiB, &b), SGM_OK);
+  assert_int_equal(sgm_buffer_tier(b), SGM_TIER_DISK);
+  /* Created on disk: its 64 MiB are reserved in the disk tier's budget, once. */
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.tier[SGM_TIER_DISK].used_bytes, 64 * MiB);
+  unsigned char *piece = malloc(MiB);
+  assert_non_null(piece);
+  sgm_tier_stats before, after;
+  sgm__disk_stats(sgm__placement_disk(ctx), &before);
+  for (size_t i = 0; i < 16; i++) {
+    memset(piece, (int)(i + 1), MiB);
+    assert_int_equal(sgm_buffer_write(b, i * MiB, piece, MiB), SGM_OK);
+  }
+  sgm__disk_stats(sgm__placement_disk(ctx), &after);
+  uint64_t written = after.bytes_in - before.bytes_in, read = after.bytes_out - before.bytes_out;
+  print_message("# 16 x 1 MiB writes: %llu MiB written, %llu MiB read back\n",
+                (unsigned long long)(written / MiB), (unsigned long long)(read / MiB));
+  assert_true(written > 0 && written <= 64 * MiB);
+  assert_true(read <= 48 * MiB);
+  /* Written chunks turned their reservation into extents: still 64 MiB. */
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.tier[SGM_TIER_DISK].used_bytes, 64 * MiB);
+  memset(piece, 0x7F, MiB);
+  assert_int_equal(sgm_buffer_write(b, 4 * MiB - MiB / 2, piece, MiB), SGM_OK);
+  for (size_t i = 0; i < 17; i++) {
+    assert_int_equal(sgm_buffer_read(b, i * MiB, piece, MiB), SGM_OK);
+    for (size_t k = 0; k < MiB; k += 4093) {
+      size_t at = i * MiB + k;
+      int want = at >= 4 * MiB - MiB / 2 && at < 4 * MiB + MiB / 2 ? 0x7F : i < 16 ? (int)(i + 1) : 0;
+      if (piece[k] != want) fail_msg("byte %zu is %d, want %d", at, piece[k], want);
+    }
+  }
+  free(piece);
+  sgm_buffer_destroy(b);
+  sgm_context_destroy(ctx);
+}
+
+/* Invariant (disk tier staging): transfers between the spill file and VRAM
+ * go chunk by chunk through one pinned staging buffer the disk tier keeps:
+ * the first such transfer pins SGM_DISK_BOUNCE_BYTES once, later ones pin
+ * nothing more, and the data survives three round trips of a buffer larger
+ * than one chunk. */
+static void test_disk_vram_staging_is_kept(void **state) {
+  (void)state;
+  /* No room in shared memory: VRAM <-> disk directly. */
+  static const char *const env[] = {"SGM_EMU_VRAM", "64MiB", "SGM_VRAM_LIMIT", "16MiB",
+                                    "SGM_SHARED_LIMIT", "64KiB", "SGM_SPILL_LIMIT", "64MiB", NULL};
+  sgm_context *ctx = make_ctx_env(env);
+  sgm_buffer *b;
+  assert_int_equal(sgm_buffer_create(ctx, 6 * MiB + 123, &b), SGM_OK);
+  write_buffer(b, 808);
+  sgm_backend_counters c0, c;
+  ctx->bops->counters(ctx->be, &c0);
+  for (int round = 0; round < 3; round++) {
+    assert_int_equal(sgm_buffer_evict(b, SGM_TIER_DISK), SGM_OK);
+    void *d = NULL;
+    assert_int_equal(sgm_buffer_acquire(b, NULL, &d), SGM_OK);
+    assert_int_equal(sgm_pointer_tier(ctx, d), SGM_TIER_VRAM);
+    assert_int_equal(sgm_buffer_release(b, NULL), SGM_OK);
+    ctx->bops->counters(ctx->be, &c);
+    assert_int_equal(c.n_host_live, c0.n_host_live + 1);
+    assert_int_equal(c.host_live_bytes, c0.host_live_bytes + SGM_DISK_BOUNCE_BYTES);
+  }
+  check_buffer(b, 808);
+  sgm_buffer_destroy(b);
+  sgm_context_destroy(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_data_survives_every_path),
@@ -408,6 +686,15 @@ int main(void) {
       cmocka_unit_test(test_created_on_disk),
       cmocka_unit_test(test_prefetch_races),
       cmocka_unit_test(test_bad_arguments),
+      cmocka_unit_test(test_free_refuses_buffer_block),
+      cmocka_unit_test(test_demotion_failure_fails_nothing_that_fits),
+      cmocka_unit_test(test_rewrite_corrupt_and_failed_writes),
+      cmocka_unit_test(test_acquire_driver_oom_message),
+      cmocka_unit_test(test_double_destroy_detected),
+      cmocka_unit_test(test_partial_writes_touch_only_their_chunks),
+      cmocka_unit_test(test_disk_vram_staging_is_kept),
   };
+  /* CMOCKA_FILTER=test_name runs one test (checking a test against old code). */
+  if (getenv("CMOCKA_FILTER")) cmocka_set_test_filter(getenv("CMOCKA_FILTER"));
   return cmocka_run_group_tests_name("buffers", tests, setup, teardown);
 }

@@ -3,14 +3,19 @@
  * white-box: budgets, growth vs reserve commit, trim, stats, bad frees, the
  * Nth-backend-call failure loop and a thread stress with data checks.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "internal.h"
 #include "test_util.h"
+#include "tiers/disk.h"
 #include "tiers/tier.h"
 
 #define MiB (UINT64_C(1) << 20)
@@ -406,6 +411,301 @@ static void test_thread_stress(void **state) {
   sgm_context_destroy(ctx);
 }
 
+/* ---- hostile inputs (issue 12) ---- */
+
+/* Invariant: sgm_context_create reads cfg->error bounded by its size: a
+ * program that filled the field without a NUL gets SGM_ERR_INVALID, not an
+ * out-of-bounds read (ASan catches the read this test once made). */
+static void test_unterminated_cfg_error(void **state) {
+  (void)state;
+  sgm_test_clean_env();
+  sgm_config cfg;
+  sgm_config_init(&cfg);
+  memset(cfg.error, 'x', sizeof cfg.error);
+  sgm_context *ctx = (sgm_context *)(uintptr_t)1;
+  assert_int_equal(sgm_context_create(&cfg, &ctx), SGM_ERR_INVALID);
+  assert_null(ctx);
+  assert_true(strncmp(sgm_last_error(), "xxxx", 4) == 0);
+}
+
+/* Invariant: sgm_config_init(NULL) is a caller's mistake reported as an
+ * error message, never an abort, also in debug builds (tests build with
+ * SGM_DEBUG=3, where the old assertion aborted). */
+static void test_config_init_null(void **state) {
+  (void)state;
+  sgm_test_clean_env();
+  sgm_config_init(NULL);
+  assert_non_null(strstr(sgm_last_error(), "cfg is NULL"));
+}
+
+/* create must fail with SGM_ERR_INVALID and a message naming var. */
+static void expect_create_refused(const char *var) {
+  sgm_context *ctx = (sgm_context *)(uintptr_t)1;
+  sgm_status rc = sgm_context_create(NULL, &ctx);
+  if (rc != SGM_ERR_INVALID) fprintf(stderr, "create with %s: %d %s\n", var, rc, sgm_last_error());
+  assert_int_equal(rc, SGM_ERR_INVALID);
+  assert_null(ctx);
+  assert_non_null(strstr(sgm_last_error(), var));
+}
+
+/* Invariant: a budget that resolves below one 256-byte block is an error
+ * naming the setting that made it so (never a silent budget of 0); a shared
+ * limit above physical RAM is clamped to RAM; an emulated device larger than
+ * an address space is refused at parse; a framework's memory fraction that
+ * would leave no block is refused and the budget stays. */
+static void test_nonsense_budgets(void **state) {
+  (void)state;
+  static const char *const tiny_limits[] = {"1", "255"};
+  for (size_t i = 0; i < 2; i++) {
+    sgm_test_clean_env();
+    setenv("SGM_EMU_VRAM", "64MiB", 1);
+    setenv("SGM_VRAM_LIMIT", tiny_limits[i], 1);
+    expect_create_refused("SGM_VRAM_LIMIT");
+  }
+  sgm_test_clean_env();
+  setenv("SGM_EMU_VRAM", "1MiB", 1);
+  setenv("SGM_VRAM_FRACTION", "0.000001", 1);
+  expect_create_refused("SGM_VRAM_FRACTION");
+
+  sgm_test_clean_env();
+  setenv("SGM_EMU_VRAM", "64MiB", 1);
+  setenv("CUDA_DEVICE_MEMORY_LIMIT", "1", 1);
+  expect_create_refused("CUDA_DEVICE_MEMORY_LIMIT");
+
+  sgm_test_clean_env();
+  setenv("SGM_EMU_VRAM", "64MiB", 1);
+  setenv("SGM_SHARED_LIMIT", "1", 1);
+  expect_create_refused("SGM_SHARED_LIMIT");
+
+  sgm_test_clean_env();
+  setenv("SGM_EMU_VRAM", "18446744073709551615", 1);
+  expect_create_refused("SGM_EMU_VRAM");
+
+  sgm_test_clean_env();
+  setenv("SGM_EMU_VRAM", "64MiB", 1);
+  setenv("SGM_SHARED_LIMIT", "18446744073709551615", 1);
+  sgm_context *ctx = NULL;
+  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_true(st.physical_ram_bytes > 0);
+  assert_true(st.tier[SGM_TIER_SHARED].budget_bytes <= st.physical_ram_bytes);
+
+  uint64_t before = st.tier[SGM_TIER_VRAM].budget_bytes;
+  assert_int_equal(sgm__context_set_vram_fraction(ctx, 1e-300), SGM_ERR_INVALID);
+  assert_non_null(strstr(sgm_last_error(), "memory fraction"));
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.tier[SGM_TIER_VRAM].budget_bytes, before);
+  assert_true(sgm_context_config(ctx)->vram_fraction > 0.5);
+  sgm_context_destroy(ctx);
+}
+
+/* Invariant: shared-memory chunks are sized by SGM_SHARED_CHUNK, not by
+ * SGM_GROWTH_CHUNK: with a 1 TiB VRAM growth chunk, one 8 KiB fallback
+ * commits one 2 MiB shared chunk (the default), or the 128 KiB asked for. */
+static void test_shared_chunk_bound(void **state) {
+  (void)state;
+  static const char *const chunk[] = {NULL, "128KiB"};
+  static const uint64_t want[] = {2 * MiB, 128 << 10};
+  for (int i = 0; i < 2; i++) {
+    sgm_test_clean_env();
+    setenv("SGM_EMU_VRAM", "64MiB", 1);
+    setenv("SGM_VRAM_LIMIT", "4KiB", 1);
+    setenv("SGM_SHARED_LIMIT", "64MiB", 1);
+    setenv("SGM_GROWTH_CHUNK", "1T", 1);
+    setenv("SGM_IDLE_TRIM_MS", "0", 1);
+    if (chunk[i]) setenv("SGM_SHARED_CHUNK", chunk[i], 1);
+    sgm_context *ctx = NULL;
+    assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+    void *p = sgm_alloc(ctx, 8 << 10, NULL);
+    assert_non_null(p);
+    assert_int_equal(sgm_pointer_tier(ctx, p), SGM_TIER_SHARED);
+    sgm_stats st;
+    assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+    assert_int_equal(st.tier[SGM_TIER_SHARED].committed_bytes, want[i]);
+    sgm_free(ctx, p, NULL);
+    sgm_context_destroy(ctx);
+  }
+}
+
+/* A chunk source that hands out made-up addresses and, while armed, stops in
+ * chunk_free to see what an allocation does meanwhile. */
+typedef struct trim_spy {
+  pthread_mutex_t mu;    /* guards the fields below */
+  pthread_cond_t cond;   /* signalled when done changes */
+  sgm_tier_pool *pool;   /* the pool under test */
+  uint64_t next_base;    /* next made-up chunk address */
+  bool armed;            /* the next chunk_free runs the probe */
+  bool done;             /* the probing allocation returned */
+  int alloc_rc;          /* its status */
+  bool returned_early;   /* it returned while the chunk was being freed */
+  sgm_tier_stats mid;    /* the pool's stats while the chunk was being freed */
+} trim_spy;
+
+static trim_spy g_spy;
+
+static int spy_chunk_alloc(sgm_tier_pool *p, uint64_t bytes, sgm_chunk *out) {
+  (void)p;
+  pthread_mutex_lock(&g_spy.mu);
+  out->base = g_spy.next_base;
+  g_spy.next_base += bytes + (UINT64_C(1) << 30);
+  pthread_mutex_unlock(&g_spy.mu);
+  out->host = NULL;
+  out->bytes = bytes;
+  return SGM_OK;
+}
+
+static void *spy_alloc_thread(void *arg) {
+  (void)arg;
+  sgm_devptr d = 0;
+  int rc = sgm__tier_alloc(g_spy.pool, 60 * MiB, &d);
+  pthread_mutex_lock(&g_spy.mu);
+  g_spy.alloc_rc = rc;
+  g_spy.done = true;
+  pthread_cond_broadcast(&g_spy.cond);
+  pthread_mutex_unlock(&g_spy.mu);
+  return NULL;
+}
+
+static pthread_t g_spy_thread;
+
+/* While the chunk is being returned: start an allocation that fits the
+ * budget and see whether it gives up before the chunk is gone. It may not
+ * finish before (it must wait for the budget this chunk holds), so a 2 s
+ * bound only decides how long a broken pool gets to show it: the test can
+ * pass by luck on a stalled machine, never fail by it. */
+static void spy_chunk_free(sgm_tier_pool *p, const sgm_chunk *c) {
+  (void)c;
+  pthread_mutex_lock(&g_spy.mu);
+  bool armed = g_spy.armed;
+  g_spy.armed = false;
+  pthread_mutex_unlock(&g_spy.mu);
+  if (!armed) return;
+  sgm__tier_stats(p, &g_spy.mid);
+  assert_int_equal(pthread_create(&g_spy_thread, NULL, spy_alloc_thread, NULL), 0);
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 2;
+  pthread_mutex_lock(&g_spy.mu);
+  int e = 0;
+  while (!g_spy.done && e != ETIMEDOUT) e = pthread_cond_timedwait(&g_spy.cond, &g_spy.mu, &until);
+  g_spy.returned_early = g_spy.done;
+  pthread_mutex_unlock(&g_spy.mu);
+}
+
+static const sgm_chunk_ops spy_chunk_ops = {spy_chunk_alloc, spy_chunk_free};
+/* The pool asks its backend only whether device work is synchronous: the spy's is. */
+static const sgm_backend_ops spy_backend_ops = {.name = "spy", .synchronous = true};
+
+/* Invariant (idle trim): while a free chunk is being returned, an allocation
+ * that fits the budget waits for it instead of failing ("in use 0 B,
+ * committed 60 MiB" was the spurious error), and the stats count the chunk
+ * being returned in n_chunks as long as its bytes are committed. */
+static void test_trim_does_not_fail_allocations(void **state) {
+  (void)state;
+  sgm_test_clean_env();
+  memset(&g_spy, 0, sizeof g_spy);
+  pthread_mutex_init(&g_spy.mu, NULL);
+  pthread_cond_init(&g_spy.cond, NULL);
+  g_spy.next_base = UINT64_C(1) << 40;
+  sgm_tier_params tp = {
+      .tier = SGM_TIER_SHARED, .ops = &spy_chunk_ops, .bops = &spy_backend_ops,
+      .budget_bytes = 64 * MiB, .growth = true,
+      .growth_chunk_bytes = 64 * MiB, .max_chunk_bytes = 64 * MiB, .limit_hint = "test"};
+  assert_int_equal(sgm__tier_create(&tp, &g_spy.pool), SGM_OK);
+  sgm_devptr d = 0;
+  uint64_t sz = 0;
+  assert_int_equal(sgm__tier_alloc(g_spy.pool, 60 * MiB, &d), SGM_OK);
+  assert_int_equal(sgm__tier_free(g_spy.pool, d, &sz), SGM_OK);
+  pthread_mutex_lock(&g_spy.mu);
+  g_spy.armed = true;
+  pthread_mutex_unlock(&g_spy.mu);
+  /* Idle trim at 20 ms: the first pass sees the chunk free, the second returns it. */
+  assert_int_equal(sgm__tier_idle_trim(g_spy.pool, 1000, 20), 0);
+  assert_int_equal(sgm__tier_idle_trim(g_spy.pool, 1040, 20), 64 * MiB);
+  pthread_join(g_spy_thread, NULL);
+  assert_false(g_spy.returned_early);
+  assert_int_equal(g_spy.alloc_rc, SGM_OK);
+  assert_int_equal(g_spy.mid.committed_bytes, 64 * MiB);
+  assert_int_equal(g_spy.mid.n_chunks, 1);
+  sgm_tier_stats st;
+  sgm__tier_stats(g_spy.pool, &st);
+  assert_int_equal(st.committed_bytes, 64 * MiB);
+  assert_int_equal(st.used_bytes, 60 * MiB);
+  assert_true(sgm__tier_check(g_spy.pool));
+  sgm__tier_destroy(g_spy.pool);
+  pthread_cond_destroy(&g_spy.cond);
+  pthread_mutex_destroy(&g_spy.mu);
+}
+
+/* Invariant (fork): a child's calls on a context its parent created fail
+ * with SGM_ERR_UNSUPPORTED and a message naming fork(); the child's destroy
+ * touches nothing of the parent's, so the parent's spilled buffer reads back
+ * intact afterwards (the child's destroy used to punch its extents: the
+ * parent's next read was SGM_ERR_CORRUPT). */
+static void test_fork_child_cannot_touch_parent(void **state) {
+  (void)state;
+  sgm_test_clean_env();
+  char dir[64];
+  snprintf(dir, sizeof dir, "/tmp/sgm-test-fork-XXXXXX");
+  assert_non_null(mkdtemp(dir));
+  setenv("SGM_EMU_VRAM", "64MiB", 1);
+  setenv("SGM_SPILL_DIR", dir, 1);
+  setenv("SGM_SPILL_LIMIT", "16MiB", 1);
+  sgm_context *ctx = NULL;
+  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+  enum { N = 256 << 10 };
+  unsigned char *data = malloc(N), *back = malloc(N);
+  assert_non_null(data);
+  assert_non_null(back);
+  for (size_t i = 0; i < N; i++) data[i] = (unsigned char)(i * 7 + 3);
+  sgm_buffer *b = NULL;
+  assert_int_equal(sgm_buffer_create(ctx, N, &b), SGM_OK);
+  assert_int_equal(sgm_buffer_write(b, 0, data, N), SGM_OK);
+  assert_int_equal(sgm_buffer_evict(b, SGM_TIER_DISK), SGM_OK);
+  void *a = sgm_alloc(ctx, 4096, NULL);
+  assert_non_null(a);
+
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    /* The child: no cmocka asserts (they would unwind into the parent's
+     * runner); the exit code says which check failed. */
+    int code = 0;
+    sgm_stats st;
+    if (sgm_alloc(ctx, 4096, NULL) != NULL) code = 1;
+    else if (!strstr(sgm_last_error(), "before fork()")) code = 2;
+    else if (sgm_free_ex(ctx, a, NULL) != SGM_ERR_UNSUPPORTED) code = 3;
+    else if (sgm_get_stats(ctx, &st) != SGM_ERR_UNSUPPORTED) code = 4;
+    else if (sgm_trim(ctx) != SGM_ERR_UNSUPPORTED) code = 5;
+    else if (sgm_buffer_read(b, 0, back, 16) != SGM_ERR_UNSUPPORTED) code = 6;
+    else if (sgm_buffer_write(b, 0, back, 16) != SGM_ERR_UNSUPPORTED) code = 7;
+    else if (sgm_buffer_evict(b, SGM_TIER_SHARED) != SGM_ERR_UNSUPPORTED) code = 8;
+    else if (!strstr(sgm_last_error(), "before fork()")) code = 9;
+    sgm_buffer_destroy(b); /* the child's copy: leaves the parent's extent alone */
+    sgm_context_destroy(ctx);
+    _exit(code);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+
+  assert_int_equal(sgm_buffer_tier(b), SGM_TIER_DISK);
+  memset(back, 0, N);
+  sgm_status rc = sgm_buffer_read(b, 0, back, N);
+  if (rc != SGM_OK) fprintf(stderr, "parent read: %s\n", sgm_last_error());
+  assert_int_equal(rc, SGM_OK);
+  assert_memory_equal(back, data, N);
+  assert_int_equal(sgm_free_ex(ctx, a, NULL), SGM_OK);
+  sgm_buffer_destroy(b);
+  sgm_context_destroy(ctx);
+  free(data);
+  free(back);
+  rmdir(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_budget_resolution),
@@ -418,6 +718,14 @@ int main(void) {
       cmocka_unit_test(test_nomem_message),
       cmocka_unit_test(test_backend_failure_loop),
       cmocka_unit_test(test_thread_stress),
+      cmocka_unit_test(test_unterminated_cfg_error),
+      cmocka_unit_test(test_config_init_null),
+      cmocka_unit_test(test_nonsense_budgets),
+      cmocka_unit_test(test_shared_chunk_bound),
+      cmocka_unit_test(test_trim_does_not_fail_allocations),
+      cmocka_unit_test(test_fork_child_cannot_touch_parent),
   };
+  /* CMOCKA_FILTER=test_name runs one test (checking a test against old code). */
+  if (getenv("CMOCKA_FILTER")) cmocka_set_test_filter(getenv("CMOCKA_FILTER"));
   return cmocka_run_group_tests_name("context", tests, NULL, NULL);
 }

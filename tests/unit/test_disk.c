@@ -22,6 +22,7 @@
 
 #include "internal.h"
 #include "test_util.h"
+#include "disk_spy.h"
 #include "tiers/disk.h"
 
 #define KiB (UINT64_C(1) << 10)
@@ -609,6 +610,85 @@ static void test_read_dead_extent(void **state) {
   sgm__disk_close(d);
 }
 
+/* Invariant (messages): a spill directory path of ~950 bytes is cut in the
+ * middle in messages, so the errno text and the hint after it survive the
+ * 1 KiB thread-local message: for a missing directory and for a write that fails with
+ * ENOSPC. And SGM_SPILL_LIMIT below one 4 KiB extent names the setting, not
+ * "free space there" (the disk is not what is short). */
+static void test_long_path_and_tiny_limit_messages(void **state) {
+  fixture *f = *state;
+  char path[SGM_PATH_MAX];
+  size_t n = (size_t)snprintf(path, sizeof path, "%s", f->dir);
+  char made[10][SGM_PATH_MAX];
+  for (int level = 0; level < 10; level++) {
+    n += (size_t)snprintf(path + n, sizeof path - n, "/%s%d",
+                          "a-rather-long-directory-name-for-a-spill-tier-of-a-cluster-job-xx"
+                          "xxxxxxxxxxxxxxxxxxxxxxx", level);
+    assert_int_equal(mkdir(path, 0700), 0);
+    snprintf(made[level], sizeof made[level], "%s", path);
+  }
+  assert_true(strlen(path) > 900);
+  char missing[SGM_PATH_MAX + 16];
+  snprintf(missing, sizeof missing, "%.*s/nope", (int)(SGM_PATH_MAX - 8), path);
+  sgm_disk *d = NULL;
+  assert_int_equal(sgm__disk_open(missing, abs_size(0), 0, &d), SGM_ERR_INVALID);
+  assert_non_null(strstr(sgm_last_error(), "No such file or directory"));
+  assert_non_null(strstr(sgm_last_error(), "set SGM_SPILL_DIR to an existing writable directory)"));
+  assert_non_null(strstr(sgm_last_error(), "/nope"));
+
+  d = open_disk(path, 4 * MiB, SGM_DISK_IO_AUTO);
+  unsigned char buf[8192];
+  memset(buf, 7, sizeof buf);
+  sgm_disk_extent e;
+  sgm__disk_inject(d, SGM_DISK_FAULT_ENOSPC, 1);
+  assert_int_equal(sgm__disk_write(d, buf, sizeof buf, &e), SGM_ERR_IO);
+  assert_non_null(strstr(sgm_last_error(), strerror(ENOSPC)));
+  assert_non_null(strstr(sgm_last_error(), "lower SGM_SPILL_LIMIT"));
+  sgm__disk_close(d);
+
+  assert_int_equal(sgm__disk_open(f->dir, abs_size(1024), 0, &d), SGM_ERR_INVALID);
+  assert_null(d);
+  assert_non_null(strstr(sgm_last_error(), "SGM_SPILL_LIMIT=1024 bytes"));
+  assert_null(strstr(sgm_last_error(), "free space there"));
+  for (int level = 9; level >= 0; level--) assert_int_equal(rmdir(made[level]), 0);
+}
+
+/* Invariant (budget, counted in disk.c only): reservations and extents share
+ * SGM_SPILL_LIMIT: a plain write must fit beside what is reserved, a write
+ * out of a reservation always fits and turns it into an extent (used bytes
+ * unchanged), freeing it back into the reservation keeps the promise, and
+ * unreserve gives the budget back. */
+static void test_reservations_share_the_budget(void **state) {
+  fixture *f = *state;
+  sgm_disk *d = open_disk(f->dir, 1 * MiB, SGM_DISK_IO_AUTO);
+  unsigned char *buf = aligned_alloc(4096, 512 * 1024);
+  assert_non_null(buf);
+  memset(buf, 0x5A, 512 * 1024);
+  assert_int_equal(sgm__disk_reserve(d, 768 * 1024), SGM_OK);
+  assert_int_equal(disk_stats(d).used_bytes, 768 * 1024);
+  assert_int_equal(sgm__disk_reserve(d, 512 * 1024), SGM_ERR_NOMEM);
+  assert_non_null(strstr(sgm_last_error(), "SGM_SPILL_LIMIT"));
+  sgm_disk_extent e;
+  assert_int_equal(sgm__disk_write(d, buf, 512 * 1024, &e), SGM_ERR_NOMEM);
+  assert_true(extent_is_zero(&e));
+  assert_int_equal(sgm__disk_write_ex(d, buf, 512 * 1024, true, &e), SGM_OK);
+  assert_int_equal(disk_stats(d).used_bytes, 768 * 1024);
+  unsigned char *back = aligned_alloc(4096, 512 * 1024);
+  assert_non_null(back);
+  assert_int_equal(sgm__disk_read(d, &e, back), SGM_OK);
+  assert_memory_equal(back, buf, 512 * 1024);
+  sgm__disk_free_ex(d, &e, true);
+  assert_int_equal(disk_stats(d).used_bytes, 768 * 1024);
+  assert_int_equal(sgm__disk_write(d, buf, 512 * 1024, &e), SGM_ERR_NOMEM);
+  sgm__disk_unreserve(d, 768 * 1024);
+  assert_int_equal(disk_stats(d).used_bytes, 0);
+  assert_int_equal(sgm__disk_write(d, buf, 512 * 1024, &e), SGM_OK);
+  sgm__disk_free(d, &e);
+  free(buf);
+  free(back);
+  sgm__disk_close(d);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_roundtrip_random, setup, teardown),
@@ -622,6 +702,10 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_open_errors, setup, teardown),
       cmocka_unit_test_setup_teardown(test_limit_resolution, setup, teardown),
       cmocka_unit_test_setup_teardown(test_read_dead_extent, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_long_path_and_tiny_limit_messages, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_reservations_share_the_budget, setup, teardown),
   };
+  /* CMOCKA_FILTER=test_name runs one test (checking a test against old code). */
+  if (getenv("CMOCKA_FILTER")) cmocka_set_test_filter(getenv("CMOCKA_FILTER"));
   return cmocka_run_group_tests_name("disk", tests, NULL, NULL);
 }

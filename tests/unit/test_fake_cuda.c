@@ -27,6 +27,7 @@
 #define PAGE ((size_t)4096)
 
 static CUcontext ctx0;
+static fake_cuda_stats base; /* live counts when the test began */
 
 #define CU_OK(call) assert_int_equal((call), CUDA_SUCCESS)
 
@@ -44,11 +45,13 @@ static int setup(void **state) {
   clean_env();
   fake_cuda_reset();
   if (cuInit(0) != CUDA_SUCCESS) return -1;
+  fake_cuda_get_stats(&base);
   if (cuDevicePrimaryCtxRetain(&ctx0, 0) != CUDA_SUCCESS) return -1;
   return cuCtxPushCurrent(ctx0) == CUDA_SUCCESS ? 0 : -1;
 }
 
-/* ... and leaves nothing behind in it. */
+/* ... and leaves nothing behind in it (measured from what the test began
+ * with, so one failing test does not fail all that follow). */
 static int teardown(void **state) {
   (void)state;
   fake_cuda_reset();
@@ -57,16 +60,18 @@ static int teardown(void **state) {
   cuDevicePrimaryCtxRelease(0);
   fake_cuda_stats st;
   fake_cuda_get_stats(&st);
-  if (st.device_allocs || st.host_registrations || st.streams || st.events || st.ctx_retains ||
-      st.pending_ops || st.graphs || st.captures_active) {
+#define LEFT(f) (unsigned long long)(st.f - base.f)
+  if (st.device_allocs != base.device_allocs || st.host_registrations != base.host_registrations ||
+      st.streams != base.streams || st.events != base.events ||
+      st.ctx_retains != base.ctx_retains || st.pending_ops != base.pending_ops ||
+      st.graphs != base.graphs || st.captures_active != base.captures_active) {
     fprintf(stderr, "left behind: %llu allocs, %llu registrations, %llu streams, %llu events, "
             "%llu retains, %llu ops, %llu graphs, %llu captures\n",
-            (unsigned long long)st.device_allocs, (unsigned long long)st.host_registrations,
-            (unsigned long long)st.streams, (unsigned long long)st.events,
-            (unsigned long long)st.ctx_retains, (unsigned long long)st.pending_ops,
-            (unsigned long long)st.graphs, (unsigned long long)st.captures_active);
+            LEFT(device_allocs), LEFT(host_registrations), LEFT(streams), LEFT(events),
+            LEFT(ctx_retains), LEFT(pending_ops), LEFT(graphs), LEFT(captures_active));
     return -1;
   }
+#undef LEFT
   return 0;
 }
 

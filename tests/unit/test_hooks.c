@@ -270,6 +270,29 @@ static void test_size_zero_and_free_edges(void **state) {
 
 /* ---- optional hooks ---- */
 
+/* Invariant: sgm_torch_record_stream accepts a live pointer of a hook context
+ * silently, and reports one line for a freed or foreign pointer (nothing is
+ * recorded then). */
+static void test_record_stream_hook(void **state) {
+  (void)state;
+  void *stream = (void *)(uintptr_t)0x1000; /* never read by the emulated device */
+  void *p = sgm_torch_malloc(4096, 0, NULL);
+  assert_non_null(p);
+  char out[4096];
+  capture c;
+  capture_begin(&c);
+  sgm_torch_record_stream(p, stream);
+  sgm_torch_record_stream(NULL, stream);
+  int lines = capture_end(&c, out, sizeof out);
+  assert_int_equal(lines, 0);
+  sgm_torch_free(p, 4096, 0, NULL);
+  capture_begin(&c);
+  sgm_torch_record_stream(p, stream);
+  lines = capture_end(&c, out, sizeof out);
+  assert_int_equal(lines, 1);
+  assert_non_null(strstr(out, "no hook context holds this pointer live"));
+}
+
 /* Invariant: sgm_torch_empty_cache trims every hook context: once everything
  * is freed, nothing stays committed in VRAM or shared memory, on each device
  * that has a context. */
@@ -359,6 +382,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_bad_env_is_logged, setup, teardown),
       cmocka_unit_test_setup_teardown(test_alloc_failure_is_logged, setup, teardown),
       cmocka_unit_test_setup_teardown(test_size_zero_and_free_edges, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_record_stream_hook, setup, teardown),
       cmocka_unit_test_setup_teardown(test_empty_cache_trims_every_context, setup, teardown),
       cmocka_unit_test_setup_teardown(test_set_memory_fraction, setup, teardown),
   };

@@ -97,7 +97,7 @@ static void test_table_rows_are_sane(void **state) {
   sgm_test_clean_env();
   size_t n;
   const sgm_option *t = sgm__options_table(&n);
-  assert_int_equal(n, 17);
+  assert_int_equal(n, 18);
   size_t fields[] = {
       offsetof(sgm_config, backend),        offsetof(sgm_config, device),
       offsetof(sgm_config, vram_limit),     offsetof(sgm_config, vram_fraction),
@@ -107,7 +107,7 @@ static void test_table_rows_are_sane(void **state) {
       offsetof(sgm_config, emu_vram_bytes), offsetof(sgm_config, growth_chunk_bytes),
       offsetof(sgm_config, emu_fail_at),    offsetof(sgm_config, shared_fallback),
       offsetof(sgm_config, idle_trim_ms),   offsetof(sgm_config, policy_vram),
-      offsetof(sgm_config, policy_shared)};
+      offsetof(sgm_config, policy_shared),  offsetof(sgm_config, shared_chunk_bytes)};
   for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++) {
     int rows = 0;
     for (size_t i = 0; i < n; i++) rows += t[i].offset == fields[f];
@@ -253,6 +253,12 @@ static const env_case env_cases[] = {
     {"SGM_GROWTH_CHUNK", "2T", NULL},
     {"SGM_GROWTH_CHUNK", "100K", NULL},
     {"SGM_GROWTH_CHUNK", "5%", NULL},
+    {"SGM_SHARED_CHUNK", "64KiB", "65536"},
+    {"SGM_SHARED_CHUNK", "64MiB", "67108864"},
+    {"SGM_SHARED_CHUNK", "128MiB", NULL},
+    {"SGM_SHARED_CHUNK", "100K", NULL},
+    {"SGM_EMU_VRAM", "18446744073709551615", NULL},
+    {"SGM_EMU_VRAM", "129T", NULL},
     {"SGM_SHARED_FALLBACK", "off", "0"},
     {"SGM_SHARED_FALLBACK", "YES", "1"},
     {"SGM_SHARED_FALLBACK", "maybe", NULL},
@@ -360,6 +366,12 @@ static void test_error_messages(void **state) {
   setenv("SGM_GROWTH_CHUNK", "100K", 1);
   sgm_config_init(&cfg);
   assert_non_null(strstr(cfg.error, "multiple of 64 KiB"));
+  /* An ordinal past int says the range, not "0 or more" (which it is). */
+  sgm_test_clean_env();
+  setenv("SGM_DEVICE", "2147483648", 1);
+  sgm_config_init(&cfg);
+  assert_non_null(strstr(cfg.error, "SGM_DEVICE=\"2147483648\""));
+  assert_non_null(strstr(cfg.error, "from 0 to 2147483647"));
   sgm_test_clean_env();
   setenv("SGM_EMU_VRAM", "512K", 1);
   sgm_config_init(&cfg);

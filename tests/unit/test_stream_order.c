@@ -78,23 +78,39 @@ static uint64_t driver_calls(void) {
   return fs.calls;
 }
 
-/* Has all work queued on stream so far completed? An event of the test's own
- * recorded there says (the calling thread has the primary context current:
- * sgm leaves it so on a thread that had none, as the CUDA runtime does). */
+typedef int (*device_get_fn)(int *dev, int ordinal);
+typedef int (*ctx_retain_fn)(void **ctx, int dev);
+typedef int (*ctx_push_fn)(void *ctx);
+typedef int (*ctx_pop_fn)(void **ctx);
+typedef int (*ctx_release_fn)(int dev);
+
+/* Has all work queued on stream so far completed? An event of the test's own,
+ * recorded there under device 0's primary context (pushed for the call). */
 static bool stream_done(void *stream) {
-  event_create_fn create = (event_create_fn)dlsym(fake_lib, "cuEventCreate");
-  event_record_fn record = (event_record_fn)dlsym(fake_lib, "cuEventRecord");
-  event_query_fn query = (event_query_fn)dlsym(fake_lib, "cuEventQuery");
-  event_destroy_fn destroy = (event_destroy_fn)dlsym(fake_lib, "cuEventDestroy_v2");
-  assert_non_null(create);
-  assert_non_null(destroy);
-  void *ev = NULL;
-  assert_int_equal(create(&ev, 2 /* CU_EVENT_DISABLE_TIMING */), CUDA_SUCCESS_);
-  assert_int_equal(record(ev, stream), CUDA_SUCCESS_);
+#define LOOKUP(type, name) type name##_ = (type)dlsym(fake_lib, #name); assert_non_null(name##_)
+  LOOKUP(event_create_fn, cuEventCreate);
+  LOOKUP(event_record_fn, cuEventRecord);
+  LOOKUP(event_query_fn, cuEventQuery);
+  LOOKUP(event_destroy_fn, cuEventDestroy_v2);
+  LOOKUP(device_get_fn, cuDeviceGet);
+  LOOKUP(ctx_retain_fn, cuDevicePrimaryCtxRetain);
+  LOOKUP(ctx_push_fn, cuCtxPushCurrent_v2);
+  LOOKUP(ctx_pop_fn, cuCtxPopCurrent_v2);
+  LOOKUP(ctx_release_fn, cuDevicePrimaryCtxRelease_v2);
+#undef LOOKUP
+  int dev = 0;
+  void *pctx = NULL, *popped = NULL, *ev = NULL;
+  assert_int_equal(cuDeviceGet_(&dev, 0), CUDA_SUCCESS_);
+  assert_int_equal(cuDevicePrimaryCtxRetain_(&pctx, dev), CUDA_SUCCESS_);
+  assert_int_equal(cuCtxPushCurrent_v2_(pctx), CUDA_SUCCESS_);
+  assert_int_equal(cuEventCreate_(&ev, 2 /* CU_EVENT_DISABLE_TIMING */), CUDA_SUCCESS_);
+  assert_int_equal(cuEventRecord_(ev, stream), CUDA_SUCCESS_);
   fc.fake_cuda_settle(); /* the double's worker runs what can run; held work stays */
-  int q = query(ev);
+  int q = cuEventQuery_(ev);
   assert_true(q == CUDA_SUCCESS_ || q == CUDA_ERROR_NOT_READY_);
-  assert_int_equal(destroy(ev), CUDA_SUCCESS_);
+  assert_int_equal(cuEventDestroy_v2_(ev), CUDA_SUCCESS_);
+  assert_int_equal(cuCtxPopCurrent_v2_(&popped), CUDA_SUCCESS_);
+  assert_int_equal(cuDevicePrimaryCtxRelease_v2_(dev), CUDA_SUCCESS_);
   return q == CUDA_SUCCESS_;
 }
 
@@ -199,9 +215,9 @@ static void test_same_stream_reuse_no_driver_calls(void **state) {
   fc.fake_cuda_stream_destroy(created);
 }
 
-/* Invariant: taking another stream's cached blocks costs at most two driver
- * calls (an event recorded on the owner, a wait on the taker), once for all
- * the blocks that stream holds. */
+/* Invariant: taking another stream's cached blocks costs one event recorded
+ * on the owner and one device-side wait on the taker (each after a capture
+ * check), once for all the blocks that stream holds. */
 static void test_cross_stream_transfer_calls(void **state) {
   (void)state;
   sgm_context *ctx = make_ctx_limit("8MiB");
@@ -219,9 +235,12 @@ static void test_cross_stream_transfer_calls(void **state) {
     assert_non_null(p);
     assert_non_null(q);
     uint64_t calls = driver_calls() - before;
-    /* Round 0 creates the pooled event (one more call); later rounds reuse it. */
-    if (round > 0) assert_int_equal(calls, 2);
-    else assert_true(calls <= 3);
+    /* cuEventRecord on the owner, cuStreamWaitEvent on the taker, and one
+     * cuStreamIsCapturing before each (memory never crosses streams during a
+     * graph capture); round 0 also creates the pooled event. */
+    if (round > 0) assert_int_equal(calls, 4);
+    else assert_true(calls <= 5);
+    assert_int_equal(fc.fake_cuda_calls("cuEventCreate") > 0, 1);
     sgm_free(ctx, p, taker);
     sgm_free(ctx, q, taker);
   }
@@ -273,10 +292,13 @@ static void test_per_thread_streams_do_not_alias(void **state) {
   assert_non_null(t.blocks[0]);
   assert_non_null(t.blocks[1]);
   uint64_t before = driver_calls();
+  uint64_t waits = fc.fake_cuda_calls("cuStreamWaitEvent");
   void *p = sgm_alloc(ctx, 4 * MiB, pt), *q = sgm_alloc(ctx, 4 * MiB, pt);
   assert_non_null(p);
   assert_non_null(q);
-  assert_int_equal(driver_calls() - before, 2);
+  /* One transfer for both blocks: record + wait, each after a capture check. */
+  assert_int_equal(driver_calls() - before, 4);
+  assert_int_equal(fc.fake_cuda_calls("cuStreamWaitEvent") - waits, 1);
   sgm_free(ctx, p, pt);
   sgm_free(ctx, q, pt);
   finish_ctx(ctx);
@@ -285,28 +307,29 @@ static void test_per_thread_streams_do_not_alias(void **state) {
 
 typedef struct trim_arg {
   sgm_context *ctx;
-  int rounds;
+  pthread_barrier_t *start; /* both threads reclaim at the same moment */
 } trim_arg;
 
-static void *trim_loop(void *arg) {
+static void *trim_once(void *arg) {
   trim_arg *t = arg;
-  for (int i = 0; i < t->rounds; i++) {
-    sgm__context_idle_tick(t->ctx); /* queries the fences */
-    sgm_trim(t->ctx);               /* waits for them */
-  }
+  pthread_barrier_wait(t->start);
+  sgm__context_idle_tick(t->ctx); /* queries the fences */
+  sgm_trim(t->ctx);               /* waits for them */
   return NULL;
 }
 
 /* Invariant (the defect "concurrent reclaim destroys the same event twice"):
  * each fence has one owner; two threads reclaiming at once after held work
- * completes never destroy or recycle an event twice (the double refuses an
- * unknown event, and debug builds abort on it), and nothing leaks. */
+ * completes never destroy or recycle an event twice (debug builds abort in the
+ * backend on an unknown event; the double refuses it), and nothing leaks. */
 static void test_concurrent_reclaim(void **state) {
   (void)state;
-  sgm_context *ctx = make_ctx_limit("64MiB");
-  enum { N_STREAMS = 8, ROUNDS = 20 };
+  sgm_context *ctx = make_ctx_limit("256MiB");
+  enum { N_STREAMS = 32, ROUNDS = 40 };
   void *s[N_STREAMS];
   for (int i = 0; i < N_STREAMS; i++) s[i] = fc.fake_cuda_stream_create();
+  pthread_barrier_t start;
+  pthread_barrier_init(&start, NULL, 2);
   for (int r = 0; r < ROUNDS; r++) {
     fc.fake_cuda_hold_events(1);
     for (int i = 0; i < N_STREAMS; i++) {
@@ -317,10 +340,10 @@ static void test_concurrent_reclaim(void **state) {
     sgm__context_idle_tick(ctx); /* fences every stream's cache: all pending */
     fc.fake_cuda_hold_events(0);
     fc.fake_cuda_complete_events();
-    trim_arg t = {ctx, 4};
+    trim_arg t = {ctx, &start};
     pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, trim_loop, &t), 0);
-    trim_loop(&t);
+    assert_int_equal(pthread_create(&th, NULL, trim_once, &t), 0);
+    trim_once(&t);
     assert_int_equal(pthread_join(th, NULL), 0);
     assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
     sgm_stats st;
@@ -328,6 +351,11 @@ static void test_concurrent_reclaim(void **state) {
     assert_int_equal(st.tier[SGM_TIER_VRAM].cached_bytes, 0);
     assert_int_equal(st.tier[SGM_TIER_VRAM].used_bytes, 0);
   }
+  pthread_barrier_destroy(&start);
+  fake_cuda_stats fs;
+  fc.fake_cuda_get_stats(&fs);
+  assert_int_equal(fs.bad_event_destroys, 0);
+  assert_int_equal(fs.bad_handles, 0);
   finish_ctx(ctx);
   for (int i = 0; i < N_STREAMS; i++) fc.fake_cuda_stream_destroy(s[i]);
 }
@@ -362,12 +390,13 @@ static void test_record_stream_delays_reuse(void **state) {
 static void test_reclaim_before_demotion(void **state) {
   (void)state;
   sgm_context *ctx = make_ctx_limit("8MiB");
-  void *a = fc.fake_cuda_stream_create();
+  void *a = fc.fake_cuda_stream_create(), *c = fc.fake_cuda_stream_create();
   sgm_buffer *buf = NULL;
   assert_int_equal(sgm_buffer_create(ctx, 4 * MiB, &buf), SGM_OK);
   void *d = NULL;
-  assert_int_equal(sgm_buffer_acquire(buf, NULL, &d), SGM_OK);
-  assert_int_equal(sgm_buffer_release(buf, NULL), SGM_OK);
+  assert_int_equal(sgm_buffer_acquire(buf, c, &d), SGM_OK);
+  assert_int_equal(sgm_buffer_release(buf, c), SGM_OK);
+  fc.fake_cuda_settle(); /* c's work is done: the buffer is a valid victim */
   assert_int_equal(sgm_buffer_tier(buf), SGM_TIER_VRAM);
   void *p = sgm_alloc(ctx, 4 * MiB, a);
   assert_non_null(p);
@@ -385,6 +414,7 @@ static void test_reclaim_before_demotion(void **state) {
   sgm_buffer_destroy(buf);
   finish_ctx(ctx);
   fc.fake_cuda_stream_destroy(a);
+  fc.fake_cuda_stream_destroy(c);
 }
 
 /* Invariants: the idle tick never returns a block whose free is still pending

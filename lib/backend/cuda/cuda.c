@@ -1044,14 +1044,14 @@ static void cuda_event_destroy(sgm_backend *be, void *event) {
              "ignored", event);
     return;
   }
-  bool pushed;
-  if (cuda_enter(be, op, &pushed) != SGM_OK) {
-    sgm__log(be->verbose, 1, "CUDA: %s: %s", op, sgm_last_error());
-    return;
-  }
+  bool pushed = false;
+  bool entered = cuda_enter(be, op, &pushed) == SGM_OK;
+  if (!entered) sgm__log(be->verbose, 2, "CUDA: %s: %s; destroying it anyway", op, sgm_last_error());
+  /* The handle names the event: the driver destroys it without our context
+   * current if it can. */
   CUresult r = CU(cuEventDestroy)((CUevent)event);
+  if (entered) cuda_leave(be, pushed, op);
   if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuEventDestroy");
-  cuda_leave(be, pushed, op);
 }
 
 /* Per-thread default streams get keys (serial << 3) | 2: never 0 (legacy),
@@ -1117,36 +1117,57 @@ out_leave:
   return rc;
 }
 
-static int cuda_event_record_on(sgm_backend *be, void *event, const sgm_stream_ref *stream) {
+/* Refuse (SGM_ERR_BUSY) to record on or wait from a stream that captures a
+ * CUDA graph: the record would be a graph node, not work that completes, and
+ * a wait would pull the other stream into the capture (or break it). */
+static int cuda_refuse_capturing(CUstream s, const char *op) {
+  int rc = cuda_capturing(s, op);
+  if (rc <= 0) return rc;
+  return sgm__error_set(SGM_ERR_BUSY, "CUDA: %s: the stream is capturing a CUDA graph; memory "
+                        "does not cross streams during a capture", op);
+}
+
+/* cuEventRecord(event, s) or cuStreamWaitEvent(s, event): refused on a
+ * capturing stream, retried once after a context error. */
+static int cuda_stream_event_call(sgm_backend *be, void *event, const sgm_stream_ref *stream,
+                                  bool wait) {
   cuda_count_call(be);
-  if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_record_on of a NULL event");
-  const char *op = "recording a pooled event";
+  const char *op = wait ? "ordering a stream after an event" : "recording a pooled event";
+  const char *call = wait ? "cuStreamWaitEvent" : "cuEventRecord";
+  if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s: NULL event", op);
+  CUstream s = cuda_stream_handle(stream);
   for (int attempt = 0;; attempt++) {
     bool pushed;
     int rc = cuda_enter(be, op, &pushed);
     if (rc != SGM_OK) return rc;
-    CUresult r = CU(cuEventRecord)((CUevent)event, cuda_stream_handle(stream));
+    rc = cuda_refuse_capturing(s, op);
+    if (rc != SGM_OK) {
+      cuda_leave(be, pushed, op);
+      return rc;
+    }
+    CUresult r = wait ? CU(cuStreamWaitEvent)(s, (CUevent)event, 0)
+                      : CU(cuEventRecord)((CUevent)event, s);
     cuda_leave(be, pushed, op);
     if (r == CUDA_SUCCESS) return SGM_OK;
     if (attempt == 0 && cuda_context_error(r)) continue;
-    return cuda_fail(r, op, "cuEventRecord", CUDA_BLAME_CALLER);
+    return cuda_fail(r, op, call, CUDA_BLAME_CALLER);
   }
 }
 
+static int cuda_event_record_on(sgm_backend *be, void *event, const sgm_stream_ref *stream) {
+  int rc = cuda_stream_event_call(be, event, stream, false);
+  if (rc != SGM_OK) return rc;
+  /* event_query and event_wait look up the stream it was recorded on. */
+  uint64_t key = (uint64_t)(uintptr_t)event;
+  sgm__lock_take(&be->lock);
+  for (cuda_obj *o = be->buckets[cuda_obj_hash(key, be->n_buckets)]; o; o = o->next)
+    if (o->key == key && o->kind == CUDA_OBJ_EVENT) o->bytes = (uint64_t)(uintptr_t)cuda_stream_handle(stream);
+  sgm__lock_drop(&be->lock);
+  return SGM_OK;
+}
+
 static int cuda_stream_wait_event(sgm_backend *be, const sgm_stream_ref *stream, void *event) {
-  cuda_count_call(be);
-  if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: stream_wait_event on a NULL event");
-  const char *op = "ordering a stream after an event";
-  for (int attempt = 0;; attempt++) {
-    bool pushed;
-    int rc = cuda_enter(be, op, &pushed);
-    if (rc != SGM_OK) return rc;
-    CUresult r = CU(cuStreamWaitEvent)(cuda_stream_handle(stream), (CUevent)event, 0);
-    cuda_leave(be, pushed, op);
-    if (r == CUDA_SUCCESS) return SGM_OK;
-    if (attempt == 0 && cuda_context_error(r)) continue;
-    return cuda_fail(r, op, "cuStreamWaitEvent", CUDA_BLAME_CALLER);
-  }
+  return cuda_stream_event_call(be, event, stream, true);
 }
 
 const sgm_backend_ops sgm__backend_cuda_ops = {

@@ -1,0 +1,28 @@
+/*
+ * disk_spy.h — a spy I/O engine for the disk tier (lib/tiers/disk.h): makes
+ * the nth spill write from now fail the way a full or failing disk does,
+ * through the system calls the transfer loops make, so fault injection lives
+ * here and not in the production loops.
+ */
+#ifndef SGM_DISK_SPY_H
+#define SGM_DISK_SPY_H
+
+#include <stdint.h>
+
+#include "tiers/disk.h"
+
+typedef enum sgm_disk_fault {
+  SGM_DISK_FAULT_NONE,
+  SGM_DISK_FAULT_ENOSPC, /* the first write call of the transfer fails with ENOSPC */
+  SGM_DISK_FAULT_EIO,    /* ... with EIO */
+  SGM_DISK_FAULT_SHORT   /* half of it is written for real, then no call makes progress */
+} sgm_disk_fault;
+
+/* Make the nth sgm__disk_write from now (1 = the next one) fail the given
+ * way; nth 0 or kind NONE disarms; nth UINT64_MAX fails every write from now
+ * (a full file system). A pipelined write fails on its second piece, with the
+ * first in flight (SHORT: a real partial AIO completion). Installs the spy on
+ * d the first time (it wraps the kernel engine and goes with the tier). */
+void sgm__disk_inject(sgm_disk *d, sgm_disk_fault kind, uint64_t nth);
+
+#endif /* SGM_DISK_SPY_H */
