@@ -8,11 +8,6 @@ target_compile_options(sgm_model PRIVATE -Wall -Wextra -Werror -Wshadow -Wvla)
 target_link_libraries(sgm_model PUBLIC sgm_test_support)
 sgm_add_test(model_test_model SOURCES ${_sgm_model_dir}/test_model.c LIBS sgm_model
   LABELS model TIMEOUT 300)
-# Issue 12, defect 2: sgm_free accepts an acquired buffer's device pointer.
-# WILL_FAIL until fixed; then fold --defect2 into the default run.
-add_test(NAME model_test_model_defect2 COMMAND model_test_model --defect2)
-set_tests_properties(model_test_model_defect2 PROPERTIES
-  ENVIRONMENT "SGM_BACKEND=emu;SGM_VERBOSE=0" LABELS "model;known-defect" TIMEOUT 300 WILL_FAIL TRUE)
 if(SGM_BUILD_BENCHMARKS)
   add_executable(sgm-soak ${_sgm_model_dir}/soak.c)
   target_compile_options(sgm-soak PRIVATE -Wall -Wextra -Werror)

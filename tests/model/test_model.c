@@ -5,8 +5,7 @@
  * checked byte for byte, for overlap and for each tier's used bytes against a
  * shadow model.
  *
- * --defect2 runs the one-thread case with frees of acquired buffers' device
- * pointers among the foreign frees (issue 12, defect 2: WILL_FAIL until fixed).
+ * Foreign frees include acquired buffers' device pointers (issue 12, defect 2).
  *
  * SGM_MODEL_SEED sets the seed (printed either way), SGM_MODEL_OPS the
  * operations per thread (default 3000: a few seconds under ASan and TSan).
@@ -29,14 +28,13 @@
 
 static uint64_t model_seed = 20261201;
 static uint64_t model_ops = 3000;
-static bool defect2; /* --defect2: only the one-thread case, freeing acquired buffers' pointers */
 
 static void run_model(int n_threads, uint64_t idle_trim_ms) {
   char dir[] = "/tmp/sgm-model-XXXXXX";
   assert_non_null(mkdtemp(dir));
   model_params p = {.seed = model_seed, .n_ops = model_ops, .n_threads = n_threads,
                     .spill_dir = dir, .idle_trim_ms = idle_trim_ms,
-                    .free_buffer_pointers = defect2};
+                    .free_buffer_pointers = true};
   model_result r;
   char err[MODEL_ERR_MAX] = "";
   int rc = model_run(&p, &r, err, sizeof err);
@@ -76,8 +74,7 @@ static void test_model_four_threads(void **state) {
   run_model(4, 0);
 }
 
-int main(int argc, char **argv) {
-  defect2 = argc > 1 && strcmp(argv[1], "--defect2") == 0;
+int main(void) {
   const char *s = getenv("SGM_MODEL_SEED");
   if (s && *s) model_seed = strtoull(s, NULL, 0);
   const char *n = getenv("SGM_MODEL_OPS");
@@ -90,9 +87,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_model_two_threads_idle_trim),
       cmocka_unit_test(test_model_four_threads),
   };
-  if (defect2) {
-    const struct CMUnitTest one[] = {cmocka_unit_test(test_model_one_thread)};
-    return cmocka_run_group_tests(one, NULL, NULL);
-  }
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
