@@ -25,9 +25,11 @@
  * (driver double only) also excuses leaks after those calls failed: known
  * defects, listed in tests/stress/stress.cmake.
  * A failed sgm_buffer_write must leave the buffer's old bytes (the contract
- * issue 12, defect 9 asks for; the sweep did not reach that defect's path, a
- * copy that ran and whose synchronisation failed). --stop-at-first ends the
- * sweep at the first run that broke an invariant.
+ * issue 12, defect 9 asks for); --lenient-writes makes the buffer's bytes
+ * unknown instead (on the double, a write whose copy ran and whose
+ * cuStreamSynchronize failed changes them: defect 9, hit or not depending on
+ * when the double's worker runs the copy). --stop-at-first ends the sweep at
+ * the first run that broke an invariant.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -61,7 +63,11 @@
 #define CUDA_OOM 2           /* CUDA_ERROR_OUT_OF_MEMORY */
 
 static bool on_cuda;        /* SGM_BACKEND=cuda over the double */
+/* Objects of the workload: fewer on the double, whose calls cost more (a
+ * run makes about 150 driver calls and the sweep is quadratic in that). */
+static int n_allocs = SWEEP_N_ALLOCS, n_bufs = SWEEP_N_BUFS;
 static bool stop_at_first;  /* --stop-at-first: end the sweep at the first broken run */
+static bool lenient_writes; /* --lenient-writes: a failed write leaves its range unknown */
 static char spill[64];
 static struct {
 #define FAKE_MEMBER(ret, name, params) ret(*name) params;
@@ -144,7 +150,7 @@ static void sweep_write(sweep_run *r, sweep_buf *s, unsigned seed) {
   if (sweep_status(r, rc, "sgm_buffer_write")) {
     memcpy(s->want, next, SWEEP_BUF_BYTES);
     s->known = true;
-  } else if (s->known) {
+  } else if (s->known && !lenient_writes) {
     /* Issue 12, defect 9: a failed write must leave the old bytes. */
     unsigned char *got = malloc(SWEEP_BUF_BYTES);
     assert_non_null(got);
@@ -237,7 +243,7 @@ static void sweep_once(sweep_run *r) {
   }
 
   unsigned char *allocs[SWEEP_N_ALLOCS] = {0};
-  for (int i = 0; i < SWEEP_N_ALLOCS; i++) {
+  for (int i = 0; i < n_allocs; i++) {
     allocs[i] = sgm_alloc(ctx, SWEEP_ALLOC_BYTES, NULL);
     if (!allocs[i]) {
       r->n_failed_calls++;
@@ -247,7 +253,7 @@ static void sweep_once(sweep_run *r) {
     }
   }
   sweep_buf bufs[SWEEP_N_BUFS] = {{0}};
-  for (int i = 0; i < SWEEP_N_BUFS; i++) {
+  for (int i = 0; i < n_bufs; i++) {
     bufs[i].want = malloc(SWEEP_BUF_BYTES);
     assert_non_null(bufs[i].want);
     if (!sweep_status(r, sgm_buffer_create(ctx, SWEEP_BUF_BYTES, &bufs[i].b), "sgm_buffer_create")) {
@@ -258,7 +264,7 @@ static void sweep_once(sweep_run *r) {
   }
   /* Cycle through the buffers until the early ones reach the spill file. */
   for (int round = 0; round < 2; round++)
-    for (int i = 0; i < SWEEP_N_BUFS; i++) sweep_cycle(r, &bufs[i]);
+    for (int i = 0; i < n_bufs; i++) sweep_cycle(r, &bufs[i]);
   if (bufs[0].b) sweep_evict(r, &bufs[0], SGM_TIER_DISK);
   if (bufs[1].b) sweep_evict(r, &bufs[1], SGM_TIER_SHARED);
   if (bufs[2].b) {
@@ -267,7 +273,7 @@ static void sweep_once(sweep_run *r) {
   }
   if (bufs[3].b) sweep_write(r, &bufs[3], 77u); /* a write to a buffer that may be on disk */
   sweep_status(r, sgm_trim(ctx), "sgm_trim");
-  for (int i = 0; i < SWEEP_N_ALLOCS; i++) {
+  for (int i = 0; i < n_allocs; i++) {
     if (!allocs[i]) continue;
     if (!on_cuda) {
       unsigned char *want = malloc(SWEEP_ALLOC_BYTES);
@@ -287,7 +293,7 @@ static void sweep_once(sweep_run *r) {
                       sgm_last_error());
     }
   }
-  for (int i = 0; i < SWEEP_N_BUFS; i++) {
+  for (int i = 0; i < n_bufs; i++) {
     sweep_verify(r, &bufs[i]);
     sgm_buffer_destroy(bufs[i].b);
     free(bufs[i].want);
@@ -376,8 +382,13 @@ static int teardown(void **state) {
 int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++)
     if (strcmp(argv[i], "--stop-at-first") == 0) stop_at_first = true;
+    else if (strcmp(argv[i], "--lenient-writes") == 0) lenient_writes = true;
   const char *be = getenv("SGM_BACKEND");
   on_cuda = be && strcmp(be, "cuda") == 0;
+  if (on_cuda) {
+    n_allocs = 4;
+    n_bufs = 5;
+  }
   const char *k = getenv("SGM_SWEEP_KNOWN_LEAKS");
   snprintf(known_leaks, sizeof known_leaks, "%s", k ? k : "");
   sgm_test_clean_env();
