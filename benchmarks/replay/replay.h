@@ -25,6 +25,9 @@
 /* sgm rounds every block to 256 bytes (the cudaMalloc alignment it promises,
  * sgm.h): OPT charges blocks the same way so that capacities compare. */
 #define REPLAY_ALIGN UINT64_C(256)
+/* The largest block a trace may name: 256 TiB, past any device, and small enough
+ * that rounding to REPLAY_ALIGN cannot wrap. */
+#define REPLAY_MAX_BLOCK_BYTES (UINT64_C(1) << 48)
 /* Mooncake blocks and own-CSV accesses without a size: 4 KiB, the target of
  * issue 5 (one 512-token prefix block scaled down so the whole trace fits). */
 #define REPLAY_DEFAULT_BLOCK_BYTES UINT64_C(4096)

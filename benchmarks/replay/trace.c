@@ -167,7 +167,18 @@ int replay_trace_finish(replay_trace *t, char *err, size_t err_len) {
       trace_fail(err, err_len, "block %u has size 0", (unsigned)b);
       goto out;
     }
-    t->total_bytes += trace_rounded(t->size[b]);
+    /* Sizes are rounded and summed in 64 bits: refuse what would wrap rather
+     * than replay a trace whose byte counts are nonsense. */
+    if (t->size[b] > REPLAY_MAX_BLOCK_BYTES) {
+      trace_fail(err, err_len, "block %u has %llu bytes, more than the %llu a replay can hold",
+                 (unsigned)b, (unsigned long long)t->size[b],
+                 (unsigned long long)REPLAY_MAX_BLOCK_BYTES);
+      goto out;
+    }
+    if (__builtin_add_overflow(t->total_bytes, trace_rounded(t->size[b]), &t->total_bytes)) {
+      trace_fail(err, err_len, "the blocks' sizes add up to more than 2^64 bytes");
+      goto out;
+    }
     if (t->size[b] != t->uniform_bytes) t->uniform_bytes = 0;
   }
   for (size_t i = 0; i < t->n_ev; i++) {

@@ -47,10 +47,6 @@ endforeach()
 
 if(SGM_FUZZ)
   sgm_add_fuzz(fuzz_options SOURCES ${_sgm_fuzz_dir}/fuzz_options.c LIBS sgm_internal)
-  # Likewise the trace readers' size wrap-around (known/trace-size-wrap).
-  foreach(fmt ${_sgm_fuzz_trace_formats})
-    target_compile_definitions(fuzz_trace_${fmt} PRIVATE FUZZ_KNOWN_TRACE_SIZE_WRAP)
-  endforeach()
   return()
 endif()
 
@@ -60,15 +56,7 @@ sgm_add_fuzz_test(fuzz_options fuzz_options ${_sgm_fuzz_dir}/corpus/options
 foreach(fmt ${_sgm_fuzz_trace_formats})
   sgm_add_fuzz_test(fuzz_trace_${fmt} fuzz_trace_${fmt} ${_sgm_fuzz_dir}/corpus/trace_${fmt})
 endforeach()
-# Known defects: one WILL_FAIL test per input, so that each input is held
-# until its defect is fixed (then move the input into the corpus).
-#  (issue 12 defect 6's inputs are fixed and live in corpus/options/defect6-*.)
-#  - known/trace-size-wrap (not in issue 12): sgm-replay's readers accept block
-#    sizes whose 256-byte rounding or sum wraps past 2^64 (total_bytes ends up
-#    below one block's size); <format>-<case> names the reader.
-file(GLOB _sgm_known CONFIGURE_DEPENDS ${_sgm_fuzz_dir}/known/trace-size-wrap/*)
-foreach(f ${_sgm_known})
-  get_filename_component(n ${f} NAME)
-  string(REGEX REPLACE "-.*$" "" fmt ${n})
-  sgm_add_fuzz_test(fuzz_trace_size_wrap_${n} fuzz_trace_${fmt} ${f} WILL_FAIL "trace size wrap")
-endforeach()
+# Inputs that once showed a defect stay in the corpora: issue 12 defect 6's
+# budgets in corpus/options/defect6-*, the trace readers' size wrap-around
+# (block sizes whose 256-byte rounding or sum wrapped past 2^64) in
+# corpus/trace_<format>/size-wrap-*.

@@ -15,8 +15,7 @@
  *  - a trace that was read is consistent: every event names a block below
  *    n_blocks, n_access + n_free == n_ev, no block is touched after its free,
  *    every block size is positive, total_bytes is at least every block's size
- *    and peak_live_bytes is at most total_bytes (no wrap-around; skipped
- *    while FUZZ_KNOWN_TRACE_SIZE_WRAP is defined, see fuzz.cmake);
+ *    and peak_live_bytes is at most total_bytes (no wrap-around);
  *  - Belady's OPT over the trace counts no more hits than accesses.
  *
  * Threading: none.
@@ -60,10 +59,8 @@ static void fuzz_trace_check(const replay_trace *t) {
   free(freed);
   for (uint32_t b = 0; b < t->n_blocks; b++) {
     if (t->size[b] == 0) fuzz_trace_fail("a block of size 0 was accepted", NULL);
-#ifndef FUZZ_KNOWN_TRACE_SIZE_WRAP /* known, tests/fuzz/known/trace-size-wrap */
     if (t->total_bytes < t->size[b])
       fuzz_trace_fail("total_bytes is below one block's size (the sum wrapped around)", NULL);
-#endif
   }
   if (t->peak_live_bytes > t->total_bytes) fuzz_trace_fail("peak_live_bytes > total_bytes", NULL);
 }
