@@ -199,9 +199,11 @@ static void test_same_stream_reuse_no_driver_calls(void **state) {
   fc.fake_cuda_stream_destroy(created);
 }
 
-/* Invariant: taking another stream's cached blocks costs at most two driver
- * calls (an event recorded on the owner, a wait on the taker), once for all
- * the blocks that stream holds. */
+/* Invariant: taking another stream's cached blocks costs at most three driver
+ * calls (is the owner capturing a graph? an event recorded on the owner, a
+ * wait on the taker), once for all the blocks that stream holds. The capture
+ * check is what keeps the taker out of a capture (test_capture.c); the legacy
+ * stream cannot capture, so a transfer from it is two calls (below). */
 static void test_cross_stream_transfer_calls(void **state) {
   (void)state;
   sgm_context *ctx = make_ctx_limit("8MiB");
@@ -220,8 +222,8 @@ static void test_cross_stream_transfer_calls(void **state) {
     assert_non_null(q);
     uint64_t calls = driver_calls() - before;
     /* Round 0 creates the pooled event (one more call); later rounds reuse it. */
-    if (round > 0) assert_int_equal(calls, 2);
-    else assert_true(calls <= 3);
+    if (round > 0) assert_int_equal(calls, 3);
+    else assert_true(calls <= 4);
     sgm_free(ctx, p, taker);
     sgm_free(ctx, q, taker);
   }

@@ -251,7 +251,8 @@ typedef enum cuda_obj_kind {
 
 typedef struct cuda_obj {
   uint64_t key;          /* address or handle, as above */
-  uint64_t bytes;        /* device bytes asked for, host mapping length; events: their CUstream */
+  uint64_t bytes;        /* device bytes asked for, host mapping length; events: the CUstream
+                            event_record used, or CUDA_EVENT_POOLED */
   int kind;              /* cuda_obj_kind */
   struct cuda_obj *next; /* next in the hash chain */
 } cuda_obj;
@@ -275,6 +276,11 @@ struct sgm_backend {
   size_t n_buckets;           /* a power of two */
   size_t n_objs;              /* entries in the table */
 };
+
+/* cuda_obj.bytes of an event from event_create: recorded only by
+ * event_record_on, which never records into a capture, so queries of it need
+ * no capture check. */
+#define CUDA_EVENT_POOLED UINT64_MAX
 
 /* Room for the first objects; the table doubles when it holds two per bucket. */
 #define CUDA_OBJ_BUCKETS_MIN 64u
@@ -334,14 +340,19 @@ static bool cuda_obj_remove_locked(sgm_backend *be, uint64_t key, int kind, uint
   return false;
 }
 
-/* The stream an event was last recorded on; false when event is not live. */
-static bool cuda_event_stream(sgm_backend *be, void *event, CUstream *stream) {
+/* The stream event_record recorded an event on (*pooled: it came from
+ * event_create instead, and is never recorded into a capture); false when
+ * event is not live. */
+static bool cuda_event_stream(sgm_backend *be, void *event, CUstream *stream, bool *pooled) {
   uint64_t key = (uint64_t)(uintptr_t)event;
   bool found = false;
+  *stream = NULL;
+  *pooled = false;
   sgm__lock_take(&be->lock);
   for (cuda_obj *o = be->buckets[cuda_obj_hash(key, be->n_buckets)]; o; o = o->next) {
     if (o->key == key && o->kind == CUDA_OBJ_EVENT) {
-      *stream = (CUstream)(uintptr_t)o->bytes;
+      *pooled = o->bytes == CUDA_EVENT_POOLED;
+      if (!*pooled) *stream = (CUstream)(uintptr_t)o->bytes;
       found = true;
       break;
     }
@@ -984,14 +995,15 @@ static int cuda_event_query(sgm_backend *be, void *event) {
   if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_query of a NULL event");
   const char *op = "querying an event";
   CUstream stream = NULL;
-  if (!cuda_event_stream(be, event, &stream))
+  bool pooled = false;
+  if (!cuda_event_stream(be, event, &stream, &pooled))
     return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_query of %p, which this backend did not "
                           "record", event);
   bool pushed;
   int rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
   /* Recorded into a capture that goes on: not complete before it ends. */
-  rc = cuda_capturing(stream, op);
+  rc = pooled ? 0 : cuda_capturing(stream, op);
   if (rc != 0) {
     cuda_leave(be, pushed, op);
     return rc < 0 ? rc : 0;
@@ -1010,13 +1022,14 @@ static int cuda_event_wait(sgm_backend *be, void *event) {
   if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_wait on a NULL event");
   const char *op = "waiting for an event";
   CUstream stream = NULL;
-  if (!cuda_event_stream(be, event, &stream))
+  bool pooled = false;
+  if (!cuda_event_stream(be, event, &stream, &pooled))
     return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_wait on %p, which this backend did not "
                           "record", event);
   bool pushed;
   int rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
-  rc = cuda_capturing(stream, op);
+  rc = pooled ? 0 : cuda_capturing(stream, op);
   if (rc != 0) {
     cuda_leave(be, pushed, op);
     if (rc < 0) return rc;
@@ -1102,7 +1115,7 @@ static int cuda_event_create(sgm_backend *be, void **event_out) {
     goto out_leave;
   }
   sgm__lock_take(&be->lock);
-  bool added = cuda_obj_add_locked(be, (uint64_t)(uintptr_t)ev, 0, CUDA_OBJ_EVENT);
+  bool added = cuda_obj_add_locked(be, (uint64_t)(uintptr_t)ev, CUDA_EVENT_POOLED, CUDA_OBJ_EVENT);
   if (added) be->c.n_events_live++;
   sgm__lock_drop(&be->lock);
   if (!added) {
@@ -1121,11 +1134,21 @@ static int cuda_event_record_on(sgm_backend *be, void *event, const sgm_stream_r
   cuda_count_call(be);
   if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_record_on of a NULL event");
   const char *op = "recording a pooled event";
+  CUstream s = cuda_stream_handle(stream);
   for (int attempt = 0;; attempt++) {
     bool pushed;
     int rc = cuda_enter(be, op, &pushed);
     if (rc != SGM_OK) return rc;
-    CUresult r = CU(cuEventRecord)((CUevent)event, cuda_stream_handle(stream));
+    /* A record into a capture is a graph node: a stream waiting on it would
+     * join the capture, and a query of it fails. The legacy stream never
+     * captures; any other may. */
+    if (s != NULL && s != CU_STREAM_LEGACY && (rc = cuda_capturing(s, op)) != 0) {
+      cuda_leave(be, pushed, op);
+      if (rc < 0) return rc;
+      return sgm__error_set(SGM_ERR_BUSY, "CUDA: %s: the stream is capturing a CUDA graph; what "
+                            "it freed stays with it until the capture ends", op);
+    }
+    CUresult r = CU(cuEventRecord)((CUevent)event, s);
     cuda_leave(be, pushed, op);
     if (r == CUDA_SUCCESS) return SGM_OK;
     if (attempt == 0 && cuda_context_error(r)) continue;
