@@ -681,10 +681,9 @@ static int cuda_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
   }
   sgm__lock_drop(&be->lock);
   if (!added) {
-    if (cuda_relax(&mode) == CUDA_SUCCESS) {
-      r = CU(cuMemFree)(p);
-      cuda_unrelax(be, mode, op);
-    }
+    if (cuda_relax(&mode) != CUDA_SUCCESS) mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    r = CU(cuMemFree)(p);
+    cuda_unrelax(be, mode, op);
     if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
     rc = sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
     goto out_leave;
@@ -718,15 +717,13 @@ static void cuda_device_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
     sgm__log(be->verbose, 1, "CUDA: %s: %s", op, sgm_last_error());
     return;
   }
+  /* A free must happen: without relaxed mode it is still made. */
   CUstreamCaptureMode mode;
   CUresult r = cuda_relax(&mode);
-  if (r == CUDA_SUCCESS) {
-    r = CU(cuMemFree)((CUdeviceptr)ptr);
-    cuda_unrelax(be, mode, op);
-    if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
-  } else {
-    cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
-  }
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
+  r = CU(cuMemFree)((CUdeviceptr)ptr);
+  cuda_unrelax(be, mode, op);
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
   cuda_leave(be, pushed, op);
 }
 
@@ -830,11 +827,9 @@ static int cuda_host_alloc(sgm_backend *be, uint64_t bytes, int numa_node, void 
   return SGM_OK;
 
 out_unregister:
-  r = cuda_relax(&mode);
-  if (r == CUDA_SUCCESS) {
-    r = CU(cuMemHostUnregister)(p);
-    cuda_unrelax(be, mode, op);
-  }
+  if (cuda_relax(&mode) != CUDA_SUCCESS) mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  r = CU(cuMemHostUnregister)(p);
+  cuda_unrelax(be, mode, op);
   if (r != CUDA_SUCCESS) {
     /* Still pinned by the driver: unmapping it would leave the driver a
      * dangling registration; leak the mapping instead. */
@@ -872,17 +867,18 @@ static void cuda_host_free(sgm_backend *be, void *host, uint64_t bytes) {
     sgm__log(be->verbose, 1, "CUDA: %s: %s; the memory stays pinned", op, sgm_last_error());
     return;
   }
+  /* An unpin must happen: without relaxed mode it is still made. */
   CUstreamCaptureMode mode;
   CUresult r = cuda_relax(&mode);
-  const char *call = "cuThreadExchangeStreamCaptureMode";
-  if (r == CUDA_SUCCESS) {
-    call = "cuMemHostUnregister";
-    r = CU(cuMemHostUnregister)(host);
-    cuda_unrelax(be, mode, op);
+  if (r != CUDA_SUCCESS) {
+    cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
+    mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   }
+  r = CU(cuMemHostUnregister)(host);
+  cuda_unrelax(be, mode, op);
   cuda_leave(be, pushed, op);
   if (r != CUDA_SUCCESS) {
-    cuda_log_failure(be, r, op, call);
+    cuda_log_failure(be, r, op, "cuMemHostUnregister");
     return; /* never unmap what the driver may still have pinned */
   }
   munmap(host, len);
@@ -1058,8 +1054,15 @@ static void cuda_event_destroy(sgm_backend *be, void *event) {
     return;
   }
   bool pushed;
-  if (cuda_enter(be, op, &pushed) != SGM_OK) {
-    sgm__log(be->verbose, 1, "CUDA: %s: %s", op, sgm_last_error());
+  /* Dropped from the table, the event must reach cuEventDestroy: a failed
+   * enter (a context lookup that failed once) is tried again, and if the
+   * context stays unreachable the event goes back in the table for close(). */
+  if (cuda_enter(be, op, &pushed) != SGM_OK && cuda_enter(be, op, &pushed) != SGM_OK) {
+    sgm__log(be->verbose, 1, "CUDA: %s: %s; the event is destroyed at close", op, sgm_last_error());
+    sgm__lock_take(&be->lock);
+    if (cuda_obj_add_locked(be, (uint64_t)(uintptr_t)event, CUDA_EVENT_POOLED, CUDA_OBJ_EVENT))
+      be->c.n_events_live++;
+    sgm__lock_drop(&be->lock);
     return;
   }
   CUresult r = CU(cuEventDestroy)((CUevent)event);
