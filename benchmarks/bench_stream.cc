@@ -31,11 +31,13 @@ struct FakeStats {
 };
 using GetStatsFn = void (*)(FakeStats *);
 using HoldEventsFn = void (*)(int);
+using CompleteEventsFn = void (*)();
 using StreamCreateFn = void *(*)();
 
 struct Driver {
   GetStatsFn get_stats = nullptr;       // the double's counters; null on a real driver
   HoldEventsFn hold_events = nullptr;   // keep every recorded event pending
+  CompleteEventsFn complete_events = nullptr;  // release the held ones (before destroy waits)
   StreamCreateFn stream_create = nullptr;
 };
 
@@ -46,6 +48,7 @@ Driver &Drv() {
     if (lib) {
       x.get_stats = reinterpret_cast<GetStatsFn>(dlsym(lib, "fake_cuda_get_stats"));
       x.hold_events = reinterpret_cast<HoldEventsFn>(dlsym(lib, "fake_cuda_hold_events"));
+      x.complete_events = reinterpret_cast<CompleteEventsFn>(dlsym(lib, "fake_cuda_complete_events"));
       x.stream_create = reinterpret_cast<StreamCreateFn>(dlsym(lib, "fake_cuda_stream_create"));
     }
     return x;
@@ -100,6 +103,8 @@ void PairsOn(benchmark::State &state, void *stream) {
   }
   ReportCalls(state, Calls() - before, static_cast<double>(state.iterations()));
   if (Drv().hold_events) Drv().hold_events(0);
+  // Held records stay held until released: sgm_context_destroy waits for them.
+  if (Drv().complete_events) Drv().complete_events();
   sgm_context_destroy(ctx);
 }
 
@@ -175,6 +180,8 @@ void BM_PairWithPending(benchmark::State &state) {
   }
   ReportCalls(state, Calls() - before, static_cast<double>(state.iterations()));
   if (Drv().hold_events) Drv().hold_events(0);
+  // Held records stay held until released: sgm_context_destroy waits for them.
+  if (Drv().complete_events) Drv().complete_events();
   sgm_context_destroy(ctx);
 }
 

@@ -308,6 +308,7 @@ SGM_API sgm_status sgm_buffer_read(sgm_buffer *b, size_t offset, void *dst, size
 /*
  * Move a released buffer down to tier `to` (SGM_TIER_SHARED or SGM_TIER_DISK),
  * cascading as needed. SGM_ERR_BUSY if acquired; on failure it stays where it was.
+ * GPU work queued before the last release may still run: the move follows it.
  */
 SGM_API sgm_status sgm_buffer_evict(sgm_buffer *b, sgm_tier to);
 

@@ -247,11 +247,8 @@ SGM_API sgm_status sgm_buffer_evict(sgm_buffer *b, sgm_tier to) {
   struct sgm_placement *pl = ctx->pl;
   int rc = buffer_lock_released(pl, b, "sgm_buffer_evict");
   if (rc != SGM_OK) return (sgm_status)rc;
-  if (b->event && ctx->bops->event_query(ctx->be, b->event) != 1) {
-    sgm__lock_drop(&pl->lock);
-    return (sgm_status)sgm__error_set(SGM_ERR_BUSY, "sgm_buffer_evict: GPU work queued before "
-                                      "release has not completed yet");
-  }
+  /* GPU work queued before the release may still run: the demotion's copies
+   * follow it (migrate.c). */
   sgm__buffer_take_locked(pl, b, SGM_TAKE_MOVE);
   sgm__lock_drop(&pl->lock);
   rc = b->tier < to ? sgm__migrate_demote(ctx, b, to, false) : SGM_OK;

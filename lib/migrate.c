@@ -16,7 +16,10 @@
  * too and is dropped. A released buffer on the legacy stream, or on a
  * per-thread default stream (whose handle names another stream on the
  * mover's thread), is copied on the legacy stream, which follows the earlier
- * work of every blocking stream.
+ * work of every blocking stream. Spilling from shared memory to disk is the
+ * one migration the host does itself: it waits for the release's work first.
+ * An explicit eviction therefore proceeds with the release's work pending
+ * (victim searches still prefer buffers whose work is done).
  * Threading: the caller owns the buffer (BUSY) and holds no lock; the copies,
  * disk I/O and pool calls here run unlocked. pl->lock is taken only to count.
  */
@@ -30,6 +33,9 @@
 static void *migrate_shared_host(sgm_context *ctx, sgm_devptr d) {
   return sgm__shared_host_ptr(ctx->tiers[SGM_TIER_SHARED], d);
 }
+
+/* Not a stream: the host itself uses the data (sgm__migrate_order_use waits). */
+#define MIGRATE_HOST ((void *)(uintptr_t)UINTPTR_MAX)
 
 /* True when work queued on stream a before now is ordered before work queued
  * on b afterwards by stream order alone (the same stream). */
@@ -230,8 +236,11 @@ int sgm__migrate_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict
       if (!pl->disk)
         return sgm__error_set(SGM_ERR_NOMEM, "no disk tier to spill to: set SGM_SPILL_DIR to a "
                               "directory (and SGM_SPILL_LIMIT) to let buffers spill to disk");
+      /* The host reads the block: it waits for the release's work itself. */
+      int rc = sgm__migrate_order_use(ctx, &b->event, b->event_stream, MIGRATE_HOST);
+      if (rc != SGM_OK) return rc;
       sgm_disk_extent *ext = NULL;
-      int rc = migrate_disk_store(ctx, b, migrate_shared_host(ctx, b->dptr), &ext);
+      rc = migrate_disk_store(ctx, b, migrate_shared_host(ctx, b->dptr), &ext);
       if (rc != SGM_OK) return rc; /* the data stays in shared memory */
       migrate_free_block(ctx, SGM_TIER_SHARED, b->dptr);
       b->dptr = 0;

@@ -7,9 +7,10 @@
  * Each case queues "the caller's kernel" on stream A behind a held record:
  * a copy that writes pattern Y into the buffer (the double's device memory is
  * host memory), then releases the buffer on A. sgm's copy of the buffer's data
- * (read, write, acquire, prefetch) must come after that kernel:
+ * (read, write, evict, acquire, prefetch) must come after that kernel:
  *  - read returns Y, never the stale X;
  *  - write's bytes land after the kernel's (the buffer ends as written);
+ *  - an eviction moves Y (it neither refuses nor copies X);
  *  - acquire on A of a buffer in shared memory promotes Y into VRAM, and the
  *    old shared block stays allocated until that copy is done;
  *  - a prefetch promotes Y, not X.
@@ -169,13 +170,14 @@ typedef struct job {
   int rc;            /* the call's status */
   int done;          /* set (atomic) when the call returned */
 } job;
-enum { JOB_READ, JOB_WRITE, JOB_ACQUIRE };
+enum { JOB_READ, JOB_WRITE, JOB_ACQUIRE, JOB_EVICT };
 
 static void *job_main(void *arg) {
   job *j = arg;
   switch (j->what) {
     case JOB_READ: j->rc = sgm_buffer_read(j->f->b, 0, j->out, N); break;
     case JOB_WRITE: j->rc = sgm_buffer_write(j->f->b, 0, pat_z, N); break;
+    case JOB_EVICT: j->rc = sgm_buffer_evict(j->f->b, SGM_TIER_SHARED); break;
     default: j->rc = sgm_buffer_acquire(j->f->b, j->f->a, &j->dptr); break;
   }
   __atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
@@ -255,6 +257,28 @@ static void test_write_after_release_work(void **state) {
   teardown_fixture(&f);
 }
 
+/* Invariant: evicting a buffer whose release work is pending moves the bytes
+ * that work wrote (Y): the demotion's copy follows it, neither refusing
+ * (SGM_ERR_BUSY) nor copying stale bytes. */
+static void test_evict_after_release_work(void **state) {
+  (void)state;
+  fixture f;
+  setup_fixture(&f, false);
+  queue_kernel_and_release(&f);
+  static job j;
+  memset(&j, 0, sizeof j);
+  j.f = &f;
+  j.what = JOB_EVICT;
+  bool early = run_job(&j);
+  if (j.rc != SGM_OK) fail_msg("evict with the release's work pending: %s", sgm_status_string((sgm_status)j.rc));
+  assert_int_equal(sgm_buffer_tier(f.b), SGM_TIER_SHARED);
+  unsigned char back[N];
+  assert_int_equal(sgm_buffer_read(f.b, 0, back, N), SGM_OK);
+  if (memcmp(back, pat_y, N) != 0) fail_msg("the eviction moved stale bytes");
+  assert_false(early);
+  teardown_fixture(&f);
+}
+
 /* Invariants: acquire on A of a buffer in shared memory promotes the bytes the
  * kernel wrote there (Y) into VRAM; the old shared block is not freed while
  * that copy is pending (the shared tier still holds it when the copy has been
@@ -324,6 +348,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_read_after_release_work),
       cmocka_unit_test(test_write_after_release_work),
+      cmocka_unit_test(test_evict_after_release_work),
       cmocka_unit_test(test_acquire_promotes_after_release_work),
       cmocka_unit_test(test_prefetch_after_release_work),
   };

@@ -251,7 +251,8 @@ typedef enum cuda_obj_kind {
 
 typedef struct cuda_obj {
   uint64_t key;          /* address or handle, as above */
-  uint64_t bytes;        /* device bytes asked for, host mapping length; events: their CUstream */
+  uint64_t bytes;        /* device bytes asked for, host mapping length; events: the CUstream
+                            event_record used, or CUDA_EVENT_POOLED */
   int kind;              /* cuda_obj_kind */
   struct cuda_obj *next; /* next in the hash chain */
 } cuda_obj;
@@ -275,6 +276,11 @@ struct sgm_backend {
   size_t n_buckets;           /* a power of two */
   size_t n_objs;              /* entries in the table */
 };
+
+/* cuda_obj.bytes of an event from event_create: recorded only by
+ * event_record_on, which never records into a capture, so queries of it need
+ * no capture check. */
+#define CUDA_EVENT_POOLED UINT64_MAX
 
 /* Room for the first objects; the table doubles when it holds two per bucket. */
 #define CUDA_OBJ_BUCKETS_MIN 64u
@@ -334,14 +340,19 @@ static bool cuda_obj_remove_locked(sgm_backend *be, uint64_t key, int kind, uint
   return false;
 }
 
-/* The stream an event was last recorded on; false when event is not live. */
-static bool cuda_event_stream(sgm_backend *be, void *event, CUstream *stream) {
+/* The stream event_record recorded an event on (*pooled: it came from
+ * event_create instead, and is never recorded into a capture); false when
+ * event is not live. */
+static bool cuda_event_stream(sgm_backend *be, void *event, CUstream *stream, bool *pooled) {
   uint64_t key = (uint64_t)(uintptr_t)event;
   bool found = false;
+  *stream = NULL;
+  *pooled = false;
   sgm__lock_take(&be->lock);
   for (cuda_obj *o = be->buckets[cuda_obj_hash(key, be->n_buckets)]; o; o = o->next) {
     if (o->key == key && o->kind == CUDA_OBJ_EVENT) {
-      *stream = (CUstream)(uintptr_t)o->bytes;
+      *pooled = o->bytes == CUDA_EVENT_POOLED;
+      if (!*pooled) *stream = (CUstream)(uintptr_t)o->bytes;
       found = true;
       break;
     }
@@ -670,10 +681,9 @@ static int cuda_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
   }
   sgm__lock_drop(&be->lock);
   if (!added) {
-    if (cuda_relax(&mode) == CUDA_SUCCESS) {
-      r = CU(cuMemFree)(p);
-      cuda_unrelax(be, mode, op);
-    }
+    if (cuda_relax(&mode) != CUDA_SUCCESS) mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    r = CU(cuMemFree)(p);
+    cuda_unrelax(be, mode, op);
     if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
     rc = sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
     goto out_leave;
@@ -707,15 +717,13 @@ static void cuda_device_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
     sgm__log(be->verbose, 1, "CUDA: %s: %s", op, sgm_last_error());
     return;
   }
+  /* A free must happen: without relaxed mode it is still made. */
   CUstreamCaptureMode mode;
   CUresult r = cuda_relax(&mode);
-  if (r == CUDA_SUCCESS) {
-    r = CU(cuMemFree)((CUdeviceptr)ptr);
-    cuda_unrelax(be, mode, op);
-    if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
-  } else {
-    cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
-  }
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
+  r = CU(cuMemFree)((CUdeviceptr)ptr);
+  cuda_unrelax(be, mode, op);
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
   cuda_leave(be, pushed, op);
 }
 
@@ -819,11 +827,9 @@ static int cuda_host_alloc(sgm_backend *be, uint64_t bytes, int numa_node, void 
   return SGM_OK;
 
 out_unregister:
-  r = cuda_relax(&mode);
-  if (r == CUDA_SUCCESS) {
-    r = CU(cuMemHostUnregister)(p);
-    cuda_unrelax(be, mode, op);
-  }
+  if (cuda_relax(&mode) != CUDA_SUCCESS) mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  r = CU(cuMemHostUnregister)(p);
+  cuda_unrelax(be, mode, op);
   if (r != CUDA_SUCCESS) {
     /* Still pinned by the driver: unmapping it would leave the driver a
      * dangling registration; leak the mapping instead. */
@@ -861,17 +867,18 @@ static void cuda_host_free(sgm_backend *be, void *host, uint64_t bytes) {
     sgm__log(be->verbose, 1, "CUDA: %s: %s; the memory stays pinned", op, sgm_last_error());
     return;
   }
+  /* An unpin must happen: without relaxed mode it is still made. */
   CUstreamCaptureMode mode;
   CUresult r = cuda_relax(&mode);
-  const char *call = "cuThreadExchangeStreamCaptureMode";
-  if (r == CUDA_SUCCESS) {
-    call = "cuMemHostUnregister";
-    r = CU(cuMemHostUnregister)(host);
-    cuda_unrelax(be, mode, op);
+  if (r != CUDA_SUCCESS) {
+    cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
+    mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   }
+  r = CU(cuMemHostUnregister)(host);
+  cuda_unrelax(be, mode, op);
   cuda_leave(be, pushed, op);
   if (r != CUDA_SUCCESS) {
-    cuda_log_failure(be, r, op, call);
+    cuda_log_failure(be, r, op, "cuMemHostUnregister");
     return; /* never unmap what the driver may still have pinned */
   }
   munmap(host, len);
@@ -984,14 +991,15 @@ static int cuda_event_query(sgm_backend *be, void *event) {
   if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_query of a NULL event");
   const char *op = "querying an event";
   CUstream stream = NULL;
-  if (!cuda_event_stream(be, event, &stream))
+  bool pooled = false;
+  if (!cuda_event_stream(be, event, &stream, &pooled))
     return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_query of %p, which this backend did not "
                           "record", event);
   bool pushed;
   int rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
   /* Recorded into a capture that goes on: not complete before it ends. */
-  rc = cuda_capturing(stream, op);
+  rc = pooled ? 0 : cuda_capturing(stream, op);
   if (rc != 0) {
     cuda_leave(be, pushed, op);
     return rc < 0 ? rc : 0;
@@ -1010,13 +1018,14 @@ static int cuda_event_wait(sgm_backend *be, void *event) {
   if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_wait on a NULL event");
   const char *op = "waiting for an event";
   CUstream stream = NULL;
-  if (!cuda_event_stream(be, event, &stream))
+  bool pooled = false;
+  if (!cuda_event_stream(be, event, &stream, &pooled))
     return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_wait on %p, which this backend did not "
                           "record", event);
   bool pushed;
   int rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
-  rc = cuda_capturing(stream, op);
+  rc = pooled ? 0 : cuda_capturing(stream, op);
   if (rc != 0) {
     cuda_leave(be, pushed, op);
     if (rc < 0) return rc;
@@ -1045,10 +1054,11 @@ static void cuda_event_destroy(sgm_backend *be, void *event) {
     return;
   }
   bool pushed = false;
-  bool entered = cuda_enter(be, op, &pushed) == SGM_OK;
+  /* A failed enter (a context lookup that failed once) is tried again; the
+   * handle names the event, so the driver destroys it without our context
+   * current if it still can. */
+  bool entered = cuda_enter(be, op, &pushed) == SGM_OK || cuda_enter(be, op, &pushed) == SGM_OK;
   if (!entered) sgm__log(be->verbose, 2, "CUDA: %s: %s; destroying it anyway", op, sgm_last_error());
-  /* The handle names the event: the driver destroys it without our context
-   * current if it can. */
   CUresult r = CU(cuEventDestroy)((CUevent)event);
   if (entered) cuda_leave(be, pushed, op);
   if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuEventDestroy");
@@ -1102,7 +1112,7 @@ static int cuda_event_create(sgm_backend *be, void **event_out) {
     goto out_leave;
   }
   sgm__lock_take(&be->lock);
-  bool added = cuda_obj_add_locked(be, (uint64_t)(uintptr_t)ev, 0, CUDA_OBJ_EVENT);
+  bool added = cuda_obj_add_locked(be, (uint64_t)(uintptr_t)ev, CUDA_EVENT_POOLED, CUDA_OBJ_EVENT);
   if (added) be->c.n_events_live++;
   sgm__lock_drop(&be->lock);
   if (!added) {
@@ -1140,7 +1150,8 @@ static int cuda_stream_event_call(sgm_backend *be, void *event, const sgm_stream
     bool pushed;
     int rc = cuda_enter(be, op, &pushed);
     if (rc != SGM_OK) return rc;
-    rc = cuda_refuse_capturing(s, op);
+    /* The legacy stream never captures: only other streams are asked. */
+    if (s != NULL && s != CU_STREAM_LEGACY) rc = cuda_refuse_capturing(s, op);
     if (rc != SGM_OK) {
       cuda_leave(be, pushed, op);
       return rc;
