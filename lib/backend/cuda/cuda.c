@@ -947,6 +947,38 @@ static void cuda_counters(sgm_backend *be, sgm_backend_counters *out) {
   out->n_calls = __atomic_load_n(&be->c.n_calls, __ATOMIC_RELAXED);
 }
 
+/* cuEventCreate (no timing: such events are cheaper to record and to query)
+ * and its bookkeeping entry, tagged with the stream event_record will record
+ * it on or CUDA_EVENT_POOLED. The one home of both create steps; the caller
+ * has entered the context. */
+static int cuda_event_new(sgm_backend *be, uint64_t tag, const char *op, CUevent *out) {
+  *out = NULL;
+  CUevent ev = NULL;
+  CUresult r = CU(cuEventCreate)(&ev, CU_EVENT_DISABLE_TIMING);
+  if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuEventCreate", CUDA_BLAME_DRIVER);
+  sgm__lock_take(&be->lock);
+  bool added = cuda_obj_add_locked(be, (uint64_t)(uintptr_t)ev, tag, CUDA_OBJ_EVENT);
+  if (added) be->c.n_events_live++;
+  sgm__lock_drop(&be->lock);
+  if (!added) {
+    r = CU(cuEventDestroy)(ev);
+    if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuEventDestroy");
+    return sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
+  }
+  *out = ev;
+  return SGM_OK;
+}
+
+/* Undo cuda_event_new (its event was never handed out). */
+static void cuda_event_drop_new(sgm_backend *be, CUevent ev, const char *op) {
+  sgm__lock_take(&be->lock);
+  if (cuda_obj_remove_locked(be, (uint64_t)(uintptr_t)ev, CUDA_OBJ_EVENT, NULL))
+    be->c.n_events_live--;
+  sgm__lock_drop(&be->lock);
+  CUresult r = CU(cuEventDestroy)(ev);
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuEventDestroy");
+}
+
 static int cuda_event_record(sgm_backend *be, void *stream, void **event_out) {
   sgm__lock_assert_none_held();
   *event_out = NULL;
@@ -956,33 +988,15 @@ static int cuda_event_record(sgm_backend *be, void *stream, void **event_out) {
   int rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
   CUevent ev = NULL;
-  /* No timing: such events are cheaper to record and to query. */
-  CUresult r = CU(cuEventCreate)(&ev, CU_EVENT_DISABLE_TIMING);
-  if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r, op, "cuEventCreate", CUDA_BLAME_DRIVER);
-    goto out_leave;
-  }
-  r = CU(cuEventRecord)(ev, (CUstream)stream);
+  rc = cuda_event_new(be, (uint64_t)(uintptr_t)stream, op, &ev);
+  if (rc != SGM_OK) goto out_leave;
+  CUresult r = CU(cuEventRecord)(ev, (CUstream)stream);
   if (r != CUDA_SUCCESS) {
     rc = cuda_fail(r, op, "cuEventRecord", CUDA_BLAME_CALLER);
-    goto out_destroy;
+    cuda_event_drop_new(be, ev, op);
+    goto out_leave;
   }
-  sgm__lock_take(&be->lock);
-  bool added = cuda_obj_add_locked(be, (uint64_t)(uintptr_t)ev, (uint64_t)(uintptr_t)stream,
-                                   CUDA_OBJ_EVENT);
-  if (added) be->c.n_events_live++;
-  sgm__lock_drop(&be->lock);
-  if (!added) {
-    rc = sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
-    goto out_destroy;
-  }
-  cuda_leave(be, pushed, op);
   *event_out = ev;
-  return SGM_OK;
-
-out_destroy:
-  r = CU(cuEventDestroy)(ev);
-  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuEventDestroy");
 out_leave:
   cuda_leave(be, pushed, op);
   return rc;
@@ -1108,23 +1122,8 @@ static int cuda_event_create(sgm_backend *be, void **event_out) {
   int rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
   CUevent ev = NULL;
-  CUresult r = CU(cuEventCreate)(&ev, CU_EVENT_DISABLE_TIMING);
-  if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r, op, "cuEventCreate", CUDA_BLAME_DRIVER);
-    goto out_leave;
-  }
-  sgm__lock_take(&be->lock);
-  bool added = cuda_obj_add_locked(be, (uint64_t)(uintptr_t)ev, CUDA_EVENT_POOLED, CUDA_OBJ_EVENT);
-  if (added) be->c.n_events_live++;
-  sgm__lock_drop(&be->lock);
-  if (!added) {
-    rc = sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
-    r = CU(cuEventDestroy)(ev);
-    if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuEventDestroy");
-    goto out_leave;
-  }
-  *event_out = ev;
-out_leave:
+  rc = cuda_event_new(be, CUDA_EVENT_POOLED, op, &ev);
+  if (rc == SGM_OK) *event_out = ev;
   cuda_leave(be, pushed, op);
   return rc;
 }
