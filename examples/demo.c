@@ -127,13 +127,19 @@ static int run_command(char *const argv[], int quiet) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
-/* Draw the record with python3 -m sgm.plot; 0 when the PNG was written. */
-static int plot(const char *csv, const char *png) {
-  const char *py = getenv("SGM_PYTHON") ? getenv("SGM_PYTHON") : "python3";
+/* The interpreter --plot runs: $SGM_PYTHON, else python3 from PATH. */
+static const char *plot_python(void) {
+  return getenv("SGM_PYTHON") ? getenv("SGM_PYTHON") : "python3";
+}
+
+/* Before the run: can the interpreter import sgm.plot and matplotlib? Says
+ * what is missing and returns nonzero when not, so no run is wasted. */
+static int plot_check(void) {
+  const char *py = plot_python();
 #ifdef SGM_SOURCE_PYTHON_DIR
   /* A build tree: the package next to the sources, when no installed one answers. */
   char *check[] = {(char *)py, "-c", "import sgm.plot", NULL};
-  if (run_command(check, 1) != 0 && access(SGM_SOURCE_PYTHON_DIR "/sgm/plot.py", R_OK) == 0) {
+  if (run_command(check, 1) == 1 && access(SGM_SOURCE_PYTHON_DIR "/sgm/plot.py", R_OK) == 0) {
     const char *old = getenv("PYTHONPATH");
     char buf[4096];
     snprintf(buf, sizeof buf, "%s%s%s", SGM_SOURCE_PYTHON_DIR, old && *old ? ":" : "",
@@ -145,19 +151,23 @@ static int plot(const char *csv, const char *png) {
   int rc = run_command(probe, 1);
   if (rc == 127) {
     fprintf(stderr, "demo: --plot: cannot run %s (install python3, or name an interpreter in "
-            "SGM_PYTHON); the samples are in %s\n", py, csv);
-    return 1;
+            "SGM_PYTHON)\n", py);
+  } else if (rc != 0) {
+    fprintf(stderr, "demo: --plot: %s cannot import the sgm package and matplotlib (matplotlib: "
+            "apt-get install python3-matplotlib; the package: cmake --install, or "
+            "PYTHONPATH=<sgm source>/python)\n", py);
   }
-  if (rc != 0) {
-    fprintf(stderr, "demo: --plot: %s cannot import the sgm package and matplotlib (install "
-            "matplotlib: apt-get install python3-matplotlib; the package: cmake --install, or "
-            "PYTHONPATH=<sgm source>/python); the samples are in %s\n", py, csv);
-    return 1;
-  }
+  return rc;
+}
+
+/* Draw the record with python3 -m sgm.plot; 0 when the PNG was written. */
+static int plot(const char *csv, const char *png) {
+  const char *py = plot_python();
   char *cmd[] = {(char *)py, "-m", "sgm.plot", (char *)csv, "-o", (char *)png, "--title",
                  "sgm-demo: dedicated, shared GPU memory and disk over the demo's run", NULL};
-  rc = run_command(cmd, 0);
-  if (rc != 0) fprintf(stderr, "demo: --plot: %s -m sgm.plot failed (exit %d)\n", py, rc);
+  int rc = run_command(cmd, 0);
+  if (rc != 0) fprintf(stderr, "demo: --plot: %s -m sgm.plot failed (exit %d); the samples are in %s\n",
+                       py, rc, csv);
   return rc != 0;
 }
 
@@ -405,6 +415,7 @@ int main(int argc, char **argv) {
     }
   }
   if (png) {
+    if (plot_check() != 0) return 2;
     /* out.png -> out.csv next to it. */
     size_t n = strlen(png);
     int dot = n > 4 && strcmp(png + n - 4, ".png") == 0;
