@@ -28,7 +28,7 @@ from . import _lib
 from ._lib import (BackendError, BusyError, CorruptError, DiskIOError, Error,  # noqa: F401
                    InvalidError, NoMemoryError, UnsupportedError)
 
-__all__ = ["Context", "Buffer", "Tier", "Priority", "stats", "option_names", "options_env",
+__all__ = ["Context", "Buffer", "Tier", "Priority", "stats", "pointer_tier", "option_names", "options_env",
            "library_path", "Error", "InvalidError", "NoMemoryError", "BackendError",
            "DiskIOError", "CorruptError", "BusyError", "UnsupportedError"]
 __version__ = "0.1.0"
@@ -160,11 +160,20 @@ def stats(device=0):
     """The statistics of the framework hooks' context of a device (the one
     sgm.torch and sgm.cupy allocate from; created on first use) as a dict in
     sgm_stats_json's shape (docs/stats.md)."""
-    lib = _lib.lib()
-    ctx = lib.sgm_hook_context(int(device))
+    return _stats_json(_hook_context(device))
+
+
+def _hook_context(device):
+    ctx = _lib.lib().sgm_hook_context(int(device))
     if not ctx:
         raise _lib.error_for(_lib.ERR_BACKEND, _lib.last_error(), "sgm_hook_context")
-    return _stats_json(ctx)
+    return ctx
+
+
+def pointer_tier(ptr, device=0):
+    """The Tier of an address the framework hooks handed out on a device
+    (a tensor's data_ptr(), a CuPy array's data.ptr); Tier.NONE for others."""
+    return Tier(_lib.lib().sgm_pointer_tier(_hook_context(device), int(ptr)))
 
 
 def _stream(stream):

@@ -82,3 +82,9 @@ def use(**options):
 def active():
     """Whether use() has installed sgm as CuPy's allocator in this process."""
     return _state["env"] is not None
+
+
+def empty_cache():
+    """Return cached and free committed memory of every hook context to the
+    driver (sgm_torch_empty_cache; CuPy's memory pool calls do not reach sgm)."""
+    _lib.lib().sgm_torch_empty_cache()

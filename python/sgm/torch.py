@@ -15,7 +15,7 @@ prefetch() and set_priority() need a libsgm.so with the managed pointer mode
 import ctypes
 import os
 
-from . import Priority, Tier, _apply_env, _lib, _stream, options_env
+from . import Priority, Tier, _apply_env, _hook_context, _lib, _stream, options_env, pointer_tier
 from . import stats as _hook_stats
 
 _state = {"env": None}  # the options use() applied, once it succeeded
@@ -161,6 +161,13 @@ def _tensor_span(tensor):
     return storage.data_ptr(), storage.nbytes()
 
 
+def tier(tensor):
+    """The Tier holding a CUDA tensor's memory (VRAM, SHARED; NONE when sgm did
+    not allocate it)."""
+    ptr, _ = _tensor_span(tensor)
+    return pointer_tier(ptr, _device(tensor.device))
+
+
 def _need(symbol, what):
     if not _lib.has(symbol):
         raise _lib.UnsupportedError(
@@ -180,9 +187,7 @@ def prefetch(tensor, tier=Tier.VRAM, stream=None):
     ptr, size = _tensor_span(tensor)
     if stream is None:
         stream = _torch().cuda.current_stream(tensor.device)
-    ctx = _lib.lib().sgm_hook_context(_device(tensor.device))
-    if not ctx:
-        raise _lib.error_for(_lib.ERR_BACKEND, _lib.last_error(), "sgm_hook_context")
+    ctx = _hook_context(_device(tensor.device))
     _lib.check(fn(ctx, ptr, size, int(Tier.of(tier)), _stream(stream)), "sgm_prefetch")
 
 
