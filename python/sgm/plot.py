@@ -117,29 +117,31 @@ def draw(rows, out, width=1200, height=800, title=None, dpi=100):
             cap_of, cap_label = {"vram_used": ("device_total", "device memory"),
                                  "shared_used": ("shared_cap", "shared GPU memory cap")
                                  }.get(column, (None, None))
-            # The scale follows use and budgets; a cap far above them is named, not drawn.
-            top = max(stacked + [1])
+            # The scale follows what was used; a budget or cap more than 3x above
+            # it runs off the top (a line clipped there) and the legend says so.
+            used_top = max(stacked + [0])
+            lines = []  # (label, colour, style, values)
             if budget_of:
-                top = max([top] + [max(procs[k][budget_of]) for k in keys])
+                for k in keys:
+                    lines.append((f"budget {k[1]} ({k[0]})", colour[k], "--", procs[k][budget_of]))
+            if cap_of:
+                cap = [max(procs[k][cap_of][i] for k in keys) for i in range(len(times))]
+                if max(cap):
+                    lines.append((cap_label, "black", "-", cap))
+            top = used_top
+            for _, _, _, values in lines:
+                if used_top == 0 or max(values) <= 3 * used_top:
+                    top = max(top, max(values))
+            top = max(top, 1)
             unit, scale = _unit(top)
             stacks = [[v / scale for v in procs[k][column]] for k in keys]
             ax.stackplot(times, stacks, colors=[colour[k] for k in keys], alpha=0.75,
                          labels=[f"{name} ({pid})" for pid, name in keys], step="post")
-            if budget_of:
-                for k in keys:
-                    ax.step(times, [v / scale for v in procs[k][budget_of]], where="post",
-                            color=colour[k], linestyle="--", linewidth=1.2,
-                            label=f"budget {k[1]} ({k[0]})")
-            if cap_of:
-                cap = [max(procs[k][cap_of][i] for k in keys) for i in range(len(times))]
-                biggest = max(cap)
-                if biggest <= 1.5 * top:
-                    top = max(top, biggest)
-                    ax.step(times, [v / scale for v in cap], where="post", color="black",
-                            linewidth=1.0, label=cap_label)
-                elif biggest:
-                    ax.plot([], [], color="black", linewidth=1.0,
-                            label=f"{cap_label}: {biggest / scale:.0f} {unit} (off scale)")
+            for label_, colour_, style, values in lines:
+                if max(values) > 1.08 * top:
+                    label_ += f" (up to {max(values) / scale:,.0f} {unit}: off scale)"
+                ax.step(times, [v / scale for v in values], where="post", color=colour_,
+                        linestyle=style, linewidth=1.2 if style == "--" else 1.0, label=label_)
             # Fallbacks land in shared memory; evictions leave VRAM: mark them there,
             # at most one mark per 1/60 of the time axis (a busy run makes thousands).
             marker_of = {"shared_used": ("fallbacks", "v", "tab:red"),

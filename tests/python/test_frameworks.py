@@ -161,6 +161,8 @@ def test_torch_stats_in_memory_stats_shape():
         assert s["allocation.all.current"] == 1 and s["allocation.all.allocated"] == 1
         assert s["reserved_bytes.all.current"] >= s["allocated_bytes.all.current"]
         assert s["sgm.tiers.vram.used_bytes"] >= 3 * MiB and s["sgm.backend"] == "emu"
+        assert sgm.pointer_tier(p, 0) is sgm.Tier.VRAM
+        assert sgm.pointer_tier(p + (1 << 40), 0) is sgm.Tier.NONE
         lib.sgm_torch_free(p, 3 * MiB, 0, None)
         sgm.torch.empty_cache()
         s = sgm.torch.stats(0)
@@ -207,7 +209,10 @@ def test_cupy_allocator_serves_and_frees_through_sgm():
             raise SystemExit("a 1 PiB allocation succeeded")
         except MemoryError as e:
             assert isinstance(e, sgm.NoMemoryError) and e.message, e
+        assert sgm.pointer_tier(mp.ptr) is sgm.Tier.VRAM
         del mp
         import gc; gc.collect()
         assert sgm.stats(0)["tiers"]["vram"]["n_live"] == 0
+        sgm.cupy.empty_cache()
+        assert sgm.stats(0)["tiers"]["vram"]["committed_bytes"] == 0
     """)
