@@ -1,263 +1,32 @@
 // bench_disk.cc — the disk tier (issue 4), through the public API only
-// (issue 11): spill write and read-back bandwidth of sgm buffers moved to
-// SGM_TIER_DISK by sgm_buffer_evict and back to VRAM by sgm_buffer_acquire
-// (checksum written and verified, staging through the pinned bounce buffer
-// included), against raw sequential pwrite / pread of the same bytes in the
-// same extent sizes, on the same file system, in the same run.
-//
-// 64 MiB of random data per iteration, as 64 buffers of 1 MiB, 8 of 8 MiB or
-// one of 64 MiB (one extent each), on the emulated device (its VRAM is host
-// memory, so the figure is the disk tier's, not a PCIe link's). The I/O mode
-// is the one sgm picks on that file system: direct (O_DIRECT) where the file
-// system takes it, else buffered; the raw reference uses the same mode:
-//  - direct:   raw pwrite/pread on an O_DIRECT file;
-//  - buffered: raw buffered pwrite of all 64 MiB, one sync_file_range and one
-//    POSIX_FADV_DONTNEED at the end; reads: pread then DONTNEED, so every
-//    iteration reads from the device, never from the page cache.
-// A write iteration's buffers come back to VRAM untimed (their extents are
-// freed: holes punched), so every write allocates blocks afresh; the raw
-// reference punches the same range.
+// (issue 11): spill write (sgm_buffer_evict to SGM_TIER_DISK) and read-back
+// (sgm_buffer_acquire, checksum verified) bandwidth against raw sequential
+// pwrite / pread of the same bytes in the same extent sizes, on the same file
+// system, in the same I/O mode (the one sgm uses there: O_DIRECT where the
+// file system takes it), in the same run. 64 MiB of random data per
+// iteration, as buffers (extents) of 1, 8 and 64 MiB.
 //
 // Flags: --dir=DIR (default /tmp) picks the file system; the rest go to
-// Google Benchmark. The ratio table sgm/raw is printed at the end.
-#include <benchmark/benchmark.h>
-#include <fcntl.h>
-#include <unistd.h>
-#include <xxhash.h>
-
-#include <chrono>
+// Google Benchmark. The ratio table sgm/raw is printed at the end. The bodies
+// live in common/disk.cc (sgm-bench runs them too).
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <map>
 #include <string>
-#include <vector>
 
-#include "sgm.h"
+#include "bodies.h"
+
+using namespace sgm_bench;
 
 namespace {
 
-constexpr uint64_t kMiB = 1ull << 20;
-constexpr uint64_t kTotal = 64 * kMiB;  // data moved per iteration
-
-std::string g_dir = "/tmp";
-bool g_direct = false;           // the file system takes O_DIRECT (sgm then uses it)
-unsigned char *g_src = nullptr;  // kTotal bytes of random data, page-aligned
-unsigned char *g_dst = nullptr;  // kTotal bytes, page-aligned
-// "write/8MiB" -> {bytes, seconds} summed over every timed iteration.
-std::map<std::string, std::pair<double, double>> g_sgm, g_raw;
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-std::string Key(const char *op, int64_t ext_mib) {
-  return std::string(op) + "/" + std::to_string(ext_mib) + "MiB/" + (g_direct ? "direct" : "buffered");
-}
-
-void Record(std::map<std::string, std::pair<double, double>> &m, const std::string &k, double s) {
-  m[k].first += static_cast<double>(kTotal);
-  m[k].second += s;
-}
-
-// An emulated device with room for every buffer in VRAM, and the disk tier in
-// --dir with room for all of them twice over.
-struct Spill {
-  sgm_context *ctx = nullptr;
-  std::vector<sgm_buffer *> bufs;
-  uint64_t ext = 0;
-
-  ~Spill() {
-    for (sgm_buffer *b : bufs) sgm_buffer_destroy(b);
-    sgm_context_destroy(ctx);
-  }
-
-  // Buffers of ext bytes filled with g_src, resident in VRAM; false (the
-  // state skipped with sgm's message) when anything fails.
-  bool Open(benchmark::State &state, uint64_t extent) {
-    ext = extent;
-    sgm_config cfg;
-    sgm_config_init(&cfg);
-    cfg.backend = SGM_BACKEND_EMU;
-    cfg.emu_vram_bytes = 4 * kTotal;
-    cfg.idle_trim_ms = 0;
-    std::snprintf(cfg.spill_dir, sizeof cfg.spill_dir, "%s", g_dir.c_str());
-    cfg.spill_limit.bytes = 4 * kTotal;
-    if (sgm_context_create(&cfg, &ctx) != SGM_OK) return Fail(state);
-    for (uint64_t off = 0; off < kTotal; off += ext) {
-      sgm_buffer *b = nullptr;
-      if (sgm_buffer_create(ctx, ext, &b) != SGM_OK) return Fail(state);
-      bufs.push_back(b);
-      if (sgm_buffer_write(b, 0, g_src + off, ext) != SGM_OK) return Fail(state);
-    }
-    return true;
-  }
-
-  bool Fail(benchmark::State &state) {
-    state.SkipWithError(sgm_last_error());
-    return false;
-  }
-
-  bool ToDisk(benchmark::State &state) {
-    for (sgm_buffer *b : bufs)
-      if (sgm_buffer_evict(b, SGM_TIER_DISK) != SGM_OK || sgm_buffer_tier(b) != SGM_TIER_DISK)
-        return Fail(state);
-    return true;
-  }
-
-  // acquire (disk -> VRAM, checksum verified); release unless keep.
-  bool ToVram(benchmark::State &state, bool release) {
-    for (sgm_buffer *b : bufs) {
-      void *d = nullptr;
-      if (sgm_buffer_acquire(b, nullptr, &d) != SGM_OK) return Fail(state);
-      if (release && sgm_buffer_release(b, nullptr) != SGM_OK) return Fail(state);
-    }
-    return true;
-  }
-
-  bool Release(benchmark::State &state) {
-    for (sgm_buffer *b : bufs)
-      if (sgm_buffer_release(b, nullptr) != SGM_OK) return Fail(state);
-    return true;
-  }
-
-  // The bytes survived every round trip.
-  void Check(benchmark::State &state) {
-    std::memset(g_dst, 0, kTotal);
-    for (size_t i = 0; i < bufs.size(); i++)
-      if (sgm_buffer_read(bufs[i], 0, g_dst + i * ext, ext) != SGM_OK) {
-        Fail(state);
-        return;
-      }
-    if (std::memcmp(g_dst, g_src, kTotal) != 0) state.SkipWithError("read back wrong bytes");
-  }
-};
-
-int OpenRaw(benchmark::State &state) {
-  int fd = open(g_dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC | (g_direct ? O_DIRECT : 0), 0600);
-  if (fd < 0) state.SkipWithError("cannot open a raw O_TMPFILE file in --dir");
-  return fd;
-}
-
-bool WriteAll(int fd, const unsigned char *p, uint64_t n, uint64_t off) {
-  while (n) {
-    ssize_t w = pwrite(fd, p, n, static_cast<off_t>(off));
-    if (w <= 0) return false;
-    p += w, n -= static_cast<uint64_t>(w), off += static_cast<uint64_t>(w);
-  }
-  return true;
-}
-
-bool ReadAll(int fd, unsigned char *p, uint64_t n, uint64_t off) {
-  while (n) {
-    ssize_t r = pread(fd, p, n, static_cast<off_t>(off));
-    if (r <= 0) return false;
-    p += r, n -= static_cast<uint64_t>(r), off += static_cast<uint64_t>(r);
-  }
-  return true;
-}
-
-// Arg: extent (buffer) MiB. Timed: every buffer evicted VRAM -> disk.
-void BM_SgmSpillWrite(benchmark::State &state) {
-  Spill s;
-  if (!s.Open(state, static_cast<uint64_t>(state.range(0)) * kMiB)) return;
-  for (auto _ : state) {
-    double t0 = Now();
-    if (!s.ToDisk(state)) return;
-    double t = Now() - t0;
-    state.SetIterationTime(t);
-    Record(g_sgm, Key("write", state.range(0)), t);
-    if (!s.ToVram(state, true)) return;
-  }
-  s.Check(state);
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kTotal));
-}
-
-// Timed: every disk-resident buffer acquired (disk -> VRAM, verified).
-void BM_SgmSpillRead(benchmark::State &state) {
-  Spill s;
-  if (!s.Open(state, static_cast<uint64_t>(state.range(0)) * kMiB)) return;
-  for (auto _ : state) {
-    if (!s.ToDisk(state)) return;
-    double t0 = Now();
-    if (!s.ToVram(state, false)) return;
-    double t = Now() - t0;
-    state.SetIterationTime(t);
-    Record(g_sgm, Key("read", state.range(0)), t);
-    if (!s.Release(state)) return;
-  }
-  s.Check(state);
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kTotal));
-}
-
-void BM_RawWrite(benchmark::State &state) {
-  const uint64_t ext = static_cast<uint64_t>(state.range(0)) * kMiB;
-  int fd = OpenRaw(state);
-  if (fd < 0) return;
-  for (auto _ : state) {
-    double t0 = Now();
-    for (uint64_t off = 0; off < kTotal; off += ext)
-      if (!WriteAll(fd, g_src + off, ext, off)) {
-        state.SkipWithError("raw pwrite failed");
-        close(fd);
-        return;
-      }
-    if (!g_direct) {
-      sync_file_range(fd, 0, static_cast<off_t>(kTotal), SYNC_FILE_RANGE_WAIT_BEFORE |
-                      SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
-      posix_fadvise(fd, 0, static_cast<off_t>(kTotal), POSIX_FADV_DONTNEED);
-    }
-    double s = Now() - t0;
-    state.SetIterationTime(s);
-    Record(g_raw, Key("write", state.range(0)), s);
-    fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(kTotal));
-  }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kTotal));
-  close(fd);
-}
-
-void BM_RawRead(benchmark::State &state) {
-  const uint64_t ext = static_cast<uint64_t>(state.range(0)) * kMiB;
-  int fd = OpenRaw(state);
-  if (fd < 0) return;
-  if (!WriteAll(fd, g_src, kTotal, 0)) {
-    state.SkipWithError("raw pwrite failed");
-    close(fd);
-    return;
-  }
-  fdatasync(fd);
-  posix_fadvise(fd, 0, static_cast<off_t>(kTotal), POSIX_FADV_DONTNEED);
-  for (auto _ : state) {
-    double t0 = Now();
-    for (uint64_t off = 0; off < kTotal; off += ext)
-      if (!ReadAll(fd, g_dst + off, ext, off)) {
-        state.SkipWithError("raw pread failed");
-        close(fd);
-        return;
-      }
-    if (!g_direct) posix_fadvise(fd, 0, static_cast<off_t>(kTotal), POSIX_FADV_DONTNEED);
-    double s = Now() - t0;
-    state.SetIterationTime(s);
-    Record(g_raw, Key("read", state.range(0)), s);
-  }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kTotal));
-  close(fd);
-}
-
-// The checksum alone: what XXH3 costs per byte on this CPU (sgm checksums
-// every spilled extent on write and verifies it on read).
-void BM_Xxh3(benchmark::State &state) {
-  for (auto _ : state) benchmark::DoNotOptimize(XXH3_64bits(g_src, kTotal));
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kTotal));
-}
-
 void Register() {
+  const int direct = DiskDirect() ? 1 : 0;  // the mode sgm uses in that folder
   for (int ext : {1, 8, 64}) {
     // sgm and raw side by side, so drift on a noisy machine hits both.
-    benchmark::RegisterBenchmark("BM_SgmSpillWrite", BM_SgmSpillWrite)->Arg(ext)->UseManualTime();
-    benchmark::RegisterBenchmark("BM_RawWrite", BM_RawWrite)->Arg(ext)->UseManualTime();
-    benchmark::RegisterBenchmark("BM_SgmSpillRead", BM_SgmSpillRead)->Arg(ext)->UseManualTime();
-    benchmark::RegisterBenchmark("BM_RawRead", BM_RawRead)->Arg(ext)->UseManualTime();
+    benchmark::RegisterBenchmark("BM_SgmWrite", BM_SgmWrite)->Args({ext, direct})->UseManualTime();
+    benchmark::RegisterBenchmark("BM_RawWrite", BM_RawWrite)->Args({ext, direct})->UseManualTime();
+    benchmark::RegisterBenchmark("BM_SgmRead", BM_SgmRead)->Args({ext, direct})->UseManualTime();
+    benchmark::RegisterBenchmark("BM_RawRead", BM_RawRead)->Args({ext, direct})->UseManualTime();
   }
   benchmark::RegisterBenchmark("BM_Xxh3", BM_Xxh3);
 }
@@ -265,31 +34,21 @@ void Register() {
 }  // namespace
 
 int main(int argc, char **argv) {
+  std::string dir = "/tmp";
   int w = 1;
   for (int i = 1; i < argc; i++) {
     if (std::strncmp(argv[i], "--dir=", 6) == 0)
-      g_dir = argv[i] + 6;
+      dir = argv[i] + 6;
     else
       argv[w++] = argv[i];
   }
   argc = w;
   argv[argc] = nullptr;
-  g_src = static_cast<unsigned char *>(std::aligned_alloc(4096, kTotal));
-  g_dst = static_cast<unsigned char *>(std::aligned_alloc(4096, kTotal));
-  if (!g_src || !g_dst) return 1;
-  uint64_t s = 0x9e3779b97f4a7c15ull;
-  for (uint64_t i = 0; i < kTotal; i += 8) {
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-    std::memcpy(g_src + i, &s, 8);
-  }
-  std::memset(g_dst, 0, kTotal);
-
-  int probe = open(g_dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC | O_DIRECT, 0600);
-  g_direct = probe >= 0;
-  if (probe >= 0) close(probe);
-  std::printf("bench_disk: --dir=%s: %s I/O (sgm uses O_DIRECT where the file system takes it; "
-              "the raw reference does the same); reads never hit the page cache\n",
-              g_dir.c_str(), g_direct ? "direct" : "buffered");
+  if (!DiskSetup(dir)) return 1;
+  std::printf("bench_disk: --dir=%s on %s\n", dir.c_str(), DiskDescribe().c_str());
+  std::printf("bench_disk: sgm through the public API (sgm_buffer_evict to the disk tier, "
+              "sgm_buffer_acquire back) against raw I/O in the same mode; reads never hit the "
+              "page cache\n");
 
   Register();
   benchmark::Initialize(&argc, argv);
@@ -297,14 +56,12 @@ int main(int argc, char **argv) {
   benchmark::Shutdown();
 
   std::printf("\n%-24s %12s %12s %7s\n", "sgm / raw", "sgm MB/s", "raw MB/s", "ratio");
-  for (const auto &kv : g_sgm) {
-    auto r = g_raw.find(kv.first);
-    if (r == g_raw.end() || kv.second.second <= 0 || r->second.second <= 0) continue;
-    double a = kv.second.first / kv.second.second / 1e6;
-    double b = r->second.first / r->second.second / 1e6;
-    std::printf("%-24s %12.0f %12.0f %7.2f\n", kv.first.c_str(), a, b, a / b);
+  for (const DiskTotals &t : DiskSummary()) {
+    if (t.sgm_seconds <= 0 || t.raw_seconds <= 0) continue;
+    double a = t.sgm_bytes / t.sgm_seconds / 1e6;
+    double b = t.raw_bytes / t.raw_seconds / 1e6;
+    std::printf("%-24s %12.0f %12.0f %7.2f\n", t.key.c_str(), a, b, a / b);
   }
-  std::free(g_src);
-  std::free(g_dst);
+  DiskTeardown();
   return 0;
 }
