@@ -241,6 +241,22 @@ void test_schema_check_refuses_broken_documents(void **) {
   assert_string_not_equal(sgm_bench::CheckSchema(doc).c_str(), "");
 }
 
+// Invariant: --compare and --markdown refuse, with exit status 2 and a message
+// naming the file, input that is not JSON or not a result file.
+void test_unreadable_inputs_are_refused(void **) {
+  std::string junk = Tmp("junk.json"), other = Tmp("other.json");
+  std::ofstream(junk) << "{\"schema\": \"sgm-bench/1\", \"figures\": [1, 2,";
+  std::ofstream(other) << "{\"schema\": \"something-else\"}";
+  Result r = Run("--compare '" + g_quick_path + "' '" + junk + "'");
+  assert_int_equal(r.status, 2);
+  assert_non_null(std::strstr(r.output.c_str(), "junk.json: not JSON"));
+  r = Run("--compare '" + other + "' '" + g_quick_path + "'");
+  assert_int_equal(r.status, 2);
+  assert_non_null(std::strstr(r.output.c_str(), "not an sgm-bench result file"));
+  r = Run("--markdown '" + other + "'");
+  assert_int_equal(r.status, 2);
+}
+
 // Invariant: docs/benchmarks.md is exactly what --markdown makes of the run
 // committed beside it (docs/benchmarks.json): the page cannot drift from the tool.
 void test_published_page_is_generated_from_its_run(void **) {
@@ -263,6 +279,7 @@ int main() {
       cmocka_unit_test(test_compare_with_itself_reports_no_regression),
       cmocka_unit_test(test_compare_flags_exactly_the_doctored_figure),
       cmocka_unit_test(test_schema_check_refuses_broken_documents),
+      cmocka_unit_test(test_unreadable_inputs_are_refused),
       cmocka_unit_test(test_published_page_is_generated_from_its_run),
   };
   return cmocka_run_group_tests(tests, SetupQuickRun, nullptr);
