@@ -86,6 +86,7 @@ struct Gb {
   std::string counter;            // "": real ns per iteration; else this counter's value
   double scale = 1;               // the value is multiplied by it (1e-9: bytes/s -> GB/s)
   double max_min_time_s = 0;      // > 0: cap on the run's minimum time (bodies that move 64 MiB an iteration)
+  int64_t iterations = 0;         // > 0: exactly this many iterations, no minimum time (GPU bodies)
 };
 // One Google Benchmark run of g with rc's minimum time; its value, or 0 and
 // *skip = the body's error.

@@ -6,7 +6,8 @@
 //
 // Environment (benchmarks/sgm-bench/CMakeLists.txt sets it): SGM_BENCH (the
 // binary), SGM_BENCH_TRACES (the tiny traces), SGM_BENCH_TMP (a scratch
-// folder), SGM_BENCH_DOCS (docs/, for the committed page).
+// folder), SGM_BENCH_DOCS (docs/, for the committed page), SGM_BENCH_FAKE_CUDA
+// (the folder of the CUDA driver test double's libcuda.so.1).
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -48,8 +49,8 @@ struct Result {
   std::string output;  // stdout and stderr together
 };
 
-Result Run(const std::string &args) {
-  std::string cmd = "'" + Env("SGM_BENCH") + "' " + args + " 2>&1";
+Result Run(const std::string &args, const std::string &env = "") {
+  std::string cmd = env + "'" + Env("SGM_BENCH") + "' " + args + " 2>&1";
   FILE *p = popen(cmd.c_str(), "r");
   if (!p) fail_msg("cannot run %s", cmd.c_str());
   Result r{-1, ""};
@@ -154,9 +155,39 @@ void test_missing_traces_are_skipped_with_a_message(void **) {
     assert_non_null(f);
     assert_string_equal(f->StringOr("status", "").c_str(), "skipped");
     assert_non_null(std::strstr(f->StringOr("skip_reason", "").c_str(), "/nonexistent/sgm-traces"));
-    std::string line = std::string("skipped ") + name + ": no MiniMalloc traces";
-    if (r.output.find(line) == std::string::npos) fail_msg("no line '%s' in:\n%s", line.c_str(), r.output.c_str());
   }
+  const char *line = "skipped suballoc.minimalloc.frag, suballoc.minimalloc.replay: no MiniMalloc traces";
+  if (r.output.find(line) == std::string::npos) fail_msg("no line '%s' in:\n%s", line, r.output.c_str());
+}
+
+// Invariant: against the CUDA driver test double (a libcuda.so.1 that models
+// copies but not kernels), the GPU copy and per-call figures are measured and
+// positive, and the kernel figure is skipped saying what the driver lacks.
+void test_gpu_figures_run_on_the_driver_double(void **) {
+  if (!std::getenv("SGM_BENCH_FAKE_CUDA")) {
+    print_message("# no CUDA driver test double in this build (no CUDA headers): skipped\n");
+    skip();
+  }
+  std::string path = Tmp("gpu.json");
+  Result r = Run("--quick --only gpu --repetitions 1 --json '" + path + "'",
+                 "LD_LIBRARY_PATH='" + Env("SGM_BENCH_FAKE_CUDA") + "' BENCH_CUDA_MAX_MIB=64 ");
+  assert_int_equal(r.status, 0);
+  Json doc = Read(path);
+  assert_string_equal(sgm_bench::CheckSchema(doc).c_str(), "");
+  assert_non_null(std::strstr(doc.Get("machine")->StringOr("gpu", "").c_str(), "test double"));
+  int measured = 0;
+  for (const Json &f : doc.Get("figures")->arr) {
+    std::string name = f.StringOr("name", "");
+    assert_int_equal(name.compare(0, 4, "gpu."), 0);
+    if (name == "gpu.kernel.shared") {
+      assert_string_equal(f.StringOr("status", "").c_str(), "skipped");
+      assert_non_null(std::strstr(f.StringOr("skip_reason", "").c_str(), "cuModuleLoadData"));
+      continue;
+    }
+    if (f.StringOr("status", "") != "measured") fail_msg("%s: %s", name.c_str(), f.StringOr("skip_reason", "").c_str());
+    measured++;
+  }
+  assert_int_equal(measured, 5);  // copies both ways, pairs on three streams
 }
 
 int CountRegressions(const std::string &out, std::string *flagged) {
@@ -276,6 +307,7 @@ int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_quick_run_holds_every_quick_figure_measured),
       cmocka_unit_test(test_missing_traces_are_skipped_with_a_message),
+      cmocka_unit_test(test_gpu_figures_run_on_the_driver_double),
       cmocka_unit_test(test_compare_with_itself_reports_no_regression),
       cmocka_unit_test(test_compare_flags_exactly_the_doctored_figure),
       cmocka_unit_test(test_schema_check_refuses_broken_documents),
