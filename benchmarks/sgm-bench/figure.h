@@ -62,7 +62,7 @@ struct Figure {
   Measure sgm;             // sgm's side
   Measure ref;             // the reference side
   int repetitions = 0;     // 0: the run's default; 1 for figures that do not vary (counts, ratios of hits)
-  std::string needs = {};  // "" | "traces" | "gpu": what a skip depends on (for --list and tests)
+  std::string needs = {};  // "" | "traces" | "gpu" | "o_direct": what a skip depends on (--list, tests)
 };
 
 // Registration (static initialisers call it); figures are kept sorted by name.

@@ -168,7 +168,7 @@ Measure Disk(const std::string &label, void (*body)(benchmark::State &), int64_t
                     ", checksummed", "GB/s", "raw O_DIRECT p" #op " of the same extents, same folder",     \
                     Better::kHigher, Target::Ratio(kAtLeast, 0.8), mode,                                  \
                     Disk("disk/sgm/" #op "/" #ext, BM_Sgm##Op, ext),                                      \
-                    Disk("disk/raw/" #op "/" #ext, BM_Raw##Op, ext)})
+                    Disk("disk/raw/" #op "/" #ext, BM_Raw##Op, ext), 0, "o_direct"})
 SGM_BENCH_DISK(write, Write, 8, kQuick);
 SGM_BENCH_DISK(read, Read, 8, kQuick);
 SGM_BENCH_DISK(write, Write, 1, kFullOnly);
