@@ -1181,6 +1181,12 @@ static int cuda_stream_wait_event(sgm_backend *be, const sgm_stream_ref *stream,
   return cuda_stream_event_call(be, event, stream, true);
 }
 
+/* ---- The node registry's key: the PCI bus id names one GPU on a machine
+ * whatever CUDA_VISIBLE_DEVICES does to the ordinals. ---- */
+static void cuda_device_key(sgm_backend *be, char *out, size_t len) {
+  snprintf(out, len, "gpu-%s", be->pci_bus_id);
+}
+
 const sgm_backend_ops sgm__backend_cuda_ops = {
     .name = "cuda",
     .open = cuda_open,
@@ -1200,6 +1206,7 @@ const sgm_backend_ops sgm__backend_cuda_ops = {
     .event_create = cuda_event_create,
     .event_record_on = cuda_event_record_on,
     .stream_wait_event = cuda_stream_wait_event,
+    .device_key = cuda_device_key,
 };
 
 #else /* !CUDA_BACKEND_BUILT */
