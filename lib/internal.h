@@ -446,6 +446,9 @@ int sgm__node_device_used(sgm_node *n, uint64_t *used_out);
 /* Readers (sgm-smi, the fuzz target): parse a segment's bytes; every index,
  * size and string is checked. SGM_OK, or a status with why filled. */
 int sgm__node_parse(const void *mem, size_t len, sgm_node_view *out, char *why, size_t why_len);
+/* Fuzzing and tests: write the header's check word of a hand-made segment
+ * (len >= 512; the magic, version and geometry as they are). */
+void sgm__node_header_seal(void *mem, size_t len);
 /* dir/sgm-node-<key with unsafe characters as '_'>. */
 int sgm__node_path(const char *dir, const char *key, char *out, size_t len);
 /* Open and map a segment file (O_NOFOLLOW; owner and mode checked). SGM_ERR_INVALID

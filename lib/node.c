@@ -169,6 +169,10 @@ static uint64_t node_header_check(const unsigned char *mem) {
   return h;
 }
 
+void sgm__node_header_seal(void *mem, size_t len) {
+  if (len >= NODE_HEADER_BYTES) node_store(mem, NODE_H_CHECK, node_header_check(mem));
+}
+
 /* ------------------------------------------------------------------------ */
 /* The reader: bounds-checked from the first byte (also the fuzz target's). */
 

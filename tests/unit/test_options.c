@@ -85,6 +85,7 @@ static void bare_env(void) {
   sgm_test_clean_env();
   unsetenv("SGM_BACKEND");
   unsetenv("SGM_VERBOSE");
+  unsetenv("SGM_NODE");
 }
 
 /* ------------------------------------------------------------------------ */
