@@ -70,14 +70,7 @@ static void *context_idle_main(void *arg) {
   if (period < CONTEXT_IDLE_MIN_PERIOD_MS) period = CONTEXT_IDLE_MIN_PERIOD_MS;
   sgm__lock_take(&ctx->idle_mu);
   while (!ctx->idle_stop) {
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += (time_t)(period / 1000);
-    until.tv_nsec += (long)(period % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-      until.tv_sec++;
-      until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = sgm__clock_deadline(period);
     int rc = 0;
     while (!ctx->idle_stop && rc != ETIMEDOUT)
       rc = pthread_cond_timedwait(&ctx->idle_cond, &ctx->idle_mu.mu, &until);
@@ -91,11 +84,7 @@ static void *context_idle_main(void *arg) {
 }
 
 static int context_start_idle_thread(sgm_context *ctx) {
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&ctx->idle_cond, &ca);
-  pthread_condattr_destroy(&ca);
+  sgm__clock_cond_init(&ctx->idle_cond);
   sgm__lock_init(&ctx->idle_mu, SGM_LOCK_IDLE);
   if (ctx->cfg.idle_trim_ms == 0) return SGM_OK;
   int e = pthread_create(&ctx->idle_thread, NULL, context_idle_main, ctx);

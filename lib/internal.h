@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "sgm.h"
 
@@ -154,6 +155,10 @@ uint64_t sgm__size_resolve(sgm_size s, uint64_t reference, uint64_t dflt);
 
 /* CLOCK_MONOTONIC in nanoseconds. Any thread; never fails. */
 uint64_t sgm__clock_monotonic_ns(void);
+/* Initialise a condition variable whose timed waits run on CLOCK_MONOTONIC. */
+void sgm__clock_cond_init(pthread_cond_t *c);
+/* The CLOCK_MONOTONIC time ms milliseconds from now, for such a wait. */
+struct timespec sgm__clock_deadline(uint64_t ms);
 
 /* ------------------------------------------------------------------------ */
 /* prim/host.c — the host machine: RAM, cgroup limit, NUMA. */

@@ -47,6 +47,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,9 +177,10 @@ void sgm__node_header_seal(void *mem, size_t len) {
 /* ------------------------------------------------------------------------ */
 /* The reader: bounds-checked from the first byte (also the fuzz target's). */
 
-int sgm__node_parse(const void *mem_in, size_t len, sgm_node_view *out, char *why, size_t why_len) {
-  const unsigned char *mem = mem_in;
-  memset(out, 0, sizeof *out);
+/* Check the header against len: SGM_OK with *n_slots_out, or a status and why. */
+static int node_check_header(const unsigned char *mem, size_t len, uint32_t *n_slots_out, char *why,
+                             size_t why_len) {
+  *n_slots_out = 0;
   if (why_len) why[0] = '\0';
   if (len < NODE_HEADER_BYTES) {
     snprintf(why, why_len, "truncated: %zu bytes, a segment has at least %u", len, NODE_HEADER_BYTES);
@@ -209,7 +211,17 @@ int sgm__node_parse(const void *mem_in, size_t len, sgm_node_view *out, char *wh
     snprintf(why, why_len, "truncated: %zu bytes, %u slots need %zu", len, n, need);
     return SGM_ERR_CORRUPT;
   }
-  out->version = version;
+  *n_slots_out = n;
+  return SGM_OK;
+}
+
+int sgm__node_parse(const void *mem_in, size_t len, sgm_node_view *out, char *why, size_t why_len) {
+  const unsigned char *mem = mem_in;
+  memset(out, 0, offsetof(sgm_node_view, procs));
+  uint32_t n = 0;
+  int rc = node_check_header(mem, len, &n, why, why_len);
+  if (rc != SGM_OK) return rc;
+  out->version = SGM_NODE_VERSION;
   out->n_slots = n;
   out->device_total_bytes = node_load(mem, NODE_H_DEVICE_TOTAL);
   out->shared_cap_bytes = node_load(mem, NODE_H_SHARED_CAP);
@@ -313,7 +325,7 @@ int sgm__node_map(const char *path, bool writable, bool group, int *fd_out, unsi
   int fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
   if (fd < 0) {
     int e = errno;
-    snprintf(why, why_len, "%s: %s", path, e == ELOOP ? "is a symbolic link; refusing it" : strerror(e));
+    snprintf(why, why_len, "%.300s: %s", path, e == ELOOP ? "is a symbolic link; refusing it" : strerror(e));
     return e == ENOENT ? SGM_ERR_INVALID : SGM_ERR_IO;
   }
   if (!node_file_ok(fd, group, why, why_len)) {
@@ -323,14 +335,14 @@ int sgm__node_map(const char *path, bool writable, bool group, int *fd_out, unsi
   struct stat st;
   if (fstat(fd, &st) != 0 || st.st_size < (off_t)NODE_HEADER_BYTES ||
       st.st_size > (off_t)(NODE_HEADER_BYTES + (size_t)SGM_NODE_MAX_SLOTS * NODE_SLOT_BYTES)) {
-    snprintf(why, why_len, "%s: size %lld is not a segment's", path, (long long)st.st_size);
+    snprintf(why, why_len, "%.300s: size %lld is not a segment's", path, (long long)st.st_size);
     close(fd);
     return SGM_ERR_CORRUPT;
   }
   void *m = mmap(NULL, (size_t)st.st_size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED,
                  fd, 0);
   if (m == MAP_FAILED) {
-    snprintf(why, why_len, "%s: mmap failed: %s", path, strerror(errno));
+    snprintf(why, why_len, "%.300s: mmap failed: %s", path, strerror(errno));
     close(fd);
     return SGM_ERR_IO;
   }
@@ -348,7 +360,7 @@ static int node_create(const sgm_node_params *p, const char *path, char *why, si
   mode_t mode = p->group ? 0660 : 0600;
   int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
   if (fd < 0) {
-    snprintf(why, why_len, "cannot create %s: %s (check SGM_NODE_DIR)", tmp, strerror(errno));
+    snprintf(why, why_len, "cannot create %.300s: %s (check SGM_NODE_DIR)", tmp, strerror(errno));
     return SGM_ERR_IO;
   }
   int rc = SGM_ERR_IO;
@@ -356,13 +368,13 @@ static int node_create(const sgm_node_params *p, const char *path, char *why, si
   size_t len = NODE_HEADER_BYTES + (size_t)n * NODE_SLOT_BYTES;
   unsigned char *mem = NULL;
   if (fchmod(fd, mode) != 0 || ftruncate(fd, (off_t)len) != 0) {
-    snprintf(why, why_len, "cannot size %s: %s", tmp, strerror(errno));
+    snprintf(why, why_len, "cannot size %.300s: %s", tmp, strerror(errno));
     goto out_unlink;
   }
   mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (mem == MAP_FAILED) {
     mem = NULL;
-    snprintf(why, why_len, "cannot map %s: %s", tmp, strerror(errno));
+    snprintf(why, why_len, "cannot map %.300s: %s", tmp, strerror(errno));
     goto out_unlink;
   }
   pthread_mutexattr_t a;
@@ -388,7 +400,7 @@ static int node_create(const sgm_node_params *p, const char *path, char *why, si
   if (link(tmp, path) == 0 || errno == EEXIST) {
     rc = SGM_OK;
   } else {
-    snprintf(why, why_len, "cannot link %s into place: %s", path, strerror(errno));
+    snprintf(why, why_len, "cannot link %.300s into place: %s", path, strerror(errno));
   }
 out_unlink:
   if (mem) munmap(mem, len);
@@ -522,15 +534,7 @@ static int node_open_file(sgm_node *n, const sgm_node_params *p, char *why, size
   }
   if (rc != SGM_OK) return rc;
   if (n->fd > 0) node_fd_track(n->fd, true);
-  sgm_node_view *v = malloc(sizeof *v);
-  if (!v) {
-    snprintf(why, why_len, "out of host memory");
-    return SGM_ERR_NOMEM;
-  }
-  rc = sgm__node_parse(n->mem, n->map_bytes, v, why, why_len);
-  n->n_slots = v->n_slots;
-  free(v);
-  return rc;
+  return node_check_header(n->mem, n->map_bytes, &n->n_slots, why, why_len);
 }
 
 int sgm__node_join(const sgm_node_params *p, sgm_node **out) {

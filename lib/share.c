@@ -270,14 +270,7 @@ static void *share_main(void *arg) {
   sgm__lock_take(&sh->mu);
   while (!sh->stop) {
     if (sh->n_completed == sh->n_requested) {
-      struct timespec until;
-      clock_gettime(CLOCK_MONOTONIC, &until);
-      until.tv_sec += (time_t)(period / 1000);
-      until.tv_nsec += (long)(period % 1000) * 1000000L;
-      if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-      }
+      struct timespec until = sgm__clock_deadline(period);
       int rc = 0;
       while (!sh->stop && sh->n_completed == sh->n_requested && rc != ETIMEDOUT)
         rc = pthread_cond_timedwait(&sh->cond, &sh->mu.mu, &until);
@@ -364,11 +357,7 @@ int sgm__share_join(sgm_context *ctx, uint64_t *vram_budget, uint64_t *shared_bu
   }
   ctx->share = sh;
   sgm__lock_init(&sh->mu, SGM_LOCK_SHARE);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&sh->cond, &ca);
-  pthread_condattr_destroy(&ca);
+  sgm__clock_cond_init(&sh->cond);
   if (ctx->bops->node_attach) {
     ctx->bops->node_attach(ctx->be, sh->node);
     uint64_t free_bytes = 0;

@@ -202,13 +202,19 @@ static void smi_json_tier(FILE *f, const char *name, const sgm_node_proc *p, int
           (unsigned long long)smi_w(p, SGM_NODE_F_PEAK + t), last ? "" : ", ");
 }
 
-static void smi_print_json(FILE *f, const char *dir, const smi_node *nd) {
-  uint64_t now_ns = sgm__clock_monotonic_ns();
-  fprintf(f, "{\"schema\": \"sgm-smi/1\", \"time_unix\": %lld, \"node_dir\": \"", (long long)time(NULL));
-  for (const char *c = dir; *c; c++) {
+/* The inside of a JSON string: quotes and backslashes escaped, control
+ * characters shown as '?'. */
+static void smi_json_str(FILE *f, const char *s) {
+  for (const char *c = s; *c; c++) {
     if (*c == '"' || *c == '\\') fputc('\\', f);
     fputc((unsigned char)*c < 0x20 ? '?' : *c, f);
   }
+}
+
+static void smi_print_json(FILE *f, const char *dir, const smi_node *nd) {
+  uint64_t now_ns = sgm__clock_monotonic_ns();
+  fprintf(f, "{\"schema\": \"sgm-smi/1\", \"time_unix\": %lld, \"node_dir\": \"", (long long)time(NULL));
+  smi_json_str(f, dir);
   fprintf(f, "\",\n \"devices\": [");
   bool first = true;
   for (size_t i = 0; i < nd->n; i++) {
@@ -251,15 +257,9 @@ static void smi_print_json(FILE *f, const char *dir, const smi_node *nd) {
   for (size_t i = 0; i < nd->n; i++) {
     if (nd->dev[i].view) continue;
     fprintf(f, "%s{\"file\": \"", first ? "" : ", ");
-    for (const char *c = nd->dev[i].file; *c; c++) {
-      if (*c == '"' || *c == '\\') fputc('\\', f);
-      fputc((unsigned char)*c < 0x20 ? '?' : *c, f);
-    }
+    smi_json_str(f, nd->dev[i].file);
     fprintf(f, "\", \"error\": \"");
-    for (const char *c = nd->dev[i].error; *c; c++) {
-      if (*c == '"' || *c == '\\') fputc('\\', f);
-      fputc((unsigned char)*c < 0x20 ? '?' : *c, f);
-    }
+    smi_json_str(f, nd->dev[i].error);
     fprintf(f, "\"}");
     first = false;
   }
