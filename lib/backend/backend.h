@@ -128,6 +128,7 @@ typedef enum sgm_copy_kind {
 } sgm_copy_kind;
 
 typedef struct sgm_backend sgm_backend; /* one opened device, backend-private */
+struct sgm_node;                        /* the node registry (lib/node.c) */
 
 /* A caller's stream as the backend names it (see stream_ref in the contract). */
 typedef struct sgm_stream_ref {
@@ -175,6 +176,17 @@ typedef struct sgm_backend_ops {
   /* Cross-stream transfer: see "Transfers" in the contract above. */
   int (*stream_transfer)(sgm_backend *be, void *event, const sgm_stream_ref *owner,
                          const sgm_stream_ref *taker);
+  /* ---- The node registry (lib/node.c, lib/share.c) ---- */
+  /* The device's key on this machine, the same in every process that opens
+   * it (the PCI bus id on CUDA, "emu-<SGM_EMU_DEVICE>" on the emulated
+   * device); "" when the device is private to this process (an unnamed
+   * emulated device). NULL op = "". */
+  void (*device_key)(sgm_backend *be, char *out, size_t len);
+  /* The emulated device named by SGM_EMU_DEVICE: from now on its capacity
+   * (the registry's device total) is shared with every process attached to
+   * the same registry. Called once, right after open, before any allocation.
+   * NULL op: the device's capacity is the driver's business. */
+  void (*node_attach)(sgm_backend *be, struct sgm_node *node);
 } sgm_backend_ops;
 
 /* backend.c: pick the ops for a kind; SGM_BACKEND_AUTO is resolved by open. */

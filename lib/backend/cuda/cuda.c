@@ -1277,6 +1277,12 @@ static int cuda_stream_transfer(sgm_backend *be, void *event, const sgm_stream_r
   }
 }
 
+/* ---- The node registry's key: the PCI bus id names one GPU on a machine
+ * whatever CUDA_VISIBLE_DEVICES does to the ordinals. ---- */
+static void cuda_device_key(sgm_backend *be, char *out, size_t len) {
+  snprintf(out, len, "gpu-%s", be->pci_bus_id);
+}
+
 const sgm_backend_ops sgm__backend_cuda_ops = {
     .name = "cuda",
     .open = cuda_open,
@@ -1297,6 +1303,7 @@ const sgm_backend_ops sgm__backend_cuda_ops = {
     .event_record_on = cuda_event_record_on,
     .stream_wait_event = cuda_stream_wait_event,
     .stream_transfer = cuda_stream_transfer,
+    .device_key = cuda_device_key,
 };
 
 #else /* !CUDA_BACKEND_BUILT */
