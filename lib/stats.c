@@ -22,6 +22,7 @@ SGM_API sgm_status sgm_get_stats(sgm_context *ctx, sgm_stats *out) {
     else out->tier[t].budget_bytes = ctx->budget_bytes[t];
   }
   sgm__placement_stats(ctx, out);
+  sgm__managed_stats(ctx, out);
   out->n_fallbacks = __atomic_load_n(&ctx->n_fallbacks, __ATOMIC_RELAXED);
   out->fallback_bytes = __atomic_load_n(&ctx->fallback_bytes, __ATOMIC_RELAXED);
   out->device_total_bytes = ctx->device_total_bytes;
