@@ -98,10 +98,12 @@
  *    managed mode (CUDA: CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS and the
  *    CUmemLocation forms of cuMemAdvise and cuMemPrefetchAsync), else
  *    SGM_ERR_UNSUPPORTED with a message that says what is missing.
- *  - managed_alloc() returns a range of `bytes` (rounded up to whole pages,
- *    SGM_MANAGED_PAGE) aligned to SGM_MANAGED_PAGE; no page is placed yet
- *    (not counted as device memory until prefetched there). managed_free()
- *    cannot fail and gives back every page of the range wherever it is.
+ *  - managed_alloc() returns a range of `bytes` rounded up to whole pages
+ *    (SGM_MANAGED_PAGE), pages no other allocation shares, aligned to at
+ *    least SGM_DEVICE_ALIGN; no page is placed yet (not counted as device
+ *    memory until prefetched there). managed_free() cannot fail and gives
+ *    back every page of the range wherever it is (the driver waits for the
+ *    work using it).
  *  - managed_advise() sets advice on the pages of [ptr, ptr + n): the
  *    preferred location (device or host) and whether the device maps host
  *    pages so that it reads them over the bus without faulting. Advice is
@@ -109,8 +111,9 @@
  *  - managed_prefetch() moves the pages of [ptr, ptr + n) (whole pages: a
  *    page the range touches moves entirely) to `to` (SGM_TIER_VRAM or
  *    SGM_TIER_SHARED), in order on `stream` (as copy(): after all work
- *    queued there before it; NULL = the backend's own stream), and returns
- *    once the move is queued; on a synchronous backend it is done. Bytes
+ *    queued there before it; NULL = the backend's own stream; refused with
+ *    SGM_ERR_BUSY while the stream captures a graph), and returns once the
+ *    move is complete, as copy() does, so sgm counts pages where they are. Bytes
  *    survive the move. Device-placed pages count as device memory in
  *    mem_info. A move to the device that does not fit in its free memory is
  *    refused with SGM_ERR_NOMEM by the emulated device: sgm must never ask the
@@ -175,9 +178,9 @@ typedef struct sgm_backend_counters {
   uint64_t n_host_live;       /* live pinned host allocations */
   uint64_t n_events_live;     /* events recorded and not yet destroyed */
   uint64_t n_managed_live;    /* live managed ranges */
-  uint64_t managed_device_bytes; /* bytes of managed pages placed in device memory now */
-  uint64_t managed_host_bytes;   /* bytes of managed pages placed in host memory now */
-  uint64_t n_managed_moves;   /* prefetches that moved at least one page */
+  uint64_t managed_device_bytes; /* bytes of managed pages placed in device memory now (emu; 0 on CUDA) */
+  uint64_t managed_host_bytes;   /* bytes of managed pages placed in host memory now (emu; 0 on CUDA) */
+  uint64_t n_managed_moves;   /* prefetches that moved at least one page (emu; 0 on CUDA) */
 } sgm_backend_counters;
 
 typedef struct sgm_backend_ops {

@@ -16,7 +16,20 @@
  *    has no Unified Memory, and auto falls back to fixed pointers;
  *  - blocks under SGM_MANAGED_MOVABLE_BYTES and fixed contexts never move;
  *  - a failure of any device call on the way leaves every invariant and no leak.
+ *
+ * On the CUDA backend over the driver test double (skipped when the double
+ * is not on LD_LIBRARY_PATH):
+ *  - placement is advice + prefetch with the driver's location structs: a
+ *    VRAM block prefers the device, a shared one prefers host memory and is
+ *    accessed-by the device; the driver never evicts on its own;
+ *  - a move is ordered after the caller's work on its stream;
+ *  - no concurrent managed access, or a driver before 12.2, refuses managed
+ *    mode with the reason (the 12.0 case runs as its own ctest, since the
+ *    driver is loaded once per process).
  */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,22 +75,35 @@ static void check_invariants(sgm_context *ctx) {
   assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_SHARED]));
 }
 
-static uint8_t pattern(uint64_t seed, uint64_t i) {
-  uint64_t x = (seed + 1) * 0x9e3779b97f4a7c15ull + i * 0xbf58476d1ce4e5b9ull;
-  return (uint8_t)(x >> 56);
+/* The pattern: one 64-bit word per 8 bytes (fast under the sanitizers),
+ * different for every block (seed) and offset. */
+static uint64_t pattern(uint64_t seed, uint64_t word) {
+  uint64_t x = (seed + 1) * 0x9e3779b97f4a7c15ull ^ (word + 1) * 0xbf58476d1ce4e5b9ull;
+  return x ^ (x >> 31);
 }
 
 static void fill(uint8_t *p, uint64_t n, uint64_t seed) {
-  for (uint64_t i = 0; i < n; i++) p[i] = pattern(seed, i);
+  for (uint64_t w = 0; w < n / 8; w++) {
+    uint64_t v = pattern(seed, w);
+    memcpy(p + 8 * w, &v, 8);
+  }
+  for (uint64_t i = n / 8 * 8; i < n; i++) p[i] = (uint8_t)pattern(seed, i);
 }
 
 /* Unified Memory: the host reads the pointer itself, wherever its pages are. */
 static void verify(const uint8_t *p, uint64_t n, uint64_t seed) {
-  for (uint64_t i = 0; i < n; i++)
-    if (p[i] != pattern(seed, i))
-      fail_msg("byte %llu of a %llu-byte block (seed %llu) is 0x%02x, wrote 0x%02x",
-               (unsigned long long)i, (unsigned long long)n, (unsigned long long)seed, p[i],
-               pattern(seed, i));
+  for (uint64_t w = 0; w < n / 8; w++) {
+    uint64_t v = pattern(seed, w), got;
+    memcpy(&got, p + 8 * w, 8);
+    if (got != v)
+      fail_msg("bytes %llu..%llu of a %llu-byte block (seed %llu) changed",
+               (unsigned long long)(8 * w), (unsigned long long)(8 * w + 7), (unsigned long long)n,
+               (unsigned long long)seed);
+  }
+  for (uint64_t i = n / 8 * 8; i < n; i++)
+    if (p[i] != (uint8_t)pattern(seed, i))
+      fail_msg("byte %llu of a %llu-byte block (seed %llu) changed", (unsigned long long)i,
+               (unsigned long long)n, (unsigned long long)seed);
 }
 
 /* Bytes survive every move; device bytes stay within the budget. */
@@ -90,7 +116,7 @@ static void test_bytes_survive_random_moves(void **state) {
   enum { N = 12 };
   uint8_t *p[N] = {0};
   uint64_t size[N] = {0}, tag[N] = {0};
-  for (int step = 0; step < 400; step++) {
+  for (int step = 0; step < 250; step++) {
     int i = (int)sgm_test_rng_range(&r, 0, N - 1);
     int op = (int)sgm_test_rng_range(&r, 0, 5);
     if (!p[i]) op = 0;
@@ -100,7 +126,7 @@ static void test_bytes_survive_random_moves(void **state) {
         verify(p[i], size[i], tag[i]);
         assert_int_equal(sgm_free_ex(ctx, p[i], NULL), SGM_OK);
       }
-      size[i] = sgm_test_rng_range(&r, 2 * MiB, 7 * MiB + 12345);
+      size[i] = sgm_test_rng_range(&r, 2 * MiB, 5 * MiB + 12345);
       tag[i] = sgm_test_rng_next(&r);
       p[i] = sgm_alloc(ctx, size[i], NULL);
       if (!p[i]) fail_msg("alloc %llu: %s", (unsigned long long)size[i], sgm_last_error());
@@ -330,7 +356,7 @@ static void test_every_failure_leaves_things_whole(void **state) {
     snprintf(at, sizeof at, "%d", n);
     sgm_test_clean_env();
     setenv("SGM_EMU_VRAM", "64MiB", 1);
-    setenv("SGM_VRAM_LIMIT", "8MiB", 1);
+    setenv("SGM_VRAM_LIMIT", "4MiB", 1);
     setenv("SGM_SHARED_LIMIT", "64MiB", 1);
     setenv("SGM_IDLE_TRIM_MS", "0", 1);
     setenv("SGM_POINTERS", "managed", 1);
@@ -339,14 +365,14 @@ static void test_every_failure_leaves_things_whole(void **state) {
     if (sgm_context_create(NULL, &ctx) != SGM_OK) continue;
     void *p[3];
     for (int i = 0; i < 3; i++) {
-      p[i] = sgm_alloc(ctx, 4 * MiB, NULL);
-      if (p[i]) fill(p[i], 4 * MiB, (uint64_t)i);
+      p[i] = sgm_alloc(ctx, 2 * MiB, NULL);
+      if (p[i]) fill(p[i], 2 * MiB, (uint64_t)i);
     }
     for (int i = 0; i < 3; i++) {
       if (!p[i]) continue;
-      (void)sgm_prefetch(ctx, p[i], 4 * MiB, SGM_TIER_VRAM, NULL);
+      (void)sgm_prefetch(ctx, p[i], 2 * MiB, SGM_TIER_VRAM, NULL);
       (void)sgm_advise(ctx, p[i], SGM_PRIORITY_LOW, SGM_HINT_COLD);
-      verify(p[i], 4 * MiB, (uint64_t)i);
+      verify(p[i], 2 * MiB, (uint64_t)i);
       check_invariants(ctx);
     }
     for (int i = 0; i < 3; i++) sgm_free(ctx, p[i], NULL);
@@ -360,7 +386,189 @@ static void test_every_failure_leaves_things_whole(void **state) {
   sgm_test_clean_env();
 }
 
+/* ---- on the CUDA backend over the driver test double ---- */
+
+#if defined(__has_include)
+#if __has_include(<cuda.h>)
+#define HAVE_CUDA_H 1
+#endif
+#endif
+
+#ifdef HAVE_CUDA_H
+#include <cuda.h>
+
+#include "fake_cuda.h"
+
+static struct {
+#define FAKE_MEMBER(ret, name, params) ret(*name) params;
+  FAKE_CUDA_CONTROL(FAKE_MEMBER)
+#undef FAKE_MEMBER
+} fc;
+static bool have_double;
+static void *fake_lib;
+
+/* The double's driver version is below 12.2: managed mode cannot run. */
+static bool old_driver(void) {
+  const char *v = getenv("FAKE_CUDA_DRIVER_VERSION");
+  return v && atoi(v) < 12020;
+}
+
+static void load_double(void) {
+  fake_lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  have_double = fake_lib != NULL;
+#define FAKE_LOOKUP(ret, name, params)                   \
+  if (fake_lib) {                                        \
+    *(void **)&fc.name = dlsym(fake_lib, #name);         \
+    if (!fc.name) have_double = false;                   \
+  }
+  FAKE_CUDA_CONTROL(FAKE_LOOKUP)
+#undef FAKE_LOOKUP
+  if (!have_double) printf("# managed: the driver test double is not on LD_LIBRARY_PATH: its cases skip\n");
+}
+
+static sgm_context *make_cuda_ctx(const char *pointers) {
+  sgm_test_clean_env();
+  unsetenv("FAKE_CUDA_CONCURRENT_MANAGED");
+  setenv("SGM_BACKEND", "cuda", 1);
+  setenv("FAKE_CUDA_TOTAL_MEM", "256MiB", 1);
+  setenv("SGM_VRAM_LIMIT", "16MiB", 1);
+  setenv("SGM_SHARED_LIMIT", "64MiB", 1);
+  setenv("SGM_IDLE_TRIM_MS", "0", 1);
+  setenv("SGM_POINTERS", pointers, 1);
+  fc.fake_cuda_reset();
+  sgm_context *ctx = NULL;
+  if (sgm_context_create(NULL, &ctx) != SGM_OK) fail_msg("create: %s", sgm_last_error());
+  return ctx;
+}
+
+static int page_at(const void *p, int *preferred, int *accessed_by) {
+  return fc.fake_cuda_managed_page(p, preferred, accessed_by);
+}
+
+static void assert_driver_never_evicted(void) {
+  fake_cuda_stats st;
+  fc.fake_cuda_get_stats(&st);
+  assert_int_equal(st.managed_evicted_bytes, 0);
+}
+
+/* Placement is advice + prefetch; the demoted block keeps its bytes. */
+static void test_double_places_with_advice_and_prefetch(void **state) {
+  (void)state;
+  if (!have_double || old_driver()) skip();
+  sgm_context *ctx = make_cuda_ctx("managed");
+  uint8_t *a = sgm_alloc(ctx, 8 * MiB, NULL);
+  assert_non_null(a);
+  fill(a, 8 * MiB, 7); /* Unified Memory: the double's pages are the host's */
+  int pref = 0, acc = 0;
+  assert_int_equal(page_at(a, &pref, &acc), 1);
+  assert_int_equal(pref, CU_MEM_LOCATION_TYPE_DEVICE);
+  uint8_t *b = sgm_alloc(ctx, 8 * MiB, NULL);
+  uint8_t *c = sgm_alloc(ctx, 8 * MiB, NULL); /* VRAM full: a (LRU) goes to shared memory */
+  assert_non_null(b);
+  assert_non_null(c);
+  assert_int_equal(sgm_pointer_tier(ctx, a), SGM_TIER_SHARED);
+  assert_int_equal(page_at(a + 8 * MiB - 1, &pref, &acc), 2);
+  assert_true(pref == CU_MEM_LOCATION_TYPE_HOST || pref == CU_MEM_LOCATION_TYPE_HOST_NUMA);
+  assert_int_equal(acc, 1); /* the device maps it: no fault per access */
+  assert_int_equal(page_at(c, &pref, &acc), 1);
+  verify(a, 8 * MiB, 7);
+  assert_driver_never_evicted();
+  sgm_free(ctx, b, NULL); /* room: a comes back */
+  assert_int_equal(sgm_pointer_tier(ctx, a), SGM_TIER_VRAM);
+  assert_int_equal(page_at(a, &pref, &acc), 1);
+  assert_int_equal(pref, CU_MEM_LOCATION_TYPE_DEVICE);
+  verify(a, 8 * MiB, 7);
+  assert_driver_never_evicted();
+  sgm_free(ctx, a, NULL);
+  sgm_free(ctx, c, NULL);
+  sgm_context_destroy(ctx);
+  fake_cuda_stats st;
+  fc.fake_cuda_get_stats(&st);
+  assert_int_equal(st.managed_allocs, 0);
+}
+
+typedef struct prefetch_job {
+  sgm_context *ctx;
+  void *p;
+  void *stream;
+  sgm_status rc;
+} prefetch_job;
+
+static void *prefetch_main(void *arg) {
+  prefetch_job *j = arg;
+  j->rc = sgm_prefetch(j->ctx, j->p, 4 * MiB, SGM_TIER_SHARED, j->stream);
+  return NULL;
+}
+
+/* A move waits, on the device, for the work queued before it on its stream. */
+static void test_double_moves_after_the_callers_work(void **state) {
+  (void)state;
+  if (!have_double || old_driver()) skip();
+  sgm_context *ctx = make_cuda_ctx("managed");
+  void *s = fc.fake_cuda_stream_create();
+  void *p = sgm_alloc(ctx, 4 * MiB, s);
+  assert_non_null(p);
+  assert_int_equal(page_at(p, NULL, NULL), 1);
+  fc.fake_cuda_hold_stream(s, 1);
+  void *ev = NULL; /* stands for a kernel on s still using p */
+  assert_int_equal(ctx->bops->event_record(ctx->be, s, &ev), SGM_OK);
+  uint64_t before = fc.fake_cuda_calls("cuMemPrefetchAsync");
+  prefetch_job j = {ctx, p, s, SGM_ERR_BACKEND};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, prefetch_main, &j), 0);
+  while (fc.fake_cuda_calls("cuMemPrefetchAsync") == before) sched_yield(); /* queued, not slept */
+  fc.fake_cuda_settle();
+  assert_int_equal(page_at(p, NULL, NULL), 1); /* still on the device: the work is not done */
+  fc.fake_cuda_complete_stream(s);
+  pthread_join(t, NULL);
+  fc.fake_cuda_hold_stream(s, 0);
+  assert_int_equal(j.rc, SGM_OK);
+  assert_int_equal(page_at(p, NULL, NULL), 2);
+  assert_int_equal(sgm_pointer_tier(ctx, p), SGM_TIER_SHARED);
+  ctx->bops->event_destroy(ctx->be, ev);
+  sgm_free(ctx, p, s);
+  sgm_context_destroy(ctx);
+  fc.fake_cuda_stream_destroy(s);
+}
+
+/* No concurrent managed access (or a driver before 12.2): refused, with why. */
+static void test_double_refuses_without_unified_memory(void **state) {
+  (void)state;
+  if (!have_double) skip();
+  sgm_test_clean_env();
+  setenv("SGM_BACKEND", "cuda", 1);
+  setenv("SGM_POINTERS", "managed", 1);
+  if (!old_driver()) setenv("FAKE_CUDA_CONCURRENT_MANAGED", "0", 1);
+  fc.fake_cuda_reset();
+  sgm_context *ctx = NULL;
+  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_ERR_UNSUPPORTED);
+  assert_non_null(strstr(sgm_last_error(), "SGM_POINTERS=managed is not possible here"));
+  assert_non_null(strstr(sgm_last_error(), old_driver() ? "predates the CUmemLocation forms"
+                                                        : "CONCURRENT_MANAGED_ACCESS is 0"));
+  setenv("SGM_POINTERS", "auto", 1);
+  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+  void *p = sgm_alloc(ctx, 4 * MiB, NULL);
+  assert_non_null(p);
+  fake_cuda_stats st;
+  fc.fake_cuda_get_stats(&st);
+  assert_int_equal(st.managed_allocs, 0); /* fixed pointers */
+  sgm_free(ctx, p, NULL);
+  sgm_context_destroy(ctx);
+  unsetenv("FAKE_CUDA_CONCURRENT_MANAGED");
+  sgm_test_clean_env();
+}
+
+#define DOUBLE_TESTS                                               \
+  cmocka_unit_test(test_double_places_with_advice_and_prefetch),  \
+  cmocka_unit_test(test_double_moves_after_the_callers_work),     \
+  cmocka_unit_test(test_double_refuses_without_unified_memory),
+#else
+static void load_double(void) { printf("# managed: built without cuda.h: the double's cases skip\n"); }
+#define DOUBLE_TESTS
+#endif
+
 int main(void) {
+  load_double();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bytes_survive_random_moves),
       cmocka_unit_test(test_lru_block_is_demoted_for_a_new_one),
@@ -371,6 +579,7 @@ int main(void) {
       cmocka_unit_test(test_what_does_not_move),
       cmocka_unit_test(test_refused_or_downgraded),
       cmocka_unit_test(test_every_failure_leaves_things_whole),
+      DOUBLE_TESTS
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
