@@ -7,7 +7,13 @@ int32 tensors worth 1.5x the VRAM budget (SGM_VRAM_LIMIT, 1GiB unless set),
 computes x*2+1 and a sum on each, checks the results against the CPU, and
 prints where the bytes landed and sgm's statistics.
 
-    python3 examples/pytorch_allocator.py [path/to/libsgm.so]
+    python3 examples/pytorch_allocator.py [--managed] [path/to/libsgm.so]
+
+--managed runs with SGM_POINTERS=managed (docs/managed.md): the tensors are
+Unified Memory that sgm moves between VRAM and shared memory; after the work,
+half the tensors are freed and the others come back into VRAM (promotions in
+the stats). Where the GPU has no concurrent managed access sgm says so and the
+script exits 1.
 
 libsgm.so: argv[1], else $SGM_LIB, else ../build/release/lib/libsgm.so next to
 this script, else the loader's search path (LD_LIBRARY_PATH, ldconfig).
@@ -42,6 +48,10 @@ def main():
     except ImportError:
         np = None
 
+    managed = "--managed" in sys.argv[1:]
+    if managed:
+        sys.argv.remove("--managed")
+        os.environ["SGM_POINTERS"] = "managed"
     # Before libsgm.so reads its environment (the first hook call).
     os.environ.setdefault("SGM_VRAM_LIMIT", "1GiB")
     if os.environ.get("SGM_BACKEND", "cuda") != "cuda":
@@ -104,11 +114,24 @@ def main():
 
     st = stats(lib, ctx)
     print("sgm stats:", json.dumps(st, indent=2))
+    if managed:
+        # Free every other tensor: the shared-placed ones left come back into
+        # the room, highest priority first (all NORMAL here: most recent first).
+        del tensors[::2]
+        torch.cuda.synchronize()
+        lib.sgm_torch_empty_cache()
+        m = stats(lib, ctx).get("managed", {})
+        back = sum(1 for t in tensors if lib.sgm_pointer_tier(ctx, t.data_ptr()) == 0)
+        print(f"managed: {m.get('n_demotions', 0)} demotions, {m.get('n_promotions', 0)} "
+              f"promotions; after freeing half, {back} of {len(tensors)} tensors are in VRAM")
+        if st.get("managed", {}).get("n_demotions", 0) == 0:
+            print("managed mode demoted nothing: were the tensors under 2 MiB?")
+            ok = False
     del tensors, x
     torch.cuda.synchronize()
     lib.sgm_torch_empty_cache()
     task_manager(stats(lib, ctx), "after freeing the tensors and sgm_torch_empty_cache")
-    if landed.get("shared", 0) == 0:
+    if landed.get("shared", 0) == 0 and not managed:
         print("nothing landed in shared GPU memory: is SGM_SHARED_FALLBACK off, or the budget "
               "larger than expected?")
         ok = False
