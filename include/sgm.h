@@ -103,6 +103,7 @@ typedef struct sgm_config {
   char policy_vram[SGM_NAME_MAX];   /* SGM_POLICY_VRAM: the VRAM tier's policy; "" = policy */
   char policy_shared[SGM_NAME_MAX]; /* SGM_POLICY_SHARED: the shared tier's policy; "" = policy */
   uint64_t shared_chunk_bytes;    /* SGM_SHARED_CHUNK: first pinned chunk of the shared tier */
+  int vram_vmm;                   /* SGM_VRAM_VMM: 1 = growth on one reserved range when the device can */
   /*
    * The first bad environment value sgm_config_init() met, as a message that
    * names the variable and the value; "" when all were good. A config whose
@@ -227,6 +228,9 @@ typedef struct sgm_stats {
   uint64_t device_total_bytes; /* memory of the device as the backend reports it */
   uint64_t physical_ram_bytes; /* min(machine RAM, cgroup limit) */
   uint64_t n_bad_frees;      /* frees of foreign pointers or double frees refused */
+  uint64_t vram_granule_bytes;  /* VRAM grows on one reserved range in granules of this size
+                                   (the driver's virtual-memory API); 0 = chunks or reserved */
+  uint64_t vram_reserved_bytes; /* that range's size (address space, not memory); 0 = none */
 } sgm_stats;
 
 /* Fill *out with the context's counters. Fast, any thread. On failure *out is zeroed. */

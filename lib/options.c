@@ -146,6 +146,12 @@ static const sgm_option option_rows[] = {
      .granule_bytes = 64 * SGM_KiB,
      .help = "first pinned chunk of the shared tier (doubling up to 64 MiB); a multiple of "
              "64 KiB up to 64 MiB"},
+    /* On: growth mode then commits what blocks touch, within a few granules
+     * (docs/benchmarks.md, sgm-alloc-replay); off keeps the chunk path, which
+     * is also what devices without the virtual-memory API get. */
+    {.env = "SGM_VRAM_VMM", FIELD(vram_vmm), .kind = SGM_OPT_BOOL, .default_value = "on",
+     .help = "growth mode: reserve one address range for the VRAM budget and map memory into it "
+             "in granules on demand when the device supports it (on), or grow in chunks (off)"},
     /* 0 = never: fault injection is only for tests. */
     {.env = "SGM_EMU_FAIL_AT", FIELD(emu_fail_at), .kind = SGM_OPT_U64, .default_value = "0",
      .help = "testing: the Nth call to the emulated device fails (open is call 1); 0 = never"},

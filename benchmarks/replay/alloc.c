@@ -77,7 +77,7 @@ int replay_alloc(const replay_trace *t, const replay_alloc_params *p, replay_all
   cfg.idle_trim_ms = 0;
   cfg.verbose = 0;
   cfg.emu_fail_at = 0;
-  //VMM if (p->vmm >= 0) cfg.vram_vmm = p->vmm;
+  if (p->vmm >= 0) cfg.vram_vmm = p->vmm;
 
   sgm_context *ctx = NULL;
   sgm_status st = sgm_context_create(&cfg, &ctx);
@@ -99,7 +99,7 @@ int replay_alloc(const replay_trace *t, const replay_alloc_params *p, replay_all
                (unsigned long long)vram, p->growth ? "growth" : "reserved");
     goto out;
   }
-  //VMM out->vmm = s.vram_vmm;
+  out->vmm = s.vram_granule_bytes != 0;
   out->served = true;
   double t0 = alloc_now();
   for (size_t i = 0; i < t->n_ev; i++) {
