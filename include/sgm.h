@@ -128,6 +128,7 @@ typedef struct sgm_config {
   char emu_device[SGM_NAME_MAX];  /* SGM_EMU_DEVICE: name of an emulated device shared by processes */
   sgm_pointer_mode pointers;      /* SGM_POINTERS: fixed, managed or auto */
   int emu_managed;                /* SGM_EMU_MANAGED: the emulated device offers Unified Memory */
+  int vram_vmm;                   /* SGM_VRAM_VMM: 1 = growth on one reserved range when the device can */
   /*
    * The first bad environment value sgm_config_init() met, as a message that
    * names the variable and the value; "" when all were good. A config whose
@@ -257,6 +258,9 @@ typedef struct sgm_stats {
   uint64_t managed_promoted_bytes; /* bytes of those promotions */
   uint64_t managed_demoted_bytes;  /* bytes of those demotions */
   uint64_t n_managed_live;         /* live managed (movable) blocks, wherever placed */
+  uint64_t vram_granule_bytes;  /* VRAM grows on one reserved range in granules of this size
+                                   (the driver's virtual-memory API); 0 = chunks or reserved */
+  uint64_t vram_reserved_bytes; /* that range's size (address space, not memory); 0 = none */
 } sgm_stats;
 
 /* Fill *out with the context's counters. Fast, any thread. On failure *out is zeroed. */

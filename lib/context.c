@@ -259,6 +259,7 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
       .growth = ctx->cfg.allow_growth != 0,
       .growth_chunk_bytes = ctx->cfg.growth_chunk_bytes,
       .verbose = ctx->cfg.verbose,
+      .vmm = ctx->cfg.vram_vmm != 0,
   };
   vp.max_chunk_bytes = CONTEXT_VRAM_MAX_CHUNK;
   if (ctx->managed && !vp.growth) {
@@ -278,6 +279,7 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   sp.ops = &sgm__shared_chunk_ops;
   sp.budget_bytes = ctx->share ? start_budget[SGM_TIER_SHARED] : ctx->budget_bytes[SGM_TIER_SHARED];
   sp.growth = true;
+  sp.vmm = false; /* pinned host memory has no reserved-range path */
   sp.growth_chunk_bytes = ctx->cfg.shared_chunk_bytes;
   sp.max_chunk_bytes = CONTEXT_SHARED_MAX_CHUNK;
   sp.limit_hint = "SGM_SHARED_LIMIT";

@@ -198,6 +198,12 @@ static const sgm_option option_rows[] = {
     {.env = "SGM_EMU_MANAGED", FIELD(emu_managed), .kind = SGM_OPT_BOOL, .default_value = "on",
      .help = "the emulated device offers Unified Memory (on) or answers as a GPU without "
              "concurrent managed access (off)"},
+    /* On: growth mode then commits what blocks touch, within a few granules
+     * (docs/benchmarks.md, sgm-alloc-replay); off keeps the chunk path, which
+     * is also what devices without the virtual-memory API get. */
+    {.env = "SGM_VRAM_VMM", FIELD(vram_vmm), .kind = SGM_OPT_BOOL, .default_value = "on",
+     .help = "growth mode: reserve one address range for the VRAM budget and map memory into it "
+             "in granules on demand when the device supports it (on), or grow in chunks (off)"},
     /* 0 = never: fault injection is only for tests. */
     {.env = "SGM_EMU_FAIL_AT", FIELD(emu_fail_at), .kind = SGM_OPT_U64, .default_value = "0",
      .help = "testing: the Nth call to the emulated device fails (open is call 1); 0 = never"},

@@ -28,6 +28,13 @@
  * the pages between the stores and re-maps them with MAP_FIXED, so a wrong
  * offset or length in sgm's migration path shows as corrupted data.
  *
+ * Expandable VRAM (vmm_*): a range is a PROT_NONE reservation of address
+ * space; mapping a granule maps fresh anonymous read-write memory over it
+ * (MAP_FIXED), unmapping puts PROT_NONE back and gives the pages to the OS, so
+ * committed bytes cost what they cost on a GPU and a stray access to an
+ * unmapped granule faults. Granules count against the device's size like
+ * device_alloc memory; a map that would pass it is SGM_ERR_NOMEM.
+ *
  * Threading: counters are updated under one mutex; copies run unlocked (but
  * the moves of managed pages, done under the mutex: a test device).
  */
@@ -59,7 +66,24 @@ struct sgm_backend {
   char name[SGM_NAME_MAX];     /* SGM_EMU_DEVICE: a device shared by processes; "" = private */
   struct sgm_node *node;       /* the registry sharing its capacity (node_attach); NULL = private */
   struct emu_managed *managed; /* live managed ranges (freed by close) */
+  struct emu_range *ranges;    /* reserved VMM ranges (freed by close) */
 };
+
+/* Expandable VRAM: the granule of emulated VMM ranges, 2 MiB like a GPU's
+ * (cuMemGetAllocationGranularity on every NVIDIA GPU since Pascal). */
+#define EMU_VMM_GRANULE (UINT64_C(2) << 20)
+
+/* A reserved VMM range. */
+typedef struct emu_range {
+  uint64_t base;               /* first address (granule aligned) */
+  uint64_t bytes;              /* reserved bytes (a multiple of the granule) */
+  void *map_base;              /* the reservation as mmap returned it (for munmap) */
+  uint64_t map_bytes;          /* its length */
+  uint8_t *mapped;             /* one byte per granule: 1 = mapped */
+  struct emu_range *next;      /* the backend's list */
+} emu_range;
+
+static void emu_vmm_close_ranges(sgm_backend *be);
 
 /* An event token: see "Events" below. */
 typedef struct emu_event {
@@ -108,6 +132,7 @@ static void emu_close(sgm_backend *be) {
              "%llu events live",
              (unsigned long long)be->c.n_device_live, (unsigned long long)be->c.n_host_live,
              (unsigned long long)be->c.n_managed_live, (unsigned long long)be->c.n_events_live);
+  emu_vmm_close_ranges(be);
   while (be->events) {
     emu_event *ev = be->events;
     be->events = ev->next;
@@ -633,6 +658,188 @@ static void emu_node_attach(sgm_backend *be, struct sgm_node *node) {
   be->node = node;
 }
 
+/* ---- expandable VRAM (issue 17) ---- */
+
+static int emu_vmm_granularity(sgm_backend *be, uint64_t *bytes_out) {
+  (void)be;
+  *bytes_out = EMU_VMM_GRANULE;
+  return SGM_OK;
+}
+
+static int emu_vmm_reserve(sgm_backend *be, uint64_t bytes, void **range_out, sgm_devptr *base_out) {
+  sgm__lock_assert_none_held();
+  *range_out = NULL;
+  *base_out = 0;
+  if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (vmm_reserve)");
+  if (bytes == 0 || bytes % EMU_VMM_GRANULE)
+    return sgm__error_set(SGM_ERR_INVALID, "emulated device: vmm_reserve of %llu bytes, not a "
+                          "positive multiple of the %llu-byte granule", (unsigned long long)bytes,
+                          (unsigned long long)EMU_VMM_GRANULE);
+  emu_range *r = calloc(1, sizeof *r);
+  uint8_t *mapped = calloc(bytes / EMU_VMM_GRANULE, 1);
+  /* One granule more, so that the range can start on a granule boundary. */
+  uint64_t len = bytes + EMU_VMM_GRANULE;
+  void *p = r && mapped ? mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                               -1, 0)
+                        : MAP_FAILED;
+  if (p == MAP_FAILED) {
+    int e = errno;
+    free(r);
+    free(mapped);
+    return sgm__error_set(SGM_ERR_NOMEM, "emulated device: cannot reserve %llu bytes of address "
+                          "space: %s", (unsigned long long)bytes, r && mapped ? strerror(e)
+                                                                            : "out of host memory");
+  }
+  r->map_base = p;
+  r->map_bytes = len;
+  r->base = sgm__align_up((uint64_t)(uintptr_t)p, EMU_VMM_GRANULE);
+  r->bytes = bytes;
+  r->mapped = mapped;
+  sgm__lock_take(&be->mu);
+  r->next = be->ranges;
+  be->ranges = r;
+  be->c.n_vmm_ranges++;
+  sgm__lock_drop(&be->mu);
+  *range_out = r;
+  *base_out = r->base;
+  return SGM_OK;
+}
+
+/* Put [offset, + bytes) of r back to PROT_NONE with no pages behind it. */
+static void emu_vmm_unmap_pages(emu_range *r, uint64_t offset, uint64_t bytes) {
+  void *want = (void *)(uintptr_t)(r->base + offset);
+  void *p = mmap(want, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+                 -1, 0);
+  sgm_assert(p == want);
+  (void)p;
+}
+
+/* A granule-aligned run inside r whose granules are all `state`. */
+static bool emu_vmm_run_is(const emu_range *r, uint64_t offset, uint64_t bytes, uint8_t state) {
+  if (bytes == 0 || offset % EMU_VMM_GRANULE || bytes % EMU_VMM_GRANULE || offset > r->bytes ||
+      bytes > r->bytes - offset)
+    return false;
+  for (uint64_t g = offset / EMU_VMM_GRANULE; g < (offset + bytes) / EMU_VMM_GRANULE; g++)
+    if (r->mapped[g] != state) return false;
+  return true;
+}
+
+static int emu_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes) {
+  sgm__lock_assert_none_held();
+  emu_range *r = range;
+  if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (vmm_map)");
+  /* A shared device (SGM_EMU_DEVICE): the registry holds every process's bytes. */
+  uint64_t free_now = 0;
+  bool shared_fits = true;
+  if (be->node && r && bytes) {
+    int rc = sgm__node_device_reserve(be->node, bytes, be->total_bytes, &free_now);
+    if (rc != SGM_OK && rc != SGM_ERR_NOMEM) return rc;
+    shared_fits = rc == SGM_OK;
+  }
+  sgm__lock_take(&be->mu);
+  bool ok = r && emu_vmm_run_is(r, offset, bytes, 0);
+  bool fits = ok && shared_fits && (be->node || bytes <= emu_device_free_locked(be));
+  if (fits) {
+    for (uint64_t g = offset / EMU_VMM_GRANULE; g < (offset + bytes) / EMU_VMM_GRANULE; g++)
+      r->mapped[g] = 1;
+    be->c.device_live_bytes += bytes;
+    be->c.vmm_mapped_bytes += bytes;
+  }
+  if (!be->node) free_now = emu_device_free_locked(be);
+  sgm__lock_drop(&be->mu);
+  if (be->node && shared_fits && !fits) sgm__node_device_release(be->node, bytes);
+  if (!ok)
+    return sgm__error_set(SGM_ERR_INVALID, "emulated device: vmm_map of [%llu, +%llu) is not a "
+                          "run of unmapped granules of the range", (unsigned long long)offset,
+                          (unsigned long long)bytes);
+  if (!fits) {
+    char a[32], f[32];
+    return sgm__error_set(SGM_ERR_NOMEM, "emulated device: out of memory mapping %s (%s free)",
+                          sgm__fmt_bytes(bytes, a, sizeof a), sgm__fmt_bytes(free_now, f, sizeof f));
+  }
+  void *want = (void *)(uintptr_t)(r->base + offset);
+  void *p = mmap(want, bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  if (p != want) {
+    int e = errno;
+    sgm__lock_take(&be->mu);
+    for (uint64_t g = offset / EMU_VMM_GRANULE; g < (offset + bytes) / EMU_VMM_GRANULE; g++)
+      r->mapped[g] = 0;
+    be->c.device_live_bytes -= bytes;
+    be->c.vmm_mapped_bytes -= bytes;
+    sgm__lock_drop(&be->mu);
+    if (be->node) sgm__node_device_release(be->node, bytes);
+    return sgm__error_set(SGM_ERR_NOMEM, "emulated device: mapping %llu bytes failed: %s",
+                          (unsigned long long)bytes, strerror(e));
+  }
+  return SGM_OK;
+}
+
+static void emu_vmm_unmap(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes) {
+  sgm__lock_assert_none_held();
+  emu_range *r = range;
+  sgm__lock_take(&be->mu);
+  bool ok = r && emu_vmm_run_is(r, offset, bytes, 1);
+  if (ok) {
+    for (uint64_t g = offset / EMU_VMM_GRANULE; g < (offset + bytes) / EMU_VMM_GRANULE; g++)
+      r->mapped[g] = 0;
+    be->c.device_live_bytes -= bytes;
+    be->c.vmm_mapped_bytes -= bytes;
+  }
+  sgm__lock_drop(&be->mu);
+  if (ok && be->node) sgm__node_device_release(be->node, bytes);
+  sgm_assert(ok);
+  if (!ok) {
+    sgm__log(be->verbose, 1, "emulated device: vmm_unmap of [%llu, +%llu), not a run of mapped "
+             "granules; ignored", (unsigned long long)offset, (unsigned long long)bytes);
+    return;
+  }
+  emu_vmm_unmap_pages(r, offset, bytes);
+}
+
+/* Unlink r (lock held); returns the bytes it still had mapped (now uncounted). */
+static uint64_t emu_vmm_detach_locked(sgm_backend *be, emu_range *r) {
+  for (emu_range **pp = &be->ranges; *pp; pp = &(*pp)->next)
+    if (*pp == r) {
+      *pp = r->next;
+      break;
+    }
+  uint64_t left = 0;
+  for (uint64_t g = 0; g < r->bytes / EMU_VMM_GRANULE; g++) left += r->mapped[g] ? EMU_VMM_GRANULE : 0;
+  be->c.device_live_bytes -= left;
+  be->c.vmm_mapped_bytes -= left;
+  be->c.n_vmm_ranges--;
+  return left;
+}
+
+static void emu_vmm_free(sgm_backend *be, void *range) {
+  sgm__lock_assert_none_held();
+  emu_range *r = range;
+  if (!r) return;
+  sgm__lock_take(&be->mu);
+  uint64_t left = emu_vmm_detach_locked(be, r);
+  sgm__lock_drop(&be->mu);
+  if (left && be->node) sgm__node_device_release(be->node, left);
+  if (left)
+    sgm__log(be->verbose, 1, "emulated device: VMM range freed with %llu bytes still mapped",
+             (unsigned long long)left);
+  munmap(r->map_base, r->map_bytes);
+  free(r->mapped);
+  free(r);
+}
+
+static void emu_vmm_close_ranges(sgm_backend *be) {
+  while (be->ranges) {
+    emu_range *r = be->ranges;
+    emu_vmm_detach_locked(be, r);
+    sgm__log(be->verbose, 1, "emulated device closed with a VMM range of %llu bytes reserved",
+             (unsigned long long)r->bytes);
+    munmap(r->map_base, r->map_bytes);
+    free(r->mapped);
+    free(r);
+  }
+}
+
 const sgm_backend_ops sgm__backend_emu_ops = {
     .name = "emu",
     .synchronous = true,
@@ -661,4 +868,9 @@ const sgm_backend_ops sgm__backend_emu_ops = {
     .managed_free = emu_managed_free,
     .managed_advise = emu_managed_advise,
     .managed_prefetch = emu_managed_prefetch,
+    .vmm_granularity = emu_vmm_granularity,
+    .vmm_reserve = emu_vmm_reserve,
+    .vmm_map = emu_vmm_map,
+    .vmm_unmap = emu_vmm_unmap,
+    .vmm_free = emu_vmm_free,
 };
