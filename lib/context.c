@@ -260,6 +260,7 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
       .growth_chunk_bytes = ctx->cfg.growth_chunk_bytes,
       .verbose = ctx->cfg.verbose,
       .vmm = ctx->cfg.vram_vmm != 0,
+      .vmm_range_bytes = ctx->device_total_bytes,
   };
   vp.max_chunk_bytes = CONTEXT_VRAM_MAX_CHUNK;
   if (ctx->managed && !vp.growth) {
@@ -280,6 +281,7 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   sp.budget_bytes = ctx->share ? start_budget[SGM_TIER_SHARED] : ctx->budget_bytes[SGM_TIER_SHARED];
   sp.growth = true;
   sp.vmm = false; /* pinned host memory has no reserved-range path */
+  sp.vmm_range_bytes = 0;
   sp.growth_chunk_bytes = ctx->cfg.shared_chunk_bytes;
   sp.max_chunk_bytes = CONTEXT_SHARED_MAX_CHUNK;
   sp.limit_hint = "SGM_SHARED_LIMIT";

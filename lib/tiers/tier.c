@@ -849,10 +849,13 @@ static bool tier_vmm_setup(sgm_tier_pool *p) {
   } else if ((g & (g - 1)) || g < SGM_DEVICE_ALIGN || g > (UINT64_C(1) << 40)) {
     snprintf(why, sizeof why, "the granularity %llu is not a power of two from %u bytes",
              (unsigned long long)g, SGM_DEVICE_ALIGN);
-  } else if (tp->budget_bytes < g) {
+  } else if (tp->budget_bytes < g && tp->vmm_range_bytes < g) {
     snprintf(why, sizeof why, "the budget is below one %llu-byte granule", (unsigned long long)g);
   }
-  uint64_t bytes = why[0] ? 0 : sgm__align_up(tp->budget_bytes, g);
+  /* Address space, not memory: reserved for the most the budget may become,
+   * so that a budget raised later (a fair share growing) finds room. */
+  uint64_t want = tp->vmm_range_bytes > tp->budget_bytes ? tp->vmm_range_bytes : tp->budget_bytes;
+  uint64_t bytes = why[0] ? 0 : sgm__align_up(want, g);
   tier_granule *gran = NULL;
   void *range = NULL;
   sgm_devptr base = 0;
@@ -1974,10 +1977,13 @@ static bool tier_vmm_check_locked(sgm_tier_pool *p, const sgm_suballoc_stats *st
                            "mapped", name, g, x->refs);
   }
   free(refs);
-  if (ok && (committed != p->committed_bytes || free_mapped != p->vmm_free_mapped))
-    ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: committed %llu, granules mapped %llu; %llu free "
-                         "mapped granules counted, %llu found", name,
+  /* Managed blocks charged to the tier (sgm__tier_charge) are committed outside the range. */
+  if (ok && (committed + p->external_bytes != p->committed_bytes ||
+             free_mapped != p->vmm_free_mapped))
+    ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: committed %llu, granules mapped %llu (+%llu charged "
+                         "by managed blocks); %llu free mapped granules counted, %llu found", name,
                          (unsigned long long)p->committed_bytes, (unsigned long long)committed,
+                         (unsigned long long)p->external_bytes,
                          (unsigned long long)p->vmm_free_mapped, (unsigned long long)free_mapped);
   return ok;
 }

@@ -86,6 +86,8 @@ typedef struct sgm_tier_params {
   const char *limit_hint;      /* the variables that raise this budget, for messages */
   int verbose;                 /* log level */
   bool vmm;                    /* growth on one reserved range when the backend can (issue 17) */
+  uint64_t vmm_range_bytes;    /* that range's size if above the budget: the most the budget may
+                                  become later (fair shares, set_vram_fraction); 0 = the budget */
 } sgm_tier_params;
 
 /* How far sgm__tier_reclaim goes to give cached blocks back. */
