@@ -1320,6 +1320,8 @@ static int cuda_stream_transfer(sgm_backend *be, void *event, const sgm_stream_r
     cuda_leave(be, pushed, op);
     if (rc == SGM_OK || attempt > 0 || !cuda_context_error(r)) return rc;
   }
+}
+
 /* ---- managed memory (see "Managed memory" in backend.h) ---- */
 
 /* At open: can this device and driver run managed mode? be->no_managed says
