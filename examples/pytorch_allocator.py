@@ -41,6 +41,7 @@ def main():
         return 0
     import torch
     print(f"PyTorch {torch.__version__}: CUDA allocations go through {sgm.library_path()}")
+    torch.cuda.set_device(0)  # CUDA initialised by PyTorch before sgm opens device 0
 
     budget = sgm.torch.stats(0)["sgm.tiers.vram.budget_bytes"]
     n = (budget // 8) // 4          # int32 elements per tensor: 1/8 of the budget

@@ -28,6 +28,9 @@ SGM_API sgm_status sgm_get_stats(sgm_context *ctx, sgm_stats *out) {
   out->device_total_bytes = ctx->device_total_bytes;
   out->physical_ram_bytes = ctx->physical_ram_bytes;
   out->n_bad_frees = __atomic_load_n(&ctx->n_bad_frees, __ATOMIC_RELAXED);
+  if (ctx->tiers[SGM_TIER_VRAM])
+    sgm__tier_vmm_info(ctx->tiers[SGM_TIER_VRAM], &out->vram_granule_bytes,
+                       &out->vram_reserved_bytes);
   return SGM_OK;
 }
 
@@ -110,7 +113,12 @@ SGM_API sgm_status sgm_stats_json(sgm_context *ctx, char **out) {
                        (unsigned long long)s->n_frees, (unsigned long long)s->n_failed,
                        (unsigned long long)s->cached_bytes);
   }
-  sgm__strbuf_printf(&b, "}}");
+  /* Expandable VRAM (issue 17): how VRAM grows. */
+  sgm__strbuf_printf(&b, "},\"vram_growth\":\"%s\",\"vram_granule_bytes\":%llu,"
+                     "\"vram_reserved_bytes\":%llu}",
+                     !ctx->cfg.allow_growth ? "reserved" : st.vram_granule_bytes ? "vmm" : "chunks",
+                     (unsigned long long)st.vram_granule_bytes,
+                     (unsigned long long)st.vram_reserved_bytes);
   if (b.failed) {
     free(b.s);
     return (sgm_status)sgm__error_set(SGM_ERR_NOMEM, "sgm_stats_json: out of host memory");

@@ -98,6 +98,33 @@
  *    calls on sgm's steady allocation path, and that path makes none of them
  *    unless memory crosses from one stream to another: no backend-wide lock
  *    and no query of the current context is taken on the way.
+ *
+ * Expandable VRAM (the driver's virtual-memory API; growth mode's VRAM pool,
+ * DESIGN.md §8). A *range* is a reserved span of device addresses with no
+ * memory behind it; memory is mapped into it and unmapped again in
+ * *granules*, each its own physical allocation, so that any granule can go
+ * back alone.
+ *  - vmm_granularity() answers the granule size in bytes (a power of two,
+ *    2 MiB on current GPUs), or 0 when the device has no virtual-memory API
+ *    (CUDA: CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED); sgm then
+ *    grows in device_alloc chunks.
+ *  - vmm_reserve() reserves bytes (a multiple of the granule) aligned to the
+ *    granule: *range_out is the backend's token, *base_out its first address.
+ *    Reserving costs address space only.
+ *  - vmm_map() maps device memory at [base + offset, + bytes), granule
+ *    aligned, every granule of it unmapped now, and makes it readable and
+ *    writable by the device before it returns (CUDA: cuMemCreate + cuMemMap
+ *    per granule, then cuMemSetAccess over the run). All or nothing: on
+ *    failure nothing of the run stays mapped (SGM_ERR_NOMEM when the device
+ *    is out of memory). Mapped bytes count in device_live_bytes.
+ *  - vmm_unmap() unmaps granules mapped by vmm_map (any whole granules of a
+ *    run) and frees their memory. The driver does not wait for device work:
+ *    the caller unmaps only memory no queued work uses. Cannot fail from
+ *    sgm's point of view (a driver error is logged).
+ *  - vmm_free() releases a range; granules still mapped are unmapped first
+ *    and reported as a leak at SGM_VERBOSE >= 1. NULL is a no-op.
+ *  - None of them is on the steady allocation path: sgm maps when committed
+ *    memory grows and unmaps on trim.
  */
 /*
  * Managed memory (CUDA Unified Memory; SGM_POINTERS=managed, lib/managed.c).
@@ -171,6 +198,7 @@ typedef enum sgm_copy_kind {
 } sgm_copy_kind;
 
 typedef struct sgm_backend sgm_backend; /* one opened device, backend-private */
+struct sgm_node;                        /* the node registry (lib/node.c) */
 
 /* A caller's stream as the backend names it (see stream_ref in the contract). */
 typedef struct sgm_stream_ref {
@@ -190,6 +218,9 @@ typedef struct sgm_backend_counters {
   uint64_t managed_device_bytes; /* bytes of managed pages placed in device memory now (emu; 0 on CUDA) */
   uint64_t managed_host_bytes;   /* bytes of managed pages placed in host memory now (emu; 0 on CUDA) */
   uint64_t n_managed_moves;   /* prefetches that moved at least one page (emu; 0 on CUDA) */
+  /* expandable VRAM (issue 17) */
+  uint64_t vmm_mapped_bytes;  /* bytes mapped into reserved ranges (also in device_live_bytes) */
+  uint64_t n_vmm_ranges;      /* reserved ranges not yet freed */
 } sgm_backend_counters;
 
 typedef struct sgm_backend_ops {
@@ -222,12 +253,29 @@ typedef struct sgm_backend_ops {
   /* Cross-stream transfer: see "Transfers" in the contract above. */
   int (*stream_transfer)(sgm_backend *be, void *event, const sgm_stream_ref *owner,
                          const sgm_stream_ref *taker);
+  /* ---- The node registry (lib/node.c, lib/share.c) ---- */
+  /* The device's key on this machine, the same in every process that opens
+   * it (the PCI bus id on CUDA, "emu-<SGM_EMU_DEVICE>" on the emulated
+   * device); "" when the device is private to this process (an unnamed
+   * emulated device). NULL op = "". */
+  void (*device_key)(sgm_backend *be, char *out, size_t len);
+  /* The emulated device named by SGM_EMU_DEVICE: from now on its capacity
+   * (the registry's device total) is shared with every process attached to
+   * the same registry. Called once, right after open, before any allocation.
+   * NULL op: the device's capacity is the driver's business. */
+  void (*node_attach)(sgm_backend *be, struct sgm_node *node);
   /* Managed memory: see "Managed memory" in the contract above. */
   int (*managed_support)(sgm_backend *be);
   int (*managed_alloc)(sgm_backend *be, uint64_t bytes, sgm_devptr *out);
   void (*managed_free)(sgm_backend *be, sgm_devptr ptr, uint64_t bytes);
   int (*managed_advise)(sgm_backend *be, sgm_devptr ptr, uint64_t n, sgm_managed_advice advice);
   int (*managed_prefetch)(sgm_backend *be, sgm_devptr ptr, uint64_t n, sgm_tier to, void *stream);
+  /* ---- expandable VRAM: see "Expandable VRAM" above (issue 17). NULL vmm_granularity = none. */
+  int (*vmm_granularity)(sgm_backend *be, uint64_t *bytes_out);
+  int (*vmm_reserve)(sgm_backend *be, uint64_t bytes, void **range_out, sgm_devptr *base_out);
+  int (*vmm_map)(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes);
+  void (*vmm_unmap)(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes);
+  void (*vmm_free)(sgm_backend *be, void *range);
 } sgm_backend_ops;
 
 /* backend.c: pick the ops for a kind; SGM_BACKEND_AUTO is resolved by open. */

@@ -142,7 +142,15 @@ _Static_assert(sizeof(size_t) == sizeof(uint64_t), "sgm's CUDA backend needs a 6
   X(cuStreamWaitEvent, 3020)           \
   X(cuStreamIsCapturing, 10000)        \
   X(cuThreadExchangeStreamCaptureMode, 10010) \
-  X(cuStreamGetFlags, 5050)
+  X(cuStreamGetFlags, 5050)             \
+  X(cuMemGetAllocationGranularity, 10020)      \
+  X(cuMemAddressReserve, 10020)                \
+  X(cuMemAddressFree, 10020)                   \
+  X(cuMemCreate, 10020)                        \
+  X(cuMemRelease, 10020)                       \
+  X(cuMemMap, 10020)                           \
+  X(cuMemUnmap, 10020)                         \
+  X(cuMemSetAccess, 10020)
 
 /* The CUDA version whose signatures the managed entry points are asked for:
  * 12.2 introduced the CUmemLocation forms of cuMemAdvise and
@@ -317,6 +325,7 @@ struct sgm_backend {
   cuda_obj **buckets;         /* live-object hash table (chained) */
   size_t n_buckets;           /* a power of two */
   size_t n_objs;              /* entries in the table */
+  struct cuda_vrange *vranges; /* reserved VMM ranges not yet freed (under lock) */
 };
 
 /* cuda_obj.bytes of an event from event_create: recorded only by
@@ -627,6 +636,8 @@ out_free:
   return rc;
 }
 
+static void cuda_vmm_close(sgm_backend *be, bool entered);
+
 static void cuda_close(sgm_backend *be) {
   if (!be) return;
   const char *op = "closing the device";
@@ -641,6 +652,7 @@ static void cuda_close(sgm_backend *be) {
   /* No other thread may use the backend now: walk the table without the lock. */
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   if (entered && cuda_relax(&mode) != CUDA_SUCCESS) mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  cuda_vmm_close(be, entered);
   for (size_t i = 0; i < be->n_buckets; i++) {
     for (cuda_obj *o = be->buckets[i], *next; o; o = next) {
       next = o->next;
@@ -990,6 +1002,10 @@ static void cuda_counters(sgm_backend *be, sgm_backend_counters *out) {
   out->n_device_live = n_device_live;
   out->n_host_live = n_host_live;
   out->n_calls = __atomic_load_n(&be->c.n_calls, __ATOMIC_RELAXED);
+  sgm__lock_take(&be->lock);
+  out->vmm_mapped_bytes = be->c.vmm_mapped_bytes;
+  out->n_vmm_ranges = be->c.n_vmm_ranges;
+  sgm__lock_drop(&be->lock);
 }
 
 /* cuEventCreate (no timing: such events are cheaper to record and to query)
@@ -1496,6 +1512,295 @@ static int cuda_managed_prefetch(sgm_backend *be, sgm_devptr ptr, uint64_t n, sg
   return rc;
 }
 
+/* ---- The node registry's key: the PCI bus id names one GPU on a machine
+ * whatever CUDA_VISIBLE_DEVICES does to the ordinals. ---- */
+static void cuda_device_key(sgm_backend *be, char *out, size_t len) {
+  snprintf(out, len, "gpu-%s", be->pci_bus_id);
+}
+
+/* ---- expandable VRAM: the virtual-memory API (issue 17) ----
+ *
+ * A range is one cuMemAddressReserve. vmm_map maps each granule as its own
+ * physical allocation (cuMemCreate + cuMemMap), releases the handle at once
+ * (the driver frees the memory when the handle is released *and* the mapping
+ * unmapped, in either order), then grants the device read-write access over
+ * the run with one cuMemSetAccess (a run of whole mappings). So any granule
+ * can be unmapped alone with one cuMemUnmap, which then frees its memory, and
+ * no handle table is needed. Every call runs in the primary context, in
+ * relaxed capture mode like the other memory calls. */
+
+typedef struct cuda_vrange {
+  CUdeviceptr base;            /* first address */
+  uint64_t bytes;              /* reserved bytes */
+  uint64_t granule;            /* the granule it was reserved with */
+  uint8_t *mapped;             /* one byte per granule: 1 = mapped (under be->lock) */
+  struct cuda_vrange *next;    /* the backend's list (under be->lock) */
+} cuda_vrange;
+
+static CUmemAllocationProp cuda_vmm_prop(const sgm_backend *be) {
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = be->dev;
+  return prop;
+}
+
+static int cuda_vmm_granularity(sgm_backend *be, uint64_t *bytes_out) {
+  sgm__lock_assert_none_held();
+  *bytes_out = 0;
+  cuda_count_call(be);
+  const char *op = "asking for virtual memory management";
+  int supported = 0;
+  CUresult r = CU(cuDeviceGetAttribute)(&supported,
+                                        CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                        be->dev);
+  if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuDeviceGetAttribute", CUDA_BLAME_DRIVER);
+  if (!supported) return SGM_OK;
+  bool pushed;
+  int rc = cuda_enter(be, op, &pushed);
+  if (rc != SGM_OK) return rc;
+  CUmemAllocationProp prop = cuda_vmm_prop(be);
+  size_t g = 0;
+  r = CU(cuMemGetAllocationGranularity)(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  cuda_leave(be, pushed, op);
+  if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuMemGetAllocationGranularity", CUDA_BLAME_DRIVER);
+  *bytes_out = g;
+  return SGM_OK;
+}
+
+static int cuda_vmm_reserve(sgm_backend *be, uint64_t bytes, void **range_out, sgm_devptr *base_out) {
+  sgm__lock_assert_none_held();
+  *range_out = NULL;
+  *base_out = 0;
+  cuda_count_call(be);
+  char op[80], b[32];
+  snprintf(op, sizeof op, "reserving %s of device addresses", sgm__fmt_bytes(bytes, b, sizeof b));
+  uint64_t g = 0;
+  int rc = cuda_vmm_granularity(be, &g);
+  if (rc != SGM_OK) return rc;
+  if (g == 0 || bytes == 0 || bytes % g)
+    return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s: not a positive multiple of the granule "
+                          "(%llu bytes), or the device has no virtual memory management", op,
+                          (unsigned long long)g);
+  cuda_vrange *v = calloc(1, sizeof *v);
+  uint8_t *mapped = calloc((size_t)(bytes / g), 1);
+  if (!v || !mapped) {
+    free(v);
+    free(mapped);
+    return sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory", op);
+  }
+  bool pushed;
+  rc = cuda_enter(be, op, &pushed);
+  if (rc != SGM_OK) goto out_free;
+  CUstreamCaptureMode mode;
+  CUresult r = cuda_relax(&mode);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuThreadExchangeStreamCaptureMode", CUDA_BLAME_DRIVER);
+    goto out_leave;
+  }
+  CUdeviceptr base = 0;
+  r = CU(cuMemAddressReserve)(&base, (size_t)bytes, (size_t)g, 0, 0);
+  cuda_unrelax(be, mode, op);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuMemAddressReserve", CUDA_BLAME_DRIVER);
+    goto out_leave;
+  }
+  cuda_leave(be, pushed, op);
+  *v = (cuda_vrange){.base = base, .bytes = bytes, .granule = g, .mapped = mapped};
+  sgm__lock_take(&be->lock);
+  v->next = be->vranges;
+  be->vranges = v;
+  be->c.n_vmm_ranges++;
+  sgm__lock_drop(&be->lock);
+  *range_out = v;
+  *base_out = (sgm_devptr)base;
+  return SGM_OK;
+
+out_leave:
+  cuda_leave(be, pushed, op);
+out_free:
+  free(v);
+  free(mapped);
+  return rc;
+}
+
+/* Unmap granules [g0, g1) of v, one cuMemUnmap each (context entered, relaxed). */
+static void cuda_vmm_unmap_run(sgm_backend *be, cuda_vrange *v, uint64_t g0, uint64_t g1,
+                               const char *op) {
+  for (uint64_t g = g0; g < g1; g++) {
+    CUresult r = CU(cuMemUnmap)(v->base + g * v->granule, (size_t)v->granule);
+    if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemUnmap");
+  }
+}
+
+static int cuda_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes) {
+  sgm__lock_assert_none_held();
+  cuda_count_call(be);
+  cuda_vrange *v = range;
+  char op[96], b[32];
+  snprintf(op, sizeof op, "mapping %s of device memory", sgm__fmt_bytes(bytes, b, sizeof b));
+  if (!v || bytes == 0 || offset % v->granule || bytes % v->granule || offset > v->bytes ||
+      bytes > v->bytes - offset)
+    return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s: [%llu, +%llu) is not a granule-aligned "
+                          "run of the range", op, (unsigned long long)offset,
+                          (unsigned long long)bytes);
+  bool pushed;
+  int rc = cuda_enter(be, op, &pushed);
+  if (rc != SGM_OK) return rc;
+  CUstreamCaptureMode mode;
+  CUresult r = cuda_relax(&mode);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuThreadExchangeStreamCaptureMode", CUDA_BLAME_DRIVER);
+    goto out_leave;
+  }
+  CUmemAllocationProp prop = cuda_vmm_prop(be);
+  uint64_t g0 = offset / v->granule, g1 = (offset + bytes) / v->granule, g = g0;
+  const char *failed = NULL;
+  for (; g < g1; g++) {
+    CUmemGenericAllocationHandle h = 0;
+    r = CU(cuMemCreate)(&h, (size_t)v->granule, &prop, 0);
+    if (r != CUDA_SUCCESS) {
+      failed = "cuMemCreate";
+      break;
+    }
+    r = CU(cuMemMap)(v->base + g * v->granule, (size_t)v->granule, 0, h, 0);
+    /* The mapping keeps the memory; the handle is not needed any more. */
+    CUresult rr = CU(cuMemRelease)(h);
+    if (r != CUDA_SUCCESS) {
+      failed = "cuMemMap";
+      break;
+    }
+    if (rr != CUDA_SUCCESS) cuda_log_failure(be, rr, op, "cuMemRelease");
+  }
+  if (!failed) {
+    CUmemAccessDesc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = be->dev;
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = CU(cuMemSetAccess)(v->base + offset, (size_t)bytes, &desc, 1);
+    if (r != CUDA_SUCCESS) failed = "cuMemSetAccess";
+  }
+  if (failed) {
+    rc = cuda_fail(r, op, failed, CUDA_BLAME_DRIVER);
+    cuda_vmm_unmap_run(be, v, g0, g, op); /* all or nothing */
+  }
+  cuda_unrelax(be, mode, op);
+  if (!failed) {
+    sgm__lock_take(&be->lock);
+    memset(v->mapped + g0, 1, (size_t)(g1 - g0));
+    be->c.device_live_bytes += bytes;
+    be->c.vmm_mapped_bytes += bytes;
+    sgm__lock_drop(&be->lock);
+  }
+out_leave:
+  cuda_leave(be, pushed, op);
+  return rc;
+}
+
+static void cuda_vmm_unmap(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes) {
+  sgm__lock_assert_none_held();
+  cuda_vrange *v = range;
+  const char *op = "unmapping device memory";
+  bool ok = v && bytes && offset % v->granule == 0 && bytes % v->granule == 0 &&
+            offset <= v->bytes && bytes <= v->bytes - offset;
+  uint64_t g0 = ok ? offset / v->granule : 0, g1 = ok ? (offset + bytes) / v->granule : 0;
+  sgm__lock_take(&be->lock);
+  for (uint64_t g = g0; g < g1 && ok; g++) ok = v->mapped[g];
+  if (ok) {
+    memset(v->mapped + g0, 0, (size_t)(g1 - g0));
+    be->c.device_live_bytes -= bytes;
+    be->c.vmm_mapped_bytes -= bytes;
+  }
+  sgm__lock_drop(&be->lock);
+  sgm_assert(ok);
+  if (!ok) {
+    sgm__log(be->verbose, 1, "CUDA: %s: [%llu, +%llu) is not a run of mapped granules; ignored",
+             op, (unsigned long long)offset, (unsigned long long)bytes);
+    return;
+  }
+  bool pushed;
+  if (cuda_enter(be, op, &pushed) != SGM_OK) {
+    sgm__log(be->verbose, 1, "CUDA: %s: %s", op, sgm_last_error());
+    return;
+  }
+  CUstreamCaptureMode mode;
+  CUresult r = cuda_relax(&mode);
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
+  cuda_vmm_unmap_run(be, v, g0, g1, op);
+  cuda_unrelax(be, mode, op);
+  cuda_leave(be, pushed, op);
+}
+
+/* Unmap what is left of v and free its addresses (context entered, relaxed);
+ * v is already off the list. */
+static void cuda_vmm_release(sgm_backend *be, cuda_vrange *v, const char *op) {
+  uint64_t n = v->bytes / v->granule, left = 0;
+  for (uint64_t g = 0; g < n; g++)
+    if (v->mapped[g]) {
+      cuda_vmm_unmap_run(be, v, g, g + 1, op);
+      left += v->granule;
+    }
+  CUresult r = CU(cuMemAddressFree)(v->base, (size_t)v->bytes);
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemAddressFree");
+  if (left) {
+    sgm__log(be->verbose, 1, "CUDA: %s: %llu bytes were still mapped", op,
+             (unsigned long long)left);
+    sgm__lock_take(&be->lock);
+    be->c.device_live_bytes -= left;
+    be->c.vmm_mapped_bytes -= left;
+    sgm__lock_drop(&be->lock);
+  }
+  free(v->mapped);
+  free(v);
+}
+
+static void cuda_vmm_free(sgm_backend *be, void *range) {
+  sgm__lock_assert_none_held();
+  cuda_vrange *v = range;
+  if (!v) return;
+  const char *op = "freeing reserved device addresses";
+  sgm__lock_take(&be->lock);
+  for (cuda_vrange **pp = &be->vranges; *pp; pp = &(*pp)->next)
+    if (*pp == v) {
+      *pp = v->next;
+      break;
+    }
+  be->c.n_vmm_ranges--;
+  sgm__lock_drop(&be->lock);
+  bool pushed;
+  if (cuda_enter(be, op, &pushed) != SGM_OK) {
+    sgm__log(be->verbose, 1, "CUDA: %s: %s", op, sgm_last_error());
+    free(v->mapped);
+    free(v);
+    return;
+  }
+  CUstreamCaptureMode mode;
+  CUresult r = cuda_relax(&mode);
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
+  cuda_vmm_release(be, v, op);
+  cuda_unrelax(be, mode, op);
+  cuda_leave(be, pushed, op);
+}
+
+/* close(): ranges sgm did not free (context entered by the caller). */
+static void cuda_vmm_close(sgm_backend *be, bool entered) {
+  while (be->vranges) {
+    cuda_vrange *v = be->vranges;
+    be->vranges = v->next;
+    be->c.n_vmm_ranges--;
+    sgm__log(be->verbose, 1, "CUDA device %d closed with a reserved range of %llu bytes; freeing it",
+             be->ordinal, (unsigned long long)v->bytes);
+    if (entered) {
+      cuda_vmm_release(be, v, "closing the device");
+    } else {
+      free(v->mapped);
+      free(v);
+    }
+  }
+}
+
 const sgm_backend_ops sgm__backend_cuda_ops = {
     .name = "cuda",
     .open = cuda_open,
@@ -1516,11 +1821,17 @@ const sgm_backend_ops sgm__backend_cuda_ops = {
     .event_record_on = cuda_event_record_on,
     .stream_wait_event = cuda_stream_wait_event,
     .stream_transfer = cuda_stream_transfer,
+    .device_key = cuda_device_key,
     .managed_support = cuda_managed_support,
     .managed_alloc = cuda_managed_alloc,
     .managed_free = cuda_managed_free,
     .managed_advise = cuda_managed_advise,
     .managed_prefetch = cuda_managed_prefetch,
+    .vmm_granularity = cuda_vmm_granularity,
+    .vmm_reserve = cuda_vmm_reserve,
+    .vmm_map = cuda_vmm_map,
+    .vmm_unmap = cuda_vmm_unmap,
+    .vmm_free = cuda_vmm_free,
 };
 
 #else /* !CUDA_BACKEND_BUILT */

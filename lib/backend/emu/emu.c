@@ -17,11 +17,23 @@
  * Events: complete when recorded (all work is synchronous); each is a small
  * heap token so that leaks are visible.
  *
+ * A named device (SGM_EMU_DEVICE) is shared by every process that opens it:
+ * its size is the one its first process set, and each device allocation is
+ * taken from the capacity the node registry counts across them all, so "the
+ * device is full because of others" happens here as on a GPU.
+ *
  * Managed memory (see "Managed memory" in backend.h and emu_managed_* below):
  * every managed range keeps its device-placed and its host-placed bytes in
  * two different stores (two memfds) under one stable address; a move copies
  * the pages between the stores and re-maps them with MAP_FIXED, so a wrong
  * offset or length in sgm's migration path shows as corrupted data.
+ *
+ * Expandable VRAM (vmm_*): a range is a PROT_NONE reservation of address
+ * space; mapping a granule maps fresh anonymous read-write memory over it
+ * (MAP_FIXED), unmapping puts PROT_NONE back and gives the pages to the OS, so
+ * committed bytes cost what they cost on a GPU and a stray access to an
+ * unmapped granule faults. Granules count against the device's size like
+ * device_alloc memory; a map that would pass it is SGM_ERR_NOMEM.
  *
  * Threading: counters are updated under one mutex; copies run unlocked (but
  * the moves of managed pages, done under the mutex: a test device).
@@ -30,6 +42,7 @@
 #include <numa.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -50,8 +63,27 @@ struct sgm_backend {
   bool has_managed;            /* SGM_EMU_MANAGED: Unified Memory is offered */
   sgm_backend_counters c;      /* live bytes and call count */
   struct emu_event *events;    /* live event tokens (freed by close) */
+  char name[SGM_NAME_MAX];     /* SGM_EMU_DEVICE: a device shared by processes; "" = private */
+  struct sgm_node *node;       /* the registry sharing its capacity (node_attach); NULL = private */
   struct emu_managed *managed; /* live managed ranges (freed by close) */
+  struct emu_range *ranges;    /* reserved VMM ranges (freed by close) */
 };
+
+/* Expandable VRAM: the granule of emulated VMM ranges, 2 MiB like a GPU's
+ * (cuMemGetAllocationGranularity on every NVIDIA GPU since Pascal). */
+#define EMU_VMM_GRANULE (UINT64_C(2) << 20)
+
+/* A reserved VMM range. */
+typedef struct emu_range {
+  uint64_t base;               /* first address (granule aligned) */
+  uint64_t bytes;              /* reserved bytes (a multiple of the granule) */
+  void *map_base;              /* the reservation as mmap returned it (for munmap) */
+  uint64_t map_bytes;          /* its length */
+  uint8_t *mapped;             /* one byte per granule: 1 = mapped */
+  struct emu_range *next;      /* the backend's list */
+} emu_range;
+
+static void emu_vmm_close_ranges(sgm_backend *be);
 
 /* An event token: see "Events" below. */
 typedef struct emu_event {
@@ -87,6 +119,7 @@ static int emu_open(const sgm_config *cfg, sgm_backend **out) {
   be->verbose = cfg->verbose;
   be->has_managed = cfg->emu_managed != 0;
   be->c.n_calls = 1;
+  snprintf(be->name, sizeof be->name, "%s", cfg->emu_device);
   *out = be;
   return SGM_OK;
 }
@@ -99,6 +132,7 @@ static void emu_close(sgm_backend *be) {
              "%llu events live",
              (unsigned long long)be->c.n_device_live, (unsigned long long)be->c.n_host_live,
              (unsigned long long)be->c.n_managed_live, (unsigned long long)be->c.n_events_live);
+  emu_vmm_close_ranges(be);
   while (be->events) {
     emu_event *ev = be->events;
     be->events = ev->next;
@@ -114,6 +148,15 @@ static int emu_mem_info(sgm_backend *be, uint64_t *free_bytes, uint64_t *total_b
   *free_bytes = 0;
   *total_bytes = 0;
   if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (mem_info)");
+  if (be->node) {
+    /* Shared: free is what every attached process left. */
+    uint64_t used = 0;
+    int rc = sgm__node_device_used(be->node, &used);
+    if (rc != SGM_OK) return rc;
+    *free_bytes = used < be->total_bytes ? be->total_bytes - used : 0;
+    *total_bytes = be->total_bytes;
+    return SGM_OK;
+  }
   sgm__lock_take(&be->mu);
   *free_bytes = be->total_bytes - be->c.device_live_bytes - be->c.managed_device_bytes;
   *total_bytes = be->total_bytes;
@@ -134,18 +177,35 @@ static int emu_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
   if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (device_alloc)");
   if (bytes == 0) return sgm__error_set(SGM_ERR_INVALID, "emulated device: device_alloc of 0 bytes");
   uint64_t acc = emu_accounted(bytes);
-  sgm__lock_take(&be->mu);
-  bool fits = acc <= emu_device_free_locked(be);
-  if (fits) {
-    be->c.device_live_bytes += acc;
-    be->c.n_device_live++;
+  uint64_t free_now = 0;
+  bool fits;
+  if (be->node) {
+    /* Shared device: the registry holds every process's bytes. */
+    int rc = sgm__node_device_reserve(be->node, acc, be->total_bytes, &free_now);
+    if (rc != SGM_OK && rc != SGM_ERR_NOMEM) return rc;
+    fits = rc == SGM_OK;
+    if (fits) {
+      sgm__lock_take(&be->mu);
+      be->c.device_live_bytes += acc;
+      be->c.n_device_live++;
+      sgm__lock_drop(&be->mu);
+    }
+  } else {
+    sgm__lock_take(&be->mu);
+    fits = acc <= emu_device_free_locked(be);
+    if (fits) {
+      be->c.device_live_bytes += acc;
+      be->c.n_device_live++;
+    }
+    free_now = emu_device_free_locked(be);
+    sgm__lock_drop(&be->mu);
   }
-  uint64_t free_now = emu_device_free_locked(be);
-  sgm__lock_drop(&be->mu);
   if (!fits) {
     char a[32], f[32];
-    return sgm__error_set(SGM_ERR_NOMEM, "emulated device: out of memory allocating %s (%s free)",
-                          sgm__fmt_bytes(acc, a, sizeof a), sgm__fmt_bytes(free_now, f, sizeof f));
+    return sgm__error_set(SGM_ERR_NOMEM, "emulated device%s%s: out of memory allocating %s (%s free%s)",
+                          be->node ? " " : "", be->name, sgm__fmt_bytes(acc, a, sizeof a),
+                          sgm__fmt_bytes(free_now, f, sizeof f),
+                          be->node ? " after every process sharing it" : "");
   }
   /* MAP_NORESERVE: like VRAM reserved but untouched, it costs no RAM until used. */
   void *p = mmap(NULL, sgm__align_up(bytes, EMU_PAGE), PROT_READ | PROT_WRITE,
@@ -156,6 +216,7 @@ static int emu_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
     be->c.device_live_bytes -= acc;
     be->c.n_device_live--;
     sgm__lock_drop(&be->mu);
+    if (be->node) sgm__node_device_release(be->node, acc);
     return sgm__error_set(SGM_ERR_NOMEM, "emulated device: mmap of %llu bytes failed: %s",
                           (unsigned long long)bytes, strerror(e));
   }
@@ -172,6 +233,7 @@ static void emu_device_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
   be->c.device_live_bytes -= emu_accounted(bytes);
   be->c.n_device_live--;
   sgm__lock_drop(&be->mu);
+  if (be->node) sgm__node_device_release(be->node, emu_accounted(bytes));
 }
 
 static int emu_host_alloc(sgm_backend *be, uint64_t bytes, int numa_node, void **host_out,
@@ -579,6 +641,205 @@ static void emu_counters(sgm_backend *be, sgm_backend_counters *out) {
   sgm__lock_drop(&be->mu);
 }
 
+/* ---- The node registry: a named emulated device is shared by processes. ---- */
+static void emu_device_key(sgm_backend *be, char *out, size_t len) {
+  if (be->name[0]) snprintf(out, len, "emu-%s", be->name);
+  else if (len) out[0] = '\0';
+}
+
+static void emu_node_attach(sgm_backend *be, struct sgm_node *node) {
+  sgm_assert(be->c.n_device_live == 0);
+  uint64_t total = sgm__node_device_total(node);
+  if (total != be->total_bytes)
+    sgm__log(be->verbose, 2, "emulated device %s: %llu bytes, as its first process set (this "
+             "one asked for %llu with SGM_EMU_VRAM)", be->name, (unsigned long long)total,
+             (unsigned long long)be->total_bytes);
+  be->total_bytes = total;
+  be->node = node;
+}
+
+/* ---- expandable VRAM (issue 17) ---- */
+
+static int emu_vmm_granularity(sgm_backend *be, uint64_t *bytes_out) {
+  (void)be;
+  *bytes_out = EMU_VMM_GRANULE;
+  return SGM_OK;
+}
+
+static int emu_vmm_reserve(sgm_backend *be, uint64_t bytes, void **range_out, sgm_devptr *base_out) {
+  sgm__lock_assert_none_held();
+  *range_out = NULL;
+  *base_out = 0;
+  if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (vmm_reserve)");
+  if (bytes == 0 || bytes % EMU_VMM_GRANULE)
+    return sgm__error_set(SGM_ERR_INVALID, "emulated device: vmm_reserve of %llu bytes, not a "
+                          "positive multiple of the %llu-byte granule", (unsigned long long)bytes,
+                          (unsigned long long)EMU_VMM_GRANULE);
+  emu_range *r = calloc(1, sizeof *r);
+  uint8_t *mapped = calloc(bytes / EMU_VMM_GRANULE, 1);
+  /* One granule more, so that the range can start on a granule boundary. */
+  uint64_t len = bytes + EMU_VMM_GRANULE;
+  void *p = r && mapped ? mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                               -1, 0)
+                        : MAP_FAILED;
+  if (p == MAP_FAILED) {
+    int e = errno;
+    free(r);
+    free(mapped);
+    return sgm__error_set(SGM_ERR_NOMEM, "emulated device: cannot reserve %llu bytes of address "
+                          "space: %s", (unsigned long long)bytes, r && mapped ? strerror(e)
+                                                                            : "out of host memory");
+  }
+  r->map_base = p;
+  r->map_bytes = len;
+  r->base = sgm__align_up((uint64_t)(uintptr_t)p, EMU_VMM_GRANULE);
+  r->bytes = bytes;
+  r->mapped = mapped;
+  sgm__lock_take(&be->mu);
+  r->next = be->ranges;
+  be->ranges = r;
+  be->c.n_vmm_ranges++;
+  sgm__lock_drop(&be->mu);
+  *range_out = r;
+  *base_out = r->base;
+  return SGM_OK;
+}
+
+/* Put [offset, + bytes) of r back to PROT_NONE with no pages behind it. */
+static void emu_vmm_unmap_pages(emu_range *r, uint64_t offset, uint64_t bytes) {
+  void *want = (void *)(uintptr_t)(r->base + offset);
+  void *p = mmap(want, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+                 -1, 0);
+  sgm_assert(p == want);
+  (void)p;
+}
+
+/* A granule-aligned run inside r whose granules are all `state`. */
+static bool emu_vmm_run_is(const emu_range *r, uint64_t offset, uint64_t bytes, uint8_t state) {
+  if (bytes == 0 || offset % EMU_VMM_GRANULE || bytes % EMU_VMM_GRANULE || offset > r->bytes ||
+      bytes > r->bytes - offset)
+    return false;
+  for (uint64_t g = offset / EMU_VMM_GRANULE; g < (offset + bytes) / EMU_VMM_GRANULE; g++)
+    if (r->mapped[g] != state) return false;
+  return true;
+}
+
+static int emu_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes) {
+  sgm__lock_assert_none_held();
+  emu_range *r = range;
+  if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (vmm_map)");
+  /* A shared device (SGM_EMU_DEVICE): the registry holds every process's bytes. */
+  uint64_t free_now = 0;
+  bool shared_fits = true;
+  if (be->node && r && bytes) {
+    int rc = sgm__node_device_reserve(be->node, bytes, be->total_bytes, &free_now);
+    if (rc != SGM_OK && rc != SGM_ERR_NOMEM) return rc;
+    shared_fits = rc == SGM_OK;
+  }
+  sgm__lock_take(&be->mu);
+  bool ok = r && emu_vmm_run_is(r, offset, bytes, 0);
+  bool fits = ok && shared_fits && (be->node || bytes <= emu_device_free_locked(be));
+  if (fits) {
+    for (uint64_t g = offset / EMU_VMM_GRANULE; g < (offset + bytes) / EMU_VMM_GRANULE; g++)
+      r->mapped[g] = 1;
+    be->c.device_live_bytes += bytes;
+    be->c.vmm_mapped_bytes += bytes;
+  }
+  if (!be->node) free_now = emu_device_free_locked(be);
+  sgm__lock_drop(&be->mu);
+  if (be->node && shared_fits && !fits) sgm__node_device_release(be->node, bytes);
+  if (!ok)
+    return sgm__error_set(SGM_ERR_INVALID, "emulated device: vmm_map of [%llu, +%llu) is not a "
+                          "run of unmapped granules of the range", (unsigned long long)offset,
+                          (unsigned long long)bytes);
+  if (!fits) {
+    char a[32], f[32];
+    return sgm__error_set(SGM_ERR_NOMEM, "emulated device: out of memory mapping %s (%s free)",
+                          sgm__fmt_bytes(bytes, a, sizeof a), sgm__fmt_bytes(free_now, f, sizeof f));
+  }
+  void *want = (void *)(uintptr_t)(r->base + offset);
+  void *p = mmap(want, bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  if (p != want) {
+    int e = errno;
+    sgm__lock_take(&be->mu);
+    for (uint64_t g = offset / EMU_VMM_GRANULE; g < (offset + bytes) / EMU_VMM_GRANULE; g++)
+      r->mapped[g] = 0;
+    be->c.device_live_bytes -= bytes;
+    be->c.vmm_mapped_bytes -= bytes;
+    sgm__lock_drop(&be->mu);
+    if (be->node) sgm__node_device_release(be->node, bytes);
+    return sgm__error_set(SGM_ERR_NOMEM, "emulated device: mapping %llu bytes failed: %s",
+                          (unsigned long long)bytes, strerror(e));
+  }
+  return SGM_OK;
+}
+
+static void emu_vmm_unmap(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes) {
+  sgm__lock_assert_none_held();
+  emu_range *r = range;
+  sgm__lock_take(&be->mu);
+  bool ok = r && emu_vmm_run_is(r, offset, bytes, 1);
+  if (ok) {
+    for (uint64_t g = offset / EMU_VMM_GRANULE; g < (offset + bytes) / EMU_VMM_GRANULE; g++)
+      r->mapped[g] = 0;
+    be->c.device_live_bytes -= bytes;
+    be->c.vmm_mapped_bytes -= bytes;
+  }
+  sgm__lock_drop(&be->mu);
+  if (ok && be->node) sgm__node_device_release(be->node, bytes);
+  sgm_assert(ok);
+  if (!ok) {
+    sgm__log(be->verbose, 1, "emulated device: vmm_unmap of [%llu, +%llu), not a run of mapped "
+             "granules; ignored", (unsigned long long)offset, (unsigned long long)bytes);
+    return;
+  }
+  emu_vmm_unmap_pages(r, offset, bytes);
+}
+
+/* Unlink r (lock held); returns the bytes it still had mapped (now uncounted). */
+static uint64_t emu_vmm_detach_locked(sgm_backend *be, emu_range *r) {
+  for (emu_range **pp = &be->ranges; *pp; pp = &(*pp)->next)
+    if (*pp == r) {
+      *pp = r->next;
+      break;
+    }
+  uint64_t left = 0;
+  for (uint64_t g = 0; g < r->bytes / EMU_VMM_GRANULE; g++) left += r->mapped[g] ? EMU_VMM_GRANULE : 0;
+  be->c.device_live_bytes -= left;
+  be->c.vmm_mapped_bytes -= left;
+  be->c.n_vmm_ranges--;
+  return left;
+}
+
+static void emu_vmm_free(sgm_backend *be, void *range) {
+  sgm__lock_assert_none_held();
+  emu_range *r = range;
+  if (!r) return;
+  sgm__lock_take(&be->mu);
+  uint64_t left = emu_vmm_detach_locked(be, r);
+  sgm__lock_drop(&be->mu);
+  if (left && be->node) sgm__node_device_release(be->node, left);
+  if (left)
+    sgm__log(be->verbose, 1, "emulated device: VMM range freed with %llu bytes still mapped",
+             (unsigned long long)left);
+  munmap(r->map_base, r->map_bytes);
+  free(r->mapped);
+  free(r);
+}
+
+static void emu_vmm_close_ranges(sgm_backend *be) {
+  while (be->ranges) {
+    emu_range *r = be->ranges;
+    emu_vmm_detach_locked(be, r);
+    sgm__log(be->verbose, 1, "emulated device closed with a VMM range of %llu bytes reserved",
+             (unsigned long long)r->bytes);
+    munmap(r->map_base, r->map_bytes);
+    free(r->mapped);
+    free(r);
+  }
+}
+
 const sgm_backend_ops sgm__backend_emu_ops = {
     .name = "emu",
     .synchronous = true,
@@ -600,9 +861,16 @@ const sgm_backend_ops sgm__backend_emu_ops = {
     .event_record_on = emu_event_record_on,
     .stream_wait_event = emu_stream_wait_event,
     .stream_transfer = emu_stream_transfer,
+    .device_key = emu_device_key,
+    .node_attach = emu_node_attach,
     .managed_support = emu_managed_support,
     .managed_alloc = emu_managed_alloc,
     .managed_free = emu_managed_free,
     .managed_advise = emu_managed_advise,
     .managed_prefetch = emu_managed_prefetch,
+    .vmm_granularity = emu_vmm_granularity,
+    .vmm_reserve = emu_vmm_reserve,
+    .vmm_map = emu_vmm_map,
+    .vmm_unmap = emu_vmm_unmap,
+    .vmm_free = emu_vmm_free,
 };

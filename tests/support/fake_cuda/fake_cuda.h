@@ -39,6 +39,11 @@ typedef struct fake_cuda_stats {
   uint64_t managed_host_bytes; /* bytes of managed pages placed in host memory */
   uint64_t managed_evicted_bytes; /* managed bytes the "driver" evicted on its own to fit a
                                      prefetch (sgm must keep this 0) */
+  uint64_t vmm_reservations;   /* live cuMemAddressReserve ranges */
+  uint64_t vmm_allocations;    /* live cuMemCreate allocations (not released, or still mapped) */
+  uint64_t vmm_bytes;          /* their bytes (charged to the device) */
+  uint64_t vmm_mappings;       /* live cuMemMap mappings */
+  uint64_t vmm_unmaps_in_use;  /* cuMemUnmap of memory queued work still used (must stay 0) */
 } fake_cuda_stats;
 
 /*
@@ -52,7 +57,8 @@ typedef struct fake_cuda_stats {
  *                              (once); n = 0 disarms
  *  fake_cuda_fault_call        name of the entry point the fault hit, "" before it did
  *  fake_cuda_get_stats         fill *out
- *  fake_cuda_live_allocations  device allocations + host registrations now
+ *  fake_cuda_live_allocations  device allocations + host registrations + VMM
+ *                              allocations and reservations now
  *  fake_cuda_hold_events       on != 0: event records enqueued from now on are held:
  *                              they (and all later work of their stream, and work
  *                              that waits on them) stay pending until released
@@ -91,7 +97,8 @@ typedef struct fake_cuda_stats {
  * FAKE_CUDA_TOTAL_MEM, FAKE_CUDA_DRIVER_VERSION (default 13000),
  * FAKE_CUDA_INIT_RESULT, FAKE_CUDA_FAIL_AT, FAKE_CUDA_FAIL_RESULT,
  * FAKE_CUDA_CAN_MAP_HOST, FAKE_CUDA_HOST_REGISTER_SUPPORTED (default 1),
- * FAKE_CUDA_PINNED_LIMIT, FAKE_CUDA_CTX_OVERHEAD (default 300 MiB, total/8 on
+ * FAKE_CUDA_PINNED_LIMIT, FAKE_CUDA_VMM_SUPPORTED (default 1), FAKE_CUDA_VMM_GRANULE
+ * (default 2 MiB), FAKE_CUDA_CTX_OVERHEAD (default 300 MiB, total/8 on
  * devices under 2.4 GiB), FAKE_CUDA_PCI_BUS_ID. The rules the double enforces
  * are listed at the top of fake_cuda.c.
  */
