@@ -200,7 +200,9 @@ static bool residency_could_fit(sgm_context *ctx, sgm_tier t, uint64_t size) {
   sgm__lock_take(&pl->lock);
   uint64_t movable = sgm__prio_reclaimable(pl->pol[t]) + pl->n_listed[t] * (SGM_DEVICE_ALIGN - 1);
   sgm__lock_drop(&pl->lock);
-  uint64_t room = ts.budget_bytes > ts.used_bytes ? ts.budget_bytes - ts.used_bytes : 0;
+  /* Managed blocks placed here hold budget too (charged, not carved). */
+  uint64_t used = ts.used_bytes + sgm__tier_charged(ctx->tiers[t]);
+  uint64_t room = ts.budget_bytes > used ? ts.budget_bytes - used : 0;
   return need <= room || need - room <= movable;
 }
 

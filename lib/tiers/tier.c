@@ -1874,11 +1874,15 @@ int sgm__tier_charge(sgm_tier_pool *p, uint64_t bytes) {
      * back and look once more. */
     sgm__lock_drop(&p->lock);
     if (sgm__tier_has_cached(p)) sgm__tier_reclaim(p, NULL, SGM_RECLAIM_QUERY);
-    sgm_chunk *list;
-    sgm__lock_take(&p->lock);
-    size_t n = tier_detach_free_locked(p, 0, UINT64_MAX, &list);
-    sgm__lock_drop(&p->lock);
-    if (n) tier_release_chunks(p, list, n);
+    if (p->vmm_range) {
+      tier_vmm_unmap_free(p, 0, UINT64_MAX); /* free mapped granules */
+    } else {
+      sgm_chunk *list;
+      sgm__lock_take(&p->lock);
+      size_t n = tier_detach_free_locked(p, 0, UINT64_MAX, &list);
+      sgm__lock_drop(&p->lock);
+      if (n) tier_release_chunks(p, list, n);
+    }
     sgm__lock_take(&p->lock);
   }
   sgm__lock_drop(&p->lock);
@@ -1912,7 +1916,7 @@ void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out) {
   out->committed_bytes = p->committed_bytes;
   out->n_chunks = p->n_chunks + p->n_releasing; /* committed counts those being returned */
   /* Expandable growth: every granule is its own allocation of the driver's. */
-  if (p->vmm_range) out->n_chunks = p->committed_bytes >> p->vmm_shift;
+  if (p->vmm_range) out->n_chunks = (p->committed_bytes - p->external_bytes) >> p->vmm_shift;
   int64_t used = (int64_t)__atomic_load_n(&p->used_bytes, __ATOMIC_RELAXED);
   int64_t live = __atomic_load_n(&p->n_live, __ATOMIC_RELAXED);
   uint64_t allocs = __atomic_load_n(&p->n_allocs, __ATOMIC_RELAXED);
@@ -1977,13 +1981,11 @@ static bool tier_vmm_check_locked(sgm_tier_pool *p, const sgm_suballoc_stats *st
                            "mapped", name, g, x->refs);
   }
   free(refs);
-  /* Managed blocks charged to the tier (sgm__tier_charge) are committed outside the range. */
-  if (ok && (committed + p->external_bytes != p->committed_bytes ||
-             free_mapped != p->vmm_free_mapped))
-    ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: committed %llu, granules mapped %llu (+%llu charged "
-                         "by managed blocks); %llu free mapped granules counted, %llu found", name,
+  /* Managed blocks' charges are committed without granules. */
+  if (ok && (committed != p->committed_bytes - p->external_bytes || free_mapped != p->vmm_free_mapped))
+    ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: committed %llu, granules mapped %llu; %llu free "
+                         "mapped granules counted, %llu found", name,
                          (unsigned long long)p->committed_bytes, (unsigned long long)committed,
-                         (unsigned long long)p->external_bytes,
                          (unsigned long long)p->vmm_free_mapped, (unsigned long long)free_mapped);
   return ok;
 }
