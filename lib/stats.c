@@ -18,15 +18,11 @@ SGM_API sgm_status sgm_get_stats(sgm_context *ctx, sgm_stats *out) {
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_get_stats: context is NULL");
   if (sgm__context_forked(ctx)) return (sgm_status)sgm__context_fork_error(ctx, "sgm_get_stats");
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
-    if (ctx->tiers[t]) sgm__tier_stats(ctx->tiers[t], &out->tier[t]);
-    else out->tier[t].budget_bytes = ctx->budget_bytes[t];
+    if (sgm__context_tier(ctx, t)) sgm__tier_stats(sgm__context_tier(ctx, t), &out->tier[t]);
+    else out->tier[t].budget_bytes = sgm__context_budget(ctx, t);
   }
   sgm__placement_stats(ctx, out);
-  out->n_fallbacks = __atomic_load_n(&ctx->n_fallbacks, __ATOMIC_RELAXED);
-  out->fallback_bytes = __atomic_load_n(&ctx->fallback_bytes, __ATOMIC_RELAXED);
-  out->device_total_bytes = ctx->device_total_bytes;
-  out->physical_ram_bytes = ctx->physical_ram_bytes;
-  out->n_bad_frees = __atomic_load_n(&ctx->n_bad_frees, __ATOMIC_RELAXED);
+  sgm__context_counters(ctx, out);
   return SGM_OK;
 }
 
@@ -78,11 +74,11 @@ SGM_API sgm_status sgm_stats_json(sgm_context *ctx, char **out) {
   sgm_strbuf b = {0};
   sgm__strbuf_printf(&b, "{\"version\":\"%d.%d.%d\",\"backend\":", SGM_VERSION_MAJOR,
                      SGM_VERSION_MINOR, SGM_VERSION_PATCH);
-  stats_json_string(&b, ctx->bops->name);
+  stats_json_string(&b, sgm__context_bops(ctx)->name);
   sgm__strbuf_printf(&b, ",\"device\":%d,\"allow_growth\":%s,\"device_total_bytes\":%llu,"
                      "\"physical_ram_bytes\":%llu,\"n_fallbacks\":%llu,\"fallback_bytes\":%llu,"
                      "\"n_bad_frees\":%llu,\"tiers\":{",
-                     ctx->cfg.device, ctx->cfg.allow_growth ? "true" : "false",
+                     sgm__context_cfg(ctx)->device, sgm__context_cfg(ctx)->allow_growth ? "true" : "false",
                      (unsigned long long)st.device_total_bytes,
                      (unsigned long long)st.physical_ram_bytes, (unsigned long long)st.n_fallbacks,
                      (unsigned long long)st.fallback_bytes, (unsigned long long)st.n_bad_frees);

@@ -43,7 +43,7 @@ static sgm_context *make_ctx(const char *vram, const char *growth) {
 
 static sgm_backend_counters backend_counters(sgm_context *ctx) {
   sgm_backend_counters c;
-  ctx->bops->counters(ctx->be, &c);
+  sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c);
   return c;
 }
 
@@ -106,7 +106,7 @@ static void test_growth_vs_reserve(void **state) {
   assert_int_equal(s.n_chunks, 3);
   assert_int_equal(s.committed_bytes, 6 * MiB + 50 * MiB);
   assert_int_equal(backend_counters(g).device_live_bytes, s.committed_bytes);
-  assert_true(sgm__tier_check(g->tiers[SGM_TIER_VRAM]));
+  assert_true(sgm__tier_check(sgm__context_tier(g, SGM_TIER_VRAM)));
   sgm_free(g, a, NULL);
   sgm_free(g, b, NULL);
   sgm_free(g, big, NULL);
@@ -193,7 +193,7 @@ static void test_growth_reclaims_free_chunks(void **state) {
   for (int i = 0; i < n; i++) sgm_free(g, small[i], NULL);
   void *big = sgm_alloc(g, 48 * MiB, NULL);
   assert_non_null(big);
-  assert_true(sgm__tier_check(g->tiers[SGM_TIER_VRAM]));
+  assert_true(sgm__tier_check(sgm__context_tier(g, SGM_TIER_VRAM)));
   sgm_free(g, big, NULL);
   sgm_context_destroy(g);
 }
@@ -235,7 +235,7 @@ static void test_stats_consistency(void **state) {
     assert_int_equal(s.n_frees, frees);
     assert_true(s.committed_bytes >= s.used_bytes);
   }
-  assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
   char *json = NULL;
   assert_int_equal(sgm_stats_json(ctx, &json), SGM_OK);
   char expect[64];
@@ -273,7 +273,7 @@ static void test_bad_frees(void **state) {
   assert_int_equal(st.n_bad_frees, 4);
   assert_int_equal(sgm_pointer_tier(ctx, a), SGM_TIER_NONE);
   assert_int_equal(sgm_pointer_tier(ctx, b), SGM_TIER_VRAM);
-  assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
   sgm_free(ctx, b, NULL);
   sgm_context_destroy(ctx);
 }
@@ -336,7 +336,7 @@ static void test_backend_failure_loop(void **state) {
       }
     }
     assert_int_equal(sgm_trim(ctx), SGM_OK);
-    assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
+    assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
     for (int i = 0; i < 40; i++) sgm_free(ctx, p[i], NULL);
     assert_int_equal(sgm_trim(ctx), SGM_OK);
     if (sgm_context_config(ctx)->allow_growth)
@@ -369,7 +369,7 @@ static void *stress_thread(void *vp) {
     int i = (int)sgm_test_rng_range(&r, 0, SLOTS - 1);
     if (p[i]) {
       uint64_t n = sz[i] < sizeof back ? sz[i] : sizeof back;
-      a->ctx->bops->copy(a->ctx->be, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)back, (uintptr_t)p[i], n, NULL);
+      sgm__context_bops(a->ctx)->copy(sgm__context_be(a->ctx), SGM_COPY_DEVICE_TO_HOST, (uintptr_t)back, (uintptr_t)p[i], n, NULL);
       for (uint64_t k = 0; k < n; k++)
         if (back[k] != (unsigned char)((uintptr_t)p[i] >> 8 ^ k ^ a->seed)) {
           a->failures++;
@@ -383,7 +383,7 @@ static void *stress_thread(void *vp) {
       if (!p[i]) continue;
       uint64_t n = sz[i] < sizeof buf ? sz[i] : sizeof buf;
       for (uint64_t k = 0; k < n; k++) buf[k] = (unsigned char)((uintptr_t)p[i] >> 8 ^ k ^ a->seed);
-      a->ctx->bops->copy(a->ctx->be, SGM_COPY_HOST_TO_DEVICE, (uintptr_t)p[i], (uintptr_t)buf, n, NULL);
+      sgm__context_bops(a->ctx)->copy(sgm__context_be(a->ctx), SGM_COPY_HOST_TO_DEVICE, (uintptr_t)p[i], (uintptr_t)buf, n, NULL);
     }
     if (step % 500 == 0) sgm_trim(a->ctx);
   }
@@ -407,7 +407,7 @@ static void test_thread_stress(void **state) {
   sgm_tier_stats s = vram_stats(ctx);
   assert_int_equal(s.n_live, 0);
   assert_int_equal(s.used_bytes, 0);
-  assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
   sgm_context_destroy(ctx);
 }
 
