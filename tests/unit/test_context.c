@@ -4,6 +4,7 @@
  * Nth-backend-call failure loop and a thread stress with data checks.
  */
 #include <errno.h>
+#include <signal.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -706,6 +707,67 @@ static void test_fork_child_cannot_touch_parent(void **state) {
   rmdir(dir);
 }
 
+/* One backend call (mem_info) from a forked child, with an sgm lock of rank
+ * SGM_LOCK_BUFFERS held across it when hold; the child's stderr goes to
+ * err_fd. Returns the child's wait status. */
+static int lock_across_backend_call_child(bool hold, int err_fd) {
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    dup2(err_fd, STDERR_FILENO);
+    sgm_test_clean_env();
+    setenv("SGM_BACKEND", "emu", 1);
+    sgm_context *ctx = NULL;
+    if (sgm_context_create(NULL, &ctx) != SGM_OK) _exit(3);
+    sgm_lock l;
+    sgm__lock_init(&l, SGM_LOCK_BUFFERS);
+    if (hold) sgm__lock_take(&l);
+    uint64_t free_bytes = 0, total_bytes = 0;
+    int rc = sgm__context_bops(ctx)->mem_info(sgm__context_be(ctx), &free_bytes, &total_bytes);
+    if (hold) sgm__lock_drop(&l);
+    sgm__lock_destroy(&l);
+    sgm_context_destroy(ctx);
+    _exit(rc == SGM_OK ? 0 : 4);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  return status;
+}
+
+/* Invariant (issue 11 item 4, debug builds): no sgm lock is held across a
+ * backend call. A child that calls the backend while holding an sgm lock
+ * aborts with the witness's assertion message; the same call without the
+ * lock succeeds (so the lock, not the call, is what fires it). */
+static void test_lock_held_across_backend_call_aborts(void **state) {
+  (void)state;
+  if (SGM_DEBUG < 2) {
+    printf("# SGM_DEBUG=%d: the lock witness is compiled out here; nothing to check\n", SGM_DEBUG);
+    skip();
+  }
+  int fds[2];
+  assert_int_equal(pipe(fds), 0);
+  int status = lock_across_backend_call_child(true, fds[1]);
+  close(fds[1]);
+  char out[1024] = "";
+  size_t n = 0;
+  ssize_t r;
+  while (n + 1 < sizeof out && (r = read(fds[0], out + n, sizeof out - 1 - n)) > 0) n += (size_t)r;
+  out[n] = '\0';
+  close(fds[0]);
+  if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGABRT)
+    fail_msg("the child did not abort (status 0x%x); its stderr: %s", status, out);
+  assert_non_null(strstr(out, "sgm: assertion failed: held_ranks[i] == SGM_LOCK_HOOKS"));
+  assert_non_null(strstr(out, "lock.c"));
+
+  int devnull[2];
+  assert_int_equal(pipe(devnull), 0);
+  status = lock_across_backend_call_child(false, devnull[1]);
+  close(devnull[1]);
+  close(devnull[0]);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_budget_resolution),
@@ -724,6 +786,7 @@ int main(void) {
       cmocka_unit_test(test_shared_chunk_bound),
       cmocka_unit_test(test_trim_does_not_fail_allocations),
       cmocka_unit_test(test_fork_child_cannot_touch_parent),
+      cmocka_unit_test(test_lock_held_across_backend_call_aborts),
   };
   /* CMOCKA_FILTER=test_name runs one test (checking a test against old code). */
   if (getenv("CMOCKA_FILTER")) cmocka_set_test_filter(getenv("CMOCKA_FILTER"));
