@@ -22,6 +22,7 @@ SGM_API sgm_status sgm_get_stats(sgm_context *ctx, sgm_stats *out) {
     else out->tier[t].budget_bytes = sgm__context_budget(ctx, t);
   }
   sgm__placement_stats(ctx, out);
+  sgm__managed_stats(ctx, out);
   sgm__context_counters(ctx, out);
   return SGM_OK;
 }
@@ -77,11 +78,18 @@ SGM_API sgm_status sgm_stats_json(sgm_context *ctx, char **out) {
   stats_json_string(&b, sgm__context_bops(ctx)->name);
   sgm__strbuf_printf(&b, ",\"device\":%d,\"allow_growth\":%s,\"device_total_bytes\":%llu,"
                      "\"physical_ram_bytes\":%llu,\"n_fallbacks\":%llu,\"fallback_bytes\":%llu,"
-                     "\"n_bad_frees\":%llu,\"tiers\":{",
+                     "\"n_bad_frees\":%llu,",
                      sgm__context_cfg(ctx)->device, sgm__context_cfg(ctx)->allow_growth ? "true" : "false",
                      (unsigned long long)st.device_total_bytes,
                      (unsigned long long)st.physical_ram_bytes, (unsigned long long)st.n_fallbacks,
                      (unsigned long long)st.fallback_bytes, (unsigned long long)st.n_bad_frees);
+  sgm__strbuf_printf(&b, "\"pointers\":\"%s\",\"managed\":{\"n_live\":%llu,\"n_promotions\":%llu,"
+                     "\"n_demotions\":%llu,\"promoted_bytes\":%llu,\"demoted_bytes\":%llu},\"tiers\":{",
+                     sgm__context_managed(ctx) ? "managed" : "fixed", (unsigned long long)st.n_managed_live,
+                     (unsigned long long)st.n_managed_promotions,
+                     (unsigned long long)st.n_managed_demotions,
+                     (unsigned long long)st.managed_promoted_bytes,
+                     (unsigned long long)st.managed_demoted_bytes);
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
     const sgm_tier_stats *s = &st.tier[t];
     sgm__strbuf_printf(&b,

@@ -115,6 +115,49 @@ std::vector<DiskTotals> DiskSummary();
 // Which I/O mode sgm uses in DiskSetup's folder, in words.
 std::string DiskDescribe();
 
+// ---- a real GPU (bench_cuda) -----------------------------------------------
+// The device sgm would open (SGM_DEVICE), opened once: libcuda.so.1 loaded
+// through cuGetProcAddress, the primary context current on the calling
+// thread. Without a usable device (or built without cuda.h) usable is false
+// and why says what is missing; broken: the device answered, then failed.
+struct CudaSetup {
+  bool usable = false;             // a device is open and has room
+  bool broken = false;             // a real error, not "no GPU here"
+  std::string why;                 // !usable: why not
+  std::string device;              // the device's name
+  int driver_version = 0;          // cuDriverGetVersion: 1000 * major + 10 * minor
+  std::string description;         // one line: device, memory, driver, caps
+  size_t cap_bytes = 0;            // no benchmark holds more than this on the device
+  std::vector<size_t> copy_sizes;  // 64 and 256 MiB, capped (distinct)
+  size_t kernel_bytes = 0;         // 256 MiB, capped
+  std::string kernel_off;          // "" or why the kernel benchmarks cannot run (the driver double)
+};
+const CudaSetup &CudaOpen();
+void CudaClose();
+int CudaFailures();  // failed driver or sgm calls seen by the bodies
+// About `total` bytes per benchmark, within [lo, hi] iterations: the GPU
+// bodies run fixed iteration counts (no estimation rounds redoing the setup).
+int64_t CudaIters(size_t bytes, size_t total, int64_t lo, int64_t hi);
+// key: the name the outcome is kept under (CudaGBps, CudaRatio, CudaPerCall).
+// One iteration = one timed copy of `bytes`: sgm promoting (h2d) or demoting a
+// buffer, or cuMemcpy{HtoD,DtoH}Async + synchronise on pinned memory. Counter
+// "GB/s" (and "ms_per_call").
+void BM_CudaSgmCopy(benchmark::State &state, std::string key, bool h2d, size_t bytes);
+void BM_CudaDirectCopy(benchmark::State &state, std::string key, bool h2d, size_t bytes);
+// A kernel summing `bytes` of an sgm_alloc pointer in VRAM or, shared, one
+// that fell back to shared memory. Counter "GB/s".
+void BM_CudaKernelRead(benchmark::State &state, std::string key, bool shared, size_t bytes);
+// Per call: sgm_alloc+sgm_free of 1 MiB on a stream, cuMemAlloc+cuMemFree,
+// a cross-stream transfer. Counters "ns_per_call", "driver_calls_per_call".
+enum CudaPairStream { kCudaNullStream, kCudaPerThreadStream, kCudaCreatedStream };
+void BM_CudaSgmPair(benchmark::State &state, std::string key, CudaPairStream which);
+void BM_CudaDriverPair(benchmark::State &state, std::string key);
+void BM_CudaTransfer(benchmark::State &state, std::string key, bool two_created);
+// bench_cuda's summary lines, from the outcomes kept under each key.
+std::string CudaGBps(const std::string &key);
+std::string CudaRatio(const std::string &num, const std::string &den, const char *fmt);
+std::string CudaPerCall(const std::string &key);
+
 }  // namespace sgm_bench
 
 #endif  // SGM_BENCH_BODIES_H
