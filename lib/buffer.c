@@ -55,18 +55,18 @@ void sgm__buffer_finish(struct sgm_placement *pl, sgm_buffer *b, sgm_buf_state t
 void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b) {
   uint64_t sz;
   if (b->managed) {
-    ctx->bops->managed_free(ctx->be, b->dptr, b->size);
-    sgm__tier_uncharge(ctx->tiers[b->tier], b->size);
+    sgm__context_bops(ctx)->managed_free(sgm__context_be(ctx), b->dptr, b->size);
+    sgm__tier_uncharge(sgm__context_tier(ctx, b->tier), b->size);
   } else if (b->tier == SGM_TIER_DISK) {
     sgm__migrate_disk_drop(ctx, b);
   } else {
-    sgm__tier_free(ctx->tiers[b->tier], b->dptr, &sz);
+    sgm__tier_free(sgm__context_tier(ctx, b->tier), b->dptr, &sz);
   }
-  if (b->event) ctx->bops->event_destroy(ctx->be, b->event);
+  if (b->event) sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), b->event);
 }
 
 bool sgm__buffer_disk_offset(sgm_buffer *b, uint64_t *offset) {
-  struct sgm_placement *pl = b->ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(b->ctx);
   sgm__lock_take(&pl->lock);
   sgm__buffer_wait_locked(pl, b); /* its mover owns ext */
   bool on = b->tier == SGM_TIER_DISK && b->ext && b->ext[0].bytes != 0;
@@ -123,7 +123,7 @@ SGM_API sgm_status sgm_buffer_create(sgm_context *ctx, size_t size, sgm_buffer *
   if (sgm__context_forked(ctx)) return (sgm_status)sgm__context_fork_error(ctx, "sgm_buffer_create");
   if (size == 0)
     return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_create: size is 0 (ask for at least one byte)");
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   sgm_buffer *b = calloc(1, pl->state_offset + pl->state_bytes);
   if (!b) return (sgm_status)sgm__error_set(SGM_ERR_NOMEM, "out of host memory for a buffer");
   b->ctx = ctx;
@@ -157,7 +157,7 @@ SGM_API sgm_status sgm_buffer_acquire(sgm_buffer *b, void *stream, void **device
   *device_ptr = NULL;
   BUF_CHECK(b, "sgm_buffer_acquire");
   sgm_context *ctx = b->ctx;
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   int rc = buffer_lock_released(pl, b, "sgm_buffer_acquire");
   if (rc != SGM_OK) return (sgm_status)rc;
   sgm__residency_record(pl, b);
@@ -190,18 +190,18 @@ SGM_API sgm_status sgm_buffer_release(sgm_buffer *b, void *stream) {
   if (sgm__buffer_state(b) != SGM_BUF_ACQUIRED)
     return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_release: the buffer is not acquired");
   void *ev = NULL;
-  int rc = ctx->bops->event_record(ctx->be, stream, &ev);
+  int rc = sgm__context_bops(ctx)->event_record(sgm__context_be(ctx), stream, &ev);
   if (rc != SGM_OK) return (sgm_status)rc; /* stays acquired: nothing may move it */
-  if (ctx->bops->event_query(ctx->be, ev) == 1) {
-    ctx->bops->event_destroy(ctx->be, ev);
+  if (sgm__context_bops(ctx)->event_query(sgm__context_be(ctx), ev) == 1) {
+    sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), ev);
     ev = NULL;
   }
-  sgm__lock_take(&ctx->pl->lock);
+  sgm__lock_take(&sgm__context_pl(ctx)->lock);
   b->event = ev;
   b->event_stream = stream;
   sgm__buffer_set_state(b, SGM_BUF_RELEASED);
-  sgm__residency_put(ctx->pl, b, true); /* acquired buffers are always resident */
-  sgm__lock_drop(&ctx->pl->lock);
+  sgm__residency_put(sgm__context_pl(ctx), b, true); /* acquired buffers are always resident */
+  sgm__lock_drop(&sgm__context_pl(ctx)->lock);
   return SGM_OK;
 }
 
@@ -218,7 +218,7 @@ static int buffer_bounds(const sgm_buffer *b, size_t offset, const void *p, size
 /* Copy between host memory and b's data. write: host → buffer. */
 static int buffer_io(sgm_buffer *b, size_t offset, void *host, size_t n, bool write) {
   sgm_context *ctx = b->ctx;
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   if (n == 0) return SGM_OK;
   sgm__lock_take(&pl->lock);
   bool was_fresh = b->fresh;
@@ -247,7 +247,7 @@ SGM_API sgm_status sgm_buffer_evict(sgm_buffer *b, sgm_tier to) {
     return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_evict: tier %d is not "
                                       "SGM_TIER_SHARED or SGM_TIER_DISK", (int)to);
   sgm_context *ctx = b->ctx;
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   int rc = buffer_lock_released(pl, b, "sgm_buffer_evict");
   if (rc != SGM_OK) return (sgm_status)rc;
   /* GPU work queued before the release may still run: the demotion's copies
@@ -266,7 +266,7 @@ SGM_API sgm_status sgm_buffer_set_priority(sgm_buffer *b, sgm_priority priority)
     return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_set_priority: %d is not a "
                                       "priority (SGM_PRIORITY_MINIMUM 0 .. SGM_PRIORITY_MAXIMUM 4)",
                                       (int)priority);
-  struct sgm_placement *pl = b->ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(b->ctx);
   sgm__lock_take(&pl->lock);
   bool listed = b->listed, fresh = b->fresh;
   /* A listed buffer moves to its new level at once (as new there); a pinned
@@ -283,7 +283,7 @@ SGM_API sgm_status sgm_buffer_set_priority(sgm_buffer *b, sgm_priority priority)
 
 SGM_API sgm_tier sgm_buffer_tier(const sgm_buffer *b) {
   if (sgm__buffer_check(b, "sgm_buffer_tier") != SGM_OK) return SGM_TIER_NONE;
-  struct sgm_placement *pl = b->ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(b->ctx);
   sgm__lock_take(&pl->lock);
   sgm_tier t = __atomic_load_n(&b->tier, __ATOMIC_RELAXED); /* see sgm__buffer_set_tier */
   sgm__lock_drop(&pl->lock);
@@ -303,7 +303,7 @@ SGM_API void sgm_buffer_destroy(sgm_buffer *b) {
   /* A child's copy of its parent's buffer: nothing here is the child's to
    * free (sgm_context_destroy explains); it goes with the child's exit. */
   if (sgm__context_forked(ctx)) return;
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   sgm__lock_take(&pl->lock);
   sgm__buffer_take_locked(pl, b, SGM_TAKE_FREE);
   if (b->all_prev) b->all_prev->all_next = b->all_next;

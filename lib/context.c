@@ -19,6 +19,92 @@
 #include "tiers/disk.h"
 #include "tiers/tier.h"
 
+/* The context (opaque outside this file: internal.h's accessors). */
+struct sgm_context {
+  sgm_config cfg;                          /* as resolved at create (TF override applied); never
+                                              written after create: sgm_context_config hands it out */
+  double vram_fraction;                    /* the VRAM fraction in force (guarded by lock) */
+  const struct sgm_backend_ops *bops;      /* the backend's vtable */
+  struct sgm_backend *be;                  /* the opened device */
+  uint64_t device_total_bytes;             /* device memory as the backend reported at create */
+  uint64_t physical_ram_bytes;             /* min(machine RAM, cgroup limit) at create */
+  uint64_t cuda_memory_limit_bytes;        /* CUDA_DEVICE_MEMORY_LIMIT cap; 0 = none */
+  uint64_t budget_bytes[SGM_TIER_COUNT];   /* each tier's budget, resolved at create */
+  struct sgm_tier_pool *tiers[SGM_TIER_COUNT]; /* VRAM and shared pools; disk is placement's */
+  struct sgm_placement *pl;                /* buffers, residency lists, disk tier, prefetch */
+  uint64_t n_bad_frees;                    /* frees refused: foreign pointer or double free */
+  uint64_t n_fallbacks;                    /* allocations that wanted VRAM and got shared */
+  uint64_t fallback_bytes;                 /* bytes of those */
+  sgm_lock lock;                           /* guards the callback and the idle thread state */
+  sgm_fallback_fn fallback_fn;             /* user's fallback callback, NULL = none */
+  void *fallback_user;                     /* its argument */
+  uint64_t (*clock_ms)(void *user);        /* the idle-trim clock (monotonic ms; tests inject) */
+  void *clock_user;                        /* its argument */
+  pthread_t idle_thread;                   /* runs sgm__context_idle_tick every idle_ms / 4 */
+  pthread_cond_t idle_cond;                /* wakes the idle thread to stop */
+  sgm_lock idle_mu;                        /* guards idle_stop for the condition variable */
+  bool idle_running;                       /* the idle thread was started */
+  bool idle_stop;                          /* asks the idle thread to end */
+  unsigned fork_generation;                /* sgm__fork_generation when created */
+  long owner_pid;                          /* the process that created it (messages only) */
+  struct sgm_share *share;                 /* share.c: the node registry and fair budgets; NULL = untracked */
+  bool managed;                            /* SGM_POINTERS resolved to managed (managed.c) */
+};
+
+const sgm_config *sgm__context_cfg(const sgm_context *ctx) { return &ctx->cfg; }
+const struct sgm_backend_ops *sgm__context_bops(const sgm_context *ctx) { return ctx->bops; }
+struct sgm_backend *sgm__context_be(const sgm_context *ctx) { return ctx->be; }
+struct sgm_tier_pool *sgm__context_tier(const sgm_context *ctx, sgm_tier t) { return ctx->tiers[t]; }
+uint64_t sgm__context_budget(const sgm_context *ctx, sgm_tier t) { return ctx->budget_bytes[t]; }
+struct sgm_placement *sgm__context_pl(const sgm_context *ctx) { return ctx->pl; }
+void sgm__context_set_pl(sgm_context *ctx, struct sgm_placement *pl) { ctx->pl = pl; }
+void sgm__context_set_bops(sgm_context *ctx, const struct sgm_backend_ops *bops) { ctx->bops = bops; }
+
+void sgm__context_budgets(sgm_context *ctx, uint64_t *vram, uint64_t *shared) {
+  sgm__lock_take(&ctx->lock);
+  *vram = ctx->budget_bytes[SGM_TIER_VRAM];
+  *shared = ctx->budget_bytes[SGM_TIER_SHARED];
+  sgm__lock_drop(&ctx->lock);
+}
+
+double sgm__context_vram_fraction(sgm_context *ctx) {
+  sgm__lock_take(&ctx->lock);
+  double f = ctx->vram_fraction;
+  sgm__lock_drop(&ctx->lock);
+  return f;
+}
+
+uint64_t sgm__context_now_ms(sgm_context *ctx) {
+  sgm__lock_take(&ctx->lock);
+  uint64_t now = ctx->clock_ms(ctx->clock_user);
+  sgm__lock_drop(&ctx->lock);
+  return now;
+}
+
+uint64_t sgm__context_device_total(const sgm_context *ctx) { return ctx->device_total_bytes; }
+void sgm__context_set_device_total(sgm_context *ctx, uint64_t bytes) { ctx->device_total_bytes = bytes; }
+uint64_t sgm__context_physical_ram(const sgm_context *ctx) { return ctx->physical_ram_bytes; }
+struct sgm_share *sgm__context_share(const sgm_context *ctx) { return ctx->share; }
+void sgm__context_set_share(sgm_context *ctx, struct sgm_share *sh) { ctx->share = sh; }
+bool sgm__context_managed(const sgm_context *ctx) { return ctx->managed; }
+void sgm__context_set_managed(sgm_context *ctx, bool on) { ctx->managed = on; }
+
+void sgm__context_counters(const sgm_context *ctx, sgm_stats *out) {
+  out->n_fallbacks = __atomic_load_n(&ctx->n_fallbacks, __ATOMIC_RELAXED);
+  out->fallback_bytes = __atomic_load_n(&ctx->fallback_bytes, __ATOMIC_RELAXED);
+  out->device_total_bytes = ctx->device_total_bytes;
+  out->physical_ram_bytes = ctx->physical_ram_bytes;
+  out->n_bad_frees = __atomic_load_n(&ctx->n_bad_frees, __ATOMIC_RELAXED);
+  if (ctx->tiers[SGM_TIER_VRAM])
+    sgm__tier_vmm_info(ctx->tiers[SGM_TIER_VRAM], &out->vram_granule_bytes,
+                       &out->vram_reserved_bytes);
+}
+
+bool sgm__context_forked(const sgm_context *ctx) {
+  return sgm_unlikely(__atomic_load_n(&sgm__fork_generation, __ATOMIC_RELAXED) !=
+                      ctx->fork_generation);
+}
+
 /* The shared pool's floor, as Windows: max(RAM / 2, 64 MiB). */
 #define CONTEXT_SHARED_MIN_BYTES (UINT64_C(64) << 20)
 /* VRAM growth chunks stop doubling at 1 GiB: past that, doubling would commit
@@ -46,9 +132,7 @@ void sgm__context_set_clock(sgm_context *ctx, uint64_t (*clock_ms)(void *user), 
 }
 
 uint64_t sgm__context_idle_tick(sgm_context *ctx) {
-  sgm__lock_take(&ctx->lock);
-  uint64_t now = ctx->clock_ms(ctx->clock_user);
-  sgm__lock_drop(&ctx->lock);
+  uint64_t now = sgm__context_now_ms(ctx);
   uint64_t returned = 0;
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
     if (!ctx->tiers[t]) continue;

@@ -222,52 +222,63 @@ bool sgm__suballoc_check(const sgm_suballoc *sa);
 void sgm__suballoc_inject_nomem(sgm_suballoc *sa, int64_t n);
 
 /* ------------------------------------------------------------------------ */
-/* context.c — the context; its fields are read by stats.c. The counters
- * below are updated with __atomic builtins (the header is also C++-clean). */
+/* context.c — the context. Its layout is context.c's own (struct
+ * sgm_context is opaque everywhere else); other files read what they need
+ * through the accessors below. */
 
 struct sgm_tier_pool;
 struct sgm_backend;
 struct sgm_backend_ops;
+struct sgm_placement;
+struct sgm_share;
 
-struct sgm_context {
-  sgm_config cfg;                          /* as resolved at create (TF override applied); never
-                                              written after create: sgm_context_config hands it out */
-  double vram_fraction;                    /* the VRAM fraction in force (guarded by lock) */
-  const struct sgm_backend_ops *bops;      /* the backend's vtable */
-  struct sgm_backend *be;                  /* the opened device */
-  uint64_t device_total_bytes;             /* device memory as the backend reported at create */
-  uint64_t physical_ram_bytes;             /* min(machine RAM, cgroup limit) at create */
-  uint64_t cuda_memory_limit_bytes;        /* CUDA_DEVICE_MEMORY_LIMIT cap; 0 = none */
-  uint64_t budget_bytes[SGM_TIER_COUNT];   /* each tier's budget, resolved at create */
-  struct sgm_tier_pool *tiers[SGM_TIER_COUNT]; /* VRAM and shared pools; disk is placement's */
-  struct sgm_placement *pl;                /* buffers, residency lists, disk tier, prefetch */
-  uint64_t n_bad_frees;                    /* frees refused: foreign pointer or double free */
-  uint64_t n_fallbacks;                    /* allocations that wanted VRAM and got shared */
-  uint64_t fallback_bytes;                 /* bytes of those */
-  sgm_lock lock;                           /* guards the callback and the idle thread state */
-  sgm_fallback_fn fallback_fn;             /* user's fallback callback, NULL = none */
-  void *fallback_user;                     /* its argument */
-  uint64_t (*clock_ms)(void *user);        /* the idle-trim clock (monotonic ms; tests inject) */
-  void *clock_user;                        /* its argument */
-  pthread_t idle_thread;                   /* runs sgm__context_idle_tick every idle_ms / 4 */
-  pthread_cond_t idle_cond;                /* wakes the idle thread to stop */
-  sgm_lock idle_mu;                        /* guards idle_stop for the condition variable */
-  bool idle_running;                       /* the idle thread was started */
-  bool idle_stop;                          /* asks the idle thread to end */
-  unsigned fork_generation;                /* sgm__fork_generation when created */
-  long owner_pid;                          /* the process that created it (messages only) */
-  struct sgm_share *share;                 /* share.c: the node registry and fair budgets; NULL = untracked */
-  bool managed;                            /* SGM_POINTERS resolved to managed (managed.c) */
-};
+/* Set at create and constant until destroy: any thread, no lock, no failure.
+ * sgm__context_cfg: the config as resolved at create (TF override applied),
+ * never written after create (sgm_context_config hands it out). tier: the
+ * VRAM or shared pool (NULL for the disk tier, which placement owns). budget:
+ * a tier's budget as resolved at create, read without the lock (the disk's,
+ * and the others' before any other thread sees ctx; later: sgm__context_budgets). */
+const sgm_config *sgm__context_cfg(const sgm_context *ctx);
+const struct sgm_backend_ops *sgm__context_bops(const sgm_context *ctx);
+struct sgm_backend *sgm__context_be(const sgm_context *ctx);
+struct sgm_tier_pool *sgm__context_tier(const sgm_context *ctx, sgm_tier t);
+uint64_t sgm__context_budget(const sgm_context *ctx, sgm_tier t);
+/* Placement's state (buffers, residency lists, disk tier, prefetch): set once
+ * by sgm__placement_create before any other thread sees ctx, cleared by
+ * sgm__placement_destroy after the last. */
+struct sgm_placement *sgm__context_pl(const sgm_context *ctx);
+void sgm__context_set_pl(sgm_context *ctx, struct sgm_placement *pl);
+/* Tests: put a spy vtable in front of the backend (before other threads use
+ * ctx; the spy forwards to the real ops it saved). */
+void sgm__context_set_bops(sgm_context *ctx, const struct sgm_backend_ops *bops);
+/* The budgets in force of VRAM and shared memory (VRAM's changes with
+ * sgm_set_vram_fraction: read under the context lock). */
+void sgm__context_budgets(sgm_context *ctx, uint64_t *vram, uint64_t *shared);
+/* The VRAM fraction in force (under the context lock). */
+double sgm__context_vram_fraction(sgm_context *ctx);
+/* The idle-trim clock's time (monotonic ms, or the tests' clock). */
+uint64_t sgm__context_now_ms(sgm_context *ctx);
+/* Device memory and usable RAM as found at create; share.c's join may learn
+ * the device's total again from the node's backend (before other threads
+ * use ctx). */
+uint64_t sgm__context_device_total(const sgm_context *ctx);
+void sgm__context_set_device_total(sgm_context *ctx, uint64_t bytes);
+uint64_t sgm__context_physical_ram(const sgm_context *ctx);
+/* share.c's node registry state (NULL: untracked) and managed.c's mode,
+ * set while the context is created, before other threads see it. */
+struct sgm_share *sgm__context_share(const sgm_context *ctx);
+void sgm__context_set_share(sgm_context *ctx, struct sgm_share *sh);
+bool sgm__context_managed(const sgm_context *ctx);
+void sgm__context_set_managed(sgm_context *ctx, bool on);
+/* The context's own figures of sgm_stats: n_fallbacks, fallback_bytes,
+ * n_bad_frees (relaxed atomic loads), device_total_bytes, physical_ram_bytes. */
+void sgm__context_counters(const sgm_context *ctx, sgm_stats *out);
 
 /* fork(): bumped in every child by a pthread_atfork handler (atomic). */
 extern unsigned sgm__fork_generation;
 /* True in a child of the process that created ctx: every public entry asks
  * (one relaxed load) and answers sgm__context_fork_error. */
-static inline bool sgm__context_forked(const sgm_context *ctx) {
-  return sgm_unlikely(__atomic_load_n(&sgm__fork_generation, __ATOMIC_RELAXED) !=
-                      ctx->fork_generation);
-}
+bool sgm__context_forked(const sgm_context *ctx);
 /* Set "fn: this context was created by process P before fork() ..." and
  * return SGM_ERR_UNSUPPORTED. */
 int sgm__context_fork_error(const sgm_context *ctx, const char *fn);
@@ -280,8 +291,7 @@ uint64_t sgm__context_idle_tick(sgm_context *ctx);
 /* placement.c, buffer.c, residency.c, migrate.c, prefetch.c — buffers,
  * eviction and migration: the only code that touches two tiers (what they
  * share among themselves is in placement.h). */
-struct sgm_placement;
-/* Build ctx->pl: the two resident tiers' policies (SGM_ERR_INVALID naming the
+/* Build ctx's placement (sgm__context_pl): the two resident tiers' policies (SGM_ERR_INVALID naming the
  * variable when a policy is not registered) and the spill tier when a spill
  * directory is set (its open's status). Leaves nothing on failure. Called
  * once from sgm_context_create, before any other thread sees ctx. */

@@ -68,20 +68,20 @@ static sgm_buffer *managed_find_range_locked(struct sgm_placement *pl, uint64_t 
 }
 
 int sgm__managed_open(sgm_context *ctx) {
-  ctx->managed = false;
-  if (ctx->cfg.pointers == SGM_POINTERS_FIXED) return SGM_OK;
-  int rc = ctx->bops->managed_support
-               ? ctx->bops->managed_support(ctx->be)
+  sgm__context_set_managed(ctx, false);
+  if (sgm__context_cfg(ctx)->pointers == SGM_POINTERS_FIXED) return SGM_OK;
+  int rc = sgm__context_bops(ctx)->managed_support
+               ? sgm__context_bops(ctx)->managed_support(sgm__context_be(ctx))
                : sgm__error_set(SGM_ERR_UNSUPPORTED, "the %s backend of this build has no Unified "
-                                "Memory support", ctx->bops->name);
+                                "Memory support", sgm__context_bops(ctx)->name);
   if (rc == SGM_OK) {
-    ctx->managed = true;
+    sgm__context_set_managed(ctx, true);
     return SGM_OK;
   }
-  if (ctx->cfg.pointers == SGM_POINTERS_MANAGED)
+  if (sgm__context_cfg(ctx)->pointers == SGM_POINTERS_MANAGED)
     return sgm__error_set(SGM_ERR_UNSUPPORTED, "SGM_POINTERS=managed is not possible here: %s. Use "
                           "SGM_POINTERS=fixed, or auto to fall back to fixed pointers", sgm_last_error());
-  sgm__log(ctx->cfg.verbose, 1, "SGM_POINTERS=auto: pointers are fixed (Unified Memory is not "
+  sgm__log(sgm__context_cfg(ctx)->verbose, 1, "SGM_POINTERS=auto: pointers are fixed (Unified Memory is not "
            "available: %s)", sgm_last_error());
   sgm__error_clear();
   return SGM_OK;
@@ -92,8 +92,8 @@ static int managed_charge_where(sgm_context *ctx, sgm_buffer *b, sgm_tier *where
   *where = SGM_TIER_VRAM;
   int rc = sgm__residency_charge_for(ctx, SGM_TIER_VRAM, b->size, b);
   if (rc != SGM__ERR_BUDGET && rc != SGM_ERR_NOMEM) return rc;
-  if (!ctx->cfg.shared_fallback) {
-    sgm__tier_explain_budget(ctx->tiers[SGM_TIER_VRAM], b->size);
+  if (!sgm__context_cfg(ctx)->shared_fallback) {
+    sgm__tier_explain_budget(sgm__context_tier(ctx, SGM_TIER_VRAM), b->size);
     return sgm__error_set(SGM_ERR_NOMEM, "%s; shared GPU memory fallback is off (SGM_SHARED_FALLBACK=on "
                           "lets full VRAM spill into pinned host memory)", sgm_last_error());
   }
@@ -105,7 +105,7 @@ static int managed_charge_where(sgm_context *ctx, sgm_buffer *b, sgm_tier *where
 }
 
 int sgm__managed_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *out, sgm_tier *where) {
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   *out = 0;
   *where = SGM_TIER_NONE;
   if (size > UINT64_MAX - SGM_MANAGED_PAGE)
@@ -123,7 +123,7 @@ int sgm__managed_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *ou
   b->managed = true;
   b->mstream = stream;
   sgm_tier t = SGM_TIER_NONE;
-  int rc = ctx->bops->managed_alloc(ctx->be, b->size, &b->dptr);
+  int rc = sgm__context_bops(ctx)->managed_alloc(sgm__context_be(ctx), b->size, &b->dptr);
   if (rc != SGM_OK) goto out_free;
   rc = managed_charge_where(ctx, b, &t);
   if (rc != SGM_OK) goto out_range;
@@ -148,16 +148,16 @@ int sgm__managed_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *ou
   return SGM_OK;
 
 out_charge:
-  sgm__tier_uncharge(ctx->tiers[t], b->size);
+  sgm__tier_uncharge(sgm__context_tier(ctx, t), b->size);
 out_range:
-  ctx->bops->managed_free(ctx->be, b->dptr, b->size);
+  sgm__context_bops(ctx)->managed_free(sgm__context_be(ctx), b->dptr, b->size);
 out_free:
   free(b);
   return rc;
 }
 
 int sgm__managed_free(sgm_context *ctx, uint64_t d) {
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   if (__atomic_load_n(&pl->n_managed, __ATOMIC_RELAXED) == 0) return SGM_ERR_INVALID;
   sgm__lock_take(&pl->lock);
   sgm_buffer *b = managed_find_locked(pl, d);
@@ -183,7 +183,7 @@ int sgm__managed_free(sgm_context *ctx, uint64_t d) {
 }
 
 sgm_tier sgm__managed_tier(sgm_context *ctx, uint64_t d) {
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   if (__atomic_load_n(&pl->n_managed, __ATOMIC_RELAXED) == 0) return SGM_TIER_NONE;
   sgm__lock_take(&pl->lock);
   sgm_buffer *b = managed_find_locked(pl, d);
@@ -209,7 +209,7 @@ static sgm_buffer *managed_best_shared_locked(struct sgm_placement *pl) {
 }
 
 uint64_t sgm__managed_promote(sgm_context *ctx, uint64_t max_bytes) {
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   uint64_t moved = 0;
   while (moved < max_bytes) {
     if (__atomic_load_n(&pl->n_managed, __ATOMIC_RELAXED) == 0) break;
@@ -219,12 +219,12 @@ uint64_t sgm__managed_promote(sgm_context *ctx, uint64_t max_bytes) {
     sgm__lock_drop(&pl->lock);
     if (!b) break;
     /* Only room that is free now: a promotion never demotes. */
-    int rc = sgm__tier_charge(ctx->tiers[SGM_TIER_VRAM], b->size);
+    int rc = sgm__tier_charge(sgm__context_tier(ctx, SGM_TIER_VRAM), b->size);
     if (rc == SGM_OK) {
       rc = sgm__migrate_managed(ctx, b, SGM_TIER_VRAM, false);
       if (rc != SGM_OK) {
-        sgm__tier_uncharge(ctx->tiers[SGM_TIER_VRAM], b->size);
-        sgm__log(ctx->cfg.verbose, 2, "promoting a managed block failed: %s", sgm_last_error());
+        sgm__tier_uncharge(sgm__context_tier(ctx, SGM_TIER_VRAM), b->size);
+        sgm__log(sgm__context_cfg(ctx)->verbose, 2, "promoting a managed block failed: %s", sgm_last_error());
       }
     }
     sgm__buffer_finish(pl, b, SGM_BUF_RELEASED, false);
@@ -235,7 +235,7 @@ uint64_t sgm__managed_promote(sgm_context *ctx, uint64_t max_bytes) {
 }
 
 void sgm__managed_stats(sgm_context *ctx, sgm_stats *st) {
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   sgm__lock_take(&pl->lock);
   for (int t = 0; t < SGM_N_RESIDENT; t++) st->tier[t].n_live += pl->n_managed_in[t];
   st->n_managed_promotions = pl->n_managed_moves[0];
@@ -245,8 +245,8 @@ void sgm__managed_stats(sgm_context *ctx, sgm_stats *st) {
   st->n_managed_live = pl->n_managed;
   sgm__lock_drop(&pl->lock);
   for (int t = 0; t < SGM_N_RESIDENT; t++) {
-    if (!ctx->tiers[t]) continue;
-    st->tier[t].used_bytes += sgm__tier_charged(ctx->tiers[t]);
+    if (!sgm__context_tier(ctx, t)) continue;
+    st->tier[t].used_bytes += sgm__tier_charged(sgm__context_tier(ctx, t));
     if (st->tier[t].used_bytes > st->tier[t].peak_used_bytes)
       st->tier[t].peak_used_bytes = st->tier[t].used_bytes;
   }
@@ -260,10 +260,10 @@ static int managed_take(sgm_context *ctx, void *ptr, size_t n, const char *fn, s
   *out = NULL;
   if (!ctx) return sgm__error_set(SGM_ERR_INVALID, "%s: context is NULL", fn);
   if (sgm__context_forked(ctx)) return sgm__context_fork_error(ctx, fn);
-  if (!ctx->managed)
+  if (!sgm__context_managed(ctx))
     return sgm__error_set(SGM_ERR_INVALID, "%s: the context's pointers are fixed (set "
                           "SGM_POINTERS=managed to get pointers sgm can move)", fn);
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   sgm__lock_take(&pl->lock);
   sgm_buffer *b = managed_find_range_locked(pl, (uint64_t)(uintptr_t)ptr, n);
   if (!b) {
@@ -299,10 +299,10 @@ static int managed_move(sgm_context *ctx, sgm_buffer *b, sgm_tier to) {
   if (b->tier == to) return SGM_OK;
   if (to == SGM_TIER_SHARED) return sgm__migrate_demote(ctx, b, SGM_TIER_SHARED, false);
   int rc = sgm__residency_charge_for(ctx, SGM_TIER_VRAM, b->size, b);
-  if (rc == SGM__ERR_BUDGET) rc = sgm__tier_explain_budget(ctx->tiers[SGM_TIER_VRAM], b->size);
+  if (rc == SGM__ERR_BUDGET) rc = sgm__tier_explain_budget(sgm__context_tier(ctx, SGM_TIER_VRAM), b->size);
   if (rc != SGM_OK) return rc;
   rc = sgm__migrate_managed(ctx, b, SGM_TIER_VRAM, false);
-  if (rc != SGM_OK) sgm__tier_uncharge(ctx->tiers[SGM_TIER_VRAM], b->size);
+  if (rc != SGM_OK) sgm__tier_uncharge(sgm__context_tier(ctx, SGM_TIER_VRAM), b->size);
   return rc;
 }
 
@@ -317,12 +317,12 @@ SGM_API sgm_status sgm_advise(sgm_context *ctx, void *ptr, sgm_priority priority
   int rc = managed_take(ctx, ptr, 1, "sgm_advise", &b);
   if (rc != SGM_OK) return (sgm_status)rc;
   /* Set while BUSY (out of its policy): finish lists it at the new level. */
-  sgm__lock_take(&ctx->pl->lock);
+  sgm__lock_take(&sgm__context_pl(ctx)->lock);
   b->priority = priority;
-  sgm__lock_drop(&ctx->pl->lock);
+  sgm__lock_drop(&sgm__context_pl(ctx)->lock);
   if (hint != SGM_HINT_NONE) {
     sgm_tier to = hint == SGM_HINT_HOT ? SGM_TIER_VRAM : SGM_TIER_SHARED;
-    managed_mark(ctx->pl, b, to, hint == SGM_HINT_COLD);
+    managed_mark(sgm__context_pl(ctx), b, to, hint == SGM_HINT_COLD);
     rc = managed_move(ctx, b, to);
   }
   /* A hot block that could not come up stays where it is: still a use. */
@@ -330,7 +330,7 @@ SGM_API sgm_status sgm_advise(sgm_context *ctx, void *ptr, sgm_priority priority
     sgm__error_clear();
     rc = SGM_OK;
   }
-  sgm__buffer_finish(ctx->pl, b, SGM_BUF_RELEASED, hint == SGM_HINT_HOT);
+  sgm__buffer_finish(sgm__context_pl(ctx), b, SGM_BUF_RELEASED, hint == SGM_HINT_HOT);
   /* Room a cold block left goes to the most valuable others. */
   if (rc == SGM_OK && hint == SGM_HINT_COLD) sgm__managed_promote(ctx, MANAGED_PROMOTE_INLINE_BYTES);
   return (sgm_status)rc;
@@ -344,8 +344,8 @@ SGM_API sgm_status sgm_prefetch(sgm_context *ctx, void *ptr, size_t size, sgm_ti
   int rc = managed_take(ctx, ptr, size ? size : 1, "sgm_prefetch", &b);
   if (rc != SGM_OK) return (sgm_status)rc;
   b->mstream = stream; /* later moves are ordered after this caller's work too */
-  managed_mark(ctx->pl, b, tier, false);
+  managed_mark(sgm__context_pl(ctx), b, tier, false);
   rc = managed_move(ctx, b, tier);
-  sgm__buffer_finish(ctx->pl, b, SGM_BUF_RELEASED, tier == SGM_TIER_VRAM);
+  sgm__buffer_finish(sgm__context_pl(ctx), b, SGM_BUF_RELEASED, tier == SGM_TIER_VRAM);
   return (sgm_status)rc;
 }

@@ -31,7 +31,7 @@
 #include "tiers/tier.h"
 
 static void *migrate_shared_host(sgm_context *ctx, sgm_devptr d) {
-  return sgm__shared_host_ptr(ctx->tiers[SGM_TIER_SHARED], d);
+  return sgm__shared_host_ptr(sgm__context_tier(ctx, SGM_TIER_SHARED), d);
 }
 
 /* Not a stream: the host itself uses the data (sgm__migrate_order_use waits). */
@@ -49,8 +49,8 @@ static bool migrate_same_stream(void *a, void *b) {
  * copy of b's data must run on to follow that work (see the file comment). */
 static void *migrate_order_stream(sgm_context *ctx, sgm_buffer *b) {
   if (!b->event) return NULL;
-  if (ctx->bops->event_query(ctx->be, b->event) == 1) {
-    ctx->bops->event_destroy(ctx->be, b->event);
+  if (sgm__context_bops(ctx)->event_query(sgm__context_be(ctx), b->event) == 1) {
+    sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), b->event);
     b->event = NULL;
     return NULL;
   }
@@ -63,10 +63,10 @@ static void *migrate_order_stream(sgm_context *ctx, sgm_buffer *b) {
 static int migrate_copy(sgm_context *ctx, sgm_buffer *b, sgm_copy_kind kind, uint64_t dst,
                         uint64_t src, uint64_t n) {
   void *stream = migrate_order_stream(ctx, b);
-  int rc = ctx->bops->copy(ctx->be, kind, dst, src, n, stream);
+  int rc = sgm__context_bops(ctx)->copy(sgm__context_be(ctx), kind, dst, src, n, stream);
   if (rc == SGM_OK && stream) {
     /* The copy followed the release's work on its stream and is complete. */
-    ctx->bops->event_destroy(ctx->be, b->event);
+    sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), b->event);
     b->event = NULL;
   }
   return rc;
@@ -78,17 +78,17 @@ int sgm__migrate_order_use(sgm_context *ctx, void **event, void *event_stream, v
     /* Another stream: its work must see the release's work done. Until the
      * backend can make one stream wait for another's event on the device,
      * the host waits (only here: a pending release and a stream change). */
-    int rc = ctx->bops->event_wait(ctx->be, *event);
+    int rc = sgm__context_bops(ctx)->event_wait(sgm__context_be(ctx), *event);
     if (rc != SGM_OK) return rc;
   }
-  ctx->bops->event_destroy(ctx->be, *event);
+  sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), *event);
   *event = NULL;
   return SGM_OK;
 }
 
 static void migrate_free_block(sgm_context *ctx, sgm_tier t, sgm_devptr d) {
   uint64_t sz;
-  sgm__tier_free(ctx->tiers[t], d, &sz);
+  sgm__tier_free(sgm__context_tier(ctx, t), d, &sz);
 }
 
 static void migrate_count(struct sgm_placement *pl, sgm_tier from, sgm_tier to, uint64_t n, bool evict) {
@@ -130,8 +130,8 @@ void sgm__migrate_disk_drop(sgm_context *ctx, sgm_buffer *b) {
   uint64_t n = migrate_n_chunks(b), unwritten = 0;
   for (uint64_t i = 0; i < n; i++)
     if (!b->ext || b->ext[i].bytes == 0) unwritten += sgm__align_up(migrate_chunk_len(b, i), 4096);
-  if (unwritten) sgm__disk_unreserve(ctx->pl->disk, unwritten);
-  migrate_disk_free_all(ctx->pl->disk, b->ext, n);
+  if (unwritten) sgm__disk_unreserve(sgm__context_pl(ctx)->disk, unwritten);
+  migrate_disk_free_all(sgm__context_pl(ctx)->disk, b->ext, n);
   b->ext = NULL;
 }
 
@@ -144,10 +144,10 @@ static int migrate_disk_store(sgm_context *ctx, const sgm_buffer *b, const void 
   sgm_disk_extent *ext = calloc((size_t)n, sizeof *ext);
   if (!ext) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for spill extents");
   for (uint64_t i = 0; i < n; i++) {
-    int rc = sgm__disk_write(ctx->pl->disk, (const char *)src + i * SGM_DISK_CHUNK,
+    int rc = sgm__disk_write(sgm__context_pl(ctx)->disk, (const char *)src + i * SGM_DISK_CHUNK,
                              migrate_chunk_len(b, i), &ext[i]);
     if (rc != SGM_OK) {
-      migrate_disk_free_all(ctx->pl->disk, ext, i);
+      migrate_disk_free_all(sgm__context_pl(ctx)->disk, ext, i);
       return rc;
     }
   }
@@ -161,7 +161,7 @@ static int migrate_disk_load_chunk(sgm_context *ctx, const sgm_buffer *b, uint64
     memset(dst, 0, (size_t)migrate_chunk_len(b, i));
     return SGM_OK;
   }
-  return sgm__disk_read(ctx->pl->disk, &b->ext[i], dst);
+  return sgm__disk_read(sgm__context_pl(ctx)->disk, &b->ext[i], dst);
 }
 
 /* Read a disk-resident buffer's bytes into host memory dst (zeros if never written). */
@@ -184,18 +184,18 @@ _Static_assert(SGM_DISK_CHUNK <= SGM_DISK_BOUNCE_BYTES, "a chunk is staged in on
  * one (DMA straight from it), allocated through the backend on the first
  * transfer that needs it, when no other transfer holds it. */
 static void *migrate_stage_get(sgm_context *ctx) {
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   bool tried = false;
   if (!__atomic_load_n(&pl->disk_bounce_tried, __ATOMIC_ACQUIRE) &&
       __atomic_compare_exchange_n(&pl->disk_bounce_tried, &tried, true, false, __ATOMIC_ACQ_REL,
                                   __ATOMIC_ACQUIRE)) {
     void *host = NULL;
     sgm_devptr dev = 0;
-    if (ctx->bops->host_alloc(ctx->be, SGM_DISK_BOUNCE_BYTES, -1, &host, &dev) == SGM_OK) {
+    if (sgm__context_bops(ctx)->host_alloc(sgm__context_be(ctx), SGM_DISK_BOUNCE_BYTES, -1, &host, &dev) == SGM_OK) {
       __atomic_store_n(&pl->disk_bounce, host, __ATOMIC_RELEASE);
       sgm__disk_lend_bounce(pl->disk, host);
     } else {
-      sgm__log(ctx->cfg.verbose, 2, "no pinned staging buffer for the disk tier (%s): transfers "
+      sgm__log(sgm__context_cfg(ctx)->verbose, 2, "no pinned staging buffer for the disk tier (%s): transfers "
                "stage through pageable memory", sgm_last_error());
     }
   }
@@ -213,11 +213,11 @@ static int migrate_vram_to_disk(sgm_context *ctx, sgm_buffer *b) {
     uint64_t len = migrate_chunk_len(b, i);
     rc = migrate_copy(ctx, b, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)stage, b->dptr + i * SGM_DISK_CHUNK,
                       len);
-    if (rc == SGM_OK) rc = sgm__disk_write(ctx->pl->disk, stage, len, &ext[i]);
+    if (rc == SGM_OK) rc = sgm__disk_write(sgm__context_pl(ctx)->disk, stage, len, &ext[i]);
   }
-  sgm__disk_stage_put(ctx->pl->disk, stage);
+  sgm__disk_stage_put(sgm__context_pl(ctx)->disk, stage);
   if (rc != SGM_OK) {
-    migrate_disk_free_all(ctx->pl->disk, ext, n);
+    migrate_disk_free_all(sgm__context_pl(ctx)->disk, ext, n);
     return rc;
   }
   migrate_free_block(ctx, SGM_TIER_VRAM, b->dptr);
@@ -230,29 +230,29 @@ static int migrate_vram_to_disk(sgm_context *ctx, sgm_buffer *b) {
 /* ---- managed blocks: the pages move, the address stays ---- */
 
 int sgm__migrate_managed_place(sgm_context *ctx, sgm_devptr d, uint64_t n, sgm_tier to, void *stream) {
-  const sgm_backend_ops *o = ctx->bops;
+  const sgm_backend_ops *o = sgm__context_bops(ctx);
   /* Advice first, so that the driver keeps the pages where sgm put them
    * (and maps host-placed ones for the device: no fault per access). */
-  int rc = o->managed_advise(ctx->be, d, n, to == SGM_TIER_VRAM ? SGM_ADVISE_PREFER_DEVICE
+  int rc = o->managed_advise(sgm__context_be(ctx), d, n, to == SGM_TIER_VRAM ? SGM_ADVISE_PREFER_DEVICE
                                                                  : SGM_ADVISE_PREFER_HOST);
-  if (rc == SGM_OK && to == SGM_TIER_SHARED) rc = o->managed_advise(ctx->be, d, n, SGM_ADVISE_ACCESSED_BY);
-  if (rc == SGM_OK) rc = o->managed_prefetch(ctx->be, d, n, to, stream);
+  if (rc == SGM_OK && to == SGM_TIER_SHARED) rc = o->managed_advise(sgm__context_be(ctx), d, n, SGM_ADVISE_ACCESSED_BY);
+  if (rc == SGM_OK) rc = o->managed_prefetch(sgm__context_be(ctx), d, n, to, stream);
   return rc;
 }
 
 int sgm__migrate_managed(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict) {
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   sgm_tier from = b->tier;
   sgm_assert(b->managed && from < SGM_N_RESIDENT && to < SGM_N_RESIDENT && from != to);
   int rc = sgm__migrate_managed_place(ctx, b->dptr, b->size, to, b->mstream);
   if (rc != SGM_OK) {
     /* Advice may have changed; put it back so the pages stay where counted. */
     if (sgm__migrate_managed_place(ctx, b->dptr, b->size, from, b->mstream) != SGM_OK)
-      sgm__log(ctx->cfg.verbose, 1, "a managed block's advice could not be restored after a "
+      sgm__log(sgm__context_cfg(ctx)->verbose, 1, "a managed block's advice could not be restored after a "
                "failed move: %s", sgm_last_error());
     return rc;
   }
-  sgm__tier_uncharge(ctx->tiers[from], b->size);
+  sgm__tier_uncharge(sgm__context_tier(ctx, from), b->size);
   sgm__buffer_set_tier(b, to);
   migrate_count(pl, from, to, b->size, evict);
   int up = to < from ? 0 : 1;
@@ -272,15 +272,15 @@ static int migrate_managed_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, 
     return sgm__error_set(SGM_ERR_INVALID, "a managed block moves between VRAM and shared memory "
                           "only");
   int rc = sgm__residency_charge_for(ctx, SGM_TIER_SHARED, b->size, NULL);
-  if (rc == SGM__ERR_BUDGET) return sgm__tier_explain_budget(ctx->tiers[SGM_TIER_SHARED], b->size);
+  if (rc == SGM__ERR_BUDGET) return sgm__tier_explain_budget(sgm__context_tier(ctx, SGM_TIER_SHARED), b->size);
   if (rc != SGM_OK) return rc;
   rc = sgm__migrate_managed(ctx, b, SGM_TIER_SHARED, evict);
-  if (rc != SGM_OK) sgm__tier_uncharge(ctx->tiers[SGM_TIER_SHARED], b->size);
+  if (rc != SGM_OK) sgm__tier_uncharge(sgm__context_tier(ctx, SGM_TIER_SHARED), b->size);
   return rc;
 }
 
 int sgm__migrate_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict) {
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   if (b->managed) return migrate_managed_demote(ctx, b, to, evict);
   while (b->tier < to) {
     sgm_tier from = b->tier;
@@ -308,7 +308,7 @@ int sgm__migrate_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict
         migrate_count(pl, from, SGM_TIER_DISK, b->size, evict);
         continue;
       }
-      if (rc == SGM__ERR_BUDGET) rc = sgm__tier_explain_budget(ctx->tiers[next], b->size);
+      if (rc == SGM__ERR_BUDGET) rc = sgm__tier_explain_budget(sgm__context_tier(ctx, next), b->size);
       if (rc != SGM_OK) return rc;
       rc = migrate_copy(ctx, b, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)migrate_shared_host(ctx, dst),
                         b->dptr, b->size);
@@ -341,7 +341,7 @@ int sgm__migrate_promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, sgm_devpt
         rc = migrate_copy(ctx, b, SGM_COPY_HOST_TO_DEVICE, dst + i * SGM_DISK_CHUNK, (uintptr_t)stage,
                           migrate_chunk_len(b, i));
     }
-    sgm__disk_stage_put(ctx->pl->disk, stage);
+    sgm__disk_stage_put(sgm__context_pl(ctx)->disk, stage);
     if (rc == SGM_OK) sgm__migrate_disk_drop(ctx, b);
   } else {
     rc = migrate_copy(ctx, b, SGM_COPY_HOST_TO_DEVICE, dst,
@@ -354,7 +354,7 @@ int sgm__migrate_promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, sgm_devpt
   }
   b->dptr = dst;
   sgm__buffer_set_tier(b, to);
-  migrate_count(ctx->pl, from, to, b->size, false);
+  migrate_count(sgm__context_pl(ctx), from, to, b->size, false);
   return SGM_OK;
 }
 
@@ -364,7 +364,7 @@ int sgm__migrate_promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, sgm_devpt
  * stage); only when all are written do they replace the old ones. */
 static int migrate_disk_write(sgm_context *ctx, sgm_buffer *b, uint64_t offset, const char *src,
                               uint64_t n, char *stage) {
-  sgm_disk *disk = ctx->pl->disk;
+  sgm_disk *disk = sgm__context_pl(ctx)->disk;
   uint64_t first = offset / SGM_DISK_CHUNK, last = (offset + n - 1) / SGM_DISK_CHUNK;
   uint64_t n_new = last - first + 1;
   sgm_disk_extent *fresh = calloc((size_t)n_new, sizeof *fresh);
@@ -426,6 +426,6 @@ int sgm__migrate_host_io(sgm_context *ctx, sgm_buffer *b, size_t offset, void *h
       if (rc == SGM_OK) memcpy((char *)host + (lo - offset), stage + (lo - c0), (size_t)(hi - lo));
     }
   }
-  sgm__disk_stage_put(ctx->pl->disk, stage);
+  sgm__disk_stage_put(sgm__context_pl(ctx)->disk, stage);
   return rc;
 }

@@ -116,7 +116,7 @@ int sgm__placement_create(sgm_context *ctx) {
   size_t state_bytes = 0;
   for (int t = 0; t < SGM_N_RESIDENT && rc == SGM_OK; t++) {
     const char *var;
-    const char *name = placement_policy_setting(&ctx->cfg, (sgm_tier)t, &var);
+    const char *name = placement_policy_setting(sgm__context_cfg(ctx), (sgm_tier)t, &var);
     const sgm_policy_ops *ops = sgm_policy_find(name);
     if (!ops) {
       rc = sgm__error_set(SGM_ERR_INVALID, "%s names policy \"%s\", which is not registered",
@@ -126,7 +126,7 @@ int sgm__placement_create(sgm_context *ctx) {
     sgm_policy_params params = {
         .abi_version = SGM_POLICY_ABI_VERSION,
         .tier = (sgm_tier)t,
-        .capacity_bytes = ctx->budget_bytes[t],
+        .capacity_bytes = sgm__context_budget(ctx, t),
         .clock_ns = placement_clock,
         .clock_user = pl,
     };
@@ -140,18 +140,18 @@ int sgm__placement_create(sgm_context *ctx) {
   }
   pl->state_offset = sgm__align_up(sizeof(sgm_buffer), 16);
   pl->state_bytes = sgm__align_up(state_bytes, 16);
-  if (rc == SGM_OK && ctx->cfg.spill_dir[0])
-    rc = sgm__disk_open(ctx->cfg.spill_dir, ctx->cfg.spill_limit, ctx->cfg.verbose, &pl->disk);
+  if (rc == SGM_OK && sgm__context_cfg(ctx)->spill_dir[0])
+    rc = sgm__disk_open(sgm__context_cfg(ctx)->spill_dir, sgm__context_cfg(ctx)->spill_limit, sgm__context_cfg(ctx)->verbose, &pl->disk);
   if (rc != SGM_OK) {
     placement_free(pl);
     return rc;
   }
-  ctx->pl = pl;
+  sgm__context_set_pl(ctx, pl);
   return SGM_OK;
 }
 
 void sgm__placement_set_clock(sgm_context *ctx, uint64_t (*clock_ns)(void *user), void *user) {
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   sgm__lock_take(&pl->lock);
   pl->clock_ns = clock_ns ? clock_ns : placement_monotonic_ns;
   pl->clock_user = clock_ns ? user : NULL;
@@ -159,7 +159,7 @@ void sgm__placement_set_clock(sgm_context *ctx, uint64_t (*clock_ns)(void *user)
 }
 
 int sgm__placement_check(sgm_context *ctx, char *why, size_t why_len) {
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   sgm__lock_take(&pl->lock);
   int rc = placement_check_locked(pl, why, why_len);
   sgm__lock_drop(&pl->lock);
@@ -168,11 +168,11 @@ int sgm__placement_check(sgm_context *ctx, char *why, size_t why_len) {
 
 const char *sgm__placement_policy_name(sgm_context *ctx, sgm_tier t) {
   if (t < 0 || t >= SGM_N_RESIDENT) return NULL;
-  return sgm__prio_inner(ctx->pl->pol[t])->name;
+  return sgm__prio_inner(sgm__context_pl(ctx)->pol[t])->name;
 }
 
 void sgm__placement_destroy(sgm_context *ctx) {
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   if (!pl) return;
   sgm__prefetch_stop(pl);
   /* The policies are destroyed after the buffers without being told about
@@ -185,12 +185,12 @@ void sgm__placement_destroy(sgm_context *ctx) {
   }
   void *bounce = __atomic_load_n(&pl->disk_bounce, __ATOMIC_ACQUIRE);
   placement_free(pl); /* closes the disk tier, which only borrowed the bounce */
-  if (bounce) ctx->bops->host_free(ctx->be, bounce, SGM_DISK_BOUNCE_BYTES);
-  ctx->pl = NULL;
+  if (bounce) sgm__context_bops(ctx)->host_free(sgm__context_be(ctx), bounce, SGM_DISK_BOUNCE_BYTES);
+  sgm__context_set_pl(ctx, NULL);
 }
 
 void sgm__placement_stats(sgm_context *ctx, sgm_stats *st) {
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   if (pl->disk) sgm__disk_stats(pl->disk, &st->tier[SGM_TIER_DISK]);
   sgm__lock_take(&pl->lock);
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
@@ -203,15 +203,15 @@ void sgm__placement_stats(sgm_context *ctx, sgm_stats *st) {
   sgm__lock_drop(&pl->lock);
 }
 
-struct sgm_disk *sgm__placement_disk(sgm_context *ctx) { return ctx->pl->disk; }
+struct sgm_disk *sgm__placement_disk(sgm_context *ctx) { return sgm__context_pl(ctx)->disk; }
 
 uint64_t sgm__placement_trim(sgm_context *ctx) {
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   if (!pl->disk || !__atomic_load_n(&pl->disk_bounce, __ATOMIC_ACQUIRE)) return 0;
   void *p = sgm__disk_take_back_bounce(pl->disk);
   if (!p) return 0; /* a transfer holds it, or it is not lent yet */
   __atomic_store_n(&pl->disk_bounce, NULL, __ATOMIC_RELEASE);
-  ctx->bops->host_free(ctx->be, p, SGM_DISK_BOUNCE_BYTES);
+  sgm__context_bops(ctx)->host_free(sgm__context_be(ctx), p, SGM_DISK_BOUNCE_BYTES);
   /* The next disk<->VRAM transfer pins one again. */
   __atomic_store_n(&pl->disk_bounce_tried, false, __ATOMIC_RELEASE);
   return SGM_DISK_BOUNCE_BYTES;
@@ -220,8 +220,8 @@ uint64_t sgm__placement_trim(sgm_context *ctx) {
 
 bool sgm__placement_owns_block(sgm_context *ctx, sgm_devptr d) {
   /* Programs without buffers pay one relaxed load per free. */
-  if (__atomic_load_n(&ctx->pl->n_buffers, __ATOMIC_RELAXED) == 0) return false;
+  if (__atomic_load_n(&sgm__context_pl(ctx)->n_buffers, __ATOMIC_RELAXED) == 0) return false;
   for (int t = 0; t < SGM_N_RESIDENT; t++)
-    if (ctx->tiers[t] && sgm__tier_owns_own(ctx->tiers[t], d)) return true;
+    if (sgm__context_tier(ctx, t) && sgm__tier_owns_own(sgm__context_tier(ctx, t), d)) return true;
   return false;
 }

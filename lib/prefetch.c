@@ -25,7 +25,7 @@ void sgm__prefetch_cancel_locked(struct sgm_placement *pl, sgm_buffer *b) {
 
 static void *prefetch_main(void *arg) {
   sgm_context *ctx = arg;
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   sgm__lock_take(&pl->lock);
   for (;;) {
     while (!pl->stop && !pl->pf_head) pthread_cond_wait(&pl->work_cond, &pl->lock.mu);
@@ -38,7 +38,7 @@ static void *prefetch_main(void *arg) {
     sgm__lock_drop(&pl->lock);
     int rc = sgm__residency_make_resident(ctx, b);
     if (rc != SGM_OK)
-      sgm__log(ctx->cfg.verbose, 2, "prefetch of a %llu-byte buffer failed: %s",
+      sgm__log(sgm__context_cfg(ctx)->verbose, 2, "prefetch of a %llu-byte buffer failed: %s",
                (unsigned long long)b->size, sgm_last_error());
     sgm__buffer_finish(pl, b, SGM_BUF_RELEASED, false); /* a prefetch is no use: stays fresh */
     sgm__lock_take(&pl->lock);
@@ -62,7 +62,7 @@ SGM_API sgm_status sgm_buffer_prefetch(sgm_buffer *b, void *stream) {
   int check = sgm__buffer_check(b, "sgm_buffer_prefetch");
   if (check != SGM_OK) return (sgm_status)check;
   sgm_context *ctx = b->ctx;
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   int rc = SGM_OK;
   sgm__lock_take(&pl->lock);
   if (sgm__buffer_state(b) == SGM_BUF_RELEASED && b->tier != SGM_TIER_VRAM && !b->prefetch_queued) {

@@ -131,7 +131,7 @@ void sgm__residency_record_slow(struct sgm_placement *pl, const sgm_buffer *b) {
  * refused the newcomer (*refused set; the victim stays listed). */
 static sgm_buffer *residency_pick_victim(sgm_context *ctx, sgm_tier t, uint64_t want,
                                          const sgm_buffer *cand, bool *refused) {
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   sgm_buffer *v = NULL, *skipped = NULL;
   sgm__lock_take(&pl->lock);
   uint64_t listed = pl->n_listed[0] + pl->n_listed[1];
@@ -151,13 +151,13 @@ static sgm_buffer *residency_pick_victim(sgm_context *ctx, sgm_tier t, uint64_t 
       continue;
     }
     if (b->event) {
-      if (ctx->bops->event_query(ctx->be, b->event) != 1) {
+      if (sgm__context_bops(ctx)->event_query(sgm__context_be(ctx), b->event) != 1) {
         sgm__residency_take(pl, b, SGM_POLICY_REMOVE_PIN); /* out of the way while the search goes on */
         b->skip_next = skipped;
         skipped = b;
         continue;
       }
-      ctx->bops->event_destroy(ctx->be, b->event);
+      sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), b->event);
       b->event = NULL;
     }
     if (cand) {
@@ -192,16 +192,16 @@ static sgm_buffer *residency_pick_victim(sgm_context *ctx, sgm_tier t, uint64_t 
  * short: evicting would then move buffers for nothing. A hint read under two
  * locks in turn; a race only decides which tier the request lands in. */
 static bool residency_could_fit(sgm_context *ctx, sgm_tier t, uint64_t size) {
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   sgm_tier_stats ts;
-  sgm__tier_stats(ctx->tiers[t], &ts);
+  sgm__tier_stats(sgm__context_tier(ctx, t), &ts);
   uint64_t need = sgm__align_up(size, SGM_DEVICE_ALIGN);
   if (need > ts.budget_bytes) return false;
   sgm__lock_take(&pl->lock);
   uint64_t movable = sgm__prio_reclaimable(pl->pol[t]) + pl->n_listed[t] * (SGM_DEVICE_ALIGN - 1);
   sgm__lock_drop(&pl->lock);
   /* Managed blocks placed here hold budget too (charged, not carved). */
-  uint64_t used = ts.used_bytes + sgm__tier_charged(ctx->tiers[t]);
+  uint64_t used = ts.used_bytes + sgm__tier_charged(sgm__context_tier(ctx, t));
   uint64_t room = ts.budget_bytes > used ? ts.budget_bytes - used : 0;
   return need <= room || need - room <= movable;
 }
@@ -218,11 +218,11 @@ static int residency_alloc_making_room(sgm_context *ctx, sgm_tier t, uint64_t si
   bool checked = false;
   for (;;) {
     /* out NULL: a managed block's charge (its pages live outside the pool). */
-    int rc = !out ? sgm__tier_charge(ctx->tiers[t], size)
-             : stream ? sgm__tier_alloc_on(ctx->tiers[t], size, stream, out)
-                      : sgm__tier_alloc(ctx->tiers[t], size, out);
+    int rc = !out ? sgm__tier_charge(sgm__context_tier(ctx, t), size)
+             : stream ? sgm__tier_alloc_on(sgm__context_tier(ctx, t), size, stream, out)
+                      : sgm__tier_alloc(sgm__context_tier(ctx, t), size, out);
     if (!residency_full(rc)) return rc;
-    if (__atomic_load_n(&ctx->pl->n_listed[t], __ATOMIC_RELAXED) == 0) return rc;
+    if (__atomic_load_n(&sgm__context_pl(ctx)->n_listed[t], __ATOMIC_RELAXED) == 0) return rc;
     if (!checked) {
       checked = true;
       if (!residency_could_fit(ctx, t, size)) return rc;
@@ -231,14 +231,14 @@ static int residency_alloc_making_room(sgm_context *ctx, sgm_tier t, uint64_t si
     sgm_buffer *v = residency_pick_victim(ctx, t, size, t == SGM_TIER_VRAM ? cand : NULL, &refused);
     if (!v) return rc;
     int drc = sgm__migrate_demote(ctx, v, (sgm_tier)(t + 1), true);
-    sgm__buffer_finish(ctx->pl, v, SGM_BUF_RELEASED, false);
+    sgm__buffer_finish(sgm__context_pl(ctx), v, SGM_BUF_RELEASED, false);
     if (drc != SGM_OK) {
       /* A failed demotion (a full or failing spill file system, a copy that
        * failed) must never fail a request that fits without it: the victim
        * stays where it was, and the request is answered as if nothing more
        * could be evicted, so callers fall back (rule 3) or use the buffer
        * where it is (rule 5). */
-      sgm__log(ctx->cfg.verbose, 2, "making room in %s: a demotion failed (%s); not evicting "
+      sgm__log(sgm__context_cfg(ctx)->verbose, 2, "making room in %s: a demotion failed (%s); not evicting "
                "further", sgm_tier_name(t), sgm_last_error());
       return rc;
     }
@@ -253,16 +253,16 @@ uint64_t sgm__residency_trim_to_budget(sgm_context *ctx, sgm_tier t) {
   uint64_t moved = 0;
   for (;;) {
     sgm_tier_stats ts;
-    sgm__tier_stats(ctx->tiers[t], &ts);
+    sgm__tier_stats(sgm__context_tier(ctx, t), &ts);
     if (ts.used_bytes <= ts.budget_bytes) break;
-    if (__atomic_load_n(&ctx->pl->n_listed[t], __ATOMIC_RELAXED) == 0) break;
+    if (__atomic_load_n(&sgm__context_pl(ctx)->n_listed[t], __ATOMIC_RELAXED) == 0) break;
     bool refused = false;
     sgm_buffer *v = residency_pick_victim(ctx, t, ts.used_bytes - ts.budget_bytes, NULL, &refused);
     if (!v) break;
     int drc = sgm__migrate_demote(ctx, v, (sgm_tier)(t + 1), true);
-    sgm__buffer_finish(ctx->pl, v, SGM_BUF_RELEASED, false);
+    sgm__buffer_finish(sgm__context_pl(ctx), v, SGM_BUF_RELEASED, false);
     if (drc != SGM_OK) {
-      sgm__log(ctx->cfg.verbose, 2, "trimming %s to its budget: a demotion failed (%s)",
+      sgm__log(sgm__context_cfg(ctx)->verbose, 2, "trimming %s to its budget: a demotion failed (%s)",
                sgm_tier_name(t), sgm_last_error());
       break;
     }
@@ -285,9 +285,9 @@ int sgm__residency_charge_for(sgm_context *ctx, sgm_tier t, uint64_t size, const
 int sgm__residency_both_full(sgm_context *ctx, uint64_t size, bool explain_shared, const char *what,
                              const char *tail) {
   char shared[SGM_ERROR_MAX];
-  if (explain_shared) sgm__tier_explain_budget(ctx->tiers[SGM_TIER_SHARED], size);
+  if (explain_shared) sgm__tier_explain_budget(sgm__context_tier(ctx, SGM_TIER_SHARED), size);
   snprintf(shared, sizeof shared, "%s", sgm_last_error());
-  sgm__tier_explain_budget(ctx->tiers[SGM_TIER_VRAM], size);
+  sgm__tier_explain_budget(sgm__context_tier(ctx, SGM_TIER_VRAM), size);
   return sgm__error_set(SGM_ERR_NOMEM, "%s: VRAM and shared GPU memory are both full. VRAM: %s. "
                         "Shared: %s%s", what, sgm_last_error(), shared, tail);
 }
@@ -304,14 +304,14 @@ static int residency_alloc_in(sgm_context *ctx, sgm_tier t, size_t size, const s
 int sgm__residency_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *out, sgm_tier *where) {
   *where = SGM_TIER_VRAM;
   sgm_stream_ref ref;
-  ctx->bops->stream_ref(ctx->be, stream, &ref);
+  sgm__context_bops(ctx)->stream_ref(sgm__context_be(ctx), stream, &ref);
   int rc = residency_alloc_in(ctx, SGM_TIER_VRAM, size, &ref, out); /* rules 1 and 2 */
   if (sgm_likely(rc == SGM_OK)) return rc;
   *where = SGM_TIER_NONE;
   *out = 0;
   if (!residency_full(rc)) return rc;
-  if (!ctx->cfg.shared_fallback) {
-    if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(ctx->tiers[SGM_TIER_VRAM], size);
+  if (!sgm__context_cfg(ctx)->shared_fallback) {
+    if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(sgm__context_tier(ctx, SGM_TIER_VRAM), size);
     return sgm__error_set(SGM_ERR_NOMEM, "%s; shared GPU memory fallback is off (SGM_SHARED_FALLBACK=on "
                           "lets full VRAM spill into pinned host memory)", sgm_last_error());
   }
@@ -326,7 +326,7 @@ int sgm__residency_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *
 }
 
 int sgm__residency_place_buffer(sgm_context *ctx, sgm_buffer *b) {
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   int rc = sgm__residency_alloc_for(ctx, SGM_TIER_VRAM, b->size, b, &b->dptr);
   if (rc == SGM_OK) {
     b->tier = SGM_TIER_VRAM;
@@ -360,7 +360,7 @@ static int residency_promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to) {
     int rc = sgm__residency_charge_for(ctx, to, b->size, b);
     if (rc == SGM_OK) rc = sgm__migrate_managed(ctx, b, to, false);
     else return rc;
-    if (rc != SGM_OK) sgm__tier_uncharge(ctx->tiers[to], b->size);
+    if (rc != SGM_OK) sgm__tier_uncharge(sgm__context_tier(ctx, to), b->size);
     return rc;
   }
   sgm_devptr dst = 0;
@@ -382,15 +382,15 @@ int sgm__residency_make_resident(sgm_context *ctx, sgm_buffer *b) {
   rc = residency_promote(ctx, b, SGM_TIER_SHARED);
   if (!residency_full(rc)) return rc;
   char shared_why[SGM_ERROR_MAX];
-  if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(ctx->tiers[SGM_TIER_SHARED], b->size);
+  if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(sgm__context_tier(ctx, SGM_TIER_SHARED), b->size);
   snprintf(shared_why, sizeof shared_why, "%s", sgm_last_error());
   if (!vram_why[0]) {
-    sgm__tier_explain_budget(ctx->tiers[SGM_TIER_VRAM], b->size);
+    sgm__tier_explain_budget(sgm__context_tier(ctx, SGM_TIER_VRAM), b->size);
     snprintf(vram_why, sizeof vram_why, "%s", sgm_last_error());
   }
   /* "Everything resident is acquired" only when it is so: nothing released
    * is left in either resident tier to evict. */
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   bool none_listed = __atomic_load_n(&pl->n_listed[SGM_TIER_VRAM], __ATOMIC_RELAXED) == 0 &&
                      __atomic_load_n(&pl->n_listed[SGM_TIER_SHARED], __ATOMIC_RELAXED) == 0;
   return sgm__error_set(SGM_ERR_NOMEM, "cannot make a %llu-byte buffer resident%s. VRAM: %s. "

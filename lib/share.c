@@ -129,16 +129,10 @@ out_align:
 
 static uint64_t share_sat_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
 
-static uint64_t share_now_ms(sgm_context *ctx) {
-  sgm__lock_take(&ctx->lock);
-  uint64_t now = ctx->clock_ms(ctx->clock_user);
-  sgm__lock_drop(&ctx->lock);
-  return now;
-}
 
 /* This process's figures now (budgets: the ones in force). */
 static void share_usage(sgm_context *ctx, sgm_node_usage *u) {
-  sgm_share *sh = ctx->share;
+  sgm_share *sh = sgm__context_share(ctx);
   memset(u, 0, sizeof *u);
   sgm_stats st;
   sgm_get_stats(ctx, &st);
@@ -150,33 +144,31 @@ static void share_usage(sgm_context *ctx, sgm_node_usage *u) {
     u->w[SGM_NODE_F_EVICTIONS] += st.tier[t].n_evictions;
     u->w[SGM_NODE_F_MOVED] += st.tier[t].bytes_in;
   }
-  sgm__lock_take(&ctx->lock);
-  uint64_t vcap = ctx->budget_bytes[SGM_TIER_VRAM];
-  uint64_t scap = ctx->budget_bytes[SGM_TIER_SHARED];
-  sgm__lock_drop(&ctx->lock);
+  uint64_t vcap = 0, scap = 0;
+  sgm__context_budgets(ctx, &vcap, &scap);
   uint64_t vused = st.tier[SGM_TIER_VRAM].used_bytes, sused = st.tier[SGM_TIER_SHARED].used_bytes;
   uint64_t resident = share_sat_add(vused, sused);
-  uint64_t head = resident / 8 > ctx->cfg.growth_chunk_bytes ? resident / 8 : ctx->cfg.growth_chunk_bytes;
+  uint64_t head = resident / 8 > sgm__context_cfg(ctx)->growth_chunk_bytes ? resident / 8 : sgm__context_cfg(ctx)->growth_chunk_bytes;
   uint64_t demand = share_sat_add(resident, head);
-  uint64_t now = share_now_ms(ctx);
-  if (ctx->cfg.idle_trim_ms == 0) {
+  uint64_t now = sgm__context_now_ms(ctx);
+  if (sgm__context_cfg(ctx)->idle_trim_ms == 0) {
     sh->hold_bytes = demand;
-  } else if (demand >= sh->hold_bytes || now - sh->hold_since_ms >= ctx->cfg.idle_trim_ms) {
+  } else if (demand >= sh->hold_bytes || now - sh->hold_since_ms >= sgm__context_cfg(ctx)->idle_trim_ms) {
     sh->hold_bytes = demand;
     sh->hold_since_ms = now;
   } else {
     demand = sh->hold_bytes; /* between two steps: keep the share */
   }
-  uint64_t shead = sused / 8 > ctx->cfg.shared_chunk_bytes ? sused / 8 : ctx->cfg.shared_chunk_bytes;
+  uint64_t shead = sused / 8 > sgm__context_cfg(ctx)->shared_chunk_bytes ? sused / 8 : sgm__context_cfg(ctx)->shared_chunk_bytes;
   u->w[SGM_NODE_F_RESERVE] = sh->reserve_bytes;
   u->w[SGM_NODE_F_CAP] = vcap;
   u->w[SGM_NODE_F_DEMAND] = share_min(demand, vcap);
   u->w[SGM_NODE_F_SHARED_CAP] = scap;
   u->w[SGM_NODE_F_SHARED_DEMAND] = share_min(share_sat_add(sused, shead), scap);
-  u->w[SGM_NODE_F_WEIGHT] = (uint64_t)ctx->cfg.share_weight;
+  u->w[SGM_NODE_F_WEIGHT] = (uint64_t)sgm__context_cfg(ctx)->share_weight;
   u->w[SGM_NODE_F_FALLBACKS] = st.n_fallbacks;
   u->w[SGM_NODE_F_HEARTBEAT] = sgm__clock_monotonic_ns();
-  u->w[SGM_NODE_F_FLAGS] = ctx->cfg.share_mode == SGM_SHARE_SOLO ? SGM_NODE_FLAG_SOLO : 0;
+  u->w[SGM_NODE_F_FLAGS] = sgm__context_cfg(ctx)->share_mode == SGM_SHARE_SOLO ? SGM_NODE_FLAG_SOLO : 0;
 }
 
 /* A published slot as a claim on tier t (VRAM or shared); values from other
@@ -206,7 +198,7 @@ static void share_claim_of(const sgm_node_usage *u, sgm_tier t, sgm_share_claim 
  * with a view from our own registry, which holds our slot). */
 static bool share_compute(sgm_context *ctx, const sgm_node_view *v, const sgm_node_usage *mine,
                           uint64_t *vram_out, uint64_t *shared_out) {
-  sgm_share *sh = ctx->share;
+  sgm_share *sh = sgm__context_share(ctx);
   size_t n = v->n_procs;
   bool have_self = false;
   for (size_t i = 0; i < n; i++) have_self |= v->procs[i].self;
@@ -236,19 +228,19 @@ static bool share_compute(sgm_context *ctx, const sgm_node_view *v, const sgm_no
 /* Set tier t's budget; over it, demote released buffers and return chunks. */
 static void share_apply(sgm_context *ctx, sgm_tier t, uint64_t budget) {
   sgm_tier_stats ts;
-  sgm__tier_stats(ctx->tiers[t], &ts);
-  if (ts.budget_bytes != budget) sgm__tier_set_budget(ctx->tiers[t], budget);
+  sgm__tier_stats(sgm__context_tier(ctx, t), &ts);
+  if (ts.budget_bytes != budget) sgm__tier_set_budget(sgm__context_tier(ctx, t), budget);
   if (ts.used_bytes <= budget) return;
   if (t == SGM_TIER_SHARED && !sgm__placement_disk(ctx)) return; /* nowhere to demote to */
-  if (sgm__residency_trim_to_budget(ctx, t)) sgm__tier_trim(ctx->tiers[t]);
+  if (sgm__residency_trim_to_budget(ctx, t)) sgm__tier_trim(sgm__context_tier(ctx, t));
 }
 
 static void share_tick(sgm_context *ctx) {
-  sgm_share *sh = ctx->share;
+  sgm_share *sh = sgm__context_share(ctx);
   sgm_node_usage u;
   share_usage(ctx, &u);
   sgm__node_reclaim(sh->node);
-  if (ctx->cfg.share_mode == SGM_SHARE_FAIR && sgm__node_view(sh->node, sh->view) == SGM_OK) {
+  if (sgm__context_cfg(ctx)->share_mode == SGM_SHARE_FAIR && sgm__node_view(sh->node, sh->view) == SGM_OK) {
     uint64_t vb, sb;
     if (share_compute(ctx, sh->view, &u, &vb, &sb)) {
       share_apply(ctx, SGM_TIER_VRAM, vb);
@@ -265,8 +257,8 @@ static void share_tick(sgm_context *ctx) {
 
 static void *share_main(void *arg) {
   sgm_context *ctx = arg;
-  sgm_share *sh = ctx->share;
-  uint64_t period = ctx->cfg.node_period_ms;
+  sgm_share *sh = sgm__context_share(ctx);
+  uint64_t period = sgm__context_cfg(ctx)->node_period_ms;
   sgm__lock_take(&sh->mu);
   while (!sh->stop) {
     if (sh->n_completed == sh->n_requested) {
@@ -288,7 +280,7 @@ static void *share_main(void *arg) {
 }
 
 void sgm__share_poke(sgm_context *ctx) {
-  sgm_share *sh = ctx->share;
+  sgm_share *sh = sgm__context_share(ctx);
   if (!sh || !sh->running) return;
   sgm__lock_take(&sh->mu);
   sh->n_requested++;
@@ -297,7 +289,7 @@ void sgm__share_poke(sgm_context *ctx) {
 }
 
 bool sgm__share_tick_sync(sgm_context *ctx) {
-  sgm_share *sh = ctx->share;
+  sgm_share *sh = sgm__context_share(ctx);
   if (!sh) return false;
   if (!sh->running) {
     share_tick(ctx);
@@ -326,28 +318,28 @@ static void share_name(char *out, size_t len) {
 }
 
 int sgm__share_join(sgm_context *ctx, uint64_t *vram_budget, uint64_t *shared_budget) {
-  ctx->share = NULL;
-  if (!ctx->cfg.node || !ctx->bops->device_key) return SGM_OK;
+  sgm__context_set_share(ctx, NULL);
+  if (!sgm__context_cfg(ctx)->node || !sgm__context_bops(ctx)->device_key) return SGM_OK;
   char key[SGM_NODE_KEY_MAX] = "";
-  ctx->bops->device_key(ctx->be, key, sizeof key);
+  sgm__context_bops(ctx)->device_key(sgm__context_be(ctx), key, sizeof key);
   if (!key[0]) return SGM_OK; /* a private device: nobody to share with */
   sgm_share *sh = calloc(1, sizeof *sh);
   sgm_node_view *view = malloc(sizeof *view);
   if (!sh || !view) {
     free(sh);
     free(view);
-    sgm__log(ctx->cfg.verbose, 1, "node registry: out of host memory; this process runs untracked");
+    sgm__log(sgm__context_cfg(ctx)->verbose, 1, "node registry: out of host memory; this process runs untracked");
     return SGM_OK;
   }
   sh->view = view;
   char name[SGM_NODE_NAME_MAX];
   share_name(name, sizeof name);
-  uint64_t shared_cap = ctx->physical_ram_bytes / 2 > 64 * SGM_MiB ? ctx->physical_ram_bytes / 2
-                                                                  : 64 * SGM_MiB;
-  sgm_node_params p = {.dir = ctx->cfg.node_dir, .key = key, .name = name,
-                       .group = ctx->cfg.node_group != 0,
-                       .device_total_bytes = ctx->device_total_bytes,
-                       .shared_cap_bytes = shared_cap, .verbose = ctx->cfg.verbose};
+  uint64_t ram = sgm__context_physical_ram(ctx);
+  uint64_t shared_cap = ram / 2 > 64 * SGM_MiB ? ram / 2 : 64 * SGM_MiB;
+  sgm_node_params p = {.dir = sgm__context_cfg(ctx)->node_dir, .key = key, .name = name,
+                       .group = sgm__context_cfg(ctx)->node_group != 0,
+                       .device_total_bytes = sgm__context_device_total(ctx),
+                       .shared_cap_bytes = shared_cap, .verbose = sgm__context_cfg(ctx)->verbose};
   if (sgm__node_join(&p, &sh->node) != SGM_OK) {
     /* Untracked (node.c warned once): the context works alone. */
     sgm__error_clear();
@@ -355,35 +347,35 @@ int sgm__share_join(sgm_context *ctx, uint64_t *vram_budget, uint64_t *shared_bu
     free(sh);
     return SGM_OK;
   }
-  ctx->share = sh;
+  sgm__context_set_share(ctx, sh);
   sgm__lock_init(&sh->mu, SGM_LOCK_SHARE);
   sgm__clock_cond_init(&sh->cond);
-  if (ctx->bops->node_attach) {
-    ctx->bops->node_attach(ctx->be, sh->node);
-    uint64_t free_bytes = 0;
-    int rc = ctx->bops->mem_info(ctx->be, &free_bytes, &ctx->device_total_bytes);
+  if (sgm__context_bops(ctx)->node_attach) {
+    sgm__context_bops(ctx)->node_attach(sgm__context_be(ctx), sh->node);
+    uint64_t free_bytes = 0, total_bytes = 0;
+    int rc = sgm__context_bops(ctx)->mem_info(sgm__context_be(ctx), &free_bytes, &total_bytes);
     if (rc != SGM_OK) return rc; /* the caller leaves */
+    sgm__context_set_device_total(ctx, total_bytes);
   }
   uint64_t total = sgm__node_device_total(sh->node);
-  long double pool = (long double)total * (long double)ctx->vram_fraction;
+  long double pool = (long double)total * (long double)sgm__context_vram_fraction(ctx);
   sh->pool_bytes = pool >= (long double)total ? total : (uint64_t)pool;
-  sh->reserve_bytes = sgm__size_resolve(ctx->cfg.vram_reserve, total, 0);
+  sh->reserve_bytes = sgm__size_resolve(sgm__context_cfg(ctx)->vram_reserve, total, 0);
   /* Just joined: claim the whole cap until our use says otherwise. */
-  sh->hold_bytes = ctx->cfg.idle_trim_ms ? ctx->budget_bytes[SGM_TIER_VRAM] : 0;
-  sh->hold_since_ms = share_now_ms(ctx);
-  *vram_budget = ctx->budget_bytes[SGM_TIER_VRAM];
-  *shared_budget = ctx->budget_bytes[SGM_TIER_SHARED];
-  if (ctx->cfg.share_mode != SGM_SHARE_FAIR) return SGM_OK;
+  sgm__context_budgets(ctx, vram_budget, shared_budget);
+  sh->hold_bytes = sgm__context_cfg(ctx)->idle_trim_ms ? *vram_budget : 0;
+  sh->hold_since_ms = sgm__context_now_ms(ctx);
+  if (sgm__context_cfg(ctx)->share_mode != SGM_SHARE_FAIR) return SGM_OK;
   /* The budgets the tiers start with: this process with nothing in use (and
    * claiming its cap in reserve mode, which takes the budget at once). */
   sgm_node_usage u = {0};
   u.w[SGM_NODE_F_RESERVE] = sh->reserve_bytes;
-  u.w[SGM_NODE_F_CAP] = ctx->budget_bytes[SGM_TIER_VRAM];
-  u.w[SGM_NODE_F_DEMAND] = ctx->cfg.allow_growth && !sh->hold_bytes ? ctx->cfg.growth_chunk_bytes
+  u.w[SGM_NODE_F_CAP] = *vram_budget;
+  u.w[SGM_NODE_F_DEMAND] = sgm__context_cfg(ctx)->allow_growth && !sh->hold_bytes ? sgm__context_cfg(ctx)->growth_chunk_bytes
                                                                     : u.w[SGM_NODE_F_CAP];
-  u.w[SGM_NODE_F_SHARED_CAP] = ctx->budget_bytes[SGM_TIER_SHARED];
-  u.w[SGM_NODE_F_SHARED_DEMAND] = ctx->cfg.shared_chunk_bytes;
-  u.w[SGM_NODE_F_WEIGHT] = (uint64_t)ctx->cfg.share_weight;
+  u.w[SGM_NODE_F_SHARED_CAP] = *shared_budget;
+  u.w[SGM_NODE_F_SHARED_DEMAND] = sgm__context_cfg(ctx)->shared_chunk_bytes;
+  u.w[SGM_NODE_F_WEIGHT] = (uint64_t)sgm__context_cfg(ctx)->share_weight;
   if (sgm__node_view(sh->node, sh->view) == SGM_OK)
     share_compute(ctx, sh->view, &u, vram_budget, shared_budget);
   sgm__error_clear();
@@ -391,7 +383,7 @@ int sgm__share_join(sgm_context *ctx, uint64_t *vram_budget, uint64_t *shared_bu
 }
 
 int sgm__share_start(sgm_context *ctx) {
-  sgm_share *sh = ctx->share;
+  sgm_share *sh = sgm__context_share(ctx);
   if (!sh) return SGM_OK;
   share_tick(ctx);
   int e = pthread_create(&sh->thread, NULL, share_main, ctx);
@@ -403,7 +395,7 @@ int sgm__share_start(sgm_context *ctx) {
 }
 
 void sgm__share_stop(sgm_context *ctx) {
-  sgm_share *sh = ctx->share;
+  sgm_share *sh = sgm__context_share(ctx);
   if (!sh || !sh->running) return;
   sgm__lock_take(&sh->mu);
   sh->stop = true;
@@ -414,7 +406,7 @@ void sgm__share_stop(sgm_context *ctx) {
 }
 
 void sgm__share_leave(sgm_context *ctx) {
-  sgm_share *sh = ctx->share;
+  sgm_share *sh = sgm__context_share(ctx);
   if (!sh) return;
   sgm__share_stop(ctx);
   sgm__node_leave(sh->node);
@@ -422,7 +414,7 @@ void sgm__share_leave(sgm_context *ctx) {
   sgm__lock_destroy(&sh->mu);
   free(sh->view);
   free(sh);
-  ctx->share = NULL;
+  sgm__context_set_share(ctx, NULL);
 }
 
-sgm_node *sgm__share_node(sgm_context *ctx) { return ctx->share ? ctx->share->node : NULL; }
+sgm_node *sgm__share_node(sgm_context *ctx) { return sgm__context_share(ctx) ? sgm__context_share(ctx)->node : NULL; }

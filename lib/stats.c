@@ -18,19 +18,12 @@ SGM_API sgm_status sgm_get_stats(sgm_context *ctx, sgm_stats *out) {
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_get_stats: context is NULL");
   if (sgm__context_forked(ctx)) return (sgm_status)sgm__context_fork_error(ctx, "sgm_get_stats");
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
-    if (ctx->tiers[t]) sgm__tier_stats(ctx->tiers[t], &out->tier[t]);
-    else out->tier[t].budget_bytes = ctx->budget_bytes[t];
+    if (sgm__context_tier(ctx, t)) sgm__tier_stats(sgm__context_tier(ctx, t), &out->tier[t]);
+    else out->tier[t].budget_bytes = sgm__context_budget(ctx, t);
   }
   sgm__placement_stats(ctx, out);
   sgm__managed_stats(ctx, out);
-  out->n_fallbacks = __atomic_load_n(&ctx->n_fallbacks, __ATOMIC_RELAXED);
-  out->fallback_bytes = __atomic_load_n(&ctx->fallback_bytes, __ATOMIC_RELAXED);
-  out->device_total_bytes = ctx->device_total_bytes;
-  out->physical_ram_bytes = ctx->physical_ram_bytes;
-  out->n_bad_frees = __atomic_load_n(&ctx->n_bad_frees, __ATOMIC_RELAXED);
-  if (ctx->tiers[SGM_TIER_VRAM])
-    sgm__tier_vmm_info(ctx->tiers[SGM_TIER_VRAM], &out->vram_granule_bytes,
-                       &out->vram_reserved_bytes);
+  sgm__context_counters(ctx, out);
   return SGM_OK;
 }
 
@@ -82,17 +75,17 @@ SGM_API sgm_status sgm_stats_json(sgm_context *ctx, char **out) {
   sgm_strbuf b = {0};
   sgm__strbuf_printf(&b, "{\"version\":\"%d.%d.%d\",\"backend\":", SGM_VERSION_MAJOR,
                      SGM_VERSION_MINOR, SGM_VERSION_PATCH);
-  stats_json_string(&b, ctx->bops->name);
+  stats_json_string(&b, sgm__context_bops(ctx)->name);
   sgm__strbuf_printf(&b, ",\"device\":%d,\"allow_growth\":%s,\"device_total_bytes\":%llu,"
                      "\"physical_ram_bytes\":%llu,\"n_fallbacks\":%llu,\"fallback_bytes\":%llu,"
                      "\"n_bad_frees\":%llu,",
-                     ctx->cfg.device, ctx->cfg.allow_growth ? "true" : "false",
+                     sgm__context_cfg(ctx)->device, sgm__context_cfg(ctx)->allow_growth ? "true" : "false",
                      (unsigned long long)st.device_total_bytes,
                      (unsigned long long)st.physical_ram_bytes, (unsigned long long)st.n_fallbacks,
                      (unsigned long long)st.fallback_bytes, (unsigned long long)st.n_bad_frees);
   sgm__strbuf_printf(&b, "\"pointers\":\"%s\",\"managed\":{\"n_live\":%llu,\"n_promotions\":%llu,"
                      "\"n_demotions\":%llu,\"promoted_bytes\":%llu,\"demoted_bytes\":%llu},\"tiers\":{",
-                     ctx->managed ? "managed" : "fixed", (unsigned long long)st.n_managed_live,
+                     sgm__context_managed(ctx) ? "managed" : "fixed", (unsigned long long)st.n_managed_live,
                      (unsigned long long)st.n_managed_promotions,
                      (unsigned long long)st.n_managed_demotions,
                      (unsigned long long)st.managed_promoted_bytes,
@@ -116,7 +109,7 @@ SGM_API sgm_status sgm_stats_json(sgm_context *ctx, char **out) {
   /* Expandable VRAM (issue 17): how VRAM grows. */
   sgm__strbuf_printf(&b, "},\"vram_growth\":\"%s\",\"vram_granule_bytes\":%llu,"
                      "\"vram_reserved_bytes\":%llu}",
-                     !ctx->cfg.allow_growth ? "reserved" : st.vram_granule_bytes ? "vmm" : "chunks",
+                     !sgm__context_cfg(ctx)->allow_growth ? "reserved" : st.vram_granule_bytes ? "vmm" : "chunks",
                      (unsigned long long)st.vram_granule_bytes,
                      (unsigned long long)st.vram_reserved_bytes);
   if (b.failed) {

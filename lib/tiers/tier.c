@@ -1547,25 +1547,20 @@ bool sgm__tier_has_cached(sgm_tier_pool *p) {
   return any;
 }
 
-bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr) {
+/* Is ptr a LIVE block of p (with own_only: one sgm took for itself)? */
+static bool tier_owns_live(sgm_tier_pool *p, sgm_devptr ptr, bool own_only) {
   uint64_t h = tier_hash(ptr);
   tier_shard *s = tier_shard_of(p, h);
   tier_spin_lock(&s->lock);
   tier_block *b = s->buckets ? tier_map_find_locked(s, ptr, h) : NULL;
-  bool live = b && __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) == TIER_LIVE;
+  bool yes = b && (!own_only || b->own) && __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) == TIER_LIVE;
   tier_spin_unlock(&s->lock);
-  return live;
+  return yes;
 }
 
-bool sgm__tier_owns_own(sgm_tier_pool *p, sgm_devptr ptr) {
-  uint64_t h = tier_hash(ptr);
-  tier_shard *s = tier_shard_of(p, h);
-  tier_spin_lock(&s->lock);
-  tier_block *b = s->buckets ? tier_map_find_locked(s, ptr, h) : NULL;
-  bool own = b && b->own && __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) == TIER_LIVE;
-  tier_spin_unlock(&s->lock);
-  return own;
-}
+bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr) { return tier_owns_live(p, ptr, false); }
+
+bool sgm__tier_owns_own(sgm_tier_pool *p, sgm_devptr ptr) { return tier_owns_live(p, ptr, true); }
 
 /* ---- reclaim ---- */
 

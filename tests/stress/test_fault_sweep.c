@@ -302,7 +302,7 @@ static void sweep_once(sweep_run *r) {
   if (sgm_trim(ctx) != SGM_OK) sgm_trim(ctx);
   if (!on_cuda) {
     sgm_backend_counters c;
-    ctx->bops->counters(ctx->be, &c);
+    sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c);
     r->n_calls = c.n_calls;
     r->fault_hit = c.n_calls >= r->fail_at;
     if (c.n_device_live || c.n_host_live)

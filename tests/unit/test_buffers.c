@@ -534,7 +534,7 @@ static void test_acquire_driver_oom_message(void **state) {
                                     "SGM_SHARED_LIMIT", "1MiB", "SGM_SPILL_LIMIT", "64MiB", NULL};
   sgm_context *ctx = make_ctx_env(env);
   sgm_devptr hog = 0; /* another process's memory, as far as sgm can tell */
-  assert_int_equal(ctx->bops->device_alloc(ctx->be, 3 * MiB + 512 * 1024, &hog), SGM_OK);
+  assert_int_equal(sgm__context_bops(ctx)->device_alloc(sgm__context_be(ctx), 3 * MiB + 512 * 1024, &hog), SGM_OK);
   sgm_buffer *b;
   assert_int_equal(sgm_buffer_create(ctx, 2 * MiB, &b), SGM_OK);
   assert_int_equal(sgm_buffer_tier(b), SGM_TIER_DISK);
@@ -546,7 +546,7 @@ static void test_acquire_driver_oom_message(void **state) {
   assert_null(strstr(msg, "everything resident is acquired"));
   assert_null(strstr(msg, "VRAM budget exhausted"));
   sgm_buffer_destroy(b);
-  ctx->bops->device_free(ctx->be, hog, 3 * MiB + 512 * 1024);
+  sgm__context_bops(ctx)->device_free(sgm__context_be(ctx), hog, 3 * MiB + 512 * 1024);
   sgm_context_destroy(ctx);
 }
 
@@ -662,14 +662,14 @@ static void test_disk_vram_staging_is_kept(void **state) {
   assert_int_equal(sgm_buffer_create(ctx, 6 * MiB + 123, &b), SGM_OK);
   write_buffer(b, 808);
   sgm_backend_counters c0, c;
-  ctx->bops->counters(ctx->be, &c0);
+  sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c0);
   for (int round = 0; round < 3; round++) {
     assert_int_equal(sgm_buffer_evict(b, SGM_TIER_DISK), SGM_OK);
     void *d = NULL;
     assert_int_equal(sgm_buffer_acquire(b, NULL, &d), SGM_OK);
     assert_int_equal(sgm_pointer_tier(ctx, d), SGM_TIER_VRAM);
     assert_int_equal(sgm_buffer_release(b, NULL), SGM_OK);
-    ctx->bops->counters(ctx->be, &c);
+    sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c);
     assert_int_equal(c.n_host_live, c0.n_host_live + 1);
     assert_int_equal(c.host_live_bytes, c0.host_live_bytes + SGM_DISK_BOUNCE_BYTES);
   }

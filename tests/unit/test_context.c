@@ -4,6 +4,7 @@
  * Nth-backend-call failure loop and a thread stress with data checks.
  */
 #include <errno.h>
+#include <signal.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,7 +50,7 @@ static sgm_context *make_ctx(const char *vram, const char *growth) {
 
 static sgm_backend_counters backend_counters(sgm_context *ctx) {
   sgm_backend_counters c;
-  ctx->bops->counters(ctx->be, &c);
+  sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c);
   return c;
 }
 
@@ -113,7 +114,7 @@ static void test_growth_vs_reserve(void **state) {
   assert_int_equal(s.n_chunks, 3);
   assert_int_equal(s.committed_bytes, 6 * MiB + 50 * MiB);
   assert_int_equal(backend_counters(g).device_live_bytes, s.committed_bytes);
-  assert_true(sgm__tier_check(g->tiers[SGM_TIER_VRAM]));
+  assert_true(sgm__tier_check(sgm__context_tier(g, SGM_TIER_VRAM)));
   sgm_free(g, a, NULL);
   sgm_free(g, b, NULL);
   sgm_free(g, big, NULL);
@@ -200,7 +201,7 @@ static void test_growth_reclaims_free_chunks(void **state) {
   for (int i = 0; i < n; i++) sgm_free(g, small[i], NULL);
   void *big = sgm_alloc(g, 48 * MiB, NULL);
   assert_non_null(big);
-  assert_true(sgm__tier_check(g->tiers[SGM_TIER_VRAM]));
+  assert_true(sgm__tier_check(sgm__context_tier(g, SGM_TIER_VRAM)));
   sgm_free(g, big, NULL);
   sgm_context_destroy(g);
 }
@@ -242,7 +243,7 @@ static void test_stats_consistency(void **state) {
     assert_int_equal(s.n_frees, frees);
     assert_true(s.committed_bytes >= s.used_bytes);
   }
-  assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
   char *json = NULL;
   assert_int_equal(sgm_stats_json(ctx, &json), SGM_OK);
   char expect[64];
@@ -280,7 +281,7 @@ static void test_bad_frees(void **state) {
   assert_int_equal(st.n_bad_frees, 4);
   assert_int_equal(sgm_pointer_tier(ctx, a), SGM_TIER_NONE);
   assert_int_equal(sgm_pointer_tier(ctx, b), SGM_TIER_VRAM);
-  assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
   sgm_free(ctx, b, NULL);
   sgm_context_destroy(ctx);
 }
@@ -343,7 +344,7 @@ static void test_backend_failure_loop(void **state) {
       }
     }
     assert_int_equal(sgm_trim(ctx), SGM_OK);
-    assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
+    assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
     for (int i = 0; i < 40; i++) sgm_free(ctx, p[i], NULL);
     assert_int_equal(sgm_trim(ctx), SGM_OK);
     if (sgm_context_config(ctx)->allow_growth)
@@ -376,7 +377,7 @@ static void *stress_thread(void *vp) {
     int i = (int)sgm_test_rng_range(&r, 0, SLOTS - 1);
     if (p[i]) {
       uint64_t n = sz[i] < sizeof back ? sz[i] : sizeof back;
-      a->ctx->bops->copy(a->ctx->be, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)back, (uintptr_t)p[i], n, NULL);
+      sgm__context_bops(a->ctx)->copy(sgm__context_be(a->ctx), SGM_COPY_DEVICE_TO_HOST, (uintptr_t)back, (uintptr_t)p[i], n, NULL);
       for (uint64_t k = 0; k < n; k++)
         if (back[k] != (unsigned char)((uintptr_t)p[i] >> 8 ^ k ^ a->seed)) {
           a->failures++;
@@ -390,7 +391,7 @@ static void *stress_thread(void *vp) {
       if (!p[i]) continue;
       uint64_t n = sz[i] < sizeof buf ? sz[i] : sizeof buf;
       for (uint64_t k = 0; k < n; k++) buf[k] = (unsigned char)((uintptr_t)p[i] >> 8 ^ k ^ a->seed);
-      a->ctx->bops->copy(a->ctx->be, SGM_COPY_HOST_TO_DEVICE, (uintptr_t)p[i], (uintptr_t)buf, n, NULL);
+      sgm__context_bops(a->ctx)->copy(sgm__context_be(a->ctx), SGM_COPY_HOST_TO_DEVICE, (uintptr_t)p[i], (uintptr_t)buf, n, NULL);
     }
     if (step % 500 == 0) sgm_trim(a->ctx);
   }
@@ -414,7 +415,7 @@ static void test_thread_stress(void **state) {
   sgm_tier_stats s = vram_stats(ctx);
   assert_int_equal(s.n_live, 0);
   assert_int_equal(s.used_bytes, 0);
-  assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
   sgm_context_destroy(ctx);
 }
 
@@ -713,6 +714,67 @@ static void test_fork_child_cannot_touch_parent(void **state) {
   rmdir(dir);
 }
 
+/* One backend call (mem_info) from a forked child, with an sgm lock of rank
+ * SGM_LOCK_BUFFERS held across it when hold; the child's stderr goes to
+ * err_fd. Returns the child's wait status. */
+static int lock_across_backend_call_child(bool hold, int err_fd) {
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    dup2(err_fd, STDERR_FILENO);
+    sgm_test_clean_env();
+    setenv("SGM_BACKEND", "emu", 1);
+    sgm_context *ctx = NULL;
+    if (sgm_context_create(NULL, &ctx) != SGM_OK) _exit(3);
+    sgm_lock l;
+    sgm__lock_init(&l, SGM_LOCK_BUFFERS);
+    if (hold) sgm__lock_take(&l);
+    uint64_t free_bytes = 0, total_bytes = 0;
+    int rc = sgm__context_bops(ctx)->mem_info(sgm__context_be(ctx), &free_bytes, &total_bytes);
+    if (hold) sgm__lock_drop(&l);
+    sgm__lock_destroy(&l);
+    sgm_context_destroy(ctx);
+    _exit(rc == SGM_OK ? 0 : 4);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  return status;
+}
+
+/* Invariant (issue 11 item 4, debug builds): no sgm lock is held across a
+ * backend call. A child that calls the backend while holding an sgm lock
+ * aborts with the witness's assertion message; the same call without the
+ * lock succeeds (so the lock, not the call, is what fires it). */
+static void test_lock_held_across_backend_call_aborts(void **state) {
+  (void)state;
+  if (SGM_DEBUG < 2) {
+    printf("# SGM_DEBUG=%d: the lock witness is compiled out here; nothing to check\n", SGM_DEBUG);
+    skip();
+  }
+  int fds[2];
+  assert_int_equal(pipe(fds), 0);
+  int status = lock_across_backend_call_child(true, fds[1]);
+  close(fds[1]);
+  char out[1024] = "";
+  size_t n = 0;
+  ssize_t r;
+  while (n + 1 < sizeof out && (r = read(fds[0], out + n, sizeof out - 1 - n)) > 0) n += (size_t)r;
+  out[n] = '\0';
+  close(fds[0]);
+  if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGABRT)
+    fail_msg("the child did not abort (status 0x%x); its stderr: %s", status, out);
+  assert_non_null(strstr(out, "sgm: assertion failed: held_ranks[i] == SGM_LOCK_HOOKS"));
+  assert_non_null(strstr(out, "lock.c"));
+
+  int devnull[2];
+  assert_int_equal(pipe(devnull), 0);
+  status = lock_across_backend_call_child(false, devnull[1]);
+  close(devnull[1]);
+  close(devnull[0]);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_budget_resolution),
@@ -731,6 +793,7 @@ int main(void) {
       cmocka_unit_test(test_shared_chunk_bound),
       cmocka_unit_test(test_trim_does_not_fail_allocations),
       cmocka_unit_test(test_fork_child_cannot_touch_parent),
+      cmocka_unit_test(test_lock_held_across_backend_call_aborts),
   };
   /* CMOCKA_FILTER=test_name runs one test (checking a test against old code). */
   if (getenv("CMOCKA_FILTER")) cmocka_set_test_filter(getenv("CMOCKA_FILTER"));

@@ -65,7 +65,7 @@ static void test_cached_is_not_used(void **state) {
   s = vram(ctx);
   assert_int_equal(s.cached_bytes, 0);
   assert_int_equal(s.committed_bytes, 0);
-  assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
   sgm_context_destroy(ctx);
 }
 
@@ -90,7 +90,7 @@ static void test_size_classes(void **state) {
   }
   for (int i = 0; i < N; i++) sgm_free(ctx, p[i], NULL);
   assert_int_equal(vram(ctx).used_bytes, 0);
-  assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
   sgm_context_destroy(ctx);
 }
 
@@ -133,7 +133,7 @@ static void test_other_threads_cache_reclaimed_before_fallback(void **state) {
   pthread_barrier_wait(&done);
   assert_int_equal(pthread_join(th, NULL), 0);
   sgm_free(ctx, big, NULL);
-  assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
   pthread_barrier_destroy(&freed);
   pthread_barrier_destroy(&done);
   sgm_context_destroy(ctx);
@@ -189,7 +189,7 @@ static void test_two_threads_exact_counters(void **state) {
     assert_int_equal(s.n_frees, 2 * PAIRS);
     assert_true(s.peak_used_bytes > 0);
     assert_true(s.committed_bytes >= s.cached_bytes);
-    assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
+    assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
     if (pass == 0) {
       pthread_barrier_wait(&checked);
       for (int i = 0; i < 2; i++) assert_int_equal(pthread_join(th[i], NULL), 0);

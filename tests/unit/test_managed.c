@@ -59,11 +59,11 @@ static sgm_context *make_ctx(const char *vram_limit, const char *pointers) {
  * device holds exactly what sgm charged, the placement lists are whole. */
 static void check_invariants(sgm_context *ctx) {
   sgm_backend_counters c;
-  ctx->bops->counters(ctx->be, &c);
+  sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c);
   sgm_stats st;
   assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
-  uint64_t charged_vram = sgm__tier_charged(ctx->tiers[SGM_TIER_VRAM]);
-  uint64_t charged_shared = sgm__tier_charged(ctx->tiers[SGM_TIER_SHARED]);
+  uint64_t charged_vram = sgm__tier_charged(sgm__context_tier(ctx, SGM_TIER_VRAM));
+  uint64_t charged_shared = sgm__tier_charged(sgm__context_tier(ctx, SGM_TIER_SHARED));
   assert_true(c.managed_device_bytes + st.tier[SGM_TIER_VRAM].committed_bytes - charged_vram <=
               st.tier[SGM_TIER_VRAM].budget_bytes);
   assert_true(st.tier[SGM_TIER_VRAM].committed_bytes <= st.tier[SGM_TIER_VRAM].budget_bytes);
@@ -71,8 +71,8 @@ static void check_invariants(sgm_context *ctx) {
   assert_int_equal(c.managed_host_bytes, charged_shared);
   char why[256];
   if (sgm__placement_check(ctx, why, sizeof why) != SGM_OK) fail_msg("placement: %s", why);
-  assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
-  assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_SHARED]));
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_SHARED)));
 }
 
 /* The pattern: one 64-bit word per 8 bytes (fast under the sanitizers),
@@ -166,7 +166,7 @@ static void test_bytes_survive_random_moves(void **state) {
   }
   check_invariants(ctx);
   sgm_backend_counters c;
-  ctx->bops->counters(ctx->be, &c);
+  sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c);
   assert_int_equal(c.n_managed_live, 0);
   sgm_context_destroy(ctx);
 }
@@ -317,7 +317,7 @@ static void test_what_does_not_move(void **state) {
   assert_int_equal(sgm_advise(ctx, big, SGM_PRIORITY_LOW, SGM_HINT_COLD), SGM_ERR_INVALID);
   assert_non_null(strstr(sgm_last_error(), "fixed"));
   sgm_backend_counters c;
-  ctx->bops->counters(ctx->be, &c);
+  sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c);
   assert_int_equal(c.n_managed_live, 0);
   sgm_free(ctx, big, NULL);
   sgm_context_destroy(ctx);
@@ -378,7 +378,7 @@ static uint64_t run_with_failure(int fail_at) {
   for (int i = 0; i < 3; i++) sgm_free(ctx, p[i], NULL);
   check_invariants(ctx);
   sgm_backend_counters c;
-  ctx->bops->counters(ctx->be, &c);
+  sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c);
   assert_int_equal(c.n_managed_live, 0);
   assert_int_equal(c.managed_device_bytes + c.managed_host_bytes, 0);
   sgm_context_destroy(ctx);
@@ -520,7 +520,7 @@ static void test_double_moves_after_the_callers_work(void **state) {
   assert_int_equal(page_at(p, NULL, NULL), 1);
   fc.fake_cuda_hold_stream(s, 1);
   void *ev = NULL; /* stands for a kernel on s still using p */
-  assert_int_equal(ctx->bops->event_record(ctx->be, s, &ev), SGM_OK);
+  assert_int_equal(sgm__context_bops(ctx)->event_record(sgm__context_be(ctx), s, &ev), SGM_OK);
   uint64_t before = fc.fake_cuda_calls("cuMemPrefetchAsync");
   prefetch_job j = {ctx, p, s, SGM_ERR_BACKEND};
   pthread_t t;
@@ -534,7 +534,7 @@ static void test_double_moves_after_the_callers_work(void **state) {
   assert_int_equal(j.rc, SGM_OK);
   assert_int_equal(page_at(p, NULL, NULL), 2);
   assert_int_equal(sgm_pointer_tier(ctx, p), SGM_TIER_SHARED);
-  ctx->bops->event_destroy(ctx->be, ev);
+  sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), ev);
   sgm_free(ctx, p, s);
   sgm_context_destroy(ctx);
   fc.fake_cuda_stream_destroy(s);

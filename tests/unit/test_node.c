@@ -114,7 +114,7 @@ static void kid_figures(sgm_context *ctx, rsp *r) {
   r->v[V_TRACKED] = n != NULL;
   r->v[V_SLOT] = n ? sgm__node_slot(n) : UINT64_MAX;
   uint64_t fr = 0, tot = 0;
-  ctx->bops->mem_info(ctx->be, &fr, &tot);
+  sgm__context_bops(ctx)->mem_info(sgm__context_be(ctx), &fr, &tot);
   r->v[V_DEVICE_FREE] = fr;
 }
 

@@ -150,7 +150,7 @@ static void wait_for_sleeper(sgm_buffer *b) {
 static void test_waiter_wakes_only_for_its_buffer(void **state) {
   (void)state;
   sgm_context *ctx = make_ctx(NULL);
-  struct sgm_placement *pl = ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(ctx);
   sgm_buffer *a, *other;
   assert_int_equal(sgm_buffer_create(ctx, MiB, &a), SGM_OK);
   assert_int_equal(sgm_buffer_create(ctx, MiB, &other), SGM_OK);
@@ -191,7 +191,7 @@ typedef struct mover {
 
 static void *mover_main(void *arg) {
   mover *m = arg;
-  struct sgm_placement *pl = m->ctx->pl;
+  struct sgm_placement *pl = sgm__context_pl(m->ctx);
   for (int i = 0; i < m->n; i++) {
     sgm__lock_take(&pl->lock);
     sgm__buffer_take_locked(pl, m->b, SGM_TAKE_MOVE);

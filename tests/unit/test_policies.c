@@ -797,11 +797,11 @@ static void test_api_pending_gpu_work_skipped(void **state) {
   for (size_t k = 0; k < sgm_policy_count(); k++) {
     const char *name = sgm_policy_at(k)->name;
     sgm_context *ctx = make_ctx(name);
-    real_bops = ctx->bops;
+    real_bops = sgm__context_bops(ctx);
     pending_bops = *real_bops;
     pending_bops.event_record = pending_record;
     pending_bops.event_query = pending_query;
-    ctx->bops = &pending_bops;
+    sgm__context_set_bops(ctx, &pending_bops);
     n_pending_events = 0;
     enum { N = 8 };
     sgm_buffer *b[N];

@@ -152,13 +152,13 @@ static void test_shared_data_intact(void **state) {
     assert_non_null(p[i]);
     assert_int_equal(sgm_pointer_tier(ctx, p[i]), SGM_TIER_SHARED);
     for (size_t k = 0; k < sz[i]; k++) src[k] = (unsigned char)(i * 31 + k * 7);
-    assert_int_equal(ctx->bops->copy(ctx->be, SGM_COPY_HOST_TO_DEVICE, (uintptr_t)p[i],
+    assert_int_equal(sgm__context_bops(ctx)->copy(sgm__context_be(ctx), SGM_COPY_HOST_TO_DEVICE, (uintptr_t)p[i],
                                      (uintptr_t)src, sz[i], NULL), SGM_OK);
   }
   for (int i = 0; i < N; i++) {
-    assert_int_equal(ctx->bops->copy(ctx->be, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)back,
+    assert_int_equal(sgm__context_bops(ctx)->copy(sgm__context_be(ctx), SGM_COPY_DEVICE_TO_HOST, (uintptr_t)back,
                                      (uintptr_t)p[i], sz[i], NULL), SGM_OK);
-    const unsigned char *host = sgm__shared_host_ptr(ctx->tiers[SGM_TIER_SHARED], (uintptr_t)p[i]);
+    const unsigned char *host = sgm__shared_host_ptr(sgm__context_tier(ctx, SGM_TIER_SHARED), (uintptr_t)p[i]);
     assert_non_null(host);
     for (size_t k = 0; k < sz[i]; k++) {
       unsigned char want = (unsigned char)(i * 31 + k * 7);
@@ -186,7 +186,7 @@ static void test_lazy_commit_and_trim(void **state) {
     p[i] = sgm_alloc(ctx, 512 * 1024, NULL);
     assert_int_equal(sgm_pointer_tier(ctx, p[i]), SGM_TIER_SHARED);
     sgm_chunk chunks[64];
-    size_t n_chunks = sgm__tier_chunks(ctx->tiers[SGM_TIER_SHARED], chunks, 64);
+    size_t n_chunks = sgm__tier_chunks(sgm__context_tier(ctx, SGM_TIER_SHARED), chunks, 64);
     assert_true(n_chunks > 0 && n_chunks <= 64);
     sgm_stats st = stats(ctx);
     uint64_t last_chunk = chunks[n_chunks - 1].bytes;
@@ -194,7 +194,7 @@ static void test_lazy_commit_and_trim(void **state) {
                 st.tier[SGM_TIER_SHARED].used_bytes + last_chunk);
   }
   sgm_backend_counters c;
-  ctx->bops->counters(ctx->be, &c);
+  sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c);
   assert_int_equal(c.host_live_bytes, stats(ctx).tier[SGM_TIER_SHARED].committed_bytes);
   /* Chunks of 2, 4, 8 and 16 MiB hold blocks 0-3, 4-11, 12-27 and 28-59. Free
    * the last chunk's blocks and every other block of the rest. */
@@ -210,9 +210,9 @@ static void test_lazy_commit_and_trim(void **state) {
   st = stats(ctx);
   assert_true(st.tier[SGM_TIER_SHARED].committed_bytes <= st.tier[SGM_TIER_SHARED].used_bytes);
   assert_int_equal(st.tier[SGM_TIER_SHARED].committed_bytes, 0);
-  ctx->bops->counters(ctx->be, &c);
+  sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c);
   assert_int_equal(c.host_live_bytes, 0);
-  assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_SHARED]));
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_SHARED)));
   sgm_free(ctx, fill, NULL);
   sgm_context_destroy(ctx);
 }
@@ -231,7 +231,7 @@ static void test_idle_trim(void **state) {
   sgm_context *ctx = make_ctx("on");
   sgm__context_set_clock(ctx, fake_clock, NULL);
   __atomic_store_n(&fake_now, 1000, __ATOMIC_RELAXED);
-  uint64_t idle = ctx->cfg.idle_trim_ms;
+  uint64_t idle = sgm__context_cfg(ctx)->idle_trim_ms;
   assert_int_equal(idle, 2000);
   void *fill = sgm_alloc(ctx, 16 * MiB, NULL);
   void *a = sgm_alloc(ctx, 1 * MiB, NULL); /* first shared chunk (2 MiB) */

@@ -185,7 +185,7 @@ static void test_two_streams(void **state) {
   sgm_stats st;
   sgm_get_stats(ctx, &st);
   assert_int_equal(st.n_bad_frees, 1);
-  assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
   finish_ctx(ctx);
   fc.fake_cuda_stream_destroy(a);
   fc.fake_cuda_stream_destroy(b);
@@ -439,7 +439,7 @@ static void test_concurrent_reclaim(void **state) {
     assert_int_equal(pthread_create(&th, NULL, trim_once, &t), 0);
     trim_once(&t);
     assert_int_equal(pthread_join(th, NULL), 0);
-    assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
+    assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
     sgm_stats st;
     sgm_get_stats(ctx, &st);
     assert_int_equal(st.tier[SGM_TIER_VRAM].cached_bytes, 0);

@@ -48,7 +48,7 @@ static sgm_stats stats(sgm_context *ctx) {
 
 static sgm_backend_counters counters(sgm_context *ctx) {
   sgm_backend_counters c;
-  ctx->bops->counters(ctx->be, &c);
+  sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c);
   return c;
 }
 
@@ -102,7 +102,7 @@ static void commits_what_blocks_touch(const char *backend) {
       assert_non_null(p[i]);
       assert_int_equal(sgm_pointer_tier(ctx, p[i]), SGM_TIER_VRAM);
     }
-    assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
+    assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
     st = stats(ctx);
     uint64_t committed = st.tier[SGM_TIER_VRAM].committed_bytes;
     assert_int_equal(counters(ctx).vmm_mapped_bytes, committed);
@@ -151,7 +151,7 @@ static void test_emu_free_granules_past_the_slack_go_at_once(void **state) {
   assert_int_equal(st.tier[SGM_TIER_VRAM].cached_bytes, 0);
   assert_int_equal(st.tier[SGM_TIER_VRAM].committed_bytes, 2 * GRAN);
   assert_int_equal(counters(ctx).vmm_mapped_bytes, 2 * GRAN);
-  assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
   sgm_free(ctx, q, NULL);
   sgm_context_destroy(ctx);
 }
@@ -208,10 +208,10 @@ static void test_emu_backend_failures(void **state) {
     if (sgm_context_create(NULL, &ctx) != SGM_OK) continue;
     void *p[6] = {0};
     for (int i = 0; i < 6; i++) p[i] = sgm_alloc(ctx, (size_t)(i + 1) * MiB + 4096, NULL);
-    assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
+    assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
     for (int i = 0; i < 6; i += 2) sgm_free(ctx, p[i], NULL);
     sgm_trim(ctx);
-    assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
+    assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
     sgm_stats st = stats(ctx);
     /* A failed reservation at create leaves the pool on chunks. */
     sgm_backend_counters c = counters(ctx);
@@ -294,7 +294,7 @@ static void test_double_pending_work_keeps_granules(void **state) {
   (void)state;
   fake_cuda_stats s0 = fake_stats();
   sgm_context *ctx = make_ctx("cuda", "64MiB", NULL);
-  sgm_tier_pool *vp = ctx->tiers[SGM_TIER_VRAM];
+  sgm_tier_pool *vp = sgm__context_tier(ctx, SGM_TIER_VRAM);
   void *s = fc.fake_cuda_stream_create();
   void *p = sgm_alloc(ctx, 3 * MiB, s);
   assert_non_null(p);
