@@ -84,6 +84,12 @@ typedef struct sgm_size {
  * fields in code (code wins over the environment). Fields are only ever added
  * at the end.
  */
+/* SGM_SHARE_MODE: how a process's budgets follow the others on its device. */
+typedef enum sgm_share_mode {
+  SGM_SHARE_FAIR = 0, /* reservation + a weighted share of the rest; idle shares lent */
+  SGM_SHARE_SOLO = 1  /* budgets as if alone (sgm before the node registry) */
+} sgm_share_mode;
+
 typedef struct sgm_config {
   sgm_backend_kind backend;       /* SGM_BACKEND */
   int device;                     /* SGM_DEVICE: device ordinal */
@@ -103,6 +109,15 @@ typedef struct sgm_config {
   char policy_vram[SGM_NAME_MAX];   /* SGM_POLICY_VRAM: the VRAM tier's policy; "" = policy */
   char policy_shared[SGM_NAME_MAX]; /* SGM_POLICY_SHARED: the shared tier's policy; "" = policy */
   uint64_t shared_chunk_bytes;    /* SGM_SHARED_CHUNK: first pinned chunk of the shared tier */
+  /* Node-wide sharing (docs/node.md): one registry per device, fair budgets. */
+  int node;                       /* SGM_NODE: 1 = join the node registry, 0 = run untracked */
+  char node_dir[SGM_PATH_MAX];    /* SGM_NODE_DIR: the registry's directory; "" = /dev/shm */
+  int node_group;                 /* SGM_NODE_GROUP: 1 = share the registry with the group (0660) */
+  int share_mode;                 /* SGM_SHARE_MODE: sgm_share_mode */
+  int share_weight;               /* SGM_SHARE_WEIGHT: this process's weight in fair shares */
+  sgm_size vram_reserve;          /* SGM_VRAM_RESERVE: VRAM guaranteed to this process; unset = 0 */
+  uint64_t node_period_ms;        /* SGM_NODE_PERIOD_MS: publish and rebalance period */
+  char emu_device[SGM_NAME_MAX];  /* SGM_EMU_DEVICE: name of an emulated device shared by processes */
   /*
    * The first bad environment value sgm_config_init() met, as a message that
    * names the variable and the value; "" when all were good. A config whose

@@ -70,14 +70,7 @@ static void *context_idle_main(void *arg) {
   if (period < CONTEXT_IDLE_MIN_PERIOD_MS) period = CONTEXT_IDLE_MIN_PERIOD_MS;
   sgm__lock_take(&ctx->idle_mu);
   while (!ctx->idle_stop) {
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += (time_t)(period / 1000);
-    until.tv_nsec += (long)(period % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-      until.tv_sec++;
-      until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = sgm__clock_deadline(period);
     int rc = 0;
     while (!ctx->idle_stop && rc != ETIMEDOUT)
       rc = pthread_cond_timedwait(&ctx->idle_cond, &ctx->idle_mu.mu, &until);
@@ -91,11 +84,7 @@ static void *context_idle_main(void *arg) {
 }
 
 static int context_start_idle_thread(sgm_context *ctx) {
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&ctx->idle_cond, &ca);
-  pthread_condattr_destroy(&ca);
+  sgm__clock_cond_init(&ctx->idle_cond);
   sgm__lock_init(&ctx->idle_mu, SGM_LOCK_IDLE);
   if (ctx->cfg.idle_trim_ms == 0) return SGM_OK;
   int e = pthread_create(&ctx->idle_thread, NULL, context_idle_main, ctx);
@@ -227,6 +216,9 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   sgm_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_NOMEM, "out of host memory creating a context");
   ctx->cfg = *cfg_in;
+  /* First: the node registry's first tick (before the tiers) reads the clock. */
+  sgm__lock_init(&ctx->lock, SGM_LOCK_CONTEXT);
+  ctx->clock_ms = context_monotonic_ms;
   pthread_once(&context_fork_once, context_fork_register);
   ctx->fork_generation = __atomic_load_n(&sgm__fork_generation, __ATOMIC_RELAXED);
   ctx->owner_pid = getpid();
@@ -249,13 +241,17 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   /* The disk tier's budget is resolved by placement when it opens the spill
    * file (SGM_SPILL_LIMIT against the free space there); 0 = no disk tier. */
   ctx->budget_bytes[SGM_TIER_DISK] = 0;
+  /* The node registry: the tiers start with this process's fair part. */
+  uint64_t start_budget[2];
+  rc = sgm__share_join(ctx, &start_budget[SGM_TIER_VRAM], &start_budget[SGM_TIER_SHARED]);
+  if (rc != SGM_OK) goto out_share;
 
   sgm_tier_params vp = {
       .tier = SGM_TIER_VRAM,
       .ops = &sgm__vram_chunk_ops,
       .bops = ctx->bops,
       .be = ctx->be,
-      .budget_bytes = ctx->budget_bytes[SGM_TIER_VRAM],
+      .budget_bytes = ctx->share ? start_budget[SGM_TIER_VRAM] : ctx->budget_bytes[SGM_TIER_VRAM],
       .growth = ctx->cfg.allow_growth != 0,
       .growth_chunk_bytes = ctx->cfg.growth_chunk_bytes,
       .verbose = ctx->cfg.verbose,
@@ -269,7 +265,7 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   sgm_tier_params sp = vp;
   sp.tier = SGM_TIER_SHARED;
   sp.ops = &sgm__shared_chunk_ops;
-  sp.budget_bytes = ctx->budget_bytes[SGM_TIER_SHARED];
+  sp.budget_bytes = ctx->share ? start_budget[SGM_TIER_SHARED] : ctx->budget_bytes[SGM_TIER_SHARED];
   sp.growth = true;
   sp.growth_chunk_bytes = ctx->cfg.shared_chunk_bytes;
   sp.max_chunk_bytes = CONTEXT_SHARED_MAX_CHUNK;
@@ -280,9 +276,9 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   rc = sgm__placement_create(ctx);
   if (rc != SGM_OK) goto out_tiers;
 
-  sgm__lock_init(&ctx->lock, SGM_LOCK_CONTEXT);
-  ctx->clock_ms = context_monotonic_ms;
   rc = context_start_idle_thread(ctx);
+  if (rc != SGM_OK) goto out_lock;
+  rc = sgm__share_start(ctx);
   if (rc != SGM_OK) goto out_lock;
 
   char v[32], t[32], s[32];
@@ -297,14 +293,17 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   return SGM_OK;
 
 out_lock:
+  sgm__share_stop(ctx);
   context_stop_idle_thread(ctx);
-  sgm__lock_destroy(&ctx->lock);
   sgm__placement_destroy(ctx);
 out_tiers:
   for (int k = SGM_TIER_COUNT - 1; k >= 0; k--) sgm__tier_destroy(ctx->tiers[k]);
+out_share:
+  sgm__share_leave(ctx);
 out_close:
   ctx->bops->close(ctx->be);
 out_free:
+  sgm__lock_destroy(&ctx->lock);
   free(ctx);
   return (sgm_status)rc;
 }
@@ -326,10 +325,12 @@ SGM_API void sgm_context_destroy(sgm_context *ctx) {
     context_destroy_forked(ctx);
     return;
   }
+  sgm__share_stop(ctx);
   context_stop_idle_thread(ctx);
   sgm__lock_destroy(&ctx->lock);
   sgm__placement_destroy(ctx);
   for (int t = SGM_TIER_COUNT - 1; t >= 0; t--) sgm__tier_destroy(ctx->tiers[t]);
+  sgm__share_leave(ctx);
   ctx->bops->close(ctx->be);
   free(ctx);
 }
@@ -352,6 +353,9 @@ static void *context_fallback(sgm_context *ctx, sgm_devptr d, size_t size) {
              "(first: %s; %s). Set SGM_SHARED_FALLBACK=off to fail instead",
              sgm__fmt_bytes(size, a, sizeof a), sgm_last_error());
   }
+  /* A fallback is budget-relevant: this process's demand grew past its
+   * share (no-op when untracked; never on the VRAM path). */
+  sgm__share_poke(ctx);
   /* Without a callback (the common case) no lock is taken. */
   if (__atomic_load_n(&ctx->fallback_fn, __ATOMIC_ACQUIRE)) {
     sgm__lock_take(&ctx->lock);

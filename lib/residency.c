@@ -234,6 +234,32 @@ static int residency_alloc_making_room(sgm_context *ctx, sgm_tier t, uint64_t si
   }
 }
 
+/* WDDM's TrimToBudget: while tier t uses more than its (lowered) budget,
+ * demote released buffers (the policy's victims, cascading) one tier down.
+ * Allocations cannot move; they stay, and new ones fall back. Returns the
+ * number of buffers moved. No lock held; may block on copies. */
+uint64_t sgm__residency_trim_to_budget(sgm_context *ctx, sgm_tier t) {
+  uint64_t moved = 0;
+  for (;;) {
+    sgm_tier_stats ts;
+    sgm__tier_stats(ctx->tiers[t], &ts);
+    if (ts.used_bytes <= ts.budget_bytes) break;
+    if (__atomic_load_n(&ctx->pl->n_listed[t], __ATOMIC_RELAXED) == 0) break;
+    bool refused = false;
+    sgm_buffer *v = residency_pick_victim(ctx, t, ts.used_bytes - ts.budget_bytes, NULL, &refused);
+    if (!v) break;
+    int drc = sgm__migrate_demote(ctx, v, (sgm_tier)(t + 1), true);
+    sgm__buffer_finish(ctx->pl, v, SGM_BUF_RELEASED, false);
+    if (drc != SGM_OK) {
+      sgm__log(ctx->cfg.verbose, 2, "trimming %s to its budget: a demotion failed (%s)",
+               sgm_tier_name(t), sgm_last_error());
+      break;
+    }
+    moved++;
+  }
+  return moved;
+}
+
 int sgm__residency_alloc_for(sgm_context *ctx, sgm_tier t, uint64_t size, const sgm_buffer *cand,
                              uint64_t *out) {
   return residency_alloc_making_room(ctx, t, size, cand, NULL, out);

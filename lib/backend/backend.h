@@ -83,9 +83,18 @@
  *    wait, on the device, for the event's last recording; the host never
  *    waits. The event may be recorded again at once after the call.
  *  - Both refuse with SGM_ERR_BUSY (nothing recorded or waited) while their
- *    stream captures a CUDA graph: memory does not cross streams during a
- *    capture (CUDA: one cuStreamIsCapturing before each).
- *  - These three, with event_query/event_wait/event_destroy, are the only
+ *    stream captures a CUDA graph, or, for the legacy stream, while a blocking
+ *    stream captures (any work on it would invalidate that capture): memory
+ *    does not cross streams during a capture (CUDA: one cuStreamIsCapturing
+ *    before each).
+ *  - Transfers: stream_transfer(event, owner, taker) makes all work queued on
+ *    taker after the call wait, on the device, for all work queued on owner
+ *    before it; `event` is a pooled event it may record (and that may be
+ *    recorded again at once after the call). SGM_ERR_BUSY (nothing ordered)
+ *    while a capture makes that unsafe, as above. The CUDA backend uses the
+ *    legacy stream's implicit ordering where both streams are blocking: one
+ *    or two driver calls, four with a non-blocking stream (cuda.c).
+ *  - These four, with event_query/event_wait/event_destroy, are the only
  *    calls on sgm's steady allocation path, and that path makes none of them
  *    unless memory crosses from one stream to another: no backend-wide lock
  *    and no query of the current context is taken on the way.
@@ -119,6 +128,7 @@ typedef enum sgm_copy_kind {
 } sgm_copy_kind;
 
 typedef struct sgm_backend sgm_backend; /* one opened device, backend-private */
+struct sgm_node;                        /* the node registry (lib/node.c) */
 
 /* A caller's stream as the backend names it (see stream_ref in the contract). */
 typedef struct sgm_stream_ref {
@@ -163,6 +173,20 @@ typedef struct sgm_backend_ops {
   int (*event_create)(sgm_backend *be, void **event_out);
   int (*event_record_on)(sgm_backend *be, void *event, const sgm_stream_ref *stream);
   int (*stream_wait_event)(sgm_backend *be, const sgm_stream_ref *stream, void *event);
+  /* Cross-stream transfer: see "Transfers" in the contract above. */
+  int (*stream_transfer)(sgm_backend *be, void *event, const sgm_stream_ref *owner,
+                         const sgm_stream_ref *taker);
+  /* ---- The node registry (lib/node.c, lib/share.c) ---- */
+  /* The device's key on this machine, the same in every process that opens
+   * it (the PCI bus id on CUDA, "emu-<SGM_EMU_DEVICE>" on the emulated
+   * device); "" when the device is private to this process (an unnamed
+   * emulated device). NULL op = "". */
+  void (*device_key)(sgm_backend *be, char *out, size_t len);
+  /* The emulated device named by SGM_EMU_DEVICE: from now on its capacity
+   * (the registry's device total) is shared with every process attached to
+   * the same registry. Called once, right after open, before any allocation.
+   * NULL op: the device's capacity is the driver's business. */
+  void (*node_attach)(sgm_backend *be, struct sgm_node *node);
 } sgm_backend_ops;
 
 /* backend.c: pick the ops for a kind; SGM_BACKEND_AUTO is resolved by open. */

@@ -17,12 +17,18 @@
  * Events: complete when recorded (all work is synchronous); each is a small
  * heap token so that leaks are visible.
  *
+ * A named device (SGM_EMU_DEVICE) is shared by every process that opens it:
+ * its size is the one its first process set, and each device allocation is
+ * taken from the capacity the node registry counts across them all, so "the
+ * device is full because of others" happens here as on a GPU.
+ *
  * Threading: counters are updated under one mutex; copies run unlocked.
  */
 #include <errno.h>
 #include <numa.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -41,6 +47,8 @@ struct sgm_backend {
   int verbose;                 /* log level from the config */
   sgm_backend_counters c;      /* live bytes and call count */
   struct emu_event *events;    /* live event tokens (freed by close) */
+  char name[SGM_NAME_MAX];     /* SGM_EMU_DEVICE: a device shared by processes; "" = private */
+  struct sgm_node *node;       /* the registry sharing its capacity (node_attach); NULL = private */
 };
 
 /* An event token: see "Events" below. */
@@ -74,6 +82,7 @@ static int emu_open(const sgm_config *cfg, sgm_backend **out) {
   be->fail_at = cfg->emu_fail_at;
   be->verbose = cfg->verbose;
   be->c.n_calls = 1;
+  snprintf(be->name, sizeof be->name, "%s", cfg->emu_device);
   *out = be;
   return SGM_OK;
 }
@@ -99,6 +108,15 @@ static int emu_mem_info(sgm_backend *be, uint64_t *free_bytes, uint64_t *total_b
   *free_bytes = 0;
   *total_bytes = 0;
   if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (mem_info)");
+  if (be->node) {
+    /* Shared: free is what every attached process left. */
+    uint64_t used = 0;
+    int rc = sgm__node_device_used(be->node, &used);
+    if (rc != SGM_OK) return rc;
+    *free_bytes = used < be->total_bytes ? be->total_bytes - used : 0;
+    *total_bytes = be->total_bytes;
+    return SGM_OK;
+  }
   sgm__lock_take(&be->mu);
   *free_bytes = be->total_bytes - be->c.device_live_bytes;
   *total_bytes = be->total_bytes;
@@ -114,18 +132,35 @@ static int emu_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
   if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (device_alloc)");
   if (bytes == 0) return sgm__error_set(SGM_ERR_INVALID, "emulated device: device_alloc of 0 bytes");
   uint64_t acc = emu_accounted(bytes);
-  sgm__lock_take(&be->mu);
-  bool fits = acc <= be->total_bytes - be->c.device_live_bytes;
-  if (fits) {
-    be->c.device_live_bytes += acc;
-    be->c.n_device_live++;
+  uint64_t free_now = 0;
+  bool fits;
+  if (be->node) {
+    /* Shared device: the registry holds every process's bytes. */
+    int rc = sgm__node_device_reserve(be->node, acc, be->total_bytes, &free_now);
+    if (rc != SGM_OK && rc != SGM_ERR_NOMEM) return rc;
+    fits = rc == SGM_OK;
+    if (fits) {
+      sgm__lock_take(&be->mu);
+      be->c.device_live_bytes += acc;
+      be->c.n_device_live++;
+      sgm__lock_drop(&be->mu);
+    }
+  } else {
+    sgm__lock_take(&be->mu);
+    fits = acc <= be->total_bytes - be->c.device_live_bytes;
+    if (fits) {
+      be->c.device_live_bytes += acc;
+      be->c.n_device_live++;
+    }
+    free_now = be->total_bytes - be->c.device_live_bytes;
+    sgm__lock_drop(&be->mu);
   }
-  uint64_t free_now = be->total_bytes - be->c.device_live_bytes;
-  sgm__lock_drop(&be->mu);
   if (!fits) {
     char a[32], f[32];
-    return sgm__error_set(SGM_ERR_NOMEM, "emulated device: out of memory allocating %s (%s free)",
-                          sgm__fmt_bytes(acc, a, sizeof a), sgm__fmt_bytes(free_now, f, sizeof f));
+    return sgm__error_set(SGM_ERR_NOMEM, "emulated device%s%s: out of memory allocating %s (%s free%s)",
+                          be->node ? " " : "", be->name, sgm__fmt_bytes(acc, a, sizeof a),
+                          sgm__fmt_bytes(free_now, f, sizeof f),
+                          be->node ? " after every process sharing it" : "");
   }
   /* MAP_NORESERVE: like VRAM reserved but untouched, it costs no RAM until used. */
   void *p = mmap(NULL, sgm__align_up(bytes, EMU_PAGE), PROT_READ | PROT_WRITE,
@@ -136,6 +171,7 @@ static int emu_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
     be->c.device_live_bytes -= acc;
     be->c.n_device_live--;
     sgm__lock_drop(&be->mu);
+    if (be->node) sgm__node_device_release(be->node, acc);
     return sgm__error_set(SGM_ERR_NOMEM, "emulated device: mmap of %llu bytes failed: %s",
                           (unsigned long long)bytes, strerror(e));
   }
@@ -152,6 +188,7 @@ static void emu_device_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
   be->c.device_live_bytes -= emu_accounted(bytes);
   be->c.n_device_live--;
   sgm__lock_drop(&be->mu);
+  if (be->node) sgm__node_device_release(be->node, emu_accounted(bytes));
 }
 
 static int emu_host_alloc(sgm_backend *be, uint64_t bytes, int numa_node, void **host_out,
@@ -297,10 +334,36 @@ static int emu_stream_wait_event(sgm_backend *be, const sgm_stream_ref *stream, 
   return SGM_OK;
 }
 
+static int emu_stream_transfer(sgm_backend *be, void *event, const sgm_stream_ref *owner,
+                               const sgm_stream_ref *taker) {
+  (void)owner;
+  (void)taker;
+  if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (stream_transfer)");
+  if (!event) return sgm__error_set(SGM_ERR_INVALID, "emulated device: stream_transfer with a NULL event");
+  return SGM_OK;
+}
+
 static void emu_counters(sgm_backend *be, sgm_backend_counters *out) {
   sgm__lock_take(&be->mu);
   *out = be->c;
   sgm__lock_drop(&be->mu);
+}
+
+/* ---- The node registry: a named emulated device is shared by processes. ---- */
+static void emu_device_key(sgm_backend *be, char *out, size_t len) {
+  if (be->name[0]) snprintf(out, len, "emu-%s", be->name);
+  else if (len) out[0] = '\0';
+}
+
+static void emu_node_attach(sgm_backend *be, struct sgm_node *node) {
+  sgm_assert(be->c.n_device_live == 0);
+  uint64_t total = sgm__node_device_total(node);
+  if (total != be->total_bytes)
+    sgm__log(be->verbose, 2, "emulated device %s: %llu bytes, as its first process set (this "
+             "one asked for %llu with SGM_EMU_VRAM)", be->name, (unsigned long long)total,
+             (unsigned long long)be->total_bytes);
+  be->total_bytes = total;
+  be->node = node;
 }
 
 const sgm_backend_ops sgm__backend_emu_ops = {
@@ -323,4 +386,7 @@ const sgm_backend_ops sgm__backend_emu_ops = {
     .event_create = emu_event_create,
     .event_record_on = emu_event_record_on,
     .stream_wait_event = emu_stream_wait_event,
+    .stream_transfer = emu_stream_transfer,
+    .device_key = emu_device_key,
+    .node_attach = emu_node_attach,
 };
