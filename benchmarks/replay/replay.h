@@ -160,4 +160,44 @@ uint64_t replay_default_shared_bytes(const replay_trace *t);
  */
 const char *const *replay_policy_names(void);
 
+/* ---- allocation streams (alloc.c) ---- */
+
+/* One replay of a trace as sgm_alloc / sgm_free calls (alloc.c). */
+typedef struct replay_alloc_params {
+  bool growth;            /* true: growth mode; false: the budget reserved at create */
+  uint64_t vram_bytes;    /* the VRAM budget; 0 = replay_alloc_growth_budget() */
+  bool sample;            /* read the stats after every allocation (peak committed) */
+  bool stop_on_fallback;  /* end the run at the first allocation not placed in VRAM */
+  int vmm;                /* sgm_config.vram_vmm: -1 leave it (auto), 0 chunks, 1 auto */
+} replay_alloc_params;
+
+typedef struct replay_alloc_result {
+  bool served;                  /* every allocation was placed in VRAM */
+  int vmm;                      /* sgm_stats.vram_vmm: 1 = one reserved range, granules mapped */
+  uint64_t events;              /* allocations and frees made */
+  uint64_t peak_committed_bytes; /* most VRAM committed after any allocation (sample only) */
+  uint64_t peak_used_bytes;     /* sgm's peak used VRAM bytes */
+  uint64_t end_committed_bytes; /* committed after the stream, before the leftovers are freed */
+  uint64_t idle_committed_bytes; /* committed with every block freed, before sgm_trim */
+  uint64_t trimmed_committed_bytes; /* committed after sgm_trim */
+  uint64_t n_fallbacks;         /* allocations placed in shared memory */
+  double seconds;               /* wall time of the stream loop */
+} replay_alloc_result;
+
+/* The growth-mode budget a replay uses when none is given: 2 x footprint + 1 GiB. */
+uint64_t replay_alloc_growth_budget(const replay_trace *t);
+
+/* Replay t's allocation stream through sgm_alloc / sgm_free on the emulated
+ * device (a block's first access allocates it, its free frees it; later
+ * accesses are not allocator events). 0, or -1 with a message in err when no
+ * context could be made; a run that was not served still returns 0. */
+int replay_alloc(const replay_trace *t, const replay_alloc_params *p, replay_alloc_result *out,
+                 char *err, size_t err_len);
+
+/* The smallest reserved (growth off) budget that serves t with no fallback,
+ * by doubling from the footprint and then bisecting to 1/4096 of it; vmm as
+ * in replay_alloc_params. *n_runs: replays made. */
+int replay_alloc_min_budget(const replay_trace *t, int vmm, uint64_t *budget_out,
+                            unsigned *n_runs, char *err, size_t err_len);
+
 #endif /* SGM_REPLAY_H */

@@ -274,6 +274,17 @@ static bool parse_u64(const char *s, size_t n, uint64_t *out) {
   return true;
 }
 
+/* A signed decimal integer (an optional '-', then digits) that fits int64_t. */
+static bool parse_i64(const char *s, size_t n, int64_t *out) {
+  trim(&s, &n);
+  bool neg = n > 0 && s[0] == '-';
+  uint64_t v;
+  if (!parse_u64(s + neg, n - neg, &v)) return false;
+  if (v > (uint64_t)INT64_MAX + neg) return false;
+  *out = neg ? (int64_t)(0 - v) : (int64_t)v;
+  return true;
+}
+
 #define CSV_MAX_FIELDS 8
 
 typedef struct csv_field {
@@ -474,7 +485,7 @@ out:
 /* One event before sorting: time, then class (free 0 < last use 1 < create
  * 2), then the file's row order. */
 typedef struct mm_event {
-  uint64_t time;  /* logical time */
+  int64_t time;   /* logical time (idealloc's tiny_bert starts at -1) */
   uint32_t cls;   /* 0 free, 1 last use, 2 create (first access) */
   uint32_t block; /* dense id = row order */
 } mm_event;
@@ -507,7 +518,7 @@ static int read_minimalloc(line_reader *r, replay_trace *t, char *err, size_t er
     }
     csv_field f[CSV_MAX_FIELDS];
     size_t k = csv_split(s, f);
-    uint64_t v[4];
+    int64_t v[4];
     static const char *const what[] = {"id", "lower", "upper", "size"};
     if (k != 4) {
       trace_fail(err, err_len, "%s:%zu: expected id,lower,upper,size (4 fields), found %s%zu",
@@ -515,31 +526,36 @@ static int read_minimalloc(line_reader *r, replay_trace *t, char *err, size_t er
                  k > CSV_MAX_FIELDS ? (size_t)CSV_MAX_FIELDS : k);
       goto out;
     }
+    uint64_t id = 0, size = 0;
     for (int i = 0; i < 4; i++) {
-      if (!parse_u64(f[i].s, f[i].n, &v[i])) {
-        trace_fail(err, err_len, "%s:%zu: %s \"%.*s\" is not an unsigned integer", r->path,
-                   r->lineno, what[i], (int)(f[i].n > 24 ? 24 : f[i].n), f[i].s);
+      /* Times are signed (a planner may start before 0); id and size are not. */
+      bool ok = i == 1 || i == 2 ? parse_i64(f[i].s, f[i].n, &v[i])
+                                 : parse_u64(f[i].s, f[i].n, i == 0 ? &id : &size);
+      if (!ok) {
+        trace_fail(err, err_len, "%s:%zu: %s \"%.*s\" is not %s integer", r->path, r->lineno,
+                   what[i], (int)(f[i].n > 24 ? 24 : f[i].n), f[i].s,
+                   i == 1 || i == 2 ? "a 64-bit" : "an unsigned");
         goto out;
       }
     }
     if (v[1] >= v[2]) {
-      trace_fail(err, err_len, "%s:%zu: lower %llu is not below upper %llu (the lifetime "
-                 "[lower, upper) is empty)", r->path, r->lineno, (unsigned long long)v[1],
-                 (unsigned long long)v[2]);
+      trace_fail(err, err_len, "%s:%zu: lower %lld is not below upper %lld (the lifetime "
+                 "[lower, upper) is empty)", r->path, r->lineno, (long long)v[1],
+                 (long long)v[2]);
       goto out;
     }
-    if (v[3] == 0) {
+    if (size == 0) {
       trace_fail(err, err_len, "%s:%zu: size is 0", r->path, r->lineno);
       goto out;
     }
-    if (idmap_get(&m, v[0])) {
+    if (idmap_get(&m, id)) {
       trace_fail(err, err_len, "%s:%zu: id %llu appears twice", r->path, r->lineno,
-                 (unsigned long long)v[0]);
+                 (unsigned long long)id);
       goto out;
     }
-    int64_t b = trace_add_block(t, v[3], err, err_len);
+    int64_t b = trace_add_block(t, size, err, err_len);
     if (b < 0) goto out;
-    if (!idmap_put(&m, v[0], (uint32_t)b + 1)) {
+    if (!idmap_put(&m, id, (uint32_t)b + 1)) {
       trace_fail(err, err_len, "out of memory for the id table");
       goto out;
     }

@@ -68,7 +68,24 @@
  * bigger (1/8: the same slack a size class allows at most). */
 #define TIER_LARGE_SLACK_SHIFT 3
 
+/* Expandable growth: free mapped granules are unmapped at once when they pass
+ * this many granules and 1/32 of what is committed (3.1 %): a block freed and
+ * allocated again around a granule boundary does not map and unmap each time.
+ * Measured on the idealloc traces (sgm-alloc-replay, docs/benchmarks.md):
+ * 1/64 commits at most 1.057 x the peak live bytes, 1/32 the same, 1/16 and
+ * 1/8 up to 1.110; mapping calls fall as the slack grows. */
+#define TIER_VMM_SLACK_GRANULES 4u
+#define TIER_VMM_SLACK_SHIFT 5
+
 enum { TIER_LIVE = 1, TIER_CACHED = 2 };
+
+/* Expandable growth: one granule of the reserved range. */
+typedef struct tier_granule {
+  uint32_t refs;               /* blocks of the sub-allocator (live or cached) touching it */
+  uint8_t mapped;              /* memory is mapped behind it */
+  uint8_t busy;                /* a thread maps or unmaps it now, without the pool lock */
+  uint64_t free_seen_ms;       /* idle trim: when first seen mapped and untouched; UINT64_MAX = not */
+} tier_granule;
 
 /* One block of the sub-allocator, known to the live map. */
 typedef struct tier_block {
@@ -146,7 +163,10 @@ struct sgm_tier_pool {
   size_t cap_chunks;          /* entries allocated in chunks */
   unsigned n_geometric;       /* growth chunks taken so far: the next is initial << this */
   uint64_t committed_bytes;   /* chunk bytes taken or being taken from the backend */
-  uint64_t held_bytes;        /* bytes of blocks in the sub-allocator (live and cached) */
+  uint64_t held_bytes;        /* bytes of blocks in the sub-allocator (live and cached), plus
+                                 external_bytes */
+  uint64_t external_bytes;    /* bytes charged by sgm__tier_charge (managed blocks placed in
+                                 this tier), also counted in committed_bytes and held_bytes */
   uint64_t n_blocks;          /* blocks in the sub-allocator */
   uint64_t used_bytes;        /* handed-out bytes, but what magazines still hold back (atomic) */
   int64_t n_live;             /* handed-out blocks, the same way (atomic) */
@@ -167,6 +187,13 @@ struct sgm_tier_pool {
   size_t n_events, cap_events; /* entries used / allocated */
   tier_mag *mags;             /* magazines of threads using the pool */
   size_t n_mags;              /* entries in mags (atomic: read on the hot path) */
+  /* expandable growth (issue 17); vmm_range NULL = chunks */
+  void *vmm_range;            /* the backend's reserved range */
+  sgm_devptr vmm_base;        /* its first address (the sub-allocator's one range) */
+  uint64_t vmm_bytes;         /* its bytes */
+  unsigned vmm_shift;         /* log2 of the granule */
+  tier_granule *gran;         /* one per granule of the range */
+  uint64_t vmm_free_mapped;   /* granules mapped, not busy, touched by no block (atomic read) */
   tier_shard shards[TIER_SHARDS]; /* the live map */
 };
 
@@ -317,9 +344,14 @@ static tier_block *tier_map_take_live(sgm_tier_pool *p, sgm_devptr ptr, bool own
 /* ---- the sub-allocator side (pool lock held) ---- */
 
 /* Give a cached block back to the sub-allocator and forget it. */
+static void tier_vmm_unref_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes);
+static int tier_backend_nomem_locked(sgm_tier_pool *p, uint64_t size);
+static size_t tier_reclaim_ex(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode);
+
 static void tier_release_block_locked(sgm_tier_pool *p, tier_block *b) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
   tier_map_remove(p, b);
+  if (p->vmm_range) tier_vmm_unref_locked(p, b->ptr, b->bytes);
   uint64_t sz = 0;
   int rc = sgm__suballoc_free(p->sa, b->ptr, &sz);
   sgm_assert_internal(rc == SGM_OK && sz == b->bytes);
@@ -608,6 +640,279 @@ static inline void tier_mag_count(sgm_tier_pool *p, tier_mag *m, int64_t d_used)
   __atomic_store_n(&m->d_used, du, __ATOMIC_RELAXED);
 }
 
+/* ---- expandable growth on one reserved range (issue 17) ---- */
+
+static inline uint64_t tier_vmm_granule(const sgm_tier_pool *p) { return UINT64_C(1) << p->vmm_shift; }
+
+/* First and last granule a block [off, off + bytes) touches. */
+static inline void tier_vmm_span(const sgm_tier_pool *p, uint64_t off, uint64_t bytes, size_t *g0,
+                                 size_t *g1) {
+  *g0 = (size_t)((off - p->vmm_base) >> p->vmm_shift);
+  *g1 = (size_t)((off - p->vmm_base + bytes - 1) >> p->vmm_shift);
+}
+
+/* Free mapped granules past which they are unmapped at once. */
+static inline uint64_t tier_vmm_slack(const sgm_tier_pool *p) {
+  uint64_t committed = __atomic_load_n(&p->committed_bytes, __ATOMIC_RELAXED) >> p->vmm_shift;
+  uint64_t rel = committed >> TIER_VMM_SLACK_SHIFT;
+  return rel > TIER_VMM_SLACK_GRANULES ? rel : TIER_VMM_SLACK_GRANULES;
+}
+
+static void tier_vmm_free_mapped_add_locked(sgm_tier_pool *p, int64_t d) {
+  __atomic_store_n(&p->vmm_free_mapped, p->vmm_free_mapped + (uint64_t)d, __ATOMIC_RELAXED);
+}
+
+/* A block left the sub-allocator: its granules lose a reference. */
+static void tier_vmm_unref_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
+  size_t g0, g1;
+  tier_vmm_span(p, off, bytes, &g0, &g1);
+  for (size_t g = g0; g <= g1; g++) {
+    tier_granule *x = &p->gran[g];
+    sgm_assert_internal(x->refs > 0);
+    if (--x->refs == 0 && x->mapped && !x->busy) tier_vmm_free_mapped_add_locked(p, 1);
+  }
+}
+
+/* Bytes of [off, off + bytes) with no memory mapped behind them now. */
+static uint64_t tier_vmm_unmapped_locked(const sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
+  size_t g0, g1, n = 0;
+  tier_vmm_span(p, off, bytes, &g0, &g1);
+  for (size_t g = g0; g <= g1; g++) n += !p->gran[g].mapped;
+  return (uint64_t)n << p->vmm_shift;
+}
+
+/*
+ * Unmap free mapped granules (no block touches them, nobody maps or unmaps
+ * them): all of them, or with idle_ms != UINT64_MAX only those seen free since
+ * now_ms - idle_ms (the others are stamped). One run of neighbours per backend
+ * call, the lock dropped across it; a block carved meanwhile onto a granule
+ * being unmapped waits for it (busy) and maps it again. Bytes unmapped.
+ */
+static uint64_t tier_vmm_unmap_free(sgm_tier_pool *p, uint64_t now_ms, uint64_t idle_ms) {
+  uint64_t done = 0, gb = tier_vmm_granule(p);
+  size_t n = (size_t)(p->vmm_bytes >> p->vmm_shift);
+  sgm__lock_take(&p->lock);
+  for (size_t g = 0; g < n;) {
+    tier_granule *x = &p->gran[g];
+    bool free_now = x->mapped && !x->busy && x->refs == 0;
+    if (free_now && idle_ms != UINT64_MAX) {
+      if (x->free_seen_ms == UINT64_MAX || x->free_seen_ms > now_ms) x->free_seen_ms = now_ms;
+      free_now = now_ms - x->free_seen_ms >= idle_ms;
+    }
+    if (!free_now) {
+      g++;
+      continue;
+    }
+    size_t e = g;
+    while (e < n && p->gran[e].mapped && !p->gran[e].busy && p->gran[e].refs == 0 &&
+           (idle_ms == UINT64_MAX ||
+            (p->gran[e].free_seen_ms != UINT64_MAX && p->gran[e].free_seen_ms <= now_ms &&
+             now_ms - p->gran[e].free_seen_ms >= idle_ms))) {
+      p->gran[e].busy = 1;
+      e++;
+    }
+    tier_vmm_free_mapped_add_locked(p, -(int64_t)(e - g));
+    sgm__lock_drop(&p->lock);
+    p->p.bops->vmm_unmap(p->p.be, p->vmm_range, (uint64_t)g << p->vmm_shift,
+                         (uint64_t)(e - g) << p->vmm_shift);
+    sgm__lock_take(&p->lock);
+    for (size_t k = g; k < e; k++) {
+      p->gran[k].mapped = 0;
+      p->gran[k].busy = 0;
+      p->gran[k].free_seen_ms = UINT64_MAX;
+    }
+    p->committed_bytes -= (uint64_t)(e - g) * gb;
+    done += (uint64_t)(e - g) * gb;
+    pthread_cond_broadcast(&p->grown);
+    g = e;
+  }
+  sgm__lock_drop(&p->lock);
+  return done;
+}
+
+/* After blocks went back to the sub-allocator: unmap the free granules when
+ * they are more than the slack (a hint read without the lock). */
+static void tier_vmm_settle(sgm_tier_pool *p) {
+  if (p->vmm_range &&
+      __atomic_load_n(&p->vmm_free_mapped, __ATOMIC_RELAXED) > tier_vmm_slack(p))
+    tier_vmm_unmap_free(p, 0, UINT64_MAX);
+}
+
+/*
+ * Give the new block [off, off + bytes) memory: reference its granules, map
+ * those that have none (runs of neighbours, one backend call each, the lock
+ * dropped across it) and wait for those another thread maps or unmaps now.
+ * Mapping never takes committed past the budget: free granules are unmapped
+ * once to make room, else SGM__ERR_BUDGET. On failure the references stay:
+ * the caller gives the block back (tier_release_block_locked drops them).
+ */
+static int tier_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
+  size_t g0, g1;
+  tier_vmm_span(p, off, bytes, &g0, &g1);
+  uint64_t gb = tier_vmm_granule(p);
+  for (size_t g = g0; g <= g1; g++) {
+    tier_granule *x = &p->gran[g];
+    if (x->refs++ == 0 && x->mapped && !x->busy) tier_vmm_free_mapped_add_locked(p, -1);
+    x->free_seen_ms = UINT64_MAX;
+  }
+  bool unmapped_for_room = false;
+  for (;;) {
+    /* Claim every granule of the block that has no memory and nobody's
+     * attention (busy), so that no other thread maps it too. */
+    uint64_t want = 0;
+    bool others = false;
+    for (size_t g = g0; g <= g1; g++) {
+      want += !p->gran[g].mapped && !p->gran[g].busy ? gb : 0;
+      others |= p->gran[g].busy;
+    }
+    if (want == 0 && !others) return SGM_OK;
+    if (want == 0) {
+      /* Another thread maps or unmaps one of them: wait, look again. */
+      pthread_cond_wait(&p->grown, &p->lock.mu);
+      continue;
+    }
+    if (p->committed_bytes > p->p.budget_bytes || want > p->p.budget_bytes - p->committed_bytes) {
+      if (unmapped_for_room || p->vmm_free_mapped == 0) return SGM__ERR_BUDGET;
+      unmapped_for_room = true;
+      sgm__lock_drop(&p->lock);
+      tier_vmm_unmap_free(p, 0, UINT64_MAX);
+      sgm__lock_take(&p->lock);
+      continue;
+    }
+    size_t lo = g1 + 1, hi = g0;
+    for (size_t g = g0; g <= g1; g++)
+      if (!p->gran[g].mapped && !p->gran[g].busy) {
+        p->gran[g].busy = 2; /* 2: claimed by this call */
+        if (lo > g) lo = g;
+        hi = g;
+      }
+    p->committed_bytes += want;
+    sgm__lock_drop(&p->lock);
+    /* One backend call per run of claimed neighbours. Claimed granules are
+     * this thread's alone, so reading their state unlocked is safe. */
+    int rc = SGM_OK;
+    for (size_t g = lo; g <= hi;) {
+      if (p->gran[g].busy != 2) {
+        g++;
+        continue;
+      }
+      size_t e = g;
+      while (e <= hi && p->gran[e].busy == 2) e++;
+      int r = rc == SGM_OK ? p->p.bops->vmm_map(p->p.be, p->vmm_range,
+                                                (uint64_t)g << p->vmm_shift,
+                                                (uint64_t)(e - g) << p->vmm_shift)
+                           : rc;
+      sgm__lock_take(&p->lock);
+      for (size_t k = g; k < e; k++) {
+        p->gran[k].busy = 0;
+        p->gran[k].mapped = r == SGM_OK;
+      }
+      if (r != SGM_OK) p->committed_bytes -= (uint64_t)(e - g) * gb;
+      sgm__lock_drop(&p->lock);
+      if (r != SGM_OK && rc == SGM_OK) rc = r;
+      g = e;
+    }
+    sgm__lock_take(&p->lock);
+    pthread_cond_broadcast(&p->grown);
+    if (rc != SGM_OK) {
+      if (rc == SGM_ERR_NOMEM) tier_backend_nomem_locked(p, bytes);
+      return rc;
+    }
+  }
+}
+
+/* Cached bytes (bags and magazines); pool lock held. */
+static uint64_t tier_cached_bytes_locked(sgm_tier_pool *p) {
+  uint64_t cached = p->bag_bytes;
+  for (tier_mag *m = p->mags; m; m = m->next) cached += __atomic_load_n(&m->cached_bytes, __ATOMIC_RELAXED);
+  return cached;
+}
+
+/*
+ * At create, in growth mode: reserve one range for the budget when the
+ * backend has a virtual-memory API and the option allows it; the choice and
+ * its reason go to the log at SGM_VERBOSE >= 2. false: grow in chunks.
+ */
+static bool tier_vmm_setup(sgm_tier_pool *p) {
+  const sgm_tier_params *tp = &p->p;
+  const char *name = sgm_tier_name(tp->tier);
+  char why[256] = "";
+  uint64_t g = 0;
+  if (!tp->vmm) {
+    snprintf(why, sizeof why, "SGM_VRAM_VMM is off");
+  } else if (!tp->bops->vmm_granularity) {
+    snprintf(why, sizeof why, "the %s backend has no virtual-memory API", tp->bops->name);
+  } else if (tp->bops->vmm_granularity(tp->be, &g) != SGM_OK) {
+    snprintf(why, sizeof why, "asking for the granularity failed: %s", sgm_last_error());
+  } else if (g == 0) {
+    snprintf(why, sizeof why, "the device does not support virtual memory management");
+  } else if ((g & (g - 1)) || g < SGM_DEVICE_ALIGN || g > (UINT64_C(1) << 40)) {
+    snprintf(why, sizeof why, "the granularity %llu is not a power of two from %u bytes",
+             (unsigned long long)g, SGM_DEVICE_ALIGN);
+  } else if (tp->budget_bytes < g && tp->vmm_range_bytes < g) {
+    snprintf(why, sizeof why, "the budget is below one %llu-byte granule", (unsigned long long)g);
+  }
+  /* Address space, not memory: reserved for the most the budget may become,
+   * so that a budget raised later (a fair share growing) finds room. */
+  uint64_t want = tp->vmm_range_bytes > tp->budget_bytes ? tp->vmm_range_bytes : tp->budget_bytes;
+  uint64_t bytes = why[0] ? 0 : sgm__align_up(want, g);
+  tier_granule *gran = NULL;
+  void *range = NULL;
+  sgm_devptr base = 0;
+  if (!why[0]) {
+    gran = malloc((size_t)(bytes / g) * sizeof *gran);
+    if (!gran) snprintf(why, sizeof why, "out of host memory for the granule table");
+  }
+  if (!why[0] && tp->bops->vmm_reserve(tp->be, bytes, &range, &base) != SGM_OK)
+    snprintf(why, sizeof why, "reserving the range failed: %s", sgm_last_error());
+  if (!why[0] && sgm__suballoc_add_range(p->sa, base, bytes) != SGM_OK) {
+    snprintf(why, sizeof why, "%s", sgm_last_error());
+    tp->bops->vmm_free(tp->be, range);
+  }
+  char a[32], b[32];
+  if (why[0]) {
+    free(gran);
+    sgm__log(tp->verbose, 2, "%s: growth in chunks (%s)", name, why);
+    return false;
+  }
+  for (size_t i = 0; i < bytes / g; i++)
+    gran[i] = (tier_granule){.refs = 0, .mapped = 0, .busy = 0, .free_seen_ms = UINT64_MAX};
+  p->gran = gran;
+  p->vmm_range = range;
+  p->vmm_base = base;
+  p->vmm_bytes = bytes;
+  p->vmm_shift = (unsigned)__builtin_ctzll(g);
+  sgm__log(tp->verbose, 2, "%s: growth on one reserved range of %s, mapped in %s granules on demand "
+           "(virtual-memory API)", name, sgm__fmt_bytes(bytes, a, sizeof a),
+           sgm__fmt_bytes(g, b, sizeof b));
+  return true;
+}
+
+/* At destroy: unmap what is still mapped and release the range. */
+static void tier_vmm_teardown(sgm_tier_pool *p) {
+  if (!p->vmm_range) return;
+  size_t n = (size_t)(p->vmm_bytes >> p->vmm_shift);
+  for (size_t g = 0; g < n;) {
+    if (!p->gran[g].mapped) {
+      g++;
+      continue;
+    }
+    size_t e = g;
+    while (e < n && p->gran[e].mapped) e++;
+    p->p.bops->vmm_unmap(p->p.be, p->vmm_range, (uint64_t)g << p->vmm_shift,
+                         (uint64_t)(e - g) << p->vmm_shift);
+    g = e;
+  }
+  p->p.bops->vmm_free(p->p.be, p->vmm_range);
+  free(p->gran);
+  p->vmm_range = NULL;
+}
+
+void sgm__tier_vmm_info(sgm_tier_pool *p, uint64_t *granule_bytes, uint64_t *reserved_bytes) {
+  *granule_bytes = p->vmm_range ? tier_vmm_granule(p) : 0;
+  *reserved_bytes = p->vmm_range ? p->vmm_bytes : 0;
+}
+
 /* ---- create / destroy ---- */
 
 int sgm__tier_create(const sgm_tier_params *params, sgm_tier_pool **out) {
@@ -623,6 +928,7 @@ int sgm__tier_create(const sgm_tier_params *params, sgm_tier_pool **out) {
   sgm__lock_init(&p->lock, SGM_LOCK_TIER_VRAM + (int)params->tier);
   int rc = sgm__suballoc_create(SGM_DEVICE_ALIGN, &p->sa);
   if (rc != SGM_OK) goto out_free;
+  if (params->growth && params->budget_bytes > 0) tier_vmm_setup(p);
   if (!params->growth && params->budget_bytes > 0) {
     /* Reserve mode: the whole budget as one contiguous range, so that any
      * block up to the budget fits. */
@@ -685,6 +991,7 @@ void sgm__tier_destroy(sgm_tier_pool *p) {
   free(p->events);
   for (size_t i = 0; i < p->n_chunks; i++) p->p.ops->chunk_free(p, &p->chunks[i]);
   free(p->chunks);
+  tier_vmm_teardown(p);
   sgm__suballoc_destroy(p->sa);
   pthread_cond_destroy(&p->grown);
   sgm__lock_destroy(&p->lock);
@@ -845,7 +1152,7 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
   if (need > __atomic_load_n(&p->room_bytes, __ATOMIC_RELAXED)) return SGM__ERR_BUDGET;
   tier_block *b = malloc(sizeof *b);
   if (!b) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for block metadata");
-  bool trimmed = false;
+  bool trimmed = false, reclaimed = false;
   sgm__lock_take(&p->lock);
   for (int round = 0; round < TIER_MAX_GROW_ROUNDS; round++) {
     uint64_t off = 0, got = 0;
@@ -854,6 +1161,20 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
     if (need > p->p.budget_bytes - (p->held_bytes < p->p.budget_bytes ? p->held_bytes : p->p.budget_bytes))
       break;
     if (sgm__suballoc_try_alloc(p->sa, need, &off, &got)) {
+      uint64_t unmapped = p->vmm_range ? tier_vmm_unmapped_locked(p, off, got) : 0;
+      if (unmapped && !reclaimed && tier_cached_bytes_locked(p) >= unmapped) {
+        /* Expandable growth maps memory only when cached blocks the device
+         * is done with could not cover it: give them back (they coalesce)
+         * and place the block again. */
+        uint64_t sz;
+        sgm__suballoc_free(p->sa, off, &sz);
+        reclaimed = true;
+        sgm__lock_drop(&p->lock);
+        tier_reclaim_ex(p, NULL, SGM_RECLAIM_QUERY);
+        sgm__lock_take(&p->lock);
+        round--;
+        continue;
+      }
       *b = (tier_block){.ptr = off, .bytes = got, .asked = asked, .key = ref ? ref->key : 0,
                         .handle = ref ? ref->handle : NULL, .state = TIER_LIVE,
                         .cls = tier_class_exact(got), .own = ref == NULL};
@@ -867,11 +1188,21 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
       p->held_bytes += got;
       p->n_blocks++;
       tier_update_room_locked(p);
+      int vrc = p->vmm_range ? tier_vmm_back_locked(p, off, got) : SGM_OK;
+      if (vrc != SGM_OK) {
+        tier_release_block_locked(p, b); /* frees b and drops its granule references */
+        tier_update_room_locked(p);
+        sgm__lock_drop(&p->lock);
+        tier_vmm_settle(p);
+        return vrc;
+      }
       sgm__lock_drop(&p->lock);
+      if (reclaimed) tier_vmm_settle(p);
       *out = b;
       return SGM_OK;
     }
-    if (!p->p.growth) break;
+    /* One reserved range holds the whole budget: nothing to grow. */
+    if (!p->p.growth || p->vmm_range) break;
     bool dedicated = false;
     uint64_t chunk = tier_next_chunk_locked(p, need, &dedicated);
     if (chunk == 0 && (p->n_growing > 0 || p->n_releasing > 0)) {
@@ -1075,6 +1406,7 @@ int sgm__tier_free(sgm_tier_pool *p, sgm_devptr ptr, uint64_t *size_out) {
   tier_release_block_locked(p, b);
   tier_update_room_locked(p);
   sgm__lock_drop(&p->lock);
+  tier_vmm_settle(p);
   tier_count_used(p, -(int64_t)asked, -1, 0, 1);
   *size_out = asked;
   return SGM_OK;
@@ -1426,6 +1758,14 @@ static size_t tier_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *take
 }
 
 size_t sgm__tier_reclaim(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode) {
+  size_t n = tier_reclaim_ex(p, taker, mode);
+  tier_vmm_settle(p);
+  return n;
+}
+
+/* sgm__tier_reclaim without unmapping the granules it frees (the carve that
+ * calls it is about to place a block there). */
+static size_t tier_reclaim_ex(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode) {
   size_t n_done = 0;
   sgm__lock_take(&p->lock);
   for (tier_mag *m = p->mags; m; m = m->next) {
@@ -1461,7 +1801,8 @@ size_t sgm__tier_reclaim(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_recl
 /* ---- trimming and budget ---- */
 
 uint64_t sgm__tier_trim(sgm_tier_pool *p) {
-  if (sgm__tier_has_cached(p)) sgm__tier_reclaim(p, NULL, SGM_RECLAIM_WAIT);
+  if (sgm__tier_has_cached(p)) tier_reclaim_ex(p, NULL, SGM_RECLAIM_WAIT);
+  if (p->vmm_range) return tier_vmm_unmap_free(p, 0, UINT64_MAX);
   sgm_chunk *list;
   sgm__lock_take(&p->lock);
   size_t n = tier_detach_free_locked(p, 0, UINT64_MAX, &list);
@@ -1471,6 +1812,7 @@ uint64_t sgm__tier_trim(sgm_tier_pool *p) {
 
 uint64_t sgm__tier_idle_trim(sgm_tier_pool *p, uint64_t now_ms, uint64_t idle_ms) {
   if (idle_ms == 0 || idle_ms == UINT64_MAX) return 0;
+  if (p->vmm_range) return tier_vmm_unmap_free(p, now_ms, idle_ms);
   sgm_chunk *list;
   sgm__lock_take(&p->lock);
   size_t n = tier_detach_free_locked(p, now_ms, idle_ms, &list);
@@ -1510,6 +1852,57 @@ bool sgm__tier_chunk_of(sgm_tier_pool *p, sgm_devptr ptr, sgm_chunk *out) {
   return found;
 }
 
+/* ---- bytes placed outside the pool (managed blocks) ---- */
+
+int sgm__tier_charge(sgm_tier_pool *p, uint64_t bytes) {
+  bool trimmed = false;
+  sgm__lock_take(&p->lock);
+  for (;;) {
+    /* Chunks being taken are committed already: no overshoot past them. */
+    bool fits = p->committed_bytes <= p->p.budget_bytes && bytes <= p->p.budget_bytes - p->committed_bytes;
+    if (fits) {
+      p->committed_bytes += bytes;
+      p->held_bytes += bytes;
+      p->external_bytes += bytes;
+      tier_update_room_locked(p);
+      sgm__lock_drop(&p->lock);
+      return SGM_OK;
+    }
+    if (trimmed) break;
+    trimmed = true;
+    /* Cached blocks and wholly free chunks hold budget nobody uses: give them
+     * back and look once more. */
+    sgm__lock_drop(&p->lock);
+    if (sgm__tier_has_cached(p)) sgm__tier_reclaim(p, NULL, SGM_RECLAIM_QUERY);
+    sgm_chunk *list;
+    sgm__lock_take(&p->lock);
+    size_t n = tier_detach_free_locked(p, 0, UINT64_MAX, &list);
+    sgm__lock_drop(&p->lock);
+    if (n) tier_release_chunks(p, list, n);
+    sgm__lock_take(&p->lock);
+  }
+  sgm__lock_drop(&p->lock);
+  return SGM__ERR_BUDGET;
+}
+
+void sgm__tier_uncharge(sgm_tier_pool *p, uint64_t bytes) {
+  sgm__lock_take(&p->lock);
+  sgm_assert(p->external_bytes >= bytes);
+  p->committed_bytes -= bytes;
+  p->held_bytes -= bytes;
+  p->external_bytes -= bytes;
+  tier_update_room_locked(p);
+  pthread_cond_broadcast(&p->grown);
+  sgm__lock_drop(&p->lock);
+}
+
+uint64_t sgm__tier_charged(sgm_tier_pool *p) {
+  sgm__lock_take(&p->lock);
+  uint64_t n = p->external_bytes;
+  sgm__lock_drop(&p->lock);
+  return n;
+}
+
 /* ---- stats and checks ---- */
 
 void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out) {
@@ -1518,6 +1911,8 @@ void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out) {
   out->budget_bytes = p->p.budget_bytes;
   out->committed_bytes = p->committed_bytes;
   out->n_chunks = p->n_chunks + p->n_releasing; /* committed counts those being returned */
+  /* Expandable growth: every granule is its own allocation of the driver's. */
+  if (p->vmm_range) out->n_chunks = p->committed_bytes >> p->vmm_shift;
   int64_t used = (int64_t)__atomic_load_n(&p->used_bytes, __ATOMIC_RELAXED);
   int64_t live = __atomic_load_n(&p->n_live, __ATOMIC_RELAXED);
   uint64_t allocs = __atomic_load_n(&p->n_allocs, __ATOMIC_RELAXED);
@@ -1542,6 +1937,57 @@ void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out) {
   out->cached_bytes = cached;
 }
 
+/* Expandable growth: the one range is the sub-allocator's only range;
+ * committed is the granules mapped or being mapped or unmapped; every
+ * granule's references are the blocks (live or cached) touching it; the free
+ * mapped count matches. */
+static bool tier_vmm_check_locked(sgm_tier_pool *p, const sgm_suballoc_stats *st) {
+  const char *name = sgm_tier_name(p->p.tier);
+  size_t n = (size_t)(p->vmm_bytes >> p->vmm_shift);
+  if (st->capacity_bytes != p->vmm_bytes || st->n_ranges != 1 || p->n_chunks != 0)
+    return !sgm__error_set(SGM_ERR_CORRUPT, "%s: the reserved range of %llu bytes is not the "
+                           "sub-allocator's only range (%llu bytes in %llu ranges, %zu chunks)",
+                           name, (unsigned long long)p->vmm_bytes,
+                           (unsigned long long)st->capacity_bytes, (unsigned long long)st->n_ranges,
+                           p->n_chunks);
+  uint32_t *refs = calloc(n, sizeof *refs);
+  if (!refs) return true; /* a check that cannot run finds nothing wrong */
+  for (size_t i = 0; i < TIER_SHARDS; i++) {
+    tier_shard *s = &p->shards[i];
+    tier_spin_lock(&s->lock);
+    for (size_t k = 0; s->buckets && k < s->n_buckets; k++)
+      for (tier_block *b = s->buckets[k]; b; b = b->hnext) {
+        size_t g0, g1;
+        tier_vmm_span(p, b->ptr, b->bytes, &g0, &g1);
+        for (size_t g = g0; g <= g1 && g < n; g++) refs[g]++;
+      }
+    tier_spin_unlock(&s->lock);
+  }
+  uint64_t committed = 0, free_mapped = 0;
+  bool ok = true;
+  for (size_t g = 0; g < n && ok; g++) {
+    const tier_granule *x = &p->gran[g];
+    committed += x->mapped || x->busy ? UINT64_C(1) << p->vmm_shift : 0;
+    free_mapped += x->mapped && !x->busy && x->refs == 0;
+    if (x->refs != refs[g])
+      ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: granule %zu has %u references, blocks touch it "
+                           "%u times", name, g, x->refs, refs[g]);
+    else if (x->refs && !x->mapped && !x->busy)
+      ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: granule %zu is touched by %u blocks and not "
+                           "mapped", name, g, x->refs);
+  }
+  free(refs);
+  /* Managed blocks charged to the tier (sgm__tier_charge) are committed outside the range. */
+  if (ok && (committed + p->external_bytes != p->committed_bytes ||
+             free_mapped != p->vmm_free_mapped))
+    ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: committed %llu, granules mapped %llu (+%llu charged "
+                         "by managed blocks); %llu free mapped granules counted, %llu found", name,
+                         (unsigned long long)p->committed_bytes, (unsigned long long)committed,
+                         (unsigned long long)p->external_bytes,
+                         (unsigned long long)p->vmm_free_mapped, (unsigned long long)free_mapped);
+  return ok;
+}
+
 bool sgm__tier_check(sgm_tier_pool *p) {
   bool ok = true;
   sgm__lock_take(&p->lock);
@@ -1560,13 +2006,17 @@ bool sgm__tier_check(sgm_tier_pool *p) {
     ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: committed %llu > budget %llu",
                          sgm_tier_name(p->p.tier), (unsigned long long)p->committed_bytes,
                          (unsigned long long)p->p.budget_bytes);
-  } else if (sum > p->committed_bytes || st.capacity_bytes != sum || st.n_ranges != p->n_chunks) {
+  } else if (p->vmm_range && !tier_vmm_check_locked(p, &st)) {
+    ok = false;
+  } else if (!p->vmm_range && (sum > p->committed_bytes || st.capacity_bytes != sum ||
+                               st.n_ranges != p->n_chunks)) {
     ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: chunks hold %llu bytes in %zu, sub-allocator %llu "
                          "in %llu, committed %llu", sgm_tier_name(p->p.tier),
                          (unsigned long long)sum, p->n_chunks,
                          (unsigned long long)st.capacity_bytes, (unsigned long long)st.n_ranges,
                          (unsigned long long)p->committed_bytes);
-  } else if (st.used_bytes != p->held_bytes || st.n_live != p->n_blocks || in_map != p->n_blocks) {
+  } else if (st.used_bytes != p->held_bytes - p->external_bytes || st.n_live != p->n_blocks ||
+             in_map != p->n_blocks) {
     ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: holding %llu bytes in %llu blocks (%zu mapped), "
                          "sub-allocator %llu/%llu",
                          sgm_tier_name(p->p.tier), (unsigned long long)p->held_bytes,

@@ -16,6 +16,19 @@
  * before the allocation fails (and falls back a tier). Reserve mode: one chunk of the
  * whole budget is taken at create and kept until destroy.
  *
+ * Expandable growth (DESIGN.md §8, issue 17): with params.vmm in growth mode
+ * and a backend with a virtual-memory API, the pool reserves one range of
+ * device addresses for the whole budget at create and the sub-allocator
+ * carves that one range: blocks never fragment across chunks. Memory is
+ * mapped behind it granule by granule when a block first touches a granule,
+ * and unmapped when no block of the sub-allocator touches it any more (a
+ * block reaches the sub-allocator only once the work of its stream is seen
+ * complete, so no queued work uses an unmapped granule): at once when the
+ * free mapped granules pass a slack (TIER_VMM_SLACK_*), else on trim and idle
+ * trim. Before mapping, cached blocks that could cover the new granules are
+ * reclaimed. committed = mapped bytes. Without VMM (device, backend, option,
+ * budget below a granule) the pool grows in chunks as below.
+ *
  * Stream-ordered caches (DESIGN.md §8 "Streams"). A block the user frees on a
  * stream stays allocated in the sub-allocator and is cached for that stream:
  * first in the freeing thread's magazine (small stacks per size class, no
@@ -72,6 +85,9 @@ typedef struct sgm_tier_params {
   uint64_t max_chunk_bytes;    /* growth chunks stop doubling here */
   const char *limit_hint;      /* the variables that raise this budget, for messages */
   int verbose;                 /* log level */
+  bool vmm;                    /* growth on one reserved range when the backend can (issue 17) */
+  uint64_t vmm_range_bytes;    /* that range's size if above the budget: the most the budget may
+                                  become later (fair shares, set_vram_fraction); 0 = the budget */
 } sgm_tier_params;
 
 /* How far sgm__tier_reclaim goes to give cached blocks back. */
@@ -147,8 +163,20 @@ size_t sgm__tier_chunks(sgm_tier_pool *p, sgm_chunk *out, size_t max);
 bool sgm__tier_chunk_of(sgm_tier_pool *p, sgm_devptr ptr, sgm_chunk *out);
 /* Counters (the migration fields are left 0 here). */
 void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out);
+/* Expandable growth: the granule size when the pool grows on one reserved
+ * range (0 when it grows in chunks or reserves), and the range's bytes. */
+void sgm__tier_vmm_info(sgm_tier_pool *p, uint64_t *granule_bytes, uint64_t *reserved_bytes);
 /* Walk the pool and check every invariant; false with a message on the first broken one. */
 bool sgm__tier_check(sgm_tier_pool *p);
+
+/* Managed blocks (lib/managed.c) live outside the pool but count against its
+ * budget by where they are placed. Charge bytes (committed and held, never
+ * past the budget: cached blocks and free chunks are given back first) or
+ * SGM__ERR_BUDGET (no message); uncharge gives them back. Any thread. */
+int sgm__tier_charge(sgm_tier_pool *p, uint64_t bytes);
+void sgm__tier_uncharge(sgm_tier_pool *p, uint64_t bytes);
+/* Bytes charged now. */
+uint64_t sgm__tier_charged(sgm_tier_pool *p);
 
 /* vram.c: the chunk source of the VRAM tier (device memory from the backend). */
 extern const sgm_chunk_ops sgm__vram_chunk_ops;

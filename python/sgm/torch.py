@@ -183,12 +183,16 @@ def prefetch(tensor, tier=Tier.VRAM, stream=None):
     _lib.check(fn(ctx, ptr, size, int(Tier.of(tier)), _stream(stream)), "sgm_prefetch")
 
 
-def set_priority(tensor, priority):
+def set_priority(tensor, priority, hint=0):
     """Set the residency priority of a tensor's memory (sgm_advise; managed
-    pointer mode): a Priority, its name or 0..4 (lower leaves VRAM first)."""
+    pointer mode): a Priority, its name or 0..4 (lower leaves VRAM first).
+    hint: 0 none, 1 hot (into VRAM now if room can be made), 2 cold (to shared
+    memory now, until a hot hint or a prefetch to VRAM)."""
     if isinstance(priority, str):
         priority = Priority[priority.upper()]
-    _need("sgm_advise", "set_priority")
-    raise _lib.UnsupportedError(
-        "sgm_advise is exported but this sgm package does not know its signature yet: "
-        "update the sgm Python package together with libsgm.so", call="sgm.torch.set_priority")
+    fn = _need("sgm_advise", "set_priority")
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    ptr, _ = _tensor_span(tensor)
+    ctx = _hook_context(_device(tensor.device))
+    _lib.check(fn(ctx, ptr, int(priority), int(hint)), "sgm_advise")

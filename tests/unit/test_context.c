@@ -26,10 +26,12 @@ static void clean_env(void) {
   setenv("SGM_SHARED_FALLBACK", "off", 1);
 }
 
-static sgm_context *make_ctx(const char *vram, const char *growth) {
+/* vmm: SGM_VRAM_VMM, NULL = the default. */
+static sgm_context *make_ctx_ex(const char *vram, const char *growth, const char *vmm) {
   clean_env();
   setenv("SGM_EMU_VRAM", vram, 1);
   setenv("SGM_ALLOW_GROWTH", growth, 1);
+  if (vmm) setenv("SGM_VRAM_VMM", vmm, 1);
   sgm_config cfg;
   sgm_config_init(&cfg);
   assert_string_equal(cfg.error, "");
@@ -39,6 +41,10 @@ static sgm_context *make_ctx(const char *vram, const char *growth) {
   assert_int_equal(rc, SGM_OK);
   assert_non_null(ctx);
   return ctx;
+}
+
+static sgm_context *make_ctx(const char *vram, const char *growth) {
+  return make_ctx_ex(vram, growth, NULL);
 }
 
 static sgm_backend_counters backend_counters(sgm_context *ctx) {
@@ -85,12 +91,13 @@ static void test_budget_resolution(void **state) {
   assert_non_null(strstr(sgm_last_error(), "CUDA_DEVICE_MEMORY_LIMIT"));
 }
 
-/* Invariant: growth mode commits nothing at create and grows geometrically
- * (2, 4, 8 MiB ...); reserve mode commits the whole budget at create as one
- * chunk, so one block of the whole budget fits. */
+/* Invariant: growth mode in chunks (SGM_VRAM_VMM=0) commits nothing at create
+ * and grows geometrically (2, 4, 8 MiB ...); reserve mode commits the whole
+ * budget at create as one chunk, so one block of the whole budget fits.
+ * (Growth on one reserved range: tests/unit/test_vmm.c.) */
 static void test_growth_vs_reserve(void **state) {
   (void)state;
-  sgm_context *g = make_ctx("256MiB", "1");
+  sgm_context *g = make_ctx_ex("256MiB", "1", "0");
   assert_int_equal(vram_stats(g).committed_bytes, 0);
   assert_int_equal(backend_counters(g).device_live_bytes, 0);
   void *a = sgm_alloc(g, 1000, NULL);

@@ -35,7 +35,9 @@ static void clean_env(void) {
   const char *vars[] = {"FAKE_CUDA_DEVICE_COUNT", "FAKE_CUDA_TOTAL_MEM", "FAKE_CUDA_DELAY_US",
                         "FAKE_CUDA_LAZY", "FAKE_CUDA_OTHER_USED", "FAKE_CUDA_CTX_OVERHEAD",
                         "FAKE_CUDA_HOST_REGISTER_SUPPORTED", "FAKE_CUDA_HOST_REGISTER_RESULT",
-                        "FAKE_CUDA_PINNED_LIMIT", "FAKE_CUDA_DRIVER_VERSION", "SGM_EMU_VRAM"};
+                        "FAKE_CUDA_PINNED_LIMIT", "FAKE_CUDA_DRIVER_VERSION", "SGM_EMU_VRAM",
+                        "FAKE_CUDA_CONCURRENT_MANAGED", "FAKE_CUDA_VMM_SUPPORTED",
+                        "FAKE_CUDA_VMM_GRANULE"};
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 
@@ -62,9 +64,12 @@ static int teardown(void **state) {
   fake_cuda_get_stats(&st);
 #define LEFT(f) (unsigned long long)(st.f - base.f)
   if (st.device_allocs != base.device_allocs || st.host_registrations != base.host_registrations ||
+      st.managed_allocs != base.managed_allocs ||
       st.streams != base.streams || st.events != base.events ||
       st.ctx_retains != base.ctx_retains || st.pending_ops != base.pending_ops ||
-      st.graphs != base.graphs || st.captures_active != base.captures_active) {
+      st.graphs != base.graphs || st.captures_active != base.captures_active ||
+      st.vmm_allocations != base.vmm_allocations || st.vmm_reservations != base.vmm_reservations ||
+      st.vmm_mappings != base.vmm_mappings) {
     fprintf(stderr, "left behind: %llu allocs, %llu registrations, %llu streams, %llu events, "
             "%llu retains, %llu ops, %llu graphs, %llu captures\n",
             LEFT(device_allocs), LEFT(host_registrations), LEFT(streams), LEFT(events),
@@ -834,6 +839,153 @@ static void test_capture_ends_on_its_thread_and_stream_with_forks_joined(void **
   CU_OK(cuMemFree(d));
 }
 
+/* ---- managed memory ---- */
+
+static CUmemLocation loc(CUmemLocationType type, int id) {
+  CUmemLocation l;
+  memset(&l, 0, sizeof l);
+  l.type = type;
+  l.id = id;
+  return l;
+}
+
+static void test_managed_memory_is_placed_only_by_a_prefetch(void **state) {
+  (void)state;
+  CUdeviceptr m = 0;
+  assert_int_equal(cuMemAllocManaged(&m, 0, CU_MEM_ATTACH_GLOBAL), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(cuMemAllocManaged(&m, 4096, 7), CUDA_ERROR_INVALID_VALUE);
+  CU_OK(cuMemAllocManaged(&m, 3 * PAGE, CU_MEM_ATTACH_GLOBAL));
+  assert_int_equal(fake_cuda_managed_page((void *)(uintptr_t)m, NULL, NULL), 0); /* nowhere yet */
+  size_t free0 = 0, free1 = 0, total = 0;
+  CU_OK(cuMemGetInfo(&free0, &total));
+  CU_OK(cuMemPrefetchAsync(m, 3 * PAGE, loc(CU_MEM_LOCATION_TYPE_DEVICE, 0), 0, NULL));
+  CU_OK(cuCtxSynchronize());
+  assert_int_equal(fake_cuda_managed_page((void *)(uintptr_t)(m + 2 * PAGE), NULL, NULL), 1);
+  CU_OK(cuMemGetInfo(&free1, &total));
+  assert_int_equal(free0 - free1, 3 * PAGE); /* device-placed pages are device memory */
+  CU_OK(cuMemFree(m));
+  CU_OK(cuMemGetInfo(&free1, &total));
+  assert_int_equal(free1, free0);
+}
+
+/* A prefetch is stream work: the pages move after what was queued before it. */
+static void test_managed_prefetch_runs_in_stream_order(void **state) {
+  (void)state;
+  CUdeviceptr m = 0;
+  CU_OK(cuMemAllocManaged(&m, 16 * PAGE, CU_MEM_ATTACH_GLOBAL));
+  CUstream s = stream_new(0);
+  CUevent e = event_new();
+  fake_cuda_hold_stream(s, 1);
+  CU_OK(cuEventRecord(e, s)); /* held: stands for a kernel still running */
+  CU_OK(cuMemPrefetchAsync(m, 16 * PAGE, loc(CU_MEM_LOCATION_TYPE_HOST, 0), 0, s));
+  fake_cuda_settle();
+  assert_int_equal(fake_cuda_managed_page((void *)(uintptr_t)m, NULL, NULL), 0);
+  fake_cuda_complete_stream(s);
+  fake_cuda_hold_stream(s, 0);
+  assert_int_equal(fake_cuda_managed_page((void *)(uintptr_t)m, NULL, NULL), 2);
+  fake_cuda_stats st;
+  fake_cuda_get_stats(&st);
+  assert_int_equal(st.managed_host_bytes - base.managed_host_bytes, 16 * PAGE);
+  CU_OK(cuEventDestroy(e));
+  CU_OK(cuStreamDestroy(s));
+  CU_OK(cuMemFree(m));
+}
+
+/* Advice widens to whole host pages and checks its location as documented. */
+static void test_managed_advice_is_page_granular_and_checks_locations(void **state) {
+  (void)state;
+  CUdeviceptr m = 0;
+  CU_OK(cuMemAllocManaged(&m, 4 * PAGE, CU_MEM_ATTACH_GLOBAL));
+  CU_OK(cuMemAdvise(m + PAGE + 100, 1, CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
+                    loc(CU_MEM_LOCATION_TYPE_HOST_NUMA, 0)));
+  int pref = 0, acc = 0;
+  fake_cuda_managed_page((void *)(uintptr_t)(m + PAGE), &pref, &acc);
+  assert_int_equal(pref, CU_MEM_LOCATION_TYPE_HOST_NUMA);
+  fake_cuda_managed_page((void *)(uintptr_t)m, &pref, &acc);
+  assert_int_equal(pref, -1); /* the page before is untouched */
+  fake_cuda_managed_page((void *)(uintptr_t)(m + 2 * PAGE), &pref, &acc);
+  assert_int_equal(pref, -1);
+  CU_OK(cuMemAdvise(m, 4 * PAGE, CU_MEM_ADVISE_SET_ACCESSED_BY, loc(CU_MEM_LOCATION_TYPE_DEVICE, 0)));
+  fake_cuda_managed_page((void *)(uintptr_t)(m + 3 * PAGE), &pref, &acc);
+  assert_int_equal(acc, 1);
+  assert_int_equal(cuMemAdvise(m, PAGE, CU_MEM_ADVISE_SET_ACCESSED_BY,
+                               loc(CU_MEM_LOCATION_TYPE_HOST_NUMA, 0)), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(cuMemAdvise(m, PAGE, CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
+                               loc(CU_MEM_LOCATION_TYPE_HOST_NUMA, -1)), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(cuMemAdvise(m, PAGE, CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
+                               loc(CU_MEM_LOCATION_TYPE_DEVICE, 5)), CUDA_ERROR_INVALID_DEVICE);
+  assert_int_equal(cuMemAdvise(m + 3 * PAGE, 2 * PAGE, CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
+                               loc(CU_MEM_LOCATION_TYPE_HOST, 0)), CUDA_ERROR_INVALID_VALUE);
+  CUdeviceptr d = dev_alloc(PAGE); /* not managed memory */
+  assert_int_equal(cuMemAdvise(d, PAGE, CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
+                               loc(CU_MEM_LOCATION_TYPE_HOST, 0)), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(cuMemPrefetchAsync(d, PAGE, loc(CU_MEM_LOCATION_TYPE_HOST, 0), 0, NULL),
+                   CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(cuMemPrefetchAsync(m, PAGE, loc(CU_MEM_LOCATION_TYPE_HOST, 0), 1, NULL),
+                   CUDA_ERROR_INVALID_VALUE); /* flags must be 0 */
+  CU_OK(cuMemFree(d));
+  CU_OK(cuMemFree(m));
+}
+
+/* Past the device's free memory the driver evicts other managed pages on its
+ * own (what sgm must never cause): the double does it too, and counts it. */
+static void test_managed_prefetch_past_free_memory_evicts_and_counts(void **state) {
+  (void)state;
+  setenv("FAKE_CUDA_TOTAL_MEM", "64MiB", 1); /* 8 MiB context reservation: 56 MiB free */
+  CU_OK(cuInit(0));
+  CUdeviceptr a = 0, b = 0;
+  CU_OK(cuMemAllocManaged(&a, 40 * MiB, CU_MEM_ATTACH_GLOBAL));
+  CU_OK(cuMemAllocManaged(&b, 40 * MiB, CU_MEM_ATTACH_GLOBAL));
+  CU_OK(cuMemPrefetchAsync(a, 40 * MiB, loc(CU_MEM_LOCATION_TYPE_DEVICE, 0), 0, NULL));
+  CU_OK(cuMemPrefetchAsync(b, 40 * MiB, loc(CU_MEM_LOCATION_TYPE_DEVICE, 0), 0, NULL));
+  CU_OK(cuCtxSynchronize());
+  fake_cuda_stats st;
+  fake_cuda_get_stats(&st);
+  assert_int_equal(st.managed_evicted_bytes - base.managed_evicted_bytes, 24 * MiB);
+  assert_int_equal(st.managed_device_bytes - base.managed_device_bytes, 56 * MiB);
+  assert_int_equal(fake_cuda_managed_page((void *)(uintptr_t)b, NULL, NULL), 1);
+  CU_OK(cuMemFree(a));
+  CU_OK(cuMemFree(b));
+}
+
+/* Without concurrent managed access no page goes to the device. */
+static void test_managed_device_needs_concurrent_access(void **state) {
+  (void)state;
+  setenv("FAKE_CUDA_CONCURRENT_MANAGED", "0", 1);
+  int v = 1;
+  CU_OK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 0));
+  assert_int_equal(v, 0);
+  CUdeviceptr m = 0;
+  CU_OK(cuMemAllocManaged(&m, PAGE, CU_MEM_ATTACH_GLOBAL));
+  assert_int_equal(cuMemPrefetchAsync(m, PAGE, loc(CU_MEM_LOCATION_TYPE_DEVICE, 0), 0, NULL),
+                   CUDA_ERROR_INVALID_DEVICE);
+  CU_OK(cuMemFree(m));
+}
+
+/* By version: the CUdevice forms below 12.2, the CUmemLocation forms from 12.2. */
+static void test_managed_entry_points_by_version(void **state) {
+  (void)state;
+  void *fn = NULL;
+  CUdriverProcAddressQueryResult st;
+  CU_OK(cuGetProcAddress("cuMemPrefetchAsync", &fn, 12020, CU_GET_PROC_ADDRESS_DEFAULT, &st));
+  assert_ptr_equal(fn, (void *)&cuMemPrefetchAsync_v2);
+  CU_OK(cuGetProcAddress("cuMemAdvise", &fn, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &st));
+  assert_ptr_equal(fn, (void *)&cuMemAdvise_v2);
+  CU_OK(cuGetProcAddress("cuMemPrefetchAsync", &fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st));
+  assert_non_null(fn);
+  assert_ptr_not_equal(fn, (void *)&cuMemPrefetchAsync_v2);
+  /* The old form still works, with a device ordinal. */
+  CUdeviceptr m = 0;
+  CU_OK(cuMemAllocManaged(&m, PAGE, CU_MEM_ATTACH_GLOBAL));
+  CU_OK(((CUresult(*)(CUdeviceptr, size_t, CUdevice, CUstream))fn)(m, PAGE, 0, NULL));
+  CU_OK(cuCtxSynchronize());
+  assert_int_equal(fake_cuda_managed_page((void *)(uintptr_t)m, NULL, NULL), 1);
+  CU_OK(cuMemFree(m));
+  setenv("FAKE_CUDA_DRIVER_VERSION", "12000", 1);
+  assert_int_equal(cuGetProcAddress("cuMemAdvise", &fn, 12020, CU_GET_PROC_ADDRESS_DEFAULT, &st),
+                   CUDA_ERROR_INVALID_VALUE);
+}
+
 /* ---- cuGetProcAddress, version, counters, priorities ---- */
 
 static void test_get_proc_address_answers_by_version_and_flags(void **state) {
@@ -882,6 +1034,198 @@ static void test_driver_version_is_13_0(void **state) {
   int v = 0;
   CU_OK(cuDriverGetVersion(&v));
   assert_int_equal(v, 13000);
+}
+
+/* ---- virtual memory management (issue 17) ---- */
+
+#define GRAN (2 * MiB)
+
+static CUmemAllocationProp vmm_prop(void) {
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  return prop;
+}
+
+static CUmemGenericAllocationHandle vmm_create(size_t n) {
+  CUmemAllocationProp prop = vmm_prop();
+  CUmemGenericAllocationHandle h = 0;
+  CU_OK(cuMemCreate(&h, n, &prop, 0));
+  return h;
+}
+
+static void vmm_access(CUdeviceptr p, size_t n) {
+  CUmemAccessDesc d;
+  memset(&d, 0, sizeof d);
+  d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  d.location.id = 0;
+  d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CU_OK(cuMemSetAccess(p, n, &d, 1));
+}
+
+static size_t free_mem(void) {
+  size_t f = 0, t = 0;
+  CU_OK(cuMemGetInfo(&f, &t));
+  return f;
+}
+
+/* Rule: sizes, addresses and reservations are granule multiples; a mapping's
+ * offset is 0 and its size at most the allocation's; no second mapping over a
+ * mapped address; the device answers the VMM attribute. */
+static void test_vmm_calls_take_granule_multiples(void **state) {
+  (void)state;
+  int vmm = 0;
+  CU_OK(cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0));
+  assert_int_equal(vmm, 1);
+  CUmemAllocationProp prop = vmm_prop();
+  size_t g = 0;
+  CU_OK(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  assert_int_equal(g, GRAN);
+  CUmemAllocationProp bad = prop;
+  bad.location.type = CU_MEM_LOCATION_TYPE_HOST;
+  assert_int_equal(cuMemGetAllocationGranularity(&g, &bad, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+                   CUDA_ERROR_INVALID_VALUE);
+  CUdeviceptr base = 0;
+  assert_int_equal(cuMemAddressReserve(&base, GRAN + 4096, 0, 0, 0), CUDA_ERROR_INVALID_VALUE);
+  CU_OK(cuMemAddressReserve(&base, 4 * GRAN, 0, 0, 0));
+  assert_int_equal(base % GRAN, 0);
+  CUmemGenericAllocationHandle h = 0;
+  assert_int_equal(cuMemCreate(&h, GRAN / 2, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+  h = vmm_create(GRAN);
+  assert_int_equal(cuMemMap(base + 4096, GRAN, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(cuMemMap(base, GRAN, GRAN, h, 0), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(cuMemMap(base, 2 * GRAN, 0, h, 0), CUDA_ERROR_INVALID_VALUE); /* > allocation */
+  assert_int_equal(cuMemMap(base + 4 * GRAN, GRAN, 0, h, 0), CUDA_ERROR_INVALID_VALUE); /* outside */
+  CU_OK(cuMemMap(base, GRAN, 0, h, 0));
+  CUmemGenericAllocationHandle h2 = vmm_create(GRAN);
+  assert_int_equal(cuMemMap(base, GRAN, 0, h2, 0), CUDA_ERROR_INVALID_VALUE); /* mapped there */
+  CU_OK(cuMemRelease(h2));
+  CU_OK(cuMemUnmap(base, GRAN));
+  CU_OK(cuMemRelease(h));
+  CU_OK(cuMemAddressFree(base, 4 * GRAN));
+}
+
+/* Rule: a new mapping has no access: the device may not touch it (a copy
+ * fails) until cuMemSetAccess; every map needs its own, also after an unmap
+ * of the same address. */
+static void test_vmm_access_must_be_set_after_every_map(void **state) {
+  (void)state;
+  CUdeviceptr base = 0;
+  CU_OK(cuMemAddressReserve(&base, 2 * GRAN, 0, 0, 0));
+  CUstream s = stream_new(0);
+  for (int round = 0; round < 2; round++) {
+    CUmemGenericAllocationHandle h = vmm_create(GRAN);
+    CU_OK(cuMemMap(base, GRAN, 0, h, 0));
+    CU_OK(cuMemRelease(h)); /* the mapping keeps the memory */
+    assert_int_equal(cuMemsetD8Async(base, 0x11, 4096, s), CUDA_ERROR_INVALID_VALUE);
+    vmm_access(base, GRAN);
+    CU_OK(cuMemsetD8Async(base, 0x11, 4096, s));
+    CU_OK(cuStreamSynchronize(s));
+    assert_int_equal(((unsigned char *)(uintptr_t)base)[4095], 0x11);
+    /* Access over a range that is not whole mappings is refused. */
+    CUmemAccessDesc d;
+    memset(&d, 0, sizeof d);
+    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    assert_int_equal(cuMemSetAccess(base, 2 * GRAN, &d, 1), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cuMemUnmap(base, GRAN));
+  }
+  CU_OK(cuStreamDestroy(s));
+  CU_OK(cuMemAddressFree(base, 2 * GRAN));
+}
+
+/* Rule: cuMemUnmap takes whole mappings (several neighbours at once are
+ * fine), never part of one; cuMemAddressFree takes exactly a reservation with
+ * nothing mapped in it. */
+static void test_vmm_unmap_takes_whole_mappings(void **state) {
+  (void)state;
+  CUdeviceptr base = 0;
+  CU_OK(cuMemAddressReserve(&base, 4 * GRAN, 0, 0, 0));
+  CUmemGenericAllocationHandle big = vmm_create(2 * GRAN), a = vmm_create(GRAN), b = vmm_create(GRAN);
+  CU_OK(cuMemMap(base, 2 * GRAN, 0, big, 0));
+  CU_OK(cuMemMap(base + 2 * GRAN, GRAN, 0, a, 0));
+  CU_OK(cuMemMap(base + 3 * GRAN, GRAN, 0, b, 0));
+  assert_int_equal(cuMemUnmap(base, GRAN), CUDA_ERROR_INVALID_VALUE); /* half of big */
+  assert_int_equal(cuMemUnmap(base + GRAN, 2 * GRAN), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(cuMemAddressFree(base, 4 * GRAN), CUDA_ERROR_INVALID_VALUE); /* mapped */
+  CU_OK(cuMemUnmap(base + 2 * GRAN, 2 * GRAN)); /* a and b together */
+  CU_OK(cuMemUnmap(base, 2 * GRAN));
+  assert_int_equal(cuMemUnmap(base, 2 * GRAN), CUDA_ERROR_INVALID_VALUE); /* nothing mapped */
+  CU_OK(cuMemRelease(big));
+  CU_OK(cuMemRelease(a));
+  CU_OK(cuMemRelease(b));
+  assert_int_equal(cuMemRelease(b), CUDA_ERROR_INVALID_VALUE); /* released twice */
+  assert_int_equal(cuMemAddressFree(base, 2 * GRAN), CUDA_ERROR_INVALID_VALUE); /* wrong size */
+  CU_OK(cuMemAddressFree(base, 4 * GRAN)); /* teardown checks that nothing is left */
+}
+
+/* Rule: cuMemCreate charges the device at once; the memory is freed only
+ * when its handle is released *and* its mapping unmapped, in either order. */
+static void test_vmm_memory_lives_until_released_and_unmapped(void **state) {
+  (void)state;
+  size_t f0 = free_mem();
+  CUdeviceptr base = 0;
+  CU_OK(cuMemAddressReserve(&base, 2 * GRAN, 0, 0, 0));
+  assert_int_equal(free_mem(), f0); /* address space only */
+  CUmemGenericAllocationHandle h = vmm_create(GRAN), k = vmm_create(GRAN);
+  assert_int_equal(free_mem(), f0 - 2 * GRAN);
+  CU_OK(cuMemMap(base, GRAN, 0, h, 0));
+  CU_OK(cuMemMap(base + GRAN, GRAN, 0, k, 0));
+  CU_OK(cuMemRelease(h)); /* release first: still mapped, still charged */
+  assert_int_equal(free_mem(), f0 - 2 * GRAN);
+  CU_OK(cuMemUnmap(base, GRAN));
+  assert_int_equal(free_mem(), f0 - GRAN);
+  CU_OK(cuMemUnmap(base + GRAN, GRAN)); /* unmap first: the handle still holds it */
+  assert_int_equal(free_mem(), f0 - GRAN);
+  CU_OK(cuMemRelease(k));
+  assert_int_equal(free_mem(), f0);
+  CU_OK(cuMemAddressFree(base, 2 * GRAN));
+}
+
+/* Rule: cuMemUnmap does not wait for queued work: unmapping memory a queued
+ * memset still writes is the caller's bug, counted (and the memset dropped,
+ * where a GPU would fault). Unmapping after the work completed is not. */
+static void test_vmm_unmap_under_queued_work_is_counted(void **state) {
+  (void)state;
+  fake_cuda_stats st0, st1;
+  fake_cuda_get_stats(&st0);
+  CUdeviceptr base = 0;
+  CU_OK(cuMemAddressReserve(&base, GRAN, 0, 0, 0));
+  CUstream s = stream_new(0);
+  for (int pending = 0; pending < 2; pending++) {
+    CUmemGenericAllocationHandle h = vmm_create(GRAN);
+    CU_OK(cuMemMap(base, GRAN, 0, h, 0));
+    CU_OK(cuMemRelease(h));
+    vmm_access(base, GRAN);
+    if (pending) fake_cuda_pause(1);
+    CU_OK(cuMemsetD8Async(base, 0x22, GRAN, s));
+    if (!pending) CU_OK(cuStreamSynchronize(s));
+    CU_OK(cuMemUnmap(base, GRAN));
+    fake_cuda_pause(0);
+    CU_OK(cuStreamSynchronize(s));
+    fake_cuda_get_stats(&st1);
+    assert_int_equal(st1.vmm_unmaps_in_use - st0.vmm_unmaps_in_use, (uint64_t)pending);
+  }
+  CU_OK(cuStreamDestroy(s));
+  CU_OK(cuMemAddressFree(base, GRAN));
+}
+
+/* Rule: a device without the API (FAKE_CUDA_VMM_SUPPORTED=0) says so in the
+ * attribute and refuses every VMM call with NOT_SUPPORTED. */
+static void test_vmm_unsupported_device_refuses_the_calls(void **state) {
+  (void)state;
+  setenv("FAKE_CUDA_VMM_SUPPORTED", "0", 1);
+  int vmm = 1;
+  CU_OK(cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0));
+  assert_int_equal(vmm, 0);
+  CUdeviceptr base = 0;
+  assert_int_equal(cuMemAddressReserve(&base, GRAN, 0, 0, 0), CUDA_ERROR_NOT_SUPPORTED);
+  CUmemAllocationProp prop = vmm_prop();
+  CUmemGenericAllocationHandle h = 0;
+  assert_int_equal(cuMemCreate(&h, GRAN, &prop, 0), CUDA_ERROR_NOT_SUPPORTED);
+  unsetenv("FAKE_CUDA_VMM_SUPPORTED");
 }
 
 static void test_every_entry_point_counts_its_calls(void **state) {
@@ -999,6 +1343,18 @@ int main(void) {
       T(test_stream_priorities_are_clamped_to_the_range),
       T(test_lazy_device_runs_work_only_while_waited_for),
       T(test_a_fork_child_runs_its_own_work),
+      T(test_managed_memory_is_placed_only_by_a_prefetch),
+      T(test_managed_prefetch_runs_in_stream_order),
+      T(test_managed_advice_is_page_granular_and_checks_locations),
+      T(test_managed_prefetch_past_free_memory_evicts_and_counts),
+      T(test_managed_device_needs_concurrent_access),
+      T(test_managed_entry_points_by_version),
+      T(test_vmm_calls_take_granule_multiples),
+      T(test_vmm_access_must_be_set_after_every_map),
+      T(test_vmm_unmap_takes_whole_mappings),
+      T(test_vmm_memory_lives_until_released_and_unmapped),
+      T(test_vmm_unmap_under_queued_work_is_counted),
+      T(test_vmm_unsupported_device_refuses_the_calls),
   };
 #undef T
   return cmocka_run_group_tests_name("fake_cuda", tests, NULL, NULL);

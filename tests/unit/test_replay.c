@@ -559,6 +559,67 @@ static void test_read_minimalloc(void **state) {
   replay_trace_free(&t);
 }
 
+/* Times are signed: idealloc's tiny_bert starts a tensor at -1. Buffer 0
+ * [-1,2) and 1 [0,1) overlap; 2 [2,3) starts as 0 ends (the free first):
+ *   t-1 a0 | t0 a1 | t1 f1 a0 | t2 f0 a2 | t3 f2 */
+static void test_read_minimalloc_negative_times(void **state) {
+  (void)state;
+  replay_trace t = load_ok("id,lower,upper,size\n"
+                           "0,-1,2,100\n"
+                           "1,0,1,100\n"
+                           "2,2,3,100\n",
+                           0, REPLAY_FMT_MINIMALLOC);
+  const uint32_t want[] = {0, 1, F(1), 0, F(0), 2, F(2)};
+  assert_events(&t, want, 7);
+  assert_int_equal(t.peak_live_bytes, 512);
+  replay_trace_free(&t);
+  load_fails("id,lower,upper,size\n0,-3,-5,100\n", 2, "lower");
+  load_fails("id,lower,upper,size\n-1,0,1,100\n", 2, "id");
+  load_fails("id,lower,upper,size\n0,0,1,-4\n", 2, "size");
+  load_fails("id,lower,upper,size\n0,-9223372036854775809,1,4\n", 2, "lower");
+}
+
+/*
+ * The allocation stream of a trace through sgm_alloc/sgm_free: it is served
+ * in VRAM in growth mode, growth never commits less than the footprint, every
+ * block freed and trimmed leaves nothing committed, and the smallest reserved
+ * budget that serves it is at least the footprint and serves it while one
+ * 256-byte step less than the bisection's lower end does not.
+ */
+static void test_alloc_replay(void **state) {
+  (void)state;
+  char text[16384];
+  size_t n = (size_t)snprintf(text, sizeof text, "id,lower,upper,size\n");
+  /* Sawtooth lifetimes of mixed sizes: holes of several sizes open and close. */
+  for (int i = 0; i < 200; i++)
+    n += (size_t)snprintf(text + n, sizeof text - n, "%d,%d,%d,%d\n", i, i, i + 1 + (i * 7) % 23,
+                          4096 * (1 + (i * 13) % 37) + (i % 5) * 100);
+  replay_trace t = load_ok(text, 0, REPLAY_FMT_MINIMALLOC);
+  char err[REPLAY_ERR_MAX];
+  replay_alloc_params gp = {.growth = true, .sample = true, .vmm = -1};
+  replay_alloc_result g;
+  assert_int_equal(replay_alloc(&t, &gp, &g, err, sizeof err), 0);
+  assert_true(g.served);
+  assert_int_equal(g.events, 400);
+  assert_true(g.peak_committed_bytes >= t.peak_live_bytes);
+  assert_true(g.peak_used_bytes >= t.peak_live_bytes);
+  assert_int_equal(g.trimmed_committed_bytes, 0);
+  uint64_t budget = 0;
+  unsigned runs = 0;
+  assert_int_equal(replay_alloc_min_budget(&t, -1, &budget, &runs, err, sizeof err), 0);
+  assert_true(budget >= t.peak_live_bytes);
+  assert_true(runs >= 2);
+  replay_alloc_params rp = {.growth = false, .vram_bytes = budget, .stop_on_fallback = true,
+                            .vmm = -1};
+  replay_alloc_result r;
+  assert_int_equal(replay_alloc(&t, &rp, &r, err, sizeof err), 0);
+  assert_true(r.served);
+  rp.vram_bytes = t.peak_live_bytes - REPLAY_ALIGN;
+  assert_int_equal(replay_alloc(&t, &rp, &r, err, sizeof err), 0);
+  assert_false(r.served);
+  replay_trace_free(&t);
+}
+
 static void test_read_minimalloc_errors(void **state) {
   (void)state;
   load_fails("id,lower,upper,size\n0,0,10,100\n1,7,7,5\n", 3, "lower");
@@ -690,6 +751,8 @@ int main(void) {
       cmocka_unit_test(test_read_csv_errors),
       cmocka_unit_test(test_read_minimalloc),
       cmocka_unit_test(test_read_minimalloc_errors),
+      cmocka_unit_test(test_read_minimalloc_negative_times),
+      cmocka_unit_test(test_alloc_replay),
       cmocka_unit_test(test_read_mooncake),
       cmocka_unit_test(test_read_mooncake_errors),
       cmocka_unit_test(test_detect_format),

@@ -36,6 +36,15 @@
  * cuMemHostGetDevicePointer. Every live allocation and event is in a table so
  * that free() can check it and close() can return what was leaked.
  *
+ * Managed memory (SGM_POINTERS=managed): cuMemAllocManaged, and cuMemAdvise /
+ * cuMemPrefetchAsync in their CUmemLocation forms, resolved apart from the
+ * table above for CUDA 12.2 (CUDA_MANAGED_ABI: 13.0 made the location form
+ * cuMemPrefetchAsync's default, so asking by version gets the same
+ * signature from 12.2 and 13.x drivers). A driver without them, or a device
+ * without CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, has no managed mode:
+ * managed_support() says which. A prefetch runs on the caller's stream and,
+ * as a copy, is complete when managed_prefetch() returns.
+ *
  * Copies run on the caller's stream (never while it captures a graph), or on
  * a non-blocking stream the backend owns when the caller passes NULL, and are
  * synchronised before copy() returns, as the contract asks.
@@ -133,7 +142,20 @@ _Static_assert(sizeof(size_t) == sizeof(uint64_t), "sgm's CUDA backend needs a 6
   X(cuStreamWaitEvent, 3020)           \
   X(cuStreamIsCapturing, 10000)        \
   X(cuThreadExchangeStreamCaptureMode, 10010) \
-  X(cuStreamGetFlags, 5050)
+  X(cuStreamGetFlags, 5050)             \
+  X(cuMemGetAllocationGranularity, 10020)      \
+  X(cuMemAddressReserve, 10020)                \
+  X(cuMemAddressFree, 10020)                   \
+  X(cuMemCreate, 10020)                        \
+  X(cuMemRelease, 10020)                       \
+  X(cuMemMap, 10020)                           \
+  X(cuMemUnmap, 10020)                         \
+  X(cuMemSetAccess, 10020)
+
+/* The CUDA version whose signatures the managed entry points are asked for:
+ * 12.2 introduced the CUmemLocation forms of cuMemAdvise and
+ * cuMemPrefetchAsync (PFN_..._v12020). */
+#define CUDA_MANAGED_ABI 12020
 
 typedef struct cuda_table {
 #define CUDA_MEMBER(name, abi) PFN_##name##_v##abi pfn_##name;
@@ -149,6 +171,10 @@ static struct cuda_driver {
   int driver_version;     /* cuDriverGetVersion: 1000 * major + 10 * minor */
   int abi_version;        /* the cudaVersion entry points were resolved for */
   cuda_table fn;          /* every entry point, resolved */
+  PFN_cuMemAllocManaged_v6000 pfn_cuMemAllocManaged;   /* NULL: not offered */
+  PFN_cuMemAdvise_v12020 pfn_cuMemAdvise;              /* NULL: driver older than 12.2 */
+  PFN_cuMemPrefetchAsync_v12020 pfn_cuMemPrefetchAsync; /* NULL: driver older than 12.2 */
+  char no_managed[160];   /* why the managed entry points are missing; "" = present */
 } cuda_drv;
 static pthread_once_t cuda_drv_once = PTHREAD_ONCE_INIT;
 
@@ -212,6 +238,26 @@ static void cuda_load(void) {
   } while (0);
   CUDA_ENTRY_POINTS(CUDA_RESOLVE)
 #undef CUDA_RESOLVE
+  /* Optional: without them only managed mode is unavailable. */
+  void *mp[3] = {NULL, NULL, NULL};
+  static const char *const mnames[3] = {"cuMemAllocManaged", "cuMemAdvise", "cuMemPrefetchAsync"};
+  for (int i = 0; i < 3 && version >= CUDA_MANAGED_ABI; i++) {
+    CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SUCCESS;
+    int want = i == 0 ? abi : CUDA_MANAGED_ABI;
+    CUresult r = gpa2 ? gpa2(mnames[i], &mp[i], want, CU_GET_PROC_ADDRESS_DEFAULT, &found)
+                      : gpa1(mnames[i], &mp[i], want, CU_GET_PROC_ADDRESS_DEFAULT);
+    if (r != CUDA_SUCCESS || found != CU_GET_PROC_ADDRESS_SUCCESS) mp[i] = NULL;
+    if (!mp[i] && !cuda_drv.no_managed[0])
+      snprintf(cuda_drv.no_managed, sizeof cuda_drv.no_managed, "the driver has no %s for CUDA "
+               "%d.%d", mnames[i], want / 1000, want % 1000 / 10);
+  }
+  if (version < CUDA_MANAGED_ABI)
+    snprintf(cuda_drv.no_managed, sizeof cuda_drv.no_managed, "driver API %d.%d predates the "
+             "CUmemLocation forms of cuMemAdvise and cuMemPrefetchAsync (CUDA 12.2)",
+             version / 1000, version % 1000 / 10);
+  cuda_drv.pfn_cuMemAllocManaged = (PFN_cuMemAllocManaged_v6000)mp[0];
+  cuda_drv.pfn_cuMemAdvise = (PFN_cuMemAdvise_v12020)mp[1];
+  cuda_drv.pfn_cuMemPrefetchAsync = (PFN_cuMemPrefetchAsync_v12020)mp[2];
   cuda_drv.lib = lib;
   cuda_drv.driver_version = version;
   cuda_drv.abi_version = abi;
@@ -248,7 +294,8 @@ typedef enum cuda_obj_kind {
   CUDA_OBJ_DEVICE = 0, /* cuMemAlloc memory; key = device address */
   CUDA_OBJ_HOST = 1,   /* registered host mapping; key = host address */
   CUDA_OBJ_EVENT = 2,  /* CUevent; key = the handle */
-  CUDA_OBJ_STREAM = 3  /* a created stream seen by a transfer; key = the handle, bytes = its flags */
+  CUDA_OBJ_STREAM = 3, /* a created stream seen by a transfer; key = the handle, bytes = its flags */
+  CUDA_OBJ_MANAGED = 4 /* cuMemAllocManaged memory; key = its address */
 } cuda_obj_kind;
 
 typedef struct cuda_obj {
@@ -268,6 +315,7 @@ struct sgm_backend {
   int numa_node;              /* the GPU's NUMA node, -1 when unknown */
   int can_map_host;           /* CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY */
   int can_register_host;      /* CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED */
+  char no_managed[512];       /* why managed mode is unavailable; "" = it is (set at open) */
   char no_host_tier[256];     /* why pinned host memory is unavailable; "" = it is (under lock) */
   int verbose;                /* log level from the config */
   char pci_bus_id[32];        /* "0000:65:00.0" */
@@ -277,6 +325,7 @@ struct sgm_backend {
   cuda_obj **buckets;         /* live-object hash table (chained) */
   size_t n_buckets;           /* a power of two */
   size_t n_objs;              /* entries in the table */
+  struct cuda_vrange *vranges; /* reserved VMM ranges not yet freed (under lock) */
 };
 
 /* cuda_obj.bytes of an event from event_create: recorded only by
@@ -475,6 +524,8 @@ static CUresult cuda_rerecord_captured(void *event, CUstream stream, bool wait) 
   return wait ? CU(cuEventSynchronize)((CUevent)event) : CU(cuEventQuery)((CUevent)event);
 }
 
+static int cuda_managed_probe(sgm_backend *be);
+
 static int cuda_open(const sgm_config *cfg, sgm_backend **out) {
   *out = NULL;
   pthread_once(&cuda_drv_once, cuda_load);
@@ -549,6 +600,8 @@ static int cuda_open(const sgm_config *cfg, sgm_backend **out) {
   else if (!be->can_register_host)
     snprintf(be->no_host_tier, sizeof be->no_host_tier, "does not support registering host "
              "memory (CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED is 0)");
+  rc = cuda_managed_probe(be);
+  if (rc != SGM_OK) goto out_free;
   r = CU(cuDevicePrimaryCtxRetain)(&be->ctx, be->dev);
   if (r != CUDA_SUCCESS) {
     rc = cuda_fail(r, op, "cuDevicePrimaryCtxRetain", CUDA_BLAME_DRIVER);
@@ -583,6 +636,8 @@ out_free:
   return rc;
 }
 
+static void cuda_vmm_close(sgm_backend *be, bool entered);
+
 static void cuda_close(sgm_backend *be) {
   if (!be) return;
   const char *op = "closing the device";
@@ -597,12 +652,13 @@ static void cuda_close(sgm_backend *be) {
   /* No other thread may use the backend now: walk the table without the lock. */
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   if (entered && cuda_relax(&mode) != CUDA_SUCCESS) mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  cuda_vmm_close(be, entered);
   for (size_t i = 0; i < be->n_buckets; i++) {
     for (cuda_obj *o = be->buckets[i], *next; o; o = next) {
       next = o->next;
       CUresult r = CUDA_SUCCESS;
       if (entered) {
-        if (o->kind == CUDA_OBJ_DEVICE) {
+        if (o->kind == CUDA_OBJ_DEVICE || o->kind == CUDA_OBJ_MANAGED) {
           r = CU(cuMemFree)((CUdeviceptr)o->key);
           if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
         } else if (o->kind == CUDA_OBJ_HOST) {
@@ -941,10 +997,15 @@ static void cuda_counters(sgm_backend *be, sgm_backend_counters *out) {
   out->device_live_bytes = be->c.device_live_bytes;
   out->host_live_bytes = be->c.host_live_bytes;
   out->n_events_live = be->c.n_events_live;
+  out->n_managed_live = be->c.n_managed_live;
   sgm__lock_drop(&be->lock);
   out->n_device_live = n_device_live;
   out->n_host_live = n_host_live;
   out->n_calls = __atomic_load_n(&be->c.n_calls, __ATOMIC_RELAXED);
+  sgm__lock_take(&be->lock);
+  out->vmm_mapped_bytes = be->c.vmm_mapped_bytes;
+  out->n_vmm_ranges = be->c.n_vmm_ranges;
+  sgm__lock_drop(&be->lock);
 }
 
 /* cuEventCreate (no timing: such events are cheaper to record and to query)
@@ -1277,10 +1338,467 @@ static int cuda_stream_transfer(sgm_backend *be, void *event, const sgm_stream_r
   }
 }
 
+/* ---- managed memory (see "Managed memory" in backend.h) ---- */
+
+/* At open: can this device and driver run managed mode? be->no_managed says
+ * why not. A failed attribute query fails the open (as the others do). */
+static int cuda_managed_probe(sgm_backend *be) {
+  if (cuda_drv.no_managed[0]) {
+    snprintf(be->no_managed, sizeof be->no_managed, "%s", cuda_drv.no_managed);
+    return SGM_OK;
+  }
+  int concurrent = 0;
+  CUresult r = CU(cuDeviceGetAttribute)(&concurrent, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
+                                        be->dev);
+  if (r != CUDA_SUCCESS)
+    return cuda_fail(r, "opening the device", "cuDeviceGetAttribute", CUDA_BLAME_DRIVER);
+  if (!concurrent)
+    snprintf(be->no_managed, sizeof be->no_managed, "device %d (%s) has no concurrent managed "
+             "access (CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS is 0: a GPU before Pascal, "
+             "Windows/WSL, or a virtualised GPU without it)", be->ordinal, be->name);
+  return SGM_OK;
+}
+
+static int cuda_managed_support(sgm_backend *be) {
+  if (!be->no_managed[0]) return SGM_OK;
+  return sgm__error_set(SGM_ERR_UNSUPPORTED, "CUDA: %s", be->no_managed);
+}
+
+static int cuda_managed_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
+  sgm__lock_assert_none_held();
+  *out = 0;
+  cuda_count_call(be);
+  if (bytes == 0) return sgm__error_set(SGM_ERR_INVALID, "CUDA: managed_alloc of 0 bytes");
+  if (be->no_managed[0]) return cuda_managed_support(be);
+  bytes = sgm__align_up(bytes, SGM_MANAGED_PAGE);
+  char op[64], b[32];
+  snprintf(op, sizeof op, "allocating %s of managed memory", sgm__fmt_bytes(bytes, b, sizeof b));
+  bool pushed;
+  int rc = cuda_enter(be, op, &pushed);
+  if (rc != SGM_OK) return rc;
+  CUstreamCaptureMode mode;
+  CUresult r = cuda_relax(&mode);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuThreadExchangeStreamCaptureMode", CUDA_BLAME_DRIVER);
+    goto out_leave;
+  }
+  CUdeviceptr p = 0;
+  r = cuda_drv.pfn_cuMemAllocManaged(&p, (size_t)bytes, CU_MEM_ATTACH_GLOBAL);
+  cuda_unrelax(be, mode, op);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuMemAllocManaged", CUDA_BLAME_DRIVER);
+    goto out_leave;
+  }
+  sgm__lock_take(&be->lock);
+  bool added = cuda_obj_add_locked(be, (uint64_t)p, bytes, CUDA_OBJ_MANAGED);
+  if (added) be->c.n_managed_live++;
+  sgm__lock_drop(&be->lock);
+  if (!added) {
+    if (cuda_relax(&mode) != CUDA_SUCCESS) mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    r = CU(cuMemFree)(p);
+    cuda_unrelax(be, mode, op);
+    if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
+    rc = sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
+    goto out_leave;
+  }
+  *out = (sgm_devptr)p;
+out_leave:
+  cuda_leave(be, pushed, op);
+  return rc;
+}
+
+static void cuda_managed_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
+  sgm__lock_assert_none_held();
+  if (!ptr) return;
+  const char *op = "freeing managed memory";
+  uint64_t known = 0;
+  sgm__lock_take(&be->lock);
+  bool found = cuda_obj_remove_locked(be, ptr, CUDA_OBJ_MANAGED, &known);
+  if (found) be->c.n_managed_live--;
+  sgm__lock_drop(&be->lock);
+  sgm_assert(found && known == sgm__align_up(bytes, SGM_MANAGED_PAGE));
+  if (!found) {
+    sgm__log(be->verbose, 1, "CUDA: managed_free of 0x%llx, which this backend did not allocate; "
+             "ignored", (unsigned long long)ptr);
+    return;
+  }
+  bool pushed;
+  if (cuda_enter(be, op, &pushed) != SGM_OK) {
+    sgm__log(be->verbose, 1, "CUDA: %s: %s", op, sgm_last_error());
+    return;
+  }
+  CUstreamCaptureMode mode;
+  CUresult r = cuda_relax(&mode);
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
+  r = CU(cuMemFree)((CUdeviceptr)ptr);
+  cuda_unrelax(be, mode, op);
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
+  cuda_leave(be, pushed, op);
+}
+
+/* Where host-placed managed pages go: the GPU's NUMA node when known
+ * (HOST_NUMA), else host memory wherever the kernel puts it. */
+static CUmemLocation cuda_managed_host(const sgm_backend *be) {
+  CUmemLocation l;
+  memset(&l, 0, sizeof l);
+  l.type = be->numa_node >= 0 ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_HOST;
+  l.id = be->numa_node >= 0 ? be->numa_node : 0;
+  return l;
+}
+
+static CUmemLocation cuda_managed_device(const sgm_backend *be) {
+  CUmemLocation l;
+  memset(&l, 0, sizeof l);
+  l.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  l.id = (int)be->dev;
+  return l;
+}
+
+static int cuda_managed_advise(sgm_backend *be, sgm_devptr ptr, uint64_t n, sgm_managed_advice advice) {
+  cuda_count_call(be);
+  if (be->no_managed[0]) return cuda_managed_support(be);
+  CUmem_advise a;
+  CUmemLocation l = cuda_managed_device(be);
+  switch (advice) {
+    case SGM_ADVISE_PREFER_DEVICE: a = CU_MEM_ADVISE_SET_PREFERRED_LOCATION; break;
+    case SGM_ADVISE_PREFER_HOST:
+      a = CU_MEM_ADVISE_SET_PREFERRED_LOCATION;
+      l = cuda_managed_host(be);
+      break;
+    case SGM_ADVISE_ACCESSED_BY: a = CU_MEM_ADVISE_SET_ACCESSED_BY; break;
+    case SGM_ADVISE_UNSET_ACCESSED_BY: a = CU_MEM_ADVISE_UNSET_ACCESSED_BY; break;
+    default: return sgm__error_set(SGM_ERR_INVALID, "CUDA: bad managed advice %d", (int)advice);
+  }
+  const char *op = "advising managed memory";
+  bool pushed;
+  int rc = cuda_enter(be, op, &pushed);
+  if (rc != SGM_OK) return rc;
+  CUresult r = cuda_drv.pfn_cuMemAdvise((CUdeviceptr)ptr, (size_t)n, a, l);
+  if (r != CUDA_SUCCESS) rc = cuda_fail(r, op, "cuMemAdvise", CUDA_BLAME_CALLER);
+  cuda_leave(be, pushed, op);
+  return rc;
+}
+
+static int cuda_managed_prefetch(sgm_backend *be, sgm_devptr ptr, uint64_t n, sgm_tier to,
+                                 void *stream) {
+  sgm__lock_assert_none_held();
+  cuda_count_call(be);
+  if (be->no_managed[0]) return cuda_managed_support(be);
+  if (to != SGM_TIER_VRAM && to != SGM_TIER_SHARED)
+    return sgm__error_set(SGM_ERR_INVALID, "CUDA: prefetch to tier %d (only VRAM or shared memory "
+                          "hold managed pages)", (int)to);
+  const char *op = to == SGM_TIER_VRAM ? "prefetching managed memory to the device"
+                                       : "prefetching managed memory to host memory";
+  CUstream s = stream ? (CUstream)stream : be->copy_stream;
+  bool pushed;
+  int rc = cuda_enter(be, op, &pushed);
+  if (rc != SGM_OK) return rc;
+  if (stream && (rc = cuda_capturing(s, op)) != 0) {
+    cuda_leave(be, pushed, op);
+    if (rc < 0) return rc;
+    return sgm__error_set(SGM_ERR_BUSY, "CUDA: %s: the stream is capturing a CUDA graph, so the "
+                          "prefetch would be captured instead of run; end the capture first", op);
+  }
+  CUmemLocation l = to == SGM_TIER_VRAM ? cuda_managed_device(be) : cuda_managed_host(be);
+  CUresult r = cuda_drv.pfn_cuMemPrefetchAsync((CUdeviceptr)ptr, (size_t)n, l, 0, s);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuMemPrefetchAsync", CUDA_BLAME_CALLER);
+  } else {
+    /* Complete on return, as a copy: sgm counts the pages where they are. */
+    r = CU(cuStreamSynchronize)(s);
+    if (r != CUDA_SUCCESS) rc = cuda_fail(r, op, "cuStreamSynchronize", CUDA_BLAME_CALLER);
+  }
+  cuda_leave(be, pushed, op);
+  return rc;
+}
+
 /* ---- The node registry's key: the PCI bus id names one GPU on a machine
  * whatever CUDA_VISIBLE_DEVICES does to the ordinals. ---- */
 static void cuda_device_key(sgm_backend *be, char *out, size_t len) {
   snprintf(out, len, "gpu-%s", be->pci_bus_id);
+}
+
+/* ---- expandable VRAM: the virtual-memory API (issue 17) ----
+ *
+ * A range is one cuMemAddressReserve. vmm_map maps each granule as its own
+ * physical allocation (cuMemCreate + cuMemMap), releases the handle at once
+ * (the driver frees the memory when the handle is released *and* the mapping
+ * unmapped, in either order), then grants the device read-write access over
+ * the run with one cuMemSetAccess (a run of whole mappings). So any granule
+ * can be unmapped alone with one cuMemUnmap, which then frees its memory, and
+ * no handle table is needed. Every call runs in the primary context, in
+ * relaxed capture mode like the other memory calls. */
+
+typedef struct cuda_vrange {
+  CUdeviceptr base;            /* first address */
+  uint64_t bytes;              /* reserved bytes */
+  uint64_t granule;            /* the granule it was reserved with */
+  uint8_t *mapped;             /* one byte per granule: 1 = mapped (under be->lock) */
+  struct cuda_vrange *next;    /* the backend's list (under be->lock) */
+} cuda_vrange;
+
+static CUmemAllocationProp cuda_vmm_prop(const sgm_backend *be) {
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = be->dev;
+  return prop;
+}
+
+static int cuda_vmm_granularity(sgm_backend *be, uint64_t *bytes_out) {
+  sgm__lock_assert_none_held();
+  *bytes_out = 0;
+  cuda_count_call(be);
+  const char *op = "asking for virtual memory management";
+  int supported = 0;
+  CUresult r = CU(cuDeviceGetAttribute)(&supported,
+                                        CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                        be->dev);
+  if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuDeviceGetAttribute", CUDA_BLAME_DRIVER);
+  if (!supported) return SGM_OK;
+  bool pushed;
+  int rc = cuda_enter(be, op, &pushed);
+  if (rc != SGM_OK) return rc;
+  CUmemAllocationProp prop = cuda_vmm_prop(be);
+  size_t g = 0;
+  r = CU(cuMemGetAllocationGranularity)(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  cuda_leave(be, pushed, op);
+  if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuMemGetAllocationGranularity", CUDA_BLAME_DRIVER);
+  *bytes_out = g;
+  return SGM_OK;
+}
+
+static int cuda_vmm_reserve(sgm_backend *be, uint64_t bytes, void **range_out, sgm_devptr *base_out) {
+  sgm__lock_assert_none_held();
+  *range_out = NULL;
+  *base_out = 0;
+  cuda_count_call(be);
+  char op[80], b[32];
+  snprintf(op, sizeof op, "reserving %s of device addresses", sgm__fmt_bytes(bytes, b, sizeof b));
+  uint64_t g = 0;
+  int rc = cuda_vmm_granularity(be, &g);
+  if (rc != SGM_OK) return rc;
+  if (g == 0 || bytes == 0 || bytes % g)
+    return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s: not a positive multiple of the granule "
+                          "(%llu bytes), or the device has no virtual memory management", op,
+                          (unsigned long long)g);
+  cuda_vrange *v = calloc(1, sizeof *v);
+  uint8_t *mapped = calloc((size_t)(bytes / g), 1);
+  if (!v || !mapped) {
+    free(v);
+    free(mapped);
+    return sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory", op);
+  }
+  bool pushed;
+  rc = cuda_enter(be, op, &pushed);
+  if (rc != SGM_OK) goto out_free;
+  CUstreamCaptureMode mode;
+  CUresult r = cuda_relax(&mode);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuThreadExchangeStreamCaptureMode", CUDA_BLAME_DRIVER);
+    goto out_leave;
+  }
+  CUdeviceptr base = 0;
+  r = CU(cuMemAddressReserve)(&base, (size_t)bytes, (size_t)g, 0, 0);
+  cuda_unrelax(be, mode, op);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuMemAddressReserve", CUDA_BLAME_DRIVER);
+    goto out_leave;
+  }
+  cuda_leave(be, pushed, op);
+  *v = (cuda_vrange){.base = base, .bytes = bytes, .granule = g, .mapped = mapped};
+  sgm__lock_take(&be->lock);
+  v->next = be->vranges;
+  be->vranges = v;
+  be->c.n_vmm_ranges++;
+  sgm__lock_drop(&be->lock);
+  *range_out = v;
+  *base_out = (sgm_devptr)base;
+  return SGM_OK;
+
+out_leave:
+  cuda_leave(be, pushed, op);
+out_free:
+  free(v);
+  free(mapped);
+  return rc;
+}
+
+/* Unmap granules [g0, g1) of v, one cuMemUnmap each (context entered, relaxed). */
+static void cuda_vmm_unmap_run(sgm_backend *be, cuda_vrange *v, uint64_t g0, uint64_t g1,
+                               const char *op) {
+  for (uint64_t g = g0; g < g1; g++) {
+    CUresult r = CU(cuMemUnmap)(v->base + g * v->granule, (size_t)v->granule);
+    if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemUnmap");
+  }
+}
+
+static int cuda_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes) {
+  sgm__lock_assert_none_held();
+  cuda_count_call(be);
+  cuda_vrange *v = range;
+  char op[96], b[32];
+  snprintf(op, sizeof op, "mapping %s of device memory", sgm__fmt_bytes(bytes, b, sizeof b));
+  if (!v || bytes == 0 || offset % v->granule || bytes % v->granule || offset > v->bytes ||
+      bytes > v->bytes - offset)
+    return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s: [%llu, +%llu) is not a granule-aligned "
+                          "run of the range", op, (unsigned long long)offset,
+                          (unsigned long long)bytes);
+  bool pushed;
+  int rc = cuda_enter(be, op, &pushed);
+  if (rc != SGM_OK) return rc;
+  CUstreamCaptureMode mode;
+  CUresult r = cuda_relax(&mode);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuThreadExchangeStreamCaptureMode", CUDA_BLAME_DRIVER);
+    goto out_leave;
+  }
+  CUmemAllocationProp prop = cuda_vmm_prop(be);
+  uint64_t g0 = offset / v->granule, g1 = (offset + bytes) / v->granule, g = g0;
+  const char *failed = NULL;
+  for (; g < g1; g++) {
+    CUmemGenericAllocationHandle h = 0;
+    r = CU(cuMemCreate)(&h, (size_t)v->granule, &prop, 0);
+    if (r != CUDA_SUCCESS) {
+      failed = "cuMemCreate";
+      break;
+    }
+    r = CU(cuMemMap)(v->base + g * v->granule, (size_t)v->granule, 0, h, 0);
+    /* The mapping keeps the memory; the handle is not needed any more. */
+    CUresult rr = CU(cuMemRelease)(h);
+    if (r != CUDA_SUCCESS) {
+      failed = "cuMemMap";
+      break;
+    }
+    if (rr != CUDA_SUCCESS) cuda_log_failure(be, rr, op, "cuMemRelease");
+  }
+  if (!failed) {
+    CUmemAccessDesc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = be->dev;
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = CU(cuMemSetAccess)(v->base + offset, (size_t)bytes, &desc, 1);
+    if (r != CUDA_SUCCESS) failed = "cuMemSetAccess";
+  }
+  if (failed) {
+    rc = cuda_fail(r, op, failed, CUDA_BLAME_DRIVER);
+    cuda_vmm_unmap_run(be, v, g0, g, op); /* all or nothing */
+  }
+  cuda_unrelax(be, mode, op);
+  if (!failed) {
+    sgm__lock_take(&be->lock);
+    memset(v->mapped + g0, 1, (size_t)(g1 - g0));
+    be->c.device_live_bytes += bytes;
+    be->c.vmm_mapped_bytes += bytes;
+    sgm__lock_drop(&be->lock);
+  }
+out_leave:
+  cuda_leave(be, pushed, op);
+  return rc;
+}
+
+static void cuda_vmm_unmap(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes) {
+  sgm__lock_assert_none_held();
+  cuda_vrange *v = range;
+  const char *op = "unmapping device memory";
+  bool ok = v && bytes && offset % v->granule == 0 && bytes % v->granule == 0 &&
+            offset <= v->bytes && bytes <= v->bytes - offset;
+  uint64_t g0 = ok ? offset / v->granule : 0, g1 = ok ? (offset + bytes) / v->granule : 0;
+  sgm__lock_take(&be->lock);
+  for (uint64_t g = g0; g < g1 && ok; g++) ok = v->mapped[g];
+  if (ok) {
+    memset(v->mapped + g0, 0, (size_t)(g1 - g0));
+    be->c.device_live_bytes -= bytes;
+    be->c.vmm_mapped_bytes -= bytes;
+  }
+  sgm__lock_drop(&be->lock);
+  sgm_assert(ok);
+  if (!ok) {
+    sgm__log(be->verbose, 1, "CUDA: %s: [%llu, +%llu) is not a run of mapped granules; ignored",
+             op, (unsigned long long)offset, (unsigned long long)bytes);
+    return;
+  }
+  bool pushed;
+  if (cuda_enter(be, op, &pushed) != SGM_OK) {
+    sgm__log(be->verbose, 1, "CUDA: %s: %s", op, sgm_last_error());
+    return;
+  }
+  CUstreamCaptureMode mode;
+  CUresult r = cuda_relax(&mode);
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
+  cuda_vmm_unmap_run(be, v, g0, g1, op);
+  cuda_unrelax(be, mode, op);
+  cuda_leave(be, pushed, op);
+}
+
+/* Unmap what is left of v and free its addresses (context entered, relaxed);
+ * v is already off the list. */
+static void cuda_vmm_release(sgm_backend *be, cuda_vrange *v, const char *op) {
+  uint64_t n = v->bytes / v->granule, left = 0;
+  for (uint64_t g = 0; g < n; g++)
+    if (v->mapped[g]) {
+      cuda_vmm_unmap_run(be, v, g, g + 1, op);
+      left += v->granule;
+    }
+  CUresult r = CU(cuMemAddressFree)(v->base, (size_t)v->bytes);
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemAddressFree");
+  if (left) {
+    sgm__log(be->verbose, 1, "CUDA: %s: %llu bytes were still mapped", op,
+             (unsigned long long)left);
+    sgm__lock_take(&be->lock);
+    be->c.device_live_bytes -= left;
+    be->c.vmm_mapped_bytes -= left;
+    sgm__lock_drop(&be->lock);
+  }
+  free(v->mapped);
+  free(v);
+}
+
+static void cuda_vmm_free(sgm_backend *be, void *range) {
+  sgm__lock_assert_none_held();
+  cuda_vrange *v = range;
+  if (!v) return;
+  const char *op = "freeing reserved device addresses";
+  sgm__lock_take(&be->lock);
+  for (cuda_vrange **pp = &be->vranges; *pp; pp = &(*pp)->next)
+    if (*pp == v) {
+      *pp = v->next;
+      break;
+    }
+  be->c.n_vmm_ranges--;
+  sgm__lock_drop(&be->lock);
+  bool pushed;
+  if (cuda_enter(be, op, &pushed) != SGM_OK) {
+    sgm__log(be->verbose, 1, "CUDA: %s: %s", op, sgm_last_error());
+    free(v->mapped);
+    free(v);
+    return;
+  }
+  CUstreamCaptureMode mode;
+  CUresult r = cuda_relax(&mode);
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
+  cuda_vmm_release(be, v, op);
+  cuda_unrelax(be, mode, op);
+  cuda_leave(be, pushed, op);
+}
+
+/* close(): ranges sgm did not free (context entered by the caller). */
+static void cuda_vmm_close(sgm_backend *be, bool entered) {
+  while (be->vranges) {
+    cuda_vrange *v = be->vranges;
+    be->vranges = v->next;
+    be->c.n_vmm_ranges--;
+    sgm__log(be->verbose, 1, "CUDA device %d closed with a reserved range of %llu bytes; freeing it",
+             be->ordinal, (unsigned long long)v->bytes);
+    if (entered) {
+      cuda_vmm_release(be, v, "closing the device");
+    } else {
+      free(v->mapped);
+      free(v);
+    }
+  }
 }
 
 const sgm_backend_ops sgm__backend_cuda_ops = {
@@ -1304,6 +1822,16 @@ const sgm_backend_ops sgm__backend_cuda_ops = {
     .stream_wait_event = cuda_stream_wait_event,
     .stream_transfer = cuda_stream_transfer,
     .device_key = cuda_device_key,
+    .managed_support = cuda_managed_support,
+    .managed_alloc = cuda_managed_alloc,
+    .managed_free = cuda_managed_free,
+    .managed_advise = cuda_managed_advise,
+    .managed_prefetch = cuda_managed_prefetch,
+    .vmm_granularity = cuda_vmm_granularity,
+    .vmm_reserve = cuda_vmm_reserve,
+    .vmm_map = cuda_vmm_map,
+    .vmm_unmap = cuda_vmm_unmap,
+    .vmm_free = cuda_vmm_free,
 };
 
 #else /* !CUDA_BACKEND_BUILT */

@@ -99,6 +99,45 @@
  *    3.2) are not implemented: SYMBOL_NOT_FOUND. Per-thread default stream
  *    variants (_ptsz) for PER_THREAD_DEFAULT_STREAM. Versioned names
  *    ("cuMemAlloc_v2") are not base names: not found.
+ *  - Managed memory (cuMemAllocManaged, cuMemAdvise, cuMemPrefetchAsync):
+ *    flags CU_MEM_ATTACH_GLOBAL or _HOST, size > 0; no page placed until
+ *    prefetched (as physical memory is populated on first touch). Advice
+ *    and prefetches take a range inside one managed allocation (else
+ *    INVALID_VALUE), widened to whole host pages; cuMemAdvise checks its
+ *    CUmemLocation as the driver documents (preferred location: DEVICE with
+ *    a valid ordinal, HOST, HOST_NUMA with id >= 0, HOST_NUMA_CURRENT;
+ *    accessed-by: DEVICE or HOST only; a device needs concurrent managed
+ *    access, else INVALID_DEVICE), cuMemPrefetchAsync likewise and flags 0.
+ *    A prefetch is an operation of its stream: the pages move when it runs,
+ *    after everything queued before it. Device-placed pages count as device
+ *    memory in cuMemGetInfo; a prefetch that does not fit evicts other
+ *    managed pages to host memory as the driver may, and counts them
+ *    (stats: managed_evicted_bytes — what sgm must never make happen).
+ *    CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS is FAKE_CUDA_CONCURRENT_MANAGED
+ *    (default 1). cuGetProcAddress answers "cuMemAdvise" and
+ *    "cuMemPrefetchAsync" with the CUdevice forms below 12.2 and the
+ *    CUmemLocation forms from 12.2 (13.0's default). cuMemFree frees managed
+ *    ranges too, after the queued work that touches them.
+ *  - Virtual memory management (issue 17): CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_
+ *    MANAGEMENT_SUPPORTED is FAKE_CUDA_VMM_SUPPORTED (default 1; 0 = every
+ *    VMM call is NOT_SUPPORTED). cuMemGetAllocationGranularity: a pinned
+ *    device-located prop (else INVALID_VALUE) -> FAKE_CUDA_VMM_GRANULE (default
+ *    2 MiB). cuMemAddressReserve: size a positive multiple of the granule,
+ *    alignment 0 or a power of two, flags 0; address space only (PROT_NONE).
+ *    cuMemAddressFree: exactly a reservation's (ptr, size), nothing mapped in
+ *    it (else INVALID_VALUE). cuMemCreate: size a multiple of the granule,
+ *    flags 0, charged to the device (OUT_OF_MEMORY past its free memory).
+ *    cuMemMap: offset 0, flags 0, ptr and size granule multiples, size <= the
+ *    allocation's, inside one reservation, over no existing mapping. The
+ *    mapping starts with no access: copies touching it fail (INVALID_VALUE) until
+ *    cuMemSetAccess, over whole mappings only, grants read-write to a valid
+ *    device. cuMemUnmap: exactly whole mappings, no gap; it does not wait for
+ *    queued work: each queued copy or memset touching the range is counted
+ *    (stats.vmm_unmaps_in_use, must stay 0) and dropped (one already running
+ *    is waited for), where a GPU would fault. cuMemRelease: a live handle, once; the memory is
+ *    freed when the handle is released and its mapping unmapped (in either
+ *    order, as the driver documents). One mapping per handle (aliasing one
+ *    allocation at two addresses is not modelled: NOT_SUPPORTED).
  *  - Every entry point counts its calls (fake_cuda_calls(name)).
  *
  * The control API (fake_cuda.h) has the prefix fake_cuda_; tests hold work
@@ -162,7 +201,10 @@
   X(cuStreamQuery) X(cuStreamWaitEvent) X(cuStreamGetPriority) X(cuStreamGetFlags)             \
   X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) X(cuEventDestroy)    \
   X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing)                         \
-  X(cuStreamGetCaptureInfo) X(cuThreadExchangeStreamCaptureMode) X(cuGraphDestroy)
+  X(cuStreamGetCaptureInfo) X(cuThreadExchangeStreamCaptureMode) X(cuGraphDestroy)           \
+  X(cuMemAllocManaged) X(cuMemAdvise) X(cuMemPrefetchAsync)                                   \
+  X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate)  \
+  X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)
 
 enum {
 #define FAKE_ID_ROW(name) FAKE_ID_##name,
@@ -189,6 +231,7 @@ typedef enum fake_op_kind {
   FAKE_OP_MEMSET, /* memset(dst, value, n) */
   FAKE_OP_RECORD, /* an event record: nothing to do but complete */
   FAKE_OP_WAIT,   /* a cuStreamWaitEvent / implicit-sync marker: only its deps */
+  FAKE_OP_PREFETCH, /* move managed pages of [dst, dst + n) to value (FAKE_AT_*) */
 } fake_op_kind;
 
 /* One queued operation. Operations are reference counted: the queue holds
@@ -267,6 +310,43 @@ typedef struct fake_dalloc {
   struct fake_dalloc *next; /* list of live allocations */
 } fake_dalloc;
 
+/* Where a managed page is (fake_managed.at). */
+enum { FAKE_AT_NONE = 0, FAKE_AT_DEVICE = 1, FAKE_AT_HOST = 2 };
+
+typedef struct fake_managed {
+  uintptr_t base;           /* address (host = device, unified) */
+  size_t size;              /* bytes asked for */
+  size_t mapped;            /* bytes mapped (page-rounded) */
+  int device;               /* the context's device (whose memory device-placed pages use) */
+  uint8_t *at;              /* per FAKE_PAGE: FAKE_AT_* */
+  int8_t *preferred;        /* per page: CUmemLocationType of the preferred location, -1 none */
+  uint8_t *accessed_by;     /* per page: 1 = SET_ACCESSED_BY for the device or host */
+  struct fake_managed *next; /* list of live managed allocations */
+} fake_managed;
+/* Virtual memory management: a reservation, a physical allocation, a mapping. */
+typedef struct fake_vres {
+  uintptr_t base;           /* first address (PROT_NONE until mapped) */
+  size_t size;              /* bytes reserved */
+  struct fake_vres *next;   /* list of live reservations */
+} fake_vres;
+
+typedef struct fake_vphys {
+  uint64_t handle;          /* the CUmemGenericAllocationHandle value */
+  size_t size;              /* bytes (charged to the device) */
+  int device;               /* where it lives */
+  int released;             /* cuMemRelease was called */
+  int mapped;               /* a mapping uses it */
+  struct fake_vphys *next;  /* list of live allocations */
+} fake_vphys;
+
+typedef struct fake_vmap {
+  uintptr_t base;           /* mapped address */
+  size_t size;              /* bytes */
+  fake_vphys *phys;         /* the memory behind it */
+  int access;               /* cuMemSetAccess granted read-write */
+  struct fake_vmap *next;   /* list of live mappings */
+} fake_vmap;
+
 typedef struct fake_hreg {
   uintptr_t base;           /* registered host range start, as given */
   size_t size;              /* its length, as given */
@@ -309,6 +389,13 @@ static struct {
   uint64_t n_global_captures; /* ongoing captures begun in GLOBAL mode */
   fake_dalloc *dallocs;     /* live device allocations */
   fake_hreg *hregs;         /* live host registrations */
+  fake_managed *manageds;   /* live managed allocations */
+  uint64_t managed_evicted; /* bytes of managed pages evicted to make room for a prefetch */
+  fake_vres *vres;          /* VMM reservations */
+  fake_vphys *vphys;        /* VMM physical allocations (live: not released or still mapped) */
+  fake_vmap *vmaps;         /* VMM mappings */
+  uint64_t next_vhandle;    /* handles given by cuMemCreate */
+  uint64_t vmm_unmaps_in_use; /* cuMemUnmap of a range queued work still touched */
   uint64_t registered_bytes; /* page-rounded bytes of hregs */
   struct CUstream_st *streams; /* all streams (user, test, legacy, per-thread, draining) */
   struct CUevent_st *events;   /* live events */
@@ -689,6 +776,10 @@ static void fake_execute(fake_op *op, int poisoned) {
     memset((void *)op->dst, op->value, op->n);
 }
 
+static void fake_managed_move_locked(uintptr_t addr, size_t n, int to);
+static CUresult fake_managed_free(uintptr_t base);
+static CUresult fake_target_locked(CUstream h, struct CUctx_st **c, struct CUstream_st **s);
+
 /* Run op (runnable, taken by the caller): drops F.mu while it works. */
 static void fake_run_locked(fake_op *op) {
   op->running = 1;
@@ -702,6 +793,7 @@ static void fake_run_locked(fake_op *op) {
   }
   fake_execute(op, poisoned);
   pthread_mutex_lock(&F.mu);
+  if (op->kind == FAKE_OP_PREFETCH && !poisoned) fake_managed_move_locked(op->dst, op->n, op->value);
   struct CUstream_st *s = op->stream;
   op->running = 0;
   op->done = 1;
@@ -857,7 +949,7 @@ static void fake_wait_range_locked(uintptr_t base, size_t n) {
     fake_op *busy = NULL;
     for (struct CUstream_st *s = F.streams; s && !busy; s = s->next)
       for (fake_op *op = s->head; op && !busy; op = op->next)
-        if ((op->kind == FAKE_OP_COPY || op->kind == FAKE_OP_MEMSET) &&
+        if ((op->kind == FAKE_OP_COPY || op->kind == FAKE_OP_MEMSET || op->kind == FAKE_OP_PREFETCH) &&
             (fake_ranges_overlap(op->dst, op->n, base, n) ||
              (op->kind == FAKE_OP_COPY && !op->staged && fake_ranges_overlap(op->src, op->n, base, n))))
           busy = op;
@@ -869,9 +961,14 @@ static void fake_wait_range_locked(uintptr_t base, size_t n) {
 
 /* True when [addr, addr + n) is device-addressable: inside one allocation or
  * one registered (device-mapped) host range. */
+static bool fake_vmm_range_locked(uintptr_t addr, size_t n);
+static bool fake_vmm_supported(void);
 static bool fake_device_range_locked(uintptr_t addr, size_t n) {
   for (fake_dalloc *a = F.dallocs; a; a = a->next)
     if (addr >= a->base && n <= a->size && addr - a->base <= a->size - n) return true;
+  for (fake_managed *m = F.manageds; m; m = m->next)
+    if (addr >= m->base && n <= m->size && addr - m->base <= m->size - n) return true;
+  if (fake_vmm_range_locked(addr, n)) return true;
   for (fake_hreg *h = F.hregs; h; h = h->next)
     if ((h->flags & CU_MEMHOSTREGISTER_DEVICEMAP) && addr >= h->base && n <= h->size &&
         addr - h->base <= h->size - n)
@@ -984,12 +1081,21 @@ FAKE_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdev
     case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED:
       *pi = (int)fake_env_long("FAKE_CUDA_HOST_REGISTER_SUPPORTED", 1);
       break;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
+      *pi = (int)fake_env_long("FAKE_CUDA_CONCURRENT_MANAGED", 1);
+      break;
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
+      *pi = 1;
+      break;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
     case CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED:
     case CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM:
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS:
       *pi = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+      *pi = fake_vmm_supported() ? 1 : 0;
       break;
     case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: *pi = 2; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
@@ -1193,7 +1299,10 @@ FAKE_API CUresult cuMemFree(CUdeviceptr dptr) {
   if (r == CUDA_SUCCESS) {
     for (fake_dalloc *a = F.dallocs; a; a = a->next)
       if (a->base == (uintptr_t)dptr) found = a;
-    if (!found) r = CUDA_ERROR_INVALID_VALUE;
+    if (!found) {
+      pthread_mutex_unlock(&F.mu);
+      return fake_managed_free((uintptr_t)dptr);
+    }
   }
   if (found) {
     /* The driver synchronises before freeing: no queued copy may still
@@ -1211,6 +1320,496 @@ FAKE_API CUresult cuMemFree(CUdeviceptr dptr) {
     munmap((void *)found->base, found->mapped);
     free(found);
   }
+  return r;
+}
+
+/* ---- managed memory ---- */
+
+static fake_managed *fake_managed_of_locked(uintptr_t addr, size_t n) {
+  for (fake_managed *m = F.manageds; m; m = m->next)
+    if (addr >= m->base && n <= m->size && addr - m->base <= m->size - n) return m;
+  return NULL;
+}
+
+/* The driver's own eviction: device-placed managed pages of other ranges go
+ * to host memory until `need` bytes are free on device (counted). */
+static void fake_managed_evict_locked(int device, uint64_t need, const fake_managed *keep) {
+  for (fake_managed *m = F.manageds; m && fake_free_mem_locked(device) < need; m = m->next) {
+    if (m == keep || m->device != device) continue;
+    for (size_t i = 0; i < m->mapped / FAKE_PAGE && fake_free_mem_locked(device) < need; i++) {
+      if (m->at[i] != FAKE_AT_DEVICE) continue;
+      m->at[i] = FAKE_AT_HOST;
+      F.used_mem[device] -= FAKE_PAGE;
+      F.managed_evicted += FAKE_PAGE;
+    }
+  }
+}
+
+/* A prefetch runs: pages of [addr, addr + n) move to `to` (F.mu held). */
+static void fake_managed_move_locked(uintptr_t addr, size_t n, int to) {
+  fake_managed *m = fake_managed_of_locked(addr, n);
+  if (!m) return; /* freed meanwhile: cuMemFree waits for prefetches, so never */
+  size_t p0 = (addr - m->base) / FAKE_PAGE;
+  size_t p1 = (addr - m->base + n + FAKE_PAGE - 1) / FAKE_PAGE;
+  if (to == FAKE_AT_DEVICE) {
+    uint64_t need = 0;
+    for (size_t i = p0; i < p1; i++) need += m->at[i] != FAKE_AT_DEVICE ? FAKE_PAGE : 0;
+    if (need > fake_free_mem_locked(m->device)) fake_managed_evict_locked(m->device, need, m);
+  }
+  for (size_t i = p0; i < p1; i++) {
+    if (m->at[i] == to) continue;
+    if (m->at[i] == FAKE_AT_DEVICE) F.used_mem[m->device] -= FAKE_PAGE;
+    if (to == FAKE_AT_DEVICE) F.used_mem[m->device] += FAKE_PAGE;
+    m->at[i] = (uint8_t)to;
+  }
+}
+
+static CUresult fake_managed_free(uintptr_t base) {
+  pthread_mutex_lock(&F.mu);
+  fake_managed *found = NULL;
+  for (fake_managed **pp = &F.manageds; *pp; pp = &(*pp)->next)
+    if ((*pp)->base == base) {
+      found = *pp;
+      break;
+    }
+  if (!found) {
+    pthread_mutex_unlock(&F.mu);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  fake_wait_range_locked(found->base, found->size);
+  for (fake_managed **pp = &F.manageds; *pp; pp = &(*pp)->next)
+    if (*pp == found) {
+      *pp = found->next;
+      break;
+    }
+  for (size_t i = 0; i < found->mapped / FAKE_PAGE; i++)
+    if (found->at[i] == FAKE_AT_DEVICE) F.used_mem[found->device] -= FAKE_PAGE;
+  pthread_mutex_unlock(&F.mu);
+  munmap((void *)found->base, found->mapped);
+  free(found->at);
+  free(found->preferred);
+  free(found->accessed_by);
+  free(found);
+  return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+  FAKE_COUNT(cuMemAllocManaged);
+  if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+  *dptr = 0;
+  if (bytesize == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&F.mu);
+  struct CUctx_st *c = NULL;
+  CUresult r = fake_need_ctx_locked(&c);
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked();
+  pthread_mutex_unlock(&F.mu);
+  if (r != CUDA_SUCCESS) return r;
+  size_t mapped = (bytesize + FAKE_PAGE - 1) & ~(size_t)(FAKE_PAGE - 1);
+  size_t pages = mapped / FAKE_PAGE;
+  fake_managed *m = calloc(1, sizeof *m);
+  void *p = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  if (m) {
+    m->at = calloc(pages, 1);
+    m->preferred = malloc(pages);
+    m->accessed_by = calloc(pages, 1);
+  }
+  if (!m || p == MAP_FAILED || !m->at || !m->preferred || !m->accessed_by) {
+    if (p != MAP_FAILED) munmap(p, mapped);
+    if (m) {
+      free(m->at);
+      free(m->preferred);
+      free(m->accessed_by);
+      free(m);
+    }
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  memset(m->preferred, -1, pages);
+  m->base = (uintptr_t)p;
+  m->size = bytesize;
+  m->mapped = mapped;
+  m->device = c->device;
+  pthread_mutex_lock(&F.mu);
+  m->next = F.manageds;
+  F.manageds = m;
+  pthread_mutex_unlock(&F.mu);
+  *dptr = (CUdeviceptr)(uintptr_t)p;
+  return CUDA_SUCCESS;
+}
+
+/* A location a prefetch may target, or preferred-location advice name. */
+static CUresult fake_check_location_locked(CUmemLocation l, bool accessed_by) {
+  switch (l.type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+      if (l.id < 0 || l.id >= F.device_count) return CUDA_ERROR_INVALID_DEVICE;
+      if (!fake_env_long("FAKE_CUDA_CONCURRENT_MANAGED", 1)) return CUDA_ERROR_INVALID_DEVICE;
+      return CUDA_SUCCESS;
+    case CU_MEM_LOCATION_TYPE_HOST: return CUDA_SUCCESS;
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+      return !accessed_by && l.id >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+      return accessed_by ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+FAKE_API CUresult cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUmemLocation location) {
+  FAKE_COUNT(cuMemAdvise);
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_need_ctx_locked(NULL);
+  fake_managed *m = NULL;
+  if (r == CUDA_SUCCESS && (count == 0 || !(m = fake_managed_of_locked((uintptr_t)devPtr, count))))
+    r = CUDA_ERROR_INVALID_VALUE;
+  bool loc_used = advice == CU_MEM_ADVISE_SET_PREFERRED_LOCATION ||
+                  advice == CU_MEM_ADVISE_SET_ACCESSED_BY || advice == CU_MEM_ADVISE_UNSET_ACCESSED_BY;
+  if (r == CUDA_SUCCESS && (advice < CU_MEM_ADVISE_SET_READ_MOSTLY || advice > CU_MEM_ADVISE_UNSET_ACCESSED_BY))
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && loc_used)
+    r = fake_check_location_locked(location, advice != CU_MEM_ADVISE_SET_PREFERRED_LOCATION);
+  if (r == CUDA_SUCCESS) {
+    size_t p0 = ((uintptr_t)devPtr - m->base) / FAKE_PAGE;
+    size_t p1 = ((uintptr_t)devPtr - m->base + count + FAKE_PAGE - 1) / FAKE_PAGE;
+    for (size_t i = p0; i < p1; i++) {
+      if (advice == CU_MEM_ADVISE_SET_PREFERRED_LOCATION) m->preferred[i] = (int8_t)location.type;
+      if (advice == CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION) m->preferred[i] = -1;
+      if (advice == CU_MEM_ADVISE_SET_ACCESSED_BY) m->accessed_by[i] = 1;
+      if (advice == CU_MEM_ADVISE_UNSET_ACCESSED_BY) m->accessed_by[i] = 0;
+    }
+  }
+  pthread_mutex_unlock(&F.mu);
+  return r;
+}
+
+/* The CUDA 8.0 form: a device ordinal, CU_DEVICE_CPU for host memory. */
+static CUresult fake_mem_advise_v1(CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUdevice device) {
+  CUmemLocation l = {.type = device == CU_DEVICE_CPU ? CU_MEM_LOCATION_TYPE_HOST
+                                                     : CU_MEM_LOCATION_TYPE_DEVICE,
+                     .id = device == CU_DEVICE_CPU ? 0 : device};
+  return cuMemAdvise(devPtr, count, advice, l);
+}
+
+FAKE_API CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUmemLocation location,
+                                     unsigned int flags, CUstream hStream) {
+  FAKE_COUNT(cuMemPrefetchAsync);
+  fake_op *op = calloc(1, sizeof *op);
+  if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+  op->kind = FAKE_OP_PREFETCH;
+  op->dst = (uintptr_t)devPtr;
+  op->n = count;
+  op->value = location.type == CU_MEM_LOCATION_TYPE_DEVICE ? FAKE_AT_DEVICE : FAKE_AT_HOST;
+  pthread_mutex_lock(&F.mu);
+  struct CUctx_st *c = NULL;
+  struct CUstream_st *s = NULL;
+  CUresult r = fake_target_locked(hStream, &c, &s);
+  if (r == CUDA_SUCCESS && (flags != 0 || count == 0 || !fake_managed_of_locked((uintptr_t)devPtr, count)))
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = fake_check_location_locked(location, false);
+  if (r == CUDA_SUCCESS) {
+    r = fake_enqueue_locked(s, op, NULL);
+    op = NULL;
+  }
+  pthread_mutex_unlock(&F.mu);
+  free(op);
+  return r;
+}
+
+static CUresult fake_prefetch_v1(CUdeviceptr devPtr, size_t count, CUdevice dst, CUstream h) {
+  CUmemLocation l = {.type = dst == CU_DEVICE_CPU ? CU_MEM_LOCATION_TYPE_HOST
+                                                  : CU_MEM_LOCATION_TYPE_DEVICE,
+                     .id = dst == CU_DEVICE_CPU ? 0 : dst};
+  return cuMemPrefetchAsync(devPtr, count, l, 0, h);
+}
+
+/* ---- virtual memory management (issue 17) ---- */
+
+static bool fake_vmm_supported(void) { return fake_env_long("FAKE_CUDA_VMM_SUPPORTED", 1) != 0; }
+
+static size_t fake_vmm_granule(void) {
+  long g = fake_env_long("FAKE_CUDA_VMM_GRANULE", 2L << 20);
+  return g > 0 ? (size_t)g : (size_t)2 << 20;
+}
+
+/* The reservation holding [addr, addr + n) whole, or NULL. */
+static fake_vres *fake_vres_of_locked(uintptr_t addr, size_t n) {
+  for (fake_vres *v = F.vres; v; v = v->next)
+    if (addr >= v->base && n <= v->size && addr - v->base <= v->size - n) return v;
+  return NULL;
+}
+
+/* True when [addr, addr + n) is tiled by mappings with access granted. */
+static bool fake_vmm_range_locked(uintptr_t addr, size_t n) {
+  if (!fake_vres_of_locked(addr, n ? n : 1)) return false;
+  uintptr_t at = addr, end = addr + n;
+  while (at < end) {
+    fake_vmap *hit = NULL;
+    for (fake_vmap *m = F.vmaps; m && !hit; m = m->next)
+      if (at >= m->base && at < m->base + m->size) hit = m;
+    if (!hit || !hit->access) return false;
+    at = hit->base + hit->size;
+  }
+  return true;
+}
+
+/* A device-located pinned allocation prop of a valid device. */
+static CUresult fake_vmm_prop_locked(const CUmemAllocationProp *prop) {
+  CUresult r = fake_need_init_locked();
+  if (r != CUDA_SUCCESS) return r;
+  if (!fake_vmm_supported()) return CUDA_ERROR_NOT_SUPPORTED;
+  if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    return CUDA_ERROR_INVALID_VALUE;
+  return fake_need_device_locked(prop->location.id) == CUDA_SUCCESS ? CUDA_SUCCESS
+                                                                     : CUDA_ERROR_INVALID_DEVICE;
+}
+
+/* Initialized, and the device has the API. */
+static CUresult fake_vmm_ready_locked(void) {
+  CUresult r = fake_need_init_locked();
+  if (r == CUDA_SUCCESS && !fake_vmm_supported()) r = CUDA_ERROR_NOT_SUPPORTED;
+  return r;
+}
+
+FAKE_API CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                                CUmemAllocationGranularity_flags option) {
+  FAKE_COUNT(cuMemGetAllocationGranularity);
+  if (!granularity) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_vmm_prop_locked(prop);
+  pthread_mutex_unlock(&F.mu);
+  if (r == CUDA_SUCCESS && option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
+      option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) *granularity = fake_vmm_granule();
+  return r;
+}
+
+FAKE_API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+                                      CUdeviceptr addr, unsigned long long flags) {
+  FAKE_COUNT(cuMemAddressReserve);
+  (void)addr; /* a hint only */
+  if (!ptr) return CUDA_ERROR_INVALID_VALUE;
+  *ptr = 0;
+  size_t g = fake_vmm_granule();
+  if (size == 0 || size % g || flags || (alignment & (alignment - 1)))
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_vmm_ready_locked();
+  pthread_mutex_unlock(&F.mu);
+  if (r != CUDA_SUCCESS) return r;
+  size_t align = alignment > g ? alignment : g;
+  void *p = mmap(NULL, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  /* Keep only the aligned part. */
+  uintptr_t base = ((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1);
+  if (base > (uintptr_t)p) munmap(p, base - (uintptr_t)p);
+  munmap((void *)(base + size), (uintptr_t)p + size + align - (base + size));
+  fake_vres *v = malloc(sizeof *v);
+  if (!v) {
+    munmap((void *)base, size);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  pthread_mutex_lock(&F.mu);
+  *v = (fake_vres){base, size, F.vres};
+  F.vres = v;
+  pthread_mutex_unlock(&F.mu);
+  *ptr = (CUdeviceptr)base;
+  return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  FAKE_COUNT(cuMemAddressFree);
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_vmm_ready_locked();
+  fake_vres *found = NULL;
+  for (fake_vres **pp = &F.vres; r == CUDA_SUCCESS && *pp; pp = &(*pp)->next)
+    if ((*pp)->base == (uintptr_t)ptr && (*pp)->size == size) {
+      found = *pp;
+      for (fake_vmap *m = F.vmaps; m && found; m = m->next)
+        if (fake_ranges_overlap(m->base, m->size, found->base, found->size)) found = NULL;
+      if (found) *pp = found->next;
+      break;
+    }
+  if (r == CUDA_SUCCESS && !found) r = CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_unlock(&F.mu);
+  if (found) {
+    munmap((void *)found->base, found->size);
+    free(found);
+  }
+  return r;
+}
+
+FAKE_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                              const CUmemAllocationProp *prop, unsigned long long flags) {
+  FAKE_COUNT(cuMemCreate);
+  if (!handle) return CUDA_ERROR_INVALID_VALUE;
+  *handle = 0;
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_vmm_prop_locked(prop);
+  if (r == CUDA_SUCCESS && (size == 0 || size % fake_vmm_granule() || flags))
+    r = CUDA_ERROR_INVALID_VALUE;
+  int dev = prop ? prop->location.id : 0;
+  if (r == CUDA_SUCCESS && size > fake_free_mem_locked(dev)) r = CUDA_ERROR_OUT_OF_MEMORY;
+  fake_vphys *ph = r == CUDA_SUCCESS ? calloc(1, sizeof *ph) : NULL;
+  if (r == CUDA_SUCCESS && !ph) r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (r == CUDA_SUCCESS) {
+    *ph = (fake_vphys){++F.next_vhandle, size, dev, 0, 0, F.vphys};
+    F.vphys = ph;
+    F.used_mem[dev] += size;
+    *handle = (CUmemGenericAllocationHandle)ph->handle;
+  }
+  pthread_mutex_unlock(&F.mu);
+  return r;
+}
+
+static fake_vphys *fake_vphys_of_locked(CUmemGenericAllocationHandle h) {
+  for (fake_vphys *x = F.vphys; x; x = x->next)
+    if (x->handle == (uint64_t)h && !x->released) return x;
+  return NULL;
+}
+
+/* Free ph once it is released and unmapped. */
+static void fake_vphys_drop_locked(fake_vphys *ph) {
+  if (!ph->released || ph->mapped) return;
+  for (fake_vphys **pp = &F.vphys; *pp; pp = &(*pp)->next)
+    if (*pp == ph) {
+      *pp = ph->next;
+      break;
+    }
+  F.used_mem[ph->device] -= ph->size;
+  free(ph);
+}
+
+FAKE_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  FAKE_COUNT(cuMemRelease);
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_vmm_ready_locked();
+  fake_vphys *ph = r == CUDA_SUCCESS ? fake_vphys_of_locked(handle) : NULL;
+  if (r == CUDA_SUCCESS && !ph) r = CUDA_ERROR_INVALID_VALUE;
+  if (ph) {
+    ph->released = 1;
+    fake_vphys_drop_locked(ph);
+  }
+  pthread_mutex_unlock(&F.mu);
+  return r;
+}
+
+FAKE_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                           CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  FAKE_COUNT(cuMemMap);
+  size_t g = fake_vmm_granule();
+  if (size == 0 || size % g || (uintptr_t)ptr % g || offset || flags) return CUDA_ERROR_INVALID_VALUE;
+  fake_vmap *m = malloc(sizeof *m);
+  if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_vmm_ready_locked();
+  fake_vphys *ph = r == CUDA_SUCCESS ? fake_vphys_of_locked(handle) : NULL;
+  if (r == CUDA_SUCCESS && (!ph || size > ph->size || !fake_vres_of_locked((uintptr_t)ptr, size)))
+    r = CUDA_ERROR_INVALID_VALUE;
+  for (fake_vmap *x = F.vmaps; r == CUDA_SUCCESS && x; x = x->next)
+    if (fake_ranges_overlap(x->base, x->size, (uintptr_t)ptr, size)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && ph->mapped) r = CUDA_ERROR_NOT_SUPPORTED;
+  if (r == CUDA_SUCCESS) {
+    /* Memory behind the range, but no access until cuMemSetAccess. */
+    void *p = mmap((void *)(uintptr_t)ptr, size, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    if (p == MAP_FAILED) r = CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (r == CUDA_SUCCESS) {
+    *m = (fake_vmap){(uintptr_t)ptr, size, ph, 0, F.vmaps};
+    F.vmaps = m;
+    ph->mapped = 1;
+    m = NULL;
+  }
+  pthread_mutex_unlock(&F.mu);
+  free(m);
+  return r;
+}
+
+/* True when mappings tile [addr, addr + n) exactly (whole mappings, no gap). */
+static bool fake_vmaps_tile_locked(uintptr_t addr, size_t n) {
+  uintptr_t at = addr, end = addr + n;
+  while (at < end) {
+    fake_vmap *hit = NULL;
+    for (fake_vmap *m = F.vmaps; m && !hit; m = m->next)
+      if (m->base == at) hit = m;
+    if (!hit || hit->size > end - at) return false;
+    at += hit->size;
+  }
+  return n > 0;
+}
+
+FAKE_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
+                                 size_t count) {
+  FAKE_COUNT(cuMemSetAccess);
+  if (!desc || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_vmm_ready_locked();
+  for (size_t i = 0; r == CUDA_SUCCESS && i < count; i++) {
+    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE &&
+         desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ && desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE))
+      r = CUDA_ERROR_INVALID_VALUE;
+    else if (fake_need_device_locked(desc[i].location.id) != CUDA_SUCCESS)
+      r = CUDA_ERROR_INVALID_DEVICE;
+  }
+  if (r == CUDA_SUCCESS && !fake_vmaps_tile_locked((uintptr_t)ptr, size)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    int rw = desc[count - 1].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    for (fake_vmap *m = F.vmaps; m; m = m->next)
+      if (m->base >= (uintptr_t)ptr && m->base < (uintptr_t)ptr + size) m->access = rw;
+    mprotect((void *)(uintptr_t)ptr, size, rw ? PROT_READ | PROT_WRITE : PROT_NONE);
+  }
+  pthread_mutex_unlock(&F.mu);
+  return r;
+}
+
+FAKE_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  FAKE_COUNT(cuMemUnmap);
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_vmm_ready_locked();
+  if (r == CUDA_SUCCESS && !fake_vmaps_tile_locked((uintptr_t)ptr, size)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    /* The driver does not wait: queued work on this range is a caller's bug
+     * (on a GPU it faults). Counted; work not started yet is dropped (it
+     * will touch nothing), work running now is waited for. */
+    for (;;) {
+      fake_op *running = NULL;
+      for (struct CUstream_st *st = F.streams; st && !running; st = st->next)
+        for (fake_op *op = st->head; op && !running; op = op->next) {
+          bool hit = (op->kind == FAKE_OP_COPY || op->kind == FAKE_OP_MEMSET) && !op->done &&
+                     op->n > 0 &&
+                     (fake_ranges_overlap(op->dst, op->n, (uintptr_t)ptr, size) ||
+                      (op->kind == FAKE_OP_COPY && !op->staged &&
+                       fake_ranges_overlap(op->src, op->n, (uintptr_t)ptr, size)));
+          if (!hit) continue;
+          if (op->running) {
+            running = op;
+          } else {
+            F.vmm_unmaps_in_use++;
+            op->n = 0;
+          }
+        }
+      if (!running) break;
+      F.vmm_unmaps_in_use++;
+      fake_op_ref(running);
+      fake_wait_op_locked(running);
+    }
+    for (fake_vmap **pp = &F.vmaps; *pp;) {
+      fake_vmap *m = *pp;
+      if (m->base >= (uintptr_t)ptr && m->base < (uintptr_t)ptr + size) {
+        *pp = m->next;
+        m->phys->mapped = 0;
+        fake_vphys_drop_locked(m->phys);
+        free(m);
+      } else {
+        pp = &m->next;
+      }
+    }
+    mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+         -1, 0);
+  }
+  pthread_mutex_unlock(&F.mu);
   return r;
 }
 
@@ -1922,6 +2521,13 @@ FAKE_API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
 
 static CUstream fake_ptsz(CUstream s) { return s == NULL ? CU_STREAM_PER_THREAD : s; }
 
+static CUresult fake_prefetch_ptsz(CUdeviceptr d, size_t n, CUmemLocation l, unsigned f, CUstream h) {
+  return cuMemPrefetchAsync(d, n, l, f, fake_ptsz(h));
+}
+static CUresult fake_prefetch_v1_ptsz(CUdeviceptr d, size_t n, CUdevice dst, CUstream h) {
+  return fake_prefetch_v1(d, n, dst, fake_ptsz(h));
+}
+
 static CUresult fake_memcpy_htod_ptsz(CUdeviceptr d, const void *s, size_t n, CUstream h) {
   return cuMemcpyHtoDAsync(d, s, n, fake_ptsz(h));
 }
@@ -2035,7 +2641,20 @@ static CUresult fake_get_proc_address_v1(const char *symbol, void **pfn, int cud
   X(cuStreamGetCaptureInfo, 10010, 11030, fake_get_capture_info_v2, fake_capture_info_v2_ptsz)  \
   X(cuStreamGetCaptureInfo, 10010, 12030, cuStreamGetCaptureInfo, fake_capture_info_v3_ptsz)    \
   X(cuThreadExchangeStreamCaptureMode, 10010, 10010, cuThreadExchangeStreamCaptureMode, NULL)   \
-  X(cuGraphDestroy, 10000, 10000, cuGraphDestroy, NULL)
+  X(cuGraphDestroy, 10000, 10000, cuGraphDestroy, NULL)                                         \
+  X(cuMemAllocManaged, 6000, 6000, cuMemAllocManaged, NULL)                                     \
+  X(cuMemAdvise, 8000, 8000, fake_mem_advise_v1, NULL)                                          \
+  X(cuMemAdvise, 8000, 12020, cuMemAdvise, NULL)                                                \
+  X(cuMemPrefetchAsync, 8000, 8000, fake_prefetch_v1, fake_prefetch_v1_ptsz)                    \
+  X(cuMemPrefetchAsync, 8000, 12020, cuMemPrefetchAsync, fake_prefetch_ptsz)                  \
+  X(cuMemGetAllocationGranularity, 10020, 10020, cuMemGetAllocationGranularity, NULL)           \
+  X(cuMemAddressReserve, 10020, 10020, cuMemAddressReserve, NULL)                               \
+  X(cuMemAddressFree, 10020, 10020, cuMemAddressFree, NULL)                                     \
+  X(cuMemCreate, 10020, 10020, cuMemCreate, NULL)                                               \
+  X(cuMemRelease, 10020, 10020, cuMemRelease, NULL)                                             \
+  X(cuMemMap, 10020, 10020, cuMemMap, NULL)                                                     \
+  X(cuMemUnmap, 10020, 10020, cuMemUnmap, NULL)                                                 \
+  X(cuMemSetAccess, 10020, 10020, cuMemSetAccess, NULL)
 
 static const struct {
   const char *name; /* base name, as cuGetProcAddress is asked */
@@ -2159,6 +2778,20 @@ FAKE_API const char *fake_cuda_fault_call(void) {
   return s;
 }
 
+FAKE_API int fake_cuda_managed_page(const void *p, int *preferred, int *accessed_by) {
+  pthread_mutex_lock(&F.mu);
+  fake_managed *m = fake_managed_of_locked((uintptr_t)p, 1);
+  int at = -1;
+  if (m) {
+    size_t i = ((uintptr_t)p - m->base) / FAKE_PAGE;
+    at = m->at[i];
+    if (preferred) *preferred = m->preferred[i];
+    if (accessed_by) *accessed_by = m->accessed_by[i];
+  }
+  pthread_mutex_unlock(&F.mu);
+  return at;
+}
+
 FAKE_API void fake_cuda_get_stats(fake_cuda_stats *out) {
   memset(out, 0, sizeof *out);
   pthread_mutex_lock(&F.mu);
@@ -2168,6 +2801,21 @@ FAKE_API void fake_cuda_get_stats(fake_cuda_stats *out) {
     out->device_bytes += a->accounted;
   }
   for (fake_hreg *h = F.hregs; h; h = h->next) out->host_registrations++;
+  for (fake_managed *m = F.manageds; m; m = m->next) {
+    out->managed_allocs++;
+    for (size_t i = 0; i < m->mapped / FAKE_PAGE; i++) {
+      out->managed_device_bytes += m->at[i] == FAKE_AT_DEVICE ? FAKE_PAGE : 0;
+      out->managed_host_bytes += m->at[i] == FAKE_AT_HOST ? FAKE_PAGE : 0;
+    }
+  }
+  out->managed_evicted_bytes = F.managed_evicted;
+  for (fake_vres *v = F.vres; v; v = v->next) out->vmm_reservations++;
+  for (fake_vphys *ph = F.vphys; ph; ph = ph->next) {
+    out->vmm_allocations++;
+    out->vmm_bytes += ph->size;
+  }
+  for (fake_vmap *m = F.vmaps; m; m = m->next) out->vmm_mappings++;
+  out->vmm_unmaps_in_use = F.vmm_unmaps_in_use;
   for (struct CUstream_st *s = F.streams; s; s = s->next) {
     out->streams += s->kind == FAKE_STREAM_USER && !s->destroyed;
     for (fake_op *op = s->head; op; op = op->next) out->pending_ops++;
@@ -2191,7 +2839,7 @@ FAKE_API void fake_cuda_get_stats(fake_cuda_stats *out) {
 FAKE_API uint64_t fake_cuda_live_allocations(void) {
   fake_cuda_stats st;
   fake_cuda_get_stats(&st);
-  return st.device_allocs + st.host_registrations;
+  return st.device_allocs + st.host_registrations + st.vmm_allocations + st.vmm_reservations;
 }
 
 FAKE_API void fake_cuda_hold_events(int on) {

@@ -34,6 +34,16 @@ typedef struct fake_cuda_stats {
   uint64_t graphs;             /* live graphs from cuStreamEndCapture */
   uint64_t captures_active;    /* captures begun and not ended */
   uint64_t sticky_result;      /* a sticky CUresult poisoning a context, 0 when none */
+  uint64_t managed_allocs;     /* live cuMemAllocManaged ranges */
+  uint64_t managed_device_bytes; /* bytes of managed pages placed on a device */
+  uint64_t managed_host_bytes; /* bytes of managed pages placed in host memory */
+  uint64_t managed_evicted_bytes; /* managed bytes the "driver" evicted on its own to fit a
+                                     prefetch (sgm must keep this 0) */
+  uint64_t vmm_reservations;   /* live cuMemAddressReserve ranges */
+  uint64_t vmm_allocations;    /* live cuMemCreate allocations (not released, or still mapped) */
+  uint64_t vmm_bytes;          /* their bytes (charged to the device) */
+  uint64_t vmm_mappings;       /* live cuMemMap mappings */
+  uint64_t vmm_unmaps_in_use;  /* cuMemUnmap of memory queued work still used (must stay 0) */
 } fake_cuda_stats;
 
 /*
@@ -47,7 +57,8 @@ typedef struct fake_cuda_stats {
  *                              (once); n = 0 disarms
  *  fake_cuda_fault_call        name of the entry point the fault hit, "" before it did
  *  fake_cuda_get_stats         fill *out
- *  fake_cuda_live_allocations  device allocations + host registrations now
+ *  fake_cuda_live_allocations  device allocations + host registrations + VMM
+ *                              allocations and reservations now
  *  fake_cuda_hold_events       on != 0: event records enqueued from now on are held:
  *                              they (and all later work of their stream, and work
  *                              that waits on them) stay pending until released
@@ -76,6 +87,9 @@ typedef struct fake_cuda_stats {
  *  fake_cuda_set_sticky        poison every retained primary context now with
  *                              result (CUDA_SUCCESS clears)
  *  fake_cuda_calls             calls of one entry point by base name
+ *  fake_cuda_managed_page      the managed page holding p: where it is (0 nowhere yet,
+ *                              1 device, 2 host; -1 not managed memory), and its
+ *                              preferred location type (-1 none) and accessed-by flag
  *                              ("cuMemAlloc") since load or reset; NULL or "":
  *                              all counted calls
  *
@@ -83,7 +97,8 @@ typedef struct fake_cuda_stats {
  * FAKE_CUDA_TOTAL_MEM, FAKE_CUDA_DRIVER_VERSION (default 13000),
  * FAKE_CUDA_INIT_RESULT, FAKE_CUDA_FAIL_AT, FAKE_CUDA_FAIL_RESULT,
  * FAKE_CUDA_CAN_MAP_HOST, FAKE_CUDA_HOST_REGISTER_SUPPORTED (default 1),
- * FAKE_CUDA_PINNED_LIMIT, FAKE_CUDA_CTX_OVERHEAD (default 300 MiB, total/8 on
+ * FAKE_CUDA_PINNED_LIMIT, FAKE_CUDA_VMM_SUPPORTED (default 1), FAKE_CUDA_VMM_GRANULE
+ * (default 2 MiB), FAKE_CUDA_CTX_OVERHEAD (default 300 MiB, total/8 on
  * devices under 2.4 GiB), FAKE_CUDA_PCI_BUS_ID. The rules the double enforces
  * are listed at the top of fake_cuda.c.
  */
@@ -107,7 +122,8 @@ typedef struct fake_cuda_stats {
   X(void, fake_cuda_set_host_register_result, (int result))             \
   X(void, fake_cuda_set_sticky_at, (uint64_t n, int result))            \
   X(void, fake_cuda_set_sticky, (int result))                           \
-  X(uint64_t, fake_cuda_calls, (const char *name))
+  X(uint64_t, fake_cuda_calls, (const char *name))                      \
+  X(int, fake_cuda_managed_page, (const void *p, int *preferred, int *accessed_by))
 
 #define FAKE_CUDA_DECLARE(ret, name, params) ret name params;
 FAKE_CUDA_CONTROL(FAKE_CUDA_DECLARE)

@@ -1,0 +1,371 @@
+/*
+ * test_vmm.c — expandable VRAM (issue 17): growth mode on one reserved range
+ * with granules mapped on demand, on the emulated device and, where the
+ * driver double is on the library path, on SGM_BACKEND=cuda against it.
+ *
+ * Invariants checked: committed VRAM is exactly the granules that blocks
+ * touch once cached blocks are returned (sgm_trim), and within the slack of
+ * them otherwise; the backend's mapped bytes equal committed; sgm_trim returns
+ * every free granule; granules that queued stream work still uses are not
+ * unmapped until that work completes (the double holds it); a device without
+ * the virtual-memory API, or SGM_VRAM_VMM=off, grows in chunks; the choice
+ * shows in the stats and their JSON.
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fake_cuda.h"
+#include "internal.h"
+#include "test_util.h"
+#include "tiers/tier.h"
+
+#define MiB (UINT64_C(1) << 20)
+#define GRAN (2 * MiB)
+
+static sgm_context *make_ctx(const char *backend, const char *vram, const char *vmm) {
+  sgm_test_clean_env();
+  setenv("SGM_BACKEND", backend, 1);
+  setenv("SGM_EMU_VRAM", "512MiB", 1);
+  setenv("SGM_VRAM_LIMIT", vram, 1);
+  setenv("SGM_ALLOW_GROWTH", "on", 1);
+  setenv("SGM_SHARED_FALLBACK", "off", 1);
+  setenv("SGM_IDLE_TRIM_MS", "0", 1); /* nothing trims behind the test's back */
+  if (vmm) setenv("SGM_VRAM_VMM", vmm, 1);
+  sgm_context *ctx = NULL;
+  sgm_status rc = sgm_context_create(NULL, &ctx);
+  if (rc != SGM_OK) fprintf(stderr, "create: %s\n", sgm_last_error());
+  assert_int_equal(rc, SGM_OK);
+  return ctx;
+}
+
+static sgm_stats stats(sgm_context *ctx) {
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  return st;
+}
+
+static sgm_backend_counters counters(sgm_context *ctx) {
+  sgm_backend_counters c;
+  ctx->bops->counters(ctx->be, &c);
+  return c;
+}
+
+/* Distinct granules the blocks [p[i], p[i] + n[i]) touch, in bytes (the
+ * range starts on a granule boundary, so a granule is address / GRAN). */
+static uint64_t touched_bytes(void *const *p, const uint64_t *n, size_t count) {
+  uint64_t *g = malloc(count * 5 * sizeof *g + 1);
+  size_t k = 0;
+  for (size_t i = 0; i < count; i++) {
+    if (!p[i]) continue;
+    uint64_t a = (uint64_t)(uintptr_t)p[i] / GRAN, b = ((uint64_t)(uintptr_t)p[i] + n[i] - 1) / GRAN;
+    for (uint64_t x = a; x <= b; x++) g[k++] = x; /* blocks here span at most 5 granules */
+  }
+  uint64_t distinct = 0;
+  for (size_t i = 0; i < k; i++) {
+    bool seen = false;
+    for (size_t j = 0; j < i && !seen; j++) seen = g[j] == g[i];
+    distinct += !seen;
+  }
+  free(g);
+  return distinct * GRAN;
+}
+
+/*
+ * A random stream of allocations and frees (seed printed). Sizes are powers
+ * of two from 256 B to 8 MiB, so each block's size in the sub-allocator is
+ * its asked size. After every call the pool's own check holds (references
+ * per granule, committed = mapped granules) and the backend has exactly
+ * committed bytes mapped; every 16 calls sgm_trim leaves committed equal to
+ * the granules the live blocks touch.
+ */
+static void commits_what_blocks_touch(const char *backend) {
+  sgm_context *ctx = make_ctx(backend, "256MiB", NULL);
+  sgm_stats st = stats(ctx);
+  assert_int_equal(st.vram_granule_bytes, GRAN);
+  assert_true(st.vram_reserved_bytes >= 256 * MiB);
+  assert_int_equal(st.tier[SGM_TIER_VRAM].committed_bytes, 0);
+  enum { SLOTS = 48, STEPS = 600 };
+  void *p[SLOTS] = {0};
+  uint64_t n[SLOTS] = {0};
+  sgm_test_rng r;
+  sgm_test_rng_init(&r, sgm_test_seed("vmm.touch", 17));
+  for (int step = 1; step <= STEPS; step++) {
+    size_t i = (size_t)sgm_test_rng_range(&r, 0, SLOTS - 1);
+    if (p[i]) {
+      sgm_free(ctx, p[i], NULL);
+      p[i] = NULL;
+    } else {
+      n[i] = UINT64_C(256) << sgm_test_rng_range(&r, 0, 15); /* 256 B .. 8 MiB */
+      p[i] = sgm_alloc(ctx, (size_t)n[i], NULL);
+      assert_non_null(p[i]);
+      assert_int_equal(sgm_pointer_tier(ctx, p[i]), SGM_TIER_VRAM);
+    }
+    assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
+    st = stats(ctx);
+    uint64_t committed = st.tier[SGM_TIER_VRAM].committed_bytes;
+    assert_int_equal(counters(ctx).vmm_mapped_bytes, committed);
+    assert_true(committed >= st.tier[SGM_TIER_VRAM].used_bytes);
+    if (step % 16 == 0) {
+      assert_int_equal(sgm_trim(ctx), SGM_OK);
+      st = stats(ctx);
+      assert_int_equal(st.tier[SGM_TIER_VRAM].committed_bytes, touched_bytes(p, n, SLOTS));
+      assert_int_equal(st.tier[SGM_TIER_VRAM].n_chunks, touched_bytes(p, n, SLOTS) / GRAN);
+    }
+  }
+  for (size_t i = 0; i < SLOTS; i++) sgm_free(ctx, p[i], NULL);
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes, 0);
+  sgm_backend_counters c = counters(ctx);
+  assert_int_equal(c.vmm_mapped_bytes, 0);
+  assert_int_equal(c.n_vmm_ranges, 1); /* the range stays reserved */
+  sgm_context_destroy(ctx);
+}
+
+static void test_emu_commits_what_blocks_touch(void **state) {
+  (void)state;
+  commits_what_blocks_touch("emu");
+}
+
+/*
+ * Without sgm_trim: 64 blocks of one granule are freed (cached for the
+ * stream), then a block of a size no cached block has needs new granules: the
+ * cached blocks go back first (they could cover it), the new block takes two
+ * of their granules, and the other 62, past the slack, are unmapped at once.
+ * Committed follows live to the granule.
+ */
+static void test_emu_free_granules_past_the_slack_go_at_once(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("emu", "256MiB", NULL);
+  void *p[64];
+  for (int i = 0; i < 64; i++) assert_non_null(p[i] = sgm_alloc(ctx, GRAN, NULL));
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes, 64 * GRAN);
+  for (int i = 0; i < 64; i++) sgm_free(ctx, p[i], NULL);
+  sgm_stats st = stats(ctx);
+  assert_int_equal(st.tier[SGM_TIER_VRAM].committed_bytes, 64 * GRAN); /* cached, still held */
+  assert_int_equal(st.tier[SGM_TIER_VRAM].cached_bytes, 64 * GRAN);
+  void *q = sgm_alloc(ctx, 3 * MiB, NULL);
+  assert_non_null(q);
+  st = stats(ctx);
+  assert_int_equal(st.tier[SGM_TIER_VRAM].cached_bytes, 0);
+  assert_int_equal(st.tier[SGM_TIER_VRAM].committed_bytes, 2 * GRAN);
+  assert_int_equal(counters(ctx).vmm_mapped_bytes, 2 * GRAN);
+  assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
+  sgm_free(ctx, q, NULL);
+  sgm_context_destroy(ctx);
+}
+
+/* SGM_VRAM_VMM=off (and reserve mode) grow as before: chunks, no range; the
+ * stats and their JSON say which. */
+static void test_emu_option_off_grows_in_chunks(void **state) {
+  (void)state;
+  const struct {
+    const char *vmm, *growth, *json;
+    uint64_t granule;
+  } cases[] = {{"off", "on", "\"vram_growth\":\"chunks\"", 0},
+               {"on", "on", "\"vram_growth\":\"vmm\"", GRAN},
+               {"on", "off", "\"vram_growth\":\"reserved\"", 0}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    sgm_context *ctx = make_ctx("emu", "64MiB", cases[k].vmm);
+    if (strcmp(cases[k].growth, "off") == 0) {
+      sgm_context_destroy(ctx);
+      setenv("SGM_ALLOW_GROWTH", "off", 1);
+      assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+    }
+    sgm_stats st = stats(ctx);
+    assert_int_equal(st.vram_granule_bytes, cases[k].granule);
+    assert_int_equal(counters(ctx).n_vmm_ranges, cases[k].granule ? 1 : 0);
+    char *json = NULL;
+    assert_int_equal(sgm_stats_json(ctx, &json), SGM_OK);
+    if (!strstr(json, cases[k].json)) fail_msg("%s not in %s", cases[k].json, json);
+    sgm_string_free(json);
+    void *a = sgm_alloc(ctx, 1000, NULL);
+    assert_non_null(a);
+    if (k == 0) assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes, 2 * MiB);
+    sgm_free(ctx, a, NULL);
+    sgm_context_destroy(ctx);
+  }
+}
+
+/* Every fallible emulated call failing in turn (map, reserve, ...): the
+ * allocation fails or succeeds whole, the pool's invariants hold, what is
+ * committed is what the backend has mapped (or allocated: a reservation that
+ * failed at create leaves the pool growing in chunks), and the context is
+ * destroyed cleanly (ASan reports any leak). */
+static void test_emu_backend_failures(void **state) {
+  (void)state;
+  for (int n = 2; n < 40; n++) {
+    char at[16];
+    snprintf(at, sizeof at, "%d", n);
+    sgm_test_clean_env();
+    setenv("SGM_BACKEND", "emu", 1);
+    setenv("SGM_EMU_VRAM", "64MiB", 1);
+    setenv("SGM_SHARED_FALLBACK", "off", 1);
+    setenv("SGM_IDLE_TRIM_MS", "0", 1);
+    setenv("SGM_EMU_FAIL_AT", at, 1);
+    sgm_context *ctx = NULL;
+    if (sgm_context_create(NULL, &ctx) != SGM_OK) continue;
+    void *p[6] = {0};
+    for (int i = 0; i < 6; i++) p[i] = sgm_alloc(ctx, (size_t)(i + 1) * MiB + 4096, NULL);
+    assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
+    for (int i = 0; i < 6; i += 2) sgm_free(ctx, p[i], NULL);
+    sgm_trim(ctx);
+    assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
+    sgm_stats st = stats(ctx);
+    /* A failed reservation at create leaves the pool on chunks. */
+    sgm_backend_counters c = counters(ctx);
+    assert_int_equal(st.vram_granule_bytes ? c.vmm_mapped_bytes : c.device_live_bytes,
+                     st.tier[SGM_TIER_VRAM].committed_bytes);
+    for (int i = 1; i < 6; i += 2) sgm_free(ctx, p[i], NULL);
+    sgm_context_destroy(ctx);
+  }
+}
+
+/* ---- the same on the CUDA backend over the driver double ---- */
+
+#define FAKE_MEMBER(ret, name, params) ret(*name) params;
+static struct {
+  FAKE_CUDA_CONTROL(FAKE_MEMBER)
+} fc;
+static void *fake_lib;
+
+static bool load_fake(void) {
+  fake_lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!fake_lib) return false;
+#define FAKE_LOOKUP(ret, name, params) *(void **)&fc.name = dlsym(fake_lib, #name);
+  FAKE_CUDA_CONTROL(FAKE_LOOKUP)
+  /* A real driver has no control API: these cases are for the double only. */
+  if (!fc.fake_cuda_hold_events) {
+    dlclose(fake_lib);
+    fake_lib = NULL;
+    return false;
+  }
+  fc.fake_cuda_reset();
+  return true;
+}
+
+static fake_cuda_stats fake_stats(void) {
+  fake_cuda_stats s;
+  fc.fake_cuda_get_stats(&s);
+  return s;
+}
+
+static void test_double_commits_what_blocks_touch(void **state) {
+  (void)state;
+  fake_cuda_stats s0 = fake_stats();
+  commits_what_blocks_touch("cuda");
+  fake_cuda_stats s1 = fake_stats();
+  assert_int_equal(s1.vmm_allocations, s0.vmm_allocations);
+  assert_int_equal(s1.vmm_reservations, s0.vmm_reservations);
+  assert_int_equal(s1.vmm_unmaps_in_use, s0.vmm_unmaps_in_use);
+}
+
+typedef int (*memset_fn)(uint64_t dst, unsigned char v, size_t n, void *stream);
+typedef int (*ctx_retain_fn)(void **ctx, int dev);
+typedef int (*ctx_push_fn)(void *ctx);
+typedef int (*ctx_pop_fn)(void **ctx);
+typedef int (*ctx_release_fn)(int dev);
+
+/* Queue a memset of [p, p + n) on stream, under device 0's primary context. */
+static void queue_memset(void *p, size_t n, void *stream) {
+#define LOOKUP(type, name) type name##_ = (type)dlsym(fake_lib, #name); assert_non_null(name##_)
+  LOOKUP(memset_fn, cuMemsetD8Async);
+  LOOKUP(ctx_retain_fn, cuDevicePrimaryCtxRetain);
+  LOOKUP(ctx_push_fn, cuCtxPushCurrent_v2);
+  LOOKUP(ctx_pop_fn, cuCtxPopCurrent_v2);
+  LOOKUP(ctx_release_fn, cuDevicePrimaryCtxRelease_v2);
+#undef LOOKUP
+  void *pctx = NULL, *popped = NULL;
+  assert_int_equal(cuDevicePrimaryCtxRetain_(&pctx, 0), 0);
+  assert_int_equal(cuCtxPushCurrent_v2_(pctx), 0);
+  assert_int_equal(cuMemsetD8Async_((uint64_t)(uintptr_t)p, 0x5a, n, stream), 0);
+  assert_int_equal(cuCtxPopCurrent_v2_(&popped), 0);
+  assert_int_equal(cuDevicePrimaryCtxRelease_v2_(0), 0);
+}
+
+/*
+ * A block freed on a stream whose work is still queued (the device paused)
+ * keeps its granules mapped through reclaims and idle trims, however long;
+ * once the work completes, the next reclaim returns the block and idle trim
+ * unmaps its granules. The double counts any unmap under queued work: none.
+ */
+static void test_double_pending_work_keeps_granules(void **state) {
+  (void)state;
+  fake_cuda_stats s0 = fake_stats();
+  sgm_context *ctx = make_ctx("cuda", "64MiB", NULL);
+  sgm_tier_pool *vp = ctx->tiers[SGM_TIER_VRAM];
+  void *s = fc.fake_cuda_stream_create();
+  void *p = sgm_alloc(ctx, 3 * MiB, s);
+  assert_non_null(p);
+  fc.fake_cuda_pause(1);
+  queue_memset(p, 3 * MiB, s);
+  sgm_free(ctx, p, s);
+  for (uint64_t now = 10; now <= 40; now += 10) {
+    sgm__tier_reclaim(vp, NULL, SGM_RECLAIM_QUERY);
+    sgm__tier_idle_trim(vp, now, 1);
+    assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes, 2 * GRAN);
+    assert_true(sgm__tier_check(vp));
+  }
+  assert_int_equal(fake_stats().vmm_unmaps_in_use, s0.vmm_unmaps_in_use);
+  fc.fake_cuda_pause(0);
+  fc.fake_cuda_settle();
+  sgm__tier_reclaim(vp, NULL, SGM_RECLAIM_QUERY); /* records the fence, or sees it done */
+  fc.fake_cuda_settle();
+  sgm__tier_reclaim(vp, NULL, SGM_RECLAIM_QUERY);
+  sgm__tier_idle_trim(vp, 100, 1);
+  sgm__tier_idle_trim(vp, 200, 1);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes, 0);
+  assert_int_equal(fake_stats().vmm_unmaps_in_use, s0.vmm_unmaps_in_use);
+  assert_true(sgm__tier_check(vp));
+  sgm_context_destroy(ctx);
+  fc.fake_cuda_stream_destroy(s);
+  fake_cuda_stats s1 = fake_stats();
+  assert_int_equal(s1.vmm_allocations, s0.vmm_allocations);
+  assert_int_equal(s1.vmm_reservations, s0.vmm_reservations);
+}
+
+/* A device without the virtual-memory API grows in chunks (cuMemAlloc). */
+static void test_double_without_vmm_grows_in_chunks(void **state) {
+  (void)state;
+  setenv("FAKE_CUDA_VMM_SUPPORTED", "0", 1);
+  sgm_context *ctx = make_ctx("cuda", "64MiB", NULL);
+  assert_int_equal(stats(ctx).vram_granule_bytes, 0);
+  uint64_t allocs = fc.fake_cuda_calls("cuMemAlloc");
+  void *a = sgm_alloc(ctx, 1000, NULL);
+  assert_non_null(a);
+  assert_int_equal(fc.fake_cuda_calls("cuMemAlloc"), allocs + 1);
+  assert_int_equal(fc.fake_cuda_calls("cuMemAddressReserve"), 0);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes, 2 * MiB);
+  sgm_free(ctx, a, NULL);
+  sgm_context_destroy(ctx);
+  unsetenv("FAKE_CUDA_VMM_SUPPORTED");
+}
+
+static int reset_fake(void **state) {
+  (void)state;
+  fc.fake_cuda_reset();
+  return 0;
+}
+
+int main(void) {
+  const struct CMUnitTest emu[] = {
+      cmocka_unit_test(test_emu_commits_what_blocks_touch),
+      cmocka_unit_test(test_emu_free_granules_past_the_slack_go_at_once),
+      cmocka_unit_test(test_emu_option_off_grows_in_chunks),
+      cmocka_unit_test(test_emu_backend_failures),
+  };
+  int rc = cmocka_run_group_tests_name("vmm_emu", emu, NULL, NULL);
+  if (!load_fake()) {
+    printf("# vmm: no driver double on the library path: its cases are skipped\n");
+    return rc;
+  }
+  const struct CMUnitTest dbl[] = {
+      cmocka_unit_test_setup(test_double_commits_what_blocks_touch, reset_fake),
+      cmocka_unit_test_setup(test_double_pending_work_keeps_granules, reset_fake),
+      cmocka_unit_test_setup(test_double_without_vmm_grows_in_chunks, reset_fake),
+  };
+  rc |= cmocka_run_group_tests_name("vmm_double", dbl, NULL, NULL);
+  dlclose(fake_lib);
+  return rc;
+}
