@@ -82,8 +82,12 @@ static void record_sample(sgm_context *ctx) {
   memset(&st, 0, sizeof st);
   if (ctx) {
     if (sgm_get_stats(ctx, &st) != SGM_OK) return;
-    snprintf(rec_device, sizeof rec_device, "%s%d", sgm_context_backend(ctx),
-             sgm_context_config(ctx)->device);
+    /* The node registry's key for a shared emulated device; else backend and ordinal. */
+    const sgm_config *cfg = sgm_context_config(ctx);
+    if (strcmp(sgm_context_backend(ctx), "emu") == 0 && cfg->emu_device[0])
+      snprintf(rec_device, sizeof rec_device, "emu-%s", cfg->emu_device);
+    else
+      snprintf(rec_device, sizeof rec_device, "%s%d", sgm_context_backend(ctx), cfg->device);
   }
   const sgm_tier_stats *v = &st.tier[SGM_TIER_VRAM], *sh = &st.tier[SGM_TIER_SHARED];
   /* The node's cap on shared GPU memory, as Windows sets it: max(RAM / 2, 64 MiB). */

@@ -28,8 +28,8 @@ from . import _lib
 from ._lib import (BackendError, BusyError, CorruptError, DiskIOError, Error,  # noqa: F401
                    InvalidError, NoMemoryError, UnsupportedError)
 
-__all__ = ["Context", "Buffer", "Tier", "Priority", "stats", "pointer_tier", "option_names", "options_env",
-           "library_path", "Error", "InvalidError", "NoMemoryError", "BackendError",
+__all__ = ["Context", "Buffer", "Tier", "Priority", "stats", "pointer_tier", "option_names",
+           "options_env", "library_path", "Error", "InvalidError", "NoMemoryError", "BackendError",
            "DiskIOError", "CorruptError", "BusyError", "UnsupportedError"]
 __version__ = "0.1.0"
 

@@ -74,6 +74,15 @@ def series(rows, device):
     return times, procs
 
 
+def _held(times, values):
+    """Step data that shows the last sample too: each value holds until the next
+    sample, the last one for a typical sampling interval."""
+    if len(times) < 2:
+        return list(times) + [times[-1] + 1.0], list(values) + [values[-1]]
+    gaps = sorted(b - a for a, b in zip(times, times[1:]))
+    return list(times) + [times[-1] + gaps[len(gaps) // 2]], list(values) + [values[-1]]
+
+
 def _unit(max_bytes):
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if max_bytes >= 2 * scale:
@@ -134,14 +143,16 @@ def draw(rows, out, width=1200, height=800, title=None, dpi=100):
                     top = max(top, max(values))
             top = max(top, 1)
             unit, scale = _unit(top)
-            stacks = [[v / scale for v in procs[k][column]] for k in keys]
-            ax.stackplot(times, stacks, colors=[colour[k] for k in keys], alpha=0.75,
+            xs = _held(times, times)[0]
+            stacks = [_held(times, [v / scale for v in procs[k][column]])[1] for k in keys]
+            ax.stackplot(xs, stacks, colors=[colour[k] for k in keys], alpha=0.75,
                          labels=[f"{name} ({pid})" for pid, name in keys], step="post")
             for label_, colour_, style, values in lines:
                 if max(values) > 1.08 * top:
                     label_ += f" (up to {max(values) / scale:,.0f} {unit}: off scale)"
-                ax.step(times, [v / scale for v in values], where="post", color=colour_,
-                        linestyle=style, linewidth=1.2 if style == "--" else 1.0, label=label_)
+                ax.step(xs, _held(times, [v / scale for v in values])[1], where="post",
+                        color=colour_, linestyle=style, label=label_,
+                        linewidth=1.2 if style == "--" else 1.0)
             # Fallbacks land in shared memory; evictions leave VRAM: mark them there,
             # at most one mark per 1/60 of the time axis (a busy run makes thousands).
             marker_of = {"shared_used": ("fallbacks", "v", "tab:red"),

@@ -71,6 +71,7 @@ def use(**options):
     # The hook contexts read the environment at the first allocation, which comes later.
     _apply_hook_env(env)
     _state["active"] = True
+    _state["allocator"] = allocator  # kept for the process's life, as PyTorch keeps its copy
 
 
 def active():

@@ -146,9 +146,9 @@ _CHILD_HEAD = textwrap.dedent("""
 """)
 
 
-def run_child(mod, body):
+def run_child(mod, body, **env):
     code = _CHILD_HEAD.format(mod=mod) + textwrap.dedent(body) + "\nprint('child ok')\n"
-    r = subprocess.run([sys.executable, "-c", code], env=child_env(SGM_BACKEND="emu"),
+    r = subprocess.run([sys.executable, "-c", code], env=child_env(SGM_BACKEND="emu", **env),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "child ok" in r.stdout, r.stdout + r.stderr
 
@@ -221,3 +221,29 @@ def test_cupy_allocator_serves_and_frees_through_sgm():
         sgm.cupy.empty_cache()
         assert sgm.stats(0)["tiers"]["vram"]["committed_bytes"] == 0
     """)
+
+
+def test_torch_set_priority_and_prefetch_move_a_managed_tensor():
+    """Invariant: with SGM_POINTERS=managed, set_priority(t, "low", hint=2)
+    (sgm_advise, cold) moves the tensor's block to shared memory and
+    prefetch(t) (sgm_prefetch) brings it back to VRAM under the same address;
+    the moves are counted. A stand-in tensor carries an address from the hooks."""
+    run_child("torch", """
+        lib = sgm._lib.lib()
+        p = lib.sgm_torch_malloc(4 * MiB, 0, None)    # 2 MiB and up: a managed block
+        storage = types.SimpleNamespace(data_ptr=lambda: p, nbytes=lambda: 4 * MiB)
+        t = types.SimpleNamespace(is_cuda=True, device=0, untyped_storage=lambda: storage)
+        assert sgm.torch.tier(t) is sgm.Tier.VRAM
+        sgm.torch.set_priority(t, "low", hint=2)
+        assert sgm.torch.tier(t) is sgm.Tier.SHARED
+        sgm.torch.prefetch(t, "vram", stream=0)
+        assert sgm.torch.tier(t) is sgm.Tier.VRAM
+        s = sgm.torch.stats(0)
+        assert s["sgm.managed.n_demotions"] == 1 and s["sgm.managed.n_promotions"] == 1, s
+        try:
+            sgm.torch.set_priority(t, 9)
+            raise SystemExit("priority 9 accepted")
+        except sgm.InvalidError as e:
+            assert e.message
+        lib.sgm_torch_free(p, 4 * MiB, 0, None)
+    """, SGM_POINTERS="managed")

@@ -29,6 +29,7 @@ def run_plot(*args):
 
 
 @pytest.mark.parametrize("record,width,height", [("demo-record.csv", 1000, 700),
+                                                 ("smi-two-processes.csv", 1200, 800),
                                                  ("two-processes.csv", 640, 480)])
 def test_plot_writes_a_png_of_the_asked_size(tmp_path, record, width, height):
     """Invariant: the command exits 0 and writes a PNG exactly width x height
@@ -50,6 +51,21 @@ def test_default_output_name_and_size(tmp_path):
     src.write_text(open(os.path.join(FIXTURES, "two-processes.csv")).read())
     assert plot.main([str(src)]) == 0
     assert png_size(tmp_path / "rec.png") == (1200, 800)
+
+
+def test_smi_record_of_two_processes():
+    """The sgm-smi record: two processes of one emulated device, the second
+    joining later; absent processes read as 0, every row lands in a series."""
+    rows = plot.read_record(os.path.join(FIXTURES, "smi-two-processes.csv"))
+    times, procs = plot.series(rows, "emu-plotdemo")
+    assert len(procs) == 2
+    joined = {k: next(i for i, v in enumerate(procs[k]["vram_budget"]) if v) for k in procs}
+    first, second = sorted(procs, key=joined.get)
+    assert joined[second] > joined[first]
+    # The fair split: the first process's budget fell once the second joined.
+    budget = procs[first]["vram_budget"]
+    assert min(budget[joined[second]:]) < budget[joined[first]]
+    assert len(rows) == sum(1 for k in procs for v in procs[k]["device_total"] if v)
 
 
 def test_series_fill_absent_processes_with_zero():
