@@ -88,9 +88,12 @@ void BM_ReplaySuballoc(benchmark::State &state, MiniTrace *t);
 void BM_ReplayJemalloc(benchmark::State &state, const MiniTrace *t);
 
 // ---- disk spill tier (bench_disk) ------------------------------------------
-// DiskSetup allocates the 64 MiB source and destination and picks the folder;
-// the bodies take range(0) = extent MiB, range(1) = 1 direct / 0 buffered and
-// report manual time (Google Benchmark's UseManualTime).
+// DiskSetup allocates the 64 MiB source and destination, picks the folder and
+// finds whether its file system takes O_DIRECT (sgm then uses it); the bodies
+// take range(0) = extent (buffer) MiB, range(1) = 1 direct / 0 buffered and
+// report manual time (Google Benchmark's UseManualTime). The sgm bodies use
+// the public API only (sgm_buffer_evict to SGM_TIER_DISK, sgm_buffer_acquire
+// back) and skip when range(1) is not the mode sgm uses there.
 constexpr uint64_t kDiskBytesPerIteration = 64ull << 20;
 bool DiskSetup(const std::string &dir);
 void DiskTeardown();
@@ -100,8 +103,8 @@ void BM_RawWrite(benchmark::State &state);
 void BM_SgmRead(benchmark::State &state);
 void BM_RawRead(benchmark::State &state);
 void BM_Xxh3(benchmark::State &state);
-void BM_SgmWriteUnaligned(benchmark::State &state);
-void BM_SgmReadUnaligned(benchmark::State &state);
+// true when DiskSetup's folder takes O_DIRECT: sgm's I/O mode there.
+bool DiskDirect();
 // Bytes and timed seconds summed per "write/8MiB/direct" key, sgm and raw,
 // for bench_disk's ratio table.
 struct DiskTotals {
@@ -109,7 +112,7 @@ struct DiskTotals {
   double sgm_bytes, sgm_seconds, raw_bytes, raw_seconds;  // sums over timed iterations
 };
 std::vector<DiskTotals> DiskSummary();
-// "ext4, direct" — what DiskSetup's folder is and which I/O mode sgm picks there.
+// Which I/O mode sgm uses in DiskSetup's folder, in words.
 std::string DiskDescribe();
 
 // ---- a real GPU (bench_cuda) -----------------------------------------------
