@@ -55,6 +55,14 @@ void BM_MemcpyTwoWays(benchmark::State &state);
 void BM_AcquireReleaseVram(benchmark::State &state);
 void BM_AcquireVram(benchmark::State &state);
 
+// ---- managed pointers (bench_managed) --------------------------------------
+// A 64 MiB managed block demoted to shared memory and promoted back per
+// iteration (reference: BM_MemcpyTwoWays of 64 MiB); alloc+free pairs of
+// range(0) bytes with SGM_POINTERS=fixed and =managed.
+void BM_ManagedDemotePromote64MiB(benchmark::State &state);
+void BM_PairFixed(benchmark::State &state);
+void BM_PairManaged(benchmark::State &state);
+
 // ---- sub-allocator (bench_suballoc) ----------------------------------------
 // Churn of 10,000 live blocks through the virtual block and through jemalloc.
 void BM_ChurnSuballoc(benchmark::State &state);

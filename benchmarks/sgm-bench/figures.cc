@@ -147,6 +147,22 @@ SGM_BENCH_DEMOTE(1, kQuick);
 SGM_BENCH_DEMOTE(16, kFullOnly);
 SGM_BENCH_DEMOTE(64, kFullOnly);
 
+// ---- managed pointers (SGM_POINTERS=managed) ----
+
+SGM_BENCH_FIGURE({"managed.demote_promote.64MiB", "managed 64 MiB block demoted to shared memory and promoted back "
+                  "(sgm_prefetch both ways)", "GB/s", "memcpy both ways, same bytes", Better::kHigher,
+                  Target::Ratio(kAtLeast, 0.9), kQuick,
+                  GbBandwidth("managed/sgm/64", BM_ManagedDemotePromote64MiB, {}),
+                  GbBandwidth("managed/memcpy/64", BM_MemcpyTwoWays, {int64_t{64} << 20})});
+SGM_BENCH_FIGURE({"managed.pair.64KiB", "sgm_alloc+sgm_free pair of 64 KiB with SGM_POINTERS=managed", "ns",
+                  "the same pairs with SGM_POINTERS=fixed", Better::kLower, Target::None(), kFullOnly,
+                  GbTime("managed/pair/64KiB", BM_PairManaged, {64 << 10}),
+                  GbTime("fixed/pair/64KiB", BM_PairFixed, {64 << 10})});
+SGM_BENCH_FIGURE({"managed.pair.4MiB", "sgm_alloc+sgm_free pair of a movable 4 MiB block (SGM_POINTERS=managed)",
+                  "ns", "the same pairs with SGM_POINTERS=fixed", Better::kLower, Target::None(), kFullOnly,
+                  GbTime("managed/pair/4MiB", BM_PairManaged, {4 << 20}),
+                  GbTime("fixed/pair/4MiB", BM_PairFixed, {4 << 20})});
+
 // ---- disk spill tier ----
 
 // The disk bodies' buffers, set up once, in the folder of the first run.

@@ -65,10 +65,12 @@ std::string RealPath(const std::string &p) {
 std::string DefaultTraces() {
   char exe[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n <= 0) return SGM_BENCH_TRACES_BUILD;
+  if (n <= 0) return *SGM_BENCH_TRACES_BUILD ? SGM_BENCH_TRACES_BUILD : "/usr/share/sgm/traces";
   exe[n] = '\0';
   std::string dir = Dirname(exe);
-  if (RealPath(dir) == RealPath(SGM_BENCH_BUILD_DIR)) return SGM_BENCH_TRACES_BUILD;
+  // (A standalone build of benchmarks/ against an installed sgm has no source
+  // tree's traces: it takes the installed layout.)
+  if (*SGM_BENCH_TRACES_BUILD && RealPath(dir) == RealPath(SGM_BENCH_BUILD_DIR)) return SGM_BENCH_TRACES_BUILD;
   return Dirname(dir) + "/" SGM_BENCH_DATADIR_FROM_PREFIX "/sgm/traces";
 }
 

@@ -234,11 +234,11 @@ std::string Markdown(const Json &doc) {
   s += b;
   std::snprintf(b, sizeof b,
                 "Machine: %s, %d cores, %.1f GiB RAM, %s; GPU: %s (driver: %s); backend `%s`; "
-                "load average %.2f at the start.\n\n",
+                "load average %.2f at the start, %.2f at the end.\n\n",
                 m.StringOr("cpu", "?").c_str(), static_cast<int>(m.NumberOr("cores", 0)),
                 m.NumberOr("ram_bytes", 0) / (1024.0 * 1024 * 1024), m.StringOr("kernel", "?").c_str(),
                 m.StringOr("gpu", "?").c_str(), m.StringOr("driver", "?").c_str(),
-                m.StringOr("backend", "?").c_str(), m.NumberOr("load_1min", 0));
+                m.StringOr("backend", "?").c_str(), m.NumberOr("load_1min", 0), doc.NumberOr("load_1min_end", 0));
   s += b;
   s += "| figure | what | sgm | reference | ratio | spread | target | verdict |\n";
   s += "|---|---|---:|---:|---:|---:|---|---|\n";

@@ -221,6 +221,8 @@ Json RunFigures(const RunOptions &o, const std::vector<const Figure *> &figs) {
   for (size_t k = 0; k < figs.size(); k++) arr.Push(RunOne(o, *figs[k], k, figs.size()));
   if (o.progress) std::fprintf(stderr, "\r\033[K");
   doc.Set("figures", std::move(arr));
+  double load[1];
+  if (getloadavg(load, 1) == 1) doc.Set("load_1min_end", Json::Number(std::round(load[0] * 100) / 100));
   doc.Set("seconds", Json::Number(std::round(std::chrono::duration<double>(
                                                  std::chrono::steady_clock::now() - t0).count() * 10) / 10));
   return doc;
