@@ -10,9 +10,19 @@
 //      shared tier (host memory the GPU reads over PCIe / NVLink-C2C), timed
 //      with CUDA events. Ratio: shared / VRAM, the "slows down instead of
 //      failing" figure; the sums are checked against the bytes written.
+//  (c) Per call (issue 10: "so that the first GPU run shows the real cost").
+//      ns per steady-state sgm_alloc+sgm_free pair (1 MiB) on the legacy NULL
+//      stream, the per-thread default stream and a created stream, beside
+//      ns per cuMemAlloc+cuMemFree pair of the same size; ns per cross-stream
+//      transfer (a 4 MiB budget that one block fills, allocations alternating
+//      between a created stream and the NULL stream, and between two created
+//      streams). Driver calls per pair or transfer come from the driver test
+//      double's counter when libcuda.so.1 is the double; a real driver has no
+//      counter ("calls n/a": count them on the double, bench_stream).
 // After the Google Benchmark table it prints one "bench_cuda: ..." line per
-// pair with both bandwidths in GB/s (10^9 bytes/s) and the ratio;
-// tests/gpu/run.sh copies those lines into its SUMMARY.
+// pair with both bandwidths in GB/s (10^9 bytes/s), ms per call and the ratio,
+// and one per (c) figure with ns per call; tests/gpu/run.sh copies those lines
+// into its SUMMARY.
 //
 // Skipping. Without a usable GPU (libcuda.so.1 cannot be dlopen'ed, no
 // cuGetProcAddress, cuInit fails, no device, too little free memory) it prints
@@ -158,6 +168,8 @@ Driver g_cu;  // filled once by OpenDevice(), before any benchmark runs
 struct Outcome {
   double bytes = 0;    // bytes moved or read in the timed part
   double seconds = 0;  // timed seconds
+  double calls = 0;    // timed calls (copies, pairs, transfers)
+  double driver_calls = -1;  // driver calls in the timed part; -1 = not counted (real driver)
   std::string error;   // why it failed; "" when it ran
 };
 std::map<std::string, Outcome> g_outcomes;
@@ -412,10 +424,13 @@ void RecordRun(benchmark::State &state, const std::string &key, size_t bytes, do
   const double moved = static_cast<double>(bytes) * static_cast<double>(state.iterations());
   state.SetBytesProcessed(static_cast<int64_t>(moved));
   state.counters["GB/s"] = seconds > 0 ? moved / seconds / 1e9 : 0;
+  const double calls = static_cast<double>(state.iterations());
+  if (calls > 0) state.counters["ms_per_call"] = seconds / calls * 1e3;
   Outcome &o = g_outcomes[key];
   if (!o.error.empty()) return;
   o.bytes = moved;
   o.seconds = seconds;
+  o.calls = calls;
 }
 
 enum Dir { kHostToDevice, kDeviceToHost };
@@ -863,6 +878,163 @@ void BM_KernelRead(benchmark::State &state, std::string key, Where where, size_t
   RecordRun(state, key, bytes, timed);
 }
 
+// ---- (c) per call: the stream-ordered allocation path ----
+
+// The driver double's counter (fake_cuda_get_stats, first field: all calls),
+// found in the libcuda.so.1 already loaded; -1 on a real driver.
+uint64_t DriverCalls() {
+  struct FakeStats {
+    uint64_t calls;
+    uint64_t rest[32];
+  };
+  using GetStatsFn = void (*)(FakeStats *);
+  static GetStatsFn get = [] {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    return lib ? reinterpret_cast<GetStatsFn>(dlsym(lib, "fake_cuda_get_stats")) : nullptr;
+  }();
+  if (!get) return UINT64_MAX;
+  FakeStats st{};
+  get(&st);
+  return st.calls;
+}
+
+void RecordCalls(benchmark::State &state, const std::string &key, double seconds,
+                 uint64_t calls_before) {
+  const double n = static_cast<double>(state.iterations());
+  Outcome &o = g_outcomes[key];
+  if (!o.error.empty() || n <= 0) return;
+  o.seconds = seconds;
+  o.calls = n;
+  const uint64_t after = DriverCalls();
+  if (after != UINT64_MAX && calls_before != UINT64_MAX)
+    o.driver_calls = static_cast<double>(after - calls_before) / n;
+  state.counters["ns_per_call"] = seconds / n * 1e9;
+  state.counters["driver_calls_per_call"] = o.driver_calls;
+}
+
+// A context whose VRAM budget is `limit_bytes` (0: the default), reserved at
+// create, with no fallback: every figure is of the VRAM pool's own path.
+bool MakePoolContext(benchmark::State &state, const std::string &key, uint64_t limit_bytes,
+                     SgmContext &out) {
+  sgm_config cfg;
+  sgm_config_init(&cfg);
+  cfg.backend = SGM_BACKEND_CUDA;
+  cfg.device = g_cu.ordinal;
+  cfg.idle_trim_ms = 0;
+  cfg.shared_fallback = 0;
+  if (limit_bytes) {
+    cfg.vram_limit.bytes = limit_bytes;
+    cfg.allow_growth = 0;
+  }
+  if (sgm_context_create(&cfg, &out.c) != SGM_OK) {
+    Fail(state, key, std::string("sgm_context_create failed: ") + sgm_last_error());
+    return false;
+  }
+  return true;
+}
+
+enum PairStream { kNullStream, kPerThreadStream, kCreatedStream };
+
+// One iteration = sgm_alloc + sgm_free of 1 MiB on one stream (the block comes
+// back from the stream's cache every time).
+void BM_SgmPair(benchmark::State &state, std::string key, PairStream which) {
+  Stream created;
+  if (which == kCreatedStream &&
+      !CuOk(state, key, CU(cuStreamCreate)(&created.s, CU_STREAM_DEFAULT), "cuStreamCreate"))
+    return;
+  void *stream = which == kNullStream        ? nullptr
+                 : which == kPerThreadStream ? reinterpret_cast<void *>(CU_STREAM_PER_THREAD)
+                                             : reinterpret_cast<void *>(created.s);
+  SgmContext ctx;
+  if (!MakePoolContext(state, key, 0, ctx)) return;
+  void *warm = sgm_alloc(ctx.c, kMiB, stream);
+  if (!warm) {
+    Fail(state, key, std::string("sgm_alloc failed: ") + sgm_last_error());
+    return;
+  }
+  sgm_free(ctx.c, warm, stream);
+  const uint64_t before = DriverCalls();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    void *p = sgm_alloc(ctx.c, kMiB, stream);
+    benchmark::DoNotOptimize(p);
+    sgm_free(ctx.c, p, stream);
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  RecordCalls(state, key, Seconds(t0, t1), before);
+  // The created stream goes after the context: sgm_context_destroy waits for
+  // the work of every stream it cached blocks for.
+  sgm_context_destroy(ctx.c);
+  ctx.c = nullptr;
+}
+
+// The reference: the driver's own allocator, one cuMemAlloc + cuMemFree.
+void BM_DriverPair(benchmark::State &state, std::string key) {
+  const uint64_t before = DriverCalls();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    CUdeviceptr p = 0;
+    if (!CuOk(state, key, CU(cuMemAlloc)(&p, kMiB), "cuMemAlloc")) break;
+    if (!CuOk(state, key, CU(cuMemFree)(p), "cuMemFree")) break;
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  RecordCalls(state, key, Seconds(t0, t1), before);
+}
+
+// One iteration = one allocation that takes the only block from the other
+// stream's cache (ordered on the device), and its free. two_created: between
+// two created streams, else a created stream and the NULL stream.
+void BM_Transfer(benchmark::State &state, std::string key, bool two_created) {
+  Stream a, b;
+  if (!CuOk(state, key, CU(cuStreamCreate)(&a.s, CU_STREAM_DEFAULT), "cuStreamCreate")) return;
+  if (two_created &&
+      !CuOk(state, key, CU(cuStreamCreate)(&b.s, CU_STREAM_DEFAULT), "cuStreamCreate"))
+    return;
+  SgmContext ctx;
+  if (!MakePoolContext(state, key, 4 * kMiB, ctx)) return;
+  void *streams[2] = {a.s, b.s};
+  for (void *s : streams) {  // warm: the event pool, each stream's flags
+    void *p = sgm_alloc(ctx.c, 4 * kMiB, s);
+    if (!p) {
+      Fail(state, key, std::string("sgm_alloc failed: ") + sgm_last_error());
+      return;
+    }
+    sgm_free(ctx.c, p, s);
+  }
+  const uint64_t before = DriverCalls();
+  uint64_t k = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    void *s = streams[k++ & 1];
+    void *p = sgm_alloc(ctx.c, 4 * kMiB, s);
+    if (!p) {
+      Fail(state, key, std::string("sgm_alloc failed: ") + sgm_last_error());
+      break;
+    }
+    sgm_free(ctx.c, p, s);
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  RecordCalls(state, key, Seconds(t0, t1), before);
+  sgm_context_destroy(ctx.c);
+  ctx.c = nullptr;
+}
+
+// "123.4 ns per call, 0 driver calls" for a (c) figure.
+std::string PerCall(const std::string &key) {
+  auto it = g_outcomes.find(key);
+  if (it == g_outcomes.end()) return "not run";
+  if (!it->second.error.empty()) return "error (" + it->second.error + ")";
+  if (it->second.calls <= 0) return "not run";
+  char s[96];
+  if (it->second.driver_calls >= 0)
+    std::snprintf(s, sizeof s, "%.1f ns per call, %.2f driver calls per call",
+                  it->second.seconds / it->second.calls * 1e9, it->second.driver_calls);
+  else
+    std::snprintf(s, sizeof s, "%.1f ns per call, driver calls n/a",
+                  it->second.seconds / it->second.calls * 1e9);
+  return s;
+}
+
 // ---- registration and the summary ----
 
 std::string MiBName(size_t bytes) { return std::to_string(bytes / kMiB) + "MiB"; }
@@ -882,8 +1054,9 @@ std::string GBps(const std::string &key) {
   if (it == g_outcomes.end()) return "not run";
   if (!it->second.error.empty()) return "error (" + it->second.error + ")";
   if (it->second.seconds <= 0) return "not run";
-  char s[32];
-  std::snprintf(s, sizeof s, "%.2f GB/s", it->second.bytes / it->second.seconds / 1e9);
+  char s[64];
+  std::snprintf(s, sizeof s, "%.2f GB/s (%.3f ms per call)", it->second.bytes / it->second.seconds / 1e9,
+                it->second.calls > 0 ? it->second.seconds / it->second.calls * 1e3 : 0.0);
   return s;
 }
 
@@ -986,6 +1159,27 @@ int main(int argc, char **argv) {
     std::fflush(stdout);
   }
 
+  // (c) per call: fixed iteration counts, so a slow driver cannot stretch the run.
+  const std::vector<std::pair<std::string, std::string>> call_lines = {
+      {"pair 1 MiB, NULL stream: sgm_alloc+sgm_free", "call/sgm_pair/null"},
+      {"pair 1 MiB, per-thread stream: sgm_alloc+sgm_free", "call/sgm_pair/per_thread"},
+      {"pair 1 MiB, created stream: sgm_alloc+sgm_free", "call/sgm_pair/created"},
+      {"pair 1 MiB: cuMemAlloc+cuMemFree (reference)", "call/driver_pair"},
+      {"transfer, created <-> NULL stream", "call/transfer/created_null"},
+      {"transfer, created <-> created stream", "call/transfer/created_created"}};
+  benchmark::RegisterBenchmark("call/sgm_pair/null", BM_SgmPair, std::string("call/sgm_pair/null"), kNullStream)
+      ->Iterations(200000);
+  benchmark::RegisterBenchmark("call/sgm_pair/per_thread", BM_SgmPair, std::string("call/sgm_pair/per_thread"),
+                               kPerThreadStream)->Iterations(200000);
+  benchmark::RegisterBenchmark("call/sgm_pair/created", BM_SgmPair, std::string("call/sgm_pair/created"),
+                               kCreatedStream)->Iterations(200000);
+  benchmark::RegisterBenchmark("call/driver_pair", BM_DriverPair, std::string("call/driver_pair"))
+      ->Iterations(2000);
+  benchmark::RegisterBenchmark("call/transfer/created_null", BM_Transfer,
+                               std::string("call/transfer/created_null"), false)->Iterations(20000);
+  benchmark::RegisterBenchmark("call/transfer/created_created", BM_Transfer,
+                               std::string("call/transfer/created_created"), true)->Iterations(20000);
+
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
 
@@ -1001,6 +1195,8 @@ int main(int argc, char **argv) {
                 Ratio(shared_key, vram_key, "%.4f").c_str());
   else
     std::printf("bench_cuda: kernel read: skipped: %s\n", kernel_off.c_str());
+  for (const auto &l : call_lines)
+    std::printf("bench_cuda: %s: %s\n", l.first.c_str(), PerCall(l.second).c_str());
   CloseDevice();
   if (g_failures) {
     std::printf("bench_cuda: %d failure(s), see above\n", g_failures);

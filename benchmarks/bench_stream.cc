@@ -33,12 +33,14 @@ using GetStatsFn = void (*)(FakeStats *);
 using HoldEventsFn = void (*)(int);
 using CompleteEventsFn = void (*)();
 using StreamCreateFn = void *(*)();
+using CallsOfFn = uint64_t (*)(const char *);
 
 struct Driver {
   GetStatsFn get_stats = nullptr;       // the double's counters; null on a real driver
   HoldEventsFn hold_events = nullptr;   // keep every recorded event pending
   CompleteEventsFn complete_events = nullptr;  // release the held ones (before destroy waits)
   StreamCreateFn stream_create = nullptr;
+  CallsOfFn calls_of = nullptr;         // the double's per-entry-point counter
 };
 
 Driver &Drv() {
@@ -50,6 +52,7 @@ Driver &Drv() {
       x.hold_events = reinterpret_cast<HoldEventsFn>(dlsym(lib, "fake_cuda_hold_events"));
       x.complete_events = reinterpret_cast<CompleteEventsFn>(dlsym(lib, "fake_cuda_complete_events"));
       x.stream_create = reinterpret_cast<StreamCreateFn>(dlsym(lib, "fake_cuda_stream_create"));
+      x.calls_of = reinterpret_cast<CallsOfFn>(dlsym(lib, "fake_cuda_calls"));
     }
     return x;
   }();
@@ -123,24 +126,40 @@ void BM_PairPerThreadStream(benchmark::State &state) {
   PairsOn(state, reinterpret_cast<void *>(static_cast<uintptr_t>(0x2)));  // CU_STREAM_PER_THREAD
 }
 
+// The entry points a transfer may call, counted one by one (the double's
+// per-entry counter) beside the total.
+const char *const kTransferCalls[] = {"cuStreamIsCapturing", "cuEventRecord", "cuStreamWaitEvent",
+                                      "cuStreamGetFlags"};
+constexpr size_t kNTransferCalls = sizeof kTransferCalls / sizeof kTransferCalls[0];
+
+void CountEach(uint64_t *out) {
+  for (size_t i = 0; i < kNTransferCalls; i++)
+    out[i] = Drv().calls_of ? Drv().calls_of(kTransferCalls[i]) : 0;
+}
+
 // One block fills the budget; allocations alternate between two streams, so
 // every one after the first takes the block from the other stream's cache.
+// range(0): 0 = a created (blocking) stream and the legacy NULL stream,
+// 1 = two created blocking streams.
 void BM_CrossStreamTransfer(benchmark::State &state) {
   sgm_context *ctx = MakeContext("4MiB", false);
   void *a = MakeStream();
-  if (!ctx || !a) {
+  void *b = state.range(0) ? MakeStream() : nullptr;
+  if (!ctx || !a || (state.range(0) && !b)) {
     state.SkipWithError(ctx ? "needs the driver double's streams" : sgm_last_error());
     if (ctx) sgm_context_destroy(ctx);
     return;
   }
   // Nothing is held: the double's queues would grow without end. The blocks
   // still move only by transfer (sgm never asks whether A is done first).
-  void *streams[2] = {a, nullptr};
+  void *streams[2] = {a, b};
   void *warm = sgm_alloc(ctx, 4 << 20, a);
   sgm_free(ctx, warm, a);
-  warm = sgm_alloc(ctx, 4 << 20, nullptr);  // the first transfer also creates the pooled event
-  sgm_free(ctx, warm, nullptr);
+  warm = sgm_alloc(ctx, 4 << 20, b);  // the first transfer also creates the pooled event
+  sgm_free(ctx, warm, b);
   uint64_t before = Calls();
+  uint64_t each_before[kNTransferCalls], each_after[kNTransferCalls];
+  CountEach(each_before);
   uint64_t k = 0;
   for (auto _ : state) {
     void *s = streams[k++ & 1];
@@ -151,7 +170,12 @@ void BM_CrossStreamTransfer(benchmark::State &state) {
     }
     sgm_free(ctx, p, s);
   }
-  ReportCalls(state, Calls() - before, static_cast<double>(state.iterations()));
+  double n = static_cast<double>(state.iterations());
+  ReportCalls(state, Calls() - before, n);
+  CountEach(each_after);
+  if (Drv().calls_of)
+    for (size_t i = 0; i < kNTransferCalls; i++)
+      state.counters[kTransferCalls[i]] = static_cast<double>(each_after[i] - each_before[i]) / n;
   sgm_context_destroy(ctx);
 }
 
@@ -188,7 +212,7 @@ void BM_PairWithPending(benchmark::State &state) {
 BENCHMARK(BM_PairCreatedStream);
 BENCHMARK(BM_PairNullStream);
 BENCHMARK(BM_PairPerThreadStream);
-BENCHMARK(BM_CrossStreamTransfer);
+BENCHMARK(BM_CrossStreamTransfer)->Arg(0)->Arg(1);
 BENCHMARK(BM_PairWithPending)->Arg(0)->Arg(10000);
 
 }  // namespace

@@ -17,281 +17,22 @@
 //    trace, its geometric mean and maximum, mean ns per event.
 //
 // Usage: bench_suballoc [--traces=DIR] [Google Benchmark flags]. DIR defaults
-// to SGM_TRACES_DEFAULT; without it the trace benchmarks are skipped.
-#include <benchmark/benchmark.h>
-#include <jemalloc/jemalloc.h>
-
+// to SGM_TRACES_DEFAULT; without it the trace benchmarks are skipped. The
+// bodies live in common/suballoc.cc (sgm-bench runs them too).
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <vector>
 
-extern "C" {
-#include "sgm.h"
-#include "sgm/vblock.h"
-}
+#include "bodies.h"
 
 #ifndef SGM_TRACES_DEFAULT
 #define SGM_TRACES_DEFAULT "../shared/traces"
 #endif
 
-namespace {
-
-inline uint64_t AlignUp(uint64_t x, uint64_t a) { return (x + a - 1) & ~(a - 1); }
-
-// ---------------------------------------------------------------------------
-// Churn.
-
-constexpr size_t kLive = 10000;    // live blocks in the steady state
-constexpr uint64_t kAlign = 256;   // device block alignment
-constexpr int kSizeSteps = 4096;   // log-uniform size table: 256 steps per power of two
-constexpr double kMinSize = 256.0, kMaxSize = 16.0 * 1024 * 1024;
-
-// The workload is generated as it runs (a precomputed pattern would either
-// evict the allocator's metadata from the caches or, if short, repeat and
-// turn every pair into "free a block, allocate the same size again").
-struct Workload {
-  std::vector<uint64_t> size_table;  // kSizeSteps sizes, log-uniform kMinSize..kMaxSize
-  uint64_t capacity_bytes;           // 2 x the expected live bytes (kLive x mean size)
-  uint64_t rng = 0x5EED5EED12345ull; // xorshift64 state
-
-  Workload() : size_table(kSizeSteps) {
-    for (int i = 0; i < kSizeSteps; i++)
-      size_table[i] = static_cast<uint64_t>(
-          std::exp(std::log(kMinSize) + (i + 0.5) / kSizeSteps * (std::log(kMaxSize) - std::log(kMinSize))));
-    double mean = 0;
-    for (uint64_t x : size_table) mean += static_cast<double>(AlignUp(x, kAlign));
-    mean /= kSizeSteps;
-    capacity_bytes = AlignUp(static_cast<uint64_t>(2.0 * kLive * mean), kAlign);
-  }
-  // One pair: the live slot to free and the size to allocate in its place.
-  inline void Next(uint32_t *victim, uint64_t *size) {
-    uint64_t x = rng;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    rng = x;
-    *victim = static_cast<uint32_t>(((x >> 32) * kLive) >> 32);
-    *size = size_table[x & (kSizeSteps - 1)];
-  }
-};
-
-void BM_ChurnSuballoc(benchmark::State &state) {
-  Workload wl;
-  sgm_vblock *vb = nullptr;
-  if (sgm_vblock_create(0, wl.capacity_bytes, kAlign, &vb) != SGM_OK) {
-    state.SkipWithError(sgm_last_error());
-    return;
-  }
-  std::vector<uint64_t> live(kLive);
-  uint64_t size;
-  uint32_t v;
-  for (size_t i = 0; i < kLive; i++) {
-    wl.Next(&v, &size);
-    if (sgm_vblock_alloc(vb, size, 0, &live[i]) != SGM_OK) std::abort();
-  }
-  // Warm up into the steady state (the free-block population settles).
-  for (size_t i = 0; i < 20 * kLive; i++) {
-    wl.Next(&v, &size);
-    sgm_vblock_free(vb, live[v]);
-    if (sgm_vblock_alloc(vb, size, 0, &live[v]) != SGM_OK) std::abort();
-  }
-  bool ok = true;
-  for (auto _ : state) {
-    wl.Next(&v, &size);
-    sgm_vblock_free(vb, live[v]);
-    ok &= sgm_vblock_alloc(vb, size, 0, &live[v]) == SGM_OK;
-  }
-  if (!ok) state.SkipWithError("an allocation failed: capacity too small");
-  sgm_vblock_stats st;
-  sgm_vblock_get_stats(vb, &st);
-  state.counters["pairs"] = static_cast<double>(state.iterations());
-  state.counters["live"] = static_cast<double>(st.n_allocations);
-  state.counters["free_blocks"] = static_cast<double>(st.n_free_ranges);
-  state.counters["used_GiB"] = static_cast<double>(st.used_bytes) / (1 << 30);
-  state.counters["capacity_GiB"] = static_cast<double>(st.size_bytes) / (1 << 30);
-  state.counters["largest_free_MiB"] = static_cast<double>(st.largest_free_bytes) / (1 << 20);
-  sgm_vblock_destroy(vb);
-}
-
-void BM_ChurnJemalloc(benchmark::State &state) {
-  Workload wl;
-  const int flags = MALLOCX_ALIGN(kAlign);
-  std::vector<void *> live(kLive);
-  uint64_t size;
-  uint32_t v;
-  for (size_t i = 0; i < kLive; i++) {
-    wl.Next(&v, &size);
-    live[i] = mallocx(size, flags);
-  }
-  for (size_t i = 0; i < 20 * kLive; i++) {
-    wl.Next(&v, &size);
-    dallocx(live[v], flags);
-    live[v] = mallocx(size, flags);
-  }
-  bool ok = true;
-  for (auto _ : state) {
-    wl.Next(&v, &size);
-    dallocx(live[v], flags);
-    live[v] = mallocx(size, flags);
-    ok &= live[v] != nullptr;
-  }
-  if (!ok) state.SkipWithError("mallocx failed");
-  state.counters["pairs"] = static_cast<double>(state.iterations());
-  for (void *x : live) dallocx(x, flags);
-}
-
-// ---------------------------------------------------------------------------
-// MiniMalloc replay.
-
-struct Event {
-  uint64_t time;  // logical time
-  int kind;       // 0 = free (sorts first at equal time), 1 = alloc
-  uint32_t id;    // buffer id (index into Trace::sizes)
-};
-
-struct Trace {
-  std::string name;            // "A" .. "K"
-  std::vector<Event> events;   // sorted replay order
-  std::vector<uint64_t> sizes; // bytes, by buffer index
-  uint64_t peak_bytes = 0;     // peak live bytes
-  uint64_t total_bytes = 0;    // sum of all sizes: a capacity that always works
-  double fragmentation = 0;    // min capacity / peak (filled at start)
-  uint64_t min_capacity = 0;   // bytes: the smallest capacity found
-  double ns_per_event = 0;     // sub-allocator replay time per event (last run)
-};
-
-bool LoadTrace(const std::string &path, const std::string &name, Trace *t) {
-  std::ifstream in(path);
-  if (!in) return false;
-  std::string line;
-  std::getline(in, line);  // header: id,lower,upper,size
-  t->name = name;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    unsigned long long id, lower, upper, size;
-    if (std::sscanf(line.c_str(), "%llu,%llu,%llu,%llu", &id, &lower, &upper, &size) != 4) {
-      std::fprintf(stderr, "bench_suballoc: %s: bad line '%s'\n", path.c_str(), line.c_str());
-      return false;
-    }
-    uint32_t idx = static_cast<uint32_t>(t->sizes.size());
-    t->sizes.push_back(size);
-    t->total_bytes += size;
-    t->events.push_back({upper, 0, idx});
-    t->events.push_back({lower, 1, idx});
-  }
-  // By time, frees before allocs; file order (buffer index) among equals.
-  std::sort(t->events.begin(), t->events.end(), [](const Event &a, const Event &b) {
-    if (a.time != b.time) return a.time < b.time;
-    if (a.kind != b.kind) return a.kind < b.kind;
-    return a.id < b.id;
-  });
-  uint64_t live = 0;
-  for (const Event &e : t->events) {
-    if (e.kind) {
-      live += t->sizes[e.id];
-      t->peak_bytes = std::max(t->peak_bytes, live);
-    } else {
-      live -= t->sizes[e.id];
-    }
-  }
-  return !t->events.empty();
-}
-
-// Replay into a fresh allocator with one range [0, capacity); true when every
-// allocation fits. offsets: scratch, one per buffer.
-bool Replay(const Trace &t, uint64_t capacity, std::vector<uint64_t> &offsets) {
-  sgm_vblock *vb = nullptr;
-  if (sgm_vblock_create(0, capacity, 1, &vb) != SGM_OK) std::abort();
-  bool ok = true;
-  for (const Event &e : t.events) {
-    if (e.kind) {
-      if (sgm_vblock_alloc(vb, t.sizes[e.id], 0, &offsets[e.id]) != SGM_OK) {
-        ok = false;
-        break;
-      }
-    } else if (sgm_vblock_free(vb, offsets[e.id]) != SGM_OK) {
-      std::abort();
-    }
-  }
-  sgm_vblock_destroy(vb);
-  return ok;
-}
-
-void Measure(Trace *t) {
-  std::vector<uint64_t> offsets(t->sizes.size());
-  uint64_t lo = t->peak_bytes, hi = t->total_bytes;
-  if (!Replay(*t, hi, offsets)) std::abort();
-  while (lo < hi) {
-    uint64_t mid = lo + (hi - lo) / 2;
-    if (Replay(*t, mid, offsets))
-      hi = mid;
-    else
-      lo = mid + 1;
-  }
-  t->min_capacity = lo;
-  t->fragmentation = static_cast<double>(lo) / static_cast<double>(t->peak_bytes);
-}
-
-void BM_ReplaySuballoc(benchmark::State &state, Trace *t) {
-  // One allocator for every iteration: a replay frees everything it
-  // allocates, so each one starts from the same single free block and the
-  // timing holds the operations only, not create/destroy.
-  std::vector<uint64_t> offsets(t->sizes.size());
-  sgm_vblock *vb = nullptr;
-  if (sgm_vblock_create(0, t->min_capacity, 1, &vb) != SGM_OK) {
-    state.SkipWithError(sgm_last_error());
-    return;
-  }
-  bool ok = true;
-  auto t0 = std::chrono::steady_clock::now();
-  for (auto _ : state) {
-    for (const Event &e : t->events) {
-      if (e.kind)
-        ok &= sgm_vblock_alloc(vb, t->sizes[e.id], 0, &offsets[e.id]) == SGM_OK;
-      else
-        sgm_vblock_free(vb, offsets[e.id]);
-    }
-  }
-  double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
-  sgm_vblock_stats st;
-  sgm_vblock_get_stats(vb, &st);
-  if (!ok || st.n_allocations != 0 || st.n_free_ranges != 1)
-    state.SkipWithError("the replay failed at its minimum capacity or left blocks behind");
-  sgm_vblock_destroy(vb);
-  double events = static_cast<double>(t->events.size());
-  state.counters["frag"] = t->fragmentation;
-  state.counters["events"] = events;
-  t->ns_per_event = ns / (events * static_cast<double>(state.iterations()));
-  state.counters["ns/event"] = t->ns_per_event;
-  state.counters["peak_KiB"] = static_cast<double>(t->peak_bytes) / 1024;
-}
-
-void BM_ReplayJemalloc(benchmark::State &state, const Trace *t) {
-  std::vector<void *> ptrs(t->sizes.size());
-  auto t0 = std::chrono::steady_clock::now();
-  for (auto _ : state) {
-    for (const Event &e : t->events) {
-      if (e.kind)
-        ptrs[e.id] = mallocx(t->sizes[e.id], 0);
-      else
-        dallocx(ptrs[e.id], 0);
-    }
-    benchmark::ClobberMemory();
-  }
-  double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
-  double events = static_cast<double>(t->events.size());
-  state.counters["events"] = events;
-  state.counters["ns/event"] = ns / (events * static_cast<double>(state.iterations()));
-}
-
-}  // namespace
+using namespace sgm_bench;
 
 BENCHMARK(BM_ChurnSuballoc)->Repetitions(5)->ReportAggregatesOnly(true)->MinTime(0.3);
 BENCHMARK(BM_ChurnJemalloc)->Repetitions(5)->ReportAggregatesOnly(true)->MinTime(0.3);
@@ -309,17 +50,12 @@ int main(int argc, char **argv) {
   argc = w;
   argv[argc] = nullptr;
 
-  static std::vector<Trace> traces;
-  for (char c = 'A'; c <= 'K'; c++) {
-    std::string name(1, c);
-    Trace t;
-    if (LoadTrace(dir + "/minimalloc/" + name + ".1048576.csv", name, &t)) traces.push_back(std::move(t));
-  }
+  static std::vector<MiniTrace> traces = MiniLoadAll(dir);
   if (traces.empty())
     std::printf("bench_suballoc: no MiniMalloc traces under %s/minimalloc: skipping the trace "
                 "benchmarks (pass --traces=DIR)\n", dir.c_str());
-  for (Trace &t : traces) {
-    Measure(&t);
+  for (MiniTrace &t : traces) {
+    MiniMeasure(&t);
     benchmark::RegisterBenchmark(("BM_ReplaySuballoc/" + t.name).c_str(), BM_ReplaySuballoc, &t)
         ->MinTime(0.05);
     benchmark::RegisterBenchmark(("BM_ReplayJemalloc/" + t.name).c_str(), BM_ReplayJemalloc, &t)
@@ -335,7 +71,7 @@ int main(int argc, char **argv) {
     double log_sum = 0, worst = 0, ns_sum = 0;
     std::string per;
     char buf[64];
-    for (const Trace &t : traces) {
+    for (const MiniTrace &t : traces) {
       ns_sum += t.ns_per_event;
       log_sum += std::log(t.fragmentation);
       worst = std::max(worst, t.fragmentation);

@@ -14,11 +14,17 @@
  *
  * Runs on a real GPU when SGM_BACKEND=cuda; without SGM_BACKEND set it uses
  * SGM_BACKEND=auto, which says when it falls back to the emulated device.
+ *
+ * --plot out.png: samples its own sgm_get_stats at every step into out.csv
+ * (docs/record-format.md, the format of sgm-smi --record) and then draws it
+ * with `python3 -m sgm.plot` (SGM_PYTHON names another interpreter).
  */
-#define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp */
+#define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp, clock_gettime */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "sgm.h"
@@ -30,7 +36,10 @@ static void fmt(uint64_t b, char *out, size_t n) {
   else snprintf(out, n, "%.1f MiB", (double)b / (double)MiB);
 }
 
+static void record_sample(sgm_context *ctx);
+
 static void task_manager(sgm_context *ctx, const char *moment) {
+  record_sample(ctx);
   sgm_stats st;
   if (sgm_get_stats(ctx, &st) != SGM_OK) return;
   const sgm_tier_stats *v = &st.tier[SGM_TIER_VRAM], *sh = &st.tier[SGM_TIER_SHARED];
@@ -44,6 +53,122 @@ static void task_manager(sgm_context *ctx, const char *moment) {
   printf("  %-20s Dedicated GPU memory %10s / %-10s (committed %10s, %2llu chunks)\n", moment, used,
          budget, comm, (unsigned long long)v->n_chunks);
   printf("  %-20s Shared GPU memory    %10s / %-10s (committed %10s)\n", "", sused, sbudget, scomm);
+}
+
+/* ---- --plot: a record of this process's memory over time ---- */
+
+static FILE *rec_file;          /* the CSV being written; NULL without --plot */
+static double rec_start_s;      /* CLOCK_MONOTONIC at the start of the record */
+static uint64_t rec_fallbacks;  /* fallbacks of the contexts already destroyed */
+static uint64_t rec_evictions;  /* evictions of the contexts already destroyed */
+static char rec_device[64] = "emu0"; /* the last context's backend and device */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static uint64_t evictions_of(const sgm_stats *st) {
+  uint64_t n = 0;
+  for (int t = 0; t < SGM_TIER_COUNT; t++) n += st->tier[t].n_evictions;
+  return n;
+}
+
+/* One row for this process: ctx's counters now, or zeros (ctx NULL: no context live). */
+static void record_sample(sgm_context *ctx) {
+  if (!rec_file) return;
+  sgm_stats st;
+  memset(&st, 0, sizeof st);
+  if (ctx) {
+    if (sgm_get_stats(ctx, &st) != SGM_OK) return;
+    snprintf(rec_device, sizeof rec_device, "%s%d", sgm_context_backend(ctx),
+             sgm_context_config(ctx)->device);
+  }
+  const sgm_tier_stats *v = &st.tier[SGM_TIER_VRAM], *sh = &st.tier[SGM_TIER_SHARED];
+  /* The node's cap on shared GPU memory, as Windows sets it: max(RAM / 2, 64 MiB). */
+  uint64_t cap = st.physical_ram_bytes / 2 > 64 * MiB ? st.physical_ram_bytes / 2 : 64 * MiB;
+  fprintf(rec_file, "%.3f,%s,%ld,sgm-demo,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu\n",
+          now_s() - rec_start_s, rec_device, (long)getpid(), (unsigned long long)v->used_bytes,
+          (unsigned long long)v->budget_bytes, (unsigned long long)sh->used_bytes,
+          (unsigned long long)sh->budget_bytes,
+          (unsigned long long)st.tier[SGM_TIER_DISK].used_bytes,
+          (unsigned long long)v->peak_used_bytes, (unsigned long long)(rec_fallbacks + st.n_fallbacks),
+          (unsigned long long)(rec_evictions + evictions_of(&st)),
+          (unsigned long long)st.device_total_bytes, (unsigned long long)(ctx ? cap : 0));
+}
+
+/* Destroy a context, keeping its cumulative counts in the record. */
+static void destroy_recorded(sgm_context *ctx) {
+  sgm_stats st;
+  if (rec_file && sgm_get_stats(ctx, &st) == SGM_OK) {
+    record_sample(ctx);
+    rec_fallbacks += st.n_fallbacks;
+    rec_evictions += evictions_of(&st);
+  }
+  sgm_context_destroy(ctx);
+  record_sample(NULL);
+}
+
+/* Run argv (argv[0] looked up in PATH); its exit status, 127 if it could not start. */
+static int run_command(char *const argv[], int quiet) {
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid < 0) return 127;
+  if (pid == 0) {
+    if (quiet) {
+      if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) _exit(127);
+    }
+    execvp(argv[0], argv);
+    _exit(127);
+  }
+  int status = 0;
+  if (waitpid(pid, &status, 0) < 0) return 127;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+/* The interpreter --plot runs: $SGM_PYTHON, else python3 from PATH. */
+static const char *plot_python(void) {
+  return getenv("SGM_PYTHON") ? getenv("SGM_PYTHON") : "python3";
+}
+
+/* Before the run: can the interpreter import sgm.plot and matplotlib? Says
+ * what is missing and returns nonzero when not, so no run is wasted. */
+static int plot_check(void) {
+  const char *py = plot_python();
+#ifdef SGM_SOURCE_PYTHON_DIR
+  /* A build tree: the package next to the sources, when no installed one answers. */
+  char *check[] = {(char *)py, "-c", "import sgm.plot", NULL};
+  if (run_command(check, 1) == 1 && access(SGM_SOURCE_PYTHON_DIR "/sgm/plot.py", R_OK) == 0) {
+    const char *old = getenv("PYTHONPATH");
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s%s%s", SGM_SOURCE_PYTHON_DIR, old && *old ? ":" : "",
+             old ? old : "");
+    setenv("PYTHONPATH", buf, 1);
+  }
+#endif
+  char *probe[] = {(char *)py, "-c", "import sgm.plot, matplotlib", NULL};
+  int rc = run_command(probe, 1);
+  if (rc == 127) {
+    fprintf(stderr, "demo: --plot: cannot run %s (install python3, or name an interpreter in "
+            "SGM_PYTHON)\n", py);
+  } else if (rc != 0) {
+    fprintf(stderr, "demo: --plot: %s cannot import the sgm package and matplotlib (matplotlib: "
+            "apt-get install python3-matplotlib; the package: cmake --install, or "
+            "PYTHONPATH=<sgm source>/python)\n", py);
+  }
+  return rc;
+}
+
+/* Draw the record with python3 -m sgm.plot; 0 when the PNG was written. */
+static int plot(const char *csv, const char *png) {
+  const char *py = plot_python();
+  char *cmd[] = {(char *)py, "-m", "sgm.plot", (char *)csv, "-o", (char *)png, "--title",
+                 "sgm-demo: dedicated, shared GPU memory and disk over the demo's run", NULL};
+  int rc = run_command(cmd, 0);
+  if (rc != 0) fprintf(stderr, "demo: --plot: %s -m sgm.plot failed (exit %d); the samples are in %s\n",
+                       py, rc, csv);
+  return rc != 0;
 }
 
 /* xorshift: a fixed seed so every run tells the same story. */
@@ -105,6 +230,7 @@ static int run(const char *mode, int growth) {
     }
     void *ws = sgm_alloc(ctx, rnd(256, 64 * 1024), NULL);
     sgm_free(ctx, ws, NULL);
+    record_sample(ctx);
     if (step == 4) task_manager(ctx, "step 5 of 10");
   }
   task_manager(ctx, "after 10 steps");
@@ -127,7 +253,7 @@ static int run(const char *mode, int growth) {
   int x;
   sgm_free_ex(ctx, &x, NULL);
   printf("  freeing a pointer sgm did not hand out:\n    -> %s\n", sgm_last_error());
-  sgm_context_destroy(ctx);
+  destroy_recorded(ctx);
   return wrong_tier;
 }
 
@@ -155,6 +281,8 @@ static void tier_line(const char *name, const sgm_tier_stats *t) {
          used, budget, in, out, (unsigned long long)t->n_evictions, (unsigned long long)t->n_live);
 }
 
+static sgm_context *rec_ctx; /* the oversubscription's context, for touch()'s samples */
+
 static int touch(sgm_buffer *b, unsigned *hits) {
   void *d = NULL;
   sgm_tier before = sgm_buffer_tier(b);
@@ -164,7 +292,9 @@ static int touch(sgm_buffer *b, unsigned *hits) {
   }
   /* ... a kernel would run on d here ... */
   *hits += before == SGM_TIER_VRAM;
-  return sgm_buffer_release(b, NULL) != SGM_OK;
+  int rc = sgm_buffer_release(b, NULL) != SGM_OK;
+  record_sample(rec_ctx);
+  return rc;
 }
 
 static int oversubscribe(void) {
@@ -197,6 +327,7 @@ static int oversubscribe(void) {
          "spill to %s ==\n", sgm_context_backend(ctx), b3, N_LAYERS + N_KV, b1, b2,
          sgm_context_config(ctx)->spill_dir);
 
+  rec_ctx = ctx;
   sgm_buffer *layer[N_LAYERS], *kv[N_KV];
   unsigned char *tmp = malloc(blk), *back = malloc(blk);
   int rc = 0;
@@ -211,6 +342,7 @@ static int oversubscribe(void) {
     if (i >= N_LAYERS && i - N_LAYERS < 4) sgm_buffer_set_priority(*b, SGM_PRIORITY_HIGH);
     fill(tmp, blk, (uint64_t)i);
     rc = sgm_buffer_write(*b, 0, tmp, blk) != SGM_OK;
+    record_sample(ctx);
   }
   printf("  loaded: %d buffers written\n", N_LAYERS + N_KV);
 
@@ -265,12 +397,41 @@ static int oversubscribe(void) {
          bad || rc ? "FAILED" : "all bytes intact", N_LAYERS + N_KV);
   free(tmp);
   free(back);
-  sgm_context_destroy(ctx);
+  rec_ctx = NULL;
+  destroy_recorded(ctx);
   if (dir[0]) rmdir(dir);
   return rc || bad;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  const char *png = NULL;
+  char csv[4096];
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--plot") == 0 && i + 1 < argc) {
+      png = argv[++i];
+    } else {
+      fprintf(stderr, "usage: %s [--plot out.png]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (png) {
+    if (plot_check() != 0) return 2;
+    /* out.png -> out.csv next to it. */
+    size_t n = strlen(png);
+    int dot = n > 4 && strcmp(png + n - 4, ".png") == 0;
+    if (snprintf(csv, sizeof csv, "%.*s.csv", (int)(dot ? n - 4 : n), png) >= (int)sizeof csv) {
+      fprintf(stderr, "demo: --plot: path too long\n");
+      return 2;
+    }
+    rec_file = fopen(csv, "w");
+    if (!rec_file) {
+      perror(csv);
+      return 2;
+    }
+    fprintf(rec_file, "time_s,device,pid,name,vram_used,vram_budget,shared_used,shared_budget,"
+            "disk_used,vram_peak,fallbacks,evictions,device_total,shared_cap\n");
+    rec_start_s = now_s();
+  }
   /* The emulated device is never chosen silently: auto says when it is used. */
   setenv("SGM_BACKEND", "auto", 0);
   printf("sgm demo: dedicated and shared GPU memory as the Windows Task Manager shows them\n");
@@ -278,5 +439,14 @@ int main(void) {
   rc |= run("reserve mode (SGM_ALLOW_GROWTH=0: the whole budget taken at create)", 0);
   rc |= oversubscribe();
   printf("\n%s\n", rc ? "demo FAILED" : "demo done");
+  if (png) {
+    int bad = fclose(rec_file) != 0;
+    rec_file = NULL;
+    if (bad) {
+      perror(csv);
+      return 1;
+    }
+    rc |= plot(csv, png);
+  }
   return rc;
 }

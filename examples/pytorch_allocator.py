@@ -1,116 +1,73 @@
 #!/usr/bin/env python3
 """PyTorch on sgm: tensors beyond the VRAM budget land in shared GPU memory.
 
-Routes every CUDA allocation PyTorch makes through libsgm.so (PyTorch's
-CUDAPluggableAllocator calling sgm_torch_malloc / sgm_torch_free), allocates
-int32 tensors worth 1.5x the VRAM budget (SGM_VRAM_LIMIT, 1GiB unless set),
-computes x*2+1 and a sum on each, checks the results against the CPU, and
-prints where the bytes landed and sgm's statistics.
+sgm.torch.use() routes every CUDA allocation PyTorch makes through libsgm.so;
+the script allocates int32 tensors worth 1.5x the VRAM budget (SGM_VRAM_LIMIT,
+1GiB unless set), computes x*2+1 and a sum on each, checks them against the
+CPU, and prints where the bytes landed and sgm's statistics.
 
     python3 examples/pytorch_allocator.py [path/to/libsgm.so]
 
-libsgm.so: argv[1], else $SGM_LIB, else ../build/release/lib/libsgm.so next to
-this script, else the loader's search path (LD_LIBRARY_PATH, ldconfig).
-
-Needs an NVIDIA GPU and PyTorch 2.0 or newer; without them it prints
-"no GPU: skipping" and exits 0.
-
-Note: PyTorch does not check the allocator's result for NULL. When sgm cannot
-allocate, it prints one line to stderr saying why; the kernel that uses the
-tensor then fails. See docs/frameworks.md.
+The sgm package: installed (cmake --install), or PYTHONPATH=<source>/python.
+libsgm.so: argv[1], else as the package finds it (docs/python.md). Needs an
+NVIDIA GPU and PyTorch 2.0 or newer; without them it prints "no GPU: skipping"
+and exits 0. PyTorch does not check the allocator's result for NULL: when sgm
+cannot allocate, it prints one line to stderr saying why (docs/frameworks.md).
 """
-import json
 import os
 import sys
 
-from sgm_ctypes import MiB, TIERS, find_lib, load_sgm, skip, stats, task_manager, work_plan
+MiB = 1 << 20
+if len(sys.argv) > 1:
+    os.environ["SGM_LIBRARY"] = os.path.abspath(sys.argv[1])
+import sgm  # noqa: E402
+import sgm.torch  # noqa: E402
 
 
 def main():
     try:
-        import torch
-    except ImportError:
-        skip("PyTorch is not installed")
-    if not torch.cuda.is_available():
-        skip("torch.cuda.is_available() is False")
-    if not hasattr(torch.cuda.memory, "CUDAPluggableAllocator"):
-        print(f"PyTorch {torch.__version__} has no CUDAPluggableAllocator: 2.0 or newer is needed",
-              file=sys.stderr)
-        return 1
-    try:
-        import numpy as np
-    except ImportError:
-        np = None
+        sgm.torch.use(vram_limit=os.environ.get("SGM_VRAM_LIMIT", "1GiB"))
+    except sgm.UnsupportedError as e:
+        print(f"no GPU: skipping ({e.message})")
+        return 0
+    import torch
+    print(f"PyTorch {torch.__version__}: CUDA allocations go through {sgm.library_path()}")
 
-    # Before libsgm.so reads its environment (the first hook call).
-    os.environ.setdefault("SGM_VRAM_LIMIT", "1GiB")
-    if os.environ.get("SGM_BACKEND", "cuda") != "cuda":
-        print(f"SGM_BACKEND={os.environ['SGM_BACKEND']} cannot serve PyTorch's kernels: using cuda")
-    os.environ["SGM_BACKEND"] = "cuda"
-
-    path = find_lib()
-    lib = load_sgm(path)
-    # Before any CUDA allocation: PyTorch refuses to swap an allocator in use.
-    # The same path as the ctypes handle, so both see one libsgm.so instance.
-    allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "sgm_torch_malloc", "sgm_torch_free")
-    torch.cuda.memory.change_current_allocator(allocator)
-    print(f"PyTorch {torch.__version__}: CUDA allocations go through {path}")
-
-    device = 0
-    torch.cuda.set_device(device)
-    ctx = lib.sgm_hook_context(device)  # sgm printed why if this is NULL
-    if not ctx:
-        return 1
-    budget = stats(lib, ctx)["tiers"]["vram"]["budget_bytes"]
-    block, n_blocks, n = work_plan(budget)
-    print(f"VRAM budget {budget / MiB:.1f} MiB: {n_blocks} int32 tensors of {block / MiB:.1f} MiB "
-          f"= 1.5x the budget")
-
-    tensors = []
-    for i in range(n_blocks):
-        x = torch.arange(n, dtype=torch.int32, device=f"cuda:{device}")
-        x.remainder_(1024).add_(i)
+    budget = sgm.torch.stats(0)["sgm.tiers.vram.budget_bytes"]
+    n = (budget // 8) // 4          # int32 elements per tensor: 1/8 of the budget
+    count = 12                      # 12 x 1/8 = 1.5x the budget
+    print(f"VRAM budget {budget / MiB:.1f} MiB: {count} int32 tensors of {n * 4 / MiB:.1f} MiB")
+    tensors, landed = [], {}
+    for i in range(count):
+        x = torch.arange(n, dtype=torch.int32, device="cuda").remainder_(1024).add_(i)
         tensors.append(x)
-    landed = {}
     for x in tensors:
-        tier = TIERS.get(lib.sgm_pointer_tier(ctx, x.data_ptr()), "?")
-        landed[tier] = landed.get(tier, 0) + x.numel() * x.element_size()
-    print("where the bytes landed: " +
-          ", ".join(f"{k} {v / MiB:.1f} MiB" for k, v in sorted(landed.items())))
-    task_manager(stats(lib, ctx), "with all tensors live")
+        tier = sgm.torch.tier(x).name.lower()
+        landed[tier] = landed.get(tier, 0) + x.numel() * 4
+    print("where the bytes landed: " + ", ".join(f"{k} {v / MiB:.1f} MiB"
+                                                 for k, v in sorted(landed.items())))
 
-    # Compute on every tensor, VRAM and shared alike, and check against the CPU.
     ok = True
-    base = np.arange(n, dtype=np.int64) % 1024 if np is not None else None
+    base = torch.arange(n, dtype=torch.int64) % 1024
     for i, x in enumerate(tensors):
         x.mul_(2).add_(1)
-        got = int(x.sum(dtype=torch.int64).item())
-        if np is not None:
-            want_all = base + i
-            want_all = want_all * 2 + 1
-            want = int(want_all.sum())
-            head = x[:4096].cpu().numpy()
-            tail = x[-4096:].cpu().numpy()
-            same = (head == want_all[:4096]).all() and (tail == want_all[-4096:]).all()
-        else:
-            ref = (torch.arange(n, dtype=torch.int64) % 1024 + i) * 2 + 1
-            want = int(ref.sum())
-            same = torch.equal(x[:4096].cpu().to(torch.int64), ref[:4096])
-        if got != want or not same:
-            print(f"tensor {i}: sum {got}, CPU says {want}; elements match: {bool(same)}")
+        want = (base + i) * 2 + 1
+        if int(x.sum(dtype=torch.int64).item()) != int(want.sum()) or \
+                not torch.equal(x[-4096:].cpu().to(torch.int64), want[-4096:]):
+            print(f"tensor {i}: wrong result")
             ok = False
     torch.cuda.synchronize()
-    print(f"x*2+1 and sum on {n_blocks} tensors: {'match the CPU' if ok else 'MISMATCH'}")
-
-    st = stats(lib, ctx)
-    print("sgm stats:", json.dumps(st, indent=2))
+    print(f"x*2+1 and sum on {count} tensors: {'match the CPU' if ok else 'MISMATCH'}")
+    s = sgm.torch.stats(0)
+    print(f"allocated {s['allocated_bytes.all.current'] / MiB:.1f} MiB, reserved "
+          f"{s['reserved_bytes.all.current'] / MiB:.1f} MiB, fallbacks {s['sgm.n_fallbacks']}")
     del tensors, x
     torch.cuda.synchronize()
-    lib.sgm_torch_empty_cache()
-    task_manager(stats(lib, ctx), "after freeing the tensors and sgm_torch_empty_cache")
-    if landed.get("shared", 0) == 0:
-        print("nothing landed in shared GPU memory: is SGM_SHARED_FALLBACK off, or the budget "
-              "larger than expected?")
+    sgm.torch.empty_cache()
+    s = sgm.torch.stats(0)
+    print(f"after empty_cache: reserved {s['reserved_bytes.all.current'] / MiB:.1f} MiB")
+    if not landed.get("shared"):
+        print("nothing landed in shared GPU memory: is SGM_SHARED_FALLBACK off?")
         ok = False
     return 0 if ok else 1
 

@@ -366,6 +366,16 @@ SGM_API void sgm_torch_record_stream(void *ptr, void *stream);
 /* The hook context of a device (created on first use); NULL with the error set on failure. */
 SGM_API sgm_context *sgm_hook_context(int device);
 
+/* ---- Option names (for bindings that map their own option names onto the
+ * SGM_* variables, as the Python package does). ---- */
+
+/*
+ * The i-th SGM_* environment variable sgm_config_init() reads ("SGM_BACKEND",
+ * "SGM_VRAM_LIMIT", ...; docs/options.md lists them in this order), or NULL
+ * when i is past the last one. Constant strings; any thread.
+ */
+SGM_API const char *sgm_option_name(size_t i);
+
 #ifdef __cplusplus
 }
 #endif

@@ -778,6 +778,19 @@ static size_t edit_distance(const char *a, const char *b) {
   return prev[lb];
 }
 
+/* SGM_* variables read by sgm's tools, not by the library: never warned about. */
+static const char *const tool_variables[] = {
+    "SGM_TEST_SEED", /* the test suites' seed */
+    "SGM_LIBRARY",   /* the Python package: which libsgm.so to load (docs/python.md) */
+    "SGM_PYTHON",    /* sgm-demo --plot: the interpreter that runs sgm.plot */
+    NULL};
+
+static bool not_an_option(const char *name) {
+  for (const char *const *t = tool_variables; *t; t++)
+    if (strcmp(name, *t) == 0) return true;
+  return false;
+}
+
 /* Warn about SGM_* variables no row reads, naming the closest known one. */
 static void options_warn_unknown(int verbose) {
   if (verbose < 1) return;
@@ -789,7 +802,7 @@ static void options_warn_unknown(int verbose) {
     if (n >= sizeof name) n = sizeof name - 1;
     memcpy(name, *e, n);
     name[n] = '\0';
-    if (strcmp(name, "SGM_TEST_SEED") == 0) continue; /* the test suites' seed */
+    if (not_an_option(name)) continue;
     const sgm_option *best = NULL;
     size_t best_d = SIZE_MAX;
     for (size_t i = 0; i < N_OPTIONS; i++) {
@@ -894,4 +907,11 @@ int sgm__options_cuda_memory_limit(int device, uint64_t *out) {
   }
   *out = s.bytes; /* "0" reads as no cap, as HAMi does */
   return SGM_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Option names for bindings (sgm.h). */
+
+const char *sgm_option_name(size_t i) {
+  return i < N_OPTIONS ? option_rows[i].env : NULL;
 }

@@ -83,9 +83,18 @@
  *    wait, on the device, for the event's last recording; the host never
  *    waits. The event may be recorded again at once after the call.
  *  - Both refuse with SGM_ERR_BUSY (nothing recorded or waited) while their
- *    stream captures a CUDA graph: memory does not cross streams during a
- *    capture (CUDA: one cuStreamIsCapturing before each).
- *  - These three, with event_query/event_wait/event_destroy, are the only
+ *    stream captures a CUDA graph, or, for the legacy stream, while a blocking
+ *    stream captures (any work on it would invalidate that capture): memory
+ *    does not cross streams during a capture (CUDA: one cuStreamIsCapturing
+ *    before each).
+ *  - Transfers: stream_transfer(event, owner, taker) makes all work queued on
+ *    taker after the call wait, on the device, for all work queued on owner
+ *    before it; `event` is a pooled event it may record (and that may be
+ *    recorded again at once after the call). SGM_ERR_BUSY (nothing ordered)
+ *    while a capture makes that unsafe, as above. The CUDA backend uses the
+ *    legacy stream's implicit ordering where both streams are blocking: one
+ *    or two driver calls, four with a non-blocking stream (cuda.c).
+ *  - These four, with event_query/event_wait/event_destroy, are the only
  *    calls on sgm's steady allocation path, and that path makes none of them
  *    unless memory crosses from one stream to another: no backend-wide lock
  *    and no query of the current context is taken on the way.
@@ -193,6 +202,9 @@ typedef struct sgm_backend_ops {
   int (*event_create)(sgm_backend *be, void **event_out);
   int (*event_record_on)(sgm_backend *be, void *event, const sgm_stream_ref *stream);
   int (*stream_wait_event)(sgm_backend *be, const sgm_stream_ref *stream, void *event);
+  /* Cross-stream transfer: see "Transfers" in the contract above. */
+  int (*stream_transfer)(sgm_backend *be, void *event, const sgm_stream_ref *owner,
+                         const sgm_stream_ref *taker);
   /* ---- expandable VRAM: see "Expandable VRAM" above (issue 17). NULL vmm_granularity = none. */
   int (*vmm_granularity)(sgm_backend *be, uint64_t *bytes_out);
   int (*vmm_reserve)(sgm_backend *be, uint64_t bytes, void **range_out, sgm_devptr *base_out);

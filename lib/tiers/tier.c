@@ -1362,7 +1362,7 @@ int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *re
   }
   int rc = tier_carve(p, block, need, ref, &b);
   /* Reclaiming cached memory comes before anything moves or falls back:
-   * first other streams' caches through a device-side wait (two calls, no
+   * first other streams' caches through a device-side wait (one or two calls, no
    * host wait), then what the device has finished with (fences queried). */
   static const sgm_reclaim_mode order[] = {SGM_RECLAIM_TRANSFER, SGM_RECLAIM_QUERY};
   for (int k = 0; rc != SGM_OK && k < 2; k++) {
@@ -1697,8 +1697,8 @@ static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode) {
   return n_done;
 }
 
-/* Hand every other stream's cached blocks to taker: one event recorded on the
- * owner, waited on by the taker on the device. */
+/* Hand every other stream's cached blocks to taker, ordered on the device
+ * after the owner's work (the backend's stream_transfer: no host wait). */
 static size_t tier_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *taker) {
   size_t n_done = 0;
   sgm__lock_take(&p->lock);
@@ -1727,8 +1727,7 @@ static size_t tier_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *take
   for (size_t i = 0; i < n_jobs; i++) {
     tier_job *j = &jobs[i];
     void *ev = tier_event_get(p);
-    j->done = ev && p->p.bops->event_record_on(p->p.be, ev, &j->ref) == SGM_OK &&
-              p->p.bops->stream_wait_event(p->p.be, taker, ev) == SGM_OK;
+    j->done = ev && p->p.bops->stream_transfer(p->p.be, ev, &j->ref, taker) == SGM_OK;
     if (!j->done)
       sgm__log(p->p.verbose, 2, "%s: cannot order a stream after another (%s); their cached "
                "blocks stay apart", sgm_tier_name(p->p.tier), sgm_last_error());

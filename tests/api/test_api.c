@@ -55,6 +55,23 @@ static void test_names(void **state) {
   assert_string_equal(sgm_tier_name(SGM_TIER_NONE), "none");
 }
 
+/* Invariant: sgm_option_name lists distinct SGM_* names, the well-known ones
+ * among them, and ends with NULL (bindings validate option names with it). */
+static void test_option_names(void **state) {
+  (void)state;
+  size_t n = 0;
+  int seen_backend = 0, seen_vram_limit = 0;
+  for (const char *name; (name = sgm_option_name(n)) != NULL; n++) {
+    assert_true(strncmp(name, "SGM_", 4) == 0);
+    for (size_t j = 0; j < n; j++) assert_string_not_equal(name, sgm_option_name(j));
+    seen_backend |= strcmp(name, "SGM_BACKEND") == 0;
+    seen_vram_limit |= strcmp(name, "SGM_VRAM_LIMIT") == 0;
+  }
+  assert_true(n > 10);
+  assert_true(seen_backend && seen_vram_limit);
+  assert_null(sgm_option_name(n + 1000));
+}
+
 /* Invariant: alloc hands out distinct, 256-aligned VRAM pointers that free
  * returns; stats follow; NULL and 0 are handled as documented. */
 static void test_alloc_free(void **state) {
@@ -283,6 +300,7 @@ int main(void) {
       cmocka_unit_test(test_bad_env),       cmocka_unit_test(test_code_overrides_env),
       cmocka_unit_test(test_stats_json),    cmocka_unit_test(test_threads),
       cmocka_unit_test(test_fallback),
+      cmocka_unit_test(test_option_names),
   };
   return cmocka_run_group_tests_name("api", tests, NULL, NULL);
 }

@@ -18,7 +18,8 @@
 #   lib/                   libsgm.so and every shared library the binaries need
 #                          that is not in a base system (hwloc, numa, xxhash,
 #                          cmocka, Google Benchmark and their own dependencies)
-#   py/                    the Python examples and the GPU scripts of tests/gpu/
+#   py/                    the Python examples, the GPU scripts of tests/gpu/ and
+#                          the sgm package (py/sgm) they import
 #   MANIFEST               what was packed, from which commit, sizes
 # run.sh puts lib/ on LD_LIBRARY_PATH. The driver test double (a file named
 # libcuda.so.1) is never packed: the check must reach the real driver.
@@ -110,6 +111,9 @@ copy_deps() { # file
 for f in "$OUTDIR"/bin/* "$LIBSGM"; do copy_deps "$f"; done
 
 for f in "$REPO"/examples/*.py "$REPO"/tests/gpu/*.py; do cp "$f" "$OUTDIR/py/"; done
+# The sgm package next to the scripts (Python puts a script's folder on sys.path).
+mkdir -p "$OUTDIR/py/sgm"
+cp "$REPO"/python/sgm/*.py "$OUTDIR/py/sgm/"
 cp "$REPO/tests/gpu/run.sh" "$OUTDIR/run.sh"
 chmod +x "$OUTDIR/run.sh"
 strip --strip-unneeded "$OUTDIR"/bin/* "$OUTDIR"/lib/*.so* 2>/dev/null || true

@@ -7,10 +7,13 @@ sgm_torch_free), checked against the CPU.
 
 Prints "key: ..." on success; exits 1 (with the error) when the capture or a
 replay fails or gives a wrong sum, 77 without PyTorch or a GPU."""
+import os
 import sys
 import traceback
 
-from sgm_ctypes import find_lib, load_sgm
+if len(sys.argv) > 1:  # the bundle passes its libsgm.so; the sgm package lies next to this script
+    os.environ["SGM_LIBRARY"] = os.path.abspath(sys.argv[1])
+import sgm.torch  # noqa: E402
 
 
 def main():
@@ -22,10 +25,7 @@ def main():
     if not torch.cuda.is_available():
         print("no GPU: skipping (torch.cuda.is_available() is False)")
         return 77
-    path = find_lib()
-    load_sgm(path)
-    alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "sgm_torch_malloc", "sgm_torch_free")
-    torch.cuda.memory.change_current_allocator(alloc)
+    sgm.torch.use()
     n = 1 << 20
     x = torch.zeros(n, device="cuda", dtype=torch.float64)
     side = torch.cuda.Stream()

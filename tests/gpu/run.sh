@@ -124,7 +124,7 @@ step cupy 60 '1\.5x|landed|sgm' env SGM_VRAM_LIMIT="$LIMIT" SGM_VERBOSE=1 \
 step graph-capture 45 '^key:' "$PY" graph_capture.py "$LIBSGM"
 step two-streams 45 '^key:' env SGM_VRAM_LIMIT=$((512 * 1024 * 1024)) \
   "$PY" two_stream_stress.py "$LIBSGM"
-step bench-cuda 60 '^bench_cuda: (H2D|D2H|kernel)' env BENCH_CUDA_MAX_MIB=64 \
+step bench-cuda 60 '^bench_cuda: (H2D|D2H|kernel|pair|transfer)' env BENCH_CUDA_MAX_MIB=64 \
   "$BUNDLE/bin/bench_cuda" --benchmark_color=false --benchmark_min_time=0.05
 grep -E '^bench_cuda: ' "$OUT/bench-cuda.log" 2>/dev/null | sed 's/^/   | /'
 

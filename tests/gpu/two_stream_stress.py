@@ -16,7 +16,9 @@ import os
 import random
 import sys
 
-from sgm_ctypes import find_lib, load_sgm
+if len(sys.argv) > 1:  # the bundle passes its libsgm.so; the sgm package lies next to this script
+    os.environ["SGM_LIBRARY"] = os.path.abspath(sys.argv[1])
+import sgm.torch  # noqa: E402
 
 
 def main():
@@ -28,10 +30,7 @@ def main():
     if not torch.cuda.is_available():
         print("no GPU: skipping (torch.cuda.is_available() is False)")
         return 77
-    path = find_lib()
-    load_sgm(path)
-    alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "sgm_torch_malloc", "sgm_torch_free")
-    torch.cuda.memory.change_current_allocator(alloc)
+    sgm.torch.use()
     rounds = int(os.environ.get("STRESS_ROUNDS", "200"))
     seed = int(os.environ.get("STRESS_SEED", "1"))
     print(f"two_stream_stress: seed {seed}, {rounds} rounds")

@@ -196,6 +196,31 @@ static void test_buffer_release_during_capture(void **state) {
   destroy_ctx(ctx);
 }
 
+/* Invariant (the legacy stream during another stream's capture): while a
+ * blocking stream captures, any work on the legacy stream would invalidate
+ * that capture (STREAM_CAPTURE_IMPLICIT). Blocks cached on the legacy stream
+ * then stay there: an allocation on a third stream does not take them, and
+ * neither it nor sgm_trim records anything on the legacy stream; the capture
+ * stays valid, and the blocks move once it ended. */
+static void test_legacy_cache_during_other_capture(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("4MiB", false);
+  void *c = fc.fake_cuda_stream_create(), *b = fc.fake_cuda_stream_create();
+  void *p = sgm_alloc(ctx, 4 * MiB, NULL);
+  assert_non_null(p);
+  sgm_free(ctx, p, NULL);
+  assert_int_equal(drv.begin((CUstream)c, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  assert_null(sgm_alloc(ctx, 4 * MiB, b)); /* not while c captures */
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
+  end_capture_valid(c);
+  void *q = sgm_alloc(ctx, 4 * MiB, b);
+  assert_ptr_equal(q, p);
+  sgm_free(ctx, q, b);
+  fc.fake_cuda_stream_destroy(b);
+  fc.fake_cuda_stream_destroy(c);
+  destroy_ctx(ctx);
+}
+
 int main(void) {
   void *probe = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!probe || !dlsym(probe, "fake_cuda_hold_events")) {
@@ -208,6 +233,7 @@ int main(void) {
       cmocka_unit_test(test_alloc_growing_during_capture),
       cmocka_unit_test(test_free_during_capture_deferred),
       cmocka_unit_test(test_buffer_release_during_capture),
+      cmocka_unit_test(test_legacy_cache_during_other_capture),
   };
   return cmocka_run_group_tests_name("capture", tests, load_fake, unload_fake);
 }

@@ -717,6 +717,8 @@ static void test_unknown_variable_warning(void **state) {
   setenv("SGM_POLICI", "lru", 1);
   setenv("SGM_growth_chunk", "2M", 1);
   setenv("SGM_TEST_SEED", "42", 1);
+  setenv("SGM_LIBRARY", "/opt/sgm/lib/libsgm.so", 1); /* the Python package's */
+  setenv("SGM_PYTHON", "/usr/bin/python3", 1);       /* sgm-demo --plot's */
   setenv("SGM_COMPLETELY_DIFFERENT_THING", "1", 1);
   sgm_config cfg;
   char out[4096];
@@ -728,6 +730,8 @@ static void test_unknown_variable_warning(void **state) {
   assert_non_null(strstr(out, "unknown variable SGM_growth_chunk; did you mean SGM_GROWTH_CHUNK?"));
   assert_non_null(strstr(out, "unknown variable SGM_COMPLETELY_DIFFERENT_THING"));
   assert_null(strstr(out, "SGM_TEST_SEED"));
+  assert_null(strstr(out, "SGM_LIBRARY"));
+  assert_null(strstr(out, "SGM_PYTHON"));
   /* Exactly the four unknown ones: known variables are not warned about. */
   int n_warn = 0;
   for (const char *p = out; (p = strstr(p, "unknown variable")) != NULL; p++) n_warn++;
@@ -737,6 +741,8 @@ static void test_unknown_variable_warning(void **state) {
   capture_stderr(run_config_init, &cfg, out, sizeof out);
   assert_string_equal(out, "");
   unsetenv("SGM_TEST_SEED");
+  unsetenv("SGM_LIBRARY");
+  unsetenv("SGM_PYTHON");
 }
 
 /* ------------------------------------------------------------------------ */

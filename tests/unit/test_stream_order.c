@@ -84,9 +84,12 @@ typedef int (*ctx_push_fn)(void *ctx);
 typedef int (*ctx_pop_fn)(void **ctx);
 typedef int (*ctx_release_fn)(int dev);
 
-/* Has all work queued on stream so far completed? An event of the test's own,
- * recorded there under device 0's primary context (pushed for the call). */
-static bool stream_done(void *stream) {
+/* An event of the test's own recorded on stream, under device 0's primary
+ * context (pushed for the call): with query, has all work queued there so far
+ * completed (the double's worker first runs what can run; held work stays)?
+ * Without, the record is the test's own work on the stream (held while the
+ * stream is held), standing for a kernel the user queued. */
+static bool record_on(void *stream, bool query) {
 #define LOOKUP(type, name) type name##_ = (type)dlsym(fake_lib, #name); assert_non_null(name##_)
   LOOKUP(event_create_fn, cuEventCreate);
   LOOKUP(event_record_fn, cuEventRecord);
@@ -105,13 +108,41 @@ static bool stream_done(void *stream) {
   assert_int_equal(cuCtxPushCurrent_v2_(pctx), CUDA_SUCCESS_);
   assert_int_equal(cuEventCreate_(&ev, 2 /* CU_EVENT_DISABLE_TIMING */), CUDA_SUCCESS_);
   assert_int_equal(cuEventRecord_(ev, stream), CUDA_SUCCESS_);
-  fc.fake_cuda_settle(); /* the double's worker runs what can run; held work stays */
-  int q = cuEventQuery_(ev);
-  assert_true(q == CUDA_SUCCESS_ || q == CUDA_ERROR_NOT_READY_);
-  assert_int_equal(cuEventDestroy_v2_(ev), CUDA_SUCCESS_);
+  int q = CUDA_SUCCESS_;
+  if (query) {
+    fc.fake_cuda_settle();
+    q = cuEventQuery_(ev);
+    assert_true(q == CUDA_SUCCESS_ || q == CUDA_ERROR_NOT_READY_);
+  }
+  assert_int_equal(cuEventDestroy_v2_(ev), CUDA_SUCCESS_); /* recorded work goes on */
   assert_int_equal(cuCtxPopCurrent_v2_(&popped), CUDA_SUCCESS_);
   assert_int_equal(cuDevicePrimaryCtxRelease_v2_(dev), CUDA_SUCCESS_);
   return q == CUDA_SUCCESS_;
+}
+
+static bool stream_done(void *stream) { return record_on(stream, true); }
+static void put_work(void *stream) { (void)record_on(stream, false); }
+
+/* A CU_STREAM_NON_BLOCKING stream of device 0's primary context: the legacy
+ * stream does not order it. */
+typedef int (*stream_create_fn)(void **s, unsigned flags);
+typedef int (*stream_destroy_fn)(void *s);
+static void *non_blocking_stream(bool destroy, void *s) {
+  stream_create_fn create = (stream_create_fn)dlsym(fake_lib, "cuStreamCreate");
+  stream_destroy_fn destroy_ = (stream_destroy_fn)dlsym(fake_lib, "cuStreamDestroy_v2");
+  ctx_retain_fn retain = (ctx_retain_fn)dlsym(fake_lib, "cuDevicePrimaryCtxRetain");
+  ctx_push_fn push = (ctx_push_fn)dlsym(fake_lib, "cuCtxPushCurrent_v2");
+  ctx_pop_fn pop = (ctx_pop_fn)dlsym(fake_lib, "cuCtxPopCurrent_v2");
+  ctx_release_fn release = (ctx_release_fn)dlsym(fake_lib, "cuDevicePrimaryCtxRelease_v2");
+  assert_true(create && destroy_ && retain && push && pop && release);
+  void *pctx = NULL, *popped = NULL;
+  assert_int_equal(retain(&pctx, 0), CUDA_SUCCESS_);
+  assert_int_equal(push(pctx), CUDA_SUCCESS_);
+  if (destroy) assert_int_equal(destroy_(s), CUDA_SUCCESS_);
+  else assert_int_equal(create(&s, 1 /* CU_STREAM_NON_BLOCKING */), CUDA_SUCCESS_);
+  assert_int_equal(pop(&popped), CUDA_SUCCESS_);
+  assert_int_equal(release(0), CUDA_SUCCESS_);
+  return s;
 }
 
 static void finish_ctx(sgm_context *ctx) {
@@ -173,6 +204,7 @@ static void test_pending_memory_not_handed_out(void **state) {
   assert_non_null(x);
   assert_non_null(y);
   fc.fake_cuda_hold_stream(a, 1);
+  put_work(a); /* A's kernels, still running when the blocks are freed */
   assert_int_equal(sgm_free_ex(ctx, x, a), SGM_OK);
   assert_int_equal(sgm_free_ex(ctx, y, a), SGM_OK);
   void *ra = sgm_alloc(ctx, 4 * MiB, a);
@@ -215,9 +247,11 @@ static void test_same_stream_reuse_no_driver_calls(void **state) {
   fc.fake_cuda_stream_destroy(created);
 }
 
-/* Invariant: taking another stream's cached blocks costs one event recorded
- * on the owner and one device-side wait on the taker (each after a capture
- * check), once for all the blocks that stream holds. */
+/* Invariant: taking another stream's cached blocks costs at most two driver
+ * calls between blocking streams, once for all the blocks that stream holds:
+ * one capture probe of the legacy stream (which answers for every blocking
+ * stream) and one event recorded on the legacy stream, which the driver
+ * orders after the owner's work and before the taker's. */
 static void test_cross_stream_transfer_calls(void **state) {
   (void)state;
   sgm_context *ctx = make_ctx_limit("8MiB");
@@ -235,15 +269,71 @@ static void test_cross_stream_transfer_calls(void **state) {
     assert_non_null(p);
     assert_non_null(q);
     uint64_t calls = driver_calls() - before;
-    /* cuEventRecord on the owner, cuStreamWaitEvent on the taker, and one
-     * cuStreamIsCapturing before each (memory never crosses streams during a
-     * graph capture); round 0 also creates the pooled event. */
-    if (round > 0) assert_int_equal(calls, 4);
+    /* cuStreamIsCapturing(CU_STREAM_LEGACY) and cuEventRecord on the legacy
+     * stream; round 0 also creates the pooled event and learns both streams'
+     * flags (cuStreamGetFlags, once per stream). */
+    if (round > 0) assert_int_equal(calls, 2);
     else assert_true(calls <= 5);
     assert_int_equal(fc.fake_cuda_calls("cuEventCreate") > 0, 1);
     sgm_free(ctx, p, taker);
     sgm_free(ctx, q, taker);
   }
+  finish_ctx(ctx);
+  fc.fake_cuda_stream_destroy(a);
+  fc.fake_cuda_stream_destroy(b);
+}
+
+/* Invariant: a CU_STREAM_NON_BLOCKING stream is not ordered by the legacy
+ * stream, so blocks cross between it and the legacy stream only through an
+ * event recorded on the owner and waited for by the taker (each stream asked
+ * whether it captures first): the taker's later work waits for the owner's. */
+static void test_non_blocking_transfer_ordered(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx();
+  void *nb = non_blocking_stream(false, NULL);
+  void *warm = sgm_alloc(ctx, 4 * MiB, NULL);
+  sgm_free(ctx, warm, NULL);
+  warm = sgm_alloc(ctx, 4 * MiB, nb); /* learns nb's flags, warms the event pool */
+  assert_non_null(warm);
+  fc.fake_cuda_hold_stream(nb, 1);
+  put_work(nb);
+  sgm_free(ctx, warm, nb);
+  uint64_t before = driver_calls();
+  uint64_t waits = fc.fake_cuda_calls("cuStreamWaitEvent");
+  void *p = sgm_alloc(ctx, 4 * MiB, NULL);
+  assert_ptr_equal(p, warm);
+  assert_int_equal(driver_calls() - before, 4);
+  assert_int_equal(fc.fake_cuda_calls("cuStreamWaitEvent") - waits, 1);
+  assert_false(stream_done(NULL)); /* the legacy stream waits for nb's work */
+  fc.fake_cuda_complete_stream(nb);
+  fc.fake_cuda_hold_stream(nb, 0);
+  assert_true(stream_done(NULL));
+  sgm_free(ctx, p, NULL);
+  finish_ctx(ctx);
+  non_blocking_stream(true, nb);
+}
+
+/* Invariant: between two blocking streams the block moves with the legacy
+ * stream's ordering (one record there), and the taker's later work still
+ * waits for the owner's work queued before the free. */
+static void test_blocking_transfer_ordered(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx();
+  void *a = fc.fake_cuda_stream_create(), *b = fc.fake_cuda_stream_create();
+  void *p = sgm_alloc(ctx, 4 * MiB, a);
+  assert_non_null(p);
+  fc.fake_cuda_hold_stream(a, 1);
+  put_work(a);
+  sgm_free(ctx, p, a);
+  uint64_t waits = fc.fake_cuda_calls("cuStreamWaitEvent");
+  void *q = sgm_alloc(ctx, 4 * MiB, b);
+  assert_ptr_equal(q, p);
+  assert_int_equal(fc.fake_cuda_calls("cuStreamWaitEvent") - waits, 0);
+  assert_false(stream_done(b));
+  fc.fake_cuda_complete_stream(a);
+  fc.fake_cuda_hold_stream(a, 0);
+  assert_true(stream_done(b));
+  sgm_free(ctx, q, b);
   finish_ctx(ctx);
   fc.fake_cuda_stream_destroy(a);
   fc.fake_cuda_stream_destroy(b);
@@ -293,14 +383,16 @@ static void test_per_thread_streams_do_not_alias(void **state) {
   assert_non_null(t.blocks[1]);
   uint64_t before = driver_calls();
   uint64_t waits = fc.fake_cuda_calls("cuStreamWaitEvent");
+  uint64_t probes = fc.fake_cuda_calls("cuStreamIsCapturing");
   void *p = sgm_alloc(ctx, 4 * MiB, pt), *q = sgm_alloc(ctx, 4 * MiB, pt);
   assert_non_null(p);
   assert_non_null(q);
-  /* One transfer for both blocks: a record on the legacy stream (which cannot
-   * capture, so it is not asked), a capture check of the per-thread stream and
-   * its wait. */
-  assert_int_equal(driver_calls() - before, 3);
-  assert_int_equal(fc.fake_cuda_calls("cuStreamWaitEvent") - waits, 1);
+  /* One transfer for both blocks: per-thread default streams are blocking,
+   * so the driver orders this one after the legacy stream's work by itself;
+   * the one call is the capture probe of the legacy stream. */
+  assert_int_equal(driver_calls() - before, 1);
+  assert_int_equal(fc.fake_cuda_calls("cuStreamIsCapturing") - probes, 1);
+  assert_int_equal(fc.fake_cuda_calls("cuStreamWaitEvent") - waits, 0);
   sgm_free(ctx, p, pt);
   sgm_free(ctx, q, pt);
   finish_ctx(ctx);
@@ -478,6 +570,8 @@ int main(void) {
       cmocka_unit_test(test_pending_memory_not_handed_out),
       cmocka_unit_test(test_same_stream_reuse_no_driver_calls),
       cmocka_unit_test(test_cross_stream_transfer_calls),
+      cmocka_unit_test(test_non_blocking_transfer_ordered),
+      cmocka_unit_test(test_blocking_transfer_ordered),
       cmocka_unit_test(test_per_thread_streams_do_not_alias),
       cmocka_unit_test(test_concurrent_reclaim),
       cmocka_unit_test(test_record_stream_delays_reuse),

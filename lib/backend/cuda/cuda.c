@@ -133,6 +133,7 @@ _Static_assert(sizeof(size_t) == sizeof(uint64_t), "sgm's CUDA backend needs a 6
   X(cuStreamWaitEvent, 3020)           \
   X(cuStreamIsCapturing, 10000)        \
   X(cuThreadExchangeStreamCaptureMode, 10010) \
+  X(cuStreamGetFlags, 5050) \
   X(cuMemGetAllocationGranularity, 10020)      \
   X(cuMemAddressReserve, 10020)                \
   X(cuMemAddressFree, 10020)                   \
@@ -254,7 +255,8 @@ static int cuda_fail(CUresult r, const char *op, const char *call, cuda_blame bl
 typedef enum cuda_obj_kind {
   CUDA_OBJ_DEVICE = 0, /* cuMemAlloc memory; key = device address */
   CUDA_OBJ_HOST = 1,   /* registered host mapping; key = host address */
-  CUDA_OBJ_EVENT = 2   /* CUevent; key = the handle */
+  CUDA_OBJ_EVENT = 2,  /* CUevent; key = the handle */
+  CUDA_OBJ_STREAM = 3  /* a created stream seen by a transfer; key = the handle, bytes = its flags */
 } cuda_obj_kind;
 
 typedef struct cuda_obj {
@@ -618,7 +620,7 @@ static void cuda_close(sgm_backend *be) {
         } else if (o->kind == CUDA_OBJ_HOST) {
           r = CU(cuMemHostUnregister)((void *)(uintptr_t)o->key);
           if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemHostUnregister");
-        } else {
+        } else if (o->kind == CUDA_OBJ_EVENT) {
           r = CU(cuEventDestroy)((CUevent)(uintptr_t)o->key);
           if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuEventDestroy");
         }
@@ -961,6 +963,38 @@ static void cuda_counters(sgm_backend *be, sgm_backend_counters *out) {
   sgm__lock_drop(&be->lock);
 }
 
+/* cuEventCreate (no timing: such events are cheaper to record and to query)
+ * and its bookkeeping entry, tagged with the stream event_record will record
+ * it on or CUDA_EVENT_POOLED. The one home of both create steps; the caller
+ * has entered the context. */
+static int cuda_event_new(sgm_backend *be, uint64_t tag, const char *op, CUevent *out) {
+  *out = NULL;
+  CUevent ev = NULL;
+  CUresult r = CU(cuEventCreate)(&ev, CU_EVENT_DISABLE_TIMING);
+  if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuEventCreate", CUDA_BLAME_DRIVER);
+  sgm__lock_take(&be->lock);
+  bool added = cuda_obj_add_locked(be, (uint64_t)(uintptr_t)ev, tag, CUDA_OBJ_EVENT);
+  if (added) be->c.n_events_live++;
+  sgm__lock_drop(&be->lock);
+  if (!added) {
+    r = CU(cuEventDestroy)(ev);
+    if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuEventDestroy");
+    return sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
+  }
+  *out = ev;
+  return SGM_OK;
+}
+
+/* Undo cuda_event_new (its event was never handed out). */
+static void cuda_event_drop_new(sgm_backend *be, CUevent ev, const char *op) {
+  sgm__lock_take(&be->lock);
+  if (cuda_obj_remove_locked(be, (uint64_t)(uintptr_t)ev, CUDA_OBJ_EVENT, NULL))
+    be->c.n_events_live--;
+  sgm__lock_drop(&be->lock);
+  CUresult r = CU(cuEventDestroy)(ev);
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuEventDestroy");
+}
+
 static int cuda_event_record(sgm_backend *be, void *stream, void **event_out) {
   sgm__lock_assert_none_held();
   *event_out = NULL;
@@ -970,33 +1004,15 @@ static int cuda_event_record(sgm_backend *be, void *stream, void **event_out) {
   int rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
   CUevent ev = NULL;
-  /* No timing: such events are cheaper to record and to query. */
-  CUresult r = CU(cuEventCreate)(&ev, CU_EVENT_DISABLE_TIMING);
-  if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r, op, "cuEventCreate", CUDA_BLAME_DRIVER);
-    goto out_leave;
-  }
-  r = CU(cuEventRecord)(ev, (CUstream)stream);
+  rc = cuda_event_new(be, (uint64_t)(uintptr_t)stream, op, &ev);
+  if (rc != SGM_OK) goto out_leave;
+  CUresult r = CU(cuEventRecord)(ev, (CUstream)stream);
   if (r != CUDA_SUCCESS) {
     rc = cuda_fail(r, op, "cuEventRecord", CUDA_BLAME_CALLER);
-    goto out_destroy;
+    cuda_event_drop_new(be, ev, op);
+    goto out_leave;
   }
-  sgm__lock_take(&be->lock);
-  bool added = cuda_obj_add_locked(be, (uint64_t)(uintptr_t)ev, (uint64_t)(uintptr_t)stream,
-                                   CUDA_OBJ_EVENT);
-  if (added) be->c.n_events_live++;
-  sgm__lock_drop(&be->lock);
-  if (!added) {
-    rc = sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
-    goto out_destroy;
-  }
-  cuda_leave(be, pushed, op);
   *event_out = ev;
-  return SGM_OK;
-
-out_destroy:
-  r = CU(cuEventDestroy)(ev);
-  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuEventDestroy");
 out_leave:
   cuda_leave(be, pushed, op);
   return rc;
@@ -1122,23 +1138,8 @@ static int cuda_event_create(sgm_backend *be, void **event_out) {
   int rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
   CUevent ev = NULL;
-  CUresult r = CU(cuEventCreate)(&ev, CU_EVENT_DISABLE_TIMING);
-  if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r, op, "cuEventCreate", CUDA_BLAME_DRIVER);
-    goto out_leave;
-  }
-  sgm__lock_take(&be->lock);
-  bool added = cuda_obj_add_locked(be, (uint64_t)(uintptr_t)ev, CUDA_EVENT_POOLED, CUDA_OBJ_EVENT);
-  if (added) be->c.n_events_live++;
-  sgm__lock_drop(&be->lock);
-  if (!added) {
-    rc = sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
-    r = CU(cuEventDestroy)(ev);
-    if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuEventDestroy");
-    goto out_leave;
-  }
-  *event_out = ev;
-out_leave:
+  rc = cuda_event_new(be, CUDA_EVENT_POOLED, op, &ev);
+  if (rc == SGM_OK) *event_out = ev;
   cuda_leave(be, pushed, op);
   return rc;
 }
@@ -1166,8 +1167,10 @@ static int cuda_stream_event_call(sgm_backend *be, void *event, const sgm_stream
     bool pushed;
     int rc = cuda_enter(be, op, &pushed);
     if (rc != SGM_OK) return rc;
-    /* The legacy stream never captures: only other streams are asked. */
-    if (s != NULL && s != CU_STREAM_LEGACY) rc = cuda_refuse_capturing(s, op);
+    /* The legacy stream never captures, but it is unusable while a blocking
+     * stream captures (work on it would invalidate that capture): asking it
+     * answers STREAM_CAPTURE_IMPLICIT then, without harm (cuda_capturing). */
+    rc = cuda_refuse_capturing(s, op);
     if (rc != SGM_OK) {
       cuda_leave(be, pushed, op);
       return rc;
@@ -1480,6 +1483,99 @@ static void cuda_vmm_close(sgm_backend *be, bool entered) {
   }
 }
 
+/*
+ * Cross-stream transfers (stream_transfer): order all work queued on `taker`
+ * from now on after all work queued on `owner` so far, with as few driver
+ * calls as capture safety allows (docs/streams.md, "Why two calls").
+ *
+ * The legacy stream orders itself with every blocking stream (legacy work
+ * waits for all earlier blocking work, blocking work for all earlier legacy
+ * work; per-thread default streams are blocking). So when both streams are
+ * blocking, one question covers capture safety for both and for the legacy
+ * stream: cuStreamIsCapturing(CU_STREAM_LEGACY) answers
+ * STREAM_CAPTURE_IMPLICIT exactly while some blocking stream of the context
+ * captures (and invalidates nothing). Then:
+ *   - owner or taker is the legacy stream: the driver already orders them
+ *     (1 call);
+ *   - else one event recorded on the legacy stream sits after the owner's
+ *     work and before the taker's (2 calls). It also orders the other
+ *     blocking streams once: a device-side point, never a host wait.
+ * A non-blocking stream is ordered only by an event: each stream is asked
+ * (the legacy stream by the probe above), then cuEventRecord on the owner
+ * and cuStreamWaitEvent on the taker (4 calls).
+ */
+
+/* Is created stream s blocking? Learned once per handle (cuStreamGetFlags)
+ * and kept until close (docs/streams.md, "Limits": a reused handle). */
+static int cuda_stream_blocking(sgm_backend *be, CUstream s, const char *op, bool *blocking) {
+  uint64_t key = (uint64_t)(uintptr_t)s;
+  bool known = false;
+  unsigned flags = 0;
+  sgm__lock_take(&be->lock);
+  for (cuda_obj *o = be->buckets[cuda_obj_hash(key, be->n_buckets)]; o && !known; o = o->next)
+    if (o->key == key && o->kind == CUDA_OBJ_STREAM) {
+      known = true;
+      flags = (unsigned)o->bytes;
+    }
+  sgm__lock_drop(&be->lock);
+  if (!known) {
+    CUresult r = CU(cuStreamGetFlags)(s, &flags);
+    if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuStreamGetFlags", CUDA_BLAME_CALLER);
+    sgm__lock_take(&be->lock);
+    /* Without room to remember it the answer is still right: asked again next time. */
+    (void)cuda_obj_add_locked(be, key, flags, CUDA_OBJ_STREAM);
+    sgm__lock_drop(&be->lock);
+  }
+  *blocking = !(flags & CU_STREAM_NON_BLOCKING);
+  return SGM_OK;
+}
+
+static bool cuda_is_legacy(CUstream s) { return s == NULL || s == CU_STREAM_LEGACY; }
+
+/* One attempt of a transfer under the entered context; *r_out: the last
+ * driver result, for the caller's retry after a context error. */
+static int cuda_transfer_once(sgm_backend *be, CUevent ev, CUstream o, CUstream t, const char *op,
+                              CUresult *r_out) {
+  *r_out = CUDA_SUCCESS;
+  bool ob = true, tb = true;
+  int rc = SGM_OK;
+  if (!cuda_is_legacy(o) && o != CU_STREAM_PER_THREAD) rc = cuda_stream_blocking(be, o, op, &ob);
+  if (rc == SGM_OK && !cuda_is_legacy(t) && t != CU_STREAM_PER_THREAD)
+    rc = cuda_stream_blocking(be, t, op, &tb);
+  if (rc != SGM_OK) return rc;
+  CUresult r;
+  if (ob && tb) {
+    if ((rc = cuda_refuse_capturing(CU_STREAM_LEGACY, op)) != SGM_OK) return rc;
+    if (cuda_is_legacy(o) || cuda_is_legacy(t)) return SGM_OK;
+    r = *r_out = CU(cuEventRecord)(ev, CU_STREAM_LEGACY);
+    return r == CUDA_SUCCESS ? SGM_OK : cuda_fail(r, op, "cuEventRecord", CUDA_BLAME_CALLER);
+  }
+  if ((rc = cuda_refuse_capturing(o, op)) != SGM_OK) return rc;
+  if (t != o && (rc = cuda_refuse_capturing(t, op)) != SGM_OK) return rc;
+  r = *r_out = CU(cuEventRecord)(ev, o);
+  if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuEventRecord", CUDA_BLAME_CALLER);
+  r = *r_out = CU(cuStreamWaitEvent)(t, ev, 0);
+  return r == CUDA_SUCCESS ? SGM_OK : cuda_fail(r, op, "cuStreamWaitEvent", CUDA_BLAME_CALLER);
+}
+
+static int cuda_stream_transfer(sgm_backend *be, void *event, const sgm_stream_ref *owner,
+                                const sgm_stream_ref *taker) {
+  sgm__lock_assert_none_held();
+  cuda_count_call(be);
+  const char *op = "ordering a stream after another";
+  if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s: NULL event", op);
+  CUstream o = cuda_stream_handle(owner), t = cuda_stream_handle(taker);
+  for (int attempt = 0;; attempt++) {
+    bool pushed;
+    int rc = cuda_enter(be, op, &pushed);
+    if (rc != SGM_OK) return rc;
+    CUresult r;
+    rc = cuda_transfer_once(be, (CUevent)event, o, t, op, &r);
+    cuda_leave(be, pushed, op);
+    if (rc == SGM_OK || attempt > 0 || !cuda_context_error(r)) return rc;
+  }
+}
+
 const sgm_backend_ops sgm__backend_cuda_ops = {
     .name = "cuda",
     .open = cuda_open,
@@ -1499,6 +1595,7 @@ const sgm_backend_ops sgm__backend_cuda_ops = {
     .event_create = cuda_event_create,
     .event_record_on = cuda_event_record_on,
     .stream_wait_event = cuda_stream_wait_event,
+    .stream_transfer = cuda_stream_transfer,
     .vmm_granularity = cuda_vmm_granularity,
     .vmm_reserve = cuda_vmm_reserve,
     .vmm_map = cuda_vmm_map,

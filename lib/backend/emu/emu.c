@@ -322,6 +322,15 @@ static int emu_stream_wait_event(sgm_backend *be, const sgm_stream_ref *stream, 
   return SGM_OK;
 }
 
+static int emu_stream_transfer(sgm_backend *be, void *event, const sgm_stream_ref *owner,
+                               const sgm_stream_ref *taker) {
+  (void)owner;
+  (void)taker;
+  if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (stream_transfer)");
+  if (!event) return sgm__error_set(SGM_ERR_INVALID, "emulated device: stream_transfer with a NULL event");
+  return SGM_OK;
+}
+
 static void emu_counters(sgm_backend *be, sgm_backend_counters *out) {
   sgm__lock_take(&be->mu);
   *out = be->c;
@@ -518,6 +527,7 @@ const sgm_backend_ops sgm__backend_emu_ops = {
     .event_create = emu_event_create,
     .event_record_on = emu_event_record_on,
     .stream_wait_event = emu_stream_wait_event,
+    .stream_transfer = emu_stream_transfer,
     .vmm_granularity = emu_vmm_granularity,
     .vmm_reserve = emu_vmm_reserve,
     .vmm_map = emu_vmm_map,

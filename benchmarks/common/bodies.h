@@ -1,0 +1,117 @@
+// bodies.h — the benchmark bodies every benchmark front end shares: the
+// bench_* binaries (Google Benchmark's own command line, one area each) and
+// sgm-bench (every figure beside its reference, one table). A body is a plain
+// Google Benchmark function; a front end registers it with its own arguments,
+// repetitions and times. Nothing here registers anything by itself.
+//
+// Each body measures one side of a figure: sgm, or the reference it is judged
+// against (jemalloc, memcpy, mmap+mlock, raw O_DIRECT I/O), on the same sizes
+// and pattern, so a front end can run the two back to back in one process.
+//
+// Threading: the bodies run on Google Benchmark's threads; the shared state
+// below (contexts, the disk buffers, the MiniMalloc traces) is set up before
+// the runs and torn down after them, on the main thread.
+#ifndef SGM_BENCH_BODIES_H
+#define SGM_BENCH_BODIES_H
+
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sgm.h"
+
+namespace sgm_bench {
+
+// Sizes log-uniform in [lo, hi) from a xorshift64 seeded with seed: the
+// spread of a framework's tensor sizes.
+std::vector<size_t> LogUniformSizes(size_t n, double lo, double hi, uint64_t seed);
+
+// ---- public path (bench_alloc) -------------------------------------------
+// sgm_alloc + sgm_free pairs on a warmed context from the environment
+// (growth mode), a ring of 64 live blocks per thread, 256 B .. 1 MiB; and
+// jemalloc's mallocx/dallocx of the same sizes at the same alignment.
+void BM_SgmAllocFree(benchmark::State &state);
+void BM_JemallocPair(benchmark::State &state);
+// The context BM_SgmAllocFree shares between its runs and threads.
+void AllocContextDestroy();
+
+// ---- shared GPU memory (bench_shared) --------------------------------------
+// Pairs 256 B .. 256 KiB with VRAM free (the VRAM path), with VRAM full (every
+// block falls back to shared memory) and through jemalloc.
+void BM_VramPath(benchmark::State &state);
+void BM_FallbackPath(benchmark::State &state);
+void BM_JemallocPath(benchmark::State &state);
+// range(0) bytes: the allocation that commits a fresh shared chunk, and
+// mmap + mlock of the same size.
+void BM_SharedCommit(benchmark::State &state);
+void BM_MmapMlock(benchmark::State &state);
+
+// ---- movable buffers (bench_buffers) ---------------------------------------
+// range(0) bytes demoted VRAM -> shared and promoted back; memcpy both ways.
+void BM_DemotePromote(benchmark::State &state);
+void BM_MemcpyTwoWays(benchmark::State &state);
+void BM_AcquireReleaseVram(benchmark::State &state);
+void BM_AcquireVram(benchmark::State &state);
+
+// ---- sub-allocator (bench_suballoc) ----------------------------------------
+// Churn of 10,000 live blocks through the virtual block and through jemalloc.
+void BM_ChurnSuballoc(benchmark::State &state);
+void BM_ChurnJemalloc(benchmark::State &state);
+
+// One MiniMalloc trace (traces/README.md), as an alloc/free replay.
+struct MiniEvent {
+  uint64_t time;  // logical time
+  int kind;       // 0 = free (sorts first at equal time), 1 = alloc
+  uint32_t id;    // buffer id (index into MiniTrace::sizes)
+};
+struct MiniTrace {
+  std::string name;              // "A" .. "K"
+  std::vector<MiniEvent> events; // sorted replay order
+  std::vector<uint64_t> sizes;   // bytes, by buffer index
+  uint64_t peak_bytes = 0;       // peak live bytes
+  uint64_t total_bytes = 0;      // sum of all sizes: a capacity that always works
+  double fragmentation = 0;      // min capacity / peak (MiniMeasure)
+  uint64_t min_capacity = 0;     // bytes: the smallest capacity found (MiniMeasure)
+  double ns_per_event = 0;       // sub-allocator replay time per event (last run)
+};
+// Every DIR/minimalloc/{A..K}.1048576.csv that exists, loaded (a file that is
+// there but unreadable is reported on stderr and left out).
+std::vector<MiniTrace> MiniLoadAll(const std::string &dir);
+// Fill fragmentation and min_capacity: the smallest arena in which the online
+// replay succeeds (binary search), over the peak live bytes.
+void MiniMeasure(MiniTrace *t);
+// One replay of the whole trace per iteration at t->min_capacity; sets the
+// counter "ns/event" (and t->ns_per_event).
+void BM_ReplaySuballoc(benchmark::State &state, MiniTrace *t);
+void BM_ReplayJemalloc(benchmark::State &state, const MiniTrace *t);
+
+// ---- disk spill tier (bench_disk) ------------------------------------------
+// DiskSetup allocates the 64 MiB source and destination and picks the folder;
+// the bodies take range(0) = extent MiB, range(1) = 1 direct / 0 buffered and
+// report manual time (Google Benchmark's UseManualTime).
+constexpr uint64_t kDiskBytesPerIteration = 64ull << 20;
+bool DiskSetup(const std::string &dir);
+void DiskTeardown();
+const std::string &DiskDir();
+void BM_SgmWrite(benchmark::State &state);
+void BM_RawWrite(benchmark::State &state);
+void BM_SgmRead(benchmark::State &state);
+void BM_RawRead(benchmark::State &state);
+void BM_Xxh3(benchmark::State &state);
+void BM_SgmWriteUnaligned(benchmark::State &state);
+void BM_SgmReadUnaligned(benchmark::State &state);
+// Bytes and timed seconds summed per "write/8MiB/direct" key, sgm and raw,
+// for bench_disk's ratio table.
+struct DiskTotals {
+  std::string key;  // "write/8MiB/direct"
+  double sgm_bytes, sgm_seconds, raw_bytes, raw_seconds;  // sums over timed iterations
+};
+std::vector<DiskTotals> DiskSummary();
+// "ext4, direct" — what DiskSetup's folder is and which I/O mode sgm picks there.
+std::string DiskDescribe();
+
+}  // namespace sgm_bench
+
+#endif  // SGM_BENCH_BODIES_H

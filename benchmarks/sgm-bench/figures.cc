@@ -1,0 +1,264 @@
+// figures.cc — every figure sgm-bench measures, one registration each (see
+// figure.h). The bodies are common/'s, shared with the bench_* binaries; the
+// targets are the ones the issues set (docs/benchmarks.md quotes them).
+//
+// Figures that need inputs say so by skipping: the trace figures when their
+// files are missing under --traces, the disk figures when the spill folder's
+// file system refuses O_DIRECT.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+
+#include "bodies.h"
+#include "figure.h"
+
+extern "C" {
+#include "replay.h"
+}
+
+namespace sgm_bench {
+
+namespace {
+
+// ---- sub-allocator ----
+
+SGM_BENCH_FIGURE({"suballoc.churn", "sub-allocator free+alloc pair, 10,000 live blocks, 256 B-16 MiB, align 256",
+                  "ns", "jemalloc mallocx/dallocx, same sizes and victims", Better::kLower,
+                  Target::Value(kAtMost, 90), kQuick, GbTime("churn/suballoc", BM_ChurnSuballoc),
+                  GbTime("churn/jemalloc", BM_ChurnJemalloc)});
+
+// The MiniMalloc traces under a folder, loaded and measured once per folder.
+struct MiniSet {
+  std::vector<MiniTrace> traces;  // the ones found
+};
+MiniSet *Minis(const RunContext &rc, std::string *skip) {
+  static std::map<std::string, std::unique_ptr<MiniSet>> cache;
+  auto &slot = cache[rc.traces_dir];
+  if (!slot) {
+    slot.reset(new MiniSet);
+    slot->traces = MiniLoadAll(rc.traces_dir);
+    for (MiniTrace &t : slot->traces) MiniMeasure(&t);
+  }
+  if (slot->traces.empty()) {
+    *skip = "no MiniMalloc traces (minimalloc/{A..K}.1048576.csv) under " + rc.traces_dir +
+            " (--traces DIR)";
+    return nullptr;
+  }
+  return slot.get();
+}
+
+double MiniGeomean(const RunContext &rc, std::string *skip) {
+  MiniSet *m = Minis(rc, skip);
+  if (!m) return 0;
+  double s = 0;
+  for (const MiniTrace &t : m->traces) s += std::log(t.fragmentation);
+  return std::exp(s / static_cast<double>(m->traces.size()));
+}
+
+double MiniWorst(const RunContext &rc, std::string *skip) {
+  MiniSet *m = Minis(rc, skip);
+  if (!m) return 0;
+  double w = 0;
+  for (const MiniTrace &t : m->traces) w = std::max(w, t.fragmentation);
+  return w;
+}
+
+// The ideal arena is the peak live bytes itself: fragmentation 1.
+double Ideal(const RunContext &rc, std::string *skip) { return Minis(rc, skip) ? 1.0 : 0; }
+
+SGM_BENCH_FIGURE({"suballoc.minimalloc.frag", "MiniMalloc traces: smallest arena / peak live bytes, geometric mean",
+                  "x", "the peak live bytes (fragmentation 1)", Better::kLower,
+                  Target::Value(kAtMost, 1.45), kQuick, MiniGeomean, Ideal, 1, "traces"});
+SGM_BENCH_FIGURE({"suballoc.minimalloc.frag_max", "MiniMalloc traces: smallest arena / peak live bytes, worst trace",
+                  "x", "the peak live bytes (fragmentation 1)", Better::kLower,
+                  Target::Value(kAtMost, 2.0), kFullOnly, MiniWorst, Ideal, 1, "traces"});
+
+// Mean ns per event over the traces, one Google Benchmark run per trace.
+Measure MiniReplay(bool sgm) {
+  return [sgm](const RunContext &rc, std::string *skip) {
+    MiniSet *m = Minis(rc, skip);
+    if (!m) return 0.0;
+    double sum = 0;
+    for (MiniTrace &t : m->traces) {
+      MiniTrace *tp = &t;
+      Body b = sgm ? Body([tp](benchmark::State &s) { BM_ReplaySuballoc(s, tp); })
+                   : Body([tp](benchmark::State &s) { BM_ReplayJemalloc(s, tp); });
+      sum += RunGb({"minimalloc/" + t.name, b, {}, 1, false, "ns/event", 1, 0.05}, rc, skip);
+      if (!skip->empty()) return 0.0;
+    }
+    return sum / static_cast<double>(m->traces.size());
+  };
+}
+
+SGM_BENCH_FIGURE({"suballoc.minimalloc.replay", "MiniMalloc traces replayed through the sub-allocator, mean time per event",
+                  "ns", "jemalloc replaying the same events", Better::kLower, Target::None(), kQuick,
+                  MiniReplay(true), MiniReplay(false), 0, "traces"});
+
+// ---- public path ----
+
+SGM_BENCH_FIGURE({"alloc.pair.1t", "sgm_alloc+sgm_free pair, 1 thread, ring of 64 blocks, 256 B-1 MiB", "ns",
+                  "jemalloc mallocx/dallocx, same sizes", Better::kLower, Target::Value(kAtMost, 80), kQuick,
+                  GbTime("alloc/sgm", BM_SgmAllocFree), GbTime("alloc/jemalloc", BM_JemallocPair)});
+
+// Pairs per second with 2 threads over with 1: how the path scales.
+Measure Scaling(const std::string &label, Body b) {
+  return [label, b](const RunContext &rc, std::string *skip) {
+    double two = RunGb({label + "/2", b, {}, 2, false, "pairs/s", 1, 0}, rc, skip);
+    if (!skip->empty()) return 0.0;
+    double one = RunGb({label + "/1", b, {}, 1, false, "pairs/s", 1, 0}, rc, skip);
+    return skip->empty() && one > 0 ? two / one : 0.0;
+  };
+}
+
+SGM_BENCH_FIGURE({"alloc.scaling.2t", "sgm_alloc+sgm_free pairs/s, 2 threads over 1 thread", "x",
+                  "jemalloc's 2-thread over 1-thread pairs/s", Better::kHigher, Target::Value(kAtLeast, 1.6),
+                  kQuick, Scaling("alloc/sgm", BM_SgmAllocFree), Scaling("alloc/jemalloc", BM_JemallocPair)});
+
+// ---- shared GPU memory ----
+
+SGM_BENCH_FIGURE({"shared.fallback", "pair that falls back to shared memory (VRAM full), 256 B-256 KiB", "ns",
+                  "the same pairs on the VRAM path", Better::kLower, Target::Ratio(kAtMost, 1.3), kQuick,
+                  GbTime("shared/fallback", BM_FallbackPath), GbTime("shared/vram", BM_VramPath)});
+
+Measure CommitUs(const std::string &label, Body b, int64_t bytes) {
+  return GbMeasure({label, std::move(b), {bytes}, 1, false, "", 1e-3, 0});
+}
+
+SGM_BENCH_FIGURE({"shared.commit.2MiB", "commit a fresh 2 MiB shared chunk (mmap, NUMA bind, mlock, carve)", "us",
+                  "mmap+mlock of 2 MiB", Better::kLower, Target::Ratio(kAtMost, 1.1), kQuick,
+                  CommitUs("commit/sgm/2MiB", BM_SharedCommit, 2 << 20),
+                  CommitUs("commit/mmap/2MiB", BM_MmapMlock, 2 << 20)});
+SGM_BENCH_FIGURE({"shared.commit.64MiB", "commit a fresh 64 MiB shared chunk", "us", "mmap+mlock of 64 MiB",
+                  Better::kLower, Target::Ratio(kAtMost, 1.1), kFullOnly,
+                  CommitUs("commit/sgm/64MiB", BM_SharedCommit, 64 << 20),
+                  CommitUs("commit/mmap/64MiB", BM_MmapMlock, 64 << 20)});
+
+// ---- movable buffers ----
+
+#define SGM_BENCH_DEMOTE(mib, mode)                                                                       \
+  SGM_BENCH_FIGURE({"buffers.demote_promote." #mib "MiB",                                                 \
+                    "demote VRAM->shared + promote back, " #mib " MiB buffer", "GB/s",                   \
+                    "memcpy both ways, same bytes", Better::kHigher, Target::Ratio(kAtLeast, 0.9), mode, \
+                    GbBandwidth("buffers/sgm/" #mib, BM_DemotePromote, {int64_t{mib} << 20}),           \
+                    GbBandwidth("buffers/memcpy/" #mib, BM_MemcpyTwoWays, {int64_t{mib} << 20})})
+SGM_BENCH_DEMOTE(1, kQuick);
+SGM_BENCH_DEMOTE(16, kFullOnly);
+SGM_BENCH_DEMOTE(64, kFullOnly);
+
+// ---- disk spill tier ----
+
+// The disk bodies' buffers, set up once, in the folder of the first run.
+void DiskReady(const RunContext &rc) {
+  static bool ready = false;
+  if (!ready) ready = DiskSetup(rc.spill_dir);
+}
+
+Measure Disk(const std::string &label, void (*body)(benchmark::State &), int64_t ext_mib) {
+  Gb g{label, body, {ext_mib, 1}, 1, true, "bytes_per_second", 1e-9, 0.1};
+  return [g](const RunContext &rc, std::string *skip) {
+    DiskReady(rc);
+    return RunGb(g, rc, skip);
+  };
+}
+
+#define SGM_BENCH_DISK(op, Op, ext, mode)                                                                  \
+  SGM_BENCH_FIGURE({"disk." #op "." #ext "MiB", "spill " #op " of 64 MiB in " #ext " MiB extents, O_DIRECT" \
+                    ", checksummed", "GB/s", "raw O_DIRECT p" #op " of the same extents, same folder",     \
+                    Better::kHigher, Target::Ratio(kAtLeast, 0.8), mode,                                  \
+                    Disk("disk/sgm/" #op "/" #ext, BM_Sgm##Op, ext),                                      \
+                    Disk("disk/raw/" #op "/" #ext, BM_Raw##Op, ext)})
+SGM_BENCH_DISK(write, Write, 8, kQuick);
+SGM_BENCH_DISK(read, Read, 8, kQuick);
+SGM_BENCH_DISK(write, Write, 1, kFullOnly);
+SGM_BENCH_DISK(read, Read, 1, kFullOnly);
+SGM_BENCH_DISK(write, Write, 64, kFullOnly);
+SGM_BENCH_DISK(read, Read, 64, kFullOnly);
+
+// ---- eviction policies on the Mooncake trace ----
+
+// The trace, OPT's hit ratio and each policy's, per folder, computed once:
+// hit ratios do not vary between runs.
+struct Mooncake {
+  replay_trace trace{};          // the loaded trace
+  uint64_t vram_bytes = 0;       // 10% of its distinct blocks
+  double opt_pct = 0;            // Belady's OPT (with bypass), percent
+  std::map<std::string, double> policy_pct;  // each policy's hit ratio, percent
+  std::string error;             // why it cannot be used
+};
+Mooncake *LoadMooncake(const RunContext &rc, std::string *skip) {
+  static std::map<std::string, std::unique_ptr<Mooncake>> cache;
+  auto &slot = cache[rc.traces_dir];
+  if (!slot) {
+    slot.reset(new Mooncake);
+    std::string path = rc.traces_dir + "/mooncake/conversation_trace.jsonl";
+    char err[REPLAY_ERR_MAX] = "";
+    replay_result opt{};
+    if (!std::ifstream(path)) {
+      slot->error = "no Mooncake trace at " + path + " (--traces DIR)";
+    } else if (replay_trace_load(path.c_str(), 0, &slot->trace, err, sizeof err) != 0 ||
+               slot->trace.n_blocks == 0) {
+      slot->error = std::string("the Mooncake trace cannot be used: ") + err;
+    } else {
+      uint64_t blocks = std::max<uint64_t>(1, slot->trace.n_blocks / 10);
+      slot->vram_bytes = blocks * slot->trace.uniform_bytes;
+      if (replay_opt(&slot->trace, slot->vram_bytes, &opt, err, sizeof err) != 0)
+        slot->error = std::string("OPT failed: ") + err;
+      else
+        slot->opt_pct = 100 * replay_hit_ratio(&opt);
+    }
+  }
+  if (!slot->error.empty()) {
+    *skip = slot->error;
+    return nullptr;
+  }
+  return slot.get();
+}
+
+double PolicyPct(Mooncake *m, const std::string &policy, std::string *skip) {
+  auto it = m->policy_pct.find(policy);
+  if (it != m->policy_pct.end()) return it->second;
+  replay_sgm_params p{};
+  p.policy = policy.c_str();
+  p.vram_bytes = m->vram_bytes;
+  replay_result r{};
+  char err[REPLAY_ERR_MAX] = "";
+  if (replay_sgm(&m->trace, &p, &r, err, sizeof err) != 0) {
+    *skip = "replay of " + policy + " failed: " + err;
+    return 0;
+  }
+  return m->policy_pct[policy] = 100 * replay_hit_ratio(&r);
+}
+
+double Opt(const RunContext &rc, std::string *skip) {
+  Mooncake *m = LoadMooncake(rc, skip);
+  return m ? m->opt_pct : 0;
+}
+
+double Lru(const RunContext &rc, std::string *skip) {
+  Mooncake *m = LoadMooncake(rc, skip);
+  return m ? PolicyPct(m, "lru", skip) : 0;
+}
+
+double Best(const RunContext &rc, std::string *skip) {
+  Mooncake *m = LoadMooncake(rc, skip);
+  if (!m) return 0;
+  double best = 0;
+  for (const char *const *n = replay_policy_names(); *n; n++) {
+    best = std::max(best, PolicyPct(m, *n, skip));
+    if (!skip->empty()) return 0;
+  }
+  return best;
+}
+
+SGM_BENCH_FIGURE({"replay.mooncake.lru", "Mooncake trace, VRAM = 10% of its blocks: LRU's hit ratio", "%",
+                  "Belady's OPT, same trace and capacity", Better::kHigher, Target::None(), kQuick, Lru, Opt,
+                  1, "traces"});
+SGM_BENCH_FIGURE({"replay.mooncake.best", "Mooncake trace, VRAM = 10% of its blocks: the best policy's hit ratio",
+                  "%", "Belady's OPT, same trace and capacity", Better::kHigher, Target::Value(kAtLeast, 30),
+                  kFullOnly, Best, Opt, 1, "traces"});
+
+}  // namespace
+
+}  // namespace sgm_bench

@@ -1,0 +1,35 @@
+// report.h — what sgm-bench makes of a result document (schema "sgm-bench/1",
+// docs/sgm-bench.md): the terminal table, the comparison of two runs and the
+// Markdown page docs/benchmarks.md. No Google Benchmark here: the tests link
+// this and json.h alone.
+#ifndef SGM_BENCH_REPORT_H
+#define SGM_BENCH_REPORT_H
+
+#include <cstdio>
+#include <string>
+
+#include "json.h"
+
+namespace sgm_bench {
+
+// The table: figure, sgm, reference, ratio (and its spread), target, verdict;
+// then one line per skipped figure saying why.
+void PrintTable(const Json &doc, FILE *out);
+
+// The figures of a and b side by side with the change in each ratio. A
+// regression: b's ratio moved the bad way by more than the noise band, the
+// sum of both runs' spreads (relative half-ranges of the per-repetition
+// ratios). Returns the number of regressions, or -1 (with *err) when either
+// document is not a result file.
+int Compare(const Json &a, const Json &b, FILE *out, std::string *err);
+
+// docs/benchmarks.md from one run.
+std::string Markdown(const Json &doc);
+
+// "" when doc has the shape of a result file (every required member, of its
+// type; measured figures positive); else the first fault.
+std::string CheckSchema(const Json &doc);
+
+}  // namespace sgm_bench
+
+#endif  // SGM_BENCH_REPORT_H

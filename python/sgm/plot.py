@@ -1,0 +1,207 @@
+"""sgm.plot — a picture of where the memory went, as Task Manager's GPU page
+draws it: dedicated and shared GPU memory (and disk) over time, one stacked
+band per process, the budgets as lines, fallbacks and evictions marked.
+
+    python3 -m sgm.plot FILE.csv -o out.png [--width PX] [--height PX] [--title T]
+
+FILE is a record in the format of docs/record-format.md, as `sgm-smi --record`
+and `sgm-demo --plot` write it. Needs matplotlib (Debian: python3-matplotlib);
+draws with the Agg backend, no display needed. The PNG is exactly
+--width x --height pixels (default 1200 x 800).
+"""
+import argparse
+import csv
+import sys
+
+COLUMNS = ["time_s", "device", "pid", "name", "vram_used", "vram_budget", "shared_used",
+           "shared_budget", "disk_used", "vram_peak", "fallbacks", "evictions", "device_total",
+           "shared_cap"]
+_INTS = COLUMNS[4:]
+
+
+class RecordError(ValueError):
+    """The file is not a record in docs/record-format.md's format."""
+
+
+def read_record(path):
+    """The rows of a record as dicts (time_s float, pid and the byte/count
+    columns int, device and name str). RecordError names the line at fault."""
+    rows = []
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            raise RecordError(f"{path}: empty file (expected the header line "
+                              f"{','.join(COLUMNS)})")
+        if [h.strip() for h in header] != COLUMNS:
+            raise RecordError(f"{path}:1: the header is {','.join(header)!r}, expected "
+                              f"{','.join(COLUMNS)} (docs/record-format.md)")
+        for line, fields in enumerate(reader, start=2):
+            if not fields:
+                continue
+            if len(fields) != len(COLUMNS):
+                raise RecordError(f"{path}:{line}: {len(fields)} fields, expected "
+                                  f"{len(COLUMNS)}")
+            row = dict(zip(COLUMNS, fields))
+            try:
+                row["time_s"] = float(row["time_s"])
+                row["pid"] = int(row["pid"])
+                for k in _INTS:
+                    row[k] = int(row[k])
+                    if row[k] < 0:
+                        raise ValueError(f"{k} is negative")
+            except ValueError as e:
+                raise RecordError(f"{path}:{line}: {e}") from None
+            rows.append(row)
+    if not rows:
+        raise RecordError(f"{path}: a header but no samples")
+    return rows
+
+
+def series(rows, device):
+    """One device's record as aligned series: (times, processes) where
+    processes maps (pid, name) to {column: [value per time]}, 0 where the
+    process was not live in that sample."""
+    mine = [r for r in rows if r["device"] == device]
+    times = sorted({r["time_s"] for r in mine})
+    index = {t: i for i, t in enumerate(times)}
+    procs = {}
+    for r in mine:
+        key = (r["pid"], r["name"])
+        p = procs.setdefault(key, {k: [0] * len(times) for k in _INTS})
+        for k in _INTS:
+            p[k][index[r["time_s"]]] = r[k]
+    return times, procs
+
+
+def _unit(max_bytes):
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if max_bytes >= 2 * scale:
+            return unit, scale
+    return "bytes", 1
+
+
+def _marks(times, counts):
+    """The sample indices where a cumulative count went up, and by how much."""
+    out = []
+    for i in range(1, len(times)):
+        if counts[i] > counts[i - 1]:
+            out.append((i, counts[i] - counts[i - 1]))
+    if times and counts[0] > 0:
+        out.insert(0, (0, counts[0]))
+    return out
+
+
+def draw(rows, out, width=1200, height=800, title=None, dpi=100):
+    """Draw the record's rows into a PNG of width x height pixels."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    devices = sorted({r["device"] for r in rows})
+    show_disk = any(r["disk_used"] for r in rows)
+    panels = [("Dedicated GPU memory", "vram_used"), ("Shared GPU memory", "shared_used")]
+    if show_disk:
+        panels.append(("Disk (spill)", "disk_used"))
+    fig, axes = plt.subplots(len(panels), len(devices), squeeze=False, sharex="col",
+                             figsize=(width / dpi, height / dpi), dpi=dpi)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for col, device in enumerate(devices):
+        times, procs = series(rows, device)
+        keys = sorted(procs)
+        colour = {k: colours[i % len(colours)] for i, k in enumerate(keys)}
+        for row, (label, column) in enumerate(panels):
+            ax = axes[row][col]
+            stacked = [sum(procs[k][column][i] for k in keys) for i in range(len(times))]
+            budget_of = {"vram_used": "vram_budget", "shared_used": "shared_budget"}.get(column)
+            cap_of, cap_label = {"vram_used": ("device_total", "device memory"),
+                                 "shared_used": ("shared_cap", "shared GPU memory cap")
+                                 }.get(column, (None, None))
+            # The scale follows what was used; a budget or cap more than 3x above
+            # it runs off the top (a line clipped there) and the legend says so.
+            used_top = max(stacked + [0])
+            lines = []  # (label, colour, style, values)
+            if budget_of:
+                for k in keys:
+                    lines.append((f"budget {k[1]} ({k[0]})", colour[k], "--", procs[k][budget_of]))
+            if cap_of:
+                cap = [max(procs[k][cap_of][i] for k in keys) for i in range(len(times))]
+                if max(cap):
+                    lines.append((cap_label, "black", "-", cap))
+            top = used_top
+            for _, _, _, values in lines:
+                if used_top == 0 or max(values) <= 3 * used_top:
+                    top = max(top, max(values))
+            top = max(top, 1)
+            unit, scale = _unit(top)
+            stacks = [[v / scale for v in procs[k][column]] for k in keys]
+            ax.stackplot(times, stacks, colors=[colour[k] for k in keys], alpha=0.75,
+                         labels=[f"{name} ({pid})" for pid, name in keys], step="post")
+            for label_, colour_, style, values in lines:
+                if max(values) > 1.08 * top:
+                    label_ += f" (up to {max(values) / scale:,.0f} {unit}: off scale)"
+                ax.step(times, [v / scale for v in values], where="post", color=colour_,
+                        linestyle=style, linewidth=1.2 if style == "--" else 1.0, label=label_)
+            # Fallbacks land in shared memory; evictions leave VRAM: mark them there,
+            # at most one mark per 1/60 of the time axis (a busy run makes thousands).
+            marker_of = {"shared_used": ("fallbacks", "v", "tab:red"),
+                         "vram_used": ("evictions", "x", "tab:purple")}
+            if column in marker_of:
+                counter, marker, mcolour = marker_of[column]
+                total_marks, bins = 0, {}
+                span = (times[-1] - times[0]) or 1.0
+                for k in keys:
+                    for i, n in _marks(times, procs[k][counter]):
+                        total_marks += n
+                        bins.setdefault(int(60 * (times[i] - times[0]) / span), i)
+                if bins:
+                    xs = [times[i] for i in bins.values()]
+                    ys = [stacked[i] / scale for i in bins.values()]
+                    ax.scatter(xs, ys, marker=marker, color=mcolour, s=28, zorder=5,
+                               label=f"{counter} ({total_marks})")
+            ax.set_ylim(0, 1.08 * top / scale)
+            ax.set_ylabel(f"{label}\n[{unit}]")
+            ax.grid(True, alpha=0.3)
+            if row == 0:
+                ax.set_title(f"device {device}")
+            if row == len(panels) - 1:
+                ax.set_xlabel("time [s]")
+            if col == len(devices) - 1:
+                ax.legend(loc="upper left", fontsize="small", framealpha=0.8)
+    fig.suptitle(title or "sgm: where the GPU memory went")
+    fig.tight_layout()
+    fig.savefig(out, dpi=dpi, format="png")
+    plt.close(fig)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python3 -m sgm.plot", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("record", help="CSV record (docs/record-format.md)")
+    ap.add_argument("-o", "--output", help="PNG to write (default: the record's name with .png)")
+    ap.add_argument("--width", type=int, default=1200, help="pixels (default 1200)")
+    ap.add_argument("--height", type=int, default=800, help="pixels (default 800)")
+    ap.add_argument("--title", help="the figure's title")
+    args = ap.parse_args(argv)
+    if not 100 <= args.width <= 10000 or not 100 <= args.height <= 10000:
+        ap.error("--width and --height must be within 100..10000 pixels")
+    out = args.output or (args.record.rsplit(".", 1)[0] + ".png")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("sgm.plot: matplotlib is missing: install it (Debian: apt-get install "
+              "python3-matplotlib) for this python3", file=sys.stderr)
+        return 2
+    try:
+        rows = read_record(args.record)
+    except (OSError, RecordError) as e:
+        print(f"sgm.plot: {e}", file=sys.stderr)
+        return 1
+    draw(rows, out, args.width, args.height, args.title)
+    print(f"sgm.plot: wrote {out} ({args.width}x{args.height}) from {len(rows)} rows of "
+          f"{args.record}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""python3 -m sgm.plot: a record (docs/record-format.md) becomes a PNG of the
+asked size; bad records are refused with the line at fault."""
+import os
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from conftest import HERE, child_env
+from sgm import plot
+
+FIXTURES = os.path.join(HERE, "fixtures")
+
+
+def png_size(path):
+    """(width, height) from a PNG's IHDR chunk; AssertionError if not a PNG."""
+    with open(path, "rb") as f:
+        head = f.read(33)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG signature"
+    length, kind = struct.unpack(">I4s", head[8:16])
+    assert kind == b"IHDR" and length == 13
+    return struct.unpack(">II", head[16:24])
+
+
+def run_plot(*args):
+    return subprocess.run([sys.executable, "-m", "sgm.plot", *args], env=child_env(),
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("record,width,height", [("demo-record.csv", 1000, 700),
+                                                 ("two-processes.csv", 640, 480)])
+def test_plot_writes_a_png_of_the_asked_size(tmp_path, record, width, height):
+    """Invariant: the command exits 0 and writes a PNG exactly width x height
+    that is a picture (decodes; many colours), not an empty canvas."""
+    out = tmp_path / "out.png"
+    r = run_plot(os.path.join(FIXTURES, record), "-o", str(out), "--width", str(width),
+                 "--height", str(height))
+    assert r.returncode == 0, r.stderr
+    assert png_size(out) == (width, height)
+    import matplotlib.image
+    pixels = matplotlib.image.imread(str(out))
+    assert pixels.shape[:2] == (height, width)
+    colours = {tuple(p) for p in pixels.reshape(-1, pixels.shape[2])[::37].tolist()}
+    assert len(colours) > 20
+
+
+def test_default_output_name_and_size(tmp_path):
+    src = tmp_path / "rec.csv"
+    src.write_text(open(os.path.join(FIXTURES, "two-processes.csv")).read())
+    assert plot.main([str(src)]) == 0
+    assert png_size(tmp_path / "rec.png") == (1200, 800)
+
+
+def test_series_fill_absent_processes_with_zero():
+    rows = plot.read_record(os.path.join(FIXTURES, "two-processes.csv"))
+    times, procs = plot.series(rows, "GPU-5f3c0d2e-emu")
+    assert times == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+    assert set(procs) == {(101, "trainer"), (202, "notebook")}
+    assert procs[(202, "notebook")]["vram_used"] == [0, 0, 0, 268435456, 268435456, 0, 0]
+    assert procs[(101, "trainer")]["disk_used"][4] == 268435456
+    # Cumulative counters become marks where they rose, with the increase.
+    assert plot._marks(times, procs[(101, "trainer")]["fallbacks"]) == [(2, 2), (3, 3), (4, 2)]
+    assert plot._marks(times, procs[(101, "trainer")]["evictions"]) == [(3, 3), (4, 6)]
+
+
+@pytest.mark.parametrize("text,why", [
+    ("", "empty file"),
+    ("time_s,device,pid\n1,a,2\n", "the header is"),
+    (",".join(plot.COLUMNS) + "\n", "no samples"),
+    (",".join(plot.COLUMNS) + "\n0.1,d,1,n,1,2,3\n", ":2: 7 fields"),
+    (",".join(plot.COLUMNS) + "\n0.1,d,1,n,1,2,3,4,5,6,7,-8,9,10\n", ":2: evictions is negative"),
+    (",".join(plot.COLUMNS) + "\n0.1,d,1,n,1,2,3,4,5,6,7,8,9,ten\n", ":2: invalid literal"),
+])
+def test_bad_records_are_refused_naming_the_line(tmp_path, capsys, text, why):
+    src = tmp_path / "bad.csv"
+    src.write_text(text)
+    assert plot.main([str(src), "-o", str(tmp_path / "bad.png")]) == 1
+    err = capsys.readouterr().err
+    assert why in err, err
+    assert not (tmp_path / "bad.png").exists()
+
+
+def test_sizes_out_of_range_are_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        plot.main([os.path.join(FIXTURES, "two-processes.csv"), "--width", "5"])
+    assert e.value.code == 2 and "--width" in capsys.readouterr().err
