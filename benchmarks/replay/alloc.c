@@ -178,3 +178,46 @@ int replay_alloc_min_budget(const replay_trace *t, int vmm, uint64_t *budget_out
   *budget_out = hi;
   return 0;
 }
+
+int replay_alloc_granule_cost(int backend, int vmm, unsigned n, double *ns_out,
+                              uint64_t *granule_out, char *err, size_t err_len) {
+  *ns_out = 0;
+  *granule_out = 0;
+  sgm_config cfg;
+  sgm_config_init(&cfg);
+  cfg.backend = (sgm_backend_kind)backend;
+  cfg.allow_growth = 1;
+  cfg.vram_vmm = vmm;
+  cfg.vram_limit = (sgm_size){.bytes = UINT64_C(256) << 20, .fraction = 0};
+  cfg.emu_vram_bytes = UINT64_C(256) << 20;
+  cfg.shared_fallback = 0;
+  cfg.idle_trim_ms = 0;
+  cfg.verbose = 0;
+  sgm_context *ctx = NULL;
+  sgm_status st = sgm_context_create(&cfg, &ctx);
+  if (st != SGM_OK)
+    return alloc_fail(err, err_len, "cannot create the sgm context: %s (%s)", sgm_last_error(),
+                      sgm_status_string(st));
+  sgm_stats s;
+  sgm_get_stats(ctx, &s);
+  *granule_out = s.vram_granule_bytes;
+  size_t bytes = s.vram_granule_bytes ? (size_t)s.vram_granule_bytes : (size_t)2 << 20;
+  int rc = 0;
+  double t0 = alloc_now();
+  for (unsigned i = 0; i < n; i++) {
+    void *p = sgm_alloc(ctx, bytes, NULL);
+    if (!p) {
+      rc = alloc_fail(err, err_len, "sgm_alloc of %zu bytes failed: %s", bytes, sgm_last_error());
+      break;
+    }
+    sgm_free(ctx, p, NULL);
+    sgm_trim(ctx);
+  }
+  *ns_out = n ? (alloc_now() - t0) * 1e9 / n : 0;
+  sgm_get_stats(ctx, &s);
+  if (rc == 0 && s.tier[SGM_TIER_VRAM].committed_bytes != 0)
+    rc = alloc_fail(err, err_len, "sgm_trim left %llu bytes committed",
+                    (unsigned long long)s.tier[SGM_TIER_VRAM].committed_bytes);
+  sgm_context_destroy(ctx);
+  return rc;
+}

@@ -17,6 +17,8 @@
 #   graph-capture  a CUDA graph captured and replayed by PyTorch through sgm
 #   two-streams    PyTorch tensors on two streams, checked byte for byte
 #   bench-cuda     bench_cuda with small sizes (BENCH_CUDA_MAX_MIB=64)
+#   vmm-granule    one VRAM granule mapped + unmapped through sgm, beside a chunk
+#                  (cuMemAlloc + cuMemFree) and mmap + munmap (sgm-alloc-replay)
 # writes each step's log to $OUT/<step>.log and a summary table (step, status,
 # seconds, key figure) to stdout and $OUT/summary.txt. Exit status: 0 when
 # every step passed, 1 when any failed, timed out or skipped itself (a step
@@ -127,6 +129,8 @@ step two-streams 45 '^key:' env SGM_VRAM_LIMIT=$((512 * 1024 * 1024)) \
 step bench-cuda 60 '^bench_cuda: (H2D|D2H|kernel|pair|transfer)' env BENCH_CUDA_MAX_MIB=64 \
   "$BUNDLE/bin/bench_cuda" --benchmark_color=false --benchmark_min_time=0.05
 grep -E '^bench_cuda: ' "$OUT/bench-cuda.log" 2>/dev/null | sed 's/^/   | /'
+step vmm-granule 30 '^granule cuda: [0-9]* bytes' "$BUNDLE/bin/sgm-alloc-replay" --granule --backend cuda
+grep -E '^granule ' "$OUT/vmm-granule.log" 2>/dev/null | sed 's/^/   | /'
 
 # ---- summary ----
 n_pass=0 n_other=0
@@ -138,6 +142,7 @@ n_pass=0 n_other=0
     printf '%-24s %-5s %5s  %s\n' "${NAMES[$i]}" "${STATUS[$i]}" "${SECS[$i]}" "${KEYS[$i]}"
   done
   grep -E '^bench_cuda: ' "$OUT/bench-cuda.log" 2>/dev/null
+  grep -E '^granule ' "$OUT/vmm-granule.log" 2>/dev/null
   echo "logs: $OUT"
 } | tee "$OUT/summary.txt"
 for s in "${STATUS[@]}"; do
