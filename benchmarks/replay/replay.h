@@ -44,6 +44,9 @@ typedef enum replay_format {
   REPLAY_FMT_MOONCAKE   /* JSON Lines with hash_ids */
 } replay_format;
 
+/* Write a message into err (as snprintf) and return -1: the error convention above. */
+int replay_fail(char *err, size_t err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* "csv", "minimalloc", "mooncake", "unknown". */
 const char *replay_format_name(replay_format f);
 
