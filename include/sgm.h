@@ -65,6 +65,14 @@ typedef enum sgm_backend_kind {
   SGM_BACKEND_AUTO = 2  /* cuda when a device answers, else emu with a notice */
 } sgm_backend_kind;
 
+/* What sgm_alloc hands out (SGM_POINTERS; docs/managed.md). */
+typedef enum sgm_pointer_mode {
+  SGM_POINTERS_FIXED = 0,   /* a pointer is placed once and never moves (the default) */
+  SGM_POINTERS_MANAGED = 1, /* blocks from 2 MiB up are CUDA Unified Memory that sgm moves between
+                               VRAM and shared memory under the same address */
+  SGM_POINTERS_AUTO = 2     /* managed where the device and driver support it, else fixed */
+} sgm_pointer_mode;
+
 /*
  * A size option: an absolute byte count, or a fraction of a reference (the
  * device's memory for VRAM sizes, physical RAM for host sizes, free disk space
@@ -84,6 +92,12 @@ typedef struct sgm_size {
  * fields in code (code wins over the environment). Fields are only ever added
  * at the end.
  */
+/* SGM_SHARE_MODE: how a process's budgets follow the others on its device. */
+typedef enum sgm_share_mode {
+  SGM_SHARE_FAIR = 0, /* reservation + a weighted share of the rest; idle shares lent */
+  SGM_SHARE_SOLO = 1  /* budgets as if alone (sgm before the node registry) */
+} sgm_share_mode;
+
 typedef struct sgm_config {
   sgm_backend_kind backend;       /* SGM_BACKEND */
   int device;                     /* SGM_DEVICE: device ordinal */
@@ -103,6 +117,17 @@ typedef struct sgm_config {
   char policy_vram[SGM_NAME_MAX];   /* SGM_POLICY_VRAM: the VRAM tier's policy; "" = policy */
   char policy_shared[SGM_NAME_MAX]; /* SGM_POLICY_SHARED: the shared tier's policy; "" = policy */
   uint64_t shared_chunk_bytes;    /* SGM_SHARED_CHUNK: first pinned chunk of the shared tier */
+  /* Node-wide sharing (docs/node.md): one registry per device, fair budgets. */
+  int node;                       /* SGM_NODE: 1 = join the node registry, 0 = run untracked */
+  char node_dir[SGM_PATH_MAX];    /* SGM_NODE_DIR: the registry's directory; "" = /dev/shm */
+  int node_group;                 /* SGM_NODE_GROUP: 1 = share the registry with the group (0660) */
+  int share_mode;                 /* SGM_SHARE_MODE: sgm_share_mode */
+  int share_weight;               /* SGM_SHARE_WEIGHT: this process's weight in fair shares */
+  sgm_size vram_reserve;          /* SGM_VRAM_RESERVE: VRAM guaranteed to this process; unset = 0 */
+  uint64_t node_period_ms;        /* SGM_NODE_PERIOD_MS: publish and rebalance period */
+  char emu_device[SGM_NAME_MAX];  /* SGM_EMU_DEVICE: name of an emulated device shared by processes */
+  sgm_pointer_mode pointers;      /* SGM_POINTERS: fixed, managed or auto */
+  int emu_managed;                /* SGM_EMU_MANAGED: the emulated device offers Unified Memory */
   int vram_vmm;                   /* SGM_VRAM_VMM: 1 = growth on one reserved range when the device can */
   /*
    * The first bad environment value sgm_config_init() met, as a message that
@@ -228,6 +253,11 @@ typedef struct sgm_stats {
   uint64_t device_total_bytes; /* memory of the device as the backend reports it */
   uint64_t physical_ram_bytes; /* min(machine RAM, cgroup limit) */
   uint64_t n_bad_frees;      /* frees of foreign pointers or double frees refused */
+  uint64_t n_managed_promotions;   /* managed blocks moved from shared memory into VRAM */
+  uint64_t n_managed_demotions;    /* managed blocks moved from VRAM into shared memory */
+  uint64_t managed_promoted_bytes; /* bytes of those promotions */
+  uint64_t managed_demoted_bytes;  /* bytes of those demotions */
+  uint64_t n_managed_live;         /* live managed (movable) blocks, wherever placed */
   uint64_t vram_granule_bytes;  /* VRAM grows on one reserved range in granules of this size
                                    (the driver's virtual-memory API); 0 = chunks or reserved */
   uint64_t vram_reserved_bytes; /* that range's size (address space, not memory); 0 = none */
@@ -335,6 +365,44 @@ SGM_API sgm_tier sgm_buffer_tier(const sgm_buffer *b);
 SGM_API size_t sgm_buffer_size(const sgm_buffer *b);
 /* Free the buffer wherever it lives (waits for a prefetch in flight). NULL is a no-op. */
 SGM_API void sgm_buffer_destroy(sgm_buffer *b);
+
+/* ---- Managed pointers (SGM_POINTERS=managed; docs/managed.md). Blocks from
+ * sgm_alloc of SGM_MANAGED_MOVABLE_BYTES and more are CUDA Unified Memory:
+ * the pointer stays, its pages move between VRAM and shared memory as sgm's
+ * residency policy decides. Smaller blocks are placed once, as in fixed mode.
+ * All calls are thread-safe. ---- */
+
+/* Blocks of this size and up are movable in managed mode (2 MiB: the large
+ * page the GPU maps; smaller blocks would share pages with their neighbours). */
+#define SGM_MANAGED_MOVABLE_BYTES ((size_t)2 << 20)
+
+/* What a caller says about a managed block (sgm_advise). */
+typedef enum sgm_hint {
+  SGM_HINT_NONE = 0, /* only the priority changes */
+  SGM_HINT_HOT = 1,  /* about to be used: counted as a use, and brought into VRAM now if it
+                        fits there after demoting colder blocks of lower or equal priority */
+  SGM_HINT_COLD = 2  /* not needed for a while: moved to shared memory now */
+} sgm_hint;
+
+/*
+ * Set the residency priority of the managed block at ptr (the start of a live
+ * block from sgm_alloc), and apply a hint. A lower priority leaves VRAM first;
+ * after VRAM room appears, shared-placed blocks come back highest priority
+ * first. SGM_ERR_INVALID when ptr is not a live managed block (a fixed
+ * pointer, or a context in fixed mode) or priority is out of range; the
+ * status of a failed move for a hint (the block stays where it was).
+ */
+SGM_API sgm_status sgm_advise(sgm_context *ctx, void *ptr, sgm_priority priority, sgm_hint hint);
+
+/*
+ * Move the managed block holding [ptr, ptr + size) to tier (SGM_TIER_VRAM or
+ * SGM_TIER_SHARED), in order on `stream` after the work queued there (as
+ * D3D12's EnqueueMakeResident). Pages move whole, so the whole block moves.
+ * To VRAM, colder blocks are demoted to make room as far as the policy
+ * allows; SGM_ERR_NOMEM (the block stays) when it cannot fit.
+ * SGM_ERR_INVALID when the range is not inside one live managed block.
+ */
+SGM_API sgm_status sgm_prefetch(sgm_context *ctx, void *ptr, size_t size, sgm_tier tier, void *stream);
 
 /*
  * Fallback notification: called (on the allocating thread, without sgm locks

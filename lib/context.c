@@ -57,6 +57,8 @@ uint64_t sgm__context_idle_tick(sgm_context *ctx) {
     if (sgm__tier_has_cached(ctx->tiers[t])) sgm__tier_reclaim(ctx->tiers[t], NULL, SGM_RECLAIM_QUERY);
     returned += sgm__tier_idle_trim(ctx->tiers[t], now, ctx->cfg.idle_trim_ms);
   }
+  /* Managed blocks in shared memory take the VRAM room that has appeared. */
+  if (ctx->managed) sgm__managed_promote(ctx, UINT64_MAX);
   if (returned) {
     char b[32];
     sgm__log(ctx->cfg.verbose, 3, "idle trim returned %s", sgm__fmt_bytes(returned, b, sizeof b));
@@ -70,14 +72,7 @@ static void *context_idle_main(void *arg) {
   if (period < CONTEXT_IDLE_MIN_PERIOD_MS) period = CONTEXT_IDLE_MIN_PERIOD_MS;
   sgm__lock_take(&ctx->idle_mu);
   while (!ctx->idle_stop) {
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += (time_t)(period / 1000);
-    until.tv_nsec += (long)(period % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-      until.tv_sec++;
-      until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = sgm__clock_deadline(period);
     int rc = 0;
     while (!ctx->idle_stop && rc != ETIMEDOUT)
       rc = pthread_cond_timedwait(&ctx->idle_cond, &ctx->idle_mu.mu, &until);
@@ -91,11 +86,7 @@ static void *context_idle_main(void *arg) {
 }
 
 static int context_start_idle_thread(sgm_context *ctx) {
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&ctx->idle_cond, &ca);
-  pthread_condattr_destroy(&ca);
+  sgm__clock_cond_init(&ctx->idle_cond);
   sgm__lock_init(&ctx->idle_mu, SGM_LOCK_IDLE);
   if (ctx->cfg.idle_trim_ms == 0) return SGM_OK;
   int e = pthread_create(&ctx->idle_thread, NULL, context_idle_main, ctx);
@@ -227,6 +218,9 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   sgm_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_NOMEM, "out of host memory creating a context");
   ctx->cfg = *cfg_in;
+  /* First: the node registry's first tick (before the tiers) reads the clock. */
+  sgm__lock_init(&ctx->lock, SGM_LOCK_CONTEXT);
+  ctx->clock_ms = context_monotonic_ms;
   pthread_once(&context_fork_once, context_fork_register);
   ctx->fork_generation = __atomic_load_n(&sgm__fork_generation, __ATOMIC_RELAXED);
   ctx->owner_pid = getpid();
@@ -240,6 +234,8 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   uint64_t free_bytes = 0;
   rc = ctx->bops->mem_info(ctx->be, &free_bytes, &ctx->device_total_bytes);
   if (rc != SGM_OK) goto out_close;
+  rc = sgm__managed_open(ctx);
+  if (rc != SGM_OK) goto out_close;
   ctx->physical_ram_bytes = sgm__host_physical_ram("");
 
   rc = context_vram_budget(ctx, ctx->vram_fraction, "SGM_VRAM_FRACTION",
@@ -249,19 +245,31 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   /* The disk tier's budget is resolved by placement when it opens the spill
    * file (SGM_SPILL_LIMIT against the free space there); 0 = no disk tier. */
   ctx->budget_bytes[SGM_TIER_DISK] = 0;
+  /* The node registry: the tiers start with this process's fair part. */
+  uint64_t start_budget[2];
+  rc = sgm__share_join(ctx, &start_budget[SGM_TIER_VRAM], &start_budget[SGM_TIER_SHARED]);
+  if (rc != SGM_OK) goto out_share;
 
   sgm_tier_params vp = {
       .tier = SGM_TIER_VRAM,
       .ops = &sgm__vram_chunk_ops,
       .bops = ctx->bops,
       .be = ctx->be,
-      .budget_bytes = ctx->budget_bytes[SGM_TIER_VRAM],
+      .budget_bytes = ctx->share ? start_budget[SGM_TIER_VRAM] : ctx->budget_bytes[SGM_TIER_VRAM],
       .growth = ctx->cfg.allow_growth != 0,
       .growth_chunk_bytes = ctx->cfg.growth_chunk_bytes,
       .verbose = ctx->cfg.verbose,
       .vmm = ctx->cfg.vram_vmm != 0,
+      .vmm_range_bytes = ctx->device_total_bytes,
   };
   vp.max_chunk_bytes = CONTEXT_VRAM_MAX_CHUNK;
+  if (ctx->managed && !vp.growth) {
+    /* Managed blocks share the VRAM budget with the pool's chunks: a pool
+     * that reserved the whole budget would leave them none. */
+    sgm__log(ctx->cfg.verbose, 2, "SGM_POINTERS=managed: VRAM grows on demand (the budget is shared "
+             "with managed blocks, so it is not reserved at create)");
+    vp.growth = true;
+  }
   vp.limit_hint = "SGM_VRAM_LIMIT / SGM_VRAM_FRACTION";
   rc = sgm__tier_create(&vp, &ctx->tiers[SGM_TIER_VRAM]);
   if (rc != SGM_OK) goto out_close;
@@ -270,7 +278,7 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   sgm_tier_params sp = vp;
   sp.tier = SGM_TIER_SHARED;
   sp.ops = &sgm__shared_chunk_ops;
-  sp.budget_bytes = ctx->budget_bytes[SGM_TIER_SHARED];
+  sp.budget_bytes = ctx->share ? start_budget[SGM_TIER_SHARED] : ctx->budget_bytes[SGM_TIER_SHARED];
   sp.growth = true;
   sp.vmm = false; /* pinned host memory has no reserved-range path */
   sp.growth_chunk_bytes = ctx->cfg.shared_chunk_bytes;
@@ -282,9 +290,9 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   rc = sgm__placement_create(ctx);
   if (rc != SGM_OK) goto out_tiers;
 
-  sgm__lock_init(&ctx->lock, SGM_LOCK_CONTEXT);
-  ctx->clock_ms = context_monotonic_ms;
   rc = context_start_idle_thread(ctx);
+  if (rc != SGM_OK) goto out_lock;
+  rc = sgm__share_start(ctx);
   if (rc != SGM_OK) goto out_lock;
 
   char v[32], t[32], s[32];
@@ -299,14 +307,17 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   return SGM_OK;
 
 out_lock:
+  sgm__share_stop(ctx);
   context_stop_idle_thread(ctx);
-  sgm__lock_destroy(&ctx->lock);
   sgm__placement_destroy(ctx);
 out_tiers:
   for (int k = SGM_TIER_COUNT - 1; k >= 0; k--) sgm__tier_destroy(ctx->tiers[k]);
+out_share:
+  sgm__share_leave(ctx);
 out_close:
   ctx->bops->close(ctx->be);
 out_free:
+  sgm__lock_destroy(&ctx->lock);
   free(ctx);
   return (sgm_status)rc;
 }
@@ -328,10 +339,12 @@ SGM_API void sgm_context_destroy(sgm_context *ctx) {
     context_destroy_forked(ctx);
     return;
   }
+  sgm__share_stop(ctx);
   context_stop_idle_thread(ctx);
   sgm__lock_destroy(&ctx->lock);
   sgm__placement_destroy(ctx);
   for (int t = SGM_TIER_COUNT - 1; t >= 0; t--) sgm__tier_destroy(ctx->tiers[t]);
+  sgm__share_leave(ctx);
   ctx->bops->close(ctx->be);
   free(ctx);
 }
@@ -354,6 +367,9 @@ static void *context_fallback(sgm_context *ctx, sgm_devptr d, size_t size) {
              "(first: %s; %s). Set SGM_SHARED_FALLBACK=off to fail instead",
              sgm__fmt_bytes(size, a, sizeof a), sgm_last_error());
   }
+  /* A fallback is budget-relevant: this process's demand grew past its
+   * share (no-op when untracked; never on the VRAM path). */
+  sgm__share_poke(ctx);
   /* Without a callback (the common case) no lock is taken. */
   if (__atomic_load_n(&ctx->fallback_fn, __ATOMIC_ACQUIRE)) {
     sgm__lock_take(&ctx->lock);
@@ -413,7 +429,11 @@ SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
   }
   sgm_devptr d = 0;
   sgm_tier where;
-  if (sgm_unlikely(sgm__residency_alloc(ctx, size, stream, &d, &where) != SGM_OK)) return NULL;
+  if (ctx->managed && size >= SGM_MANAGED_MOVABLE_BYTES) {
+    if (sgm__managed_alloc(ctx, size, stream, &d, &where) != SGM_OK) return NULL;
+  } else if (sgm_unlikely(sgm__residency_alloc(ctx, size, stream, &d, &where) != SGM_OK)) {
+    return NULL;
+  }
   if (sgm_likely(where == SGM_TIER_VRAM)) return (void *)(uintptr_t)d;
   return context_fallback(ctx, d, size);
 }
@@ -449,6 +469,7 @@ SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream) {
    * on `stream` may still use the block, so it is cached for that stream —
    * reusable by its later work at once, with no driver call — and reaches
    * other streams only through a device-side wait (tier.c). */
+  if (ctx->managed && sgm__managed_free(ctx, d) == SGM_OK) return SGM_OK;
   sgm_stream_ref ref;
   ctx->bops->stream_ref(ctx->be, stream, &ref);
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
@@ -477,6 +498,9 @@ SGM_API sgm_status sgm_record_stream(sgm_context *ctx, void *ptr, void *stream) 
     int rc = sgm__tier_record_stream(ctx->tiers[t], (sgm_devptr)(uintptr_t)ptr, &ref);
     if (rc != SGM_ERR_INVALID) return (sgm_status)rc;
   }
+  /* A managed block's free gives its range back to the driver, which
+   * waits for all work using it: nothing to record. */
+  if (ctx->managed && sgm__managed_tier(ctx, (sgm_devptr)(uintptr_t)ptr) != SGM_TIER_NONE) return SGM_OK;
   return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_record_stream: %p is not a live "
                                     "allocation of this context (from sgm_alloc, not yet freed)",
                                     ptr);
@@ -494,7 +518,7 @@ SGM_API sgm_tier sgm_pointer_tier(sgm_context *ctx, const void *ptr) {
   }
   for (int t = 0; t < SGM_TIER_COUNT; t++)
     if (ctx->tiers[t] && sgm__tier_owns(ctx->tiers[t], (sgm_devptr)(uintptr_t)ptr)) return (sgm_tier)t;
-  return SGM_TIER_NONE;
+  return ctx->managed ? sgm__managed_tier(ctx, (sgm_devptr)(uintptr_t)ptr) : SGM_TIER_NONE;
 }
 
 SGM_API sgm_status sgm_trim(sgm_context *ctx) {
@@ -504,6 +528,7 @@ SGM_API sgm_status sgm_trim(sgm_context *ctx) {
   for (int t = 0; t < SGM_TIER_COUNT; t++)
     if (ctx->tiers[t]) returned += sgm__tier_trim(ctx->tiers[t]);
   returned += sgm__placement_trim(ctx);
+  if (ctx->managed) sgm__managed_promote(ctx, UINT64_MAX); /* into the room trimming left */
   char b[32];
   sgm__log(ctx->cfg.verbose, 3, "trim returned %s", sgm__fmt_bytes(returned, b, sizeof b));
   return SGM_OK;

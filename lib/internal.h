@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "sgm.h"
 
@@ -72,7 +73,9 @@ typedef enum sgm_lock_rank {
   SGM_LOCK_TIER_DISK = 5,
   SGM_LOCK_BACKEND = 6,  /* inside a backend only */
   SGM_LOCK_IDLE = 7,     /* context.c: the idle thread's stop flag (a leaf) */
-  SGM_LOCK_REGISTRY = 8  /* policy.c: the policy registry (a leaf) */
+  SGM_LOCK_REGISTRY = 8, /* policy.c: the policy registry (a leaf) */
+  SGM_LOCK_NODE = 9,     /* node.c: the writer side of this process's registry slot (a leaf) */
+  SGM_LOCK_SHARE = 10    /* share.c: the node ticker's stop flag and tick counters (a leaf) */
 } sgm_lock_rank;
 
 typedef struct sgm_lock {
@@ -152,6 +155,10 @@ uint64_t sgm__size_resolve(sgm_size s, uint64_t reference, uint64_t dflt);
 
 /* CLOCK_MONOTONIC in nanoseconds. Any thread; never fails. */
 uint64_t sgm__clock_monotonic_ns(void);
+/* Initialise a condition variable whose timed waits run on CLOCK_MONOTONIC. */
+void sgm__clock_cond_init(pthread_cond_t *c);
+/* The CLOCK_MONOTONIC time ms milliseconds from now, for such a wait. */
+struct timespec sgm__clock_deadline(uint64_t ms);
 
 /* ------------------------------------------------------------------------ */
 /* prim/host.c — the host machine: RAM, cgroup limit, NUMA. */
@@ -249,6 +256,8 @@ struct sgm_context {
   bool idle_stop;                          /* asks the idle thread to end */
   unsigned fork_generation;                /* sgm__fork_generation when created */
   long owner_pid;                          /* the process that created it (messages only) */
+  struct sgm_share *share;                 /* share.c: the node registry and fair budgets; NULL = untracked */
+  bool managed;                            /* SGM_POINTERS resolved to managed (managed.c) */
 };
 
 /* fork(): bumped in every child by a pthread_atfork handler (atomic). */
@@ -295,6 +304,10 @@ void sgm__placement_destroy(sgm_context *ctx);
  * naming the budgets, or a backend status. No lock held; may block on copies
  * and driver calls. */
 int sgm__residency_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *out, sgm_tier *where);
+/* residency.c: demote released buffers of resident tier t (VRAM or shared)
+ * until its used bytes fit its budget (lowered by fair sharing); buffers
+ * moved. No lock held; may block on copies. */
+uint64_t sgm__residency_trim_to_budget(sgm_context *ctx, sgm_tier t);
 /* Add migration counters and the disk tier's figures to *st (the caller
  * zeroed it). Any thread; takes the placement lock. Cannot fail. */
 void sgm__placement_stats(sgm_context *ctx, sgm_stats *st);
@@ -313,6 +326,27 @@ const char *sgm__placement_policy_name(sgm_context *ctx, sgm_tier t);
  * file; false (and *offset 0) when it is not on disk or has no extent yet.
  * Waits while another thread moves b. */
 bool sgm__buffer_disk_offset(sgm_buffer *b, uint64_t *offset);
+
+/* managed.c — SGM_POINTERS=managed (docs/managed.md). */
+/* Resolve cfg.pointers against the backend (ctx->managed): SGM_ERR_UNSUPPORTED
+ * with a message for managed where unsupported; auto falls back to fixed with
+ * a one-line notice at SGM_VERBOSE >= 1. */
+int sgm__managed_open(sgm_context *ctx);
+/* A movable block of size bytes (>= SGM_MANAGED_MOVABLE_BYTES): VRAM if it
+ * fits after demoting colder blocks, else shared memory (when the fallback is
+ * on). *where: its tier (SGM_TIER_NONE and *out 0 on failure). No lock held. */
+int sgm__managed_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *out, sgm_tier *where);
+/* Free the managed block at d: SGM_ERR_INVALID (no message) when d is not one. */
+int sgm__managed_free(sgm_context *ctx, uint64_t d);
+/* The tier of the managed block at d; SGM_TIER_NONE when d is not one. */
+sgm_tier sgm__managed_tier(sgm_context *ctx, uint64_t d);
+/* Promote shared-placed managed blocks into VRAM room that is free now (no
+ * demotion), highest priority first, then the most recently touched (blocks a
+ * cold hint sent down stay); stops at the first that does not fit, or once
+ * max_bytes moved. Bytes moved. No lock held. */
+uint64_t sgm__managed_promote(sgm_context *ctx, uint64_t max_bytes);
+/* Stats: the managed counters into *st (tier used/n_live included). */
+void sgm__managed_stats(sgm_context *ctx, sgm_stats *st);
 
 /* context.c: set the VRAM budget to fraction × device memory (capped as at
  * create); free chunks above a lowered budget are returned. SGM_ERR_INVALID
@@ -337,5 +371,159 @@ void sgm__strbuf_printf(sgm_strbuf *b, const char *fmt, ...) SGM_PRINTF(2, 3);
 void sgm__hooks_reset_for_tests(void);
 /* Hook contexts created since start (or the last reset). */
 uint64_t sgm__hooks_n_created(void);
+
+/* ------------------------------------------------------------------------ */
+/* node.c — the node registry: one shared-memory table per device, a slot per
+ * process (see the file's opening comment for the layout and its rules). */
+
+#define SGM_NODE_VERSION 1u        /* the segment layout this sgm reads and writes */
+#define SGM_NODE_MAX_SLOTS 1024u   /* the most slots a reader accepts */
+#define SGM_NODE_DEFAULT_SLOTS 128u /* slots of a new segment: processes sharing one device */
+#define SGM_NODE_KEY_MAX 64        /* device key bytes, NUL included */
+#define SGM_NODE_NAME_MAX 32       /* process name bytes, NUL included */
+
+/* The words a process publishes, in its slot and in sgm_node_usage.w. */
+enum {
+  SGM_NODE_F_USED = 0,          /* 3 words: bytes handed out per tier (VRAM, shared, disk) */
+  SGM_NODE_F_COMMITTED = 3,     /* 3 words: bytes taken from the driver / OS per tier */
+  SGM_NODE_F_BUDGET = 6,        /* 3 words: the budget in force per tier */
+  SGM_NODE_F_PEAK = 9,          /* 3 words: peak used per tier */
+  SGM_NODE_F_RESERVE = 12,      /* SGM_VRAM_RESERVE: VRAM this process is guaranteed */
+  SGM_NODE_F_CAP = 13,          /* its VRAM budget if alone (fraction, limits, quotas) */
+  SGM_NODE_F_DEMAND = 14,       /* VRAM it would use if it could: resident bytes + a chunk */
+  SGM_NODE_F_SHARED_CAP = 15,   /* its shared budget if alone (SGM_SHARED_LIMIT) */
+  SGM_NODE_F_SHARED_DEMAND = 16, /* shared memory it would use: used + a chunk */
+  SGM_NODE_F_WEIGHT = 17,       /* SGM_SHARE_WEIGHT */
+  SGM_NODE_F_FALLBACKS = 18,    /* allocations that wanted VRAM and got shared (cumulative) */
+  SGM_NODE_F_EVICTIONS = 19,    /* buffers moved down a tier to make room (cumulative) */
+  SGM_NODE_F_MOVED = 20,        /* bytes migrated between tiers (cumulative) */
+  SGM_NODE_F_HEARTBEAT = 21,    /* CLOCK_MONOTONIC ns of the last publish */
+  SGM_NODE_F_FLAGS = 22,        /* SGM_NODE_FLAG_* */
+  SGM_NODE_F_EMU_DEVICE = 23,   /* bytes held on the shared emulated device (under the mutex) */
+  SGM_NODE_N_FIELDS = 24
+};
+#define SGM_NODE_FLAG_SOLO UINT64_C(1) /* SGM_SHARE_MODE=solo: takes its budget as if alone */
+
+typedef struct sgm_node_usage {
+  uint64_t w[SGM_NODE_N_FIELDS]; /* indexed by SGM_NODE_F_* */
+} sgm_node_usage;
+
+typedef struct sgm_node_proc {
+  uint32_t slot;                   /* its slot index */
+  int pid;                         /* as published (-1 when out of range) */
+  uint64_t start_ticks;            /* its start time, clock ticks after boot (/proc/PID/stat) */
+  char name[SGM_NODE_NAME_MAX];    /* short name, printable, no comma or quote */
+  bool self;                       /* the calling process's own slot (sgm__node_view) */
+  sgm_node_usage u;                /* what it published */
+} sgm_node_proc;
+
+typedef struct sgm_node_view {
+  uint32_t version;                /* SGM_NODE_VERSION */
+  uint32_t n_slots;                /* slots in the table */
+  uint64_t device_total_bytes;     /* device memory, as the segment's creator saw it */
+  uint64_t shared_cap_bytes;       /* the node's shared-memory cap: max(RAM / 2, 64 MiB) */
+  uint64_t generation;             /* bumped by every join, leave and reclaim */
+  char key[SGM_NODE_KEY_MAX];      /* the device key */
+  size_t n_procs;                  /* live slots copied into procs */
+  size_t n_unstable;               /* slots skipped: a writer never finished (died mid-write) */
+  sgm_node_proc procs[SGM_NODE_MAX_SLOTS]; /* live slots, in slot order */
+} sgm_node_view;
+
+typedef struct sgm_node_params {
+  const char *dir;             /* SGM_NODE_DIR; NULL or "" = /dev/shm */
+  const char *key;             /* the device key (sgm_backend_ops.device_key) */
+  const char *name;            /* this process's short name */
+  bool group;                  /* SGM_NODE_GROUP: share with the group (0660) */
+  uint64_t device_total_bytes; /* written into a new segment */
+  uint64_t shared_cap_bytes;   /* written into a new segment */
+  uint32_t n_slots;            /* a new segment's slots; 0 = SGM_NODE_DEFAULT_SLOTS (tests) */
+  int verbose;                 /* log level */
+} sgm_node_params;
+
+typedef struct sgm_node sgm_node;
+
+/* Tests: called at named points inside the registry's critical sections
+ * ("join-locked", "join-writing", "leave-locked", "reserve-locked"), so a
+ * child can die there. NULL = none. */
+extern void (*sgm__node_test_hook)(const char *where);
+/* Open (creating it if needed) the segment for p->key and claim a slot. On
+ * any failure (unsafe file, corrupt or future segment, full table, stuck
+ * lock) *out = NULL, the status says why, and one warning per process says
+ * the program runs untracked: callers go on without a registry. */
+int sgm__node_join(const sgm_node_params *p, sgm_node **out);
+/* Free the slot and close. NULL is a no-op. */
+void sgm__node_leave(sgm_node *n);
+/* Publish this process's figures (seqlock; never blocks on other processes). */
+void sgm__node_publish(sgm_node *n, const sgm_node_usage *u);
+/* Snapshot of every live process (dead owners' slots left out). */
+int sgm__node_view(sgm_node *n, sgm_node_view *out);
+/* Reclaim the slots of dead processes; how many were freed. */
+unsigned sgm__node_reclaim(sgm_node *n);
+/* The header's device total and shared cap; the segment's path; our slot. */
+uint64_t sgm__node_device_total(const sgm_node *n);
+uint64_t sgm__node_shared_cap(const sgm_node *n);
+const char *sgm__node_file(const sgm_node *n);
+uint32_t sgm__node_slot(const sgm_node *n);
+/* The shared emulated device: take bytes of total for this process when the
+ * live processes' bytes leave room (SGM_OK), else SGM_ERR_NOMEM (no message); *free_out
+ * = what is left. Release gives bytes back. Used: the live processes' sum. */
+int sgm__node_device_reserve(sgm_node *n, uint64_t bytes, uint64_t total, uint64_t *free_out);
+void sgm__node_device_release(sgm_node *n, uint64_t bytes);
+int sgm__node_device_used(sgm_node *n, uint64_t *used_out);
+/* Readers (sgm-smi, the fuzz target): parse a segment's bytes; every index,
+ * size and string is checked. SGM_OK, or a status with why filled. */
+int sgm__node_parse(const void *mem, size_t len, sgm_node_view *out, char *why, size_t why_len);
+/* Fuzzing and tests: write the header's check word of a hand-made segment
+ * (len >= 512; the magic, version and geometry as they are). */
+void sgm__node_header_seal(void *mem, size_t len);
+/* dir/sgm-node-<key with unsafe characters as '_'>. */
+int sgm__node_path(const char *dir, const char *key, char *out, size_t len);
+/* Open and map a segment file (O_NOFOLLOW; owner and mode checked). SGM_ERR_INVALID
+ * when it does not exist; another status and why on a refusal. */
+int sgm__node_map(const char *path, bool writable, bool group, int *fd_out, unsigned char **mem_out,
+                  size_t *len_out, char *why, size_t why_len);
+/* True unless the slot's liveness lock is free (on doubt: true). */
+bool sgm__node_slot_alive(int fd, uint32_t slot);
+/* This process's start time in clock ticks after boot (0 when unknown). */
+uint64_t sgm__node_start_ticks_of_self(void);
+/* Tests: warn again on the next untracked join. */
+void sgm__node_reset_warning(void);
+
+/* ------------------------------------------------------------------------ */
+/* share.c — a context in its device's node registry: fair budgets. */
+
+typedef struct sgm_share sgm_share;
+
+/* One process's claim on a shared pool. */
+typedef struct sgm_share_claim {
+  uint64_t reserve_bytes; /* guaranteed first (SGM_VRAM_RESERVE) */
+  uint64_t demand_bytes;  /* what it would use now */
+  uint64_t cap_bytes;     /* the most it may get (its solo budget, quotas); UINT64_MAX = none */
+  uint32_t weight;        /* SGM_SHARE_WEIGHT, 1..1000 */
+} sgm_share_claim;
+
+/* Split total among n claims (see share.c): reservations first, then
+ * water-filled demand by weight, then the rest lent by weight up to each
+ * cap. out[j]: claim j's budget, aligned down to SGM_DEVICE_ALIGN, at least
+ * one block. */
+void sgm__share_fair(uint64_t total, const sgm_share_claim *c, size_t n, uint64_t *out);
+/* At create, after the solo budgets are resolved: join the device's registry
+ * (unless SGM_NODE=off or the device is private), attach the emulated
+ * device's shared capacity, and answer the budgets the tiers start with
+ * (the solo ones when untracked or solo). Registry failures leave the
+ * context untracked with one warning; only a backend error is returned. */
+int sgm__share_join(sgm_context *ctx, uint64_t *vram_budget, uint64_t *shared_budget);
+/* After the tiers are built: the first tick, then the ticker thread. */
+int sgm__share_start(sgm_context *ctx);
+/* Stop the ticker (before the tiers go); leave the registry (after them). */
+void sgm__share_stop(sgm_context *ctx);
+void sgm__share_leave(sgm_context *ctx);
+/* A budget-relevant change (a fallback): tick soon. Any thread; no-op when untracked. */
+void sgm__share_poke(sgm_context *ctx);
+/* Tests: run one full tick (publish, reclaim, rebalance) and wait for it;
+ * false when untracked. */
+bool sgm__share_tick_sync(sgm_context *ctx);
+/* Tests and benchmarks: the context's registry slot; NULL when untracked. */
+sgm_node *sgm__share_node(sgm_context *ctx);
 
 #endif /* SGM_INTERNAL_H */

@@ -37,6 +37,7 @@
 
 /* Indexed by sgm_backend_kind: CUDA = 0, EMU = 1, AUTO = 2. */
 static const char *const backend_names[] = {"cuda", "emu", "auto", NULL};
+static const char *const pointer_names[] = {"fixed", "managed", "auto", NULL};
 
 /* The built-in eviction policies (policies/, in lib/policy.c's order), for
  * the docs. The policy rows are checked against the registry instead (see
@@ -47,6 +48,9 @@ static const char *const policy_names[] = {"lru", "clock", "lfu", "arc", "s3fifo
 /* The same for the per-tier rows, where "" means "as SGM_POLICY". */
 static const char *const policy_names_or_empty[] = {"", "lru", "clock", "lfu", "arc", "s3fifo",
                                                     "tinylfu", "lirs", NULL};
+
+/* Indexed by sgm_share_mode. */
+static const char *const share_mode_names[] = {"fair", "solo", NULL};
 
 /* Keywords meaning "unset: the documented default" for size options. */
 static const char *const keyword_none[] = {"none", NULL};
@@ -146,6 +150,54 @@ static const sgm_option option_rows[] = {
      .granule_bytes = 64 * SGM_KiB,
      .help = "first pinned chunk of the shared tier (doubling up to 64 MiB); a multiple of "
              "64 KiB up to 64 MiB"},
+    /* ---- The node registry and fair budgets (lib/node.c, lib/share.c). ---- */
+    /* On: two processes on one GPU must see each other, or both believe they
+     * own it; off is for a program that wants none of it (and benchmarks). */
+    {.env = "SGM_NODE", FIELD(node), .kind = SGM_OPT_BOOL, .default_value = "on",
+     .help = "join the node registry of the device (fair budgets, sgm-smi); off = untracked"},
+    /* /dev/shm: memory-backed and per machine; containers that share a host
+     * path name it here to see each other. */
+    {.env = "SGM_NODE_DIR", FIELD(node_dir), .kind = SGM_OPT_STRING, .default_value = "",
+     .help = "directory of the node registry files; empty = /dev/shm"},
+    /* Off: the registry is private to its user unless sharing is asked for. */
+    {.env = "SGM_NODE_GROUP", FIELD(node_group), .kind = SGM_OPT_BOOL, .default_value = "off",
+     .help = "share the registry with this user's group (mode 0660) instead of the user alone (0600)"},
+    /* Fair: the Windows model, each process a share of the device. */
+    {.env = "SGM_SHARE_MODE", FIELD(share_mode), .kind = SGM_OPT_ENUM, .default_value = "fair",
+     .names = share_mode_names,
+     .help = "fair: VRAM and shared budgets are a reservation plus a weighted share of the "
+             "device, idle shares lent; solo: budgets as if this process were alone"},
+    /* 1: every process counts the same unless told otherwise; 1000 bounds a
+     * share's ratio to what anyone would set by hand. */
+    {.env = "SGM_SHARE_WEIGHT", FIELD(share_weight), .kind = SGM_OPT_INT, .default_value = "1",
+     .min = 1, .max = 1000, .help = "weight of this process in fair shares, 1 to 1000"},
+    /* None: a guarantee is a promise other processes pay for; asked, not given. */
+    {.env = "SGM_VRAM_RESERVE", FIELD(vram_reserve), .kind = SGM_OPT_SIZE, .default_value = "none",
+     .names = keyword_none,
+     .help = "VRAM guaranteed to this process in fair mode (bytes or % of device memory), as "
+             "DXGI's SetVideoMemoryReservation; none = 0"},
+    /* 50 ms: budgets follow joins and demand within a frame of a training
+     * step, and publishing costs ~1 us per period. 1 ms to 10 s. */
+    {.env = "SGM_NODE_PERIOD_MS", FIELD(node_period_ms), .kind = SGM_OPT_U64, .default_value = "50",
+     .min = 1, .max = 10000,
+     .help = "period of publishing this process's figures and recomputing its fair budgets, in ms"},
+    /* Empty: each process has its own emulated device, as before. */
+    {.env = "SGM_EMU_DEVICE", FIELD(emu_device), .kind = SGM_OPT_STRING, .default_value = "",
+     .help = "name of an emulated device shared by every process that opens it (its memory "
+             "counted across them in the node registry); empty = a private device"},
+    /* fixed: a pointer that never moves is what every framework expects, and
+     * Unified Memory cannot be shared between processes (docs/managed.md). */
+    {.env = "SGM_POINTERS", FIELD(pointers), .kind = SGM_OPT_ENUM, .default_value = "fixed",
+     .names = pointer_names,
+     .help = "what sgm_alloc hands out: fixed (placed once), managed (blocks from 2 MiB up are "
+             "Unified Memory that sgm moves between VRAM and shared memory; refused where "
+             "unsupported), auto (managed where supported, else fixed with a notice)"},
+    /* On: the emulated device models a GPU with concurrent managed access;
+     * off models one without (or a driver too old), to try the refusal and
+     * auto's fallback without a GPU. */
+    {.env = "SGM_EMU_MANAGED", FIELD(emu_managed), .kind = SGM_OPT_BOOL, .default_value = "on",
+     .help = "the emulated device offers Unified Memory (on) or answers as a GPU without "
+             "concurrent managed access (off)"},
     /* On: growth mode then commits what blocks touch, within a few granules
      * (docs/benchmarks.md, sgm-alloc-replay); off keeps the chunk path, which
      * is also what devices without the virtual-memory API get. */

@@ -61,7 +61,7 @@ else()
   add_dependencies(${_sgm_cuda_unit} sgm_fake_cuda)
   # The suite sets SGM_BACKEND itself; only the double's folder comes from here.
   set_tests_properties(${_sgm_cuda_unit} PROPERTIES
-    ENVIRONMENT "SGM_VERBOSE=0"
+    ENVIRONMENT "SGM_NODE=off;SGM_VERBOSE=0"
     ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
     LABELS "unit;cuda-double" TIMEOUT 300 SKIP_RETURN_CODE 77)
 
@@ -72,21 +72,22 @@ else()
     target_compile_definitions(unit_test_fake_cuda PRIVATE SGM_HAVE_CUDA_HEADERS=1)
     target_link_libraries(unit_test_fake_cuda PRIVATE sgm_fake_cuda Threads::Threads)
     set_tests_properties(unit_test_fake_cuda PROPERTIES
-      ENVIRONMENT "SGM_VERBOSE=0"
+      ENVIRONMENT "SGM_NODE=off;SGM_VERBOSE=0"
       ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
       LABELS "unit;cuda-double" TIMEOUT 120 SKIP_RETURN_CODE 77)
   endif()
 
   # Suites through the public API on the double: the stream-ordered free rule
   # (stream_order), ordered migrations (migrate), graph capture (capture),
-  # honest fallback (fallback). Each skips its double-only cases without it.
-  foreach(n stream_order migrate capture fallback vmm)
+  # honest fallback (fallback), managed pointers (managed). Each skips its
+  # double-only cases without it.
+  foreach(n stream_order migrate capture fallback managed vmm)
     if(TARGET unit_test_${n})
       add_dependencies(unit_test_${n} sgm_fake_cuda)
       target_include_directories(unit_test_${n} SYSTEM PRIVATE ${SGM_CUDA_INCLUDE_DIR})
       target_link_libraries(unit_test_${n} PRIVATE ${CMAKE_DL_LIBS})
       set_tests_properties(unit_test_${n} PROPERTIES
-        ENVIRONMENT "SGM_VERBOSE=0"
+        ENVIRONMENT "SGM_NODE=off;SGM_VERBOSE=0"
         ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
         LABELS "unit;cuda-double" TIMEOUT 120 SKIP_RETURN_CODE 77)
     endif()
@@ -98,20 +99,29 @@ else()
   file(MAKE_DIRECTORY ${_sgm_no_driver_dir})
   add_test(NAME ${_sgm_cuda_unit}_missing_driver COMMAND ${_sgm_cuda_unit} --missing-driver)
   set_tests_properties(${_sgm_cuda_unit}_missing_driver PROPERTIES
-    ENVIRONMENT "SGM_VERBOSE=0;LD_LIBRARY_PATH=${_sgm_no_driver_dir}"
+    ENVIRONMENT "SGM_NODE=off;SGM_VERBOSE=0;LD_LIBRARY_PATH=${_sgm_no_driver_dir}"
     LABELS "unit;cuda-double" TIMEOUT 60 SKIP_RETURN_CODE 77)
 
   # The whole suite once more against a CUDA 11.8 driver: entry points are
   # then resolved for 11.8 (asking a driver for a newer version is an error).
   add_test(NAME ${_sgm_cuda_unit}_driver_11_8 COMMAND ${_sgm_cuda_unit})
   set_tests_properties(${_sgm_cuda_unit}_driver_11_8 PROPERTIES
-    ENVIRONMENT "SGM_VERBOSE=0;FAKE_CUDA_DRIVER_VERSION=11080"
+    ENVIRONMENT "SGM_NODE=off;SGM_VERBOSE=0;FAKE_CUDA_DRIVER_VERSION=11080"
     ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
     LABELS "unit;cuda-double" TIMEOUT 300 SKIP_RETURN_CODE 77)
+  # Managed pointers on a CUDA 12.0 driver: no CUmemLocation forms (12.2), so
+  # managed mode is refused with that reason (the driver loads once per process).
+  if(TARGET unit_test_managed)
+    add_test(NAME unit_test_managed_driver_12_0 COMMAND unit_test_managed)
+    set_tests_properties(unit_test_managed_driver_12_0 PROPERTIES
+      ENVIRONMENT "SGM_VERBOSE=0;FAKE_CUDA_DRIVER_VERSION=12000"
+      ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
+      LABELS "unit;cuda-double" TIMEOUT 120 SKIP_RETURN_CODE 77)
+  endif()
   # A driver older than cuGetProcAddress (11.3) is refused with a clear message.
   add_test(NAME ${_sgm_cuda_unit}_old_driver COMMAND ${_sgm_cuda_unit} --old-driver)
   set_tests_properties(${_sgm_cuda_unit}_old_driver PROPERTIES
-    ENVIRONMENT "SGM_VERBOSE=0"
+    ENVIRONMENT "SGM_NODE=off;SGM_VERBOSE=0"
     ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
     LABELS "unit;cuda-double" TIMEOUT 60 SKIP_RETURN_CODE 77)
 
@@ -134,7 +144,7 @@ else()
         add_test(NAME cuda_api_${n} COMMAND api_${n})
       endif()
       set_tests_properties(cuda_api_${n} PROPERTIES
-        ENVIRONMENT "SGM_BACKEND=cuda;SGM_VERBOSE=0"
+        ENVIRONMENT "SGM_NODE=off;SGM_BACKEND=cuda;SGM_VERBOSE=0"
         ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
         LABELS "api;cuda-double" TIMEOUT 300 SKIP_RETURN_CODE 77)
     endif()
@@ -148,7 +158,7 @@ else()
   # failures until they were fixed.
   if(TEST cuda_api_test_api)
     set_tests_properties(cuda_api_test_api PROPERTIES
-      ENVIRONMENT "SGM_BACKEND=cuda;SGM_VERBOSE=0;FAKE_CUDA_DELAY_US=50")
+      ENVIRONMENT "SGM_NODE=off;SGM_BACKEND=cuda;SGM_VERBOSE=0;FAKE_CUDA_DELAY_US=50")
   endif()
 endif()
 

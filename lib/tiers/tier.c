@@ -75,6 +75,11 @@
  * 1/64 commits at most 1.057 x the peak live bytes, 1/32 the same, 1/16 and
  * 1/8 up to 1.110; mapping calls fall as the slack grows. */
 #define TIER_VMM_SLACK_GRANULES 4u
+/* Budgets below this many granules (64 MiB with 2 MiB granules) grow in
+ * chunks: a block is rounded to whole granules in committed bytes, which on a
+ * small budget is a large share (an 8 MiB budget holding two 1 MiB blocks and
+ * a 6 MiB one would need 10 MiB of granules). */
+#define TIER_VMM_MIN_GRANULES 32u
 #define TIER_VMM_SLACK_SHIFT 5
 
 enum { TIER_LIVE = 1, TIER_CACHED = 2 };
@@ -163,7 +168,10 @@ struct sgm_tier_pool {
   size_t cap_chunks;          /* entries allocated in chunks */
   unsigned n_geometric;       /* growth chunks taken so far: the next is initial << this */
   uint64_t committed_bytes;   /* chunk bytes taken or being taken from the backend */
-  uint64_t held_bytes;        /* bytes of blocks in the sub-allocator (live and cached) */
+  uint64_t held_bytes;        /* bytes of blocks in the sub-allocator (live and cached), plus
+                                 external_bytes */
+  uint64_t external_bytes;    /* bytes charged by sgm__tier_charge (managed blocks placed in
+                                 this tier), also counted in committed_bytes and held_bytes */
   uint64_t n_blocks;          /* blocks in the sub-allocator */
   uint64_t used_bytes;        /* handed-out bytes, but what magazines still hold back (atomic) */
   int64_t n_live;             /* handed-out blocks, the same way (atomic) */
@@ -728,10 +736,15 @@ static uint64_t tier_vmm_unmap_free(sgm_tier_pool *p, uint64_t now_ms, uint64_t 
 }
 
 /* After blocks went back to the sub-allocator: unmap the free granules when
- * they are more than the slack (a hint read without the lock). */
+ * they are more than the slack, or at all while committed is over a budget
+ * that was lowered (fair shares of the node registry: another process waits
+ * for that memory). Hints read without the lock. */
 static void tier_vmm_settle(sgm_tier_pool *p) {
-  if (p->vmm_range &&
-      __atomic_load_n(&p->vmm_free_mapped, __ATOMIC_RELAXED) > tier_vmm_slack(p))
+  if (!p->vmm_range) return;
+  uint64_t free_mapped = __atomic_load_n(&p->vmm_free_mapped, __ATOMIC_RELAXED);
+  bool over = __atomic_load_n(&p->committed_bytes, __ATOMIC_RELAXED) >
+              __atomic_load_n(&p->p.budget_bytes, __ATOMIC_RELAXED);
+  if (free_mapped > tier_vmm_slack(p) || (over && free_mapped > 0))
     tier_vmm_unmap_free(p, 0, UINT64_MAX);
 }
 
@@ -846,10 +859,14 @@ static bool tier_vmm_setup(sgm_tier_pool *p) {
   } else if ((g & (g - 1)) || g < SGM_DEVICE_ALIGN || g > (UINT64_C(1) << 40)) {
     snprintf(why, sizeof why, "the granularity %llu is not a power of two from %u bytes",
              (unsigned long long)g, SGM_DEVICE_ALIGN);
-  } else if (tp->budget_bytes < g) {
-    snprintf(why, sizeof why, "the budget is below one %llu-byte granule", (unsigned long long)g);
+  } else if (tp->budget_bytes / g < TIER_VMM_MIN_GRANULES) {
+    snprintf(why, sizeof why, "the budget is below %u granules of %llu bytes",
+             TIER_VMM_MIN_GRANULES, (unsigned long long)g);
   }
-  uint64_t bytes = why[0] ? 0 : sgm__align_up(tp->budget_bytes, g);
+  /* Address space for the largest budget the pool may be given later (fair
+   * shares of the node registry raise and lower it): reserving is cheap. */
+  uint64_t want = tp->vmm_range_bytes > tp->budget_bytes ? tp->vmm_range_bytes : tp->budget_bytes;
+  uint64_t bytes = why[0] ? 0 : sgm__align_up(want, g);
   tier_granule *gran = NULL;
   void *range = NULL;
   sgm_devptr base = 0;
@@ -1846,6 +1863,58 @@ bool sgm__tier_chunk_of(sgm_tier_pool *p, sgm_devptr ptr, sgm_chunk *out) {
   return found;
 }
 
+/* ---- bytes placed outside the pool (managed blocks) ---- */
+
+int sgm__tier_charge(sgm_tier_pool *p, uint64_t bytes) {
+  bool trimmed = false;
+  sgm__lock_take(&p->lock);
+  for (;;) {
+    /* Chunks being taken are committed already: no overshoot past them. */
+    bool fits = p->committed_bytes <= p->p.budget_bytes && bytes <= p->p.budget_bytes - p->committed_bytes;
+    if (fits) {
+      p->committed_bytes += bytes;
+      p->held_bytes += bytes;
+      p->external_bytes += bytes;
+      tier_update_room_locked(p);
+      sgm__lock_drop(&p->lock);
+      return SGM_OK;
+    }
+    if (trimmed) break;
+    trimmed = true;
+    /* Cached blocks and wholly free chunks hold budget nobody uses: give them
+     * back and look once more. */
+    sgm__lock_drop(&p->lock);
+    if (sgm__tier_has_cached(p)) sgm__tier_reclaim(p, NULL, SGM_RECLAIM_QUERY);
+    if (p->vmm_range) tier_vmm_unmap_free(p, 0, UINT64_MAX); /* free granules hold it too */
+    sgm_chunk *list;
+    sgm__lock_take(&p->lock);
+    size_t n = tier_detach_free_locked(p, 0, UINT64_MAX, &list);
+    sgm__lock_drop(&p->lock);
+    if (n) tier_release_chunks(p, list, n);
+    sgm__lock_take(&p->lock);
+  }
+  sgm__lock_drop(&p->lock);
+  return SGM__ERR_BUDGET;
+}
+
+void sgm__tier_uncharge(sgm_tier_pool *p, uint64_t bytes) {
+  sgm__lock_take(&p->lock);
+  sgm_assert(p->external_bytes >= bytes);
+  p->committed_bytes -= bytes;
+  p->held_bytes -= bytes;
+  p->external_bytes -= bytes;
+  tier_update_room_locked(p);
+  pthread_cond_broadcast(&p->grown);
+  sgm__lock_drop(&p->lock);
+}
+
+uint64_t sgm__tier_charged(sgm_tier_pool *p) {
+  sgm__lock_take(&p->lock);
+  uint64_t n = p->external_bytes;
+  sgm__lock_drop(&p->lock);
+  return n;
+}
+
 /* ---- stats and checks ---- */
 
 void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out) {
@@ -1855,7 +1924,7 @@ void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out) {
   out->committed_bytes = p->committed_bytes;
   out->n_chunks = p->n_chunks + p->n_releasing; /* committed counts those being returned */
   /* Expandable growth: every granule is its own allocation of the driver's. */
-  if (p->vmm_range) out->n_chunks = p->committed_bytes >> p->vmm_shift;
+  if (p->vmm_range) out->n_chunks = (p->committed_bytes - p->external_bytes) >> p->vmm_shift;
   int64_t used = (int64_t)__atomic_load_n(&p->used_bytes, __ATOMIC_RELAXED);
   int64_t live = __atomic_load_n(&p->n_live, __ATOMIC_RELAXED);
   uint64_t allocs = __atomic_load_n(&p->n_allocs, __ATOMIC_RELAXED);
@@ -1920,7 +1989,9 @@ static bool tier_vmm_check_locked(sgm_tier_pool *p, const sgm_suballoc_stats *st
                            "mapped", name, g, x->refs);
   }
   free(refs);
-  if (ok && (committed != p->committed_bytes || free_mapped != p->vmm_free_mapped))
+  /* Managed blocks charged to the pool (sgm__tier_charge) are committed too. */
+  if (ok && (committed != p->committed_bytes - p->external_bytes ||
+             free_mapped != p->vmm_free_mapped))
     ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: committed %llu, granules mapped %llu; %llu free "
                          "mapped granules counted, %llu found", name,
                          (unsigned long long)p->committed_bytes, (unsigned long long)committed,
@@ -1955,7 +2026,8 @@ bool sgm__tier_check(sgm_tier_pool *p) {
                          (unsigned long long)sum, p->n_chunks,
                          (unsigned long long)st.capacity_bytes, (unsigned long long)st.n_ranges,
                          (unsigned long long)p->committed_bytes);
-  } else if (st.used_bytes != p->held_bytes || st.n_live != p->n_blocks || in_map != p->n_blocks) {
+  } else if (st.used_bytes != p->held_bytes - p->external_bytes || st.n_live != p->n_blocks ||
+             in_map != p->n_blocks) {
     ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: holding %llu bytes in %llu blocks (%zu mapped), "
                          "sub-allocator %llu/%llu",
                          sgm_tier_name(p->p.tier), (unsigned long long)p->held_bytes,

@@ -26,7 +26,8 @@
  * complete, so no queued work uses an unmapped granule): at once when the
  * free mapped granules pass a slack (TIER_VMM_SLACK_*), else on trim and idle
  * trim. Before mapping, cached blocks that could cover the new granules are
- * reclaimed. committed = mapped bytes. Without VMM (device, backend, option,
+ * reclaimed. committed = mapped bytes. The range covers the device's memory
+ * (params.vmm_range_bytes), so a budget raised later still fits it. Without VMM (device, backend, option,
  * budget below a granule) the pool grows in chunks as below.
  *
  * Stream-ordered caches (DESIGN.md §8 "Streams"). A block the user frees on a
@@ -86,6 +87,8 @@ typedef struct sgm_tier_params {
   const char *limit_hint;      /* the variables that raise this budget, for messages */
   int verbose;                 /* log level */
   bool vmm;                    /* growth on one reserved range when the backend can (issue 17) */
+  uint64_t vmm_range_bytes;    /* that range: the most the budget may become (device memory;
+                                  fair shares move budgets); below the budget = the budget */
 } sgm_tier_params;
 
 /* How far sgm__tier_reclaim goes to give cached blocks back. */
@@ -166,6 +169,15 @@ void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out);
 void sgm__tier_vmm_info(sgm_tier_pool *p, uint64_t *granule_bytes, uint64_t *reserved_bytes);
 /* Walk the pool and check every invariant; false with a message on the first broken one. */
 bool sgm__tier_check(sgm_tier_pool *p);
+
+/* Managed blocks (lib/managed.c) live outside the pool but count against its
+ * budget by where they are placed. Charge bytes (committed and held, never
+ * past the budget: cached blocks and free chunks are given back first) or
+ * SGM__ERR_BUDGET (no message); uncharge gives them back. Any thread. */
+int sgm__tier_charge(sgm_tier_pool *p, uint64_t bytes);
+void sgm__tier_uncharge(sgm_tier_pool *p, uint64_t bytes);
+/* Bytes charged now. */
+uint64_t sgm__tier_charged(sgm_tier_pool *p);
 
 /* vram.c: the chunk source of the VRAM tier (device memory from the backend). */
 extern const sgm_chunk_ops sgm__vram_chunk_ops;

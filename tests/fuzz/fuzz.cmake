@@ -45,10 +45,14 @@ foreach(fmt ${_sgm_fuzz_trace_formats})
     DEFS FUZZ_TRACE_FORMAT=REPLAY_FMT_${FMT})
 endforeach()
 
+# The node registry's reader (lib/node.c), on hand-made and sealed segments.
+sgm_add_fuzz(fuzz_node SOURCES ${_sgm_fuzz_dir}/fuzz_node.c LIBS sgm_internal)
+
 if(SGM_FUZZ)
   sgm_add_fuzz(fuzz_options SOURCES ${_sgm_fuzz_dir}/fuzz_options.c LIBS sgm_internal)
   return()
 endif()
+sgm_add_fuzz_test(fuzz_node fuzz_node ${_sgm_fuzz_dir}/corpus/node)
 
 sgm_add_fuzz(fuzz_options SOURCES ${_sgm_fuzz_dir}/fuzz_options.c LIBS sgm_internal)
 sgm_add_fuzz_test(fuzz_options fuzz_options ${_sgm_fuzz_dir}/corpus/options

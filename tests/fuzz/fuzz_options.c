@@ -16,7 +16,8 @@
  *  - a config sgm_config_init() accepted passes sgm__options_validate(), and
  *    one it refused names a variable ("NAME=\"value\" why");
  *  - sgm_context_create() on it (backend forced to emu, any spill directory
- *    redirected into one private temporary folder) succeeds or fails with a
+ *    and the node registry's directory redirected into one private temporary
+ *    folder) succeeds or fails with a
  *    message; a context that was created resolves a VRAM budget of at least
  *    one device block and at most the device, and a shared budget of at most
  *    max(physical RAM, 64 MiB) (issue 12, defect 6).
@@ -174,6 +175,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (cfg.error[0] == '\0') {
     cfg.backend = SGM_BACKEND_EMU;
     if (cfg.spill_dir[0]) snprintf(cfg.spill_dir, sizeof cfg.spill_dir, "%s", fuzz_spill_dir);
+    /* The node registry too: never a file outside the private folder. */
+    snprintf(cfg.node_dir, sizeof cfg.node_dir, "%s", fuzz_spill_dir);
     sgm_context *ctx = NULL;
     sgm_status rc = sgm_context_create(&cfg, &ctx);
     if (rc == SGM_OK) {

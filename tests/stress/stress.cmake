@@ -18,7 +18,7 @@ if(SGM_CUDA_INCLUDE_DIR AND SGM_FAKE_CUDA_DIR)
   # worker may run the copy before the failed synchronisation.
   add_test(NAME cuda_stress_fault_sweep COMMAND stress_fault_sweep --lenient-writes)
   set_tests_properties(cuda_stress_fault_sweep PROPERTIES
-    ENVIRONMENT "SGM_BACKEND=cuda;SGM_VERBOSE=0"
+    ENVIRONMENT "SGM_NODE=off;SGM_BACKEND=cuda;SGM_VERBOSE=0"
     ENVIRONMENT_MODIFICATION "LD_LIBRARY_PATH=path_list_prepend:${SGM_FAKE_CUDA_DIR}"
     LABELS "stress;fault;cuda-double" TIMEOUT 600 SKIP_RETURN_CODE 77)
 endif()
@@ -33,6 +33,6 @@ target_link_libraries(stress_fork PRIVATE sgm_test_support)
 foreach(case spilled prefetch idle-trim kill-spill)
   add_test(NAME stress_fork_${case} COMMAND stress_fork ${case})
   set_tests_properties(stress_fork_${case} PROPERTIES
-    ENVIRONMENT "SGM_BACKEND=emu;SGM_VERBOSE=0;TSAN_OPTIONS=halt_on_error=1:die_after_fork=0"
+    ENVIRONMENT "SGM_NODE=off;SGM_BACKEND=emu;SGM_VERBOSE=0;TSAN_OPTIONS=halt_on_error=1:die_after_fork=0"
     LABELS "stress;fork" TIMEOUT 300)
 endforeach()

@@ -67,4 +67,8 @@ void sgm_test_clean_env(void) {
   }
   setenv("SGM_BACKEND", "emu", 1);
   setenv("SGM_VERBOSE", "0", 1);
+  /* Suites that run at once must not share budgets through a device's node
+   * registry (the driver double's GPUs have one PCI bus id in every
+   * process); the node suite turns it on with its own SGM_NODE_DIR. */
+  setenv("SGM_NODE", "off", 1);
 }

@@ -27,7 +27,7 @@ uint64_t sgm_test_rng_range(sgm_test_rng *r, uint64_t lo, uint64_t hi);
 uint64_t sgm_test_rng_log_range(sgm_test_rng *r, uint64_t lo, uint64_t hi);
 
 /* Unset every SGM_* variable and the foreign ones sgm reads, then set
- * SGM_BACKEND=emu and SGM_VERBOSE=0. */
+ * SGM_BACKEND=emu, SGM_VERBOSE=0 and SGM_NODE=off. */
 void sgm_test_clean_env(void);
 
 #endif

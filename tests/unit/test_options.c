@@ -85,6 +85,7 @@ static void bare_env(void) {
   sgm_test_clean_env();
   unsetenv("SGM_BACKEND");
   unsetenv("SGM_VERBOSE");
+  unsetenv("SGM_NODE");
 }
 
 /* ------------------------------------------------------------------------ */
@@ -97,7 +98,7 @@ static void test_table_rows_are_sane(void **state) {
   sgm_test_clean_env();
   size_t n;
   const sgm_option *t = sgm__options_table(&n);
-  assert_int_equal(n, 19);
+  assert_int_equal(n, 29);
   size_t fields[] = {
       offsetof(sgm_config, backend),        offsetof(sgm_config, device),
       offsetof(sgm_config, vram_limit),     offsetof(sgm_config, vram_fraction),
@@ -108,6 +109,11 @@ static void test_table_rows_are_sane(void **state) {
       offsetof(sgm_config, emu_fail_at),    offsetof(sgm_config, shared_fallback),
       offsetof(sgm_config, idle_trim_ms),   offsetof(sgm_config, policy_vram),
       offsetof(sgm_config, policy_shared),  offsetof(sgm_config, shared_chunk_bytes),
+      offsetof(sgm_config, node),           offsetof(sgm_config, node_dir),
+      offsetof(sgm_config, node_group),     offsetof(sgm_config, share_mode),
+      offsetof(sgm_config, share_weight),   offsetof(sgm_config, vram_reserve),
+      offsetof(sgm_config, node_period_ms), offsetof(sgm_config, emu_device),
+      offsetof(sgm_config, pointers),       offsetof(sgm_config, emu_managed),
       offsetof(sgm_config, vram_vmm)};
   for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++) {
     int rows = 0;
@@ -258,6 +264,12 @@ static const env_case env_cases[] = {
     {"SGM_SHARED_CHUNK", "64MiB", "67108864"},
     {"SGM_SHARED_CHUNK", "128MiB", NULL},
     {"SGM_SHARED_CHUNK", "100K", NULL},
+    {"SGM_POINTERS", "managed", "1"},
+    {"SGM_POINTERS", "AUTO", "2"},
+    {"SGM_POINTERS", "fixed", "0"},
+    {"SGM_POINTERS", "unified", NULL},
+    {"SGM_EMU_MANAGED", "off", "0"},
+    {"SGM_EMU_MANAGED", "maybe", NULL},
     {"SGM_EMU_VRAM", "18446744073709551615", NULL},
     {"SGM_EMU_VRAM", "129T", NULL},
     {"SGM_SHARED_FALLBACK", "off", "0"},
@@ -276,6 +288,25 @@ static const env_case env_cases[] = {
     {"SGM_EMU_FAIL_AT", "-3", NULL},
     {"SGM_EMU_FAIL_AT", "x", NULL},
     {"SGM_EMU_FAIL_AT", "18446744073709551616", NULL},
+    {"SGM_NODE", "off", "0"},
+    {"SGM_NODE", "sometimes", NULL},
+    {"SGM_NODE_DIR", "/tmp/node", "/tmp/node"},
+    {"SGM_NODE_GROUP", "on", "1"},
+    {"SGM_NODE_GROUP", "wheel", NULL},
+    {"SGM_SHARE_MODE", "solo", "1"},
+    {"SGM_SHARE_MODE", "FAIR", "0"},
+    {"SGM_SHARE_MODE", "greedy", NULL},
+    {"SGM_SHARE_WEIGHT", "3", "3"},
+    {"SGM_SHARE_WEIGHT", "0", NULL},
+    {"SGM_SHARE_WEIGHT", "1001", NULL},
+    {"SGM_VRAM_RESERVE", "1G", "b=1073741824 f=0"},
+    {"SGM_VRAM_RESERVE", "10%", "b=0 f=0.1"},
+    {"SGM_VRAM_RESERVE", "lots", NULL},
+    {"SGM_NODE_PERIOD_MS", "10", "10"},
+    {"SGM_NODE_PERIOD_MS", "0", NULL},
+    {"SGM_NODE_PERIOD_MS", "10001", NULL},
+    {"SGM_EMU_DEVICE", "lab-gpu", "lab-gpu"},
+    {"SGM_EMU_DEVICE", "a-name-longer-than-thirty-one-bytes", NULL},
 };
 
 /* Good values land in their field; a bad one leaves the default and puts a

@@ -1,0 +1,428 @@
+/*
+ * share.c — fair budgets: a context's life in the node registry (node.c).
+ *
+ * A context whose device has a key (every GPU; an emulated device named by
+ * SGM_EMU_DEVICE) joins the device's registry at create and leaves it at
+ * destroy. A ticker thread, every SGM_NODE_PERIOD_MS (and at once when an
+ * allocation falls back), publishes this process's figures, reclaims the
+ * slots of dead processes and, in fair mode, recomputes its budgets from
+ * everyone's published claims:
+ *
+ *   budget = reservation + a weighted share of what the reservations leave,
+ *            water-filled: a process that demands less than its share gets
+ *            its demand, and what it leaves is lent to the others (by
+ *            weight), up to each one's own cap.
+ *
+ * Every process computes the same split from the same claims and applies its
+ * own part, so no process ever writes another's budget. Demand is what a
+ * process holds resident (VRAM + shared) plus headroom (an eighth, at least
+ * one growth chunk), held at its recent peak for SGM_IDLE_TRIM_MS so that a
+ * process between two steps does not lend its share away; a process that
+ * just joined claims its whole cap for that long. A process whose budget
+ * drops below its use stops growing, returns free chunks and demotes
+ * released buffers (WDDM's TrimToBudget); its allocations, which cannot
+ * move, stay, and new ones fall back to shared memory. The shared tier's cap
+ * (the node's max(RAM / 2, 64 MiB)) is split the same way. With one process
+ * the split is the whole device: today's budgets. Solo processes publish but
+ * keep their own budgets; fair ones count what a solo one holds as reserved.
+ *
+ * Threading: the ticker is the only thread that ticks once the context is
+ * built (create runs the first tick itself, before anyone else sees ctx).
+ * share->mu (a leaf) guards the ticker's stop and tick counters.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "internal.h"
+#include "tiers/tier.h"
+
+struct sgm_share {
+  sgm_node *node;              /* our slot in the device's registry */
+  sgm_node_view *view;         /* the ticker's snapshot (large: kept, not on the stack) */
+  uint64_t pool_bytes;         /* VRAM to share: the node's device total x SGM_VRAM_FRACTION */
+  uint64_t reserve_bytes;      /* SGM_VRAM_RESERVE, resolved */
+  uint64_t hold_bytes;         /* demand held at its recent peak (see the opening comment) */
+  uint64_t hold_since_ms;      /* when hold_bytes was last raised */
+  sgm_lock mu;                 /* guards the fields below (rank SGM_LOCK_SHARE) */
+  pthread_cond_t cond;         /* wakes the ticker (stop, poke) and tick waiters */
+  pthread_t thread;            /* the ticker */
+  bool running;                /* the ticker was started */
+  bool stop;                   /* asks the ticker to end */
+  uint64_t n_requested;        /* ticks asked for by sgm__share_tick_sync and pokes */
+  uint64_t n_completed;        /* the request count the last finished tick served */
+};
+
+/* ------------------------------------------------------------------------ */
+/* The split (pure: tests call it directly). */
+
+static uint64_t share_min(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+void sgm__share_fair(uint64_t total, const sgm_share_claim *c, size_t n, uint64_t *out) {
+  long double sum_base = 0;
+  for (size_t j = 0; j < n; j++) {
+    out[j] = share_min(c[j].reserve_bytes, c[j].cap_bytes);
+    sum_base += (long double)out[j];
+  }
+  if (sum_base > (long double)total) {
+    /* Reservations past the device: each gets its proportion of it. */
+    for (size_t j = 0; j < n; j++)
+      out[j] = (uint64_t)((long double)out[j] * (long double)total / sum_base);
+    goto out_align;
+  }
+  long double rem = (long double)total - sum_base;
+  /* Water-fill the wants (demand beyond the reservation, up to the cap). */
+  bool progress = true;
+  while (progress && rem > 0) {
+    progress = false;
+    long double w = 0;
+    for (size_t j = 0; j < n; j++) {
+      uint64_t want = share_min(c[j].demand_bytes, c[j].cap_bytes);
+      if (want > out[j]) w += c[j].weight;
+    }
+    if (w == 0) break;
+    long double unit = rem / w;
+    for (size_t j = 0; j < n; j++) {
+      uint64_t want = share_min(c[j].demand_bytes, c[j].cap_bytes);
+      if (want > out[j] && (long double)(want - out[j]) <= unit * c[j].weight) {
+        rem -= (long double)(want - out[j]);
+        out[j] = want;
+        progress = true;
+      }
+    }
+    if (!progress) {
+      /* Nobody is satisfied by an equal share: each takes its share. */
+      for (size_t j = 0; j < n; j++) {
+        uint64_t want = share_min(c[j].demand_bytes, c[j].cap_bytes);
+        if (want > out[j]) out[j] += (uint64_t)(unit * c[j].weight);
+      }
+      rem = 0;
+    }
+  }
+  /* Lend what nobody wants now, by weight, up to each cap (a few rounds:
+   * caps reached in one round free their part for the next). */
+  for (size_t round = 0; round < n && rem >= 1; round++) {
+    long double w = 0;
+    for (size_t j = 0; j < n; j++)
+      if (out[j] < c[j].cap_bytes) w += c[j].weight;
+    if (w == 0) break;
+    long double unit = rem / w;
+    for (size_t j = 0; j < n; j++) {
+      if (out[j] >= c[j].cap_bytes) continue;
+      uint64_t g = (uint64_t)share_min((uint64_t)(unit * c[j].weight), c[j].cap_bytes - out[j]);
+      out[j] += g;
+      rem -= (long double)g;
+    }
+  }
+out_align:
+  for (size_t j = 0; j < n; j++) {
+    out[j] &= ~(uint64_t)(SGM_DEVICE_ALIGN - 1);
+    if (out[j] < SGM_DEVICE_ALIGN) out[j] = SGM_DEVICE_ALIGN; /* a budget holds one block */
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Claims from the published figures. */
+
+static uint64_t share_sat_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
+static uint64_t share_now_ms(sgm_context *ctx) {
+  sgm__lock_take(&ctx->lock);
+  uint64_t now = ctx->clock_ms(ctx->clock_user);
+  sgm__lock_drop(&ctx->lock);
+  return now;
+}
+
+/* This process's figures now (budgets: the ones in force). */
+static void share_usage(sgm_context *ctx, sgm_node_usage *u) {
+  sgm_share *sh = ctx->share;
+  memset(u, 0, sizeof *u);
+  sgm_stats st;
+  sgm_get_stats(ctx, &st);
+  for (int t = 0; t < SGM_TIER_COUNT; t++) {
+    u->w[SGM_NODE_F_USED + t] = st.tier[t].used_bytes;
+    u->w[SGM_NODE_F_COMMITTED + t] = st.tier[t].committed_bytes;
+    u->w[SGM_NODE_F_BUDGET + t] = st.tier[t].budget_bytes;
+    u->w[SGM_NODE_F_PEAK + t] = st.tier[t].peak_used_bytes;
+    u->w[SGM_NODE_F_EVICTIONS] += st.tier[t].n_evictions;
+    u->w[SGM_NODE_F_MOVED] += st.tier[t].bytes_in;
+  }
+  sgm__lock_take(&ctx->lock);
+  uint64_t vcap = ctx->budget_bytes[SGM_TIER_VRAM];
+  uint64_t scap = ctx->budget_bytes[SGM_TIER_SHARED];
+  sgm__lock_drop(&ctx->lock);
+  uint64_t vused = st.tier[SGM_TIER_VRAM].used_bytes, sused = st.tier[SGM_TIER_SHARED].used_bytes;
+  uint64_t resident = share_sat_add(vused, sused);
+  uint64_t head = resident / 8 > ctx->cfg.growth_chunk_bytes ? resident / 8 : ctx->cfg.growth_chunk_bytes;
+  uint64_t demand = share_sat_add(resident, head);
+  uint64_t now = share_now_ms(ctx);
+  if (ctx->cfg.idle_trim_ms == 0) {
+    sh->hold_bytes = demand;
+  } else if (demand >= sh->hold_bytes || now - sh->hold_since_ms >= ctx->cfg.idle_trim_ms) {
+    sh->hold_bytes = demand;
+    sh->hold_since_ms = now;
+  } else {
+    demand = sh->hold_bytes; /* between two steps: keep the share */
+  }
+  uint64_t shead = sused / 8 > ctx->cfg.shared_chunk_bytes ? sused / 8 : ctx->cfg.shared_chunk_bytes;
+  u->w[SGM_NODE_F_RESERVE] = sh->reserve_bytes;
+  u->w[SGM_NODE_F_CAP] = vcap;
+  u->w[SGM_NODE_F_DEMAND] = share_min(demand, vcap);
+  u->w[SGM_NODE_F_SHARED_CAP] = scap;
+  u->w[SGM_NODE_F_SHARED_DEMAND] = share_min(share_sat_add(sused, shead), scap);
+  u->w[SGM_NODE_F_WEIGHT] = (uint64_t)ctx->cfg.share_weight;
+  u->w[SGM_NODE_F_FALLBACKS] = st.n_fallbacks;
+  u->w[SGM_NODE_F_HEARTBEAT] = sgm__clock_monotonic_ns();
+  u->w[SGM_NODE_F_FLAGS] = ctx->cfg.share_mode == SGM_SHARE_SOLO ? SGM_NODE_FLAG_SOLO : 0;
+}
+
+/* A published slot as a claim on tier t (VRAM or shared); values from other
+ * processes are untrusted and only ever bound what they get, never ours. */
+static void share_claim_of(const sgm_node_usage *u, sgm_tier t, sgm_share_claim *c) {
+  bool solo = (u->w[SGM_NODE_F_FLAGS] & SGM_NODE_FLAG_SOLO) != 0;
+  uint64_t w = u->w[SGM_NODE_F_WEIGHT];
+  c->weight = (uint32_t)(w < 1 ? 1 : w > 1000 ? 1000 : w);
+  if (t == SGM_TIER_VRAM) {
+    c->cap_bytes = u->w[SGM_NODE_F_CAP] ? u->w[SGM_NODE_F_CAP] : UINT64_MAX;
+    c->reserve_bytes = u->w[SGM_NODE_F_RESERVE];
+    c->demand_bytes = u->w[SGM_NODE_F_DEMAND];
+  } else {
+    c->cap_bytes = u->w[SGM_NODE_F_SHARED_CAP] ? u->w[SGM_NODE_F_SHARED_CAP] : UINT64_MAX;
+    c->reserve_bytes = 0;
+    c->demand_bytes = u->w[SGM_NODE_F_SHARED_DEMAND];
+  }
+  if (solo) {
+    /* A solo process yields nothing: what it holds is as good as reserved. */
+    uint64_t held = u->w[SGM_NODE_F_COMMITTED + t];
+    c->reserve_bytes = c->demand_bytes = c->cap_bytes = held;
+  }
+}
+
+/* Our fair budgets for VRAM and shared memory from view (our own entry
+ * replaced by mine). false when the view has no room for us (cannot happen
+ * with a view from our own registry, which holds our slot). */
+static bool share_compute(sgm_context *ctx, const sgm_node_view *v, const sgm_node_usage *mine,
+                          uint64_t *vram_out, uint64_t *shared_out) {
+  sgm_share *sh = ctx->share;
+  size_t n = v->n_procs;
+  bool have_self = false;
+  for (size_t i = 0; i < n; i++) have_self |= v->procs[i].self;
+  size_t m = n + (have_self ? 0 : 1);
+  sgm_share_claim *c = malloc(m * sizeof *c);
+  uint64_t *out = malloc(m * sizeof *out);
+  bool ok = c && out;
+  if (ok) {
+    uint64_t totals[2] = {sh->pool_bytes, sgm__node_shared_cap(sh->node)};
+    uint64_t *results[2] = {vram_out, shared_out};
+    for (int t = 0; t < 2; t++) {
+      size_t self = m - 1;
+      for (size_t i = 0; i < n; i++) {
+        if (v->procs[i].self) self = i;
+        share_claim_of(v->procs[i].self ? mine : &v->procs[i].u, (sgm_tier)t, &c[i]);
+      }
+      if (!have_self) share_claim_of(mine, (sgm_tier)t, &c[m - 1]);
+      sgm__share_fair(totals[t], c, m, out);
+      *results[t] = share_min(out[self], t == 0 ? mine->w[SGM_NODE_F_CAP] : mine->w[SGM_NODE_F_SHARED_CAP]);
+    }
+  }
+  free(c);
+  free(out);
+  return ok;
+}
+
+/* Set tier t's budget; over it, demote released buffers and return chunks. */
+static void share_apply(sgm_context *ctx, sgm_tier t, uint64_t budget) {
+  sgm_tier_stats ts;
+  sgm__tier_stats(ctx->tiers[t], &ts);
+  if (ts.budget_bytes != budget) sgm__tier_set_budget(ctx->tiers[t], budget);
+  if (ts.used_bytes <= budget) return;
+  if (t == SGM_TIER_SHARED && !sgm__placement_disk(ctx)) return; /* nowhere to demote to */
+  if (sgm__residency_trim_to_budget(ctx, t)) sgm__tier_trim(ctx->tiers[t]);
+}
+
+static void share_tick(sgm_context *ctx) {
+  sgm_share *sh = ctx->share;
+  sgm_node_usage u;
+  share_usage(ctx, &u);
+  sgm__node_reclaim(sh->node);
+  if (ctx->cfg.share_mode == SGM_SHARE_FAIR && sgm__node_view(sh->node, sh->view) == SGM_OK) {
+    uint64_t vb, sb;
+    if (share_compute(ctx, sh->view, &u, &vb, &sb)) {
+      share_apply(ctx, SGM_TIER_VRAM, vb);
+      share_apply(ctx, SGM_TIER_SHARED, sb);
+      u.w[SGM_NODE_F_BUDGET + SGM_TIER_VRAM] = vb;
+      u.w[SGM_NODE_F_BUDGET + SGM_TIER_SHARED] = sb;
+    }
+  }
+  sgm__node_publish(sh->node, &u);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The ticker. */
+
+static void *share_main(void *arg) {
+  sgm_context *ctx = arg;
+  sgm_share *sh = ctx->share;
+  uint64_t period = ctx->cfg.node_period_ms;
+  sgm__lock_take(&sh->mu);
+  while (!sh->stop) {
+    if (sh->n_completed == sh->n_requested) {
+      struct timespec until = sgm__clock_deadline(period);
+      int rc = 0;
+      while (!sh->stop && sh->n_completed == sh->n_requested && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&sh->cond, &sh->mu.mu, &until);
+      if (sh->stop) break;
+    }
+    uint64_t serving = sh->n_requested;
+    sgm__lock_drop(&sh->mu);
+    share_tick(ctx);
+    sgm__lock_take(&sh->mu);
+    sh->n_completed = serving;
+    pthread_cond_broadcast(&sh->cond);
+  }
+  sgm__lock_drop(&sh->mu);
+  return NULL;
+}
+
+void sgm__share_poke(sgm_context *ctx) {
+  sgm_share *sh = ctx->share;
+  if (!sh || !sh->running) return;
+  sgm__lock_take(&sh->mu);
+  sh->n_requested++;
+  pthread_cond_broadcast(&sh->cond);
+  sgm__lock_drop(&sh->mu);
+}
+
+bool sgm__share_tick_sync(sgm_context *ctx) {
+  sgm_share *sh = ctx->share;
+  if (!sh) return false;
+  if (!sh->running) {
+    share_tick(ctx);
+    return true;
+  }
+  sgm__lock_take(&sh->mu);
+  uint64_t want = ++sh->n_requested;
+  pthread_cond_broadcast(&sh->cond);
+  while (sh->n_completed < want && !sh->stop) pthread_cond_wait(&sh->cond, &sh->mu.mu);
+  sgm__lock_drop(&sh->mu);
+  return true;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Join and leave. */
+
+/* A short name for sgm-smi: the program's, without a path. */
+static void share_name(char *out, size_t len) {
+  FILE *f = fopen("/proc/self/comm", "re");
+  size_t r = f ? fread(out, 1, len - 1, f) : 0;
+  if (f) fclose(f);
+  out[r] = '\0';
+  char *nl = strchr(out, '\n');
+  if (nl) *nl = '\0';
+  if (!out[0]) snprintf(out, len, "?");
+}
+
+int sgm__share_join(sgm_context *ctx, uint64_t *vram_budget, uint64_t *shared_budget) {
+  ctx->share = NULL;
+  if (!ctx->cfg.node || !ctx->bops->device_key) return SGM_OK;
+  char key[SGM_NODE_KEY_MAX] = "";
+  ctx->bops->device_key(ctx->be, key, sizeof key);
+  if (!key[0]) return SGM_OK; /* a private device: nobody to share with */
+  sgm_share *sh = calloc(1, sizeof *sh);
+  sgm_node_view *view = malloc(sizeof *view);
+  if (!sh || !view) {
+    free(sh);
+    free(view);
+    sgm__log(ctx->cfg.verbose, 1, "node registry: out of host memory; this process runs untracked");
+    return SGM_OK;
+  }
+  sh->view = view;
+  char name[SGM_NODE_NAME_MAX];
+  share_name(name, sizeof name);
+  uint64_t shared_cap = ctx->physical_ram_bytes / 2 > 64 * SGM_MiB ? ctx->physical_ram_bytes / 2
+                                                                  : 64 * SGM_MiB;
+  sgm_node_params p = {.dir = ctx->cfg.node_dir, .key = key, .name = name,
+                       .group = ctx->cfg.node_group != 0,
+                       .device_total_bytes = ctx->device_total_bytes,
+                       .shared_cap_bytes = shared_cap, .verbose = ctx->cfg.verbose};
+  if (sgm__node_join(&p, &sh->node) != SGM_OK) {
+    /* Untracked (node.c warned once): the context works alone. */
+    sgm__error_clear();
+    free(view);
+    free(sh);
+    return SGM_OK;
+  }
+  ctx->share = sh;
+  sgm__lock_init(&sh->mu, SGM_LOCK_SHARE);
+  sgm__clock_cond_init(&sh->cond);
+  if (ctx->bops->node_attach) {
+    ctx->bops->node_attach(ctx->be, sh->node);
+    uint64_t free_bytes = 0;
+    int rc = ctx->bops->mem_info(ctx->be, &free_bytes, &ctx->device_total_bytes);
+    if (rc != SGM_OK) return rc; /* the caller leaves */
+  }
+  uint64_t total = sgm__node_device_total(sh->node);
+  long double pool = (long double)total * (long double)ctx->vram_fraction;
+  sh->pool_bytes = pool >= (long double)total ? total : (uint64_t)pool;
+  sh->reserve_bytes = sgm__size_resolve(ctx->cfg.vram_reserve, total, 0);
+  /* Just joined: claim the whole cap until our use says otherwise. */
+  sh->hold_bytes = ctx->cfg.idle_trim_ms ? ctx->budget_bytes[SGM_TIER_VRAM] : 0;
+  sh->hold_since_ms = share_now_ms(ctx);
+  *vram_budget = ctx->budget_bytes[SGM_TIER_VRAM];
+  *shared_budget = ctx->budget_bytes[SGM_TIER_SHARED];
+  if (ctx->cfg.share_mode != SGM_SHARE_FAIR) return SGM_OK;
+  /* The budgets the tiers start with: this process with nothing in use (and
+   * claiming its cap in reserve mode, which takes the budget at once). */
+  sgm_node_usage u = {0};
+  u.w[SGM_NODE_F_RESERVE] = sh->reserve_bytes;
+  u.w[SGM_NODE_F_CAP] = ctx->budget_bytes[SGM_TIER_VRAM];
+  u.w[SGM_NODE_F_DEMAND] = ctx->cfg.allow_growth && !sh->hold_bytes ? ctx->cfg.growth_chunk_bytes
+                                                                    : u.w[SGM_NODE_F_CAP];
+  u.w[SGM_NODE_F_SHARED_CAP] = ctx->budget_bytes[SGM_TIER_SHARED];
+  u.w[SGM_NODE_F_SHARED_DEMAND] = ctx->cfg.shared_chunk_bytes;
+  u.w[SGM_NODE_F_WEIGHT] = (uint64_t)ctx->cfg.share_weight;
+  if (sgm__node_view(sh->node, sh->view) == SGM_OK)
+    share_compute(ctx, sh->view, &u, vram_budget, shared_budget);
+  sgm__error_clear();
+  return SGM_OK;
+}
+
+int sgm__share_start(sgm_context *ctx) {
+  sgm_share *sh = ctx->share;
+  if (!sh) return SGM_OK;
+  share_tick(ctx);
+  int e = pthread_create(&sh->thread, NULL, share_main, ctx);
+  if (e != 0)
+    return sgm__error_set(SGM_ERR_NOMEM, "cannot start the node registry's thread: %s (set "
+                          "SGM_NODE=off to run without the registry)", strerror(e));
+  sh->running = true;
+  return SGM_OK;
+}
+
+void sgm__share_stop(sgm_context *ctx) {
+  sgm_share *sh = ctx->share;
+  if (!sh || !sh->running) return;
+  sgm__lock_take(&sh->mu);
+  sh->stop = true;
+  pthread_cond_broadcast(&sh->cond);
+  sgm__lock_drop(&sh->mu);
+  pthread_join(sh->thread, NULL);
+  sh->running = false;
+}
+
+void sgm__share_leave(sgm_context *ctx) {
+  sgm_share *sh = ctx->share;
+  if (!sh) return;
+  sgm__share_stop(ctx);
+  sgm__node_leave(sh->node);
+  pthread_cond_destroy(&sh->cond);
+  sgm__lock_destroy(&sh->mu);
+  free(sh->view);
+  free(sh);
+  ctx->share = NULL;
+}
+
+sgm_node *sgm__share_node(sgm_context *ctx) { return ctx->share ? ctx->share->node : NULL; }
