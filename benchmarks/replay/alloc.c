@@ -20,7 +20,6 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,15 +40,6 @@ static double alloc_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int alloc_fail(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int alloc_fail(char *err, size_t err_len, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, err_len, fmt, ap);
-  va_end(ap);
-  return -1;
-}
 
 uint64_t replay_alloc_growth_budget(const replay_trace *t) {
   /* Room enough that growth never meets the budget: twice the footprint
@@ -63,7 +53,7 @@ int replay_alloc(const replay_trace *t, const replay_alloc_params *p, replay_all
   uint64_t vram = p->vram_bytes ? p->vram_bytes / REPLAY_ALIGN * REPLAY_ALIGN
                                 : replay_alloc_growth_budget(t);
   if (vram == 0)
-    return alloc_fail(err, err_len, "the VRAM budget must be at least %llu bytes",
+    return replay_fail(err, err_len, "the VRAM budget must be at least %llu bytes",
                       (unsigned long long)REPLAY_ALIGN);
   sgm_config cfg;
   sgm_config_init(&cfg);
@@ -82,19 +72,19 @@ int replay_alloc(const replay_trace *t, const replay_alloc_params *p, replay_all
   sgm_context *ctx = NULL;
   sgm_status st = sgm_context_create(&cfg, &ctx);
   if (st != SGM_OK)
-    return alloc_fail(err, err_len, "cannot create the sgm context (VRAM %llu bytes, %s): %s (%s)",
+    return replay_fail(err, err_len, "cannot create the sgm context (VRAM %llu bytes, %s): %s (%s)",
                       (unsigned long long)vram, p->growth ? "growth" : "reserved",
                       sgm_last_error(), sgm_status_string(st));
   void **ptr = calloc(t->n_blocks ? t->n_blocks : 1, sizeof *ptr);
   int rc = -1;
   sgm_stats s;
   if (!ptr) {
-    alloc_fail(err, err_len, "out of memory for %u pointers", (unsigned)t->n_blocks);
+    replay_fail(err, err_len, "out of memory for %u pointers", (unsigned)t->n_blocks);
     goto out;
   }
   if (sgm_get_stats(ctx, &s) != SGM_OK || s.tier[SGM_TIER_VRAM].budget_bytes != vram ||
       sgm_context_config(ctx)->allow_growth != cfg.allow_growth) {
-    alloc_fail(err, err_len, "sgm did not give the VRAM budget asked for (%llu bytes, %s): "
+    replay_fail(err, err_len, "sgm did not give the VRAM budget asked for (%llu bytes, %s): "
                "unset CUDA_DEVICE_MEMORY_LIMIT and TF_FORCE_GPU_ALLOW_GROWTH for a replay",
                (unsigned long long)vram, p->growth ? "growth" : "reserved");
     goto out;
@@ -157,7 +147,7 @@ int replay_alloc_min_budget(const replay_trace *t, int vmm, uint64_t *budget_out
     ++*n_runs;
     if (r.served) break;
     if (hi > REPLAY_MAX_BLOCK_BYTES)
-      return alloc_fail(err, err_len, "no budget up to %llu bytes serves the trace",
+      return replay_fail(err, err_len, "no budget up to %llu bytes serves the trace",
                         (unsigned long long)hi);
     lo = hi + REPLAY_ALIGN;
     hi *= 2;
@@ -177,4 +167,47 @@ int replay_alloc_min_budget(const replay_trace *t, int vmm, uint64_t *budget_out
   }
   *budget_out = hi;
   return 0;
+}
+
+int replay_alloc_granule_cost(int backend, int vmm, unsigned n, double *ns_out,
+                              uint64_t *granule_out, char *err, size_t err_len) {
+  *ns_out = 0;
+  *granule_out = 0;
+  sgm_config cfg;
+  sgm_config_init(&cfg);
+  cfg.backend = (sgm_backend_kind)backend;
+  cfg.allow_growth = 1;
+  cfg.vram_vmm = vmm;
+  cfg.vram_limit = (sgm_size){.bytes = UINT64_C(256) << 20, .fraction = 0};
+  cfg.emu_vram_bytes = UINT64_C(256) << 20;
+  cfg.shared_fallback = 0;
+  cfg.idle_trim_ms = 0;
+  cfg.verbose = 0;
+  sgm_context *ctx = NULL;
+  sgm_status st = sgm_context_create(&cfg, &ctx);
+  if (st != SGM_OK)
+    return replay_fail(err, err_len, "cannot create the sgm context: %s (%s)", sgm_last_error(),
+                      sgm_status_string(st));
+  sgm_stats s;
+  sgm_get_stats(ctx, &s);
+  *granule_out = s.vram_granule_bytes;
+  size_t bytes = s.vram_granule_bytes ? (size_t)s.vram_granule_bytes : (size_t)2 << 20;
+  int rc = 0;
+  double t0 = alloc_now();
+  for (unsigned i = 0; i < n; i++) {
+    void *p = sgm_alloc(ctx, bytes, NULL);
+    if (!p) {
+      rc = replay_fail(err, err_len, "sgm_alloc of %zu bytes failed: %s", bytes, sgm_last_error());
+      break;
+    }
+    sgm_free(ctx, p, NULL);
+    sgm_trim(ctx);
+  }
+  *ns_out = n ? (alloc_now() - t0) * 1e9 / n : 0;
+  sgm_get_stats(ctx, &s);
+  if (rc == 0 && s.tier[SGM_TIER_VRAM].committed_bytes != 0)
+    rc = replay_fail(err, err_len, "sgm_trim left %llu bytes committed",
+                    (unsigned long long)s.tier[SGM_TIER_VRAM].committed_bytes);
+  sgm_context_destroy(ctx);
+  return rc;
 }

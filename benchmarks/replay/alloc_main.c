@@ -11,11 +11,19 @@
  *     glibc malloc/free replaying the same stream in the same run.
  *
  *   sgm-alloc-replay [--vmm auto|off] [--no-reserve] TRACE|DIR...
+ *   sgm-alloc-replay --granule [--backend emu|cuda]
+ *
+ * --granule measures what committing and returning one granule costs
+ * through the public API (sgm_alloc + sgm_free + sgm_trim of one granule per
+ * round): with one reserved range (map + unmap of a granule) and with chunks
+ * (device_alloc + device_free: cuMemAlloc/cuMemFree on CUDA), beside
+ * mmap + munmap of the same size in the same run.
  *
  * A DIR stands for its *.csv files in name order. Exit status: 0 done, 1 a
  * trace could not be read or replayed, 2 bad usage. docs/benchmarks.md has
  * the figures.
  */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE */
 #define _POSIX_C_SOURCE 200809L
 
 #include <dirent.h>
@@ -23,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -36,6 +45,7 @@
 
 static const char USAGE[] =
     "usage: sgm-alloc-replay [--vmm auto|off] [--no-reserve] TRACE|DIR...\n"
+    "       sgm-alloc-replay --granule [--backend emu|cuda]\n"
     "\n"
     "Replays each trace's allocation stream through sgm_alloc/sgm_free on the emulated\n"
     "device: growth-mode peak committed / peak live, the smallest reserved budget with\n"
@@ -44,7 +54,16 @@ static const char USAGE[] =
     "                or a folder: its *.csv files\n"
     "  --vmm MODE    VRAM growth on one reserved range when the device can (auto, default)\n"
     "                or always in chunks (off)\n"
-    "  --no-reserve  skip the reserve-mode search\n";
+    "  --no-reserve  skip the reserve-mode search\n"
+    "  --granule     instead: the cost of mapping and unmapping one granule through the\n"
+    "                public API, beside chunks and mmap/munmap (--backend emu|cuda)\n";
+
+/* Rounds of the --granule measurement. */
+#define MAIN_GRANULE_ROUNDS 2000
+
+/* ns per mmap + munmap of bytes, read-write anonymous (the emulated device's
+ * own calls for a granule or a chunk), untouched. */
+static double main_mmap_ns(size_t bytes, unsigned n);
 
 static double main_now(void) {
   struct timespec ts;
@@ -73,6 +92,42 @@ static double main_malloc_ns(const replay_trace *t) {
   for (uint32_t b = 0; b < t->n_blocks; b++) free(ptr[b]);
   free(ptr);
   return n ? s * 1e9 / (double)n : 0;
+}
+
+static double main_mmap_ns(size_t bytes, unsigned n) {
+  double t0 = main_now();
+  for (unsigned i = 0; i < n; i++) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED) return 0;
+    munmap(p, bytes);
+  }
+  return n ? (main_now() - t0) * 1e9 / n : 0;
+}
+
+/* --granule: one line per path, all from this run. */
+static int main_granule(int backend) {
+  char err[REPLAY_ERR_MAX];
+  double vmm_ns = 0, chunk_ns = 0;
+  uint64_t g = 0, g_off = 0;
+  if (replay_alloc_granule_cost(backend, 1, MAIN_GRANULE_ROUNDS, &vmm_ns, &g, err, sizeof err) ||
+      replay_alloc_granule_cost(backend, 0, MAIN_GRANULE_ROUNDS, &chunk_ns, &g_off, err,
+                                sizeof err)) {
+    fprintf(stderr, "sgm-alloc-replay: --granule: %s\n", err);
+    return 1;
+  }
+  size_t bytes = g ? (size_t)g : (size_t)2 << 20;
+  double ref = main_mmap_ns(bytes, MAIN_GRANULE_ROUNDS);
+  const char *be = backend == SGM_BACKEND_CUDA ? "cuda" : "emu";
+  if (g)
+    printf("granule %s: %zu bytes; map+unmap through sgm (alloc+free+trim): %.0f ns\n", be, bytes,
+           vmm_ns);
+  else
+    printf("granule %s: the device has no virtual-memory API: no map/unmap figure\n", be);
+  printf("granule %s: chunk of %zu bytes through sgm (alloc+free+trim; %s): %.0f ns\n", be, bytes,
+         backend == SGM_BACKEND_CUDA ? "cuMemAlloc+cuMemFree" : "mmap+munmap", chunk_ns);
+  printf("granule %s: reference mmap+munmap of %zu bytes: %.0f ns\n", be, bytes, ref);
+  return 0;
 }
 
 static int main_cmp_str(const void *a, const void *b) {
@@ -108,8 +163,8 @@ static int main_collect(const char *path, char **list, size_t *n) {
 }
 
 int main(int argc, char **argv) {
-  int vmm = -1;
-  bool reserve = true;
+  int vmm = -1, backend = SGM_BACKEND_EMU;
+  bool reserve = true, granule = false;
   char *paths[MAIN_MAX_TRACES];
   size_t n_paths = 0;
   for (int i = 1; i < argc; i++) {
@@ -126,6 +181,16 @@ int main(int argc, char **argv) {
       }
     } else if (!strcmp(argv[i], "--no-reserve")) {
       reserve = false;
+    } else if (!strcmp(argv[i], "--granule")) {
+      granule = true;
+    } else if (!strcmp(argv[i], "--backend") && i + 1 < argc) {
+      const char *b = argv[++i];
+      if (!strcmp(b, "emu")) backend = SGM_BACKEND_EMU;
+      else if (!strcmp(b, "cuda")) backend = SGM_BACKEND_CUDA;
+      else {
+        fprintf(stderr, "sgm-alloc-replay: --backend takes emu or cuda, not \"%s\"\n%s", b, USAGE);
+        return 2;
+      }
     } else if (argv[i][0] == '-') {
       fprintf(stderr, "sgm-alloc-replay: unknown option %s\n%s", argv[i], USAGE);
       return 2;
@@ -133,6 +198,7 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
+  if (granule) return main_granule(backend);
   if (n_paths == 0) {
     fputs(USAGE, stderr);
     return 2;

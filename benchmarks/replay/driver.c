@@ -76,15 +76,6 @@ const char *const *replay_policy_names(void) {
 #endif
 }
 
-static int driver_fail(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int driver_fail(char *err, size_t err_len, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, err_len, fmt, ap);
-  va_end(ap);
-  return -1;
-}
 
 /*
  * Commit the shared pool before the timed loop: fill VRAM with one allocation,
@@ -140,10 +131,10 @@ int replay_sgm(const replay_trace *t, const replay_sgm_params *p, replay_result 
   memset(out, 0, sizeof *out);
   snprintf(out->policy, sizeof out->policy, "%s", p->policy);
   if (strlen(p->policy) >= SGM_NAME_MAX)
-    return driver_fail(err, err_len, "policy name \"%s\" is too long", p->policy);
+    return replay_fail(err, err_len, "policy name \"%s\" is too long", p->policy);
   uint64_t vram = p->vram_bytes / REPLAY_ALIGN * REPLAY_ALIGN;
   if (vram == 0)
-    return driver_fail(err, err_len, "the VRAM capacity must be at least %llu bytes",
+    return replay_fail(err, err_len, "the VRAM capacity must be at least %llu bytes",
                        (unsigned long long)REPLAY_ALIGN);
 
   sgm_config cfg;
@@ -165,7 +156,7 @@ int replay_sgm(const replay_trace *t, const replay_sgm_params *p, replay_result 
   sgm_context *ctx = NULL;
   sgm_status st = sgm_context_create(&cfg, &ctx);
   if (st != SGM_OK)
-    return driver_fail(err, err_len, "policy %s: cannot create the sgm context: %s (%s)",
+    return replay_fail(err, err_len, "policy %s: cannot create the sgm context: %s (%s)",
                        p->policy, sgm_last_error(), sgm_status_string(st));
   sgm_buffer **bufs = NULL;
   int rc = -1;
@@ -178,12 +169,12 @@ int replay_sgm(const replay_trace *t, const replay_sgm_params *p, replay_result 
   out->setup_seconds = driver_now() - w0;
   sgm_stats s0;
   if (sgm_get_stats(ctx, &s0) != SGM_OK) {
-    driver_fail(err, err_len, "policy %s: sgm_get_stats: %s", p->policy, sgm_last_error());
+    replay_fail(err, err_len, "policy %s: sgm_get_stats: %s", p->policy, sgm_last_error());
     goto out;
   }
   const sgm_config *got = sgm_context_config(ctx);
   if (s0.tier[SGM_TIER_VRAM].budget_bytes != vram || got->allow_growth) {
-    driver_fail(err, err_len, "policy %s: sgm gave a VRAM budget of %llu bytes (%s) instead of "
+    replay_fail(err, err_len, "policy %s: sgm gave a VRAM budget of %llu bytes (%s) instead of "
                 "exactly %llu reserved: unset CUDA_DEVICE_MEMORY_LIMIT and "
                 "TF_FORCE_GPU_ALLOW_GROWTH for a replay", p->policy,
                 (unsigned long long)s0.tier[SGM_TIER_VRAM].budget_bytes,
@@ -192,7 +183,7 @@ int replay_sgm(const replay_trace *t, const replay_sgm_params *p, replay_result 
   }
   bufs = calloc(t->n_blocks ? t->n_blocks : 1, sizeof *bufs);
   if (!bufs) {
-    driver_fail(err, err_len, "out of memory for %u buffer handles", (unsigned)t->n_blocks);
+    replay_fail(err, err_len, "out of memory for %u buffer handles", (unsigned)t->n_blocks);
     goto out;
   }
 
@@ -212,7 +203,7 @@ int replay_sgm(const replay_trace *t, const replay_sgm_params *p, replay_result 
     if (!b) {
       st = sgm_buffer_create(ctx, (size_t)t->size[id], &bufs[id]);
       if (st != SGM_OK) {
-        driver_fail(err, err_len, "policy %s: event %zu: creating a %llu-byte buffer: %s",
+        replay_fail(err, err_len, "policy %s: event %zu: creating a %llu-byte buffer: %s",
                     p->policy, i, (unsigned long long)t->size[id], sgm_last_error());
         goto out;
       }
@@ -223,13 +214,13 @@ int replay_sgm(const replay_trace *t, const replay_sgm_params *p, replay_result 
     void *dptr;
     st = sgm_buffer_acquire(b, NULL, &dptr);
     if (st != SGM_OK) {
-      driver_fail(err, err_len, "policy %s: event %zu: acquire of a %llu-byte buffer: %s",
+      replay_fail(err, err_len, "policy %s: event %zu: acquire of a %llu-byte buffer: %s",
                   p->policy, i, (unsigned long long)t->size[id], sgm_last_error());
       goto out;
     }
     st = sgm_buffer_release(b, NULL);
     if (st != SGM_OK) {
-      driver_fail(err, err_len, "policy %s: event %zu: release: %s", p->policy, i,
+      replay_fail(err, err_len, "policy %s: event %zu: release: %s", p->policy, i,
                   sgm_last_error());
       goto out;
     }
@@ -241,7 +232,7 @@ int replay_sgm(const replay_trace *t, const replay_sgm_params *p, replay_result 
 
   sgm_stats s;
   if (sgm_get_stats(ctx, &s) != SGM_OK) {
-    driver_fail(err, err_len, "policy %s: sgm_get_stats: %s", p->policy, sgm_last_error());
+    replay_fail(err, err_len, "policy %s: sgm_get_stats: %s", p->policy, sgm_last_error());
     goto out;
   }
   for (int k = 0; k < 3; k++) {

@@ -44,6 +44,9 @@ typedef enum replay_format {
   REPLAY_FMT_MOONCAKE   /* JSON Lines with hash_ids */
 } replay_format;
 
+/* Write a message into err (as snprintf) and return -1: the error convention above. */
+int replay_fail(char *err, size_t err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* "csv", "minimalloc", "mooncake", "unknown". */
 const char *replay_format_name(replay_format f);
 
@@ -199,5 +202,14 @@ int replay_alloc(const replay_trace *t, const replay_alloc_params *p, replay_all
  * in replay_alloc_params. *n_runs: replays made. */
 int replay_alloc_min_budget(const replay_trace *t, int vmm, uint64_t *budget_out,
                             unsigned *n_runs, char *err, size_t err_len);
+
+/* The cost of committing and returning one granule through the public API:
+ * n rounds of sgm_alloc(granule) + sgm_free + sgm_trim on a growth-mode
+ * context of `backend` (SGM_BACKEND_EMU or SGM_BACKEND_CUDA), vmm as in
+ * replay_alloc_params (on: one granule mapped and unmapped per round; off: one
+ * chunk allocated and freed). *ns_out: per round; *granule_out: the granule
+ * (0 with chunks; the size used is then 2 MiB). */
+int replay_alloc_granule_cost(int backend, int vmm, unsigned n, double *ns_out,
+                              uint64_t *granule_out, char *err, size_t err_len);
 
 #endif /* SGM_REPLAY_H */

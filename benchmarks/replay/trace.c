@@ -30,9 +30,7 @@ const char *replay_format_name(replay_format f) {
   }
 }
 
-static int trace_fail(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int trace_fail(char *err, size_t err_len, const char *fmt, ...) {
+int replay_fail(char *err, size_t err_len, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(err, err_len, fmt, ap);
@@ -118,7 +116,7 @@ void replay_trace_free(replay_trace *t) {
 /* A new dense block of size bytes; its id, or -1 (message set). */
 static int64_t trace_add_block(replay_trace *t, uint64_t size, char *err, size_t err_len) {
   if (t->n_blocks >= REPLAY_MAX_BLOCKS) {
-    trace_fail(err, err_len, "more than %u blocks: too many for one replay",
+    replay_fail(err, err_len, "more than %u blocks: too many for one replay",
                (unsigned)REPLAY_MAX_BLOCKS);
     return -1;
   }
@@ -127,7 +125,7 @@ static int64_t trace_add_block(replay_trace *t, uint64_t size, char *err, size_t
     if (cap > REPLAY_MAX_BLOCKS || cap < t->cap_blocks) cap = REPLAY_MAX_BLOCKS;
     uint64_t *n = realloc(t->size, (size_t)cap * sizeof *n);
     if (!n) {
-      trace_fail(err, err_len, "out of memory for %u blocks", (unsigned)cap);
+      replay_fail(err, err_len, "out of memory for %u blocks", (unsigned)cap);
       return -1;
     }
     t->size = n;
@@ -141,7 +139,7 @@ static int trace_add_event(replay_trace *t, uint32_t e, char *err, size_t err_le
   if (t->n_ev == t->cap_ev) {
     size_t cap = t->cap_ev ? t->cap_ev * 2 : 4096;
     uint32_t *n = realloc(t->ev, cap * sizeof *n);
-    if (!n) return trace_fail(err, err_len, "out of memory for %zu events", cap);
+    if (!n) return replay_fail(err, err_len, "out of memory for %zu events", cap);
     t->ev = n;
     t->cap_ev = cap;
   }
@@ -156,7 +154,7 @@ static uint64_t trace_rounded(uint64_t size) {
 int replay_trace_finish(replay_trace *t, char *err, size_t err_len) {
   enum { NEW = 0, LIVE = 1, FREED = 2 };
   uint8_t *state = calloc(t->n_blocks ? t->n_blocks : 1, 1);
-  if (!state) return trace_fail(err, err_len, "out of memory");
+  if (!state) return replay_fail(err, err_len, "out of memory");
   int rc = -1;
   uint64_t live = 0;
   t->n_access = t->n_free = 0;
@@ -164,19 +162,19 @@ int replay_trace_finish(replay_trace *t, char *err, size_t err_len) {
   t->uniform_bytes = t->n_blocks ? t->size[0] : 0;
   for (uint32_t b = 0; b < t->n_blocks; b++) {
     if (t->size[b] == 0) {
-      trace_fail(err, err_len, "block %u has size 0", (unsigned)b);
+      replay_fail(err, err_len, "block %u has size 0", (unsigned)b);
       goto out;
     }
     /* Sizes are rounded and summed in 64 bits: refuse what would wrap rather
      * than replay a trace whose byte counts are nonsense. */
     if (t->size[b] > REPLAY_MAX_BLOCK_BYTES) {
-      trace_fail(err, err_len, "block %u has %llu bytes, more than the %llu a replay can hold",
+      replay_fail(err, err_len, "block %u has %llu bytes, more than the %llu a replay can hold",
                  (unsigned)b, (unsigned long long)t->size[b],
                  (unsigned long long)REPLAY_MAX_BLOCK_BYTES);
       goto out;
     }
     if (__builtin_add_overflow(t->total_bytes, trace_rounded(t->size[b]), &t->total_bytes)) {
-      trace_fail(err, err_len, "the blocks' sizes add up to more than 2^64 bytes");
+      replay_fail(err, err_len, "the blocks' sizes add up to more than 2^64 bytes");
       goto out;
     }
     if (t->size[b] != t->uniform_bytes) t->uniform_bytes = 0;
@@ -184,13 +182,13 @@ int replay_trace_finish(replay_trace *t, char *err, size_t err_len) {
   for (size_t i = 0; i < t->n_ev; i++) {
     uint32_t b = REPLAY_EV_ID(t->ev[i]);
     if (b >= t->n_blocks) {
-      trace_fail(err, err_len, "event %zu names block %u of %u", i, (unsigned)b,
+      replay_fail(err, err_len, "event %zu names block %u of %u", i, (unsigned)b,
                  (unsigned)t->n_blocks);
       goto out;
     }
     if (t->ev[i] & REPLAY_EV_FREE) {
       if (state[b] != LIVE) {
-        trace_fail(err, err_len, "event %zu frees block %u, which is not live", i, (unsigned)b);
+        replay_fail(err, err_len, "event %zu frees block %u, which is not live", i, (unsigned)b);
         goto out;
       }
       state[b] = FREED;
@@ -198,7 +196,7 @@ int replay_trace_finish(replay_trace *t, char *err, size_t err_len) {
       live -= trace_rounded(t->size[b]);
     } else {
       if (state[b] == FREED) {
-        trace_fail(err, err_len, "event %zu accesses block %u after its free", i, (unsigned)b);
+        replay_fail(err, err_len, "event %zu accesses block %u after its free", i, (unsigned)b);
         goto out;
       }
       t->n_access++;
@@ -341,7 +339,7 @@ static replay_format detect_line(const char *s) {
 static int open_reader(const char *path, line_reader *r, char *err, size_t err_len) {
   *r = (line_reader){.path = path};
   r->f = fopen(path, "r");
-  if (!r->f) return trace_fail(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+  if (!r->f) return replay_fail(err, err_len, "%s: cannot open: %s", path, strerror(errno));
   return 0;
 }
 
@@ -363,8 +361,8 @@ int replay_detect_format(const char *path, replay_format *out, char *err, size_t
   while ((s = line_next(&r, &n, &io)) && line_blank(s)) {
   }
   if (!s) {
-    if (io) trace_fail(err, err_len, "%s: read error: %s", path, strerror(errno));
-    else trace_fail(err, err_len, "%s: the file is empty: no header or data line to tell the format", path);
+    if (io) replay_fail(err, err_len, "%s: read error: %s", path, strerror(errno));
+    else replay_fail(err, err_len, "%s: the file is empty: no header or data line to tell the format", path);
     goto out;
   }
   *out = detect_line(s);
@@ -374,7 +372,7 @@ int replay_detect_format(const char *path, replay_format *out, char *err, size_t
   }
   char shown[64];
   snprintf(shown, sizeof shown, "%.60s", s);
-  trace_fail(err, err_len,
+  replay_fail(err, err_len,
              "%s:%zu: cannot tell the trace format from \"%s\": expected a JSON object with "
              "\"hash_ids\" (Mooncake), the header id,lower,upper,size (MiniMalloc) or the header "
              "op,id,size (sgm-replay CSV)",
@@ -400,7 +398,7 @@ static int read_csv(line_reader *r, uint64_t block_bytes, replay_trace *t, char 
     if (*p == '#') continue;
     if (!header) {
       if (!header_is(s, CSV_HEADER, 3)) {
-        trace_fail(err, err_len, "%s:%zu: expected the header op,id,size", r->path, r->lineno);
+        replay_fail(err, err_len, "%s:%zu: expected the header op,id,size", r->path, r->lineno);
         goto out;
       }
       header = true;
@@ -409,26 +407,26 @@ static int read_csv(line_reader *r, uint64_t block_bytes, replay_trace *t, char 
     csv_field f[CSV_MAX_FIELDS];
     size_t k = csv_split(s, f);
     if (k < 2 || k > 3) {
-      trace_fail(err, err_len, "%s:%zu: expected op,id,size (3 fields), found %s%zu", r->path,
+      replay_fail(err, err_len, "%s:%zu: expected op,id,size (3 fields), found %s%zu", r->path,
                  r->lineno, k > CSV_MAX_FIELDS ? "more than " : "",
                  k > CSV_MAX_FIELDS ? (size_t)CSV_MAX_FIELDS : k);
       goto out;
     }
     bool is_access = field_is(&f[0], "a"), is_free = field_is(&f[0], "f");
     if (!is_access && !is_free) {
-      trace_fail(err, err_len, "%s:%zu: unknown op \"%.*s\" (a = access, f = free)", r->path,
+      replay_fail(err, err_len, "%s:%zu: unknown op \"%.*s\" (a = access, f = free)", r->path,
                  r->lineno, (int)(f[0].n > 20 ? 20 : f[0].n), f[0].s);
       goto out;
     }
     uint64_t id, size = 0;
     if (!parse_u64(f[1].s, f[1].n, &id)) {
-      trace_fail(err, err_len, "%s:%zu: id \"%.*s\" is not an unsigned integer", r->path,
+      replay_fail(err, err_len, "%s:%zu: id \"%.*s\" is not an unsigned integer", r->path,
                  r->lineno, (int)(f[1].n > 24 ? 24 : f[1].n), f[1].s);
       goto out;
     }
     bool has_size = k == 3 && f[2].n > 0;
     if (has_size && (!parse_u64(f[2].s, f[2].n, &size) || size == 0)) {
-      trace_fail(err, err_len, "%s:%zu: size \"%.*s\" is not a positive integer (bytes)",
+      replay_fail(err, err_len, "%s:%zu: size \"%.*s\" is not a positive integer (bytes)",
                  r->path, r->lineno, (int)(f[2].n > 24 ? 24 : f[2].n), f[2].s);
       goto out;
     }
@@ -436,20 +434,20 @@ static int read_csv(line_reader *r, uint64_t block_bytes, replay_trace *t, char 
     bool live = v != 0 && v != IDMAP_DEAD;
     uint32_t b = live ? v - 1 : 0;
     if (live && has_size && size != t->size[b]) {
-      trace_fail(err, err_len, "%s:%zu: id %llu has %llu bytes, not %llu: a live buffer keeps "
+      replay_fail(err, err_len, "%s:%zu: id %llu has %llu bytes, not %llu: a live buffer keeps "
                  "its size (free it first)", r->path, r->lineno, (unsigned long long)id,
                  (unsigned long long)t->size[b], (unsigned long long)size);
       goto out;
     }
     if (is_free) {
       if (!live) {
-        trace_fail(err, err_len, "%s:%zu: free of id %llu, which is not live (never accessed, "
+        replay_fail(err, err_len, "%s:%zu: free of id %llu, which is not live (never accessed, "
                    "or freed already)", r->path, r->lineno, (unsigned long long)id);
         goto out;
       }
       if (trace_add_event(t, b | REPLAY_EV_FREE, err, err_len) != 0) goto out;
       if (!idmap_put(&m, id, IDMAP_DEAD)) {
-        trace_fail(err, err_len, "out of memory for the id table");
+        replay_fail(err, err_len, "out of memory for the id table");
         goto out;
       }
       continue;
@@ -459,19 +457,19 @@ static int read_csv(line_reader *r, uint64_t block_bytes, replay_trace *t, char 
       if (nb < 0) goto out;
       b = (uint32_t)nb;
       if (!idmap_put(&m, id, b + 1)) {
-        trace_fail(err, err_len, "out of memory for the id table");
+        replay_fail(err, err_len, "out of memory for the id table");
         goto out;
       }
     }
     if (trace_add_event(t, b, err, err_len) != 0) goto out;
   }
   if (io) {
-    trace_fail(err, err_len, "%s: read error after line %zu: %s", r->path, r->lineno,
+    replay_fail(err, err_len, "%s: read error after line %zu: %s", r->path, r->lineno,
                strerror(errno));
     goto out;
   }
   if (!header) {
-    trace_fail(err, err_len, "%s: no header op,id,size", r->path);
+    replay_fail(err, err_len, "%s: no header op,id,size", r->path);
     goto out;
   }
   rc = 0;
@@ -509,7 +507,7 @@ static int read_minimalloc(line_reader *r, replay_trace *t, char *err, size_t er
     if (line_blank(s)) continue;
     if (!header) {
       if (!header_is(s, MINIMALLOC_HEADER, 4)) {
-        trace_fail(err, err_len, "%s:%zu: expected the header id,lower,upper,size", r->path,
+        replay_fail(err, err_len, "%s:%zu: expected the header id,lower,upper,size", r->path,
                    r->lineno);
         goto out;
       }
@@ -521,7 +519,7 @@ static int read_minimalloc(line_reader *r, replay_trace *t, char *err, size_t er
     int64_t v[4];
     static const char *const what[] = {"id", "lower", "upper", "size"};
     if (k != 4) {
-      trace_fail(err, err_len, "%s:%zu: expected id,lower,upper,size (4 fields), found %s%zu",
+      replay_fail(err, err_len, "%s:%zu: expected id,lower,upper,size (4 fields), found %s%zu",
                  r->path, r->lineno, k > CSV_MAX_FIELDS ? "more than " : "",
                  k > CSV_MAX_FIELDS ? (size_t)CSV_MAX_FIELDS : k);
       goto out;
@@ -532,38 +530,38 @@ static int read_minimalloc(line_reader *r, replay_trace *t, char *err, size_t er
       bool ok = i == 1 || i == 2 ? parse_i64(f[i].s, f[i].n, &v[i])
                                  : parse_u64(f[i].s, f[i].n, i == 0 ? &id : &size);
       if (!ok) {
-        trace_fail(err, err_len, "%s:%zu: %s \"%.*s\" is not %s integer", r->path, r->lineno,
+        replay_fail(err, err_len, "%s:%zu: %s \"%.*s\" is not %s integer", r->path, r->lineno,
                    what[i], (int)(f[i].n > 24 ? 24 : f[i].n), f[i].s,
                    i == 1 || i == 2 ? "a 64-bit" : "an unsigned");
         goto out;
       }
     }
     if (v[1] >= v[2]) {
-      trace_fail(err, err_len, "%s:%zu: lower %lld is not below upper %lld (the lifetime "
+      replay_fail(err, err_len, "%s:%zu: lower %lld is not below upper %lld (the lifetime "
                  "[lower, upper) is empty)", r->path, r->lineno, (long long)v[1],
                  (long long)v[2]);
       goto out;
     }
     if (size == 0) {
-      trace_fail(err, err_len, "%s:%zu: size is 0", r->path, r->lineno);
+      replay_fail(err, err_len, "%s:%zu: size is 0", r->path, r->lineno);
       goto out;
     }
     if (idmap_get(&m, id)) {
-      trace_fail(err, err_len, "%s:%zu: id %llu appears twice", r->path, r->lineno,
+      replay_fail(err, err_len, "%s:%zu: id %llu appears twice", r->path, r->lineno,
                  (unsigned long long)id);
       goto out;
     }
     int64_t b = trace_add_block(t, size, err, err_len);
     if (b < 0) goto out;
     if (!idmap_put(&m, id, (uint32_t)b + 1)) {
-      trace_fail(err, err_len, "out of memory for the id table");
+      replay_fail(err, err_len, "out of memory for the id table");
       goto out;
     }
     if (n_ev + 3 > cap_ev) {
       size_t cap = cap_ev ? cap_ev * 2 : 1024;
       mm_event *nev = realloc(ev, cap * sizeof *nev);
       if (!nev) {
-        trace_fail(err, err_len, "out of memory for %zu events", cap);
+        replay_fail(err, err_len, "out of memory for %zu events", cap);
         goto out;
       }
       ev = nev;
@@ -574,12 +572,12 @@ static int read_minimalloc(line_reader *r, replay_trace *t, char *err, size_t er
     ev[n_ev++] = (mm_event){v[2], 0, (uint32_t)b};
   }
   if (io) {
-    trace_fail(err, err_len, "%s: read error after line %zu: %s", r->path, r->lineno,
+    replay_fail(err, err_len, "%s: read error after line %zu: %s", r->path, r->lineno,
                strerror(errno));
     goto out;
   }
   if (!header) {
-    trace_fail(err, err_len, "%s: no header id,lower,upper,size", r->path);
+    replay_fail(err, err_len, "%s: no header id,lower,upper,size", r->path);
     goto out;
   }
   if (n_ev) qsort(ev, n_ev, sizeof *ev, mm_cmp);
@@ -613,7 +611,7 @@ static int json_fail(json_line *j, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  return trace_fail(j->err, j->err_len, "%s:%zu: column %zu: %s", j->r->path, j->r->lineno,
+  return replay_fail(j->err, j->err_len, "%s:%zu: column %zu: %s", j->r->path, j->r->lineno,
                     (size_t)(j->p - j->s) + 1, msg);
 }
 
@@ -845,13 +843,13 @@ static int read_mooncake(line_reader *r, uint64_t block_bytes, replay_trace *t, 
       goto out;
     }
     if (!seen) {
-      trace_fail(err, err_len, "%s:%zu: the request has no \"hash_ids\" array", r->path,
+      replay_fail(err, err_len, "%s:%zu: the request has no \"hash_ids\" array", r->path,
                  r->lineno);
       goto out;
     }
   }
   if (io) {
-    trace_fail(err, err_len, "%s: read error after line %zu: %s", r->path, r->lineno,
+    replay_fail(err, err_len, "%s: read error after line %zu: %s", r->path, r->lineno,
                strerror(errno));
     goto out;
   }
@@ -872,7 +870,7 @@ int replay_trace_load_as(const char *path, replay_format fmt, uint64_t block_byt
     case REPLAY_FMT_CSV: rc = read_csv(&r, block_bytes, t, err, err_len); break;
     case REPLAY_FMT_MINIMALLOC: rc = read_minimalloc(&r, t, err, err_len); break;
     case REPLAY_FMT_MOONCAKE: rc = read_mooncake(&r, block_bytes, t, err, err_len); break;
-    default: rc = trace_fail(err, err_len, "%s: unknown trace format", path); break;
+    default: rc = replay_fail(err, err_len, "%s: unknown trace format", path); break;
   }
   close_reader(&r);
   if (rc == 0) rc = replay_trace_finish(t, err, err_len);

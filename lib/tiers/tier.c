@@ -75,6 +75,11 @@
  * 1/64 commits at most 1.057 x the peak live bytes, 1/32 the same, 1/16 and
  * 1/8 up to 1.110; mapping calls fall as the slack grows. */
 #define TIER_VMM_SLACK_GRANULES 4u
+/* Budgets below this many granules (64 MiB with 2 MiB granules) grow in
+ * chunks: a block is rounded to whole granules in committed bytes, which on a
+ * small budget is a large share (an 8 MiB budget holding two 1 MiB blocks and
+ * a 6 MiB one would need 10 MiB of granules). */
+#define TIER_VMM_MIN_GRANULES 32u
 #define TIER_VMM_SLACK_SHIFT 5
 
 enum { TIER_LIVE = 1, TIER_CACHED = 2 };
@@ -731,10 +736,15 @@ static uint64_t tier_vmm_unmap_free(sgm_tier_pool *p, uint64_t now_ms, uint64_t 
 }
 
 /* After blocks went back to the sub-allocator: unmap the free granules when
- * they are more than the slack (a hint read without the lock). */
+ * they are more than the slack, or at all while committed is over a budget
+ * that was lowered (fair shares of the node registry: another process waits
+ * for that memory). Hints read without the lock. */
 static void tier_vmm_settle(sgm_tier_pool *p) {
-  if (p->vmm_range &&
-      __atomic_load_n(&p->vmm_free_mapped, __ATOMIC_RELAXED) > tier_vmm_slack(p))
+  if (!p->vmm_range) return;
+  uint64_t free_mapped = __atomic_load_n(&p->vmm_free_mapped, __ATOMIC_RELAXED);
+  bool over = __atomic_load_n(&p->committed_bytes, __ATOMIC_RELAXED) >
+              __atomic_load_n(&p->p.budget_bytes, __ATOMIC_RELAXED);
+  if (free_mapped > tier_vmm_slack(p) || (over && free_mapped > 0))
     tier_vmm_unmap_free(p, 0, UINT64_MAX);
 }
 
@@ -849,11 +859,12 @@ static bool tier_vmm_setup(sgm_tier_pool *p) {
   } else if ((g & (g - 1)) || g < SGM_DEVICE_ALIGN || g > (UINT64_C(1) << 40)) {
     snprintf(why, sizeof why, "the granularity %llu is not a power of two from %u bytes",
              (unsigned long long)g, SGM_DEVICE_ALIGN);
-  } else if (tp->budget_bytes < g && tp->vmm_range_bytes < g) {
-    snprintf(why, sizeof why, "the budget is below one %llu-byte granule", (unsigned long long)g);
+  } else if (tp->budget_bytes / g < TIER_VMM_MIN_GRANULES) {
+    snprintf(why, sizeof why, "the budget is below %u granules of %llu bytes",
+             TIER_VMM_MIN_GRANULES, (unsigned long long)g);
   }
-  /* Address space, not memory: reserved for the most the budget may become,
-   * so that a budget raised later (a fair share growing) finds room. */
+  /* Address space for the largest budget the pool may be given later (fair
+   * shares of the node registry raise and lower it): reserving is cheap. */
   uint64_t want = tp->vmm_range_bytes > tp->budget_bytes ? tp->vmm_range_bytes : tp->budget_bytes;
   uint64_t bytes = why[0] ? 0 : sgm__align_up(want, g);
   tier_granule *gran = NULL;
@@ -1869,15 +1880,12 @@ int sgm__tier_charge(sgm_tier_pool *p, uint64_t bytes) {
      * back and look once more. */
     sgm__lock_drop(&p->lock);
     if (sgm__tier_has_cached(p)) sgm__tier_reclaim(p, NULL, SGM_RECLAIM_QUERY);
-    if (p->vmm_range) {
-      tier_vmm_unmap_free(p, 0, UINT64_MAX); /* free mapped granules */
-    } else {
-      sgm_chunk *list;
-      sgm__lock_take(&p->lock);
-      size_t n = tier_detach_free_locked(p, 0, UINT64_MAX, &list);
-      sgm__lock_drop(&p->lock);
-      if (n) tier_release_chunks(p, list, n);
-    }
+    if (p->vmm_range) tier_vmm_unmap_free(p, 0, UINT64_MAX); /* free granules hold it too */
+    sgm_chunk *list;
+    sgm__lock_take(&p->lock);
+    size_t n = tier_detach_free_locked(p, 0, UINT64_MAX, &list);
+    sgm__lock_drop(&p->lock);
+    if (n) tier_release_chunks(p, list, n);
     sgm__lock_take(&p->lock);
   }
   sgm__lock_drop(&p->lock);
@@ -1976,8 +1984,9 @@ static bool tier_vmm_check_locked(sgm_tier_pool *p, const sgm_suballoc_stats *st
                            "mapped", name, g, x->refs);
   }
   free(refs);
-  /* Managed blocks' charges are committed without granules. */
-  if (ok && (committed != p->committed_bytes - p->external_bytes || free_mapped != p->vmm_free_mapped))
+  /* Managed blocks charged to the pool (sgm__tier_charge) are committed too. */
+  if (ok && (committed != p->committed_bytes - p->external_bytes ||
+             free_mapped != p->vmm_free_mapped))
     ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: committed %llu, granules mapped %llu; %llu free "
                          "mapped granules counted, %llu found", name,
                          (unsigned long long)p->committed_bytes, (unsigned long long)committed,

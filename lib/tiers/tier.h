@@ -26,7 +26,8 @@
  * complete, so no queued work uses an unmapped granule): at once when the
  * free mapped granules pass a slack (TIER_VMM_SLACK_*), else on trim and idle
  * trim. Before mapping, cached blocks that could cover the new granules are
- * reclaimed. committed = mapped bytes. Without VMM (device, backend, option,
+ * reclaimed. committed = mapped bytes. The range covers the device's memory
+ * (params.vmm_range_bytes), so a budget raised later still fits it. Without VMM (device, backend, option,
  * budget below a granule) the pool grows in chunks as below.
  *
  * Stream-ordered caches (DESIGN.md §8 "Streams"). A block the user frees on a
@@ -86,8 +87,8 @@ typedef struct sgm_tier_params {
   const char *limit_hint;      /* the variables that raise this budget, for messages */
   int verbose;                 /* log level */
   bool vmm;                    /* growth on one reserved range when the backend can (issue 17) */
-  uint64_t vmm_range_bytes;    /* that range's size if above the budget: the most the budget may
-                                  become later (fair shares, set_vram_fraction); 0 = the budget */
+  uint64_t vmm_range_bytes;    /* that range: the most the budget may become (device memory;
+                                  fair shares move budgets); below the budget = the budget */
 } sgm_tier_params;
 
 /* How far sgm__tier_reclaim goes to give cached blocks back. */

@@ -19,6 +19,8 @@
 #   bench-cuda     bench_cuda with small sizes (BENCH_CUDA_MAX_MIB=64)
 #   sgm-bench      sgm-bench --quick --only gpu: the GPU figures beside cuMemcpy,
 #                  VRAM and cuMemAlloc, as a table and $OUT/sgm-bench.json
+#   vmm-granule    one VRAM granule mapped + unmapped through sgm, beside a chunk
+#                  (cuMemAlloc + cuMemFree) and mmap + munmap (sgm-alloc-replay)
 # writes each step's log to $OUT/<step>.log and a summary table (step, status,
 # seconds, key figure) to stdout and $OUT/summary.txt. Exit status: 0 when
 # every step passed, 1 when any failed, timed out or skipped itself (a step
@@ -132,6 +134,8 @@ grep -E '^bench_cuda: ' "$OUT/bench-cuda.log" 2>/dev/null | sed 's/^/   | /'
 step sgm-bench 60 '^gpu\.(copy|kernel)' env BENCH_CUDA_MAX_MIB=256 \
   "$BUNDLE/bin/sgm-bench" --quick --only gpu --json "$OUT/sgm-bench.json"
 grep -E '^(figure|gpu\.|skipped)' "$OUT/sgm-bench.log" 2>/dev/null | sed 's/^/   | /'
+step vmm-granule 30 '^granule cuda: [0-9]* bytes' "$BUNDLE/bin/sgm-alloc-replay" --granule --backend cuda
+grep -E '^granule ' "$OUT/vmm-granule.log" 2>/dev/null | sed 's/^/   | /'
 
 # ---- summary ----
 n_pass=0 n_other=0
@@ -143,6 +147,7 @@ n_pass=0 n_other=0
     printf '%-24s %-5s %5s  %s\n' "${NAMES[$i]}" "${STATUS[$i]}" "${SECS[$i]}" "${KEYS[$i]}"
   done
   grep -E '^bench_cuda: ' "$OUT/bench-cuda.log" 2>/dev/null
+  grep -E '^granule ' "$OUT/vmm-granule.log" 2>/dev/null
   echo "logs: $OUT"
 } | tee "$OUT/summary.txt"
 for s in "${STATUS[@]}"; do

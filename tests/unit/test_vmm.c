@@ -200,7 +200,7 @@ static void test_emu_backend_failures(void **state) {
     snprintf(at, sizeof at, "%d", n);
     sgm_test_clean_env();
     setenv("SGM_BACKEND", "emu", 1);
-    setenv("SGM_EMU_VRAM", "64MiB", 1);
+    setenv("SGM_EMU_VRAM", "128MiB", 1);
     setenv("SGM_SHARED_FALLBACK", "off", 1);
     setenv("SGM_IDLE_TRIM_MS", "0", 1);
     setenv("SGM_EMU_FAIL_AT", at, 1);

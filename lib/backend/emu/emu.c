@@ -728,17 +728,17 @@ static int emu_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t b
   sgm__lock_assert_none_held();
   emu_range *r = range;
   if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (vmm_map)");
-  /* A shared device (SGM_EMU_DEVICE): the registry holds every process's bytes. */
+  /* A shared (named) device: the registry holds every process's bytes. */
   uint64_t free_now = 0;
-  bool shared_fits = true;
-  if (be->node && r && bytes) {
+  bool reserved = false;
+  if (be->node && r) {
     int rc = sgm__node_device_reserve(be->node, bytes, be->total_bytes, &free_now);
     if (rc != SGM_OK && rc != SGM_ERR_NOMEM) return rc;
-    shared_fits = rc == SGM_OK;
+    reserved = rc == SGM_OK;
   }
   sgm__lock_take(&be->mu);
   bool ok = r && emu_vmm_run_is(r, offset, bytes, 0);
-  bool fits = ok && shared_fits && (be->node || bytes <= emu_device_free_locked(be));
+  bool fits = ok && (be->node ? reserved : bytes <= emu_device_free_locked(be));
   if (fits) {
     for (uint64_t g = offset / EMU_VMM_GRANULE; g < (offset + bytes) / EMU_VMM_GRANULE; g++)
       r->mapped[g] = 1;
@@ -747,7 +747,7 @@ static int emu_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t b
   }
   if (!be->node) free_now = emu_device_free_locked(be);
   sgm__lock_drop(&be->mu);
-  if (be->node && shared_fits && !fits) sgm__node_device_release(be->node, bytes);
+  if (reserved && !fits) sgm__node_device_release(be->node, bytes);
   if (!ok)
     return sgm__error_set(SGM_ERR_INVALID, "emulated device: vmm_map of [%llu, +%llu) is not a "
                           "run of unmapped granules of the range", (unsigned long long)offset,
@@ -795,6 +795,7 @@ static void emu_vmm_unmap(sgm_backend *be, void *range, uint64_t offset, uint64_
     return;
   }
   emu_vmm_unmap_pages(r, offset, bytes);
+  if (be->node) sgm__node_device_release(be->node, bytes);
 }
 
 /* Unlink r (lock held); returns the bytes it still had mapped (now uncounted). */
@@ -831,7 +832,8 @@ static void emu_vmm_free(sgm_backend *be, void *range) {
 static void emu_vmm_close_ranges(sgm_backend *be) {
   while (be->ranges) {
     emu_range *r = be->ranges;
-    emu_vmm_detach_locked(be, r);
+    uint64_t left = emu_vmm_detach_locked(be, r);
+    if (left && be->node) sgm__node_device_release(be->node, left);
     sgm__log(be->verbose, 1, "emulated device closed with a VMM range of %llu bytes reserved",
              (unsigned long long)r->bytes);
     munmap(r->map_base, r->map_bytes);
