@@ -106,7 +106,10 @@ pid_t JoinedChild(const char *key) {
   return pid;
 }
 
-size_t LiveProcs(const char *key) {
+// Slots marked live in the registry; with alive_only, only those whose
+// owner's liveness lock is held (what sgm-smi shows). Without it, a dead
+// process counts until someone reclaims its slot.
+size_t LiveProcs(const char *key, bool alive_only) {
   char path[PATH_MAX];
   sgm__node_path(NodeDir().c_str(), key, path, sizeof path);
   int fd;
@@ -117,7 +120,7 @@ size_t LiveProcs(const char *key) {
   static sgm_node_view v;
   size_t live = 0;
   if (sgm__node_parse(mem, len, &v, why, sizeof why) == SGM_OK)
-    for (size_t i = 0; i < v.n_procs; i++) live += sgm__node_slot_alive(fd, v.procs[i].slot);
+    for (size_t i = 0; i < v.n_procs; i++) live += !alive_only || sgm__node_slot_alive(fd, v.procs[i].slot);
   munmap(mem, len);
   close(fd);
   return live;
@@ -216,7 +219,7 @@ double NodeReclaimMs(int rounds) {
     kill(pid, SIGKILL);
     waitpid(pid, nullptr, 0);
     // Polled every 100 us: the figure is the ticker's, within 0.1 ms.
-    while (LiveProcs("emu-reclaim") > 1) usleep(100);
+    while (LiveProcs("emu-reclaim", false) > 1) usleep(100);
     sum += static_cast<double>(NowNs() - t0) / 1e6;
   }
   sgm_context_destroy(ctx);
@@ -229,7 +232,7 @@ double NodeSmiJsonMs(int processes, int rounds, bool reference) {
   std::vector<pid_t> kids;
   for (int i = 0; i < processes; i++) kids.push_back(JoinedChild("emu-smi"));
   double sum = 0;
-  if (LiveProcs("emu-smi") == static_cast<size_t>(processes)) {
+  if (LiveProcs("emu-smi", true) == static_cast<size_t>(processes)) {
     std::string dir = NodeDir();
     const char *argv_smi[] = {smi, "--json", "--dir", dir.c_str(), nullptr};
     const char *argv_true[] = {"/bin/true", nullptr};
