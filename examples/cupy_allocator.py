@@ -32,6 +32,7 @@ def main():
     import cupy
     import numpy as np
     print(f"CuPy {cupy.__version__}: device allocations go through {sgm.library_path()}")
+    cupy.cuda.Device(0).use()  # CUDA initialised by CuPy before sgm opens device 0
 
     budget = sgm.stats(0)["tiers"]["vram"]["budget_bytes"]
     n = (budget // 8) // 4          # int32 elements per array: 1/8 of the budget

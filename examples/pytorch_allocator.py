@@ -6,7 +6,12 @@ the script allocates int32 tensors worth 1.5x the VRAM budget (SGM_VRAM_LIMIT,
 1GiB unless set), computes x*2+1 and a sum on each, checks them against the
 CPU, and prints where the bytes landed and sgm's statistics.
 
-    python3 examples/pytorch_allocator.py [path/to/libsgm.so]
+    python3 examples/pytorch_allocator.py [--managed] [path/to/libsgm.so]
+
+--managed runs with SGM_POINTERS=managed (docs/managed.md): the tensors are
+Unified Memory that sgm moves between VRAM and shared memory under the same
+pointer: older tensors are demoted for newer ones instead of new ones falling
+back, and after half are freed the others come back into VRAM.
 
 The sgm package: installed (cmake --install), or PYTHONPATH=<source>/python.
 libsgm.so: argv[1], else as the package finds it (docs/python.md). Needs an
@@ -18,6 +23,10 @@ import os
 import sys
 
 MiB = 1 << 20
+MANAGED = "--managed" in sys.argv[1:]
+if MANAGED:
+    sys.argv.remove("--managed")
+    os.environ["SGM_POINTERS"] = "managed"
 if len(sys.argv) > 1:
     os.environ["SGM_LIBRARY"] = os.path.abspath(sys.argv[1])
 import sgm  # noqa: E402
@@ -32,6 +41,7 @@ def main():
         return 0
     import torch
     print(f"PyTorch {torch.__version__}: CUDA allocations go through {sgm.library_path()}")
+    torch.cuda.set_device(0)  # CUDA initialised by PyTorch before sgm opens device 0
 
     budget = sgm.torch.stats(0)["sgm.tiers.vram.budget_bytes"]
     n = (budget // 8) // 4          # int32 elements per tensor: 1/8 of the budget
@@ -61,12 +71,25 @@ def main():
     s = sgm.torch.stats(0)
     print(f"allocated {s['allocated_bytes.all.current'] / MiB:.1f} MiB, reserved "
           f"{s['reserved_bytes.all.current'] / MiB:.1f} MiB, fallbacks {s['sgm.n_fallbacks']}")
+    if MANAGED:
+        print(f"managed: {s['sgm.managed.n_demotions']} demotions, "
+              f"{s['sgm.managed.n_promotions']} promotions so far")
+        if s["sgm.managed.n_demotions"] == 0:
+            print("managed mode demoted nothing: are the tensors under 2 MiB?")
+            ok = False
+        del tensors[::2]  # room: the shared-placed ones left come back
+        torch.cuda.synchronize()
+        sgm.torch.empty_cache()
+        back = sum(1 for t in tensors if sgm.torch.tier(t).name.lower() == "vram")
+        s = sgm.torch.stats(0)
+        print(f"after freeing half: {back} of {len(tensors)} tensors in VRAM, "
+              f"{s['sgm.managed.n_promotions']} promotions")
     del tensors, x
     torch.cuda.synchronize()
     sgm.torch.empty_cache()
     s = sgm.torch.stats(0)
     print(f"after empty_cache: reserved {s['reserved_bytes.all.current'] / MiB:.1f} MiB")
-    if not landed.get("shared"):
+    if not landed.get("shared") and not MANAGED:
         print("nothing landed in shared GPU memory: is SGM_SHARED_FALLBACK off?")
         ok = False
     return 0 if ok else 1

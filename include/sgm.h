@@ -65,6 +65,14 @@ typedef enum sgm_backend_kind {
   SGM_BACKEND_AUTO = 2  /* cuda when a device answers, else emu with a notice */
 } sgm_backend_kind;
 
+/* What sgm_alloc hands out (SGM_POINTERS; docs/managed.md). */
+typedef enum sgm_pointer_mode {
+  SGM_POINTERS_FIXED = 0,   /* a pointer is placed once and never moves (the default) */
+  SGM_POINTERS_MANAGED = 1, /* blocks from 2 MiB up are CUDA Unified Memory that sgm moves between
+                               VRAM and shared memory under the same address */
+  SGM_POINTERS_AUTO = 2     /* managed where the device and driver support it, else fixed */
+} sgm_pointer_mode;
+
 /*
  * A size option: an absolute byte count, or a fraction of a reference (the
  * device's memory for VRAM sizes, physical RAM for host sizes, free disk space
@@ -118,6 +126,8 @@ typedef struct sgm_config {
   sgm_size vram_reserve;          /* SGM_VRAM_RESERVE: VRAM guaranteed to this process; unset = 0 */
   uint64_t node_period_ms;        /* SGM_NODE_PERIOD_MS: publish and rebalance period */
   char emu_device[SGM_NAME_MAX];  /* SGM_EMU_DEVICE: name of an emulated device shared by processes */
+  sgm_pointer_mode pointers;      /* SGM_POINTERS: fixed, managed or auto */
+  int emu_managed;                /* SGM_EMU_MANAGED: the emulated device offers Unified Memory */
   /*
    * The first bad environment value sgm_config_init() met, as a message that
    * names the variable and the value; "" when all were good. A config whose
@@ -242,6 +252,11 @@ typedef struct sgm_stats {
   uint64_t device_total_bytes; /* memory of the device as the backend reports it */
   uint64_t physical_ram_bytes; /* min(machine RAM, cgroup limit) */
   uint64_t n_bad_frees;      /* frees of foreign pointers or double frees refused */
+  uint64_t n_managed_promotions;   /* managed blocks moved from shared memory into VRAM */
+  uint64_t n_managed_demotions;    /* managed blocks moved from VRAM into shared memory */
+  uint64_t managed_promoted_bytes; /* bytes of those promotions */
+  uint64_t managed_demoted_bytes;  /* bytes of those demotions */
+  uint64_t n_managed_live;         /* live managed (movable) blocks, wherever placed */
 } sgm_stats;
 
 /* Fill *out with the context's counters. Fast, any thread. On failure *out is zeroed. */
@@ -346,6 +361,44 @@ SGM_API sgm_tier sgm_buffer_tier(const sgm_buffer *b);
 SGM_API size_t sgm_buffer_size(const sgm_buffer *b);
 /* Free the buffer wherever it lives (waits for a prefetch in flight). NULL is a no-op. */
 SGM_API void sgm_buffer_destroy(sgm_buffer *b);
+
+/* ---- Managed pointers (SGM_POINTERS=managed; docs/managed.md). Blocks from
+ * sgm_alloc of SGM_MANAGED_MOVABLE_BYTES and more are CUDA Unified Memory:
+ * the pointer stays, its pages move between VRAM and shared memory as sgm's
+ * residency policy decides. Smaller blocks are placed once, as in fixed mode.
+ * All calls are thread-safe. ---- */
+
+/* Blocks of this size and up are movable in managed mode (2 MiB: the large
+ * page the GPU maps; smaller blocks would share pages with their neighbours). */
+#define SGM_MANAGED_MOVABLE_BYTES ((size_t)2 << 20)
+
+/* What a caller says about a managed block (sgm_advise). */
+typedef enum sgm_hint {
+  SGM_HINT_NONE = 0, /* only the priority changes */
+  SGM_HINT_HOT = 1,  /* about to be used: counted as a use, and brought into VRAM now if it
+                        fits there after demoting colder blocks of lower or equal priority */
+  SGM_HINT_COLD = 2  /* not needed for a while: moved to shared memory now */
+} sgm_hint;
+
+/*
+ * Set the residency priority of the managed block at ptr (the start of a live
+ * block from sgm_alloc), and apply a hint. A lower priority leaves VRAM first;
+ * after VRAM room appears, shared-placed blocks come back highest priority
+ * first. SGM_ERR_INVALID when ptr is not a live managed block (a fixed
+ * pointer, or a context in fixed mode) or priority is out of range; the
+ * status of a failed move for a hint (the block stays where it was).
+ */
+SGM_API sgm_status sgm_advise(sgm_context *ctx, void *ptr, sgm_priority priority, sgm_hint hint);
+
+/*
+ * Move the managed block holding [ptr, ptr + size) to tier (SGM_TIER_VRAM or
+ * SGM_TIER_SHARED), in order on `stream` after the work queued there (as
+ * D3D12's EnqueueMakeResident). Pages move whole, so the whole block moves.
+ * To VRAM, colder blocks are demoted to make room as far as the policy
+ * allows; SGM_ERR_NOMEM (the block stays) when it cannot fit.
+ * SGM_ERR_INVALID when the range is not inside one live managed block.
+ */
+SGM_API sgm_status sgm_prefetch(sgm_context *ctx, void *ptr, size_t size, sgm_tier tier, void *stream);
 
 /*
  * Fallback notification: called (on the allocating thread, without sgm locks

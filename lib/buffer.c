@@ -54,7 +54,10 @@ void sgm__buffer_finish(struct sgm_placement *pl, sgm_buffer *b, sgm_buf_state t
 
 void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b) {
   uint64_t sz;
-  if (b->tier == SGM_TIER_DISK) {
+  if (b->managed) {
+    ctx->bops->managed_free(ctx->be, b->dptr, b->size);
+    sgm__tier_uncharge(ctx->tiers[b->tier], b->size);
+  } else if (b->tier == SGM_TIER_DISK) {
     sgm__migrate_disk_drop(ctx, b);
   } else {
     sgm__tier_free(ctx->tiers[b->tier], b->dptr, &sz);

@@ -57,6 +57,8 @@ uint64_t sgm__context_idle_tick(sgm_context *ctx) {
     if (sgm__tier_has_cached(ctx->tiers[t])) sgm__tier_reclaim(ctx->tiers[t], NULL, SGM_RECLAIM_QUERY);
     returned += sgm__tier_idle_trim(ctx->tiers[t], now, ctx->cfg.idle_trim_ms);
   }
+  /* Managed blocks in shared memory take the VRAM room that has appeared. */
+  if (ctx->managed) sgm__managed_promote(ctx, UINT64_MAX);
   if (returned) {
     char b[32];
     sgm__log(ctx->cfg.verbose, 3, "idle trim returned %s", sgm__fmt_bytes(returned, b, sizeof b));
@@ -232,6 +234,8 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   uint64_t free_bytes = 0;
   rc = ctx->bops->mem_info(ctx->be, &free_bytes, &ctx->device_total_bytes);
   if (rc != SGM_OK) goto out_close;
+  rc = sgm__managed_open(ctx);
+  if (rc != SGM_OK) goto out_close;
   ctx->physical_ram_bytes = sgm__host_physical_ram("");
 
   rc = context_vram_budget(ctx, ctx->vram_fraction, "SGM_VRAM_FRACTION",
@@ -257,6 +261,13 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
       .verbose = ctx->cfg.verbose,
   };
   vp.max_chunk_bytes = CONTEXT_VRAM_MAX_CHUNK;
+  if (ctx->managed && !vp.growth) {
+    /* Managed blocks share the VRAM budget with the pool's chunks: a pool
+     * that reserved the whole budget would leave them none. */
+    sgm__log(ctx->cfg.verbose, 2, "SGM_POINTERS=managed: VRAM grows on demand (the budget is shared "
+             "with managed blocks, so it is not reserved at create)");
+    vp.growth = true;
+  }
   vp.limit_hint = "SGM_VRAM_LIMIT / SGM_VRAM_FRACTION";
   rc = sgm__tier_create(&vp, &ctx->tiers[SGM_TIER_VRAM]);
   if (rc != SGM_OK) goto out_close;
@@ -415,7 +426,11 @@ SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
   }
   sgm_devptr d = 0;
   sgm_tier where;
-  if (sgm_unlikely(sgm__residency_alloc(ctx, size, stream, &d, &where) != SGM_OK)) return NULL;
+  if (ctx->managed && size >= SGM_MANAGED_MOVABLE_BYTES) {
+    if (sgm__managed_alloc(ctx, size, stream, &d, &where) != SGM_OK) return NULL;
+  } else if (sgm_unlikely(sgm__residency_alloc(ctx, size, stream, &d, &where) != SGM_OK)) {
+    return NULL;
+  }
   if (sgm_likely(where == SGM_TIER_VRAM)) return (void *)(uintptr_t)d;
   return context_fallback(ctx, d, size);
 }
@@ -451,6 +466,7 @@ SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream) {
    * on `stream` may still use the block, so it is cached for that stream —
    * reusable by its later work at once, with no driver call — and reaches
    * other streams only through a device-side wait (tier.c). */
+  if (ctx->managed && sgm__managed_free(ctx, d) == SGM_OK) return SGM_OK;
   sgm_stream_ref ref;
   ctx->bops->stream_ref(ctx->be, stream, &ref);
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
@@ -479,6 +495,9 @@ SGM_API sgm_status sgm_record_stream(sgm_context *ctx, void *ptr, void *stream) 
     int rc = sgm__tier_record_stream(ctx->tiers[t], (sgm_devptr)(uintptr_t)ptr, &ref);
     if (rc != SGM_ERR_INVALID) return (sgm_status)rc;
   }
+  /* A managed block's free gives its range back to the driver, which
+   * waits for all work using it: nothing to record. */
+  if (ctx->managed && sgm__managed_tier(ctx, (sgm_devptr)(uintptr_t)ptr) != SGM_TIER_NONE) return SGM_OK;
   return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_record_stream: %p is not a live "
                                     "allocation of this context (from sgm_alloc, not yet freed)",
                                     ptr);
@@ -496,7 +515,7 @@ SGM_API sgm_tier sgm_pointer_tier(sgm_context *ctx, const void *ptr) {
   }
   for (int t = 0; t < SGM_TIER_COUNT; t++)
     if (ctx->tiers[t] && sgm__tier_owns(ctx->tiers[t], (sgm_devptr)(uintptr_t)ptr)) return (sgm_tier)t;
-  return SGM_TIER_NONE;
+  return ctx->managed ? sgm__managed_tier(ctx, (sgm_devptr)(uintptr_t)ptr) : SGM_TIER_NONE;
 }
 
 SGM_API sgm_status sgm_trim(sgm_context *ctx) {
@@ -506,6 +525,7 @@ SGM_API sgm_status sgm_trim(sgm_context *ctx) {
   for (int t = 0; t < SGM_TIER_COUNT; t++)
     if (ctx->tiers[t]) returned += sgm__tier_trim(ctx->tiers[t]);
   returned += sgm__placement_trim(ctx);
+  if (ctx->managed) sgm__managed_promote(ctx, UINT64_MAX); /* into the room trimming left */
   char b[32];
   sgm__log(ctx->cfg.verbose, 3, "trim returned %s", sgm__fmt_bytes(returned, b, sizeof b));
   return SGM_OK;

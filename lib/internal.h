@@ -257,6 +257,7 @@ struct sgm_context {
   unsigned fork_generation;                /* sgm__fork_generation when created */
   long owner_pid;                          /* the process that created it (messages only) */
   struct sgm_share *share;                 /* share.c: the node registry and fair budgets; NULL = untracked */
+  bool managed;                            /* SGM_POINTERS resolved to managed (managed.c) */
 };
 
 /* fork(): bumped in every child by a pthread_atfork handler (atomic). */
@@ -325,6 +326,27 @@ const char *sgm__placement_policy_name(sgm_context *ctx, sgm_tier t);
  * file; false (and *offset 0) when it is not on disk or has no extent yet.
  * Waits while another thread moves b. */
 bool sgm__buffer_disk_offset(sgm_buffer *b, uint64_t *offset);
+
+/* managed.c — SGM_POINTERS=managed (docs/managed.md). */
+/* Resolve cfg.pointers against the backend (ctx->managed): SGM_ERR_UNSUPPORTED
+ * with a message for managed where unsupported; auto falls back to fixed with
+ * a one-line notice at SGM_VERBOSE >= 1. */
+int sgm__managed_open(sgm_context *ctx);
+/* A movable block of size bytes (>= SGM_MANAGED_MOVABLE_BYTES): VRAM if it
+ * fits after demoting colder blocks, else shared memory (when the fallback is
+ * on). *where: its tier (SGM_TIER_NONE and *out 0 on failure). No lock held. */
+int sgm__managed_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *out, sgm_tier *where);
+/* Free the managed block at d: SGM_ERR_INVALID (no message) when d is not one. */
+int sgm__managed_free(sgm_context *ctx, uint64_t d);
+/* The tier of the managed block at d; SGM_TIER_NONE when d is not one. */
+sgm_tier sgm__managed_tier(sgm_context *ctx, uint64_t d);
+/* Promote shared-placed managed blocks into VRAM room that is free now (no
+ * demotion), highest priority first, then the most recently touched (blocks a
+ * cold hint sent down stay); stops at the first that does not fit, or once
+ * max_bytes moved. Bytes moved. No lock held. */
+uint64_t sgm__managed_promote(sgm_context *ctx, uint64_t max_bytes);
+/* Stats: the managed counters into *st (tier used/n_live included). */
+void sgm__managed_stats(sgm_context *ctx, sgm_stats *st);
 
 /* context.c: set the VRAM budget to fraction × device memory (capped as at
  * create); free chunks above a lowered budget are returned. SGM_ERR_INVALID

@@ -227,8 +227,61 @@ static int migrate_vram_to_disk(sgm_context *ctx, sgm_buffer *b) {
   return SGM_OK;
 }
 
+/* ---- managed blocks: the pages move, the address stays ---- */
+
+int sgm__migrate_managed_place(sgm_context *ctx, sgm_devptr d, uint64_t n, sgm_tier to, void *stream) {
+  const sgm_backend_ops *o = ctx->bops;
+  /* Advice first, so that the driver keeps the pages where sgm put them
+   * (and maps host-placed ones for the device: no fault per access). */
+  int rc = o->managed_advise(ctx->be, d, n, to == SGM_TIER_VRAM ? SGM_ADVISE_PREFER_DEVICE
+                                                                 : SGM_ADVISE_PREFER_HOST);
+  if (rc == SGM_OK && to == SGM_TIER_SHARED) rc = o->managed_advise(ctx->be, d, n, SGM_ADVISE_ACCESSED_BY);
+  if (rc == SGM_OK) rc = o->managed_prefetch(ctx->be, d, n, to, stream);
+  return rc;
+}
+
+int sgm__migrate_managed(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict) {
+  struct sgm_placement *pl = ctx->pl;
+  sgm_tier from = b->tier;
+  sgm_assert(b->managed && from < SGM_N_RESIDENT && to < SGM_N_RESIDENT && from != to);
+  int rc = sgm__migrate_managed_place(ctx, b->dptr, b->size, to, b->mstream);
+  if (rc != SGM_OK) {
+    /* Advice may have changed; put it back so the pages stay where counted. */
+    if (sgm__migrate_managed_place(ctx, b->dptr, b->size, from, b->mstream) != SGM_OK)
+      sgm__log(ctx->cfg.verbose, 1, "a managed block's advice could not be restored after a "
+               "failed move: %s", sgm_last_error());
+    return rc;
+  }
+  sgm__tier_uncharge(ctx->tiers[from], b->size);
+  sgm__buffer_set_tier(b, to);
+  migrate_count(pl, from, to, b->size, evict);
+  int up = to < from ? 0 : 1;
+  sgm__lock_take(&pl->lock);
+  pl->n_managed_in[from]--;
+  pl->n_managed_in[to]++;
+  pl->n_managed_moves[up]++;
+  pl->managed_moved_bytes[up] += b->size;
+  sgm__lock_drop(&pl->lock);
+  return SGM_OK;
+}
+
+/* A managed victim leaves VRAM for shared memory (never for disk: its pages
+ * are the user's pointer). */
+static int migrate_managed_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict) {
+  if (to != SGM_TIER_SHARED || b->tier != SGM_TIER_VRAM)
+    return sgm__error_set(SGM_ERR_INVALID, "a managed block moves between VRAM and shared memory "
+                          "only");
+  int rc = sgm__residency_charge_for(ctx, SGM_TIER_SHARED, b->size, NULL);
+  if (rc == SGM__ERR_BUDGET) return sgm__tier_explain_budget(ctx->tiers[SGM_TIER_SHARED], b->size);
+  if (rc != SGM_OK) return rc;
+  rc = sgm__migrate_managed(ctx, b, SGM_TIER_SHARED, evict);
+  if (rc != SGM_OK) sgm__tier_uncharge(ctx->tiers[SGM_TIER_SHARED], b->size);
+  return rc;
+}
+
 int sgm__migrate_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict) {
   struct sgm_placement *pl = ctx->pl;
+  if (b->managed) return migrate_managed_demote(ctx, b, to, evict);
   while (b->tier < to) {
     sgm_tier from = b->tier;
     sgm_tier next = (sgm_tier)(from + 1);

@@ -37,6 +37,7 @@
 
 /* Indexed by sgm_backend_kind: CUDA = 0, EMU = 1, AUTO = 2. */
 static const char *const backend_names[] = {"cuda", "emu", "auto", NULL};
+static const char *const pointer_names[] = {"fixed", "managed", "auto", NULL};
 
 /* The built-in eviction policies (policies/, in lib/policy.c's order), for
  * the docs. The policy rows are checked against the registry instead (see
@@ -184,6 +185,19 @@ static const sgm_option option_rows[] = {
     {.env = "SGM_EMU_DEVICE", FIELD(emu_device), .kind = SGM_OPT_STRING, .default_value = "",
      .help = "name of an emulated device shared by every process that opens it (its memory "
              "counted across them in the node registry); empty = a private device"},
+    /* fixed: a pointer that never moves is what every framework expects, and
+     * Unified Memory cannot be shared between processes (docs/managed.md). */
+    {.env = "SGM_POINTERS", FIELD(pointers), .kind = SGM_OPT_ENUM, .default_value = "fixed",
+     .names = pointer_names,
+     .help = "what sgm_alloc hands out: fixed (placed once), managed (blocks from 2 MiB up are "
+             "Unified Memory that sgm moves between VRAM and shared memory; refused where "
+             "unsupported), auto (managed where supported, else fixed with a notice)"},
+    /* On: the emulated device models a GPU with concurrent managed access;
+     * off models one without (or a driver too old), to try the refusal and
+     * auto's fallback without a GPU. */
+    {.env = "SGM_EMU_MANAGED", FIELD(emu_managed), .kind = SGM_OPT_BOOL, .default_value = "on",
+     .help = "the emulated device offers Unified Memory (on) or answers as a GPU without "
+             "concurrent managed access (off)"},
     /* 0 = never: fault injection is only for tests. */
     {.env = "SGM_EMU_FAIL_AT", FIELD(emu_fail_at), .kind = SGM_OPT_U64, .default_value = "0",
      .help = "testing: the Nth call to the emulated device fails (open is call 1); 0 = never"},

@@ -41,6 +41,9 @@
  * size of the disk tier and keeps a spill's direct I/O in requests of that
  * size (docs/disk.md). */
 #define SGM_DISK_CHUNK (UINT64_C(4) << 20)
+/* Buckets of the managed blocks' address map: a power of two; a framework
+ * holds hundreds to a few thousand blocks of 2 MiB and more. */
+#define SGM_MANAGED_BUCKETS 1024
 
 typedef enum sgm_buf_state { SGM_BUF_RELEASED, SGM_BUF_ACQUIRED, SGM_BUF_BUSY } sgm_buf_state;
 
@@ -72,6 +75,14 @@ struct sgm_buffer {
   sgm_buffer *skip_next;     /* victim search: candidates skipped (GPU work pending) */
   sgm_buffer *pf_prev, *pf_next;   /* prefetch queue links */
   sgm_buffer *all_prev, *all_next; /* every live buffer of the context */
+  bool managed;              /* a movable framework block (managed.c): never acquired, never on
+                                disk; dptr is its Unified Memory range, size its bytes */
+  void *mstream;             /* managed: the stream its moves are ordered on (the last named) */
+  uint64_t touch;            /* managed: pl->managed_clock at its allocation or last hot hint or
+                                prefetch to VRAM; 0 after a cold hint */
+  bool cold;                 /* managed: a cold hint sent it to shared memory; not promoted on its
+                                own until a hot hint or a prefetch to VRAM */
+  sgm_buffer *mnext;         /* managed: the next block in its bucket of pl->mhash */
   /* then, at pl->state_offset: pl->state_bytes of policy state (item.state) */
 };
 
@@ -106,6 +117,12 @@ struct sgm_placement {
   bool stop;                           /* asks the worker to end */
   pthread_cond_t work_cond;            /* wakes the worker */
   sgm_buffer *pf_head, *pf_tail;       /* prefetch queue, oldest at the head */
+  sgm_buffer *mhash[SGM_MANAGED_BUCKETS]; /* managed blocks by address (managed.c) */
+  uint64_t n_managed;                  /* live managed blocks (atomic: sgm_free reads it unlocked) */
+  uint64_t n_managed_in[SGM_N_RESIDENT]; /* live managed blocks placed in each tier */
+  uint64_t managed_clock;              /* ticks at every managed allocation, hint and prefetch */
+  uint64_t n_managed_moves[2];         /* managed blocks promoted [0] and demoted [1] */
+  uint64_t managed_moved_bytes[2];     /* their bytes, the same way */
 };
 
 /* b->state is a word of its own: the state in the low bits, and
@@ -244,6 +261,21 @@ int sgm__migrate_host_io(sgm_context *ctx, sgm_buffer *b, size_t offset, void *h
  * On failure *event stays. Every copy in this file orders itself; this is for
  * a use that copies nothing (acquire of a buffer that does not move). */
 int sgm__migrate_order_use(sgm_context *ctx, void **event, void *event_stream, void *stream);
+
+/* Managed blocks (b->managed), the caller owning b (BUSY), no lock held:
+ * place the pages of [d, d + n) in tier `to` (advice, then a prefetch on
+ * stream). */
+int sgm__migrate_managed_place(sgm_context *ctx, sgm_devptr d, uint64_t n, sgm_tier to, void *stream);
+/* Move b to resident tier `to`, whose budget the caller has charged with
+ * b->size: placed there, the charge of its old tier given back, counted.
+ * On failure b is where it was and the caller keeps (and gives back) the
+ * charge of `to`. */
+int sgm__migrate_managed(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict);
+
+/* residency.c: charge size bytes to resident tier t's budget for a managed
+ * block (sgm__tier_charge), demoting released buffers and colder managed
+ * blocks while it does not fit (rule 2; cand as in sgm__residency_alloc_for). */
+int sgm__residency_charge_for(sgm_context *ctx, sgm_tier t, uint64_t size, const sgm_buffer *cand);
 
 /* ------------------------------------------------------------------------ */
 /* prefetch.c (pl->lock held for cancel). */

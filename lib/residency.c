@@ -143,6 +143,13 @@ static sgm_buffer *residency_pick_victim(sgm_context *ctx, sgm_tier t, uint64_t 
   while (!v && (it = sgm__prio_next_victim(pl->pol[t], want)) != NULL) {
     sgm_buffer *b = sgm__buffer_of(it);
     sgm_assert(b->listed && sgm__buffer_state(b) == SGM_BUF_RELEASED && b->tier == t);
+    if (b->managed && t != SGM_TIER_VRAM) {
+      /* A managed block never leaves shared memory for disk. */
+      sgm__residency_take(pl, b, SGM_POLICY_REMOVE_PIN);
+      b->skip_next = skipped;
+      skipped = b;
+      continue;
+    }
     if (b->event) {
       if (ctx->bops->event_query(ctx->be, b->event) != 1) {
         sgm__residency_take(pl, b, SGM_POLICY_REMOVE_PIN); /* out of the way while the search goes on */
@@ -208,8 +215,10 @@ static int residency_alloc_making_room(sgm_context *ctx, sgm_tier t, uint64_t si
                                        uint64_t *out) {
   bool checked = false;
   for (;;) {
-    int rc = stream ? sgm__tier_alloc_on(ctx->tiers[t], size, stream, out)
-                    : sgm__tier_alloc(ctx->tiers[t], size, out);
+    /* out NULL: a managed block's charge (its pages live outside the pool). */
+    int rc = !out ? sgm__tier_charge(ctx->tiers[t], size)
+             : stream ? sgm__tier_alloc_on(ctx->tiers[t], size, stream, out)
+                      : sgm__tier_alloc(ctx->tiers[t], size, out);
     if (!residency_full(rc)) return rc;
     if (__atomic_load_n(&ctx->pl->n_listed[t], __ATOMIC_RELAXED) == 0) return rc;
     if (!checked) {
@@ -263,6 +272,10 @@ uint64_t sgm__residency_trim_to_budget(sgm_context *ctx, sgm_tier t) {
 int sgm__residency_alloc_for(sgm_context *ctx, sgm_tier t, uint64_t size, const sgm_buffer *cand,
                              uint64_t *out) {
   return residency_alloc_making_room(ctx, t, size, cand, NULL, out);
+}
+
+int sgm__residency_charge_for(sgm_context *ctx, sgm_tier t, uint64_t size, const sgm_buffer *cand) {
+  return residency_alloc_making_room(ctx, t, size, cand, NULL, NULL);
 }
 
 /* ---- where things land ---- */
@@ -341,6 +354,13 @@ int sgm__residency_place_buffer(sgm_context *ctx, sgm_buffer *b) {
 /* Promote b into resident tier `to` if a block there can be had (evicting,
  * as far as the VRAM policy admits b). */
 static int residency_promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to) {
+  if (b->managed) {
+    int rc = sgm__residency_charge_for(ctx, to, b->size, b);
+    if (rc == SGM_OK) rc = sgm__migrate_managed(ctx, b, to, false);
+    else return rc;
+    if (rc != SGM_OK) sgm__tier_uncharge(ctx->tiers[to], b->size);
+    return rc;
+  }
   sgm_devptr dst = 0;
   int rc = sgm__residency_alloc_for(ctx, to, b->size, b, &dst);
   if (rc != SGM_OK) return rc;

@@ -22,6 +22,7 @@ SGM_API sgm_status sgm_get_stats(sgm_context *ctx, sgm_stats *out) {
     else out->tier[t].budget_bytes = ctx->budget_bytes[t];
   }
   sgm__placement_stats(ctx, out);
+  sgm__managed_stats(ctx, out);
   out->n_fallbacks = __atomic_load_n(&ctx->n_fallbacks, __ATOMIC_RELAXED);
   out->fallback_bytes = __atomic_load_n(&ctx->fallback_bytes, __ATOMIC_RELAXED);
   out->device_total_bytes = ctx->device_total_bytes;
@@ -81,11 +82,18 @@ SGM_API sgm_status sgm_stats_json(sgm_context *ctx, char **out) {
   stats_json_string(&b, ctx->bops->name);
   sgm__strbuf_printf(&b, ",\"device\":%d,\"allow_growth\":%s,\"device_total_bytes\":%llu,"
                      "\"physical_ram_bytes\":%llu,\"n_fallbacks\":%llu,\"fallback_bytes\":%llu,"
-                     "\"n_bad_frees\":%llu,\"tiers\":{",
+                     "\"n_bad_frees\":%llu,",
                      ctx->cfg.device, ctx->cfg.allow_growth ? "true" : "false",
                      (unsigned long long)st.device_total_bytes,
                      (unsigned long long)st.physical_ram_bytes, (unsigned long long)st.n_fallbacks,
                      (unsigned long long)st.fallback_bytes, (unsigned long long)st.n_bad_frees);
+  sgm__strbuf_printf(&b, "\"pointers\":\"%s\",\"managed\":{\"n_live\":%llu,\"n_promotions\":%llu,"
+                     "\"n_demotions\":%llu,\"promoted_bytes\":%llu,\"demoted_bytes\":%llu},\"tiers\":{",
+                     ctx->managed ? "managed" : "fixed", (unsigned long long)st.n_managed_live,
+                     (unsigned long long)st.n_managed_promotions,
+                     (unsigned long long)st.n_managed_demotions,
+                     (unsigned long long)st.managed_promoted_bytes,
+                     (unsigned long long)st.managed_demoted_bytes);
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
     const sgm_tier_stats *s = &st.tier[t];
     sgm__strbuf_printf(&b,

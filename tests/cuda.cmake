@@ -79,8 +79,9 @@ else()
 
   # Suites through the public API on the double: the stream-ordered free rule
   # (stream_order), ordered migrations (migrate), graph capture (capture),
-  # honest fallback (fallback). Each skips its double-only cases without it.
-  foreach(n stream_order migrate capture fallback)
+  # honest fallback (fallback), managed pointers (managed). Each skips its
+  # double-only cases without it.
+  foreach(n stream_order migrate capture fallback managed)
     if(TARGET unit_test_${n})
       add_dependencies(unit_test_${n} sgm_fake_cuda)
       target_include_directories(unit_test_${n} SYSTEM PRIVATE ${SGM_CUDA_INCLUDE_DIR})
@@ -108,6 +109,15 @@ else()
     ENVIRONMENT "SGM_NODE=off;SGM_VERBOSE=0;FAKE_CUDA_DRIVER_VERSION=11080"
     ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
     LABELS "unit;cuda-double" TIMEOUT 300 SKIP_RETURN_CODE 77)
+  # Managed pointers on a CUDA 12.0 driver: no CUmemLocation forms (12.2), so
+  # managed mode is refused with that reason (the driver loads once per process).
+  if(TARGET unit_test_managed)
+    add_test(NAME unit_test_managed_driver_12_0 COMMAND unit_test_managed)
+    set_tests_properties(unit_test_managed_driver_12_0 PROPERTIES
+      ENVIRONMENT "SGM_VERBOSE=0;FAKE_CUDA_DRIVER_VERSION=12000"
+      ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
+      LABELS "unit;cuda-double" TIMEOUT 120 SKIP_RETURN_CODE 77)
+  endif()
   # A driver older than cuGetProcAddress (11.3) is refused with a clear message.
   add_test(NAME ${_sgm_cuda_unit}_old_driver COMMAND ${_sgm_cuda_unit} --old-driver)
   set_tests_properties(${_sgm_cuda_unit}_old_driver PROPERTIES

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 
 #include "bodies.h"
 
@@ -65,11 +66,13 @@ int64_t RunPairs(benchmark::State &state, const std::vector<size_t> &sizes, Allo
 std::mutex g_alloc_mu;               // guards g_alloc_ctx's creation
 sgm_context *g_alloc_ctx = nullptr;  // BM_SgmAllocFree's context, from the environment
 
-sgm_context *AllocContext() {
+// The shared context, created on first use; nullptr (and *why) when it
+// cannot be (say SGM_BACKEND=cuda without a GPU).
+sgm_context *AllocContext(std::string *why) {
   std::lock_guard<std::mutex> lock(g_alloc_mu);
   if (!g_alloc_ctx && sgm_context_create(nullptr, &g_alloc_ctx) != SGM_OK) {
-    std::fprintf(stderr, "sgm benchmarks: %s\n", sgm_last_error());
-    std::exit(1);
+    *why = std::string("sgm_context_create failed: ") + sgm_last_error();
+    g_alloc_ctx = nullptr;
   }
   return g_alloc_ctx;
 }
@@ -86,7 +89,9 @@ const std::vector<size_t> &SharedSizes() {
   return v;
 }
 
-sgm_context *EmuContext(uint64_t vram_limit) {
+// An emulated device with a VRAM budget of vram_limit bytes; nullptr after
+// skipping the benchmark when it cannot be made (say RLIMIT_MEMLOCK too low).
+sgm_context *EmuContext(benchmark::State &state, uint64_t vram_limit) {
   sgm_config cfg;
   sgm_config_init(&cfg);
   cfg.backend = SGM_BACKEND_EMU;
@@ -95,8 +100,8 @@ sgm_context *EmuContext(uint64_t vram_limit) {
   cfg.vram_limit.fraction = 0;
   sgm_context *c = nullptr;
   if (sgm_context_create(&cfg, &c) != SGM_OK) {
-    std::fprintf(stderr, "sgm benchmarks: %s\n", sgm_last_error());
-    std::exit(1);
+    state.SkipWithError((std::string("sgm_context_create failed: ") + sgm_last_error()).c_str());
+    return nullptr;
   }
   return c;
 }
@@ -124,7 +129,12 @@ void AllocContextDestroy() {
 }
 
 void BM_SgmAllocFree(benchmark::State &state) {
-  sgm_context *ctx = AllocContext();
+  std::string why;
+  sgm_context *ctx = AllocContext(&why);
+  if (!ctx) {
+    state.SkipWithError(why.c_str());
+    return;
+  }
   int64_t k = SgmPairs(state, ctx, PairSizes(state.thread_index()));
   state.counters["pairs/s"] = benchmark::Counter(static_cast<double>(k), benchmark::Counter::kIsRate);
   if (state.thread_index() == 0) {
@@ -141,7 +151,8 @@ void BM_JemallocPair(benchmark::State &state) {
 }
 
 void BM_VramPath(benchmark::State &state) {
-  sgm_context *ctx = EmuContext(256ull << 20);
+  sgm_context *ctx = EmuContext(state, 256ull << 20);
+  if (!ctx) return;
   SgmPairs(state, ctx, SharedSizes());
   sgm_stats st;
   sgm_get_stats(ctx, &st);
@@ -151,7 +162,8 @@ void BM_VramPath(benchmark::State &state) {
 
 void BM_FallbackPath(benchmark::State &state) {
   // A 2 MiB VRAM budget filled by one block: every pair goes to shared memory.
-  sgm_context *ctx = EmuContext(2ull << 20);
+  sgm_context *ctx = EmuContext(state, 2ull << 20);
+  if (!ctx) return;
   void *fill = sgm_alloc(ctx, 2ull << 20, nullptr);
   if (!fill || sgm_pointer_tier(ctx, fill) != SGM_TIER_VRAM) {
     state.SkipWithError("could not fill VRAM");
@@ -175,7 +187,8 @@ void BM_JemallocPath(benchmark::State &state) { JemallocPairs(state, SharedSizes
 // state.range(0) bytes; freeing it and trimming it back is not timed.
 void BM_SharedCommit(benchmark::State &state) {
   const size_t bytes = static_cast<size_t>(state.range(0));
-  sgm_context *ctx = EmuContext(2ull << 20);
+  sgm_context *ctx = EmuContext(state, 2ull << 20);
+  if (!ctx) return;
   void *fill = sgm_alloc(ctx, 2ull << 20, nullptr);
   for (auto _ : state) {
     void *p = sgm_alloc(ctx, bytes, nullptr);

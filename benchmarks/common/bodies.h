@@ -88,9 +88,12 @@ void BM_ReplaySuballoc(benchmark::State &state, MiniTrace *t);
 void BM_ReplayJemalloc(benchmark::State &state, const MiniTrace *t);
 
 // ---- disk spill tier (bench_disk) ------------------------------------------
-// DiskSetup allocates the 64 MiB source and destination and picks the folder;
-// the bodies take range(0) = extent MiB, range(1) = 1 direct / 0 buffered and
-// report manual time (Google Benchmark's UseManualTime).
+// DiskSetup allocates the 64 MiB source and destination, picks the folder and
+// finds whether its file system takes O_DIRECT (sgm then uses it); the bodies
+// take range(0) = extent (buffer) MiB, range(1) = 1 direct / 0 buffered and
+// report manual time (Google Benchmark's UseManualTime). The sgm bodies use
+// the public API only (sgm_buffer_evict to SGM_TIER_DISK, sgm_buffer_acquire
+// back) and skip when range(1) is not the mode sgm uses there.
 constexpr uint64_t kDiskBytesPerIteration = 64ull << 20;
 bool DiskSetup(const std::string &dir);
 void DiskTeardown();
@@ -100,8 +103,8 @@ void BM_RawWrite(benchmark::State &state);
 void BM_SgmRead(benchmark::State &state);
 void BM_RawRead(benchmark::State &state);
 void BM_Xxh3(benchmark::State &state);
-void BM_SgmWriteUnaligned(benchmark::State &state);
-void BM_SgmReadUnaligned(benchmark::State &state);
+// true when DiskSetup's folder takes O_DIRECT: sgm's I/O mode there.
+bool DiskDirect();
 // Bytes and timed seconds summed per "write/8MiB/direct" key, sgm and raw,
 // for bench_disk's ratio table.
 struct DiskTotals {
@@ -109,8 +112,51 @@ struct DiskTotals {
   double sgm_bytes, sgm_seconds, raw_bytes, raw_seconds;  // sums over timed iterations
 };
 std::vector<DiskTotals> DiskSummary();
-// "ext4, direct" — what DiskSetup's folder is and which I/O mode sgm picks there.
+// Which I/O mode sgm uses in DiskSetup's folder, in words.
 std::string DiskDescribe();
+
+// ---- a real GPU (bench_cuda) -----------------------------------------------
+// The device sgm would open (SGM_DEVICE), opened once: libcuda.so.1 loaded
+// through cuGetProcAddress, the primary context current on the calling
+// thread. Without a usable device (or built without cuda.h) usable is false
+// and why says what is missing; broken: the device answered, then failed.
+struct CudaSetup {
+  bool usable = false;             // a device is open and has room
+  bool broken = false;             // a real error, not "no GPU here"
+  std::string why;                 // !usable: why not
+  std::string device;              // the device's name
+  int driver_version = 0;          // cuDriverGetVersion: 1000 * major + 10 * minor
+  std::string description;         // one line: device, memory, driver, caps
+  size_t cap_bytes = 0;            // no benchmark holds more than this on the device
+  std::vector<size_t> copy_sizes;  // 64 and 256 MiB, capped (distinct)
+  size_t kernel_bytes = 0;         // 256 MiB, capped
+  std::string kernel_off;          // "" or why the kernel benchmarks cannot run (the driver double)
+};
+const CudaSetup &CudaOpen();
+void CudaClose();
+int CudaFailures();  // failed driver or sgm calls seen by the bodies
+// About `total` bytes per benchmark, within [lo, hi] iterations: the GPU
+// bodies run fixed iteration counts (no estimation rounds redoing the setup).
+int64_t CudaIters(size_t bytes, size_t total, int64_t lo, int64_t hi);
+// key: the name the outcome is kept under (CudaGBps, CudaRatio, CudaPerCall).
+// One iteration = one timed copy of `bytes`: sgm promoting (h2d) or demoting a
+// buffer, or cuMemcpy{HtoD,DtoH}Async + synchronise on pinned memory. Counter
+// "GB/s" (and "ms_per_call").
+void BM_CudaSgmCopy(benchmark::State &state, std::string key, bool h2d, size_t bytes);
+void BM_CudaDirectCopy(benchmark::State &state, std::string key, bool h2d, size_t bytes);
+// A kernel summing `bytes` of an sgm_alloc pointer in VRAM or, shared, one
+// that fell back to shared memory. Counter "GB/s".
+void BM_CudaKernelRead(benchmark::State &state, std::string key, bool shared, size_t bytes);
+// Per call: sgm_alloc+sgm_free of 1 MiB on a stream, cuMemAlloc+cuMemFree,
+// a cross-stream transfer. Counters "ns_per_call", "driver_calls_per_call".
+enum CudaPairStream { kCudaNullStream, kCudaPerThreadStream, kCudaCreatedStream };
+void BM_CudaSgmPair(benchmark::State &state, std::string key, CudaPairStream which);
+void BM_CudaDriverPair(benchmark::State &state, std::string key);
+void BM_CudaTransfer(benchmark::State &state, std::string key, bool two_created);
+// bench_cuda's summary lines, from the outcomes kept under each key.
+std::string CudaGBps(const std::string &key);
+std::string CudaRatio(const std::string &num, const std::string &den, const char *fmt);
+std::string CudaPerCall(const std::string &key);
 
 // ---- the node registry (bench_node, node.cc) --------------------------------
 // The private registry folder (under /dev/shm; removed at exit).

@@ -62,7 +62,7 @@ struct Figure {
   Measure sgm;             // sgm's side
   Measure ref;             // the reference side
   int repetitions = 0;     // 0: the run's default; 1 for figures that do not vary (counts, ratios of hits)
-  std::string needs = {};  // "" | "traces" | "gpu": what a skip depends on (for --list and tests)
+  std::string needs = {};  // "" | "traces" | "gpu" | "o_direct": what a skip depends on (--list, tests)
 };
 
 // Registration (static initialisers call it); figures are kept sorted by name.
@@ -86,6 +86,7 @@ struct Gb {
   std::string counter;            // "": real ns per iteration; else this counter's value
   double scale = 1;               // the value is multiplied by it (1e-9: bytes/s -> GB/s)
   double max_min_time_s = 0;      // > 0: cap on the run's minimum time (bodies that move 64 MiB an iteration)
+  int64_t iterations = 0;         // > 0: exactly this many iterations, no minimum time (GPU bodies)
 };
 // One Google Benchmark run of g with rc's minimum time; its value, or 0 and
 // *skip = the body's error.

@@ -168,7 +168,7 @@ Measure Disk(const std::string &label, void (*body)(benchmark::State &), int64_t
                     ", checksummed", "GB/s", "raw O_DIRECT p" #op " of the same extents, same folder",     \
                     Better::kHigher, Target::Ratio(kAtLeast, 0.8), mode,                                  \
                     Disk("disk/sgm/" #op "/" #ext, BM_Sgm##Op, ext),                                      \
-                    Disk("disk/raw/" #op "/" #ext, BM_Raw##Op, ext)})
+                    Disk("disk/raw/" #op "/" #ext, BM_Raw##Op, ext), 0, "o_direct"})
 SGM_BENCH_DISK(write, Write, 8, kQuick);
 SGM_BENCH_DISK(read, Read, 8, kQuick);
 SGM_BENCH_DISK(write, Write, 1, kFullOnly);
@@ -258,6 +258,92 @@ SGM_BENCH_FIGURE({"replay.mooncake.lru", "Mooncake trace, VRAM = 10% of its bloc
 SGM_BENCH_FIGURE({"replay.mooncake.best", "Mooncake trace, VRAM = 10% of its blocks: the best policy's hit ratio",
                   "%", "Belady's OPT, same trace and capacity", Better::kHigher, Target::Value(kAtLeast, 30),
                   kFullOnly, Best, Opt, 1, "traces"});
+
+// ---- a real GPU (skipped, with the reason, where there is none) ----
+
+// The device, opened once; "" when it can run bodies needing `bytes` on it.
+std::string GpuReady(size_t bytes) {
+  const CudaSetup &d = CudaOpen();
+  if (!d.usable) return std::string(d.broken ? "the CUDA device failed: " : "no CUDA device: ") + d.why;
+  if (bytes > d.cap_bytes)
+    return "the device has room for " + std::to_string(d.cap_bytes >> 20) + " MiB per buffer, not " +
+           std::to_string(bytes >> 20) + " MiB";
+  return "";
+}
+
+// A GPU body run through Google Benchmark with a fixed iteration count (the
+// bodies set up a context or a buffer per run: no estimation rounds).
+Measure Gpu(const std::string &key, size_t bytes, int64_t full_iters, int64_t quick_iters,
+            const std::string &counter, std::function<void(benchmark::State &, std::string)> body) {
+  return [=](const RunContext &rc, std::string *skip) {
+    *skip = GpuReady(bytes);
+    if (!skip->empty()) return 0.0;
+    Body b = [key, body](benchmark::State &s) { body(s, key); };
+    return RunGb({key, b, {}, 1, true, counter, 1, 0, rc.quick ? quick_iters : full_iters}, rc, skip);
+  };
+}
+
+Measure GpuCopy(bool sgm, bool h2d, size_t mib) {
+  const size_t bytes = mib << 20;
+  const std::string key = std::string(h2d ? "gpu/h2d/" : "gpu/d2h/") + (sgm ? "sgm/" : "cuMemcpy/") + std::to_string(mib);
+  const int64_t full = CudaIters(bytes, 2048ull << 20, 5, 50), quick = CudaIters(bytes, 512ull << 20, 3, 10);
+  return Gpu(key, bytes, full, quick, "GB/s", [=](benchmark::State &s, std::string k) {
+    if (sgm)
+      BM_CudaSgmCopy(s, std::move(k), h2d, bytes);
+    else
+      BM_CudaDirectCopy(s, std::move(k), h2d, bytes);
+  });
+}
+
+#define SGM_BENCH_GPU_COPY(dir, h2d, verb, mib, mode)                                                           \
+  SGM_BENCH_FIGURE({"gpu.copy." #dir "." #mib "MiB", "sgm " verb " of a " #mib " MiB buffer on the GPU", "GB/s", \
+                    "cuMemcpy" #dir "Async + synchronise on pinned memory, same bytes", Better::kHigher,       \
+                    Target::Ratio(kAtLeast, 0.9), mode, GpuCopy(true, h2d, mib), GpuCopy(false, h2d, mib), 0, \
+                    "gpu"})
+SGM_BENCH_GPU_COPY(h2d, true, "promote (shared -> VRAM)", 64, kQuick);
+SGM_BENCH_GPU_COPY(d2h, false, "demote (VRAM -> shared)", 64, kQuick);
+SGM_BENCH_GPU_COPY(h2d, true, "promote (shared -> VRAM)", 256, kFullOnly);
+SGM_BENCH_GPU_COPY(d2h, false, "demote (VRAM -> shared)", 256, kFullOnly);
+
+Measure GpuKernel(bool shared) {
+  const size_t bytes = 256ull << 20;
+  const std::string key = std::string("gpu/kernel/") + (shared ? "shared" : "vram");
+  const int64_t full = CudaIters(bytes, 8192ull << 20, 10, 100), quick = CudaIters(bytes, 1024ull << 20, 3, 10);
+  Measure m = Gpu(key, bytes, full, quick, "GB/s", [=](benchmark::State &s, std::string k) {
+    BM_CudaKernelRead(s, std::move(k), shared, bytes);
+  });
+  return [m](const RunContext &rc, std::string *skip) {
+    const CudaSetup &d = CudaOpen();
+    if (d.usable && !d.kernel_off.empty()) {
+      *skip = "kernel figures need cuModuleLoadData, cuLaunchKernel and CUDA events: " + d.kernel_off;
+      return 0.0;
+    }
+    return m(rc, skip);
+  };
+}
+
+SGM_BENCH_FIGURE({"gpu.kernel.shared", "a kernel summing 256 MiB of shared memory (sgm's fallback tier) over the bus",
+                  "GB/s", "the same kernel over 256 MiB of VRAM", Better::kHigher, Target::None(), kQuick,
+                  GpuKernel(true), GpuKernel(false), 0, "gpu"});
+
+Measure GpuPair(int which) {
+  const std::string key = "gpu/pair/" + std::to_string(which);
+  return Gpu(key, 1 << 20, 200000, 20000, "ns_per_call", [which](benchmark::State &s, std::string k) {
+    BM_CudaSgmPair(s, std::move(k), static_cast<CudaPairStream>(which));
+  });
+}
+Measure GpuDriverPair() {
+  return Gpu("gpu/pair/driver", 1 << 20, 2000, 200, "ns_per_call",
+             [](benchmark::State &s, std::string k) { BM_CudaDriverPair(s, std::move(k)); });
+}
+
+#define SGM_BENCH_GPU_PAIR(name, which, what)                                                                     \
+  SGM_BENCH_FIGURE({"gpu.pair." #name, "sgm_alloc+sgm_free of 1 MiB on the " what ", steady state", "ns",        \
+                    "cuMemAlloc+cuMemFree of 1 MiB", Better::kLower, Target::None(), kQuick, GpuPair(which),     \
+                    GpuDriverPair(), 0, "gpu"})
+SGM_BENCH_GPU_PAIR(null_stream, kCudaNullStream, "legacy NULL stream");
+SGM_BENCH_GPU_PAIR(per_thread_stream, kCudaPerThreadStream, "per-thread default stream");
+SGM_BENCH_GPU_PAIR(created_stream, kCudaCreatedStream, "a created stream");
 
 }  // namespace
 

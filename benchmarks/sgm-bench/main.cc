@@ -197,6 +197,7 @@ int main(int argc, char **argv) {
   benchmark::Shutdown();
   AllocContextDestroy();
   DiskTeardown();
+  CudaClose();
 
   PrintTable(doc, stdout);
   if (!json_path.empty() && !WriteFile(json_path, JsonWrite(doc))) return 2;

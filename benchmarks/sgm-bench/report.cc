@@ -4,6 +4,7 @@
 // the tests run on every document they read.
 #include "report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
@@ -147,9 +148,18 @@ void PrintTable(const Json &doc, FILE *out) {
                  Fmt(f.NumberOr("ratio", 0)).c_str(), ("±" + Pct(f.NumberOr("spread", 0))).c_str(),
                  TargetText(f, false).c_str(), f.StringOr("verdict", "?").c_str());
   }
-  for (const Json &f : figs->arr)
-    if (!Measured(f))
-      std::fprintf(out, "skipped %s: %s\n", f.StringOr("name", "?").c_str(), f.StringOr("skip_reason", "?").c_str());
+  // One line per reason: "no CUDA device" once for every GPU figure.
+  std::vector<std::pair<std::string, std::string>> skipped;  // reason, names
+  for (const Json &f : figs->arr) {
+    if (Measured(f)) continue;
+    std::string why = f.StringOr("skip_reason", "?"), name = f.StringOr("name", "?");
+    auto it = std::find_if(skipped.begin(), skipped.end(), [&](const auto &p) { return p.first == why; });
+    if (it == skipped.end())
+      skipped.emplace_back(why, name);
+    else
+      it->second += ", " + name;
+  }
+  for (const auto &p : skipped) std::fprintf(out, "skipped %s: %s\n", p.second.c_str(), p.first.c_str());
 }
 
 int Compare(const Json &a, const Json &b, FILE *out, std::string *err) {

@@ -64,7 +64,11 @@ double RunGb(const Gb &g, const RunContext &rc, std::string *skip) {
   if (!g.args.empty()) b->Args(g.args);
   double min_time = rc.min_time_s;
   if (g.max_min_time_s > 0) min_time = std::min(min_time, g.max_min_time_s);
-  b->Threads(g.threads)->MinTime(min_time)->Unit(benchmark::kNanosecond);
+  b->Threads(g.threads)->Unit(benchmark::kNanosecond);
+  if (g.iterations > 0)
+    b->Iterations(g.iterations);
+  else
+    b->MinTime(min_time);
   if (g.manual_time)
     b->UseManualTime();
   else

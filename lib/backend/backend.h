@@ -99,6 +99,35 @@
  *    unless memory crosses from one stream to another: no backend-wide lock
  *    and no query of the current context is taken on the way.
  */
+/*
+ * Managed memory (CUDA Unified Memory; SGM_POINTERS=managed, lib/managed.c).
+ * One address the CPU and the device share; its pages live in device memory
+ * or in host memory and move under advice and prefetches.
+ *  - managed_support() answers SGM_OK when the device and driver can run
+ *    managed mode (CUDA: CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS and the
+ *    CUmemLocation forms of cuMemAdvise and cuMemPrefetchAsync), else
+ *    SGM_ERR_UNSUPPORTED with a message that says what is missing.
+ *  - managed_alloc() returns a range of `bytes` rounded up to whole pages
+ *    (SGM_MANAGED_PAGE), pages no other allocation shares, aligned to at
+ *    least SGM_DEVICE_ALIGN; no page is placed yet (not counted as device
+ *    memory until prefetched there). managed_free() cannot fail and gives
+ *    back every page of the range wherever it is (the driver waits for the
+ *    work using it).
+ *  - managed_advise() sets advice on the pages of [ptr, ptr + n): the
+ *    preferred location (device or host) and whether the device maps host
+ *    pages so that it reads them over the bus without faulting. Advice is
+ *    page granular: every page the range touches gets it.
+ *  - managed_prefetch() moves the pages of [ptr, ptr + n) (whole pages: a
+ *    page the range touches moves entirely) to `to` (SGM_TIER_VRAM or
+ *    SGM_TIER_SHARED), in order on `stream` (as copy(): after all work
+ *    queued there before it; NULL = the backend's own stream; refused with
+ *    SGM_ERR_BUSY while the stream captures a graph), and returns once the
+ *    move is complete, as copy() does, so sgm counts pages where they are. Bytes
+ *    survive the move. Device-placed pages count as device memory in
+ *    mem_info. A move to the device that does not fit in its free memory is
+ *    refused with SGM_ERR_NOMEM by the emulated device: sgm must never ask the
+ *    driver to evict on its own.
+ */
 #ifndef SGM_BACKEND_H
 #define SGM_BACKEND_H
 
@@ -120,6 +149,20 @@ typedef uint64_t sgm_devptr; /* a device address (CUdeviceptr on CUDA) */
 /* The calling thread's per-thread default stream (CU_STREAM_PER_THREAD): the
  * same handle names another stream on every thread. */
 #define SGM_STREAM_PER_THREAD ((void *)(uintptr_t)0x2)
+
+/* The page of managed memory as sgm counts it: the granule of advice and of
+ * moves on the emulated device, and a multiple of the driver's (4 KiB host
+ * pages, 64 KiB GPU pages): sgm never lets two blocks that move on their
+ * own share one. */
+#define SGM_MANAGED_PAGE 65536u
+
+/* Advice on managed pages (managed_advise). */
+typedef enum sgm_managed_advice {
+  SGM_ADVISE_PREFER_DEVICE = 0, /* preferred location: the device */
+  SGM_ADVISE_PREFER_HOST = 1,   /* preferred location: host memory (the GPU's NUMA node where known) */
+  SGM_ADVISE_ACCESSED_BY = 2,   /* the device maps the pages wherever they are (no fault on access) */
+  SGM_ADVISE_UNSET_ACCESSED_BY = 3 /* undo SGM_ADVISE_ACCESSED_BY */
+} sgm_managed_advice;
 
 typedef enum sgm_copy_kind {
   SGM_COPY_HOST_TO_DEVICE = 0, /* dst device address, src host pointer */
@@ -144,6 +187,10 @@ typedef struct sgm_backend_counters {
   uint64_t n_device_live;     /* live device allocations */
   uint64_t n_host_live;       /* live pinned host allocations */
   uint64_t n_events_live;     /* events recorded and not yet destroyed */
+  uint64_t n_managed_live;    /* live managed ranges */
+  uint64_t managed_device_bytes; /* bytes of managed pages placed in device memory now (emu; 0 on CUDA) */
+  uint64_t managed_host_bytes;   /* bytes of managed pages placed in host memory now (emu; 0 on CUDA) */
+  uint64_t n_managed_moves;   /* prefetches that moved at least one page (emu; 0 on CUDA) */
 } sgm_backend_counters;
 
 typedef struct sgm_backend_ops {
@@ -187,6 +234,12 @@ typedef struct sgm_backend_ops {
    * the same registry. Called once, right after open, before any allocation.
    * NULL op: the device's capacity is the driver's business. */
   void (*node_attach)(sgm_backend *be, struct sgm_node *node);
+  /* Managed memory: see "Managed memory" in the contract above. */
+  int (*managed_support)(sgm_backend *be);
+  int (*managed_alloc)(sgm_backend *be, uint64_t bytes, sgm_devptr *out);
+  void (*managed_free)(sgm_backend *be, sgm_devptr ptr, uint64_t bytes);
+  int (*managed_advise)(sgm_backend *be, sgm_devptr ptr, uint64_t n, sgm_managed_advice advice);
+  int (*managed_prefetch)(sgm_backend *be, sgm_devptr ptr, uint64_t n, sgm_tier to, void *stream);
 } sgm_backend_ops;
 
 /* backend.c: pick the ops for a kind; SGM_BACKEND_AUTO is resolved by open. */

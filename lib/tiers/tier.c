@@ -146,7 +146,10 @@ struct sgm_tier_pool {
   size_t cap_chunks;          /* entries allocated in chunks */
   unsigned n_geometric;       /* growth chunks taken so far: the next is initial << this */
   uint64_t committed_bytes;   /* chunk bytes taken or being taken from the backend */
-  uint64_t held_bytes;        /* bytes of blocks in the sub-allocator (live and cached) */
+  uint64_t held_bytes;        /* bytes of blocks in the sub-allocator (live and cached), plus
+                                 external_bytes */
+  uint64_t external_bytes;    /* bytes charged by sgm__tier_charge (managed blocks placed in
+                                 this tier), also counted in committed_bytes and held_bytes */
   uint64_t n_blocks;          /* blocks in the sub-allocator */
   uint64_t used_bytes;        /* handed-out bytes, but what magazines still hold back (atomic) */
   int64_t n_live;             /* handed-out blocks, the same way (atomic) */
@@ -1510,6 +1513,57 @@ bool sgm__tier_chunk_of(sgm_tier_pool *p, sgm_devptr ptr, sgm_chunk *out) {
   return found;
 }
 
+/* ---- bytes placed outside the pool (managed blocks) ---- */
+
+int sgm__tier_charge(sgm_tier_pool *p, uint64_t bytes) {
+  bool trimmed = false;
+  sgm__lock_take(&p->lock);
+  for (;;) {
+    /* Chunks being taken are committed already: no overshoot past them. */
+    bool fits = p->committed_bytes <= p->p.budget_bytes && bytes <= p->p.budget_bytes - p->committed_bytes;
+    if (fits) {
+      p->committed_bytes += bytes;
+      p->held_bytes += bytes;
+      p->external_bytes += bytes;
+      tier_update_room_locked(p);
+      sgm__lock_drop(&p->lock);
+      return SGM_OK;
+    }
+    if (trimmed) break;
+    trimmed = true;
+    /* Cached blocks and wholly free chunks hold budget nobody uses: give them
+     * back and look once more. */
+    sgm__lock_drop(&p->lock);
+    if (sgm__tier_has_cached(p)) sgm__tier_reclaim(p, NULL, SGM_RECLAIM_QUERY);
+    sgm_chunk *list;
+    sgm__lock_take(&p->lock);
+    size_t n = tier_detach_free_locked(p, 0, UINT64_MAX, &list);
+    sgm__lock_drop(&p->lock);
+    if (n) tier_release_chunks(p, list, n);
+    sgm__lock_take(&p->lock);
+  }
+  sgm__lock_drop(&p->lock);
+  return SGM__ERR_BUDGET;
+}
+
+void sgm__tier_uncharge(sgm_tier_pool *p, uint64_t bytes) {
+  sgm__lock_take(&p->lock);
+  sgm_assert(p->external_bytes >= bytes);
+  p->committed_bytes -= bytes;
+  p->held_bytes -= bytes;
+  p->external_bytes -= bytes;
+  tier_update_room_locked(p);
+  pthread_cond_broadcast(&p->grown);
+  sgm__lock_drop(&p->lock);
+}
+
+uint64_t sgm__tier_charged(sgm_tier_pool *p) {
+  sgm__lock_take(&p->lock);
+  uint64_t n = p->external_bytes;
+  sgm__lock_drop(&p->lock);
+  return n;
+}
+
 /* ---- stats and checks ---- */
 
 void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out) {
@@ -1566,7 +1620,8 @@ bool sgm__tier_check(sgm_tier_pool *p) {
                          (unsigned long long)sum, p->n_chunks,
                          (unsigned long long)st.capacity_bytes, (unsigned long long)st.n_ranges,
                          (unsigned long long)p->committed_bytes);
-  } else if (st.used_bytes != p->held_bytes || st.n_live != p->n_blocks || in_map != p->n_blocks) {
+  } else if (st.used_bytes != p->held_bytes - p->external_bytes || st.n_live != p->n_blocks ||
+             in_map != p->n_blocks) {
     ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: holding %llu bytes in %llu blocks (%zu mapped), "
                          "sub-allocator %llu/%llu",
                          sgm_tier_name(p->p.tier), (unsigned long long)p->held_bytes,

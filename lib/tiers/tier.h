@@ -150,6 +150,15 @@ void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out);
 /* Walk the pool and check every invariant; false with a message on the first broken one. */
 bool sgm__tier_check(sgm_tier_pool *p);
 
+/* Managed blocks (lib/managed.c) live outside the pool but count against its
+ * budget by where they are placed. Charge bytes (committed and held, never
+ * past the budget: cached blocks and free chunks are given back first) or
+ * SGM__ERR_BUDGET (no message); uncharge gives them back. Any thread. */
+int sgm__tier_charge(sgm_tier_pool *p, uint64_t bytes);
+void sgm__tier_uncharge(sgm_tier_pool *p, uint64_t bytes);
+/* Bytes charged now. */
+uint64_t sgm__tier_charged(sgm_tier_pool *p);
+
 /* vram.c: the chunk source of the VRAM tier (device memory from the backend). */
 extern const sgm_chunk_ops sgm__vram_chunk_ops;
 /* shared.c: the chunk source of the shared tier (pinned, device-mapped host memory). */

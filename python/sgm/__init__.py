@@ -111,14 +111,37 @@ def options_env(options):
     return env
 
 
-def _apply_env(env):
-    """Set (or, for None, unset) SGM_* variables for good (the framework hooks)."""
+# The SGM_* options sgm.torch.use() / sgm.cupy.use() applied for the framework
+# hooks' contexts: process-wide, read by each device's context when created.
+_hooks = {"env": None}
+
+
+def _hook_env(options, framework, call):
+    """The SGM_* variables for a framework's use(**options): backend forced to
+    cuda (kernels need the real device); InvalidError for an emulated backend
+    or for other options than an earlier use() of either framework applied."""
+    env = options_env(options)
+    backend = env.get("SGM_BACKEND") or os.environ.get("SGM_BACKEND") or "cuda"
+    if backend != "cuda":
+        raise InvalidError(f"backend {backend!r} cannot serve {framework}'s kernels: {call}() "
+                           "needs backend='cuda' (the default)", call=call)
+    env["SGM_BACKEND"] = "cuda"
+    if _hooks["env"] is not None and _hooks["env"] != env:
+        raise InvalidError(f"the framework hooks were already set up with other options "
+                           f"({_hooks['env']}); their contexts are configured once per process",
+                           call=call)
+    return env
+
+
+def _apply_hook_env(env):
+    """Set (or, for None, unset) the hooks' SGM_* variables for good."""
     with _env_lock:
         for k, v in env.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        _hooks["env"] = env
 
 
 # The environment is process-wide: options applied around a context's creation

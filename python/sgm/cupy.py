@@ -10,11 +10,9 @@ current stream) and frees it when CuPy drops the memory. Unlike PyTorch, CuPy
 sees a failed allocation: it raises sgm.NoMemoryError (a MemoryError) with
 sgm's message. Statistics: sgm.stats(device).
 """
-import os
+from . import _apply_hook_env, _hook_env, _lib
 
-from . import _apply_env, _lib, options_env
-
-_state = {"env": None}
+_state = {"active": False}  # use() installed the allocator in this process
 
 
 class _Block:
@@ -52,17 +50,9 @@ def use(**options):
     variables by short name, set in the environment before the hook contexts
     read them; backend must be "cuda"). Arrays CuPy allocated before stay in
     its own pool. Raises sgm.UnsupportedError without CuPy or a CUDA device."""
-    env = options_env(options)
-    backend = env.get("SGM_BACKEND") or os.environ.get("SGM_BACKEND") or "cuda"
-    if backend != "cuda":
-        raise _lib.InvalidError(f"backend {backend!r} cannot serve CuPy's kernels: "
-                                "sgm.cupy.use() needs backend='cuda' (the default)",
-                                call="sgm.cupy.use")
-    env["SGM_BACKEND"] = "cuda"
-    if _state["env"] is not None and _state["env"] != env:
-        raise _lib.InvalidError(
-            f"sgm.cupy.use() was already called with other options ({_state['env']}); "
-            "the hook contexts are configured once per process", call="sgm.cupy.use")
+    env = _hook_env(options, "CuPy", "sgm.cupy.use")
+    if _state["active"]:
+        return
     try:
         import cupy
     except ImportError as e:
@@ -75,13 +65,13 @@ def use(**options):
     if n == 0:
         raise _lib.UnsupportedError("no CUDA device", call="sgm.cupy.use")
     cupy.cuda.set_allocator(_allocator(cupy, _lib.lib()))
-    _apply_env(env)  # before the first allocation: the hook contexts read it then
-    _state["env"] = env
+    _apply_hook_env(env)  # before the first allocation: the hook contexts read it then
+    _state["active"] = True
 
 
 def active():
     """Whether use() has installed sgm as CuPy's allocator in this process."""
-    return _state["env"] is not None
+    return _state["active"]
 
 
 def empty_cache():

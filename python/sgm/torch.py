@@ -13,12 +13,12 @@ prefetch() and set_priority() need a libsgm.so with the managed pointer mode
 (sgm_prefetch / sgm_advise); without it they raise sgm.UnsupportedError.
 """
 import ctypes
-import os
 
-from . import Priority, Tier, _apply_env, _hook_context, _lib, _stream, options_env, pointer_tier
+from . import (Priority, Tier, _apply_hook_env, _hook_context, _hook_env, _lib, _stream,
+               pointer_tier)
 from . import stats as _hook_stats
 
-_state = {"env": None}  # the options use() applied, once it succeeded
+_state = {"active": False}  # use() installed the hooks in this process
 
 
 def _torch():
@@ -40,24 +40,15 @@ def use(**options):
     set in the environment, where the hook contexts read them when first used;
     backend must be "cuda" (the default: the emulated device cannot run kernels).
     Calling use() again with the same options is a no-op; with other options
-    it raises InvalidError (the contexts are configured once).
+    than an earlier sgm.torch.use() or sgm.cupy.use() it raises InvalidError
+    (the hook contexts are configured once per process).
 
     Raises sgm.UnsupportedError without PyTorch, without a CUDA device or with
     a PyTorch older than 2.0, and sgm.BusyError after the first CUDA allocation.
     """
-    env = options_env(options)
-    backend = env.get("SGM_BACKEND") or os.environ.get("SGM_BACKEND") or "cuda"
-    if backend != "cuda":
-        raise _lib.InvalidError(f"backend {backend!r} cannot serve PyTorch's kernels: "
-                                "sgm.torch.use() needs backend='cuda' (the default)",
-                                call="sgm.torch.use")
-    env["SGM_BACKEND"] = "cuda"
-    if _state["env"] is not None:
-        if _state["env"] == env:
-            return
-        raise _lib.InvalidError(
-            f"sgm.torch.use() was already called with other options ({_state['env']}); "
-            "the hook contexts are configured once per process", call="sgm.torch.use")
+    env = _hook_env(options, "PyTorch", "sgm.torch.use")
+    if _state["active"]:
+        return
     torch = _torch()
     memory = getattr(torch.cuda, "memory", None)
     if not hasattr(memory, "CUDAPluggableAllocator"):
@@ -78,13 +69,13 @@ def use(**options):
             "sgm.torch.use() at the start of the program, before any tensor is put on the GPU",
             call="sgm.torch.use") from None
     # The hook contexts read the environment at the first allocation, which comes later.
-    _apply_env(env)
-    _state["env"] = env
+    _apply_hook_env(env)
+    _state["active"] = True
 
 
 def active():
     """Whether use() has installed sgm as PyTorch's allocator in this process."""
-    return _state["env"] is not None
+    return _state["active"]
 
 
 def _device(device):
@@ -191,12 +182,16 @@ def prefetch(tensor, tier=Tier.VRAM, stream=None):
     _lib.check(fn(ctx, ptr, size, int(Tier.of(tier)), _stream(stream)), "sgm_prefetch")
 
 
-def set_priority(tensor, priority):
+def set_priority(tensor, priority, hint=0):
     """Set the residency priority of a tensor's memory (sgm_advise; managed
-    pointer mode): a Priority, its name or 0..4 (lower leaves VRAM first)."""
+    pointer mode): a Priority, its name or 0..4 (lower leaves VRAM first).
+    hint: 0 none, 1 hot (into VRAM now if room can be made), 2 cold (to shared
+    memory now, until a hot hint or a prefetch to VRAM)."""
     if isinstance(priority, str):
         priority = Priority[priority.upper()]
-    _need("sgm_advise", "set_priority")
-    raise _lib.UnsupportedError(
-        "sgm_advise is exported but this sgm package does not know its signature yet: "
-        "update the sgm Python package together with libsgm.so", call="sgm.torch.set_priority")
+    fn = _need("sgm_advise", "set_priority")
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    ptr, _ = _tensor_span(tensor)
+    ctx = _hook_context(_device(tensor.device))
+    _lib.check(fn(ctx, ptr, int(priority), int(hint)), "sgm_advise")

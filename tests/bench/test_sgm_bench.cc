@@ -6,7 +6,8 @@
 //
 // Environment (benchmarks/sgm-bench/CMakeLists.txt sets it): SGM_BENCH (the
 // binary), SGM_BENCH_TRACES (the tiny traces), SGM_BENCH_TMP (a scratch
-// folder), SGM_BENCH_DOCS (docs/, for the committed page).
+// folder), SGM_BENCH_DOCS (docs/, for the committed page), SGM_BENCH_FAKE_CUDA
+// (the folder of the CUDA driver test double's libcuda.so.1).
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -48,8 +49,8 @@ struct Result {
   std::string output;  // stdout and stderr together
 };
 
-Result Run(const std::string &args) {
-  std::string cmd = "'" + Env("SGM_BENCH") + "' " + args + " 2>&1";
+Result Run(const std::string &args, const std::string &env = "") {
+  std::string cmd = env + "'" + Env("SGM_BENCH") + "' " + args + " 2>&1";
   FILE *p = popen(cmd.c_str(), "r");
   if (!p) fail_msg("cannot run %s", cmd.c_str());
   Result r{-1, ""};
@@ -107,7 +108,8 @@ const Json *Figure(const Json &doc, const std::string &name) {
 
 // Invariant: a --quick --json run is a valid result file that holds every
 // figure of the quick set, each measured and positive (GPU figures alone may
-// be skipped, and only where the machine has no GPU).
+// be skipped, and only where the machine has no GPU; disk figures only where
+// the build folder's file system refuses O_DIRECT).
 void test_quick_run_holds_every_quick_figure_measured(void **) {
   std::string fault = sgm_bench::CheckSchema(g_quick);
   if (!fault.empty()) fail_msg("schema: %s", fault.c_str());
@@ -124,8 +126,10 @@ void test_quick_run_holds_every_quick_figure_measured(void **) {
     const Json *f = Figure(g_quick, name);
     if (!f) fail_msg("quick figure %s is missing from the file", name.c_str());
     if (f->StringOr("status", "") != "measured") {
+      std::string why = f->StringOr("skip_reason", "");
       bool gpu_less = needs == "gpu" && g_quick.Get("machine")->StringOr("gpu", "") == "none";
-      if (!gpu_less)
+      bool no_direct_io = needs == "o_direct" && why.find("O_DIRECT") != std::string::npos;
+      if (!gpu_less && !no_direct_io)
         fail_msg("%s was skipped: %s", name.c_str(), f->StringOr("skip_reason", "").c_str());
       continue;
     }
@@ -154,9 +158,39 @@ void test_missing_traces_are_skipped_with_a_message(void **) {
     assert_non_null(f);
     assert_string_equal(f->StringOr("status", "").c_str(), "skipped");
     assert_non_null(std::strstr(f->StringOr("skip_reason", "").c_str(), "/nonexistent/sgm-traces"));
-    std::string line = std::string("skipped ") + name + ": no MiniMalloc traces";
-    if (r.output.find(line) == std::string::npos) fail_msg("no line '%s' in:\n%s", line.c_str(), r.output.c_str());
   }
+  const char *line = "skipped suballoc.minimalloc.frag, suballoc.minimalloc.replay: no MiniMalloc traces";
+  if (r.output.find(line) == std::string::npos) fail_msg("no line '%s' in:\n%s", line, r.output.c_str());
+}
+
+// Invariant: against the CUDA driver test double (a libcuda.so.1 that models
+// copies but not kernels), the GPU copy and per-call figures are measured and
+// positive, and the kernel figure is skipped saying what the driver lacks.
+void test_gpu_figures_run_on_the_driver_double(void **) {
+  if (!std::getenv("SGM_BENCH_FAKE_CUDA")) {
+    print_message("# no CUDA driver test double in this build (no CUDA headers): skipped\n");
+    skip();
+  }
+  std::string path = Tmp("gpu.json");
+  Result r = Run("--quick --only gpu --repetitions 1 --json '" + path + "'",
+                 "LD_LIBRARY_PATH='" + Env("SGM_BENCH_FAKE_CUDA") + "' BENCH_CUDA_MAX_MIB=64 ");
+  assert_int_equal(r.status, 0);
+  Json doc = Read(path);
+  assert_string_equal(sgm_bench::CheckSchema(doc).c_str(), "");
+  assert_non_null(std::strstr(doc.Get("machine")->StringOr("gpu", "").c_str(), "test double"));
+  int measured = 0;
+  for (const Json &f : doc.Get("figures")->arr) {
+    std::string name = f.StringOr("name", "");
+    assert_int_equal(name.compare(0, 4, "gpu."), 0);
+    if (name == "gpu.kernel.shared") {
+      assert_string_equal(f.StringOr("status", "").c_str(), "skipped");
+      assert_non_null(std::strstr(f.StringOr("skip_reason", "").c_str(), "cuModuleLoadData"));
+      continue;
+    }
+    if (f.StringOr("status", "") != "measured") fail_msg("%s: %s", name.c_str(), f.StringOr("skip_reason", "").c_str());
+    measured++;
+  }
+  assert_int_equal(measured, 5);  // copies both ways, pairs on three streams
 }
 
 int CountRegressions(const std::string &out, std::string *flagged) {
@@ -241,6 +275,22 @@ void test_schema_check_refuses_broken_documents(void **) {
   assert_string_not_equal(sgm_bench::CheckSchema(doc).c_str(), "");
 }
 
+// Invariant: --compare and --markdown refuse, with exit status 2 and a message
+// naming the file, input that is not JSON or not a result file.
+void test_unreadable_inputs_are_refused(void **) {
+  std::string junk = Tmp("junk.json"), other = Tmp("other.json");
+  std::ofstream(junk) << "{\"schema\": \"sgm-bench/1\", \"figures\": [1, 2,";
+  std::ofstream(other) << "{\"schema\": \"something-else\"}";
+  Result r = Run("--compare '" + g_quick_path + "' '" + junk + "'");
+  assert_int_equal(r.status, 2);
+  assert_non_null(std::strstr(r.output.c_str(), "junk.json: not JSON"));
+  r = Run("--compare '" + other + "' '" + g_quick_path + "'");
+  assert_int_equal(r.status, 2);
+  assert_non_null(std::strstr(r.output.c_str(), "not an sgm-bench result file"));
+  r = Run("--markdown '" + other + "'");
+  assert_int_equal(r.status, 2);
+}
+
 // Invariant: docs/benchmarks.md is exactly what --markdown makes of the run
 // committed beside it (docs/benchmarks.json): the page cannot drift from the tool.
 void test_published_page_is_generated_from_its_run(void **) {
@@ -260,9 +310,11 @@ int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_quick_run_holds_every_quick_figure_measured),
       cmocka_unit_test(test_missing_traces_are_skipped_with_a_message),
+      cmocka_unit_test(test_gpu_figures_run_on_the_driver_double),
       cmocka_unit_test(test_compare_with_itself_reports_no_regression),
       cmocka_unit_test(test_compare_flags_exactly_the_doctored_figure),
       cmocka_unit_test(test_schema_check_refuses_broken_documents),
+      cmocka_unit_test(test_unreadable_inputs_are_refused),
       cmocka_unit_test(test_published_page_is_generated_from_its_run),
   };
   return cmocka_run_group_tests(tests, SetupQuickRun, nullptr);

@@ -14,7 +14,7 @@
 #   run.sh                 the check (tests/gpu/run.sh): exits 77 where no GPU
 #                          answers, else runs every step in <= 4 minutes
 #   bin/                   the black-box API suites (api_*), the example
-#                          programs (sgm-demo, sgm-fallback), bench_cuda; stripped
+#                          programs (sgm-demo, sgm-fallback), bench_cuda, sgm-bench; stripped
 #   lib/                   libsgm.so and every shared library the binaries need
 #                          that is not in a base system (hwloc, numa, xxhash,
 #                          cmocka, Google Benchmark and their own dependencies)
@@ -59,7 +59,7 @@ if [ -z "$FROM" ]; then
   echo "bundle.sh: configuring a Release build in $FROM"
   cmake -S "$REPO" -B "$FROM" -DCMAKE_BUILD_TYPE=Release -DSGM_BUILD_TESTS=ON \
     -DSGM_BUILD_BENCHMARKS=ON -DSGM_BUILD_EXAMPLES=ON -DSGM_CUDA_INCLUDE_DIR="$CUDA_INC" >/dev/null
-  targets=(sgm sgm-demo sgm-fallback bench_cuda)
+  targets=(sgm sgm-demo sgm-fallback bench_cuda sgm-bench)
   for src in "$REPO"/tests/api/test_*.c; do
     n=$(basename "$src" .c)
     targets+=("api_$n")
@@ -78,13 +78,14 @@ grep -q cuGetProcAddress "$LIBSGM" ||
 
 bins=()
 while IFS= read -r f; do bins+=("$f"); done < <(find "$FROM/tests" -maxdepth 1 -type f -executable -name 'api_*' | sort)
-for f in "$FROM/examples/sgm-demo" "$FROM/examples/sgm-fallback" "$FROM/benchmarks/bench_cuda"; do
+for f in "$FROM/examples/sgm-demo" "$FROM/examples/sgm-fallback" "$FROM/benchmarks/bench_cuda" \
+         "$FROM/benchmarks/sgm-bench/sgm-bench"; do
   [ -x "$f" ] && bins+=("$f")
 done
 [ "${#bins[@]}" -gt 0 ] || die "no binary found in $FROM (tests/api_*, examples, benchmarks)"
 for b in "${bins[@]}"; do
   n=$(basename "$b")
-  case "$n" in api_* | sgm-demo | sgm-fallback | bench_cuda) ;; *) die "unexpected binary $n" ;; esac
+  case "$n" in api_* | sgm-demo | sgm-fallback | bench_cuda | sgm-bench) ;; *) die "unexpected binary $n" ;; esac
   cp "$b" "$OUTDIR/bin/$n"
 done
 # libsgm.so under its file name, plus the names binaries and scripts ask for.

@@ -17,6 +17,8 @@
 #   graph-capture  a CUDA graph captured and replayed by PyTorch through sgm
 #   two-streams    PyTorch tensors on two streams, checked byte for byte
 #   bench-cuda     bench_cuda with small sizes (BENCH_CUDA_MAX_MIB=64)
+#   sgm-bench      sgm-bench --quick --only gpu: the GPU figures beside cuMemcpy,
+#                  VRAM and cuMemAlloc, as a table and $OUT/sgm-bench.json
 # writes each step's log to $OUT/<step>.log and a summary table (step, status,
 # seconds, key figure) to stdout and $OUT/summary.txt. Exit status: 0 when
 # every step passed, 1 when any failed, timed out or skipped itself (a step
@@ -127,6 +129,9 @@ step two-streams 45 '^key:' env SGM_VRAM_LIMIT=$((512 * 1024 * 1024)) \
 step bench-cuda 60 '^bench_cuda: (H2D|D2H|kernel|pair|transfer)' env BENCH_CUDA_MAX_MIB=64 \
   "$BUNDLE/bin/bench_cuda" --benchmark_color=false --benchmark_min_time=0.05
 grep -E '^bench_cuda: ' "$OUT/bench-cuda.log" 2>/dev/null | sed 's/^/   | /'
+step sgm-bench 60 '^gpu\.(copy|kernel)' env BENCH_CUDA_MAX_MIB=256 \
+  "$BUNDLE/bin/sgm-bench" --quick --only gpu --json "$OUT/sgm-bench.json"
+grep -E '^(figure|gpu\.|skipped)' "$OUT/sgm-bench.log" 2>/dev/null | sed 's/^/   | /'
 
 # ---- summary ----
 n_pass=0 n_other=0

@@ -43,11 +43,12 @@ def fake_torch(available=True, in_use=False, calls=None):
 @pytest.fixture
 def fresh(monkeypatch):
     """use()'s once-per-process state, and SGM_* variables, restored after."""
-    monkeypatch.setattr(sgm.torch, "_state", {"env": None})
-    monkeypatch.setattr(sgm.cupy, "_state", {"env": None})
-    for k in ("SGM_BACKEND", "SGM_VRAM_LIMIT", "SGM_SHARED_LIMIT"):
-        monkeypatch.setenv(k, "emu") if k == "SGM_BACKEND" else monkeypatch.delenv(k, False)
-    monkeypatch.delenv("SGM_BACKEND")
+    monkeypatch.setattr(sgm.torch, "_state", {"active": False})
+    monkeypatch.setattr(sgm.cupy, "_state", {"active": False})
+    monkeypatch.setattr(sgm, "_hooks", {"env": None})
+    for k in ("SGM_BACKEND", "SGM_VRAM_LIMIT", "SGM_SHARED_FALLBACK"):
+        monkeypatch.setenv(k, "")  # records the value to restore after the test ...
+        monkeypatch.delenv(k)      # ... and starts without it
 
 
 def test_torch_use_without_pytorch(no_module, fresh):
@@ -101,7 +102,11 @@ def test_torch_use_installs_the_hooks_and_options(monkeypatch, fresh):
     assert len(calls) == 2
     with pytest.raises(sgm.InvalidError):
         sgm.torch.use(vram_limit="4GiB")
-    monkeypatch.delenv("SGM_SHARED_FALLBACK")
+    # CuPy shares the hook contexts: other options are refused there too.
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace())
+    with pytest.raises(sgm.InvalidError) as e:
+        sgm.cupy.use(vram_limit="4GiB")
+    assert "already set up with other options" in e.value.message
 
 
 def test_torch_prefetch_needs_the_managed_mode(monkeypatch):

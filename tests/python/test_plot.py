@@ -85,3 +85,14 @@ def test_sizes_out_of_range_are_refused(capsys):
     with pytest.raises(SystemExit) as e:
         plot.main([os.path.join(FIXTURES, "two-processes.csv"), "--width", "5"])
     assert e.value.code == 2 and "--width" in capsys.readouterr().err
+
+
+def test_one_column_per_device(tmp_path):
+    """Invariant: a record of two devices draws (one column each) at the asked size."""
+    rows = plot.read_record(os.path.join(FIXTURES, "two-processes.csv"))
+    other = [dict(r, device="GPU-0a1b-second", pid=r["pid"] + 1000) for r in rows]
+    out = tmp_path / "two-devices.png"
+    plot.draw(rows + other, str(out), width=900, height=500)
+    assert png_size(out) == (900, 500)
+    assert [plot.series(rows + other, d)[0] for d in ("GPU-0a1b-second", "GPU-5f3c0d2e-emu")] \
+        == [plot.series(rows, "GPU-5f3c0d2e-emu")[0]] * 2

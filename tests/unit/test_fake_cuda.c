@@ -35,7 +35,8 @@ static void clean_env(void) {
   const char *vars[] = {"FAKE_CUDA_DEVICE_COUNT", "FAKE_CUDA_TOTAL_MEM", "FAKE_CUDA_DELAY_US",
                         "FAKE_CUDA_LAZY", "FAKE_CUDA_OTHER_USED", "FAKE_CUDA_CTX_OVERHEAD",
                         "FAKE_CUDA_HOST_REGISTER_SUPPORTED", "FAKE_CUDA_HOST_REGISTER_RESULT",
-                        "FAKE_CUDA_PINNED_LIMIT", "FAKE_CUDA_DRIVER_VERSION", "SGM_EMU_VRAM"};
+                        "FAKE_CUDA_PINNED_LIMIT", "FAKE_CUDA_DRIVER_VERSION", "SGM_EMU_VRAM",
+                        "FAKE_CUDA_CONCURRENT_MANAGED"};
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 
@@ -62,6 +63,7 @@ static int teardown(void **state) {
   fake_cuda_get_stats(&st);
 #define LEFT(f) (unsigned long long)(st.f - base.f)
   if (st.device_allocs != base.device_allocs || st.host_registrations != base.host_registrations ||
+      st.managed_allocs != base.managed_allocs ||
       st.streams != base.streams || st.events != base.events ||
       st.ctx_retains != base.ctx_retains || st.pending_ops != base.pending_ops ||
       st.graphs != base.graphs || st.captures_active != base.captures_active) {
@@ -834,6 +836,153 @@ static void test_capture_ends_on_its_thread_and_stream_with_forks_joined(void **
   CU_OK(cuMemFree(d));
 }
 
+/* ---- managed memory ---- */
+
+static CUmemLocation loc(CUmemLocationType type, int id) {
+  CUmemLocation l;
+  memset(&l, 0, sizeof l);
+  l.type = type;
+  l.id = id;
+  return l;
+}
+
+static void test_managed_memory_is_placed_only_by_a_prefetch(void **state) {
+  (void)state;
+  CUdeviceptr m = 0;
+  assert_int_equal(cuMemAllocManaged(&m, 0, CU_MEM_ATTACH_GLOBAL), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(cuMemAllocManaged(&m, 4096, 7), CUDA_ERROR_INVALID_VALUE);
+  CU_OK(cuMemAllocManaged(&m, 3 * PAGE, CU_MEM_ATTACH_GLOBAL));
+  assert_int_equal(fake_cuda_managed_page((void *)(uintptr_t)m, NULL, NULL), 0); /* nowhere yet */
+  size_t free0 = 0, free1 = 0, total = 0;
+  CU_OK(cuMemGetInfo(&free0, &total));
+  CU_OK(cuMemPrefetchAsync(m, 3 * PAGE, loc(CU_MEM_LOCATION_TYPE_DEVICE, 0), 0, NULL));
+  CU_OK(cuCtxSynchronize());
+  assert_int_equal(fake_cuda_managed_page((void *)(uintptr_t)(m + 2 * PAGE), NULL, NULL), 1);
+  CU_OK(cuMemGetInfo(&free1, &total));
+  assert_int_equal(free0 - free1, 3 * PAGE); /* device-placed pages are device memory */
+  CU_OK(cuMemFree(m));
+  CU_OK(cuMemGetInfo(&free1, &total));
+  assert_int_equal(free1, free0);
+}
+
+/* A prefetch is stream work: the pages move after what was queued before it. */
+static void test_managed_prefetch_runs_in_stream_order(void **state) {
+  (void)state;
+  CUdeviceptr m = 0;
+  CU_OK(cuMemAllocManaged(&m, 16 * PAGE, CU_MEM_ATTACH_GLOBAL));
+  CUstream s = stream_new(0);
+  CUevent e = event_new();
+  fake_cuda_hold_stream(s, 1);
+  CU_OK(cuEventRecord(e, s)); /* held: stands for a kernel still running */
+  CU_OK(cuMemPrefetchAsync(m, 16 * PAGE, loc(CU_MEM_LOCATION_TYPE_HOST, 0), 0, s));
+  fake_cuda_settle();
+  assert_int_equal(fake_cuda_managed_page((void *)(uintptr_t)m, NULL, NULL), 0);
+  fake_cuda_complete_stream(s);
+  fake_cuda_hold_stream(s, 0);
+  assert_int_equal(fake_cuda_managed_page((void *)(uintptr_t)m, NULL, NULL), 2);
+  fake_cuda_stats st;
+  fake_cuda_get_stats(&st);
+  assert_int_equal(st.managed_host_bytes - base.managed_host_bytes, 16 * PAGE);
+  CU_OK(cuEventDestroy(e));
+  CU_OK(cuStreamDestroy(s));
+  CU_OK(cuMemFree(m));
+}
+
+/* Advice widens to whole host pages and checks its location as documented. */
+static void test_managed_advice_is_page_granular_and_checks_locations(void **state) {
+  (void)state;
+  CUdeviceptr m = 0;
+  CU_OK(cuMemAllocManaged(&m, 4 * PAGE, CU_MEM_ATTACH_GLOBAL));
+  CU_OK(cuMemAdvise(m + PAGE + 100, 1, CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
+                    loc(CU_MEM_LOCATION_TYPE_HOST_NUMA, 0)));
+  int pref = 0, acc = 0;
+  fake_cuda_managed_page((void *)(uintptr_t)(m + PAGE), &pref, &acc);
+  assert_int_equal(pref, CU_MEM_LOCATION_TYPE_HOST_NUMA);
+  fake_cuda_managed_page((void *)(uintptr_t)m, &pref, &acc);
+  assert_int_equal(pref, -1); /* the page before is untouched */
+  fake_cuda_managed_page((void *)(uintptr_t)(m + 2 * PAGE), &pref, &acc);
+  assert_int_equal(pref, -1);
+  CU_OK(cuMemAdvise(m, 4 * PAGE, CU_MEM_ADVISE_SET_ACCESSED_BY, loc(CU_MEM_LOCATION_TYPE_DEVICE, 0)));
+  fake_cuda_managed_page((void *)(uintptr_t)(m + 3 * PAGE), &pref, &acc);
+  assert_int_equal(acc, 1);
+  assert_int_equal(cuMemAdvise(m, PAGE, CU_MEM_ADVISE_SET_ACCESSED_BY,
+                               loc(CU_MEM_LOCATION_TYPE_HOST_NUMA, 0)), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(cuMemAdvise(m, PAGE, CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
+                               loc(CU_MEM_LOCATION_TYPE_HOST_NUMA, -1)), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(cuMemAdvise(m, PAGE, CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
+                               loc(CU_MEM_LOCATION_TYPE_DEVICE, 5)), CUDA_ERROR_INVALID_DEVICE);
+  assert_int_equal(cuMemAdvise(m + 3 * PAGE, 2 * PAGE, CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
+                               loc(CU_MEM_LOCATION_TYPE_HOST, 0)), CUDA_ERROR_INVALID_VALUE);
+  CUdeviceptr d = dev_alloc(PAGE); /* not managed memory */
+  assert_int_equal(cuMemAdvise(d, PAGE, CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
+                               loc(CU_MEM_LOCATION_TYPE_HOST, 0)), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(cuMemPrefetchAsync(d, PAGE, loc(CU_MEM_LOCATION_TYPE_HOST, 0), 0, NULL),
+                   CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(cuMemPrefetchAsync(m, PAGE, loc(CU_MEM_LOCATION_TYPE_HOST, 0), 1, NULL),
+                   CUDA_ERROR_INVALID_VALUE); /* flags must be 0 */
+  CU_OK(cuMemFree(d));
+  CU_OK(cuMemFree(m));
+}
+
+/* Past the device's free memory the driver evicts other managed pages on its
+ * own (what sgm must never cause): the double does it too, and counts it. */
+static void test_managed_prefetch_past_free_memory_evicts_and_counts(void **state) {
+  (void)state;
+  setenv("FAKE_CUDA_TOTAL_MEM", "64MiB", 1); /* 8 MiB context reservation: 56 MiB free */
+  CU_OK(cuInit(0));
+  CUdeviceptr a = 0, b = 0;
+  CU_OK(cuMemAllocManaged(&a, 40 * MiB, CU_MEM_ATTACH_GLOBAL));
+  CU_OK(cuMemAllocManaged(&b, 40 * MiB, CU_MEM_ATTACH_GLOBAL));
+  CU_OK(cuMemPrefetchAsync(a, 40 * MiB, loc(CU_MEM_LOCATION_TYPE_DEVICE, 0), 0, NULL));
+  CU_OK(cuMemPrefetchAsync(b, 40 * MiB, loc(CU_MEM_LOCATION_TYPE_DEVICE, 0), 0, NULL));
+  CU_OK(cuCtxSynchronize());
+  fake_cuda_stats st;
+  fake_cuda_get_stats(&st);
+  assert_int_equal(st.managed_evicted_bytes - base.managed_evicted_bytes, 24 * MiB);
+  assert_int_equal(st.managed_device_bytes - base.managed_device_bytes, 56 * MiB);
+  assert_int_equal(fake_cuda_managed_page((void *)(uintptr_t)b, NULL, NULL), 1);
+  CU_OK(cuMemFree(a));
+  CU_OK(cuMemFree(b));
+}
+
+/* Without concurrent managed access no page goes to the device. */
+static void test_managed_device_needs_concurrent_access(void **state) {
+  (void)state;
+  setenv("FAKE_CUDA_CONCURRENT_MANAGED", "0", 1);
+  int v = 1;
+  CU_OK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 0));
+  assert_int_equal(v, 0);
+  CUdeviceptr m = 0;
+  CU_OK(cuMemAllocManaged(&m, PAGE, CU_MEM_ATTACH_GLOBAL));
+  assert_int_equal(cuMemPrefetchAsync(m, PAGE, loc(CU_MEM_LOCATION_TYPE_DEVICE, 0), 0, NULL),
+                   CUDA_ERROR_INVALID_DEVICE);
+  CU_OK(cuMemFree(m));
+}
+
+/* By version: the CUdevice forms below 12.2, the CUmemLocation forms from 12.2. */
+static void test_managed_entry_points_by_version(void **state) {
+  (void)state;
+  void *fn = NULL;
+  CUdriverProcAddressQueryResult st;
+  CU_OK(cuGetProcAddress("cuMemPrefetchAsync", &fn, 12020, CU_GET_PROC_ADDRESS_DEFAULT, &st));
+  assert_ptr_equal(fn, (void *)&cuMemPrefetchAsync_v2);
+  CU_OK(cuGetProcAddress("cuMemAdvise", &fn, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &st));
+  assert_ptr_equal(fn, (void *)&cuMemAdvise_v2);
+  CU_OK(cuGetProcAddress("cuMemPrefetchAsync", &fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st));
+  assert_non_null(fn);
+  assert_ptr_not_equal(fn, (void *)&cuMemPrefetchAsync_v2);
+  /* The old form still works, with a device ordinal. */
+  CUdeviceptr m = 0;
+  CU_OK(cuMemAllocManaged(&m, PAGE, CU_MEM_ATTACH_GLOBAL));
+  CU_OK(((CUresult(*)(CUdeviceptr, size_t, CUdevice, CUstream))fn)(m, PAGE, 0, NULL));
+  CU_OK(cuCtxSynchronize());
+  assert_int_equal(fake_cuda_managed_page((void *)(uintptr_t)m, NULL, NULL), 1);
+  CU_OK(cuMemFree(m));
+  setenv("FAKE_CUDA_DRIVER_VERSION", "12000", 1);
+  assert_int_equal(cuGetProcAddress("cuMemAdvise", &fn, 12020, CU_GET_PROC_ADDRESS_DEFAULT, &st),
+                   CUDA_ERROR_INVALID_VALUE);
+}
+
 /* ---- cuGetProcAddress, version, counters, priorities ---- */
 
 static void test_get_proc_address_answers_by_version_and_flags(void **state) {
@@ -999,6 +1148,12 @@ int main(void) {
       T(test_stream_priorities_are_clamped_to_the_range),
       T(test_lazy_device_runs_work_only_while_waited_for),
       T(test_a_fork_child_runs_its_own_work),
+      T(test_managed_memory_is_placed_only_by_a_prefetch),
+      T(test_managed_prefetch_runs_in_stream_order),
+      T(test_managed_advice_is_page_granular_and_checks_locations),
+      T(test_managed_prefetch_past_free_memory_evicts_and_counts),
+      T(test_managed_device_needs_concurrent_access),
+      T(test_managed_entry_points_by_version),
   };
 #undef T
   return cmocka_run_group_tests_name("fake_cuda", tests, NULL, NULL);

@@ -98,7 +98,7 @@ static void test_table_rows_are_sane(void **state) {
   sgm_test_clean_env();
   size_t n;
   const sgm_option *t = sgm__options_table(&n);
-  assert_int_equal(n, 26);
+  assert_int_equal(n, 28);
   size_t fields[] = {
       offsetof(sgm_config, backend),        offsetof(sgm_config, device),
       offsetof(sgm_config, vram_limit),     offsetof(sgm_config, vram_fraction),
@@ -112,7 +112,8 @@ static void test_table_rows_are_sane(void **state) {
       offsetof(sgm_config, node),           offsetof(sgm_config, node_dir),
       offsetof(sgm_config, node_group),     offsetof(sgm_config, share_mode),
       offsetof(sgm_config, share_weight),   offsetof(sgm_config, vram_reserve),
-      offsetof(sgm_config, node_period_ms), offsetof(sgm_config, emu_device)};
+      offsetof(sgm_config, node_period_ms), offsetof(sgm_config, emu_device),
+      offsetof(sgm_config, pointers),       offsetof(sgm_config, emu_managed)};
   for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++) {
     int rows = 0;
     for (size_t i = 0; i < n; i++) rows += t[i].offset == fields[f];
@@ -262,6 +263,12 @@ static const env_case env_cases[] = {
     {"SGM_SHARED_CHUNK", "64MiB", "67108864"},
     {"SGM_SHARED_CHUNK", "128MiB", NULL},
     {"SGM_SHARED_CHUNK", "100K", NULL},
+    {"SGM_POINTERS", "managed", "1"},
+    {"SGM_POINTERS", "AUTO", "2"},
+    {"SGM_POINTERS", "fixed", "0"},
+    {"SGM_POINTERS", "unified", NULL},
+    {"SGM_EMU_MANAGED", "off", "0"},
+    {"SGM_EMU_MANAGED", "maybe", NULL},
     {"SGM_EMU_VRAM", "18446744073709551615", NULL},
     {"SGM_EMU_VRAM", "129T", NULL},
     {"SGM_SHARED_FALLBACK", "off", "0"},

@@ -36,6 +36,15 @@
  * cuMemHostGetDevicePointer. Every live allocation and event is in a table so
  * that free() can check it and close() can return what was leaked.
  *
+ * Managed memory (SGM_POINTERS=managed): cuMemAllocManaged, and cuMemAdvise /
+ * cuMemPrefetchAsync in their CUmemLocation forms, resolved apart from the
+ * table above for CUDA 12.2 (CUDA_MANAGED_ABI: 13.0 made the location form
+ * cuMemPrefetchAsync's default, so asking by version gets the same
+ * signature from 12.2 and 13.x drivers). A driver without them, or a device
+ * without CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, has no managed mode:
+ * managed_support() says which. A prefetch runs on the caller's stream and,
+ * as a copy, is complete when managed_prefetch() returns.
+ *
  * Copies run on the caller's stream (never while it captures a graph), or on
  * a non-blocking stream the backend owns when the caller passes NULL, and are
  * synchronised before copy() returns, as the contract asks.
@@ -135,6 +144,11 @@ _Static_assert(sizeof(size_t) == sizeof(uint64_t), "sgm's CUDA backend needs a 6
   X(cuThreadExchangeStreamCaptureMode, 10010) \
   X(cuStreamGetFlags, 5050)
 
+/* The CUDA version whose signatures the managed entry points are asked for:
+ * 12.2 introduced the CUmemLocation forms of cuMemAdvise and
+ * cuMemPrefetchAsync (PFN_..._v12020). */
+#define CUDA_MANAGED_ABI 12020
+
 typedef struct cuda_table {
 #define CUDA_MEMBER(name, abi) PFN_##name##_v##abi pfn_##name;
   CUDA_ENTRY_POINTS(CUDA_MEMBER)
@@ -149,6 +163,10 @@ static struct cuda_driver {
   int driver_version;     /* cuDriverGetVersion: 1000 * major + 10 * minor */
   int abi_version;        /* the cudaVersion entry points were resolved for */
   cuda_table fn;          /* every entry point, resolved */
+  PFN_cuMemAllocManaged_v6000 pfn_cuMemAllocManaged;   /* NULL: not offered */
+  PFN_cuMemAdvise_v12020 pfn_cuMemAdvise;              /* NULL: driver older than 12.2 */
+  PFN_cuMemPrefetchAsync_v12020 pfn_cuMemPrefetchAsync; /* NULL: driver older than 12.2 */
+  char no_managed[160];   /* why the managed entry points are missing; "" = present */
 } cuda_drv;
 static pthread_once_t cuda_drv_once = PTHREAD_ONCE_INIT;
 
@@ -212,6 +230,26 @@ static void cuda_load(void) {
   } while (0);
   CUDA_ENTRY_POINTS(CUDA_RESOLVE)
 #undef CUDA_RESOLVE
+  /* Optional: without them only managed mode is unavailable. */
+  void *mp[3] = {NULL, NULL, NULL};
+  static const char *const mnames[3] = {"cuMemAllocManaged", "cuMemAdvise", "cuMemPrefetchAsync"};
+  for (int i = 0; i < 3 && version >= CUDA_MANAGED_ABI; i++) {
+    CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SUCCESS;
+    int want = i == 0 ? abi : CUDA_MANAGED_ABI;
+    CUresult r = gpa2 ? gpa2(mnames[i], &mp[i], want, CU_GET_PROC_ADDRESS_DEFAULT, &found)
+                      : gpa1(mnames[i], &mp[i], want, CU_GET_PROC_ADDRESS_DEFAULT);
+    if (r != CUDA_SUCCESS || found != CU_GET_PROC_ADDRESS_SUCCESS) mp[i] = NULL;
+    if (!mp[i] && !cuda_drv.no_managed[0])
+      snprintf(cuda_drv.no_managed, sizeof cuda_drv.no_managed, "the driver has no %s for CUDA "
+               "%d.%d", mnames[i], want / 1000, want % 1000 / 10);
+  }
+  if (version < CUDA_MANAGED_ABI)
+    snprintf(cuda_drv.no_managed, sizeof cuda_drv.no_managed, "driver API %d.%d predates the "
+             "CUmemLocation forms of cuMemAdvise and cuMemPrefetchAsync (CUDA 12.2)",
+             version / 1000, version % 1000 / 10);
+  cuda_drv.pfn_cuMemAllocManaged = (PFN_cuMemAllocManaged_v6000)mp[0];
+  cuda_drv.pfn_cuMemAdvise = (PFN_cuMemAdvise_v12020)mp[1];
+  cuda_drv.pfn_cuMemPrefetchAsync = (PFN_cuMemPrefetchAsync_v12020)mp[2];
   cuda_drv.lib = lib;
   cuda_drv.driver_version = version;
   cuda_drv.abi_version = abi;
@@ -248,7 +286,8 @@ typedef enum cuda_obj_kind {
   CUDA_OBJ_DEVICE = 0, /* cuMemAlloc memory; key = device address */
   CUDA_OBJ_HOST = 1,   /* registered host mapping; key = host address */
   CUDA_OBJ_EVENT = 2,  /* CUevent; key = the handle */
-  CUDA_OBJ_STREAM = 3  /* a created stream seen by a transfer; key = the handle, bytes = its flags */
+  CUDA_OBJ_STREAM = 3, /* a created stream seen by a transfer; key = the handle, bytes = its flags */
+  CUDA_OBJ_MANAGED = 4 /* cuMemAllocManaged memory; key = its address */
 } cuda_obj_kind;
 
 typedef struct cuda_obj {
@@ -268,6 +307,7 @@ struct sgm_backend {
   int numa_node;              /* the GPU's NUMA node, -1 when unknown */
   int can_map_host;           /* CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY */
   int can_register_host;      /* CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED */
+  char no_managed[512];       /* why managed mode is unavailable; "" = it is (set at open) */
   char no_host_tier[256];     /* why pinned host memory is unavailable; "" = it is (under lock) */
   int verbose;                /* log level from the config */
   char pci_bus_id[32];        /* "0000:65:00.0" */
@@ -475,6 +515,8 @@ static CUresult cuda_rerecord_captured(void *event, CUstream stream, bool wait) 
   return wait ? CU(cuEventSynchronize)((CUevent)event) : CU(cuEventQuery)((CUevent)event);
 }
 
+static int cuda_managed_probe(sgm_backend *be);
+
 static int cuda_open(const sgm_config *cfg, sgm_backend **out) {
   *out = NULL;
   pthread_once(&cuda_drv_once, cuda_load);
@@ -549,6 +591,8 @@ static int cuda_open(const sgm_config *cfg, sgm_backend **out) {
   else if (!be->can_register_host)
     snprintf(be->no_host_tier, sizeof be->no_host_tier, "does not support registering host "
              "memory (CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED is 0)");
+  rc = cuda_managed_probe(be);
+  if (rc != SGM_OK) goto out_free;
   r = CU(cuDevicePrimaryCtxRetain)(&be->ctx, be->dev);
   if (r != CUDA_SUCCESS) {
     rc = cuda_fail(r, op, "cuDevicePrimaryCtxRetain", CUDA_BLAME_DRIVER);
@@ -602,7 +646,7 @@ static void cuda_close(sgm_backend *be) {
       next = o->next;
       CUresult r = CUDA_SUCCESS;
       if (entered) {
-        if (o->kind == CUDA_OBJ_DEVICE) {
+        if (o->kind == CUDA_OBJ_DEVICE || o->kind == CUDA_OBJ_MANAGED) {
           r = CU(cuMemFree)((CUdeviceptr)o->key);
           if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
         } else if (o->kind == CUDA_OBJ_HOST) {
@@ -941,6 +985,7 @@ static void cuda_counters(sgm_backend *be, sgm_backend_counters *out) {
   out->device_live_bytes = be->c.device_live_bytes;
   out->host_live_bytes = be->c.host_live_bytes;
   out->n_events_live = be->c.n_events_live;
+  out->n_managed_live = be->c.n_managed_live;
   sgm__lock_drop(&be->lock);
   out->n_device_live = n_device_live;
   out->n_host_live = n_host_live;
@@ -1277,6 +1322,180 @@ static int cuda_stream_transfer(sgm_backend *be, void *event, const sgm_stream_r
   }
 }
 
+/* ---- managed memory (see "Managed memory" in backend.h) ---- */
+
+/* At open: can this device and driver run managed mode? be->no_managed says
+ * why not. A failed attribute query fails the open (as the others do). */
+static int cuda_managed_probe(sgm_backend *be) {
+  if (cuda_drv.no_managed[0]) {
+    snprintf(be->no_managed, sizeof be->no_managed, "%s", cuda_drv.no_managed);
+    return SGM_OK;
+  }
+  int concurrent = 0;
+  CUresult r = CU(cuDeviceGetAttribute)(&concurrent, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
+                                        be->dev);
+  if (r != CUDA_SUCCESS)
+    return cuda_fail(r, "opening the device", "cuDeviceGetAttribute", CUDA_BLAME_DRIVER);
+  if (!concurrent)
+    snprintf(be->no_managed, sizeof be->no_managed, "device %d (%s) has no concurrent managed "
+             "access (CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS is 0: a GPU before Pascal, "
+             "Windows/WSL, or a virtualised GPU without it)", be->ordinal, be->name);
+  return SGM_OK;
+}
+
+static int cuda_managed_support(sgm_backend *be) {
+  if (!be->no_managed[0]) return SGM_OK;
+  return sgm__error_set(SGM_ERR_UNSUPPORTED, "CUDA: %s", be->no_managed);
+}
+
+static int cuda_managed_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
+  sgm__lock_assert_none_held();
+  *out = 0;
+  cuda_count_call(be);
+  if (bytes == 0) return sgm__error_set(SGM_ERR_INVALID, "CUDA: managed_alloc of 0 bytes");
+  if (be->no_managed[0]) return cuda_managed_support(be);
+  bytes = sgm__align_up(bytes, SGM_MANAGED_PAGE);
+  char op[64], b[32];
+  snprintf(op, sizeof op, "allocating %s of managed memory", sgm__fmt_bytes(bytes, b, sizeof b));
+  bool pushed;
+  int rc = cuda_enter(be, op, &pushed);
+  if (rc != SGM_OK) return rc;
+  CUstreamCaptureMode mode;
+  CUresult r = cuda_relax(&mode);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuThreadExchangeStreamCaptureMode", CUDA_BLAME_DRIVER);
+    goto out_leave;
+  }
+  CUdeviceptr p = 0;
+  r = cuda_drv.pfn_cuMemAllocManaged(&p, (size_t)bytes, CU_MEM_ATTACH_GLOBAL);
+  cuda_unrelax(be, mode, op);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuMemAllocManaged", CUDA_BLAME_DRIVER);
+    goto out_leave;
+  }
+  sgm__lock_take(&be->lock);
+  bool added = cuda_obj_add_locked(be, (uint64_t)p, bytes, CUDA_OBJ_MANAGED);
+  if (added) be->c.n_managed_live++;
+  sgm__lock_drop(&be->lock);
+  if (!added) {
+    if (cuda_relax(&mode) != CUDA_SUCCESS) mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    r = CU(cuMemFree)(p);
+    cuda_unrelax(be, mode, op);
+    if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
+    rc = sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
+    goto out_leave;
+  }
+  *out = (sgm_devptr)p;
+out_leave:
+  cuda_leave(be, pushed, op);
+  return rc;
+}
+
+static void cuda_managed_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
+  sgm__lock_assert_none_held();
+  if (!ptr) return;
+  const char *op = "freeing managed memory";
+  uint64_t known = 0;
+  sgm__lock_take(&be->lock);
+  bool found = cuda_obj_remove_locked(be, ptr, CUDA_OBJ_MANAGED, &known);
+  if (found) be->c.n_managed_live--;
+  sgm__lock_drop(&be->lock);
+  sgm_assert(found && known == sgm__align_up(bytes, SGM_MANAGED_PAGE));
+  if (!found) {
+    sgm__log(be->verbose, 1, "CUDA: managed_free of 0x%llx, which this backend did not allocate; "
+             "ignored", (unsigned long long)ptr);
+    return;
+  }
+  bool pushed;
+  if (cuda_enter(be, op, &pushed) != SGM_OK) {
+    sgm__log(be->verbose, 1, "CUDA: %s: %s", op, sgm_last_error());
+    return;
+  }
+  CUstreamCaptureMode mode;
+  CUresult r = cuda_relax(&mode);
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
+  r = CU(cuMemFree)((CUdeviceptr)ptr);
+  cuda_unrelax(be, mode, op);
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
+  cuda_leave(be, pushed, op);
+}
+
+/* Where host-placed managed pages go: the GPU's NUMA node when known
+ * (HOST_NUMA), else host memory wherever the kernel puts it. */
+static CUmemLocation cuda_managed_host(const sgm_backend *be) {
+  CUmemLocation l;
+  memset(&l, 0, sizeof l);
+  l.type = be->numa_node >= 0 ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_HOST;
+  l.id = be->numa_node >= 0 ? be->numa_node : 0;
+  return l;
+}
+
+static CUmemLocation cuda_managed_device(const sgm_backend *be) {
+  CUmemLocation l;
+  memset(&l, 0, sizeof l);
+  l.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  l.id = (int)be->dev;
+  return l;
+}
+
+static int cuda_managed_advise(sgm_backend *be, sgm_devptr ptr, uint64_t n, sgm_managed_advice advice) {
+  cuda_count_call(be);
+  if (be->no_managed[0]) return cuda_managed_support(be);
+  CUmem_advise a;
+  CUmemLocation l = cuda_managed_device(be);
+  switch (advice) {
+    case SGM_ADVISE_PREFER_DEVICE: a = CU_MEM_ADVISE_SET_PREFERRED_LOCATION; break;
+    case SGM_ADVISE_PREFER_HOST:
+      a = CU_MEM_ADVISE_SET_PREFERRED_LOCATION;
+      l = cuda_managed_host(be);
+      break;
+    case SGM_ADVISE_ACCESSED_BY: a = CU_MEM_ADVISE_SET_ACCESSED_BY; break;
+    case SGM_ADVISE_UNSET_ACCESSED_BY: a = CU_MEM_ADVISE_UNSET_ACCESSED_BY; break;
+    default: return sgm__error_set(SGM_ERR_INVALID, "CUDA: bad managed advice %d", (int)advice);
+  }
+  const char *op = "advising managed memory";
+  bool pushed;
+  int rc = cuda_enter(be, op, &pushed);
+  if (rc != SGM_OK) return rc;
+  CUresult r = cuda_drv.pfn_cuMemAdvise((CUdeviceptr)ptr, (size_t)n, a, l);
+  if (r != CUDA_SUCCESS) rc = cuda_fail(r, op, "cuMemAdvise", CUDA_BLAME_CALLER);
+  cuda_leave(be, pushed, op);
+  return rc;
+}
+
+static int cuda_managed_prefetch(sgm_backend *be, sgm_devptr ptr, uint64_t n, sgm_tier to,
+                                 void *stream) {
+  sgm__lock_assert_none_held();
+  cuda_count_call(be);
+  if (be->no_managed[0]) return cuda_managed_support(be);
+  if (to != SGM_TIER_VRAM && to != SGM_TIER_SHARED)
+    return sgm__error_set(SGM_ERR_INVALID, "CUDA: prefetch to tier %d (only VRAM or shared memory "
+                          "hold managed pages)", (int)to);
+  const char *op = to == SGM_TIER_VRAM ? "prefetching managed memory to the device"
+                                       : "prefetching managed memory to host memory";
+  CUstream s = stream ? (CUstream)stream : be->copy_stream;
+  bool pushed;
+  int rc = cuda_enter(be, op, &pushed);
+  if (rc != SGM_OK) return rc;
+  if (stream && (rc = cuda_capturing(s, op)) != 0) {
+    cuda_leave(be, pushed, op);
+    if (rc < 0) return rc;
+    return sgm__error_set(SGM_ERR_BUSY, "CUDA: %s: the stream is capturing a CUDA graph, so the "
+                          "prefetch would be captured instead of run; end the capture first", op);
+  }
+  CUmemLocation l = to == SGM_TIER_VRAM ? cuda_managed_device(be) : cuda_managed_host(be);
+  CUresult r = cuda_drv.pfn_cuMemPrefetchAsync((CUdeviceptr)ptr, (size_t)n, l, 0, s);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuMemPrefetchAsync", CUDA_BLAME_CALLER);
+  } else {
+    /* Complete on return, as a copy: sgm counts the pages where they are. */
+    r = CU(cuStreamSynchronize)(s);
+    if (r != CUDA_SUCCESS) rc = cuda_fail(r, op, "cuStreamSynchronize", CUDA_BLAME_CALLER);
+  }
+  cuda_leave(be, pushed, op);
+  return rc;
+}
+
 /* ---- The node registry's key: the PCI bus id names one GPU on a machine
  * whatever CUDA_VISIBLE_DEVICES does to the ordinals. ---- */
 static void cuda_device_key(sgm_backend *be, char *out, size_t len) {
@@ -1304,6 +1523,11 @@ const sgm_backend_ops sgm__backend_cuda_ops = {
     .stream_wait_event = cuda_stream_wait_event,
     .stream_transfer = cuda_stream_transfer,
     .device_key = cuda_device_key,
+    .managed_support = cuda_managed_support,
+    .managed_alloc = cuda_managed_alloc,
+    .managed_free = cuda_managed_free,
+    .managed_advise = cuda_managed_advise,
+    .managed_prefetch = cuda_managed_prefetch,
 };
 
 #else /* !CUDA_BACKEND_BUILT */

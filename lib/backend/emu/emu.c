@@ -22,7 +22,14 @@
  * taken from the capacity the node registry counts across them all, so "the
  * device is full because of others" happens here as on a GPU.
  *
- * Threading: counters are updated under one mutex; copies run unlocked.
+ * Managed memory (see "Managed memory" in backend.h and emu_managed_* below):
+ * every managed range keeps its device-placed and its host-placed bytes in
+ * two different stores (two memfds) under one stable address; a move copies
+ * the pages between the stores and re-maps them with MAP_FIXED, so a wrong
+ * offset or length in sgm's migration path shows as corrupted data.
+ *
+ * Threading: counters are updated under one mutex; copies run unlocked (but
+ * the moves of managed pages, done under the mutex: a test device).
  */
 #include <errno.h>
 #include <numa.h>
@@ -33,6 +40,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "internal.h"
@@ -45,10 +53,12 @@ struct sgm_backend {
   uint64_t total_bytes;        /* the emulated device's memory size */
   uint64_t fail_at;            /* fail the call with this number; 0 = never */
   int verbose;                 /* log level from the config */
+  bool has_managed;            /* SGM_EMU_MANAGED: Unified Memory is offered */
   sgm_backend_counters c;      /* live bytes and call count */
   struct emu_event *events;    /* live event tokens (freed by close) */
   char name[SGM_NAME_MAX];     /* SGM_EMU_DEVICE: a device shared by processes; "" = private */
   struct sgm_node *node;       /* the registry sharing its capacity (node_attach); NULL = private */
+  struct emu_managed *managed; /* live managed ranges (freed by close) */
 };
 
 /* An event token: see "Events" below. */
@@ -66,6 +76,8 @@ static bool emu_inject(sgm_backend *be) {
   return be->fail_at != 0 && n == be->fail_at;
 }
 
+static void emu_managed_close(sgm_backend *be);
+
 static int emu_open(const sgm_config *cfg, sgm_backend **out) {
   *out = NULL;
   /* open() is call number 1 for the fault knob. */
@@ -81,6 +93,7 @@ static int emu_open(const sgm_config *cfg, sgm_backend **out) {
   be->total_bytes = cfg->emu_vram_bytes;
   be->fail_at = cfg->emu_fail_at;
   be->verbose = cfg->verbose;
+  be->has_managed = cfg->emu_managed != 0;
   be->c.n_calls = 1;
   snprintf(be->name, sizeof be->name, "%s", cfg->emu_device);
   *out = be;
@@ -89,16 +102,18 @@ static int emu_open(const sgm_config *cfg, sgm_backend **out) {
 
 static void emu_close(sgm_backend *be) {
   if (!be) return;
-  if (be->c.n_device_live || be->c.n_host_live || be->c.n_events_live)
+  if (be->c.n_device_live || be->c.n_host_live || be->c.n_events_live || be->c.n_managed_live)
     sgm__log(be->verbose, 1,
-             "emulated device closed with %llu device and %llu host allocations and %llu events live",
+             "emulated device closed with %llu device, %llu host and %llu managed allocations and "
+             "%llu events live",
              (unsigned long long)be->c.n_device_live, (unsigned long long)be->c.n_host_live,
-             (unsigned long long)be->c.n_events_live);
+             (unsigned long long)be->c.n_managed_live, (unsigned long long)be->c.n_events_live);
   while (be->events) {
     emu_event *ev = be->events;
     be->events = ev->next;
     free(ev);
   }
+  emu_managed_close(be);
   sgm__lock_destroy(&be->mu);
   free(be);
 }
@@ -118,10 +133,15 @@ static int emu_mem_info(sgm_backend *be, uint64_t *free_bytes, uint64_t *total_b
     return SGM_OK;
   }
   sgm__lock_take(&be->mu);
-  *free_bytes = be->total_bytes - be->c.device_live_bytes;
+  *free_bytes = be->total_bytes - be->c.device_live_bytes - be->c.managed_device_bytes;
   *total_bytes = be->total_bytes;
   sgm__lock_drop(&be->mu);
   return SGM_OK;
+}
+
+/* Device memory not taken by allocations nor by managed pages placed there. */
+static uint64_t emu_device_free_locked(const sgm_backend *be) {
+  return be->total_bytes - be->c.device_live_bytes - be->c.managed_device_bytes;
 }
 
 static uint64_t emu_accounted(uint64_t bytes) { return sgm__align_up(bytes, SGM_DEVICE_ALIGN); }
@@ -147,12 +167,12 @@ static int emu_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
     }
   } else {
     sgm__lock_take(&be->mu);
-    fits = acc <= be->total_bytes - be->c.device_live_bytes;
+    fits = acc <= emu_device_free_locked(be);
     if (fits) {
       be->c.device_live_bytes += acc;
       be->c.n_device_live++;
     }
-    free_now = be->total_bytes - be->c.device_live_bytes;
+    free_now = emu_device_free_locked(be);
     sgm__lock_drop(&be->mu);
   }
   if (!fits) {
@@ -343,6 +363,253 @@ static int emu_stream_transfer(sgm_backend *be, void *event, const sgm_stream_re
   return SGM_OK;
 }
 
+/*
+ * Managed memory. A range is reserved as one mapping at a stable, page
+ * aligned address; each SGM_MANAGED_PAGE page of it maps the same offset of
+ * one of two memfd stores: the device store (VRAM) or the host store. Each
+ * store is also mapped whole at a private "shadow" address, through which a
+ * move copies a run of pages before re-mapping the run from the other store.
+ * Pages never prefetched sit in the host store, placed nowhere (CUDA places a
+ * page on first touch; sgm prefetches every block it hands out).
+ *
+ *   view    [dev][dev][host][host][dev]...   one address, what users touch
+ *   shadow0 [ d ][ d ][    ][    ][ d ]      the device store's bytes
+ *   shadow1 [   ][   ][ h  ][ h  ][   ]      the host store's bytes
+ *
+ * A store's pages are not punched when they move out: a round trip reuses
+ * them (the real device keeps its memory too), and the range's close frees
+ * both. Everything here runs under be->mu.
+ */
+
+enum { EMU_AT_DEVICE = 0, EMU_AT_HOST = 1, EMU_AT_NONE = 2 };
+/* Advice bits per page. */
+#define EMU_ADV_PREFER_DEVICE 1u
+#define EMU_ADV_PREFER_HOST 2u
+#define EMU_ADV_ACCESSED_BY 4u
+
+typedef struct emu_managed {
+  uintptr_t base;           /* the stable address users see */
+  uint64_t len;             /* bytes, a multiple of SGM_MANAGED_PAGE */
+  int fd[2];                /* the stores: [EMU_AT_DEVICE], [EMU_AT_HOST] */
+  char *shadow[2];          /* each store mapped whole, for copies */
+  uint8_t *at;              /* per page: EMU_AT_DEVICE / _HOST / _NONE */
+  uint8_t *advice;          /* per page: EMU_ADV_* bits */
+  struct emu_managed *next; /* the backend's list of live ranges */
+} emu_managed;
+
+static void emu_managed_destroy(emu_managed *m) {
+  for (int s = 0; s < 2; s++) {
+    if (m->shadow[s]) munmap(m->shadow[s], m->len);
+    if (m->fd[s] >= 0) close(m->fd[s]);
+  }
+  if (m->base) munmap((void *)m->base, m->len);
+  free(m->at);
+  free(m->advice);
+  free(m);
+}
+
+/* Bytes of m's pages at where. */
+static uint64_t emu_managed_count(const emu_managed *m, int where) {
+  uint64_t n = 0;
+  for (uint64_t i = 0; i < m->len / SGM_MANAGED_PAGE; i++) n += m->at[i] == where;
+  return n * SGM_MANAGED_PAGE;
+}
+
+static void emu_managed_close(sgm_backend *be) {
+  while (be->managed) {
+    emu_managed *m = be->managed;
+    be->managed = m->next;
+    emu_managed_destroy(m);
+  }
+}
+
+/* The live range holding [ptr, ptr + n) (be->mu held); NULL if none holds it whole. */
+static emu_managed *emu_managed_find_locked(sgm_backend *be, uint64_t ptr, uint64_t n) {
+  for (emu_managed *m = be->managed; m; m = m->next)
+    if (ptr >= m->base && ptr - m->base < m->len) return n <= m->len - (ptr - m->base) ? m : NULL;
+  return NULL;
+}
+
+static int emu_managed_support(sgm_backend *be) {
+  if (be->has_managed) return SGM_OK;
+  return sgm__error_set(SGM_ERR_UNSUPPORTED, "the emulated device has no concurrent managed access "
+                        "(SGM_EMU_MANAGED=off), as a GPU before Pascal or a driver without Unified "
+                        "Memory");
+}
+
+static int emu_managed_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
+  sgm__lock_assert_none_held();
+  *out = 0;
+  if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (managed_alloc)");
+  if (bytes == 0) return sgm__error_set(SGM_ERR_INVALID, "emulated device: managed_alloc of 0 bytes");
+  uint64_t len = sgm__align_up(bytes, SGM_MANAGED_PAGE);
+  uint64_t pages = len / SGM_MANAGED_PAGE;
+  emu_managed *m = calloc(1, sizeof *m);
+  if (!m) return sgm__error_set(SGM_ERR_NOMEM, "emulated device: out of host memory");
+  m->len = len;
+  m->fd[0] = m->fd[1] = -1;
+  m->at = malloc(pages);
+  m->advice = calloc(pages, 1);
+  const char *what = "out of host memory";
+  int e = ENOMEM;
+  if (!m->at || !m->advice) goto out_fail;
+  memset(m->at, EMU_AT_NONE, pages);
+  for (int s = 0; s < 2; s++) {
+    what = "memfd_create";
+    m->fd[s] = memfd_create(s == EMU_AT_DEVICE ? "sgm-emu-vram" : "sgm-emu-host", MFD_CLOEXEC);
+    if (m->fd[s] < 0) goto out_errno;
+    what = "ftruncate";
+    if (ftruncate(m->fd[s], (off_t)len) != 0) goto out_errno;
+    what = "mmap";
+    void *sh = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd[s], 0);
+    if (sh == MAP_FAILED) goto out_errno;
+    m->shadow[s] = sh;
+  }
+  /* Reserve len + a page, keep the aligned part, map the host store there. */
+  char *r = mmap(NULL, len + SGM_MANAGED_PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (r == MAP_FAILED) goto out_errno;
+  uintptr_t base = sgm__align_up((uintptr_t)r, SGM_MANAGED_PAGE);
+  if (base > (uintptr_t)r) munmap(r, base - (uintptr_t)r);
+  uintptr_t end = (uintptr_t)r + len + SGM_MANAGED_PAGE;
+  if (end > base + len) munmap((void *)(base + len), end - (base + len));
+  if (mmap((void *)base, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, m->fd[EMU_AT_HOST], 0) ==
+      MAP_FAILED) {
+    e = errno;
+    munmap((void *)base, len);
+    goto out_fail;
+  }
+  m->base = base;
+  sgm__lock_take(&be->mu);
+  m->next = be->managed;
+  be->managed = m;
+  be->c.n_managed_live++;
+  sgm__lock_drop(&be->mu);
+  *out = base;
+  return SGM_OK;
+
+out_errno:
+  e = errno;
+out_fail:
+  emu_managed_destroy(m);
+  return sgm__error_set(SGM_ERR_NOMEM, "emulated device: managed_alloc of %llu bytes: %s failed: %s",
+                        (unsigned long long)bytes, what, strerror(e));
+}
+
+static void emu_managed_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
+  sgm__lock_assert_none_held();
+  if (!ptr) return;
+  sgm__lock_take(&be->mu);
+  emu_managed **pp = &be->managed;
+  while (*pp && (*pp)->base != ptr) pp = &(*pp)->next;
+  emu_managed *m = *pp;
+  sgm_assert(m && m->len == sgm__align_up(bytes, SGM_MANAGED_PAGE));
+  if (m) {
+    *pp = m->next;
+    be->c.n_managed_live--;
+    be->c.managed_device_bytes -= emu_managed_count(m, EMU_AT_DEVICE);
+    be->c.managed_host_bytes -= emu_managed_count(m, EMU_AT_HOST);
+  }
+  sgm__lock_drop(&be->mu);
+  if (m) emu_managed_destroy(m);
+}
+
+static int emu_managed_advise(sgm_backend *be, sgm_devptr ptr, uint64_t n, sgm_managed_advice advice) {
+  if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (managed_advise)");
+  if (advice > SGM_ADVISE_UNSET_ACCESSED_BY)
+    return sgm__error_set(SGM_ERR_INVALID, "emulated device: bad advice %d", (int)advice);
+  sgm__lock_take(&be->mu);
+  emu_managed *m = emu_managed_find_locked(be, ptr, n);
+  if (!m || n == 0) {
+    sgm__lock_drop(&be->mu);
+    return sgm__error_set(SGM_ERR_INVALID, "emulated device: advice on [0x%llx, +%llu), which is "
+                          "not inside one managed range", (unsigned long long)ptr,
+                          (unsigned long long)n);
+  }
+  uint64_t p0 = (ptr - m->base) / SGM_MANAGED_PAGE;
+  uint64_t p1 = sgm__align_up(ptr - m->base + n, SGM_MANAGED_PAGE) / SGM_MANAGED_PAGE;
+  for (uint64_t i = p0; i < p1; i++) {
+    uint8_t *a = &m->advice[i];
+    switch (advice) {
+    case SGM_ADVISE_PREFER_DEVICE: *a = (uint8_t)((*a & ~EMU_ADV_PREFER_HOST) | EMU_ADV_PREFER_DEVICE); break;
+    case SGM_ADVISE_PREFER_HOST: *a = (uint8_t)((*a & ~EMU_ADV_PREFER_DEVICE) | EMU_ADV_PREFER_HOST); break;
+    case SGM_ADVISE_ACCESSED_BY: *a |= EMU_ADV_ACCESSED_BY; break;
+    case SGM_ADVISE_UNSET_ACCESSED_BY: *a &= (uint8_t)~EMU_ADV_ACCESSED_BY; break;
+    }
+  }
+  sgm__lock_drop(&be->mu);
+  return SGM_OK;
+}
+
+/* Move pages [p0, p1) of m to store `to`, a run of neighbours at a time (be->mu held). */
+static int emu_managed_move_locked(sgm_backend *be, emu_managed *m, uint64_t p0, uint64_t p1, int to) {
+  uint64_t i = p0;
+  bool moved = false;
+  while (i < p1) {
+    if (m->at[i] == to) {
+      i++;
+      continue;
+    }
+    int from = m->at[i] == EMU_AT_DEVICE ? EMU_AT_DEVICE : EMU_AT_HOST; /* NONE: host store */
+    uint64_t j = i + 1;
+    while (j < p1 && m->at[j] != to && (m->at[j] == EMU_AT_DEVICE ? EMU_AT_DEVICE : EMU_AT_HOST) == from)
+      j++;
+    uint64_t off = i * SGM_MANAGED_PAGE, len = (j - i) * SGM_MANAGED_PAGE;
+    memcpy(m->shadow[to] + off, m->shadow[from] + off, len);
+    if (mmap((void *)(m->base + off), len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, m->fd[to],
+             (off_t)off) == MAP_FAILED)
+      return sgm__error_set(SGM_ERR_BACKEND, "emulated device: re-mapping managed pages failed: %s",
+                            strerror(errno));
+    for (uint64_t k = i; k < j; k++) {
+      if (m->at[k] == EMU_AT_DEVICE) be->c.managed_device_bytes -= SGM_MANAGED_PAGE;
+      if (m->at[k] == EMU_AT_HOST) be->c.managed_host_bytes -= SGM_MANAGED_PAGE;
+      m->at[k] = (uint8_t)to;
+    }
+    if (to == EMU_AT_DEVICE) be->c.managed_device_bytes += len;
+    else be->c.managed_host_bytes += len;
+    moved = true;
+    i = j;
+  }
+  if (moved) be->c.n_managed_moves++;
+  return SGM_OK;
+}
+
+static int emu_managed_prefetch(sgm_backend *be, sgm_devptr ptr, uint64_t n, sgm_tier to, void *stream) {
+  sgm__lock_assert_none_held();
+  (void)stream; /* done before returning, like every emulated copy */
+  if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (managed_prefetch)");
+  if (to != SGM_TIER_VRAM && to != SGM_TIER_SHARED)
+    return sgm__error_set(SGM_ERR_INVALID, "emulated device: prefetch to tier %d (only VRAM or shared "
+                          "memory hold managed pages)", (int)to);
+  sgm__lock_take(&be->mu);
+  emu_managed *m = emu_managed_find_locked(be, ptr, n);
+  int rc = SGM_OK;
+  if (!m || n == 0) {
+    rc = sgm__error_set(SGM_ERR_INVALID, "emulated device: prefetch of [0x%llx, +%llu), which is "
+                        "not inside one managed range", (unsigned long long)ptr, (unsigned long long)n);
+    goto out;
+  }
+  uint64_t p0 = (ptr - m->base) / SGM_MANAGED_PAGE;
+  uint64_t p1 = sgm__align_up(ptr - m->base + n, SGM_MANAGED_PAGE) / SGM_MANAGED_PAGE;
+  int dst = to == SGM_TIER_VRAM ? EMU_AT_DEVICE : EMU_AT_HOST;
+  if (dst == EMU_AT_DEVICE) {
+    uint64_t need = 0;
+    for (uint64_t i = p0; i < p1; i++) need += m->at[i] != EMU_AT_DEVICE ? SGM_MANAGED_PAGE : 0;
+    if (need > emu_device_free_locked(be)) {
+      char a[32], f[32];
+      rc = sgm__error_set(SGM_ERR_NOMEM, "emulated device: prefetching %s of managed memory to the "
+                          "device would oversubscribe it (%s free); the driver would evict pages on "
+                          "its own, which sgm must never make it do",
+                          sgm__fmt_bytes(need, a, sizeof a),
+                          sgm__fmt_bytes(emu_device_free_locked(be), f, sizeof f));
+      goto out;
+    }
+  }
+  rc = emu_managed_move_locked(be, m, p0, p1, dst);
+out:
+  sgm__lock_drop(&be->mu);
+  return rc;
+}
+
 static void emu_counters(sgm_backend *be, sgm_backend_counters *out) {
   sgm__lock_take(&be->mu);
   *out = be->c;
@@ -389,4 +656,9 @@ const sgm_backend_ops sgm__backend_emu_ops = {
     .stream_transfer = emu_stream_transfer,
     .device_key = emu_device_key,
     .node_attach = emu_node_attach,
+    .managed_support = emu_managed_support,
+    .managed_alloc = emu_managed_alloc,
+    .managed_free = emu_managed_free,
+    .managed_advise = emu_managed_advise,
+    .managed_prefetch = emu_managed_prefetch,
 };

@@ -99,6 +99,25 @@
  *    3.2) are not implemented: SYMBOL_NOT_FOUND. Per-thread default stream
  *    variants (_ptsz) for PER_THREAD_DEFAULT_STREAM. Versioned names
  *    ("cuMemAlloc_v2") are not base names: not found.
+ *  - Managed memory (cuMemAllocManaged, cuMemAdvise, cuMemPrefetchAsync):
+ *    flags CU_MEM_ATTACH_GLOBAL or _HOST, size > 0; no page placed until
+ *    prefetched (as physical memory is populated on first touch). Advice
+ *    and prefetches take a range inside one managed allocation (else
+ *    INVALID_VALUE), widened to whole host pages; cuMemAdvise checks its
+ *    CUmemLocation as the driver documents (preferred location: DEVICE with
+ *    a valid ordinal, HOST, HOST_NUMA with id >= 0, HOST_NUMA_CURRENT;
+ *    accessed-by: DEVICE or HOST only; a device needs concurrent managed
+ *    access, else INVALID_DEVICE), cuMemPrefetchAsync likewise and flags 0.
+ *    A prefetch is an operation of its stream: the pages move when it runs,
+ *    after everything queued before it. Device-placed pages count as device
+ *    memory in cuMemGetInfo; a prefetch that does not fit evicts other
+ *    managed pages to host memory as the driver may, and counts them
+ *    (stats: managed_evicted_bytes — what sgm must never make happen).
+ *    CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS is FAKE_CUDA_CONCURRENT_MANAGED
+ *    (default 1). cuGetProcAddress answers "cuMemAdvise" and
+ *    "cuMemPrefetchAsync" with the CUdevice forms below 12.2 and the
+ *    CUmemLocation forms from 12.2 (13.0's default). cuMemFree frees managed
+ *    ranges too, after the queued work that touches them.
  *  - Every entry point counts its calls (fake_cuda_calls(name)).
  *
  * The control API (fake_cuda.h) has the prefix fake_cuda_; tests hold work
@@ -162,7 +181,8 @@
   X(cuStreamQuery) X(cuStreamWaitEvent) X(cuStreamGetPriority) X(cuStreamGetFlags)             \
   X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) X(cuEventDestroy)    \
   X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing)                         \
-  X(cuStreamGetCaptureInfo) X(cuThreadExchangeStreamCaptureMode) X(cuGraphDestroy)
+  X(cuStreamGetCaptureInfo) X(cuThreadExchangeStreamCaptureMode) X(cuGraphDestroy)           \
+  X(cuMemAllocManaged) X(cuMemAdvise) X(cuMemPrefetchAsync)
 
 enum {
 #define FAKE_ID_ROW(name) FAKE_ID_##name,
@@ -189,6 +209,7 @@ typedef enum fake_op_kind {
   FAKE_OP_MEMSET, /* memset(dst, value, n) */
   FAKE_OP_RECORD, /* an event record: nothing to do but complete */
   FAKE_OP_WAIT,   /* a cuStreamWaitEvent / implicit-sync marker: only its deps */
+  FAKE_OP_PREFETCH, /* move managed pages of [dst, dst + n) to value (FAKE_AT_*) */
 } fake_op_kind;
 
 /* One queued operation. Operations are reference counted: the queue holds
@@ -267,6 +288,20 @@ typedef struct fake_dalloc {
   struct fake_dalloc *next; /* list of live allocations */
 } fake_dalloc;
 
+/* Where a managed page is (fake_managed.at). */
+enum { FAKE_AT_NONE = 0, FAKE_AT_DEVICE = 1, FAKE_AT_HOST = 2 };
+
+typedef struct fake_managed {
+  uintptr_t base;           /* address (host = device, unified) */
+  size_t size;              /* bytes asked for */
+  size_t mapped;            /* bytes mapped (page-rounded) */
+  int device;               /* the context's device (whose memory device-placed pages use) */
+  uint8_t *at;              /* per FAKE_PAGE: FAKE_AT_* */
+  int8_t *preferred;        /* per page: CUmemLocationType of the preferred location, -1 none */
+  uint8_t *accessed_by;     /* per page: 1 = SET_ACCESSED_BY for the device or host */
+  struct fake_managed *next; /* list of live managed allocations */
+} fake_managed;
+
 typedef struct fake_hreg {
   uintptr_t base;           /* registered host range start, as given */
   size_t size;              /* its length, as given */
@@ -309,6 +344,8 @@ static struct {
   uint64_t n_global_captures; /* ongoing captures begun in GLOBAL mode */
   fake_dalloc *dallocs;     /* live device allocations */
   fake_hreg *hregs;         /* live host registrations */
+  fake_managed *manageds;   /* live managed allocations */
+  uint64_t managed_evicted; /* bytes of managed pages evicted to make room for a prefetch */
   uint64_t registered_bytes; /* page-rounded bytes of hregs */
   struct CUstream_st *streams; /* all streams (user, test, legacy, per-thread, draining) */
   struct CUevent_st *events;   /* live events */
@@ -689,6 +726,10 @@ static void fake_execute(fake_op *op, int poisoned) {
     memset((void *)op->dst, op->value, op->n);
 }
 
+static void fake_managed_move_locked(uintptr_t addr, size_t n, int to);
+static CUresult fake_managed_free(uintptr_t base);
+static CUresult fake_target_locked(CUstream h, struct CUctx_st **c, struct CUstream_st **s);
+
 /* Run op (runnable, taken by the caller): drops F.mu while it works. */
 static void fake_run_locked(fake_op *op) {
   op->running = 1;
@@ -702,6 +743,7 @@ static void fake_run_locked(fake_op *op) {
   }
   fake_execute(op, poisoned);
   pthread_mutex_lock(&F.mu);
+  if (op->kind == FAKE_OP_PREFETCH && !poisoned) fake_managed_move_locked(op->dst, op->n, op->value);
   struct CUstream_st *s = op->stream;
   op->running = 0;
   op->done = 1;
@@ -857,7 +899,7 @@ static void fake_wait_range_locked(uintptr_t base, size_t n) {
     fake_op *busy = NULL;
     for (struct CUstream_st *s = F.streams; s && !busy; s = s->next)
       for (fake_op *op = s->head; op && !busy; op = op->next)
-        if ((op->kind == FAKE_OP_COPY || op->kind == FAKE_OP_MEMSET) &&
+        if ((op->kind == FAKE_OP_COPY || op->kind == FAKE_OP_MEMSET || op->kind == FAKE_OP_PREFETCH) &&
             (fake_ranges_overlap(op->dst, op->n, base, n) ||
              (op->kind == FAKE_OP_COPY && !op->staged && fake_ranges_overlap(op->src, op->n, base, n))))
           busy = op;
@@ -872,6 +914,8 @@ static void fake_wait_range_locked(uintptr_t base, size_t n) {
 static bool fake_device_range_locked(uintptr_t addr, size_t n) {
   for (fake_dalloc *a = F.dallocs; a; a = a->next)
     if (addr >= a->base && n <= a->size && addr - a->base <= a->size - n) return true;
+  for (fake_managed *m = F.manageds; m; m = m->next)
+    if (addr >= m->base && n <= m->size && addr - m->base <= m->size - n) return true;
   for (fake_hreg *h = F.hregs; h; h = h->next)
     if ((h->flags & CU_MEMHOSTREGISTER_DEVICEMAP) && addr >= h->base && n <= h->size &&
         addr - h->base <= h->size - n)
@@ -983,6 +1027,12 @@ FAKE_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdev
       break;
     case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED:
       *pi = (int)fake_env_long("FAKE_CUDA_HOST_REGISTER_SUPPORTED", 1);
+      break;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
+      *pi = (int)fake_env_long("FAKE_CUDA_CONCURRENT_MANAGED", 1);
+      break;
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
+      *pi = 1;
       break;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
     case CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED:
@@ -1193,7 +1243,10 @@ FAKE_API CUresult cuMemFree(CUdeviceptr dptr) {
   if (r == CUDA_SUCCESS) {
     for (fake_dalloc *a = F.dallocs; a; a = a->next)
       if (a->base == (uintptr_t)dptr) found = a;
-    if (!found) r = CUDA_ERROR_INVALID_VALUE;
+    if (!found) {
+      pthread_mutex_unlock(&F.mu);
+      return fake_managed_free((uintptr_t)dptr);
+    }
   }
   if (found) {
     /* The driver synchronises before freeing: no queued copy may still
@@ -1212,6 +1265,204 @@ FAKE_API CUresult cuMemFree(CUdeviceptr dptr) {
     free(found);
   }
   return r;
+}
+
+/* ---- managed memory ---- */
+
+static fake_managed *fake_managed_of_locked(uintptr_t addr, size_t n) {
+  for (fake_managed *m = F.manageds; m; m = m->next)
+    if (addr >= m->base && n <= m->size && addr - m->base <= m->size - n) return m;
+  return NULL;
+}
+
+/* The driver's own eviction: device-placed managed pages of other ranges go
+ * to host memory until `need` bytes are free on device (counted). */
+static void fake_managed_evict_locked(int device, uint64_t need, const fake_managed *keep) {
+  for (fake_managed *m = F.manageds; m && fake_free_mem_locked(device) < need; m = m->next) {
+    if (m == keep || m->device != device) continue;
+    for (size_t i = 0; i < m->mapped / FAKE_PAGE && fake_free_mem_locked(device) < need; i++) {
+      if (m->at[i] != FAKE_AT_DEVICE) continue;
+      m->at[i] = FAKE_AT_HOST;
+      F.used_mem[device] -= FAKE_PAGE;
+      F.managed_evicted += FAKE_PAGE;
+    }
+  }
+}
+
+/* A prefetch runs: pages of [addr, addr + n) move to `to` (F.mu held). */
+static void fake_managed_move_locked(uintptr_t addr, size_t n, int to) {
+  fake_managed *m = fake_managed_of_locked(addr, n);
+  if (!m) return; /* freed meanwhile: cuMemFree waits for prefetches, so never */
+  size_t p0 = (addr - m->base) / FAKE_PAGE;
+  size_t p1 = (addr - m->base + n + FAKE_PAGE - 1) / FAKE_PAGE;
+  if (to == FAKE_AT_DEVICE) {
+    uint64_t need = 0;
+    for (size_t i = p0; i < p1; i++) need += m->at[i] != FAKE_AT_DEVICE ? FAKE_PAGE : 0;
+    if (need > fake_free_mem_locked(m->device)) fake_managed_evict_locked(m->device, need, m);
+  }
+  for (size_t i = p0; i < p1; i++) {
+    if (m->at[i] == to) continue;
+    if (m->at[i] == FAKE_AT_DEVICE) F.used_mem[m->device] -= FAKE_PAGE;
+    if (to == FAKE_AT_DEVICE) F.used_mem[m->device] += FAKE_PAGE;
+    m->at[i] = (uint8_t)to;
+  }
+}
+
+static CUresult fake_managed_free(uintptr_t base) {
+  pthread_mutex_lock(&F.mu);
+  fake_managed *found = NULL;
+  for (fake_managed **pp = &F.manageds; *pp; pp = &(*pp)->next)
+    if ((*pp)->base == base) {
+      found = *pp;
+      break;
+    }
+  if (!found) {
+    pthread_mutex_unlock(&F.mu);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  fake_wait_range_locked(found->base, found->size);
+  for (fake_managed **pp = &F.manageds; *pp; pp = &(*pp)->next)
+    if (*pp == found) {
+      *pp = found->next;
+      break;
+    }
+  for (size_t i = 0; i < found->mapped / FAKE_PAGE; i++)
+    if (found->at[i] == FAKE_AT_DEVICE) F.used_mem[found->device] -= FAKE_PAGE;
+  pthread_mutex_unlock(&F.mu);
+  munmap((void *)found->base, found->mapped);
+  free(found->at);
+  free(found->preferred);
+  free(found->accessed_by);
+  free(found);
+  return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+  FAKE_COUNT(cuMemAllocManaged);
+  if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+  *dptr = 0;
+  if (bytesize == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&F.mu);
+  struct CUctx_st *c = NULL;
+  CUresult r = fake_need_ctx_locked(&c);
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked();
+  pthread_mutex_unlock(&F.mu);
+  if (r != CUDA_SUCCESS) return r;
+  size_t mapped = (bytesize + FAKE_PAGE - 1) & ~(size_t)(FAKE_PAGE - 1);
+  size_t pages = mapped / FAKE_PAGE;
+  fake_managed *m = calloc(1, sizeof *m);
+  void *p = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  if (m) {
+    m->at = calloc(pages, 1);
+    m->preferred = malloc(pages);
+    m->accessed_by = calloc(pages, 1);
+  }
+  if (!m || p == MAP_FAILED || !m->at || !m->preferred || !m->accessed_by) {
+    if (p != MAP_FAILED) munmap(p, mapped);
+    if (m) {
+      free(m->at);
+      free(m->preferred);
+      free(m->accessed_by);
+      free(m);
+    }
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  memset(m->preferred, -1, pages);
+  m->base = (uintptr_t)p;
+  m->size = bytesize;
+  m->mapped = mapped;
+  m->device = c->device;
+  pthread_mutex_lock(&F.mu);
+  m->next = F.manageds;
+  F.manageds = m;
+  pthread_mutex_unlock(&F.mu);
+  *dptr = (CUdeviceptr)(uintptr_t)p;
+  return CUDA_SUCCESS;
+}
+
+/* A location a prefetch may target, or preferred-location advice name. */
+static CUresult fake_check_location_locked(CUmemLocation l, bool accessed_by) {
+  switch (l.type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+      if (l.id < 0 || l.id >= F.device_count) return CUDA_ERROR_INVALID_DEVICE;
+      if (!fake_env_long("FAKE_CUDA_CONCURRENT_MANAGED", 1)) return CUDA_ERROR_INVALID_DEVICE;
+      return CUDA_SUCCESS;
+    case CU_MEM_LOCATION_TYPE_HOST: return CUDA_SUCCESS;
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+      return !accessed_by && l.id >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+      return accessed_by ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+FAKE_API CUresult cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUmemLocation location) {
+  FAKE_COUNT(cuMemAdvise);
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_need_ctx_locked(NULL);
+  fake_managed *m = NULL;
+  if (r == CUDA_SUCCESS && (count == 0 || !(m = fake_managed_of_locked((uintptr_t)devPtr, count))))
+    r = CUDA_ERROR_INVALID_VALUE;
+  bool loc_used = advice == CU_MEM_ADVISE_SET_PREFERRED_LOCATION ||
+                  advice == CU_MEM_ADVISE_SET_ACCESSED_BY || advice == CU_MEM_ADVISE_UNSET_ACCESSED_BY;
+  if (r == CUDA_SUCCESS && (advice < CU_MEM_ADVISE_SET_READ_MOSTLY || advice > CU_MEM_ADVISE_UNSET_ACCESSED_BY))
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && loc_used)
+    r = fake_check_location_locked(location, advice != CU_MEM_ADVISE_SET_PREFERRED_LOCATION);
+  if (r == CUDA_SUCCESS) {
+    size_t p0 = ((uintptr_t)devPtr - m->base) / FAKE_PAGE;
+    size_t p1 = ((uintptr_t)devPtr - m->base + count + FAKE_PAGE - 1) / FAKE_PAGE;
+    for (size_t i = p0; i < p1; i++) {
+      if (advice == CU_MEM_ADVISE_SET_PREFERRED_LOCATION) m->preferred[i] = (int8_t)location.type;
+      if (advice == CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION) m->preferred[i] = -1;
+      if (advice == CU_MEM_ADVISE_SET_ACCESSED_BY) m->accessed_by[i] = 1;
+      if (advice == CU_MEM_ADVISE_UNSET_ACCESSED_BY) m->accessed_by[i] = 0;
+    }
+  }
+  pthread_mutex_unlock(&F.mu);
+  return r;
+}
+
+/* The CUDA 8.0 form: a device ordinal, CU_DEVICE_CPU for host memory. */
+static CUresult fake_mem_advise_v1(CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUdevice device) {
+  CUmemLocation l = {.type = device == CU_DEVICE_CPU ? CU_MEM_LOCATION_TYPE_HOST
+                                                     : CU_MEM_LOCATION_TYPE_DEVICE,
+                     .id = device == CU_DEVICE_CPU ? 0 : device};
+  return cuMemAdvise(devPtr, count, advice, l);
+}
+
+FAKE_API CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUmemLocation location,
+                                     unsigned int flags, CUstream hStream) {
+  FAKE_COUNT(cuMemPrefetchAsync);
+  fake_op *op = calloc(1, sizeof *op);
+  if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+  op->kind = FAKE_OP_PREFETCH;
+  op->dst = (uintptr_t)devPtr;
+  op->n = count;
+  op->value = location.type == CU_MEM_LOCATION_TYPE_DEVICE ? FAKE_AT_DEVICE : FAKE_AT_HOST;
+  pthread_mutex_lock(&F.mu);
+  struct CUctx_st *c = NULL;
+  struct CUstream_st *s = NULL;
+  CUresult r = fake_target_locked(hStream, &c, &s);
+  if (r == CUDA_SUCCESS && (flags != 0 || count == 0 || !fake_managed_of_locked((uintptr_t)devPtr, count)))
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = fake_check_location_locked(location, false);
+  if (r == CUDA_SUCCESS) {
+    r = fake_enqueue_locked(s, op, NULL);
+    op = NULL;
+  }
+  pthread_mutex_unlock(&F.mu);
+  free(op);
+  return r;
+}
+
+static CUresult fake_prefetch_v1(CUdeviceptr devPtr, size_t count, CUdevice dst, CUstream h) {
+  CUmemLocation l = {.type = dst == CU_DEVICE_CPU ? CU_MEM_LOCATION_TYPE_HOST
+                                                  : CU_MEM_LOCATION_TYPE_DEVICE,
+                     .id = dst == CU_DEVICE_CPU ? 0 : dst};
+  return cuMemPrefetchAsync(devPtr, count, l, 0, h);
 }
 
 /* ---- host registration ---- */
@@ -1922,6 +2173,13 @@ FAKE_API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
 
 static CUstream fake_ptsz(CUstream s) { return s == NULL ? CU_STREAM_PER_THREAD : s; }
 
+static CUresult fake_prefetch_ptsz(CUdeviceptr d, size_t n, CUmemLocation l, unsigned f, CUstream h) {
+  return cuMemPrefetchAsync(d, n, l, f, fake_ptsz(h));
+}
+static CUresult fake_prefetch_v1_ptsz(CUdeviceptr d, size_t n, CUdevice dst, CUstream h) {
+  return fake_prefetch_v1(d, n, dst, fake_ptsz(h));
+}
+
 static CUresult fake_memcpy_htod_ptsz(CUdeviceptr d, const void *s, size_t n, CUstream h) {
   return cuMemcpyHtoDAsync(d, s, n, fake_ptsz(h));
 }
@@ -2035,7 +2293,12 @@ static CUresult fake_get_proc_address_v1(const char *symbol, void **pfn, int cud
   X(cuStreamGetCaptureInfo, 10010, 11030, fake_get_capture_info_v2, fake_capture_info_v2_ptsz)  \
   X(cuStreamGetCaptureInfo, 10010, 12030, cuStreamGetCaptureInfo, fake_capture_info_v3_ptsz)    \
   X(cuThreadExchangeStreamCaptureMode, 10010, 10010, cuThreadExchangeStreamCaptureMode, NULL)   \
-  X(cuGraphDestroy, 10000, 10000, cuGraphDestroy, NULL)
+  X(cuGraphDestroy, 10000, 10000, cuGraphDestroy, NULL)                                         \
+  X(cuMemAllocManaged, 6000, 6000, cuMemAllocManaged, NULL)                                     \
+  X(cuMemAdvise, 8000, 8000, fake_mem_advise_v1, NULL)                                          \
+  X(cuMemAdvise, 8000, 12020, cuMemAdvise, NULL)                                                \
+  X(cuMemPrefetchAsync, 8000, 8000, fake_prefetch_v1, fake_prefetch_v1_ptsz)                    \
+  X(cuMemPrefetchAsync, 8000, 12020, cuMemPrefetchAsync, fake_prefetch_ptsz)
 
 static const struct {
   const char *name; /* base name, as cuGetProcAddress is asked */
@@ -2159,6 +2422,20 @@ FAKE_API const char *fake_cuda_fault_call(void) {
   return s;
 }
 
+FAKE_API int fake_cuda_managed_page(const void *p, int *preferred, int *accessed_by) {
+  pthread_mutex_lock(&F.mu);
+  fake_managed *m = fake_managed_of_locked((uintptr_t)p, 1);
+  int at = -1;
+  if (m) {
+    size_t i = ((uintptr_t)p - m->base) / FAKE_PAGE;
+    at = m->at[i];
+    if (preferred) *preferred = m->preferred[i];
+    if (accessed_by) *accessed_by = m->accessed_by[i];
+  }
+  pthread_mutex_unlock(&F.mu);
+  return at;
+}
+
 FAKE_API void fake_cuda_get_stats(fake_cuda_stats *out) {
   memset(out, 0, sizeof *out);
   pthread_mutex_lock(&F.mu);
@@ -2168,6 +2445,14 @@ FAKE_API void fake_cuda_get_stats(fake_cuda_stats *out) {
     out->device_bytes += a->accounted;
   }
   for (fake_hreg *h = F.hregs; h; h = h->next) out->host_registrations++;
+  for (fake_managed *m = F.manageds; m; m = m->next) {
+    out->managed_allocs++;
+    for (size_t i = 0; i < m->mapped / FAKE_PAGE; i++) {
+      out->managed_device_bytes += m->at[i] == FAKE_AT_DEVICE ? FAKE_PAGE : 0;
+      out->managed_host_bytes += m->at[i] == FAKE_AT_HOST ? FAKE_PAGE : 0;
+    }
+  }
+  out->managed_evicted_bytes = F.managed_evicted;
   for (struct CUstream_st *s = F.streams; s; s = s->next) {
     out->streams += s->kind == FAKE_STREAM_USER && !s->destroyed;
     for (fake_op *op = s->head; op; op = op->next) out->pending_ops++;

@@ -34,6 +34,11 @@ typedef struct fake_cuda_stats {
   uint64_t graphs;             /* live graphs from cuStreamEndCapture */
   uint64_t captures_active;    /* captures begun and not ended */
   uint64_t sticky_result;      /* a sticky CUresult poisoning a context, 0 when none */
+  uint64_t managed_allocs;     /* live cuMemAllocManaged ranges */
+  uint64_t managed_device_bytes; /* bytes of managed pages placed on a device */
+  uint64_t managed_host_bytes; /* bytes of managed pages placed in host memory */
+  uint64_t managed_evicted_bytes; /* managed bytes the "driver" evicted on its own to fit a
+                                     prefetch (sgm must keep this 0) */
 } fake_cuda_stats;
 
 /*
@@ -76,6 +81,9 @@ typedef struct fake_cuda_stats {
  *  fake_cuda_set_sticky        poison every retained primary context now with
  *                              result (CUDA_SUCCESS clears)
  *  fake_cuda_calls             calls of one entry point by base name
+ *  fake_cuda_managed_page      the managed page holding p: where it is (0 nowhere yet,
+ *                              1 device, 2 host; -1 not managed memory), and its
+ *                              preferred location type (-1 none) and accessed-by flag
  *                              ("cuMemAlloc") since load or reset; NULL or "":
  *                              all counted calls
  *
@@ -107,7 +115,8 @@ typedef struct fake_cuda_stats {
   X(void, fake_cuda_set_host_register_result, (int result))             \
   X(void, fake_cuda_set_sticky_at, (uint64_t n, int result))            \
   X(void, fake_cuda_set_sticky, (int result))                           \
-  X(uint64_t, fake_cuda_calls, (const char *name))
+  X(uint64_t, fake_cuda_calls, (const char *name))                      \
+  X(int, fake_cuda_managed_page, (const void *p, int *preferred, int *accessed_by))
 
 #define FAKE_CUDA_DECLARE(ret, name, params) ret name params;
 FAKE_CUDA_CONTROL(FAKE_CUDA_DECLARE)

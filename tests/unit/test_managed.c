@@ -1,0 +1,585 @@
+/*
+ * test_managed.c — SGM_POINTERS=managed on the emulated device (issue 14).
+ *
+ * The emulated device keeps device-placed and host-placed managed pages in
+ * two different stores under one address, so these tests see real moves:
+ *  - a pointer's bytes survive any sequence of demotions, promotions, hints,
+ *    frees and new allocations, byte for byte (random, the seed printed);
+ *  - the VRAM budget is never exceeded by device-placed bytes, and what the
+ *    device holds equals what sgm charged to the VRAM budget (a move of the
+ *    wrong length shows here);
+ *  - a new block that needs VRAM demotes a colder managed block instead of
+ *    landing in shared memory; a hot hint changes which one;
+ *  - after a big free, the shared-placed blocks with the highest priority
+ *    come back first;
+ *  - managed mode is refused with a message that says why where the device
+ *    has no Unified Memory, and auto falls back to fixed pointers;
+ *  - blocks under SGM_MANAGED_MOVABLE_BYTES and fixed contexts never move;
+ *  - a failure of any device call on the way leaves every invariant and no leak.
+ *
+ * On the CUDA backend over the driver test double (skipped when the double
+ * is not on LD_LIBRARY_PATH):
+ *  - placement is advice + prefetch with the driver's location structs: a
+ *    VRAM block prefers the device, a shared one prefers host memory and is
+ *    accessed-by the device; the driver never evicts on its own;
+ *  - a move is ordered after the caller's work on its stream;
+ *  - no concurrent managed access, or a driver before 12.2, refuses managed
+ *    mode with the reason (the 12.0 case runs as its own ctest, since the
+ *    driver is loaded once per process).
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "internal.h"
+#include "placement.h"
+#include "test_util.h"
+#include "tiers/tier.h"
+
+#define MiB (UINT64_C(1) << 20)
+
+static sgm_context *make_ctx(const char *vram_limit, const char *pointers) {
+  sgm_test_clean_env();
+  setenv("SGM_EMU_VRAM", "64MiB", 1);
+  setenv("SGM_VRAM_LIMIT", vram_limit, 1);
+  setenv("SGM_SHARED_LIMIT", "256MiB", 1);
+  setenv("SGM_IDLE_TRIM_MS", "0", 1); /* no idle thread: promotions only where the test says */
+  setenv("SGM_POINTERS", pointers, 1);
+  sgm_context *ctx = NULL;
+  sgm_status rc = sgm_context_create(NULL, &ctx);
+  if (rc != SGM_OK) fail_msg("create: %s", sgm_last_error());
+  return ctx;
+}
+
+/* The invariants after every step: the budget holds device-placed bytes, the
+ * device holds exactly what sgm charged, the placement lists are whole. */
+static void check_invariants(sgm_context *ctx) {
+  sgm_backend_counters c;
+  ctx->bops->counters(ctx->be, &c);
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  uint64_t charged_vram = sgm__tier_charged(ctx->tiers[SGM_TIER_VRAM]);
+  uint64_t charged_shared = sgm__tier_charged(ctx->tiers[SGM_TIER_SHARED]);
+  assert_true(c.managed_device_bytes + st.tier[SGM_TIER_VRAM].committed_bytes - charged_vram <=
+              st.tier[SGM_TIER_VRAM].budget_bytes);
+  assert_true(st.tier[SGM_TIER_VRAM].committed_bytes <= st.tier[SGM_TIER_VRAM].budget_bytes);
+  assert_int_equal(c.managed_device_bytes, charged_vram);
+  assert_int_equal(c.managed_host_bytes, charged_shared);
+  char why[256];
+  if (sgm__placement_check(ctx, why, sizeof why) != SGM_OK) fail_msg("placement: %s", why);
+  assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_VRAM]));
+  assert_true(sgm__tier_check(ctx->tiers[SGM_TIER_SHARED]));
+}
+
+/* The pattern: one 64-bit word per 8 bytes (fast under the sanitizers),
+ * different for every block (seed) and offset. */
+static uint64_t pattern(uint64_t seed, uint64_t word) {
+  uint64_t x = (seed + 1) * 0x9e3779b97f4a7c15ull ^ (word + 1) * 0xbf58476d1ce4e5b9ull;
+  return x ^ (x >> 31);
+}
+
+static void fill(uint8_t *p, uint64_t n, uint64_t seed) {
+  for (uint64_t w = 0; w < n / 8; w++) {
+    uint64_t v = pattern(seed, w);
+    memcpy(p + 8 * w, &v, 8);
+  }
+  for (uint64_t i = n / 8 * 8; i < n; i++) p[i] = (uint8_t)pattern(seed, i);
+}
+
+/* Unified Memory: the host reads the pointer itself, wherever its pages are. */
+static void verify(const uint8_t *p, uint64_t n, uint64_t seed) {
+  for (uint64_t w = 0; w < n / 8; w++) {
+    uint64_t v = pattern(seed, w), got;
+    memcpy(&got, p + 8 * w, 8);
+    if (got != v)
+      fail_msg("bytes %llu..%llu of a %llu-byte block (seed %llu) changed",
+               (unsigned long long)(8 * w), (unsigned long long)(8 * w + 7), (unsigned long long)n,
+               (unsigned long long)seed);
+  }
+  for (uint64_t i = n / 8 * 8; i < n; i++)
+    if (p[i] != (uint8_t)pattern(seed, i))
+      fail_msg("byte %llu of a %llu-byte block (seed %llu) changed", (unsigned long long)i,
+               (unsigned long long)n, (unsigned long long)seed);
+}
+
+/* Bytes survive every move; device bytes stay within the budget. */
+static void test_bytes_survive_random_moves(void **state) {
+  (void)state;
+  uint64_t seed = sgm_test_seed("test_managed random moves", 14);
+  sgm_test_rng r;
+  sgm_test_rng_init(&r, seed);
+  sgm_context *ctx = make_ctx("24MiB", "managed");
+  enum { N = 12 };
+  uint8_t *p[N] = {0};
+  uint64_t size[N] = {0}, tag[N] = {0};
+  for (int step = 0; step < 250; step++) {
+    int i = (int)sgm_test_rng_range(&r, 0, N - 1);
+    int op = (int)sgm_test_rng_range(&r, 0, 5);
+    if (!p[i]) op = 0;
+    switch (op) {
+    case 0: /* (re)allocate: odd sizes, so the last page is partly used */
+      if (p[i]) {
+        verify(p[i], size[i], tag[i]);
+        assert_int_equal(sgm_free_ex(ctx, p[i], NULL), SGM_OK);
+      }
+      size[i] = sgm_test_rng_range(&r, 2 * MiB, 5 * MiB + 12345);
+      tag[i] = sgm_test_rng_next(&r);
+      p[i] = sgm_alloc(ctx, size[i], NULL);
+      if (!p[i]) fail_msg("alloc %llu: %s", (unsigned long long)size[i], sgm_last_error());
+      fill(p[i], size[i], tag[i]);
+      break;
+    case 1:
+      assert_int_equal(sgm_prefetch(ctx, p[i], size[i], SGM_TIER_SHARED, NULL), SGM_OK);
+      assert_int_equal(sgm_pointer_tier(ctx, p[i]), SGM_TIER_SHARED);
+      break;
+    case 2: {
+      sgm_status s = sgm_prefetch(ctx, p[i], size[i], SGM_TIER_VRAM, NULL);
+      if (s == SGM_OK) assert_int_equal(sgm_pointer_tier(ctx, p[i]), SGM_TIER_VRAM);
+      else assert_int_equal(s, SGM_ERR_NOMEM);
+      break;
+    }
+    case 3:
+      assert_int_equal(sgm_advise(ctx, p[i], (sgm_priority)sgm_test_rng_range(&r, 0, 4),
+                                  SGM_HINT_HOT), SGM_OK);
+      break;
+    case 4:
+      assert_int_equal(sgm_advise(ctx, p[i], SGM_PRIORITY_NORMAL, SGM_HINT_COLD), SGM_OK);
+      assert_int_equal(sgm_pointer_tier(ctx, p[i]), SGM_TIER_SHARED);
+      break;
+    case 5:
+      assert_int_equal(sgm_trim(ctx), SGM_OK); /* promotes into the room it finds */
+      break;
+    }
+    verify(p[i], size[i], tag[i]);
+    check_invariants(ctx);
+  }
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_true(st.n_managed_demotions > 0 && st.n_managed_promotions > 0);
+  for (int i = 0; i < N; i++) {
+    verify(p[i], size[i], tag[i]);
+    sgm_free(ctx, p[i], NULL);
+  }
+  check_invariants(ctx);
+  sgm_backend_counters c;
+  ctx->bops->counters(ctx->be, &c);
+  assert_int_equal(c.n_managed_live, 0);
+  sgm_context_destroy(ctx);
+}
+
+/* A new block demotes the least recently used managed block (same priority)
+ * instead of landing in shared memory; a hot hint makes another the victim. */
+static void run_victim_order(bool hint_first) {
+  sgm_context *ctx = make_ctx("12MiB", "managed");
+  uint8_t *a = sgm_alloc(ctx, 4 * MiB, NULL);
+  uint8_t *b = sgm_alloc(ctx, 4 * MiB, NULL);
+  uint8_t *c = sgm_alloc(ctx, 4 * MiB, NULL);
+  assert_non_null(a);
+  assert_non_null(b);
+  assert_non_null(c);
+  fill(a, 4 * MiB, 1);
+  assert_int_equal(sgm_pointer_tier(ctx, a), SGM_TIER_VRAM);
+  assert_int_equal(sgm_pointer_tier(ctx, c), SGM_TIER_VRAM);
+  if (hint_first) assert_int_equal(sgm_advise(ctx, a, SGM_PRIORITY_NORMAL, SGM_HINT_HOT), SGM_OK);
+  uint8_t *d = sgm_alloc(ctx, 4 * MiB, NULL);
+  assert_non_null(d);
+  assert_int_equal(sgm_pointer_tier(ctx, d), SGM_TIER_VRAM); /* not a fallback */
+  assert_int_equal(sgm_pointer_tier(ctx, a), hint_first ? SGM_TIER_VRAM : SGM_TIER_SHARED);
+  assert_int_equal(sgm_pointer_tier(ctx, b), hint_first ? SGM_TIER_SHARED : SGM_TIER_VRAM);
+  verify(a, 4 * MiB, 1);
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.n_fallbacks, 0);
+  assert_int_equal(st.n_managed_demotions, 1);
+  assert_int_equal(st.tier[SGM_TIER_VRAM].used_bytes, 12 * MiB);
+  assert_int_equal(st.tier[SGM_TIER_SHARED].used_bytes, 4 * MiB);
+  assert_int_equal(st.n_managed_live, 4);
+  check_invariants(ctx);
+  sgm_free(ctx, a, NULL);
+  sgm_free(ctx, b, NULL);
+  sgm_free(ctx, c, NULL);
+  sgm_free(ctx, d, NULL);
+  sgm_context_destroy(ctx);
+}
+
+static void test_lru_block_is_demoted_for_a_new_one(void **state) {
+  (void)state;
+  run_victim_order(false);
+}
+
+static void test_hot_hint_changes_the_victim(void **state) {
+  (void)state;
+  run_victim_order(true);
+}
+
+/* A lower priority leaves VRAM first, whatever the recency. */
+static void test_low_priority_leaves_first(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("8MiB", "managed");
+  void *lo = sgm_alloc(ctx, 4 * MiB, NULL);
+  void *hi = sgm_alloc(ctx, 4 * MiB, NULL);
+  assert_int_equal(sgm_advise(ctx, hi, SGM_PRIORITY_HIGH, SGM_HINT_NONE), SGM_OK);
+  assert_int_equal(sgm_advise(ctx, lo, SGM_PRIORITY_LOW, SGM_HINT_HOT), SGM_OK); /* most recent */
+  void *n = sgm_alloc(ctx, 4 * MiB, NULL);
+  assert_int_equal(sgm_pointer_tier(ctx, lo), SGM_TIER_SHARED);
+  assert_int_equal(sgm_pointer_tier(ctx, hi), SGM_TIER_VRAM);
+  assert_int_equal(sgm_pointer_tier(ctx, n), SGM_TIER_VRAM);
+  check_invariants(ctx);
+  sgm_free(ctx, lo, NULL);
+  sgm_free(ctx, hi, NULL);
+  sgm_free(ctx, n, NULL);
+  sgm_context_destroy(ctx);
+}
+
+/* After a free, the shared-placed block with the highest priority comes back
+ * first (the room holds one), though it was the least recently placed. */
+static void test_highest_priority_comes_back_first(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("16MiB", "managed");
+  void *h = sgm_alloc(ctx, 4 * MiB, NULL);
+  void *m = sgm_alloc(ctx, 4 * MiB, NULL);
+  void *l = sgm_alloc(ctx, 4 * MiB, NULL);
+  assert_int_equal(sgm_advise(ctx, h, SGM_PRIORITY_HIGH, SGM_HINT_NONE), SGM_OK);
+  assert_int_equal(sgm_advise(ctx, m, SGM_PRIORITY_NORMAL, SGM_HINT_NONE), SGM_OK);
+  assert_int_equal(sgm_advise(ctx, l, SGM_PRIORITY_LOW, SGM_HINT_NONE), SGM_OK);
+  for (void **p = (void *[]){h, m, l, NULL}; *p; p++)
+    assert_int_equal(sgm_prefetch(ctx, *p, 4 * MiB, SGM_TIER_SHARED, NULL), SGM_OK);
+  void *z = sgm_alloc(ctx, 4 * MiB, NULL);
+  void *y = sgm_alloc(ctx, 12 * MiB, NULL);
+  assert_int_equal(sgm_pointer_tier(ctx, z), SGM_TIER_VRAM);
+  assert_int_equal(sgm_pointer_tier(ctx, y), SGM_TIER_VRAM);
+  assert_int_equal(sgm_pointer_tier(ctx, h), SGM_TIER_SHARED);
+  sgm_free(ctx, z, NULL); /* room for one */
+  assert_int_equal(sgm_pointer_tier(ctx, h), SGM_TIER_VRAM);
+  assert_int_equal(sgm_pointer_tier(ctx, m), SGM_TIER_SHARED);
+  assert_int_equal(sgm_pointer_tier(ctx, l), SGM_TIER_SHARED);
+  check_invariants(ctx);
+  sgm_free(ctx, y, NULL); /* room for the rest */
+  assert_int_equal(sgm_pointer_tier(ctx, m), SGM_TIER_VRAM);
+  assert_int_equal(sgm_pointer_tier(ctx, l), SGM_TIER_VRAM);
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.n_managed_promotions, 3);
+  assert_int_equal(st.managed_promoted_bytes, 12 * MiB);
+  check_invariants(ctx);
+  sgm_free(ctx, h, NULL);
+  sgm_free(ctx, m, NULL);
+  sgm_free(ctx, l, NULL);
+  sgm_context_destroy(ctx);
+}
+
+/* A cold block stays in shared memory when room appears; a hot hint brings it back. */
+static void test_cold_block_stays_down(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("16MiB", "managed");
+  void *a = sgm_alloc(ctx, 4 * MiB, NULL);
+  assert_int_equal(sgm_advise(ctx, a, SGM_PRIORITY_MAXIMUM, SGM_HINT_COLD), SGM_OK);
+  assert_int_equal(sgm_pointer_tier(ctx, a), SGM_TIER_SHARED);
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
+  assert_int_equal(sgm_pointer_tier(ctx, a), SGM_TIER_SHARED);
+  assert_int_equal(sgm_advise(ctx, a, SGM_PRIORITY_MAXIMUM, SGM_HINT_HOT), SGM_OK);
+  assert_int_equal(sgm_pointer_tier(ctx, a), SGM_TIER_VRAM);
+  check_invariants(ctx);
+  sgm_free(ctx, a, NULL);
+  sgm_context_destroy(ctx);
+}
+
+/* Small blocks and fixed contexts never move; bad arguments are refused. */
+static void test_what_does_not_move(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("16MiB", "managed");
+  void *small = sgm_alloc(ctx, SGM_MANAGED_MOVABLE_BYTES - 1, NULL);
+  assert_non_null(small);
+  assert_int_equal(sgm_pointer_tier(ctx, small), SGM_TIER_VRAM);
+  assert_int_equal(sgm_prefetch(ctx, small, 1, SGM_TIER_SHARED, NULL), SGM_ERR_INVALID);
+  assert_non_null(strstr(sgm_last_error(), "not inside one live managed block"));
+  void *big = sgm_alloc(ctx, 3 * MiB, NULL);
+  assert_int_equal(sgm_prefetch(ctx, (char *)big + MiB, 2 * MiB + 1, SGM_TIER_SHARED, NULL),
+                   SGM_ERR_INVALID); /* past the block's end */
+  assert_int_equal(sgm_prefetch(ctx, (char *)big + MiB, MiB, SGM_TIER_SHARED, NULL), SGM_OK);
+  assert_int_equal(sgm_pointer_tier(ctx, big), SGM_TIER_SHARED); /* pages move whole: the block */
+  assert_int_equal(sgm_prefetch(ctx, big, 1, SGM_TIER_DISK, NULL), SGM_ERR_INVALID);
+  assert_int_equal(sgm_advise(ctx, big, (sgm_priority)7, SGM_HINT_NONE), SGM_ERR_INVALID);
+  assert_int_equal(sgm_record_stream(ctx, big, NULL), SGM_OK);
+  assert_int_equal(sgm_free_ex(ctx, big, NULL), SGM_OK);
+  assert_int_equal(sgm_free_ex(ctx, big, NULL), SGM_ERR_INVALID); /* twice */
+  assert_int_equal(sgm_pointer_tier(ctx, big), SGM_TIER_NONE);
+  sgm_free(ctx, small, NULL);
+  check_invariants(ctx);
+  sgm_context_destroy(ctx);
+
+  ctx = make_ctx("16MiB", "fixed");
+  big = sgm_alloc(ctx, 4 * MiB, NULL);
+  assert_int_equal(sgm_advise(ctx, big, SGM_PRIORITY_LOW, SGM_HINT_COLD), SGM_ERR_INVALID);
+  assert_non_null(strstr(sgm_last_error(), "fixed"));
+  sgm_backend_counters c;
+  ctx->bops->counters(ctx->be, &c);
+  assert_int_equal(c.n_managed_live, 0);
+  sgm_free(ctx, big, NULL);
+  sgm_context_destroy(ctx);
+}
+
+/* Without Unified Memory: managed is refused with the reason; auto runs fixed. */
+static void test_refused_or_downgraded(void **state) {
+  (void)state;
+  sgm_test_clean_env();
+  setenv("SGM_EMU_MANAGED", "off", 1);
+  setenv("SGM_POINTERS", "managed", 1);
+  sgm_context *ctx = NULL;
+  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_ERR_UNSUPPORTED);
+  assert_null(ctx);
+  assert_non_null(strstr(sgm_last_error(), "SGM_POINTERS=managed is not possible here"));
+  assert_non_null(strstr(sgm_last_error(), "concurrent managed access"));
+  setenv("SGM_POINTERS", "auto", 1);
+  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+  void *p = sgm_alloc(ctx, 4 * MiB, NULL);
+  assert_non_null(p);
+  assert_int_equal(sgm_prefetch(ctx, p, 1, SGM_TIER_SHARED, NULL), SGM_ERR_INVALID);
+  sgm_free(ctx, p, NULL);
+  sgm_context_destroy(ctx);
+  setenv("SGM_POINTERS", "bogus", 1);
+  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_ERR_INVALID);
+  assert_non_null(strstr(sgm_last_error(), "SGM_POINTERS"));
+  sgm_test_clean_env();
+}
+
+/* Every device call on the way of a managed allocation and its moves may
+ * fail: each run ends whole, with nothing leaked. */
+static void test_every_failure_leaves_things_whole(void **state) {
+  (void)state;
+  for (int n = 2; n < 80; n++) {
+    char at[16];
+    snprintf(at, sizeof at, "%d", n);
+    sgm_test_clean_env();
+    setenv("SGM_EMU_VRAM", "64MiB", 1);
+    setenv("SGM_VRAM_LIMIT", "4MiB", 1);
+    setenv("SGM_SHARED_LIMIT", "64MiB", 1);
+    setenv("SGM_IDLE_TRIM_MS", "0", 1);
+    setenv("SGM_POINTERS", "managed", 1);
+    setenv("SGM_EMU_FAIL_AT", at, 1);
+    sgm_context *ctx = NULL;
+    if (sgm_context_create(NULL, &ctx) != SGM_OK) continue;
+    void *p[3];
+    for (int i = 0; i < 3; i++) {
+      p[i] = sgm_alloc(ctx, 2 * MiB, NULL);
+      if (p[i]) fill(p[i], 2 * MiB, (uint64_t)i);
+    }
+    for (int i = 0; i < 3; i++) {
+      if (!p[i]) continue;
+      (void)sgm_prefetch(ctx, p[i], 2 * MiB, SGM_TIER_VRAM, NULL);
+      (void)sgm_advise(ctx, p[i], SGM_PRIORITY_LOW, SGM_HINT_COLD);
+      verify(p[i], 2 * MiB, (uint64_t)i);
+      check_invariants(ctx);
+    }
+    for (int i = 0; i < 3; i++) sgm_free(ctx, p[i], NULL);
+    check_invariants(ctx);
+    sgm_backend_counters c;
+    ctx->bops->counters(ctx->be, &c);
+    assert_int_equal(c.n_managed_live, 0);
+    assert_int_equal(c.managed_device_bytes + c.managed_host_bytes, 0);
+    sgm_context_destroy(ctx);
+  }
+  sgm_test_clean_env();
+}
+
+/* ---- on the CUDA backend over the driver test double ---- */
+
+#if defined(__has_include)
+#if __has_include(<cuda.h>)
+#define HAVE_CUDA_H 1
+#endif
+#endif
+
+#ifdef HAVE_CUDA_H
+#include <cuda.h>
+
+#include "fake_cuda.h"
+
+static struct {
+#define FAKE_MEMBER(ret, name, params) ret(*name) params;
+  FAKE_CUDA_CONTROL(FAKE_MEMBER)
+#undef FAKE_MEMBER
+} fc;
+static bool have_double;
+static void *fake_lib;
+
+/* The double's driver version is below 12.2: managed mode cannot run. */
+static bool old_driver(void) {
+  const char *v = getenv("FAKE_CUDA_DRIVER_VERSION");
+  return v && atoi(v) < 12020;
+}
+
+static void load_double(void) {
+  fake_lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  have_double = fake_lib != NULL;
+#define FAKE_LOOKUP(ret, name, params)                   \
+  if (fake_lib) {                                        \
+    *(void **)&fc.name = dlsym(fake_lib, #name);         \
+    if (!fc.name) have_double = false;                   \
+  }
+  FAKE_CUDA_CONTROL(FAKE_LOOKUP)
+#undef FAKE_LOOKUP
+  if (!have_double) printf("# managed: the driver test double is not on LD_LIBRARY_PATH: its cases skip\n");
+}
+
+static sgm_context *make_cuda_ctx(const char *pointers) {
+  sgm_test_clean_env();
+  unsetenv("FAKE_CUDA_CONCURRENT_MANAGED");
+  setenv("SGM_BACKEND", "cuda", 1);
+  setenv("FAKE_CUDA_TOTAL_MEM", "256MiB", 1);
+  setenv("SGM_VRAM_LIMIT", "16MiB", 1);
+  setenv("SGM_SHARED_LIMIT", "64MiB", 1);
+  setenv("SGM_IDLE_TRIM_MS", "0", 1);
+  setenv("SGM_POINTERS", pointers, 1);
+  fc.fake_cuda_reset();
+  sgm_context *ctx = NULL;
+  if (sgm_context_create(NULL, &ctx) != SGM_OK) fail_msg("create: %s", sgm_last_error());
+  return ctx;
+}
+
+static int page_at(const void *p, int *preferred, int *accessed_by) {
+  return fc.fake_cuda_managed_page(p, preferred, accessed_by);
+}
+
+static void assert_driver_never_evicted(void) {
+  fake_cuda_stats st;
+  fc.fake_cuda_get_stats(&st);
+  assert_int_equal(st.managed_evicted_bytes, 0);
+}
+
+/* Placement is advice + prefetch; the demoted block keeps its bytes. */
+static void test_double_places_with_advice_and_prefetch(void **state) {
+  (void)state;
+  if (!have_double || old_driver()) skip();
+  sgm_context *ctx = make_cuda_ctx("managed");
+  uint8_t *a = sgm_alloc(ctx, 8 * MiB, NULL);
+  assert_non_null(a);
+  fill(a, 8 * MiB, 7); /* Unified Memory: the double's pages are the host's */
+  int pref = 0, acc = 0;
+  assert_int_equal(page_at(a, &pref, &acc), 1);
+  assert_int_equal(pref, CU_MEM_LOCATION_TYPE_DEVICE);
+  uint8_t *b = sgm_alloc(ctx, 8 * MiB, NULL);
+  uint8_t *c = sgm_alloc(ctx, 8 * MiB, NULL); /* VRAM full: a (LRU) goes to shared memory */
+  assert_non_null(b);
+  assert_non_null(c);
+  assert_int_equal(sgm_pointer_tier(ctx, a), SGM_TIER_SHARED);
+  assert_int_equal(page_at(a + 8 * MiB - 1, &pref, &acc), 2);
+  assert_true(pref == CU_MEM_LOCATION_TYPE_HOST || pref == CU_MEM_LOCATION_TYPE_HOST_NUMA);
+  assert_int_equal(acc, 1); /* the device maps it: no fault per access */
+  assert_int_equal(page_at(c, &pref, &acc), 1);
+  verify(a, 8 * MiB, 7);
+  assert_driver_never_evicted();
+  sgm_free(ctx, b, NULL); /* room: a comes back */
+  assert_int_equal(sgm_pointer_tier(ctx, a), SGM_TIER_VRAM);
+  assert_int_equal(page_at(a, &pref, &acc), 1);
+  assert_int_equal(pref, CU_MEM_LOCATION_TYPE_DEVICE);
+  verify(a, 8 * MiB, 7);
+  assert_driver_never_evicted();
+  sgm_free(ctx, a, NULL);
+  sgm_free(ctx, c, NULL);
+  sgm_context_destroy(ctx);
+  fake_cuda_stats st;
+  fc.fake_cuda_get_stats(&st);
+  assert_int_equal(st.managed_allocs, 0);
+}
+
+typedef struct prefetch_job {
+  sgm_context *ctx;
+  void *p;
+  void *stream;
+  sgm_status rc;
+} prefetch_job;
+
+static void *prefetch_main(void *arg) {
+  prefetch_job *j = arg;
+  j->rc = sgm_prefetch(j->ctx, j->p, 4 * MiB, SGM_TIER_SHARED, j->stream);
+  return NULL;
+}
+
+/* A move waits, on the device, for the work queued before it on its stream. */
+static void test_double_moves_after_the_callers_work(void **state) {
+  (void)state;
+  if (!have_double || old_driver()) skip();
+  sgm_context *ctx = make_cuda_ctx("managed");
+  void *s = fc.fake_cuda_stream_create();
+  void *p = sgm_alloc(ctx, 4 * MiB, s);
+  assert_non_null(p);
+  assert_int_equal(page_at(p, NULL, NULL), 1);
+  fc.fake_cuda_hold_stream(s, 1);
+  void *ev = NULL; /* stands for a kernel on s still using p */
+  assert_int_equal(ctx->bops->event_record(ctx->be, s, &ev), SGM_OK);
+  uint64_t before = fc.fake_cuda_calls("cuMemPrefetchAsync");
+  prefetch_job j = {ctx, p, s, SGM_ERR_BACKEND};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, prefetch_main, &j), 0);
+  while (fc.fake_cuda_calls("cuMemPrefetchAsync") == before) sched_yield(); /* queued, not slept */
+  fc.fake_cuda_settle();
+  assert_int_equal(page_at(p, NULL, NULL), 1); /* still on the device: the work is not done */
+  fc.fake_cuda_complete_stream(s);
+  pthread_join(t, NULL);
+  fc.fake_cuda_hold_stream(s, 0);
+  assert_int_equal(j.rc, SGM_OK);
+  assert_int_equal(page_at(p, NULL, NULL), 2);
+  assert_int_equal(sgm_pointer_tier(ctx, p), SGM_TIER_SHARED);
+  ctx->bops->event_destroy(ctx->be, ev);
+  sgm_free(ctx, p, s);
+  sgm_context_destroy(ctx);
+  fc.fake_cuda_stream_destroy(s);
+}
+
+/* No concurrent managed access (or a driver before 12.2): refused, with why. */
+static void test_double_refuses_without_unified_memory(void **state) {
+  (void)state;
+  if (!have_double) skip();
+  sgm_test_clean_env();
+  setenv("SGM_BACKEND", "cuda", 1);
+  setenv("SGM_POINTERS", "managed", 1);
+  if (!old_driver()) setenv("FAKE_CUDA_CONCURRENT_MANAGED", "0", 1);
+  fc.fake_cuda_reset();
+  sgm_context *ctx = NULL;
+  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_ERR_UNSUPPORTED);
+  assert_non_null(strstr(sgm_last_error(), "SGM_POINTERS=managed is not possible here"));
+  assert_non_null(strstr(sgm_last_error(), old_driver() ? "predates the CUmemLocation forms"
+                                                        : "CONCURRENT_MANAGED_ACCESS is 0"));
+  setenv("SGM_POINTERS", "auto", 1);
+  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+  void *p = sgm_alloc(ctx, 4 * MiB, NULL);
+  assert_non_null(p);
+  fake_cuda_stats st;
+  fc.fake_cuda_get_stats(&st);
+  assert_int_equal(st.managed_allocs, 0); /* fixed pointers */
+  sgm_free(ctx, p, NULL);
+  sgm_context_destroy(ctx);
+  unsetenv("FAKE_CUDA_CONCURRENT_MANAGED");
+  sgm_test_clean_env();
+}
+
+#define DOUBLE_TESTS                                               \
+  cmocka_unit_test(test_double_places_with_advice_and_prefetch),  \
+  cmocka_unit_test(test_double_moves_after_the_callers_work),     \
+  cmocka_unit_test(test_double_refuses_without_unified_memory),
+#else
+static void load_double(void) { printf("# managed: built without cuda.h: the double's cases skip\n"); }
+#define DOUBLE_TESTS
+#endif
+
+int main(void) {
+  load_double();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_bytes_survive_random_moves),
+      cmocka_unit_test(test_lru_block_is_demoted_for_a_new_one),
+      cmocka_unit_test(test_hot_hint_changes_the_victim),
+      cmocka_unit_test(test_low_priority_leaves_first),
+      cmocka_unit_test(test_highest_priority_comes_back_first),
+      cmocka_unit_test(test_cold_block_stays_down),
+      cmocka_unit_test(test_what_does_not_move),
+      cmocka_unit_test(test_refused_or_downgraded),
+      cmocka_unit_test(test_every_failure_leaves_things_whole),
+      DOUBLE_TESTS
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
