@@ -166,6 +166,24 @@ std::string CudaGBps(const std::string &key);
 std::string CudaRatio(const std::string &num, const std::string &den, const char *fmt);
 std::string CudaPerCall(const std::string &key);
 
+// ---- the node registry (bench_node, node.cc) --------------------------------
+// The private registry folder (under /dev/shm; removed at exit).
+const std::string &NodeDir();
+// range(0) = 0: sgm_alloc + sgm_free pairs with the registry off; 1: on.
+void BM_NodeAllocFree(benchmark::State &state);
+// One join + leave of a registry another member holds open; and the floor:
+// open + mmap + munmap + close of the same file.
+void BM_NodeJoinLeave(benchmark::State &state);
+void BM_NodeOpenMap(benchmark::State &state);
+// Mean ms from SIGKILL of a joined process to its slot's reclaim by a live
+// context's ticker (SGM_NODE_PERIOD_MS = 50), over rounds kills.
+double NodeReclaimMs(int rounds);
+// Mean ms of `sgm-smi --json` (reference: /bin/true), fork + exec, with
+// processes joined; 0 when sgm-smi is not found.
+double NodeSmiJsonMs(int processes, int rounds, bool reference);
+// sgm-smi next to this program, else in the build tree; NULL when neither.
+const char *SmiPath();
+
 }  // namespace sgm_bench
 
 #endif  // SGM_BENCH_BODIES_H

@@ -394,9 +394,21 @@ static void test_budgets_follow_join_and_leave(void **state) {
   rb = kid_do(&b, OP_ALLOC, 8 * MiB, NULL);
   assert_int_equal(rb.tier, SGM_TIER_VRAM);
 
+  /* The node's shared-memory cap (half of RAM) is split the same way. */
+  uint64_t ram = sgm__host_physical_ram("");
+  uint64_t cap = ram / 2 > 64 * MiB ? ram / 2 : 64 * MiB;
+  r = kid_do(&a, OP_TICK, 0, NULL);
+  rb = kid_do(&b, OP_TICK, 0, NULL);
+  print_message("# shared budgets %llu + %llu of %llu\n", (unsigned long long)r.v[V_SHARED_BUDGET],
+                (unsigned long long)rb.v[V_SHARED_BUDGET], (unsigned long long)cap);
+  assert_true(r.v[V_SHARED_BUDGET] < cap && rb.v[V_SHARED_BUDGET] < cap);
+  assert_true(r.v[V_SHARED_BUDGET] + rb.v[V_SHARED_BUDGET] <= cap);
+  assert_true(rb.v[V_SHARED_BUDGET] >= rb.v[V_SHARED_USED]);
+
   kid_quit(&b);
   r = kid_do(&a, OP_TICK, 0, NULL);
   assert_int_equal(r.v[V_VRAM_BUDGET], 64 * MiB); /* alone again */
+  assert_true(r.v[V_SHARED_BUDGET] >= (cap & ~(uint64_t)255) - 256); /* the whole cap again */
   kid_quit(&a);
   teardown_dir();
 }
@@ -637,7 +649,8 @@ static void test_bad_segments_run_untracked(void **state) {
 }
 
 /* The file must be the user's own regular file, 0600: a symbolic link, a
- * file other users may read or one owned by another user is refused. */
+ * file other users may read or one owned by another user is refused; with
+ * SGM_NODE_GROUP, 0660 is taken, and still nothing for others. */
 static void test_unsafe_files_refused(void **state) {
   (void)state;
   setup_env("unsafe", "16MiB");
@@ -669,6 +682,17 @@ static void test_unsafe_files_refused(void **state) {
   }
   assert_int_equal(sgm__node_join(&p, &n), SGM_OK);
   sgm__node_leave(n);
+  /* Group sharing is opt-in: 0660 is refused without it, taken with it;
+   * others' bits never. */
+  assert_int_equal(chmod(path, 0660), 0);
+  assert_int_not_equal(sgm__node_join(&p, &n), SGM_OK);
+  p.group = true;
+  assert_int_equal(sgm__node_join(&p, &n), SGM_OK);
+  sgm__node_leave(n);
+  assert_int_equal(chmod(path, 0664), 0);
+  assert_int_not_equal(sgm__node_join(&p, &n), SGM_OK);
+  assert_non_null(strstr(sgm_last_error(), "grants more than 0660"));
+  assert_int_equal(chmod(path, 0600), 0);
   sgm__node_leave(keep);
   teardown_dir();
 }
