@@ -344,9 +344,10 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
       .growth_chunk_bytes = ctx->cfg.growth_chunk_bytes,
       .verbose = ctx->cfg.verbose,
       .vmm = ctx->cfg.vram_vmm != 0,
+      /* Address space for the largest budget the pool may get later (fair
+       * shares, sgm_context_set_vram_fraction): the device's memory. */
+      .vmm_range_bytes = ctx->device_total_bytes,
   };
-  /* Sharing the device: the fair share may grow up to the solo budget later. */
-  if (ctx->share) vp.vmm_range_bytes = ctx->budget_bytes[SGM_TIER_VRAM];
   vp.max_chunk_bytes = CONTEXT_VRAM_MAX_CHUNK;
   if (ctx->managed && !vp.growth) {
     /* Managed blocks share the VRAM budget with the pool's chunks: a pool
