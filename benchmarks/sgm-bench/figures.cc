@@ -5,11 +5,14 @@
 // Figures that need inputs say so by skipping: the trace figures when their
 // files are missing under --traces, the disk figures when the spill folder's
 // file system refuses O_DIRECT.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <memory>
+
+#include <dirent.h>
 
 #include "bodies.h"
 #include "figure.h"
@@ -274,6 +277,87 @@ SGM_BENCH_FIGURE({"replay.mooncake.lru", "Mooncake trace, VRAM = 10% of its bloc
 SGM_BENCH_FIGURE({"replay.mooncake.best", "Mooncake trace, VRAM = 10% of its blocks: the best policy's hit ratio",
                   "%", "Belady's OPT, same trace and capacity", Better::kHigher, Target::Value(kAtLeast, 30),
                   kFullOnly, Best, Opt, 1, "traces"});
+
+// ---- allocation streams: committed VRAM against live bytes (docs/vmm.md) ----
+
+// The idealloc traces (MiniMalloc CSVs of framework tensor lifetimes) replayed
+// once per folder (every idealloc/*.csv) through sgm_alloc/sgm_free in growth
+// mode, as sgm-alloc-replay does: peak committed VRAM / peak live bytes per trace.
+struct StreamSet {
+  std::vector<double> growth;  // one ratio per trace found
+};
+StreamSet *Streams(const RunContext &rc, std::string *skip) {
+  static std::map<std::string, std::unique_ptr<StreamSet>> cache;
+  auto &slot = cache[rc.traces_dir];
+  if (!slot) {
+    slot.reset(new StreamSet);
+    std::vector<std::string> paths;  // every *.csv of the folder, in name order
+    if (DIR *d = opendir((rc.traces_dir + "/idealloc").c_str())) {
+      while (const dirent *e = readdir(d)) {
+        std::string n = e->d_name;
+        if (n.size() > 4 && n.compare(n.size() - 4, 4, ".csv") == 0)
+          paths.push_back(rc.traces_dir + "/idealloc/" + n);
+      }
+      closedir(d);
+    }
+    std::sort(paths.begin(), paths.end());
+    for (const std::string &path : paths) {
+      replay_trace t;
+      char err[256];
+      if (replay_trace_load(path.c_str(), 0, &t, err, sizeof err) != 0) {
+        *skip = std::string("cannot read ") + path + ": " + err;
+        slot.reset();
+        return nullptr;
+      }
+      replay_alloc_params gp = {};
+      gp.growth = true;
+      gp.sample = true;
+      gp.vmm = -1;
+      replay_alloc_result r = {};
+      int rc_replay = replay_alloc(&t, &gp, &r, err, sizeof err);
+      uint64_t live = t.peak_live_bytes;
+      replay_trace_free(&t);
+      if (rc_replay != 0 || !r.served || live == 0) {
+        *skip = std::string("replaying ") + path + " failed: " +
+                (rc_replay != 0 ? err : "an allocation fell back to shared memory");
+        slot.reset();
+        return nullptr;
+      }
+      slot->growth.push_back(static_cast<double>(r.peak_committed_bytes) / static_cast<double>(live));
+    }
+  }
+  if (slot->growth.empty()) {
+    *skip = "no idealloc traces (idealloc/*.csv) under " + rc.traces_dir + " (--traces DIR)";
+    return nullptr;
+  }
+  return slot.get();
+}
+
+double StreamMean(const RunContext &rc, std::string *skip) {
+  StreamSet *m = Streams(rc, skip);
+  if (!m) return 0;
+  double s = 0;
+  for (double g : m->growth) s += g;
+  return s / static_cast<double>(m->growth.size());
+}
+
+double StreamWorst(const RunContext &rc, std::string *skip) {
+  StreamSet *m = Streams(rc, skip);
+  if (!m) return 0;
+  double w = 0;
+  for (double g : m->growth) w = std::max(w, g);
+  return w;
+}
+
+// Committing exactly the live bytes is the ideal: ratio 1.
+double StreamIdeal(const RunContext &rc, std::string *skip) { return Streams(rc, skip) ? 1.0 : 0; }
+
+SGM_BENCH_FIGURE({"alloc.stream.growth", "idealloc traces through sgm_alloc/sgm_free, growth mode: peak committed / peak live, mean",
+                  "x", "the peak live bytes (committed = live)", Better::kLower,
+                  Target::Value(kAtMost, 1.05), kFullOnly, StreamMean, StreamIdeal, 1, "traces"});
+SGM_BENCH_FIGURE({"alloc.stream.growth_max", "idealloc traces through sgm_alloc/sgm_free, growth mode: peak committed / peak live, worst trace",
+                  "x", "the peak live bytes (committed = live)", Better::kLower,
+                  Target::Value(kAtMost, 1.10), kFullOnly, StreamWorst, StreamIdeal, 1, "traces"});
 
 // ---- a real GPU (skipped, with the reason, where there is none) ----
 

@@ -163,6 +163,29 @@ void test_missing_traces_are_skipped_with_a_message(void **) {
   if (r.output.find(line) == std::string::npos) fail_msg("no line '%s' in:\n%s", line, r.output.c_str());
 }
 
+// Invariant: the allocation-stream figures replay every idealloc/*.csv of the
+// trace folder through sgm_alloc/sgm_free; committed VRAM can never be below
+// the live bytes, so both figures are measured, at least 1, the worst no
+// better than the mean, against the ideal 1.
+void test_alloc_stream_figures_replay_the_traces(void **) {
+  std::string path = Tmp("streams.json");
+  Result r = Run("--only alloc.stream --repetitions 1 --traces '" + Env("SGM_BENCH_TRACES") +
+                 "' --json '" + path + "'");
+  assert_int_equal(r.status, 0);
+  Json doc = Read(path);
+  assert_string_equal(sgm_bench::CheckSchema(doc).c_str(), "");
+  const Json *mean = Figure(doc, "alloc.stream.growth");
+  const Json *worst = Figure(doc, "alloc.stream.growth_max");
+  assert_non_null(mean);
+  assert_non_null(worst);
+  for (const Json *f : {mean, worst}) {
+    if (f->StringOr("status", "") != "measured") fail_msg("%s", f->StringOr("skip_reason", "").c_str());
+    assert_true(f->NumberOr("value", 0) >= 1.0);
+    assert_true(f->NumberOr("reference", 0) == 1.0);
+  }
+  assert_true(worst->NumberOr("value", 0) >= mean->NumberOr("value", 0));
+}
+
 // Invariant: against the CUDA driver test double (a libcuda.so.1 that models
 // copies but not kernels), the GPU copy and per-call figures are measured and
 // positive, and the kernel figure is skipped saying what the driver lacks.
@@ -310,6 +333,7 @@ int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_quick_run_holds_every_quick_figure_measured),
       cmocka_unit_test(test_missing_traces_are_skipped_with_a_message),
+      cmocka_unit_test(test_alloc_stream_figures_replay_the_traces),
       cmocka_unit_test(test_gpu_figures_run_on_the_driver_double),
       cmocka_unit_test(test_compare_with_itself_reports_no_regression),
       cmocka_unit_test(test_compare_flags_exactly_the_doctored_figure),
