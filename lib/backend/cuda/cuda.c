@@ -707,6 +707,30 @@ static int cuda_mem_info(sgm_backend *be, uint64_t *free_bytes, uint64_t *total_
   return SGM_OK;
 }
 
+/* Remember p, just allocated by the driver (cuMemAlloc or cuMemAllocManaged,
+ * both freed by cuMemFree), with its kind's counters; without room to
+ * remember it, give it back (in relaxed capture mode) and fail with NOMEM.
+ * Context entered, no sgm lock held. */
+static int cuda_track_alloc(sgm_backend *be, CUdeviceptr p, uint64_t bytes, int kind,
+                            const char *op) {
+  sgm__lock_take(&be->lock);
+  bool added = cuda_obj_add_locked(be, (uint64_t)p, bytes, kind);
+  if (added && kind == CUDA_OBJ_DEVICE) {
+    be->c.device_live_bytes += bytes;
+    be->c.n_device_live++;
+  } else if (added) {
+    be->c.n_managed_live++;
+  }
+  sgm__lock_drop(&be->lock);
+  if (added) return SGM_OK;
+  CUstreamCaptureMode mode;
+  if (cuda_relax(&mode) != CUDA_SUCCESS) mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  CUresult r = CU(cuMemFree)(p);
+  cuda_unrelax(be, mode, op);
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
+  return sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
+}
+
 static int cuda_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
   sgm__lock_assert_none_held();
   *out = 0;
@@ -731,22 +755,8 @@ static int cuda_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
     rc = cuda_fail(r, op, "cuMemAlloc", CUDA_BLAME_DRIVER);
     goto out_leave;
   }
-  sgm__lock_take(&be->lock);
-  bool added = cuda_obj_add_locked(be, (uint64_t)p, bytes, CUDA_OBJ_DEVICE);
-  if (added) {
-    be->c.device_live_bytes += bytes;
-    be->c.n_device_live++;
-  }
-  sgm__lock_drop(&be->lock);
-  if (!added) {
-    if (cuda_relax(&mode) != CUDA_SUCCESS) mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    r = CU(cuMemFree)(p);
-    cuda_unrelax(be, mode, op);
-    if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
-    rc = sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
-    goto out_leave;
-  }
-  *out = (sgm_devptr)p;
+  rc = cuda_track_alloc(be, p, bytes, CUDA_OBJ_DEVICE, op);
+  if (rc == SGM_OK) *out = (sgm_devptr)p;
 out_leave:
   cuda_leave(be, pushed, op);
   return rc;
@@ -1389,19 +1399,8 @@ static int cuda_managed_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) 
     rc = cuda_fail(r, op, "cuMemAllocManaged", CUDA_BLAME_DRIVER);
     goto out_leave;
   }
-  sgm__lock_take(&be->lock);
-  bool added = cuda_obj_add_locked(be, (uint64_t)p, bytes, CUDA_OBJ_MANAGED);
-  if (added) be->c.n_managed_live++;
-  sgm__lock_drop(&be->lock);
-  if (!added) {
-    if (cuda_relax(&mode) != CUDA_SUCCESS) mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    r = CU(cuMemFree)(p);
-    cuda_unrelax(be, mode, op);
-    if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
-    rc = sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
-    goto out_leave;
-  }
-  *out = (sgm_devptr)p;
+  rc = cuda_track_alloc(be, p, bytes, CUDA_OBJ_MANAGED, op);
+  if (rc == SGM_OK) *out = (sgm_devptr)p;
 out_leave:
   cuda_leave(be, pushed, op);
   return rc;
