@@ -621,7 +621,9 @@ static void test_bad_segments_run_untracked(void **state) {
   } cases[] = {
       {"garbage", 0, 8, 0x5a, SGM_ERR_CORRUPT, "bad magic"},
       {"truncated", 0, 0, 0, SGM_ERR_CORRUPT, "truncated"},
-      {"future version", 8, 1, 2, SGM_ERR_UNSUPPORTED, "version 2"},
+      {"future version", 8, 1, SGM_NODE_VERSION + 1, SGM_ERR_UNSUPPORTED, "newer sgm"},
+      {"older version", 8, 1, SGM_NODE_VERSION - 1, SGM_ERR_UNSUPPORTED, "older sgm"},
+      {"device UUID", 128, 1, 0x77, SGM_ERR_CORRUPT, "check word"},
       {"slot count", 20, 4, 0xff, SGM_ERR_CORRUPT, "geometry"},
       {"device total", 24, 1, 0x77, SGM_ERR_CORRUPT, "check word"},
   };
