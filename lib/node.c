@@ -41,9 +41,18 @@
  *    user (or, with group sharing, another group) or grants more than that
  *    is refused.
  *
- * Threading: an sgm_node is used by its context's threads: publish and the
+ *  - One slot per process per device: contexts join as members
+ *    (sgm__node_member_join); the members of one process on one segment
+ *    share one sgm_node (one slot, one liveness lock), and the slot
+ *    publishes the sum of their figures. The last member out leaves.
+ *  - The key a process asked for is the header's (two keys may sanitise to
+ *    one file name): another key is refused, the process runs untracked.
+ *
+ * Threading: an sgm_node is used by its members' threads: publish and the
  * emulated device's reservations take node->mu (the seqlock writer side),
- * the mutex is taken outside it. Readers (sgm__node_read) take no lock.
+ * the mutex is taken outside it; node_open_mu (the process's list of slots,
+ * members joining and leaving) is taken outside both. Readers
+ * (sgm__node_parse) take no lock.
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -14,7 +14,10 @@
  *            weight), up to each one's own cap.
  *
  * Every process computes the same split from the same claims and applies its
- * own part, so no process ever writes another's budget. Demand is what a
+ * own part, so no process ever writes another's budget. The contexts of one
+ * process on one device are members of one slot (node.c), which publishes
+ * the sum of their claims: the split counts the process once, and its part
+ * is then split between its contexts by the same rule. Demand is what a
  * process holds resident (VRAM + shared) plus headroom (an eighth, at least
  * one growth chunk), held at its recent peak for SGM_IDLE_TRIM_MS so that a
  * process between two steps does not lend its share away; a process that
@@ -131,7 +134,7 @@ out_align:
 static uint64_t share_sat_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
 
 
-/* This process's figures now (budgets: the ones in force). */
+/* This context's figures now (budgets: the ones in force). */
 static void share_usage(sgm_context *ctx, sgm_node_usage *u) {
   sgm_share *sh = sgm__context_share(ctx);
   memset(u, 0, sizeof *u);
