@@ -121,6 +121,15 @@ static void kid_figures(sgm_context *ctx, uint64_t *v) {
   v[V_DEVICE_FREE] = fr;
 }
 
+/* A buffer of bytes on ctx, kept in bufs (256 at most). */
+static void kid_buffer(sgm_context *ctx, uint64_t bytes, sgm_buffer **bufs, size_t *n_bufs, rsp *r) {
+  sgm_buffer *b = NULL;
+  r->rc = sgm_buffer_create(ctx, bytes, &b);
+  if (!b) return;
+  r->tier = sgm_buffer_tier(b);
+  if (*n_bufs < 256) bufs[(*n_bufs)++] = b;
+}
+
 static void kid_main(int in, int out) {
   sgm_context *ctx = NULL, *ctx2 = NULL;
   void *ptrs[256];
@@ -143,15 +152,7 @@ static void kid_main(int in, int out) {
         }
         break;
       }
-      case OP_BUFFER: {
-        sgm_buffer *b = NULL;
-        r.rc = sgm_buffer_create(ctx, c.arg, &b);
-        if (b) {
-          r.tier = sgm_buffer_tier(b);
-          if (n_bufs < 256) bufs[n_bufs++] = b;
-        }
-        break;
-      }
+      case OP_BUFFER: kid_buffer(ctx, c.arg, bufs, &n_bufs, &r); break;
       case OP_FREE_ALL:
         while (n_ptrs) sgm_free(ctx, ptrs[--n_ptrs], NULL);
         while (n_bufs) sgm_buffer_destroy(bufs[--n_bufs]);
@@ -163,15 +164,7 @@ static void kid_main(int in, int out) {
         sgm__node_test_hook = die_hook;
         break;
       case OP_CREATE2: r.rc = sgm_context_create(NULL, &ctx2); break;
-      case OP_BUFFER2: {
-        sgm_buffer *b = NULL;
-        r.rc = sgm_buffer_create(ctx2, c.arg, &b);
-        if (b) {
-          r.tier = sgm_buffer_tier(b);
-          if (n_bufs2 < 256) bufs2[n_bufs2++] = b;
-        }
-        break;
-      }
+      case OP_BUFFER2: kid_buffer(ctx2, c.arg, bufs2, &n_bufs2, &r); break;
       case OP_TICK2: r.rc = sgm__share_tick_sync(ctx2) ? 0 : -1; break;
       case OP_DESTROY2:
         while (n_bufs2) sgm_buffer_destroy(bufs2[--n_bufs2]);
