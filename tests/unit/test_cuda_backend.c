@@ -29,6 +29,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_internal.h"
@@ -787,6 +791,92 @@ static void test_numa_node_from_pci(void **state) {
   assert_int_equal(sgm__cuda_numa_node(NULL), -1);
 }
 
+#if defined(SGM_HAVE_CUDA_HEADERS) && SGM_HAVE_CUDA_HEADERS
+/* The node registry is keyed by the GPU's UUID, as nvidia-smi -L prints it:
+ * the double's UUID reaches the segment's name and header with the PCI bus
+ * id beside it, and sgm-smi (TEST_SGM_SMI) shows both. A registry an older
+ * sgm left under the old key (gpu-<PCI bus id>, version 1) is another file:
+ * left alone, never joined, and reported by sgm-smi as an older version. */
+static void test_node_key_is_the_device_uuid(void **state) {
+  (void)state;
+  char dir[64] = "/tmp/sgm-cuda-node-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  setenv("SGM_BACKEND", "cuda", 1);
+  setenv("SGM_NODE", "on", 1);
+  setenv("SGM_NODE_DIR", dir, 1);
+  setenv("FAKE_CUDA_UUID", "GPU-0123abcd-4567-89ef-0011-2233445566ff", 1);
+  setenv("FAKE_CUDA_PCI_BUS_ID", "0000:65:00.0", 1);
+  /* The old sgm's segment: version 1, keyed by the bus id. */
+  unsigned char old[512 + 256];
+  memset(old, 0, sizeof old);
+  memcpy(old, "SGMNODE", 8);
+  uint32_t geo[4] = {1, 512, 256, 1}; /* version, header bytes, slot bytes, slots */
+  memcpy(old + 8, geo, sizeof geo);
+  snprintf((char *)old + 64, 64, "gpu-0000:65:00.0");
+  sgm__node_header_seal(old, sizeof old);
+  char old_path[256], path[256];
+  snprintf(old_path, sizeof old_path, "%s/sgm-node-gpu-0000_65_00.0", dir);
+  FILE *f = fopen(old_path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(old, 1, sizeof old, f), sizeof old);
+  fclose(f);
+  assert_int_equal(chmod(old_path, 0600), 0);
+
+  sgm_context *ctx = NULL;
+  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+  sgm_node *n = sgm__share_node(ctx);
+  assert_non_null(n); /* tracked */
+  snprintf(path, sizeof path, "%s/sgm-node-GPU-0123abcd-4567-89ef-0011-2233445566ff", dir);
+  assert_string_equal(sgm__node_file(n), path);
+  int fd;
+  unsigned char *mem;
+  size_t len;
+  char why[256];
+  assert_int_equal(sgm__node_map(path, false, false, &fd, &mem, &len, why, sizeof why), SGM_OK);
+  sgm_node_view *v = malloc(sizeof *v);
+  assert_non_null(v);
+  assert_int_equal(sgm__node_parse(mem, len, v, why, sizeof why), SGM_OK);
+  assert_string_equal(v->key, "GPU-0123abcd-4567-89ef-0011-2233445566ff");
+  assert_string_equal(v->uuid_text, "0123abcd-4567-89ef-0011-2233445566ff");
+  assert_string_equal(v->pci_bus_id, "0000:65:00.0");
+  assert_int_equal(v->n_procs, 1);
+  free(v);
+  munmap(mem, len);
+  close(fd);
+
+  const char *smi = getenv("TEST_SGM_SMI");
+  assert_non_null(smi);
+  char cmd[512], out[8192];
+  snprintf(cmd, sizeof cmd, "'%s' --json --dir '%s' 2>&1", smi, dir);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  size_t got = fread(out, 1, sizeof out - 1, p);
+  out[got] = '\0';
+  int st = pclose(p);
+  print_message("%s", out);
+  assert_int_equal(WEXITSTATUS(st), 2); /* the old registry is unreadable to this sgm */
+  assert_non_null(strstr(out, "\"key\": \"GPU-0123abcd-4567-89ef-0011-2233445566ff\", \"uuid\": "
+                              "\"GPU-0123abcd-4567-89ef-0011-2233445566ff\", \"pci_bus_id\": \"0000:65:00.0\", "
+                              "\"version\": 2"));
+  assert_non_null(strstr(out, "sgm-node-gpu-0000_65_00.0\", \"error\": \"version 1, this sgm reads version 2 "
+                              "(written by an older sgm"));
+  sgm_context_destroy(ctx);
+
+  /* The old file is as it was; ours went with its last process. */
+  unsigned char again[sizeof old];
+  f = fopen(old_path, "rb");
+  assert_non_null(f);
+  assert_int_equal(fread(again, 1, sizeof again, f), sizeof again);
+  fclose(f);
+  assert_memory_equal(again, old, sizeof old);
+  assert_int_equal(access(path, F_OK), -1);
+  unlink(old_path);
+  rmdir(dir);
+  unsetenv("FAKE_CUDA_UUID");
+  unsetenv("FAKE_CUDA_PCI_BUS_ID");
+}
+#endif
+
 int main(int argc, char **argv) {
   const struct CMUnitTest numa[] = {cmocka_unit_test(test_numa_node_from_pci)};
 #if defined(SGM_HAVE_CUDA_HEADERS) && SGM_HAVE_CUDA_HEADERS
@@ -811,6 +901,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_auto_selection, setup, teardown),
       cmocka_unit_test_setup_teardown(test_open_failures, setup, teardown),
       cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_node_key_is_the_device_uuid, setup, teardown),
       /* Last: a failed release may leave one object in the double for good. */
       cmocka_unit_test_setup_teardown(test_every_call_fails_oom, setup, teardown_after_faults),
       cmocka_unit_test_setup_teardown(test_every_call_fails_illegal_address, setup,

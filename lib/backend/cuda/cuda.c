@@ -150,7 +150,8 @@ _Static_assert(sizeof(size_t) == sizeof(uint64_t), "sgm's CUDA backend needs a 6
   X(cuMemRelease, 10020)                       \
   X(cuMemMap, 10020)                           \
   X(cuMemUnmap, 10020)                         \
-  X(cuMemSetAccess, 10020)
+  X(cuMemSetAccess, 10020)                      \
+  X(cuDeviceGetUuid, 11040)
 
 /* The CUDA version whose signatures the managed entry points are asked for:
  * 12.2 introduced the CUmemLocation forms of cuMemAdvise and
@@ -1511,10 +1512,37 @@ static int cuda_managed_prefetch(sgm_backend *be, sgm_devptr ptr, uint64_t n, sg
   return rc;
 }
 
-/* ---- The node registry's key: the PCI bus id names one GPU on a machine
- * whatever CUDA_VISIBLE_DEVICES does to the ordinals. ---- */
+/* ---- The device's identity in the node registry (issue 13): its UUID
+ * names one GPU (or one MIG slice) on a machine whatever CUDA_VISIBLE_DEVICES
+ * does to the ordinals, and is what nvidia-smi -L prints, so the registry's
+ * key is GPU-<UUID>. cuDeviceGetUuid needs no context. ---- */
+static int cuda_device_uuid(sgm_backend *be, uint8_t out[16]) {
+  memset(out, 0, 16);
+  CUuuid u;
+  CUresult r = CU(cuDeviceGetUuid)(&u, be->dev);
+  if (r != CUDA_SUCCESS) return cuda_fail(r, "reading the device's UUID", "cuDeviceGetUuid", CUDA_BLAME_DRIVER);
+  memcpy(out, u.bytes, 16);
+  return SGM_OK;
+}
+
+static void cuda_device_pci_bus_id(sgm_backend *be, char *out, size_t len) {
+  snprintf(out, len, "%s", be->pci_bus_id);
+}
+
 static void cuda_device_key(sgm_backend *be, char *out, size_t len) {
-  snprintf(out, len, "gpu-%s", be->pci_bus_id);
+  uint8_t u[16];
+  if (len) out[0] = '\0';
+  if (cuda_device_uuid(be, u) != SGM_OK) {
+    /* Without its UUID the device cannot be named the same in every
+     * process: this one runs untracked rather than under a guessed key. */
+    sgm__log(be->verbose, 1, "node registry: %s; this process runs untracked (budgets as if "
+             "alone, invisible to sgm-smi)", sgm_last_error());
+    sgm__error_clear();
+    return;
+  }
+  char text[SGM_NODE_UUID_TEXT];
+  sgm__node_uuid_format(u, text, sizeof text);
+  snprintf(out, len, "GPU-%s", text);
 }
 
 /* ---- expandable VRAM: the virtual-memory API (issue 17) ----
@@ -1831,6 +1859,8 @@ const sgm_backend_ops sgm__backend_cuda_ops = {
     .vmm_map = cuda_vmm_map,
     .vmm_unmap = cuda_vmm_unmap,
     .vmm_free = cuda_vmm_free,
+    .device_uuid = cuda_device_uuid,
+    .device_pci_bus_id = cuda_device_pci_bus_id,
 };
 
 #else /* !CUDA_BACKEND_BUILT */
