@@ -178,8 +178,19 @@ static struct cuda_driver {
 } cuda_drv;
 static pthread_once_t cuda_drv_once = PTHREAD_ONCE_INIT;
 
-/* Call a driver entry point: CU(cuMemAlloc)(&p, n). */
-#define CU(name) (cuda_drv.fn.pfn_##name)
+/*
+ * Call a driver entry point: CU(cuMemAlloc)(&p, n). The one place every driver
+ * call goes through, so it counts them: it names the variable `be` (the
+ * backend the call is made for, in scope at every call) and bumps its
+ * driver-call counter (sgm_stats.driver_calls, docs/stats.md) before the call.
+ * CU_MANAGED reaches the optional managed entry points the same way. The
+ * error-string calls, which only look up a table, go through CU_TEXT and are
+ * not counted (the driver test double does not count them either).
+ */
+#define CU(name) (cuda_count_driver(be), cuda_drv.fn.pfn_##name)
+#define CU_MANAGED(name) (cuda_count_driver(be), cuda_drv.pfn_##name)
+#define CU_TEXT(name) (cuda_drv.fn.pfn_##name)
+static void cuda_count_driver(sgm_backend *be);
 
 static void cuda_load_fail(const char *fmt, ...) SGM_PRINTF(1, 2);
 static void cuda_load_fail(const char *fmt, ...) {
@@ -276,11 +287,11 @@ typedef enum cuda_blame {
 static int cuda_fail(CUresult r, const char *op, const char *call, cuda_blame blame) {
   const char *name = NULL, *str = NULL;
   char num[32];
-  if (CU(cuGetErrorName)(r, &name) != CUDA_SUCCESS || !name) {
+  if (CU_TEXT(cuGetErrorName)(r, &name) != CUDA_SUCCESS || !name) {
     snprintf(num, sizeof num, "CUresult %d", (int)r);
     name = num;
   }
-  if (CU(cuGetErrorString)(r, &str) != CUDA_SUCCESS || !str) str = "no description";
+  if (CU_TEXT(cuGetErrorString)(r, &str) != CUDA_SUCCESS || !str) str = "no description";
   int status = SGM_ERR_BACKEND;
   if (r == CUDA_ERROR_OUT_OF_MEMORY) status = SGM_ERR_NOMEM;
   else if (blame == CUDA_BLAME_CALLER && (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE))
@@ -416,6 +427,11 @@ static void cuda_count_call(sgm_backend *be) {
   __atomic_fetch_add(&be->c.n_calls, 1, __ATOMIC_RELAXED);
 }
 
+/* One driver call made for be (CU): relaxed, as only totals are read. */
+static void cuda_count_driver(sgm_backend *be) {
+  __atomic_fetch_add(&be->c.n_driver_calls, 1, __ATOMIC_RELAXED);
+}
+
 /* The primary context this thread was last seen to have current (NULL: not
  * known), and the backend generation that saw it: a context handle can be
  * reused by a later open, the generation cannot. */
@@ -462,7 +478,7 @@ static void cuda_leave(sgm_backend *be, bool pushed, const char *op) {
   CUresult r = CU(cuCtxPopCurrent)(&popped);
   if (r != CUDA_SUCCESS || popped != be->ctx) {
     const char *name = NULL;
-    if (CU(cuGetErrorName)(r, &name) != CUDA_SUCCESS || !name) name = "unknown CUresult";
+    if (CU_TEXT(cuGetErrorName)(r, &name) != CUDA_SUCCESS || !name) name = "unknown CUresult";
     sgm__log(be->verbose, 1, "CUDA: %s: cuCtxPopCurrent failed (%s); this thread's current "
              "context may be wrong", op, r != CUDA_SUCCESS ? name : "popped another context");
   }
@@ -471,7 +487,7 @@ static void cuda_leave(sgm_backend *be, bool pushed, const char *op) {
 /* Log a driver failure in a function that cannot fail (frees, destroys). */
 static void cuda_log_failure(sgm_backend *be, CUresult r, const char *op, const char *call) {
   const char *name = NULL;
-  if (CU(cuGetErrorName)(r, &name) != CUDA_SUCCESS || !name) name = "unknown CUresult";
+  if (CU_TEXT(cuGetErrorName)(r, &name) != CUDA_SUCCESS || !name) name = "unknown CUresult";
   sgm__log(be->verbose, 1, "CUDA: %s: %s failed (%s); the memory may stay allocated", op, call,
            name);
 }
@@ -485,7 +501,7 @@ static void cuda_log_failure(sgm_backend *be, CUresult r, const char *op, const 
  * stream captures (cuda_capturing).
  */
 /* Switch the calling thread to RELAXED; *prev is the mode to restore. */
-static CUresult cuda_relax(CUstreamCaptureMode *prev) {
+static CUresult cuda_relax(sgm_backend *be, CUstreamCaptureMode *prev) {
   *prev = CU_STREAM_CAPTURE_MODE_RELAXED;
   return CU(cuThreadExchangeStreamCaptureMode)(prev);
 }
@@ -500,11 +516,55 @@ static void cuda_unrelax(sgm_backend *be, CUstreamCaptureMode prev, const char *
              "relaxed", op);
 }
 
+/*
+ * The frame of a memory call: the primary context entered and the thread in
+ * relaxed capture mode, restored in reverse. Every allocation, free, pin, unpin
+ * and virtual-memory call runs in one; this is their one copy of it.
+ */
+typedef struct cuda_frame {
+  bool pushed;              /* cuda_enter pushed the context: cuda_frame_close pops it */
+  CUstreamCaptureMode mode; /* the mode cuda_relax replaced; RELAXED once restored */
+} cuda_frame;
+
+/* Open a frame for a call that may fail: entering or relaxing failed is the
+ * operation's failure (status returned, message set, nothing to close). */
+static int cuda_frame_open(sgm_backend *be, const char *op, cuda_frame *f) {
+  int rc = cuda_enter(be, op, &f->pushed);
+  if (rc != SGM_OK) return rc;
+  CUresult r = cuda_relax(be, &f->mode);
+  if (r == CUDA_SUCCESS) return SGM_OK;
+  rc = cuda_fail(r, op, "cuThreadExchangeStreamCaptureMode", CUDA_BLAME_DRIVER);
+  cuda_leave(be, f->pushed, op);
+  return rc;
+}
+
+/* Open a frame for a call that must be made (a free, an unmap): false when the
+ * context cannot be entered (logged with `after`, what that leaves behind); a
+ * failure to relax is logged and the call made anyway. */
+static bool cuda_frame_open_must(sgm_backend *be, const char *op, const char *after,
+                                 cuda_frame *f) {
+  if (cuda_enter(be, op, &f->pushed) != SGM_OK) {
+    sgm__log(be->verbose, 1, "CUDA: %s: %s%s", op, sgm_last_error(), after);
+    return false;
+  }
+  CUresult r = cuda_relax(be, &f->mode);
+  if (r != CUDA_SUCCESS) {
+    cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
+    f->mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  }
+  return true;
+}
+
+static void cuda_frame_close(sgm_backend *be, cuda_frame *f, const char *op) {
+  cuda_unrelax(be, f->mode, op);
+  cuda_leave(be, f->pushed, op);
+}
+
 /* 1 when `stream` captures now (or the driver says the legacy stream is
  * implicitly part of another thread's capture): work recorded there is not
  * work that completes, and asking about it would invalidate the capture.
  * 0 when not; a negative status (message set) when the driver fails. */
-static int cuda_capturing(CUstream stream, const char *op) {
+static int cuda_capturing(sgm_backend *be, CUstream stream, const char *op) {
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
   CUresult r = CU(cuStreamIsCapturing)(stream, &st);
   if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) return 1;
@@ -518,7 +578,7 @@ static int cuda_capturing(CUstream stream, const char *op) {
  * queued before the free or release finished? — is answered by recording it
  * again on the same stream now, after the stream's real work, and asking
  * (wait: waiting for) that record. */
-static CUresult cuda_rerecord_captured(void *event, CUstream stream, bool wait) {
+static CUresult cuda_rerecord_captured(sgm_backend *be, void *event, CUstream stream, bool wait) {
   CUresult r = CU(cuEventRecord)((CUevent)event, stream);
   if (r != CUDA_SUCCESS) return r;
   return wait ? CU(cuEventSynchronize)((CUevent)event) : CU(cuEventQuery)((CUevent)event);
@@ -531,28 +591,7 @@ static int cuda_open(const sgm_config *cfg, sgm_backend **out) {
   pthread_once(&cuda_drv_once, cuda_load);
   if (cuda_drv.status != SGM_OK) return sgm__error_set(cuda_drv.status, "%s", cuda_drv.error);
 
-  const char *op = "opening the device";
-  CUresult r = CU(cuInit)(0);
-  if (r != CUDA_SUCCESS) {
-    cuda_fail(r, op, "cuInit", CUDA_BLAME_DRIVER);
-    return sgm__error_set(SGM_ERR_BACKEND, "%s; the CUDA driver could not be initialised (no "
-                          "usable NVIDIA GPU, or a driver/kernel module mismatch); " CUDA_HINT,
-                          sgm_last_error());
-  }
-  int count = 0;
-  r = CU(cuDeviceGetCount)(&count);
-  if (r != CUDA_SUCCESS) {
-    cuda_fail(r, op, "cuDeviceGetCount", CUDA_BLAME_DRIVER);
-    return sgm__error_set(SGM_ERR_BACKEND, "%s; " CUDA_HINT, sgm_last_error());
-  }
-  if (count == 0)
-    return sgm__error_set(SGM_ERR_BACKEND, "CUDA: no CUDA device found (the driver loaded but "
-                          "reports 0 devices; check CUDA_VISIBLE_DEVICES); " CUDA_HINT);
-  if (cfg->device < 0 || cfg->device >= count)
-    return sgm__error_set(SGM_ERR_BACKEND, "CUDA: SGM_DEVICE=%d is out of range: the driver "
-                          "reports %d CUDA device%s (0 to %d); choose another device, or " CUDA_HINT,
-                          cfg->device, count, count == 1 ? "" : "s", count - 1);
-
+  /* The backend first: the driver calls below are counted in it. */
   sgm_backend *be = calloc(1, sizeof *be);
   cuda_obj **buckets = calloc(CUDA_OBJ_BUCKETS_MIN, sizeof *buckets);
   if (!be || !buckets) {
@@ -569,6 +608,34 @@ static int cuda_open(const sgm_config *cfg, sgm_backend **out) {
   be->gen = __atomic_add_fetch(&cuda_next_gen, 1, __ATOMIC_RELAXED);
   int rc = SGM_OK;
   bool pushed = false;
+
+  const char *op = "opening the device";
+  CUresult r = CU(cuInit)(0);
+  if (r != CUDA_SUCCESS) {
+    cuda_fail(r, op, "cuInit", CUDA_BLAME_DRIVER);
+    rc = sgm__error_set(SGM_ERR_BACKEND, "%s; the CUDA driver could not be initialised (no "
+                        "usable NVIDIA GPU, or a driver/kernel module mismatch); " CUDA_HINT,
+                        sgm_last_error());
+    goto out_free;
+  }
+  int count = 0;
+  r = CU(cuDeviceGetCount)(&count);
+  if (r != CUDA_SUCCESS) {
+    cuda_fail(r, op, "cuDeviceGetCount", CUDA_BLAME_DRIVER);
+    rc = sgm__error_set(SGM_ERR_BACKEND, "%s; " CUDA_HINT, sgm_last_error());
+    goto out_free;
+  }
+  if (count == 0) {
+    rc = sgm__error_set(SGM_ERR_BACKEND, "CUDA: no CUDA device found (the driver loaded but "
+                        "reports 0 devices; check CUDA_VISIBLE_DEVICES); " CUDA_HINT);
+    goto out_free;
+  }
+  if (cfg->device < 0 || cfg->device >= count) {
+    rc = sgm__error_set(SGM_ERR_BACKEND, "CUDA: SGM_DEVICE=%d is out of range: the driver "
+                        "reports %d CUDA device%s (0 to %d); choose another device, or " CUDA_HINT,
+                        cfg->device, count, count == 1 ? "" : "s", count - 1);
+    goto out_free;
+  }
 
   r = CU(cuDeviceGet)(&be->dev, cfg->device);
   if (r != CUDA_SUCCESS) {
@@ -651,7 +718,7 @@ static void cuda_close(sgm_backend *be) {
              (unsigned long long)be->c.n_events_live);
   /* No other thread may use the backend now: walk the table without the lock. */
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-  if (entered && cuda_relax(&mode) != CUDA_SUCCESS) mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (entered && cuda_relax(be, &mode) != CUDA_SUCCESS) mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   cuda_vmm_close(be, entered);
   for (size_t i = 0; i < be->n_buckets; i++) {
     for (cuda_obj *o = be->buckets[i], *next; o; o = next) {
@@ -711,8 +778,16 @@ static int cuda_mem_info(sgm_backend *be, uint64_t *free_bytes, uint64_t *total_
  * both freed by cuMemFree), with its kind's counters; without room to
  * remember it, give it back (in relaxed capture mode) and fail with NOMEM.
  * Context entered, no sgm lock held. */
-static int cuda_track_alloc(sgm_backend *be, CUdeviceptr p, uint64_t bytes, int kind,
-                            const char *op) {
+/* Finish an allocation call of the driver (cuMemAlloc or cuMemAllocManaged,
+ * both freed by cuMemFree) made in frame f, which this closes: r, its result,
+ * becomes the status; on success p is remembered with its kind's counters, and
+ * without room to remember it, given back and NOMEM returned. No sgm lock held. */
+static int cuda_track_alloc(sgm_backend *be, cuda_frame *f, CUresult r, const char *call,
+                            CUdeviceptr p, uint64_t bytes, int kind, const char *op) {
+  if (r != CUDA_SUCCESS) {
+    cuda_frame_close(be, f, op);
+    return cuda_fail(r, op, call, CUDA_BLAME_DRIVER);
+  }
   sgm__lock_take(&be->lock);
   bool added = cuda_obj_add_locked(be, (uint64_t)p, bytes, kind);
   if (added && kind == CUDA_OBJ_DEVICE) {
@@ -722,13 +797,21 @@ static int cuda_track_alloc(sgm_backend *be, CUdeviceptr p, uint64_t bytes, int 
     be->c.n_managed_live++;
   }
   sgm__lock_drop(&be->lock);
+  if (!added) r = CU(cuMemFree)(p);
+  cuda_frame_close(be, f, op);
   if (added) return SGM_OK;
-  CUstreamCaptureMode mode;
-  if (cuda_relax(&mode) != CUDA_SUCCESS) mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-  CUresult r = CU(cuMemFree)(p);
-  cuda_unrelax(be, mode, op);
   if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
   return sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
+}
+
+/* cuMemFree of p, already off the table (device or managed memory), in a
+ * frame of its own. A free cannot fail: a failure is logged. */
+static void cuda_free_now(sgm_backend *be, CUdeviceptr p, const char *op) {
+  cuda_frame f;
+  if (!cuda_frame_open_must(be, op, "", &f)) return;
+  CUresult r = CU(cuMemFree)(p);
+  cuda_frame_close(be, &f, op);
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
 }
 
 static int cuda_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
@@ -739,26 +822,13 @@ static int cuda_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
   char op[64];
   char b[32];
   snprintf(op, sizeof op, "allocating %s of device memory", sgm__fmt_bytes(bytes, b, sizeof b));
-  bool pushed;
-  int rc = cuda_enter(be, op, &pushed);
+  cuda_frame f;
+  int rc = cuda_frame_open(be, op, &f);
   if (rc != SGM_OK) return rc;
   CUdeviceptr p = 0;
-  CUstreamCaptureMode mode;
-  CUresult r = cuda_relax(&mode);
-  if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r, op, "cuThreadExchangeStreamCaptureMode", CUDA_BLAME_DRIVER);
-    goto out_leave;
-  }
-  r = CU(cuMemAlloc)(&p, (size_t)bytes);
-  cuda_unrelax(be, mode, op);
-  if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r, op, "cuMemAlloc", CUDA_BLAME_DRIVER);
-    goto out_leave;
-  }
-  rc = cuda_track_alloc(be, p, bytes, CUDA_OBJ_DEVICE, op);
+  CUresult r = CU(cuMemAlloc)(&p, (size_t)bytes);
+  rc = cuda_track_alloc(be, &f, r, "cuMemAlloc", p, bytes, CUDA_OBJ_DEVICE, op);
   if (rc == SGM_OK) *out = (sgm_devptr)p;
-out_leave:
-  cuda_leave(be, pushed, op);
   return rc;
 }
 
@@ -780,19 +850,7 @@ static void cuda_device_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
              "ignored", (unsigned long long)ptr);
     return;
   }
-  bool pushed;
-  if (cuda_enter(be, op, &pushed) != SGM_OK) {
-    sgm__log(be->verbose, 1, "CUDA: %s: %s", op, sgm_last_error());
-    return;
-  }
-  /* A free must happen: without relaxed mode it is still made. */
-  CUstreamCaptureMode mode;
-  CUresult r = cuda_relax(&mode);
-  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
-  r = CU(cuMemFree)((CUdeviceptr)ptr);
-  cuda_unrelax(be, mode, op);
-  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
-  cuda_leave(be, pushed, op);
+  cuda_free_now(be, (CUdeviceptr)ptr, op);
 }
 
 /* The message for a device without pinned host memory: what the device or
@@ -822,7 +880,7 @@ static bool cuda_host_tier_unavailable(sgm_backend *be) {
  * once with the same message. */
 static int cuda_host_register_refused(sgm_backend *be, CUresult r) {
   const char *name = NULL;
-  if (CU(cuGetErrorName)(r, &name) != CUDA_SUCCESS || !name) name = "unknown CUresult";
+  if (CU_TEXT(cuGetErrorName)(r, &name) != CUDA_SUCCESS || !name) name = "unknown CUresult";
   sgm__lock_take(&be->lock);
   snprintf(be->no_host_tier, sizeof be->no_host_tier, "refused to register host memory "
            "(cuMemHostRegister: %s: %s)", name,
@@ -853,24 +911,17 @@ static int cuda_host_alloc(sgm_backend *be, uint64_t bytes, int numa_node, void 
   void *p = NULL;
   int rc = sgm__host_map_pinnable(len, numa_node >= 0 ? numa_node : be->numa_node, &p);
   if (rc != SGM_OK) return rc;
-  bool pushed;
-  rc = cuda_enter(be, op, &pushed);
+  cuda_frame f;
+  rc = cuda_frame_open(be, op, &f);
   if (rc != SGM_OK) goto out_unmap;
-  CUstreamCaptureMode mode;
-  CUresult r = cuda_relax(&mode);
-  if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r, op, "cuThreadExchangeStreamCaptureMode", CUDA_BLAME_DRIVER);
-    goto out_leave;
-  }
-  r = CU(cuMemHostRegister)(p, len, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
-  cuda_unrelax(be, mode, op);
+  CUresult r = CU(cuMemHostRegister)(p, len, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
   if (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_NOT_PERMITTED) {
     rc = cuda_host_register_refused(be, r);
-    goto out_leave;
+    goto out_close;
   }
   if (r != CUDA_SUCCESS) {
     rc = cuda_fail(r, op, "cuMemHostRegister", CUDA_BLAME_DRIVER);
-    goto out_leave;
+    goto out_close;
   }
   CUdeviceptr d = 0;
   r = CU(cuMemHostGetDevicePointer)(&d, p, 0);
@@ -889,24 +940,22 @@ static int cuda_host_alloc(sgm_backend *be, uint64_t bytes, int numa_node, void 
     rc = sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
     goto out_unregister;
   }
-  cuda_leave(be, pushed, op);
+  cuda_frame_close(be, &f, op);
   *host_out = p;
   *dev_out = (sgm_devptr)d;
   return SGM_OK;
 
 out_unregister:
-  if (cuda_relax(&mode) != CUDA_SUCCESS) mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   r = CU(cuMemHostUnregister)(p);
-  cuda_unrelax(be, mode, op);
   if (r != CUDA_SUCCESS) {
     /* Still pinned by the driver: unmapping it would leave the driver a
      * dangling registration; leak the mapping instead. */
     cuda_log_failure(be, r, op, "cuMemHostUnregister");
-    cuda_leave(be, pushed, op);
+    cuda_frame_close(be, &f, op);
     return rc;
   }
-out_leave:
-  cuda_leave(be, pushed, op);
+out_close:
+  cuda_frame_close(be, &f, op);
 out_unmap:
   munmap(p, len);
   return rc;
@@ -930,21 +979,10 @@ static void cuda_host_free(sgm_backend *be, void *host, uint64_t bytes) {
              host);
     return;
   }
-  bool pushed;
-  if (cuda_enter(be, op, &pushed) != SGM_OK) {
-    sgm__log(be->verbose, 1, "CUDA: %s: %s; the memory stays pinned", op, sgm_last_error());
-    return;
-  }
-  /* An unpin must happen: without relaxed mode it is still made. */
-  CUstreamCaptureMode mode;
-  CUresult r = cuda_relax(&mode);
-  if (r != CUDA_SUCCESS) {
-    cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
-    mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-  }
-  r = CU(cuMemHostUnregister)(host);
-  cuda_unrelax(be, mode, op);
-  cuda_leave(be, pushed, op);
+  cuda_frame f;
+  if (!cuda_frame_open_must(be, op, "; the memory stays pinned", &f)) return;
+  CUresult r = CU(cuMemHostUnregister)(host);
+  cuda_frame_close(be, &f, op);
   if (r != CUDA_SUCCESS) {
     cuda_log_failure(be, r, op, "cuMemHostUnregister");
     return; /* never unmap what the driver may still have pinned */
@@ -968,7 +1006,7 @@ static int cuda_copy(sgm_backend *be, sgm_copy_kind kind, uint64_t dst, uint64_t
   int rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
   /* Only the caller's stream can be capturing (sgm's own never is). */
-  if (stream && (rc = cuda_capturing(s, op)) != 0) {
+  if (stream && (rc = cuda_capturing(be, s, op)) != 0) {
     cuda_leave(be, pushed, op);
     if (rc < 0) return rc;
     return sgm__error_set(SGM_ERR_BUSY, "CUDA: %s: the stream the buffer was last used on is "
@@ -1012,6 +1050,7 @@ static void cuda_counters(sgm_backend *be, sgm_backend_counters *out) {
   out->n_device_live = n_device_live;
   out->n_host_live = n_host_live;
   out->n_calls = __atomic_load_n(&be->c.n_calls, __ATOMIC_RELAXED);
+  out->n_driver_calls = __atomic_load_n(&be->c.n_driver_calls, __ATOMIC_RELAXED);
   sgm__lock_take(&be->lock);
   out->vmm_mapped_bytes = be->c.vmm_mapped_bytes;
   out->n_vmm_ranges = be->c.n_vmm_ranges;
@@ -1086,13 +1125,13 @@ static int cuda_event_query(sgm_backend *be, void *event) {
   int rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
   /* Recorded into a capture that goes on: not complete before it ends. */
-  rc = pooled ? 0 : cuda_capturing(stream, op);
+  rc = pooled ? 0 : cuda_capturing(be, stream, op);
   if (rc != 0) {
     cuda_leave(be, pushed, op);
     return rc < 0 ? rc : 0;
   }
   CUresult r = CU(cuEventQuery)((CUevent)event);
-  if (r == CUDA_ERROR_CAPTURED_EVENT) r = cuda_rerecord_captured(event, stream, false);
+  if (r == CUDA_ERROR_CAPTURED_EVENT) r = cuda_rerecord_captured(be, event, stream, false);
   cuda_leave(be, pushed, op);
   if (r == CUDA_SUCCESS) return 1;
   if (r == CUDA_ERROR_NOT_READY) return 0;
@@ -1112,7 +1151,7 @@ static int cuda_event_wait(sgm_backend *be, void *event) {
   bool pushed;
   int rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
-  rc = pooled ? 0 : cuda_capturing(stream, op);
+  rc = pooled ? 0 : cuda_capturing(be, stream, op);
   if (rc != 0) {
     cuda_leave(be, pushed, op);
     if (rc < 0) return rc;
@@ -1121,7 +1160,7 @@ static int cuda_event_wait(sgm_backend *be, void *event) {
                           "now (end the capture first)", op);
   }
   CUresult r = CU(cuEventSynchronize)((CUevent)event);
-  if (r == CUDA_ERROR_CAPTURED_EVENT) r = cuda_rerecord_captured(event, stream, true);
+  if (r == CUDA_ERROR_CAPTURED_EVENT) r = cuda_rerecord_captured(be, event, stream, true);
   cuda_leave(be, pushed, op);
   if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuEventSynchronize", CUDA_BLAME_CALLER);
   return SGM_OK;
@@ -1202,8 +1241,8 @@ static int cuda_event_create(sgm_backend *be, void **event_out) {
 /* Refuse (SGM_ERR_BUSY) to record on or wait from a stream that captures a
  * CUDA graph: the record would be a graph node, not work that completes, and
  * a wait would pull the other stream into the capture (or break it). */
-static int cuda_refuse_capturing(CUstream s, const char *op) {
-  int rc = cuda_capturing(s, op);
+static int cuda_refuse_capturing(sgm_backend *be, CUstream s, const char *op) {
+  int rc = cuda_capturing(be, s, op);
   if (rc <= 0) return rc;
   return sgm__error_set(SGM_ERR_BUSY, "CUDA: %s: the stream is capturing a CUDA graph; memory "
                         "does not cross streams during a capture", op);
@@ -1225,7 +1264,7 @@ static int cuda_stream_event_call(sgm_backend *be, void *event, const sgm_stream
     /* The legacy stream never captures, but it is unusable while a blocking
      * stream captures (work on it would invalidate that capture): asking it
      * answers STREAM_CAPTURE_IMPLICIT then, without harm (cuda_capturing). */
-    rc = cuda_refuse_capturing(s, op);
+    rc = cuda_refuse_capturing(be, s, op);
     if (rc != SGM_OK) {
       cuda_leave(be, pushed, op);
       return rc;
@@ -1317,13 +1356,13 @@ static int cuda_transfer_once(sgm_backend *be, CUevent ev, CUstream o, CUstream 
   if (rc != SGM_OK) return rc;
   CUresult r;
   if (ob && tb) {
-    if ((rc = cuda_refuse_capturing(CU_STREAM_LEGACY, op)) != SGM_OK) return rc;
+    if ((rc = cuda_refuse_capturing(be, CU_STREAM_LEGACY, op)) != SGM_OK) return rc;
     if (cuda_is_legacy(o) || cuda_is_legacy(t)) return SGM_OK;
     r = *r_out = CU(cuEventRecord)(ev, CU_STREAM_LEGACY);
     return r == CUDA_SUCCESS ? SGM_OK : cuda_fail(r, op, "cuEventRecord", CUDA_BLAME_CALLER);
   }
-  if ((rc = cuda_refuse_capturing(o, op)) != SGM_OK) return rc;
-  if (t != o && (rc = cuda_refuse_capturing(t, op)) != SGM_OK) return rc;
+  if ((rc = cuda_refuse_capturing(be, o, op)) != SGM_OK) return rc;
+  if (t != o && (rc = cuda_refuse_capturing(be, t, op)) != SGM_OK) return rc;
   r = *r_out = CU(cuEventRecord)(ev, o);
   if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuEventRecord", CUDA_BLAME_CALLER);
   r = *r_out = CU(cuStreamWaitEvent)(t, ev, 0);
@@ -1383,26 +1422,13 @@ static int cuda_managed_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) 
   bytes = sgm__align_up(bytes, SGM_MANAGED_PAGE);
   char op[64], b[32];
   snprintf(op, sizeof op, "allocating %s of managed memory", sgm__fmt_bytes(bytes, b, sizeof b));
-  bool pushed;
-  int rc = cuda_enter(be, op, &pushed);
+  cuda_frame f;
+  int rc = cuda_frame_open(be, op, &f);
   if (rc != SGM_OK) return rc;
-  CUstreamCaptureMode mode;
-  CUresult r = cuda_relax(&mode);
-  if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r, op, "cuThreadExchangeStreamCaptureMode", CUDA_BLAME_DRIVER);
-    goto out_leave;
-  }
   CUdeviceptr p = 0;
-  r = cuda_drv.pfn_cuMemAllocManaged(&p, (size_t)bytes, CU_MEM_ATTACH_GLOBAL);
-  cuda_unrelax(be, mode, op);
-  if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r, op, "cuMemAllocManaged", CUDA_BLAME_DRIVER);
-    goto out_leave;
-  }
-  rc = cuda_track_alloc(be, p, bytes, CUDA_OBJ_MANAGED, op);
+  CUresult r = CU_MANAGED(cuMemAllocManaged)(&p, (size_t)bytes, CU_MEM_ATTACH_GLOBAL);
+  rc = cuda_track_alloc(be, &f, r, "cuMemAllocManaged", p, bytes, CUDA_OBJ_MANAGED, op);
   if (rc == SGM_OK) *out = (sgm_devptr)p;
-out_leave:
-  cuda_leave(be, pushed, op);
   return rc;
 }
 
@@ -1421,18 +1447,7 @@ static void cuda_managed_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
              "ignored", (unsigned long long)ptr);
     return;
   }
-  bool pushed;
-  if (cuda_enter(be, op, &pushed) != SGM_OK) {
-    sgm__log(be->verbose, 1, "CUDA: %s: %s", op, sgm_last_error());
-    return;
-  }
-  CUstreamCaptureMode mode;
-  CUresult r = cuda_relax(&mode);
-  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
-  r = CU(cuMemFree)((CUdeviceptr)ptr);
-  cuda_unrelax(be, mode, op);
-  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
-  cuda_leave(be, pushed, op);
+  cuda_free_now(be, (CUdeviceptr)ptr, op);
 }
 
 /* Where host-placed managed pages go: the GPU's NUMA node when known
@@ -1472,7 +1487,7 @@ static int cuda_managed_advise(sgm_backend *be, sgm_devptr ptr, uint64_t n, sgm_
   bool pushed;
   int rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
-  CUresult r = cuda_drv.pfn_cuMemAdvise((CUdeviceptr)ptr, (size_t)n, a, l);
+  CUresult r = CU_MANAGED(cuMemAdvise)((CUdeviceptr)ptr, (size_t)n, a, l);
   if (r != CUDA_SUCCESS) rc = cuda_fail(r, op, "cuMemAdvise", CUDA_BLAME_CALLER);
   cuda_leave(be, pushed, op);
   return rc;
@@ -1492,14 +1507,14 @@ static int cuda_managed_prefetch(sgm_backend *be, sgm_devptr ptr, uint64_t n, sg
   bool pushed;
   int rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
-  if (stream && (rc = cuda_capturing(s, op)) != 0) {
+  if (stream && (rc = cuda_capturing(be, s, op)) != 0) {
     cuda_leave(be, pushed, op);
     if (rc < 0) return rc;
     return sgm__error_set(SGM_ERR_BUSY, "CUDA: %s: the stream is capturing a CUDA graph, so the "
                           "prefetch would be captured instead of run; end the capture first", op);
   }
   CUmemLocation l = to == SGM_TIER_VRAM ? cuda_managed_device(be) : cuda_managed_host(be);
-  CUresult r = cuda_drv.pfn_cuMemPrefetchAsync((CUdeviceptr)ptr, (size_t)n, l, 0, s);
+  CUresult r = CU_MANAGED(cuMemPrefetchAsync)((CUdeviceptr)ptr, (size_t)n, l, 0, s);
   if (r != CUDA_SUCCESS) {
     rc = cuda_fail(r, op, "cuMemPrefetchAsync", CUDA_BLAME_CALLER);
   } else {
@@ -1589,23 +1604,16 @@ static int cuda_vmm_reserve(sgm_backend *be, uint64_t bytes, void **range_out, s
     free(mapped);
     return sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory", op);
   }
-  bool pushed;
-  rc = cuda_enter(be, op, &pushed);
+  cuda_frame f;
+  rc = cuda_frame_open(be, op, &f);
   if (rc != SGM_OK) goto out_free;
-  CUstreamCaptureMode mode;
-  CUresult r = cuda_relax(&mode);
-  if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r, op, "cuThreadExchangeStreamCaptureMode", CUDA_BLAME_DRIVER);
-    goto out_leave;
-  }
   CUdeviceptr base = 0;
-  r = CU(cuMemAddressReserve)(&base, (size_t)bytes, (size_t)g, 0, 0);
-  cuda_unrelax(be, mode, op);
+  CUresult r = CU(cuMemAddressReserve)(&base, (size_t)bytes, (size_t)g, 0, 0);
+  cuda_frame_close(be, &f, op);
   if (r != CUDA_SUCCESS) {
     rc = cuda_fail(r, op, "cuMemAddressReserve", CUDA_BLAME_DRIVER);
-    goto out_leave;
+    goto out_free;
   }
-  cuda_leave(be, pushed, op);
   *v = (cuda_vrange){.base = base, .bytes = bytes, .granule = g, .mapped = mapped};
   sgm__lock_take(&be->lock);
   v->next = be->vranges;
@@ -1616,8 +1624,6 @@ static int cuda_vmm_reserve(sgm_backend *be, uint64_t bytes, void **range_out, s
   *base_out = (sgm_devptr)base;
   return SGM_OK;
 
-out_leave:
-  cuda_leave(be, pushed, op);
 out_free:
   free(v);
   free(mapped);
@@ -1644,15 +1650,10 @@ static int cuda_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t 
     return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s: [%llu, +%llu) is not a granule-aligned "
                           "run of the range", op, (unsigned long long)offset,
                           (unsigned long long)bytes);
-  bool pushed;
-  int rc = cuda_enter(be, op, &pushed);
+  cuda_frame f;
+  int rc = cuda_frame_open(be, op, &f);
   if (rc != SGM_OK) return rc;
-  CUstreamCaptureMode mode;
-  CUresult r = cuda_relax(&mode);
-  if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r, op, "cuThreadExchangeStreamCaptureMode", CUDA_BLAME_DRIVER);
-    goto out_leave;
-  }
+  CUresult r = CUDA_SUCCESS;
   CUmemAllocationProp prop = cuda_vmm_prop(be);
   uint64_t g0 = offset / v->granule, g1 = (offset + bytes) / v->granule, g = g0;
   const char *failed = NULL;
@@ -1685,7 +1686,7 @@ static int cuda_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t 
     rc = cuda_fail(r, op, failed, CUDA_BLAME_DRIVER);
     cuda_vmm_unmap_run(be, v, g0, g, op); /* all or nothing */
   }
-  cuda_unrelax(be, mode, op);
+  cuda_frame_close(be, &f, op);
   if (!failed) {
     sgm__lock_take(&be->lock);
     memset(v->mapped + g0, 1, (size_t)(g1 - g0));
@@ -1693,8 +1694,6 @@ static int cuda_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t 
     be->c.vmm_mapped_bytes += bytes;
     sgm__lock_drop(&be->lock);
   }
-out_leave:
-  cuda_leave(be, pushed, op);
   return rc;
 }
 
@@ -1719,17 +1718,10 @@ static void cuda_vmm_unmap(sgm_backend *be, void *range, uint64_t offset, uint64
              op, (unsigned long long)offset, (unsigned long long)bytes);
     return;
   }
-  bool pushed;
-  if (cuda_enter(be, op, &pushed) != SGM_OK) {
-    sgm__log(be->verbose, 1, "CUDA: %s: %s", op, sgm_last_error());
-    return;
-  }
-  CUstreamCaptureMode mode;
-  CUresult r = cuda_relax(&mode);
-  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
+  cuda_frame f;
+  if (!cuda_frame_open_must(be, op, "", &f)) return;
   cuda_vmm_unmap_run(be, v, g0, g1, op);
-  cuda_unrelax(be, mode, op);
-  cuda_leave(be, pushed, op);
+  cuda_frame_close(be, &f, op);
 }
 
 /* Unmap what is left of v and free its addresses (context entered, relaxed);
@@ -1768,19 +1760,14 @@ static void cuda_vmm_free(sgm_backend *be, void *range) {
     }
   be->c.n_vmm_ranges--;
   sgm__lock_drop(&be->lock);
-  bool pushed;
-  if (cuda_enter(be, op, &pushed) != SGM_OK) {
-    sgm__log(be->verbose, 1, "CUDA: %s: %s", op, sgm_last_error());
+  cuda_frame f;
+  if (!cuda_frame_open_must(be, op, "", &f)) {
     free(v->mapped);
     free(v);
     return;
   }
-  CUstreamCaptureMode mode;
-  CUresult r = cuda_relax(&mode);
-  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
   cuda_vmm_release(be, v, op);
-  cuda_unrelax(be, mode, op);
-  cuda_leave(be, pushed, op);
+  cuda_frame_close(be, &f, op);
 }
 
 /* close(): ranges sgm did not free (context entered by the caller). */
