@@ -12,6 +12,11 @@
 
 namespace sgm_bench {
 
+// The unit of count figures (figure.h): value and reference may be 0, and the
+// ratio is (value + 1) / (reference + 1).
+inline constexpr const char *kCountUnit = "calls";
+inline bool IsCount(const std::string &unit) { return unit == kCountUnit; }
+
 // The table: figure, sgm, reference, ratio (and its spread), target, verdict;
 // then one line per skipped figure saying why.
 void PrintTable(const Json &doc, FILE *out);
@@ -27,7 +32,7 @@ int Compare(const Json &a, const Json &b, FILE *out, std::string *err);
 std::string Markdown(const Json &doc);
 
 // "" when doc has the shape of a result file (every required member, of its
-// type; measured figures positive); else the first fault.
+// type; measured figures positive, counts at least 0); else the first fault.
 std::string CheckSchema(const Json &doc);
 
 }  // namespace sgm_bench

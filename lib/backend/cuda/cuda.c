@@ -774,23 +774,27 @@ static int cuda_mem_info(sgm_backend *be, uint64_t *free_bytes, uint64_t *total_
   return SGM_OK;
 }
 
-/* Remember p, just allocated by the driver (cuMemAlloc or cuMemAllocManaged,
- * both freed by cuMemFree), with its kind's counters; without room to
- * remember it, give it back (in relaxed capture mode) and fail with NOMEM.
- * Context entered, no sgm lock held. */
-/* Finish an allocation call of the driver (cuMemAlloc or cuMemAllocManaged,
- * both freed by cuMemFree) made in frame f, which this closes: r, its result,
- * becomes the status; on success p is remembered with its kind's counters, and
- * without room to remember it, given back and NOMEM returned. No sgm lock held. */
-static int cuda_track_alloc(sgm_backend *be, cuda_frame *f, CUresult r, const char *call,
-                            CUdeviceptr p, uint64_t bytes, int kind, const char *op) {
+/* Allocate bytes of device memory (kind CUDA_OBJ_DEVICE: cuMemAlloc) or
+ * managed memory (CUDA_OBJ_MANAGED: cuMemAllocManaged), both freed by
+ * cuMemFree, in a frame of its own, and remember it with its kind's counters;
+ * without room to remember it, give it back and fail with NOMEM. The one home
+ * of both allocation paths. No sgm lock held. */
+static int cuda_alloc_tracked(sgm_backend *be, int kind, uint64_t bytes, const char *op,
+                              sgm_devptr *out) {
+  cuda_frame f;
+  int rc = cuda_frame_open(be, op, &f);
+  if (rc != SGM_OK) return rc;
+  CUdeviceptr p = 0;
+  bool device = kind == CUDA_OBJ_DEVICE;
+  CUresult r = device ? CU(cuMemAlloc)(&p, (size_t)bytes)
+                      : CU_MANAGED(cuMemAllocManaged)(&p, (size_t)bytes, CU_MEM_ATTACH_GLOBAL);
   if (r != CUDA_SUCCESS) {
-    cuda_frame_close(be, f, op);
-    return cuda_fail(r, op, call, CUDA_BLAME_DRIVER);
+    cuda_frame_close(be, &f, op);
+    return cuda_fail(r, op, device ? "cuMemAlloc" : "cuMemAllocManaged", CUDA_BLAME_DRIVER);
   }
   sgm__lock_take(&be->lock);
   bool added = cuda_obj_add_locked(be, (uint64_t)p, bytes, kind);
-  if (added && kind == CUDA_OBJ_DEVICE) {
+  if (added && device) {
     be->c.device_live_bytes += bytes;
     be->c.n_device_live++;
   } else if (added) {
@@ -798,18 +802,40 @@ static int cuda_track_alloc(sgm_backend *be, cuda_frame *f, CUresult r, const ch
   }
   sgm__lock_drop(&be->lock);
   if (!added) r = CU(cuMemFree)(p);
-  cuda_frame_close(be, f, op);
-  if (added) return SGM_OK;
+  cuda_frame_close(be, &f, op);
+  if (added) {
+    *out = (sgm_devptr)p;
+    return SGM_OK;
+  }
   if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
   return sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
 }
 
-/* cuMemFree of p, already off the table (device or managed memory), in a
- * frame of its own. A free cannot fail: a failure is logged. */
-static void cuda_free_now(sgm_backend *be, CUdeviceptr p, const char *op) {
+/* Forget ptr, memory of that kind cuda_alloc_tracked gave out (bytes: its
+ * size as remembered), and cuMemFree it in a frame of its own. A free cannot
+ * fail: a pointer this backend did not allocate, or a failing driver, is
+ * logged (`what`: the backend op, for the message). */
+static void cuda_free_tracked(sgm_backend *be, int kind, sgm_devptr ptr, uint64_t bytes,
+                              const char *op, const char *what) {
+  uint64_t known = 0;
+  sgm__lock_take(&be->lock);
+  bool found = cuda_obj_remove_locked(be, ptr, kind, &known);
+  if (found && kind == CUDA_OBJ_DEVICE) {
+    be->c.device_live_bytes -= known;
+    be->c.n_device_live--;
+  } else if (found) {
+    be->c.n_managed_live--;
+  }
+  sgm__lock_drop(&be->lock);
+  sgm_assert(found && known == bytes);
+  if (!found) {
+    sgm__log(be->verbose, 1, "CUDA: %s of 0x%llx, which this backend did not allocate; ignored",
+             what, (unsigned long long)ptr);
+    return;
+  }
   cuda_frame f;
   if (!cuda_frame_open_must(be, op, "", &f)) return;
-  CUresult r = CU(cuMemFree)(p);
+  CUresult r = CU(cuMemFree)((CUdeviceptr)ptr);
   cuda_frame_close(be, &f, op);
   if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
 }
@@ -822,35 +848,14 @@ static int cuda_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
   char op[64];
   char b[32];
   snprintf(op, sizeof op, "allocating %s of device memory", sgm__fmt_bytes(bytes, b, sizeof b));
-  cuda_frame f;
-  int rc = cuda_frame_open(be, op, &f);
-  if (rc != SGM_OK) return rc;
-  CUdeviceptr p = 0;
-  CUresult r = CU(cuMemAlloc)(&p, (size_t)bytes);
-  rc = cuda_track_alloc(be, &f, r, "cuMemAlloc", p, bytes, CUDA_OBJ_DEVICE, op);
-  if (rc == SGM_OK) *out = (sgm_devptr)p;
-  return rc;
+  return cuda_alloc_tracked(be, CUDA_OBJ_DEVICE, bytes, op, out);
 }
 
 static void cuda_device_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
   sgm__lock_assert_none_held();
   if (!ptr) return;
   const char *op = "freeing device memory";
-  uint64_t known = 0;
-  sgm__lock_take(&be->lock);
-  bool found = cuda_obj_remove_locked(be, ptr, CUDA_OBJ_DEVICE, &known);
-  if (found) {
-    be->c.device_live_bytes -= known;
-    be->c.n_device_live--;
-  }
-  sgm__lock_drop(&be->lock);
-  sgm_assert(found && known == bytes);
-  if (!found) {
-    sgm__log(be->verbose, 1, "CUDA: device_free of 0x%llx, which this backend did not allocate; "
-             "ignored", (unsigned long long)ptr);
-    return;
-  }
-  cuda_free_now(be, (CUdeviceptr)ptr, op);
+  cuda_free_tracked(be, CUDA_OBJ_DEVICE, ptr, bytes, op, "device_free");
 }
 
 /* The message for a device without pinned host memory: what the device or
@@ -990,6 +995,41 @@ static void cuda_host_free(sgm_backend *be, void *host, uint64_t bytes) {
   munmap(host, len);
 }
 
+/*
+ * Work queued on a stream and complete when the call returns (copy,
+ * managed_prefetch): the stream is the caller's, or the backend's own copy
+ * stream for NULL. cuda_sync_begin enters the context and refuses a caller's
+ * stream that captures a graph (the work would be captured instead of run;
+ * `which` names the stream, `what` the work, in that message); *s is the
+ * stream to use. cuda_sync_end takes the queueing call's result, waits for
+ * the stream and leaves the context.
+ */
+static int cuda_sync_begin(sgm_backend *be, void *stream, const char *op, const char *which,
+                           const char *what, CUstream *s, bool *pushed) {
+  *s = stream ? (CUstream)stream : be->copy_stream;
+  int rc = cuda_enter(be, op, pushed);
+  if (rc != SGM_OK) return rc;
+  /* Only the caller's stream can be capturing (sgm's own never is). */
+  if (!stream || (rc = cuda_capturing(be, *s, op)) == 0) return SGM_OK;
+  cuda_leave(be, *pushed, op);
+  if (rc < 0) return rc;
+  return sgm__error_set(SGM_ERR_BUSY, "CUDA: %s: %s is capturing a CUDA graph, so the %s would "
+                        "be captured instead of run; end the capture first", op, which, what);
+}
+
+static int cuda_sync_end(sgm_backend *be, CUresult r, const char *call, CUstream s, bool pushed,
+                         const char *op) {
+  int rc = SGM_OK;
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, call, CUDA_BLAME_CALLER);
+  } else {
+    r = CU(cuStreamSynchronize)(s);
+    if (r != CUDA_SUCCESS) rc = cuda_fail(r, op, "cuStreamSynchronize", CUDA_BLAME_CALLER);
+  }
+  cuda_leave(be, pushed, op);
+  return rc;
+}
+
 static int cuda_copy(sgm_backend *be, sgm_copy_kind kind, uint64_t dst, uint64_t src, uint64_t n,
                      void *stream) {
   sgm__lock_assert_none_held();
@@ -1001,18 +1041,11 @@ static int cuda_copy(sgm_backend *be, sgm_copy_kind kind, uint64_t dst, uint64_t
   static const char *const ops[] = {"copying host to device", "copying device to host",
                                     "copying device to device"};
   const char *op = ops[kind];
-  CUstream s = stream ? (CUstream)stream : be->copy_stream;
+  CUstream s;
   bool pushed;
-  int rc = cuda_enter(be, op, &pushed);
+  int rc = cuda_sync_begin(be, stream, op, "the stream the buffer was last used on", "copy", &s,
+                           &pushed);
   if (rc != SGM_OK) return rc;
-  /* Only the caller's stream can be capturing (sgm's own never is). */
-  if (stream && (rc = cuda_capturing(be, s, op)) != 0) {
-    cuda_leave(be, pushed, op);
-    if (rc < 0) return rc;
-    return sgm__error_set(SGM_ERR_BUSY, "CUDA: %s: the stream the buffer was last used on is "
-                          "capturing a CUDA graph, so the copy would be captured instead of run; "
-                          "end the capture first", op);
-  }
   CUresult r;
   const char *call;
   switch (kind) {
@@ -1029,14 +1062,7 @@ static int cuda_copy(sgm_backend *be, sgm_copy_kind kind, uint64_t dst, uint64_t
       r = CU(cuMemcpyDtoDAsync)((CUdeviceptr)dst, (CUdeviceptr)src, (size_t)n, s);
       break;
   }
-  if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r, op, call, CUDA_BLAME_CALLER);
-  } else {
-    r = CU(cuStreamSynchronize)(s);
-    if (r != CUDA_SUCCESS) rc = cuda_fail(r, op, "cuStreamSynchronize", CUDA_BLAME_CALLER);
-  }
-  cuda_leave(be, pushed, op);
-  return rc;
+  return cuda_sync_end(be, r, call, s, pushed, op);
 }
 
 static void cuda_counters(sgm_backend *be, sgm_backend_counters *out) {
@@ -1112,24 +1138,33 @@ out_leave:
   return rc;
 }
 
-static int cuda_event_query(sgm_backend *be, void *event) {
+/* The start of event_query and event_wait (what: "event_query of", "event_wait
+ * on"): find the stream the event was recorded on, enter the context and ask
+ * whether that stream captures a graph now (an event recorded into a capture
+ * that goes on stands for work that runs only when the graph is launched). A
+ * negative status: failed, nothing to undo; 1: it captures (context left
+ * again); 0: go on, entered (*pushed for cuda_leave), *stream the record's. */
+static int cuda_event_begin(sgm_backend *be, void *event, const char *op, const char *what,
+                            CUstream *stream, bool *pushed) {
   cuda_count_call(be);
-  if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_query of a NULL event");
+  if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s a NULL event", what);
+  bool pooled = false;
+  if (!cuda_event_stream(be, event, stream, &pooled))
+    return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s %p, which this backend did not record", what,
+                          event);
+  int rc = cuda_enter(be, op, pushed);
+  if (rc != SGM_OK) return rc;
+  rc = pooled ? 0 : cuda_capturing(be, *stream, op);
+  if (rc != 0) cuda_leave(be, *pushed, op);
+  return rc;
+}
+
+static int cuda_event_query(sgm_backend *be, void *event) {
   const char *op = "querying an event";
   CUstream stream = NULL;
-  bool pooled = false;
-  if (!cuda_event_stream(be, event, &stream, &pooled))
-    return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_query of %p, which this backend did not "
-                          "record", event);
-  bool pushed;
-  int rc = cuda_enter(be, op, &pushed);
-  if (rc != SGM_OK) return rc;
-  /* Recorded into a capture that goes on: not complete before it ends. */
-  rc = pooled ? 0 : cuda_capturing(be, stream, op);
-  if (rc != 0) {
-    cuda_leave(be, pushed, op);
-    return rc < 0 ? rc : 0;
-  }
+  bool pushed = false;
+  int rc = cuda_event_begin(be, event, op, "event_query of", &stream, &pushed);
+  if (rc != 0) return rc < 0 ? rc : 0; /* capturing: not complete before the capture ends */
   CUresult r = CU(cuEventQuery)((CUevent)event);
   if (r == CUDA_ERROR_CAPTURED_EVENT) r = cuda_rerecord_captured(be, event, stream, false);
   cuda_leave(be, pushed, op);
@@ -1140,25 +1175,15 @@ static int cuda_event_query(sgm_backend *be, void *event) {
 
 static int cuda_event_wait(sgm_backend *be, void *event) {
   sgm__lock_assert_none_held();
-  cuda_count_call(be);
-  if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_wait on a NULL event");
   const char *op = "waiting for an event";
   CUstream stream = NULL;
-  bool pooled = false;
-  if (!cuda_event_stream(be, event, &stream, &pooled))
-    return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_wait on %p, which this backend did not "
-                          "record", event);
-  bool pushed;
-  int rc = cuda_enter(be, op, &pushed);
-  if (rc != SGM_OK) return rc;
-  rc = pooled ? 0 : cuda_capturing(be, stream, op);
-  if (rc != 0) {
-    cuda_leave(be, pushed, op);
-    if (rc < 0) return rc;
+  bool pushed = false;
+  int rc = cuda_event_begin(be, event, op, "event_wait on", &stream, &pushed);
+  if (rc < 0) return rc;
+  if (rc > 0)
     return sgm__error_set(SGM_ERR_BUSY, "CUDA: %s: the event's stream is capturing a CUDA graph; "
                           "its work runs when the graph is launched, so it cannot be waited for "
                           "now (end the capture first)", op);
-  }
   CUresult r = CU(cuEventSynchronize)((CUevent)event);
   if (r == CUDA_ERROR_CAPTURED_EVENT) r = cuda_rerecord_captured(be, event, stream, true);
   cuda_leave(be, pushed, op);
@@ -1422,32 +1447,15 @@ static int cuda_managed_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) 
   bytes = sgm__align_up(bytes, SGM_MANAGED_PAGE);
   char op[64], b[32];
   snprintf(op, sizeof op, "allocating %s of managed memory", sgm__fmt_bytes(bytes, b, sizeof b));
-  cuda_frame f;
-  int rc = cuda_frame_open(be, op, &f);
-  if (rc != SGM_OK) return rc;
-  CUdeviceptr p = 0;
-  CUresult r = CU_MANAGED(cuMemAllocManaged)(&p, (size_t)bytes, CU_MEM_ATTACH_GLOBAL);
-  rc = cuda_track_alloc(be, &f, r, "cuMemAllocManaged", p, bytes, CUDA_OBJ_MANAGED, op);
-  if (rc == SGM_OK) *out = (sgm_devptr)p;
-  return rc;
+  return cuda_alloc_tracked(be, CUDA_OBJ_MANAGED, bytes, op, out);
 }
 
 static void cuda_managed_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
   sgm__lock_assert_none_held();
   if (!ptr) return;
   const char *op = "freeing managed memory";
-  uint64_t known = 0;
-  sgm__lock_take(&be->lock);
-  bool found = cuda_obj_remove_locked(be, ptr, CUDA_OBJ_MANAGED, &known);
-  if (found) be->c.n_managed_live--;
-  sgm__lock_drop(&be->lock);
-  sgm_assert(found && known == sgm__align_up(bytes, SGM_MANAGED_PAGE));
-  if (!found) {
-    sgm__log(be->verbose, 1, "CUDA: managed_free of 0x%llx, which this backend did not allocate; "
-             "ignored", (unsigned long long)ptr);
-    return;
-  }
-  cuda_free_now(be, (CUdeviceptr)ptr, op);
+  cuda_free_tracked(be, CUDA_OBJ_MANAGED, ptr, sgm__align_up(bytes, SGM_MANAGED_PAGE), op,
+                    "managed_free");
 }
 
 /* Where host-placed managed pages go: the GPU's NUMA node when known
@@ -1503,27 +1511,14 @@ static int cuda_managed_prefetch(sgm_backend *be, sgm_devptr ptr, uint64_t n, sg
                           "hold managed pages)", (int)to);
   const char *op = to == SGM_TIER_VRAM ? "prefetching managed memory to the device"
                                        : "prefetching managed memory to host memory";
-  CUstream s = stream ? (CUstream)stream : be->copy_stream;
+  CUstream s;
   bool pushed;
-  int rc = cuda_enter(be, op, &pushed);
+  int rc = cuda_sync_begin(be, stream, op, "the stream", "prefetch", &s, &pushed);
   if (rc != SGM_OK) return rc;
-  if (stream && (rc = cuda_capturing(be, s, op)) != 0) {
-    cuda_leave(be, pushed, op);
-    if (rc < 0) return rc;
-    return sgm__error_set(SGM_ERR_BUSY, "CUDA: %s: the stream is capturing a CUDA graph, so the "
-                          "prefetch would be captured instead of run; end the capture first", op);
-  }
   CUmemLocation l = to == SGM_TIER_VRAM ? cuda_managed_device(be) : cuda_managed_host(be);
   CUresult r = CU_MANAGED(cuMemPrefetchAsync)((CUdeviceptr)ptr, (size_t)n, l, 0, s);
-  if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r, op, "cuMemPrefetchAsync", CUDA_BLAME_CALLER);
-  } else {
-    /* Complete on return, as a copy: sgm counts the pages where they are. */
-    r = CU(cuStreamSynchronize)(s);
-    if (r != CUDA_SUCCESS) rc = cuda_fail(r, op, "cuStreamSynchronize", CUDA_BLAME_CALLER);
-  }
-  cuda_leave(be, pushed, op);
-  return rc;
+  /* Complete on return, as a copy: sgm counts the pages where they are. */
+  return cuda_sync_end(be, r, "cuMemPrefetchAsync", s, pushed, op);
 }
 
 /* ---- The node registry's key: the PCI bus id names one GPU on a machine
