@@ -438,11 +438,11 @@ Measure GpuDriverPair() {
 }
 
 #define SGM_BENCH_GPU_PAIR(name, which, what)                                                                     \
-  SGM_BENCH_FIGURE({"gpu.pair." #name, "sgm_alloc+sgm_free of 1 MiB on the " what ", steady state", "ns",        \
+  SGM_BENCH_FIGURE({"gpu.pair." #name, "sgm_alloc+sgm_free of 1 MiB on " what ", steady state", "ns",        \
                     "cuMemAlloc+cuMemFree of 1 MiB", Better::kLower, Target::None(), kQuick, GpuPair(which),     \
                     GpuDriverPair(), 0, "gpu"})
-SGM_BENCH_GPU_PAIR(null_stream, kCudaNullStream, "legacy NULL stream");
-SGM_BENCH_GPU_PAIR(per_thread_stream, kCudaPerThreadStream, "per-thread default stream");
+SGM_BENCH_GPU_PAIR(null_stream, kCudaNullStream, "the legacy NULL stream");
+SGM_BENCH_GPU_PAIR(per_thread_stream, kCudaPerThreadStream, "the per-thread default stream");
 SGM_BENCH_GPU_PAIR(created_stream, kCudaCreatedStream, "a created stream");
 
 // ---- driver calls (sgm's own count, sgm_stats.driver_calls) ----
@@ -462,11 +462,11 @@ Measure GpuPairCalls(int which) {
 
 #define SGM_BENCH_GPU_PAIR_CALLS(name, which, what)                                                      \
   SGM_BENCH_FIGURE({"gpu.calls.pair." #name,                                                              \
-                    "driver calls per steady-state sgm_alloc+sgm_free of 1 MiB on the " what, kCountUnit, \
+                    "driver calls per steady-state sgm_alloc+sgm_free of 1 MiB on " what, kCountUnit, \
                     "PyTorch's caching allocator: 0 per steady-state pair", Better::kLower,               \
                     Target::Value(kAtMost, 0), kQuick, GpuPairCalls(which), Calls(0), 1, "gpu"})
-SGM_BENCH_GPU_PAIR_CALLS(null_stream, kCudaNullStream, "legacy NULL stream");
-SGM_BENCH_GPU_PAIR_CALLS(per_thread_stream, kCudaPerThreadStream, "per-thread default stream");
+SGM_BENCH_GPU_PAIR_CALLS(null_stream, kCudaNullStream, "the legacy NULL stream");
+SGM_BENCH_GPU_PAIR_CALLS(per_thread_stream, kCudaPerThreadStream, "the per-thread default stream");
 SGM_BENCH_GPU_PAIR_CALLS(created_stream, kCudaCreatedStream, "a created stream");
 
 Measure GpuTransferCalls() {

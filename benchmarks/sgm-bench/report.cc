@@ -218,7 +218,7 @@ int Compare(const Json &a, const Json &b, FILE *out, std::string *err) {
   return regressions;
 }
 
-std::string Markdown(const Json &doc) {
+std::string Markdown(const Json &doc, const std::vector<KnownFigure> &known) {
   const Json &m = *doc.Get("machine");
   std::string s;
   char b[512];
@@ -266,6 +266,15 @@ std::string Markdown(const Json &doc) {
       if (!any_skipped) s += "\nSkipped in this run:\n\n";
       any_skipped = true;
       s += "- `" + f.StringOr("name", "?") + "`: " + f.StringOr("skip_reason", "") + "\n";
+    }
+  std::set<std::string> in_run;
+  for (const Json &f : figs->arr) in_run.insert(f.StringOr("name", ""));
+  bool any_absent = false;
+  for (const KnownFigure &k : known)
+    if (!in_run.count(k.name)) {
+      if (!any_absent) s += "\nNot in this run (`sgm-bench --only NAME` measures one):\n\n";
+      any_absent = true;
+      s += "- `" + k.name + "`: " + k.what + (k.quick ? "" : " (full runs only)") + "\n";
     }
   s += "\nReproduce (release build): `build/release/benchmarks/sgm-bench/sgm-bench --json docs/benchmarks.json`, "
        "then `sgm-bench --markdown docs/benchmarks.json > docs/benchmarks.md`.\n"

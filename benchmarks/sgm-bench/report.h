@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "json.h"
 
@@ -28,8 +29,17 @@ void PrintTable(const Json &doc, FILE *out);
 // document is not a result file.
 int Compare(const Json &a, const Json &b, FILE *out, std::string *err);
 
-// docs/benchmarks.md from one run.
-std::string Markdown(const Json &doc);
+// A figure the tool knows (sgm-bench --list): its name and what it measures.
+struct KnownFigure {
+  std::string name;  // the figure's stable name
+  std::string what;  // one line: what is measured
+  bool quick;        // part of --quick runs
+};
+
+// docs/benchmarks.md from one run. Every figure of `known` that the run does
+// not hold (a --quick run, an --only run, a run older than the figure) is
+// listed as not measured, so that the page shows every figure of --list.
+std::string Markdown(const Json &doc, const std::vector<KnownFigure> &known = {});
 
 // "" when doc has the shape of a result file (every required member, of its
 // type; measured figures positive, counts at least 0); else the first fault.

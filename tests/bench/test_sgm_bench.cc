@@ -325,6 +325,30 @@ void test_unreadable_inputs_are_refused(void **) {
   assert_int_equal(r.status, 2);
 }
 
+// Invariant: the page --markdown makes of any run names every figure of
+// --list: measured, skipped with its reason, or listed as not in the run
+// (here: a --quick run, which leaves the full-run figures out).
+void test_markdown_shows_every_listed_figure(void **) {
+  Result list = Run("--list");
+  assert_int_equal(list.status, 0);
+  Result page = Run("--markdown '" + g_quick_path + "'");
+  assert_int_equal(page.status, 0);
+  int n = 0, absent = 0;
+  for (const std::string &l : Lines(list.output)) {
+    std::istringstream in(l);
+    std::string name, mode;
+    in >> name >> mode;
+    if (name.empty()) continue;
+    n++;
+    if (page.output.find("`" + name + "`") == std::string::npos)
+      fail_msg("%s (--list) is not on the --markdown page", name.c_str());
+    absent += mode != "quick";
+  }
+  assert_true(n >= 10);
+  assert_true(absent > 0);
+  assert_non_null(std::strstr(page.output.c_str(), "Not in this run"));
+}
+
 // Invariant: docs/benchmarks.md is exactly what --markdown makes of the run
 // committed beside it (docs/benchmarks.json): the page cannot drift from the tool.
 void test_published_page_is_generated_from_its_run(void **) {
@@ -343,6 +367,7 @@ void test_published_page_is_generated_from_its_run(void **) {
 int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_quick_run_holds_every_quick_figure_measured),
+      cmocka_unit_test(test_markdown_shows_every_listed_figure),
       cmocka_unit_test(test_missing_traces_are_skipped_with_a_message),
       cmocka_unit_test(test_alloc_stream_figures_replay_the_traces),
       cmocka_unit_test(test_gpu_figures_run_on_the_driver_double),

@@ -14,29 +14,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fake_cuda.h"
+#include "fake_fixture.h"
 #include "internal.h"
 #include "tiers/tier.h"
 #include "test_util.h"
 
 #define MiB (UINT64_C(1) << 20)
 
-#define FAKE_MEMBER(ret, name, params) ret(*name) params;
-static struct {
-  FAKE_CUDA_CONTROL(FAKE_MEMBER)
-} fc;
+static sgm_fake_control fc;
 static void *fake_lib;
 
+/* A real driver has no control API: this suite is for the double only. */
 static int load_fake(void **state) {
   (void)state;
-  fake_lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!fake_lib) return -1;
-#define FAKE_LOOKUP(ret, name, params) *(void **)&fc.name = dlsym(fake_lib, #name);
-  FAKE_CUDA_CONTROL(FAKE_LOOKUP)
-  /* A real driver has no control API: this suite is for the double only. */
-  if (!fc.fake_cuda_hold_events) return -1;
-  fc.fake_cuda_reset();
-  return 0;
+  fake_lib = sgm_fake_load(&fc);
+  return fake_lib ? 0 : -1;
 }
 
 static int unload_fake(void **state) {
@@ -78,12 +70,6 @@ static uint64_t driver_calls(void) {
   return fs.calls;
 }
 
-typedef int (*device_get_fn)(int *dev, int ordinal);
-typedef int (*ctx_retain_fn)(void **ctx, int dev);
-typedef int (*ctx_push_fn)(void *ctx);
-typedef int (*ctx_pop_fn)(void **ctx);
-typedef int (*ctx_release_fn)(int dev);
-
 /* An event of the test's own recorded on stream, under device 0's primary
  * context (pushed for the call): with query, has all work queued there so far
  * completed (the double's worker first runs what can run; held work stays)?
@@ -95,17 +81,9 @@ static bool record_on(void *stream, bool query) {
   LOOKUP(event_record_fn, cuEventRecord);
   LOOKUP(event_query_fn, cuEventQuery);
   LOOKUP(event_destroy_fn, cuEventDestroy_v2);
-  LOOKUP(device_get_fn, cuDeviceGet);
-  LOOKUP(ctx_retain_fn, cuDevicePrimaryCtxRetain);
-  LOOKUP(ctx_push_fn, cuCtxPushCurrent_v2);
-  LOOKUP(ctx_pop_fn, cuCtxPopCurrent_v2);
-  LOOKUP(ctx_release_fn, cuDevicePrimaryCtxRelease_v2);
 #undef LOOKUP
-  int dev = 0;
-  void *pctx = NULL, *popped = NULL, *ev = NULL;
-  assert_int_equal(cuDeviceGet_(&dev, 0), CUDA_SUCCESS_);
-  assert_int_equal(cuDevicePrimaryCtxRetain_(&pctx, dev), CUDA_SUCCESS_);
-  assert_int_equal(cuCtxPushCurrent_v2_(pctx), CUDA_SUCCESS_);
+  void *ev = NULL;
+  sgm_fake_ctx_push(fake_lib);
   assert_int_equal(cuEventCreate_(&ev, 2 /* CU_EVENT_DISABLE_TIMING */), CUDA_SUCCESS_);
   assert_int_equal(cuEventRecord_(ev, stream), CUDA_SUCCESS_);
   int q = CUDA_SUCCESS_;
@@ -115,8 +93,7 @@ static bool record_on(void *stream, bool query) {
     assert_true(q == CUDA_SUCCESS_ || q == CUDA_ERROR_NOT_READY_);
   }
   assert_int_equal(cuEventDestroy_v2_(ev), CUDA_SUCCESS_); /* recorded work goes on */
-  assert_int_equal(cuCtxPopCurrent_v2_(&popped), CUDA_SUCCESS_);
-  assert_int_equal(cuDevicePrimaryCtxRelease_v2_(dev), CUDA_SUCCESS_);
+  sgm_fake_ctx_pop(fake_lib);
   return q == CUDA_SUCCESS_;
 }
 
@@ -130,18 +107,11 @@ typedef int (*stream_destroy_fn)(void *s);
 static void *non_blocking_stream(bool destroy, void *s) {
   stream_create_fn create = (stream_create_fn)dlsym(fake_lib, "cuStreamCreate");
   stream_destroy_fn destroy_ = (stream_destroy_fn)dlsym(fake_lib, "cuStreamDestroy_v2");
-  ctx_retain_fn retain = (ctx_retain_fn)dlsym(fake_lib, "cuDevicePrimaryCtxRetain");
-  ctx_push_fn push = (ctx_push_fn)dlsym(fake_lib, "cuCtxPushCurrent_v2");
-  ctx_pop_fn pop = (ctx_pop_fn)dlsym(fake_lib, "cuCtxPopCurrent_v2");
-  ctx_release_fn release = (ctx_release_fn)dlsym(fake_lib, "cuDevicePrimaryCtxRelease_v2");
-  assert_true(create && destroy_ && retain && push && pop && release);
-  void *pctx = NULL, *popped = NULL;
-  assert_int_equal(retain(&pctx, 0), CUDA_SUCCESS_);
-  assert_int_equal(push(pctx), CUDA_SUCCESS_);
+  assert_true(create && destroy_);
+  sgm_fake_ctx_push(fake_lib);
   if (destroy) assert_int_equal(destroy_(s), CUDA_SUCCESS_);
   else assert_int_equal(create(&s, 1 /* CU_STREAM_NON_BLOCKING */), CUDA_SUCCESS_);
-  assert_int_equal(pop(&popped), CUDA_SUCCESS_);
-  assert_int_equal(release(0), CUDA_SUCCESS_);
+  sgm_fake_ctx_pop(fake_lib);
   return s;
 }
 
@@ -558,13 +528,6 @@ static void test_trim_and_destroy_with_pending(void **state) {
 }
 
 int main(void) {
-  void *probe = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!probe || !dlsym(probe, "fake_cuda_hold_events")) {
-    printf("# stream_order: the driver test double is not on LD_LIBRARY_PATH: skipped\n");
-    if (probe) dlclose(probe);
-    return 77;
-  }
-  dlclose(probe);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_two_streams),
       cmocka_unit_test(test_pending_memory_not_handed_out),
@@ -578,5 +541,6 @@ int main(void) {
       cmocka_unit_test(test_reclaim_before_demotion),
       cmocka_unit_test(test_trim_and_destroy_with_pending),
   };
-  return cmocka_run_group_tests_name("stream_order", tests, load_fake, unload_fake);
+  return sgm_fake_run_suite("stream_order", "fake_cuda_hold_events", tests,
+                            sizeof tests / sizeof tests[0], load_fake, unload_fake);
 }
