@@ -5,7 +5,8 @@
  * reusable at once by work on A with no driver call, and by work on B only
  * ordered after A's work (an event on A that B waits for on the device); the
  * NULL stream and per-thread streams are streams like the others; concurrent
- * reclaims own each event once; sgm_record_stream delays reuse.
+ * reclaims own each event once; sgm_record_stream delays reuse; the
+ * context's driver-call count agrees with the double's.
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -215,6 +216,36 @@ static void test_same_stream_reuse_no_driver_calls(void **state) {
   }
   finish_ctx(ctx);
   fc.fake_cuda_stream_destroy(created);
+}
+
+/* Invariant: the context's own count of driver calls (sgm_stats.driver_calls,
+ * "driver_calls" in the stats JSON) is the double's count over the context's
+ * life: create, growth, pairs on three streams, transfers, a trim. */
+static void test_stats_count_driver_calls(void **state) {
+  (void)state;
+  fc.fake_cuda_reset(); /* the double counts from here; the context from create */
+  sgm_context *ctx = make_ctx_limit("8MiB");
+  void *a = fc.fake_cuda_stream_create(), *b = fc.fake_cuda_stream_create();
+  void *streams[] = {a, b, NULL, (void *)(uintptr_t)0x2 /* CU_STREAM_PER_THREAD */};
+  for (int i = 0; i < 40; i++) {
+    void *s = streams[i % 4];
+    void *p = sgm_alloc(ctx, (i % 3 + 1) * MiB, s);
+    assert_non_null(p);
+    assert_int_equal(sgm_free_ex(ctx, p, s), SGM_OK);
+  }
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_true(st.driver_calls > 0);
+  assert_int_equal(st.driver_calls, driver_calls());
+  char *json = NULL, want[64];
+  assert_int_equal(sgm_stats_json(ctx, &json), SGM_OK);
+  snprintf(want, sizeof want, "\"driver_calls\":%llu,", (unsigned long long)st.driver_calls);
+  if (!strstr(json, want)) fail_msg("no %s in %s", want, json);
+  sgm_string_free(json);
+  finish_ctx(ctx);
+  fc.fake_cuda_stream_destroy(a);
+  fc.fake_cuda_stream_destroy(b);
 }
 
 /* Invariant: taking another stream's cached blocks costs at most two driver
@@ -533,6 +564,7 @@ int main(void) {
       cmocka_unit_test(test_pending_memory_not_handed_out),
       cmocka_unit_test(test_same_stream_reuse_no_driver_calls),
       cmocka_unit_test(test_cross_stream_transfer_calls),
+      cmocka_unit_test(test_stats_count_driver_calls),
       cmocka_unit_test(test_non_blocking_transfer_ordered),
       cmocka_unit_test(test_blocking_transfer_ordered),
       cmocka_unit_test(test_per_thread_streams_do_not_alias),
