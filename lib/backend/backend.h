@@ -221,6 +221,9 @@ typedef struct sgm_backend_counters {
   /* expandable VRAM (issue 17) */
   uint64_t vmm_mapped_bytes;  /* bytes mapped into reserved ranges (also in device_live_bytes) */
   uint64_t n_vmm_ranges;      /* reserved ranges not yet freed */
+  /* driver calls (issue 16) */
+  uint64_t n_driver_calls;    /* calls into the GPU driver since open (CUDA: every entry point
+                                 but the error-string ones; 0 on the emulated device) */
 } sgm_backend_counters;
 
 typedef struct sgm_backend_ops {

@@ -19,6 +19,7 @@
  *    missing libcuda.so.1 are SGM_ERR_BACKEND with a message that says what to
  *    do (SGM_BACKEND=emu).
  *  - the GPU's NUMA node from a PCI bus id (hwloc, on a synthetic topology).
+ *  - the backend's count of driver calls equals the double's own count.
  *
  * Modes (argv[1]): none = the suite; --missing-driver and --old-driver run
  * the one case that needs a process where the driver failed to load.
@@ -677,6 +678,100 @@ static void test_threads(void **state) {
   ops->close(be);
 }
 
+/* ---- the backend's count of driver calls (sgm_stats.driver_calls) ---- */
+
+/* Invariant: the backend counts every driver call it makes, failed ones
+ * included, and nothing else: its n_driver_calls equals the double's own count
+ * of counted calls (every entry point but the error-string ones) over a
+ * workload that touches every kind of call: open, memory info, device, pinned
+ * host, managed and virtual memory, copies on its own stream and a caller's,
+ * events recorded, queried, waited on and pooled, cross-stream transfers, two
+ * threads at once, and one injected failure whose message asks for the
+ * error's name and string (not counted on either side). */
+static void test_driver_calls_counted(void **state) {
+  (void)state;
+  sgm_backend *be = NULL;
+  const sgm_backend_ops *ops = open_cuda(&be);
+  sgm_backend_counters c;
+  ops->counters(be, &c);
+  assert_true(c.n_driver_calls > 0); /* open's calls */
+  assert_int_equal(c.n_driver_calls, fc.fake_cuda_calls(NULL));
+
+  uint64_t free_b = 0, total_b = 0;
+  assert_int_equal(ops->mem_info(be, &free_b, &total_b), SGM_OK);
+  unsigned char in[8192], out[8192];
+  fill_pattern(in, sizeof in, 11);
+  void *ts = fc.fake_cuda_stream_create();
+  sgm_devptr d = 0, m = 0, hd = 0;
+  void *h = NULL;
+  assert_int_equal(ops->device_alloc(be, sizeof in, &d), SGM_OK);
+  assert_int_equal(ops->host_alloc(be, sizeof in, -1, &h, &hd), SGM_OK);
+  memcpy(h, in, sizeof in);
+  assert_int_equal(ops->copy(be, SGM_COPY_DEVICE_TO_DEVICE, d, hd, sizeof in, ts), SGM_OK);
+  assert_int_equal(ops->copy(be, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)out, d, sizeof out, NULL), SGM_OK);
+  assert_memory_equal(in, out, sizeof in);
+  const bool managed = ops->managed_support(be) == SGM_OK; /* not with a CUDA 11.8 driver */
+  if (managed) {
+    assert_int_equal(ops->managed_alloc(be, sizeof in, &m), SGM_OK);
+    assert_int_equal(ops->managed_advise(be, m, sizeof in, SGM_ADVISE_PREFER_DEVICE), SGM_OK);
+    assert_int_equal(ops->managed_prefetch(be, m, sizeof in, SGM_TIER_VRAM, ts), SGM_OK);
+  }
+
+  void *ev = NULL, *pooled = NULL;
+  assert_int_equal(ops->event_record(be, ts, &ev), SGM_OK);
+  assert_int_equal(ops->event_wait(be, ev), SGM_OK);
+  assert_int_equal(ops->event_query(be, ev), 1);
+  ops->event_destroy(be, ev);
+  sgm_stream_ref own, legacy, per_thread;
+  ops->stream_ref(be, ts, &own);
+  ops->stream_ref(be, NULL, &legacy);
+  ops->stream_ref(be, CU_STREAM_PER_THREAD, &per_thread);
+  assert_int_equal(ops->event_create(be, &pooled), SGM_OK);
+  assert_int_equal(ops->event_record_on(be, pooled, &own), SGM_OK);
+  assert_int_equal(ops->stream_wait_event(be, &per_thread, pooled), SGM_OK);
+  assert_int_equal(ops->stream_transfer(be, pooled, &own, &per_thread), SGM_OK);
+  assert_int_equal(ops->stream_transfer(be, pooled, &legacy, &own), SGM_OK);
+
+  uint64_t g = 0;
+  void *range = NULL;
+  sgm_devptr base = 0;
+  assert_int_equal(ops->vmm_granularity(be, &g), SGM_OK);
+  assert_true(g > 0);
+  assert_int_equal(ops->vmm_reserve(be, 4 * g, &range, &base), SGM_OK);
+  assert_int_equal(ops->vmm_map(be, range, g, 2 * g), SGM_OK);
+  ops->vmm_unmap(be, range, g, g);
+  ops->vmm_free(be, range); /* unmaps the granule left */
+
+  worker w[2] = {{ops, be, 0}, {ops, be, 0}};
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, worker_thread, &w[i]), 0);
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(pthread_join(th[i], NULL), 0);
+    assert_int_equal(w[i].fails, 0);
+  }
+
+  ops->counters(be, &c);
+  assert_int_equal(c.n_driver_calls, fc.fake_cuda_calls(NULL));
+  assert_true(c.n_driver_calls > 2 * 200 * 7); /* the workers' calls alone */
+  /* A failed call counts too; the message's error-string calls do not.
+   * (Arming a fault restarts the double's count: compare from there.) */
+  uint64_t before = c.n_driver_calls;
+  fc.fake_cuda_set_fail_at(2, CUDA_ERROR_OUT_OF_MEMORY);
+  sgm_devptr d2 = 0;
+  assert_int_equal(ops->device_alloc(be, sizeof in, &d2), SGM_ERR_NOMEM);
+  assert_error_mentions("CUDA_ERROR_OUT_OF_MEMORY");
+  assert_true(fc.fake_cuda_calls("cuGetErrorName") > 0);
+
+  ops->event_destroy(be, pooled);
+  if (managed) ops->managed_free(be, m, sizeof in);
+  ops->host_free(be, h, sizeof in);
+  ops->device_free(be, d, sizeof in);
+  ops->counters(be, &c);
+  assert_int_equal(c.n_driver_calls - before, fc.fake_cuda_calls(NULL));
+  ops->close(be);
+  fc.fake_cuda_stream_destroy(ts);
+}
+
 /* ---- separate processes: a driver that did not load ---- */
 
 static void test_missing_driver(void **state) {
@@ -902,6 +997,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_open_failures, setup, teardown),
       cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
       cmocka_unit_test_setup_teardown(test_node_key_is_the_device_uuid, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_driver_calls_counted, setup, teardown),
       /* Last: a failed release may leave one object in the double for good. */
       cmocka_unit_test_setup_teardown(test_every_call_fails_oom, setup, teardown_after_faults),
       cmocka_unit_test_setup_teardown(test_every_call_fails_illegal_address, setup,

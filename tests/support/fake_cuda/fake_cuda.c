@@ -988,28 +988,27 @@ static bool fake_pinned_range_locked(uintptr_t addr, size_t n) {
 
 /* ---- the entry points: device and context ---- */
 
-FAKE_API CUresult cuGetErrorName(CUresult error, const char **pStr) {
-  FAKE_TALLY(cuGetErrorName);
+/* The name (name true) or description of error from the table, as
+ * cuGetErrorName / cuGetErrorString answer: INVALID_VALUE for one unknown. */
+static CUresult fake_error_text(CUresult error, const char **pStr, bool name) {
   if (!pStr) return CUDA_ERROR_INVALID_VALUE;
   for (size_t i = 0; i < sizeof fake_errors / sizeof fake_errors[0]; i++)
     if (fake_errors[i].r == error) {
-      *pStr = fake_errors[i].name;
+      *pStr = name ? fake_errors[i].name : fake_errors[i].str;
       return CUDA_SUCCESS;
     }
   *pStr = NULL;
   return CUDA_ERROR_INVALID_VALUE;
 }
 
+FAKE_API CUresult cuGetErrorName(CUresult error, const char **pStr) {
+  FAKE_TALLY(cuGetErrorName);
+  return fake_error_text(error, pStr, true);
+}
+
 FAKE_API CUresult cuGetErrorString(CUresult error, const char **pStr) {
   FAKE_TALLY(cuGetErrorString);
-  if (!pStr) return CUDA_ERROR_INVALID_VALUE;
-  for (size_t i = 0; i < sizeof fake_errors / sizeof fake_errors[0]; i++)
-    if (fake_errors[i].r == error) {
-      *pStr = fake_errors[i].str;
-      return CUDA_SUCCESS;
-    }
-  *pStr = NULL;
-  return CUDA_ERROR_INVALID_VALUE;
+  return fake_error_text(error, pStr, false);
 }
 
 static int fake_driver_version(void) {
@@ -2117,16 +2116,23 @@ static CUresult fake_stream_check_sync_locked(struct CUstream_st *s) {
   return CUDA_SUCCESS;
 }
 
+/* The start of cuStreamSynchronize and cuStreamQuery: the current context
+ * (*c), the stream checked for a sync, and a marker behind its work (*m). */
+static CUresult fake_stream_sync_marker_locked(CUstream hStream, struct CUctx_st **c, fake_op **m) {
+  struct CUstream_st *s = NULL;
+  CUresult r = fake_need_ctx_locked(c);
+  if (r == CUDA_SUCCESS) r = fake_stream_locked(hStream, *c, &s);
+  if (r == CUDA_SUCCESS) r = fake_stream_check_sync_locked(s);
+  if (r == CUDA_SUCCESS) r = fake_stream_marker_locked(s, m);
+  return r;
+}
+
 FAKE_API CUresult cuStreamSynchronize(CUstream hStream) {
   FAKE_COUNT(cuStreamSynchronize);
   pthread_mutex_lock(&F.mu);
   struct CUctx_st *c = NULL;
-  struct CUstream_st *s = NULL;
   fake_op *m = NULL;
-  CUresult r = fake_need_ctx_locked(&c);
-  if (r == CUDA_SUCCESS) r = fake_stream_locked(hStream, c, &s);
-  if (r == CUDA_SUCCESS) r = fake_stream_check_sync_locked(s);
-  if (r == CUDA_SUCCESS) r = fake_stream_marker_locked(s, &m);
+  CUresult r = fake_stream_sync_marker_locked(hStream, &c, &m);
   if (r == CUDA_SUCCESS) {
     fake_wait_marker_locked(m);
     r = c->sticky;
@@ -2139,12 +2145,8 @@ FAKE_API CUresult cuStreamQuery(CUstream hStream) {
   FAKE_COUNT(cuStreamQuery);
   pthread_mutex_lock(&F.mu);
   struct CUctx_st *c = NULL;
-  struct CUstream_st *s = NULL;
   fake_op *m = NULL;
-  CUresult r = fake_need_ctx_locked(&c);
-  if (r == CUDA_SUCCESS) r = fake_stream_locked(hStream, c, &s);
-  if (r == CUDA_SUCCESS) r = fake_stream_check_sync_locked(s);
-  if (r == CUDA_SUCCESS) r = fake_stream_marker_locked(s, &m);
+  CUresult r = fake_stream_sync_marker_locked(hStream, &c, &m);
   if (r == CUDA_SUCCESS && m) {
     if (!fake_marker_done(m)) r = CUDA_ERROR_NOT_READY;
     fake_op_unref_locked(m);
