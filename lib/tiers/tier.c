@@ -352,6 +352,7 @@ static tier_block *tier_map_take_live(sgm_tier_pool *p, sgm_devptr ptr, bool own
 static void tier_vmm_unref_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes);
 static int tier_backend_nomem_locked(sgm_tier_pool *p, uint64_t size);
 static size_t tier_reclaim_ex(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode);
+static size_t tier_reclaim_some(sgm_tier_pool *p, bool mags, sgm_reclaim_mode mode);
 
 static void tier_release_block_locked(sgm_tier_pool *p, tier_block *b) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
@@ -843,13 +844,6 @@ static int tier_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) 
   }
 }
 
-/* Cached bytes (bags and magazines); pool lock held. */
-static uint64_t tier_cached_bytes_locked(sgm_tier_pool *p) {
-  uint64_t cached = p->bag_bytes;
-  for (tier_mag *m = p->mags; m; m = m->next) cached += __atomic_load_n(&m->cached_bytes, __ATOMIC_RELAXED);
-  return cached;
-}
-
 /*
  * At create, in growth mode: reserve one range for the budget when the
  * backend has a virtual-memory API and the option allows it; the choice and
@@ -1185,15 +1179,20 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
       break;
     if (sgm__suballoc_try_alloc(p->sa, need, &off, &got)) {
       uint64_t unmapped = p->vmm_range ? tier_vmm_unmapped_locked(p, off, got) : 0;
-      if (unmapped && !reclaimed && tier_cached_bytes_locked(p) >= unmapped) {
+      if (unmapped && !reclaimed && p->bag_bytes >= unmapped) {
         /* Expandable growth maps memory only when cached blocks the device
-         * is done with could not cover it: give them back (they coalesce)
-         * and place the block again. */
+         * is done with could not cover it: give the streams' bags back (they
+         * coalesce) and place the block again. Not the threads' magazines:
+         * emptying them here, about once every 400 pairs, made every thread
+         * carve under the pool lock again (a quarter of all pairs; two
+         * threads ran at 0.16x the pairs/s of one, issue 10). A magazine
+         * holds at most TIER_MAG_CLASS_BYTES per class and goes back at
+         * sgm_trim, at thread exit, and when the budget is full. */
         uint64_t sz;
         sgm__suballoc_free(p->sa, off, &sz);
         reclaimed = true;
         sgm__lock_drop(&p->lock);
-        tier_reclaim_ex(p, NULL, SGM_RECLAIM_QUERY);
+        tier_reclaim_some(p, false, SGM_RECLAIM_QUERY);
         sgm__lock_take(&p->lock);
         round--;
         continue;
@@ -1587,17 +1586,17 @@ bool sgm__tier_owns_own(sgm_tier_pool *p, sgm_devptr ptr) { return tier_owns_liv
 
 /* ---- reclaim ---- */
 
-enum { TIER_JOB_SEAL, TIER_JOB_FENCE, TIER_JOB_DEFERRED, TIER_JOB_TRANSFER };
+enum { TIER_JOB_SEAL, TIER_JOB_FENCE, TIER_JOB_DEFERRED, TIER_JOB_TRANSFER, TIER_JOB_FENCE_WAIT };
 
 /* Work a reclaim does without the pool lock on one stream or deferred free. */
 typedef struct tier_job {
   int kind;                    /* TIER_JOB_* */
-  tier_stream *s;              /* the stream (SEAL, FENCE, TRANSFER) */
+  tier_stream *s;              /* the stream (SEAL, FENCE, TRANSFER, FENCE_WAIT) */
   tier_deferred *d;            /* the deferred free (DEFERRED) */
   sgm_stream_ref ref;          /* the stream, copied under the lock */
   void *ev;                    /* the event recorded or queried */
   int done;                    /* 1: the work before the event has completed; 0: not (yet); <0: error */
-  tier_bag bag;                /* TRANSFER: the blocks moving to the taker */
+  tier_bag bag;                /* TRANSFER, FENCE_WAIT: the blocks moving to the taker */
 } tier_job;
 
 /* Did the work before ev complete? Query, or in WAIT mode wait (a failed wait
@@ -1721,8 +1720,16 @@ static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode) {
   return n_done;
 }
 
-/* Hand every other stream's cached blocks to taker, ordered on the device
- * after the owner's work (the backend's stream_transfer: no host wait). */
+/*
+ * Hand every other stream's cached blocks to taker, ordered on the device
+ * after the owner's work; the host never waits. A stream whose blocks are all
+ * sealed under a fence (an event recorded on it after their frees, while it
+ * did not capture: the idle tick, an allocation that did not fit, sgm_trim)
+ * needs only the taker's side: stream_wait_event, the taker's capture check
+ * and one wait on the fence (2 calls, whatever the streams' flags). Else the
+ * backend's stream_transfer orders the two streams (1 to 4 calls,
+ * docs/streams.md "Why two calls").
+ */
 static size_t tier_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *taker) {
   size_t n_done = 0;
   sgm__lock_take(&p->lock);
@@ -1737,9 +1744,18 @@ static size_t tier_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *take
   size_t k = 0;
   for (tier_stream *s = p->streams; s; s = s->next) {
     if (s->ref.key == taker->key || !(s->open.n || s->sealed.n)) continue;
-    jobs[k].kind = TIER_JOB_TRANSFER;
     jobs[k].s = s;
     jobs[k].ref = s->ref;
+    if (!s->open.n && s->fence && !s->busy) {
+      /* Every block is covered by the fence: the taker waits on it. */
+      jobs[k].kind = TIER_JOB_FENCE_WAIT;
+      jobs[k].ev = s->fence;
+      s->busy = true;
+      tier_bag_merge(&jobs[k].bag, &s->sealed);
+      k++;
+      continue;
+    }
+    jobs[k].kind = TIER_JOB_TRANSFER;
     /* A fence being queried by another thread keeps going: it then finds
      * the sealed bag empty. */
     tier_bag_merge(&jobs[k].bag, &s->open);
@@ -1750,6 +1766,13 @@ static size_t tier_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *take
 
   for (size_t i = 0; i < n_jobs; i++) {
     tier_job *j = &jobs[i];
+    if (j->kind == TIER_JOB_FENCE_WAIT) {
+      j->done = p->p.bops->stream_wait_event(p->p.be, taker, j->ev) == SGM_OK;
+      if (!j->done)
+        sgm__log(p->p.verbose, 2, "%s: cannot order a stream after another's fence (%s); their "
+                 "cached blocks stay apart", sgm_tier_name(p->p.tier), sgm_last_error());
+      continue;
+    }
     void *ev = tier_event_get(p);
     j->done = ev && p->p.bops->stream_transfer(p->p.be, ev, &j->ref, taker) == SGM_OK;
     if (!j->done)
@@ -1763,6 +1786,19 @@ static size_t tier_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *take
   tier_stream *t = tier_stream_get_locked(p, taker);
   for (size_t i = 0; i < n_jobs; i++) {
     tier_job *j = &jobs[i];
+    if (j->kind == TIER_JOB_FENCE_WAIT) {
+      j->s->busy = false;
+      if (j->done && t) {
+        /* The wait captured the fence's recording: it covers nothing more
+         * and may be recorded again. */
+        j->s->fence = NULL;
+        tier_event_put_locked(p, j->ev);
+      } else {
+        /* Still covered by the fence (the taker captures, or ran out of host memory). */
+        tier_bag_merge(&j->s->sealed, &j->bag);
+        continue;
+      }
+    }
     if (j->done && t) {
       n_done += j->bag.n;
       tier_bag_merge(&t->open, &j->bag);
@@ -1784,9 +1820,21 @@ size_t sgm__tier_reclaim(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_recl
 /* sgm__tier_reclaim without unmapping the granules it frees (the carve that
  * calls it is about to place a block there). */
 static size_t tier_reclaim_ex(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode) {
+  if (mode == SGM_RECLAIM_TRANSFER) {
+    /* A synchronous backend gave every cached block back in the drain. */
+    size_t n = tier_reclaim_some(p, true, mode);
+    return p->p.bops->synchronous || !taker ? n : tier_reclaim_transfer(p, taker);
+  }
+  return tier_reclaim_some(p, true, mode);
+}
+
+/* With mags, drain every thread's magazine into its stream's bag; then give
+ * back what the device is done with (mode QUERY or WAIT; TRANSFER stops
+ * after the drain, where a synchronous backend has given everything back). */
+static size_t tier_reclaim_some(sgm_tier_pool *p, bool mags, sgm_reclaim_mode mode) {
   size_t n_done = 0;
   sgm__lock_take(&p->lock);
-  for (tier_mag *m = p->mags; m; m = m->next) {
+  for (tier_mag *m = mags ? p->mags : NULL; m; m = m->next) {
     tier_spin_lock(&m->lock);
     tier_mag_drain_locked(p, m);
     tier_spin_unlock(&m->lock);
@@ -1805,7 +1853,7 @@ static size_t tier_reclaim_ex(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm
     return n_done;
   }
   sgm__lock_drop(&p->lock);
-  if (mode == SGM_RECLAIM_TRANSFER) return taker ? tier_reclaim_transfer(p, taker) : 0;
+  if (mode == SGM_RECLAIM_TRANSFER) return 0;
   n_done += tier_reclaim_fences(p, mode);
   if (mode == SGM_RECLAIM_WAIT) {
     /* The first round sealed what was open; the second waits for the fences
@@ -1923,6 +1971,8 @@ uint64_t sgm__tier_charged(sgm_tier_pool *p) {
 }
 
 /* ---- stats and checks ---- */
+
+uint64_t sgm__tier_lock_takes(const sgm_tier_pool *p) { return sgm__lock_takes(&p->lock); }
 
 void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out) {
   memset(out, 0, sizeof *out);
