@@ -2,10 +2,13 @@
  * buffer.c — the public movable-buffer API (sgm_buffer_*) and the buffer
  * states: RELEASED, ACQUIRED, BUSY (placement.h).
  *
- * A public call takes the buffer (waits while another thread owns it BUSY,
- * then takes it out of its policy), drops the lock, lets residency.c or
- * migrate.c do the work, and gives it back (sgm__buffer_finish). Nothing
- * here decides a tier or moves data.
+ * A public call takes the buffer (waits, asleep on the buffer's own state
+ * word, while another thread owns it BUSY; then one compare-and-swap makes it
+ * BUSY and, under its tier's residency lock, takes it out of its policy),
+ * lets residency.c or migrate.c do the work with no lock held, and gives it
+ * back (sgm__buffer_finish, under the residency lock of the tier it is in
+ * then). Nothing here decides a tier or moves data; no call takes a lock
+ * shared by every buffer but create and destroy (the list of all buffers).
  *
  * Threading: every call is safe from any thread; a buffer is used by one
  * thread at a time, but a prefetch or an eviction for another allocation may
