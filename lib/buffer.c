@@ -60,8 +60,16 @@ static sgm_buf_state buffer_claim(struct sgm_placement *pl, sgm_buffer *b, sgm_t
     /* Valid if the swap below succeeds: only an owner changes the tier. */
     sgm_tier t = __atomic_load_n(&b->tier, __ATOMIC_RELAXED);
     sgm_lock *l = s == SGM_BUF_RELEASED && t < SGM_N_RESIDENT ? sgm__residency_lock(pl, t) : NULL;
-    if (l) sgm__lock_take(l);
-    bool straight = (flags & CLAIM_FAST_VRAM) && t == SGM_TIER_VRAM && !b->event && l;
+    if (l) {
+      sgm__lock_take(l);
+      /* Still as seen, so listed in t: nobody takes it without l, and its
+       * fields (event) are the lock's to read. */
+      if (__atomic_load_n(&b->state, __ATOMIC_SEQ_CST) != w) {
+        sgm__lock_drop(l);
+        continue;
+      }
+    }
+    bool straight = (flags & CLAIM_FAST_VRAM) && t == SGM_TIER_VRAM && l && !b->event;
     uint32_t to = straight ? SGM_BUF_ACQUIRED : SGM_BUF_BUSY;
     if (!__atomic_compare_exchange_n(&b->state, &w, ((w & SGM_BUF_GEN_MASK) + SGM_BUF_GEN_ONE) | to,
                                      false, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
