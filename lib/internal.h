@@ -67,15 +67,18 @@ const char *sgm__fmt_bytes(uint64_t bytes, char *buf, size_t len);
 typedef enum sgm_lock_rank {
   SGM_LOCK_HOOKS = 0,   /* hooks.c: creation of the per-device contexts (outermost) */
   SGM_LOCK_CONTEXT = 1, /* context-wide state (callback, clock) */
-  SGM_LOCK_BUFFERS = 2, /* buffer states and residency lists (placement.c) */
-  SGM_LOCK_TIER_VRAM = 3,
-  SGM_LOCK_TIER_SHARED = 4,
-  SGM_LOCK_TIER_DISK = 5,
-  SGM_LOCK_BACKEND = 6,  /* inside a backend only */
-  SGM_LOCK_IDLE = 7,     /* context.c: the idle thread's stop flag (a leaf) */
-  SGM_LOCK_REGISTRY = 8, /* policy.c: the policy registry (a leaf) */
-  SGM_LOCK_NODE = 9,     /* node.c: the writer side of this process's registry slot (a leaf) */
-  SGM_LOCK_SHARE = 10    /* share.c: the node ticker's stop flag and tick counters (a leaf) */
+  SGM_LOCK_BUFFERS = 2, /* placement.c: the buffer list, the graveyard, the managed map */
+  SGM_LOCK_PREFETCH = 3, /* prefetch.c: the prefetch queue */
+  SGM_LOCK_RES_VRAM = 4, /* residency.c: the VRAM policy and its items (residency.c's top comment) */
+  SGM_LOCK_RES_SHARED = 5, /* residency.c: the shared-memory policy and its items */
+  SGM_LOCK_TIER_VRAM = 6,
+  SGM_LOCK_TIER_SHARED = 7,
+  SGM_LOCK_TIER_DISK = 8,
+  SGM_LOCK_BACKEND = 9,  /* inside a backend only */
+  SGM_LOCK_IDLE = 10,     /* context.c: the idle thread's stop flag (a leaf) */
+  SGM_LOCK_REGISTRY = 11, /* policy.c: the policy registry (a leaf) */
+  SGM_LOCK_NODE = 12,     /* node.c: the writer side of this process's registry slot (a leaf) */
+  SGM_LOCK_SHARE = 13    /* share.c: the node ticker's stop flag and tick counters (a leaf) */
 } sgm_lock_rank;
 
 typedef struct sgm_lock {
