@@ -91,7 +91,7 @@ else()
       set_tests_properties(unit_test_${n} PROPERTIES
         ENVIRONMENT "SGM_NODE=off;SGM_VERBOSE=0"
         ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
-        LABELS "unit;cuda-double" TIMEOUT 120 SKIP_RETURN_CODE 77)
+        LABELS "unit;cuda-double" TIMEOUT 300 SKIP_RETURN_CODE 77)
     endif()
   endforeach()
 
@@ -118,7 +118,7 @@ else()
     set_tests_properties(unit_test_managed_driver_12_0 PROPERTIES
       ENVIRONMENT "SGM_VERBOSE=0;FAKE_CUDA_DRIVER_VERSION=12000"
       ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
-      LABELS "unit;cuda-double" TIMEOUT 120 SKIP_RETURN_CODE 77)
+      LABELS "unit;cuda-double" TIMEOUT 300 SKIP_RETURN_CODE 77)
   endif()
   # A driver older than cuGetProcAddress (11.3) is refused with a clear message.
   add_test(NAME ${_sgm_cuda_unit}_old_driver COMMAND ${_sgm_cuda_unit} --old-driver)
