@@ -352,6 +352,7 @@ static tier_block *tier_map_take_live(sgm_tier_pool *p, sgm_devptr ptr, bool own
 static void tier_vmm_unref_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes);
 static int tier_backend_nomem_locked(sgm_tier_pool *p, uint64_t size);
 static size_t tier_reclaim_ex(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode);
+static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode, bool seal);
 
 static void tier_release_block_locked(sgm_tier_pool *p, tier_block *b) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
@@ -460,7 +461,8 @@ static tier_stream *tier_stream_get_locked(sgm_tier_pool *p, const sgm_stream_re
 }
 
 static void tier_bagged_add_locked(sgm_tier_pool *p, int64_t n, int64_t bytes) {
-  p->bag_bytes += (uint64_t)bytes;
+  /* Atomic: read without the lock as a hint before large carves. */
+  __atomic_store_n(&p->bag_bytes, p->bag_bytes + (uint64_t)bytes, __ATOMIC_RELAXED);
   __atomic_store_n(&p->n_bagged, p->n_bagged + (size_t)n, __ATOMIC_RELAXED);
 }
 
@@ -484,6 +486,21 @@ static void tier_bag_add_locked(sgm_tier_pool *p, tier_block *b) {
   s->ref.handle = b->handle;
   tier_bag_push(&s->open, b);
   tier_bagged_add_locked(p, 1, (int64_t)b->bytes);
+}
+
+/* Synchronous backend: nothing is pending on the device, so every bagged
+ * block goes back to the sub-allocator (pool lock held). Returns how many. */
+static size_t tier_release_bags_locked(sgm_tier_pool *p) {
+  size_t n = 0;
+  for (tier_stream *s = p->streams; s; s = s->next) {
+    n += s->open.n + s->sealed.n;
+    tier_bagged_add_locked(p, -(int64_t)(s->open.n + s->sealed.n),
+                           -(int64_t)(s->open.bytes + s->sealed.bytes));
+    tier_bag_release_locked(p, &s->open);
+    tier_bag_release_locked(p, &s->sealed);
+  }
+  tier_update_room_locked(p);
+  return n;
 }
 
 /* ---- pooled events ---- */
@@ -1362,6 +1379,34 @@ static tier_block *tier_take_cached(sgm_tier_pool *p, tier_mag *m, int cls, uint
   return b;
 }
 
+/*
+ * Placement of large blocks (issue 17, reserve mode): a cached block is a
+ * hole the sub-allocator cannot see, so a block carved while the bags hold
+ * memory goes elsewhere, the holes never coalesce with their free
+ * neighbours, and the range fragments: on the idealloc traces the smallest
+ * reserve budget was up to 1.67 x the peak live bytes, against 1.20 for the
+ * bare sub-allocator. Before a large block that no cached block fits is
+ * carved, the bags' blocks the device is done with go back (and coalesce):
+ * everything on a synchronous backend (the emulated device); on others the
+ * sealed bags whose fence a query finds complete. No event is recorded here:
+ * sealing a bag would take blocks from its stream's own reuse and from the
+ * device-side transfer to other streams, which come first (DESIGN.md §8), so
+ * on CUDA the blocks freed since the last reclaim stay out of placement and
+ * reserve mode there keeps some of the fragmentation (docs/vmm.md).
+ * The threads' magazines (small blocks only) stay where they are: their
+ * owners keep the lock-free path. A stream's steady alloc/free of the sizes
+ * it keeps reusing hits its bag and never gets here.
+ */
+static void tier_reclaim_bags(sgm_tier_pool *p) {
+  if (!p->p.bops->synchronous) {
+    tier_reclaim_fences(p, SGM_RECLAIM_QUERY, false);
+    return;
+  }
+  sgm__lock_take(&p->lock);
+  tier_release_bags_locked(p);
+  sgm__lock_drop(&p->lock);
+}
+
 int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *ref, sgm_devptr *out) {
   *out = 0;
   if (sgm_unlikely(size == 0)) return sgm__error_set(SGM_ERR_INVALID, "allocation of 0 bytes");
@@ -1377,7 +1422,13 @@ int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *re
     *out = tier_hand_out(p, m, b, need, ref);
     return SGM_OK;
   }
+  /* A large block the caches could not serve is placed in the sub-allocator
+   * only after the cached blocks the device is done with went back there. */
+  bool placed_after_reclaim = cls < 0 && __atomic_load_n(&p->bag_bytes, __ATOMIC_RELAXED) != 0;
+  if (placed_after_reclaim) tier_reclaim_bags(p);
   int rc = tier_carve(p, block, need, ref, &b);
+  /* Granules the returned blocks left free and the new one did not take. */
+  if (placed_after_reclaim) tier_vmm_settle(p);
   /* Reclaiming cached memory comes before anything moves or falls back:
    * first other streams' caches through a device-side wait (one or two calls, no
    * host wait), then what the device has finished with (fences queried). */
@@ -1605,13 +1656,16 @@ static int tier_event_done(sgm_tier_pool *p, void *ev, sgm_reclaim_mode mode) {
 }
 
 /* Seal and fence every stream's cache, and return to the sub-allocator what
- * the device has finished with (QUERY) or everything (WAIT). */
-static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode) {
+ * the device has finished with (QUERY) or everything (WAIT). Without seal,
+ * only the fences already recorded are asked (no event is recorded, deferred
+ * frees wait for the next full reclaim). */
+static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode, bool seal) {
   size_t n_done = 0;
   sgm__lock_take(&p->lock);
   size_t n_jobs = 0;
-  for (tier_stream *s = p->streams; s; s = s->next) n_jobs += !s->busy && (s->fence || s->open.n);
-  for (tier_deferred *d = p->deferred; d; d = d->next) n_jobs += !d->busy;
+  for (tier_stream *s = p->streams; s; s = s->next)
+    n_jobs += !s->busy && (s->fence || (seal && s->open.n));
+  for (tier_deferred *d = p->deferred; d && seal; d = d->next) n_jobs += !d->busy;
   tier_job *jobs = n_jobs ? calloc(n_jobs, sizeof *jobs) : NULL;
   if (!jobs) {
     sgm__lock_drop(&p->lock);
@@ -1619,7 +1673,7 @@ static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode) {
   }
   size_t k = 0;
   for (tier_stream *s = p->streams; s; s = s->next) {
-    if (s->busy || (!s->fence && !s->open.n)) continue;
+    if (s->busy || (!s->fence && !(seal && s->open.n))) continue;
     s->busy = true;
     jobs[k].s = s;
     jobs[k].ref = s->ref;
@@ -1633,7 +1687,7 @@ static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode) {
     }
     k++;
   }
-  for (tier_deferred *d = p->deferred; d; d = d->next) {
+  for (tier_deferred *d = p->deferred; d && seal; d = d->next) {
     if (d->busy) continue;
     d->busy = true;
     jobs[k].kind = TIER_JOB_DEFERRED;
@@ -1780,26 +1834,18 @@ static size_t tier_reclaim_ex(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm
     tier_spin_unlock(&m->lock);
   }
   if (p->p.bops->synchronous) {
-    /* Nothing is pending on a synchronous device: every cached block is free. */
-    for (tier_stream *s = p->streams; s; s = s->next) {
-      n_done += s->open.n + s->sealed.n;
-      tier_bagged_add_locked(p, -(int64_t)(s->open.n + s->sealed.n),
-                             -(int64_t)(s->open.bytes + s->sealed.bytes));
-      tier_bag_release_locked(p, &s->open);
-      tier_bag_release_locked(p, &s->sealed);
-    }
-    tier_update_room_locked(p);
+    n_done = tier_release_bags_locked(p);
     sgm__lock_drop(&p->lock);
     return n_done;
   }
   sgm__lock_drop(&p->lock);
   if (mode == SGM_RECLAIM_TRANSFER) return taker ? tier_reclaim_transfer(p, taker) : 0;
-  n_done += tier_reclaim_fences(p, mode);
+  n_done += tier_reclaim_fences(p, mode, true);
   if (mode == SGM_RECLAIM_WAIT) {
     /* The first round sealed what was open; the second waits for the fences
      * of streams that already had one. */
-    n_done += tier_reclaim_fences(p, mode);
-    n_done += tier_reclaim_fences(p, mode);
+    n_done += tier_reclaim_fences(p, mode, true);
+    n_done += tier_reclaim_fences(p, mode, true);
   }
   return n_done;
 }
