@@ -81,15 +81,18 @@ typedef enum sgm_lock_rank {
 typedef struct sgm_lock {
   pthread_mutex_t mu; /* the lock itself */
   int rank;           /* sgm_lock_rank: position in the lock order */
+  uint64_t n_takes;   /* sgm__lock_take calls so far (atomic; tests count hot-path locking) */
 } sgm_lock;
 
 /* A statically initialised lock of that rank (process-wide locks). */
-#define SGM_LOCK_INITIALIZER(rank) {PTHREAD_MUTEX_INITIALIZER, (rank)}
+#define SGM_LOCK_INITIALIZER(rank) {PTHREAD_MUTEX_INITIALIZER, (rank), 0}
 
 void sgm__lock_init(sgm_lock *l, int rank);
 void sgm__lock_destroy(sgm_lock *l);
 void sgm__lock_take(sgm_lock *l);
 void sgm__lock_drop(sgm_lock *l);
+/* How often l was taken with sgm__lock_take (not counting condition waits). */
+uint64_t sgm__lock_takes(const sgm_lock *l);
 /* True when this thread holds l (tracked only when SGM_DEBUG >= 2; else true). */
 bool sgm__lock_held(const sgm_lock *l);
 /* Debug builds (SGM_DEBUG >= 2): abort unless this thread holds no sgm lock

@@ -353,6 +353,7 @@ static void tier_vmm_unref_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes
 static int tier_backend_nomem_locked(sgm_tier_pool *p, uint64_t size);
 static size_t tier_reclaim_ex(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode);
 static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode, bool seal);
+static size_t tier_reclaim_some(sgm_tier_pool *p, bool mags, sgm_reclaim_mode mode);
 
 static void tier_release_block_locked(sgm_tier_pool *p, tier_block *b) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
@@ -848,13 +849,6 @@ static int tier_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) 
   }
 }
 
-/* Cached bytes (bags and magazines); pool lock held. */
-static uint64_t tier_cached_bytes_locked(sgm_tier_pool *p) {
-  uint64_t cached = p->bag_bytes;
-  for (tier_mag *m = p->mags; m; m = m->next) cached += __atomic_load_n(&m->cached_bytes, __ATOMIC_RELAXED);
-  return cached;
-}
-
 /*
  * At create, in growth mode: reserve one range for the budget when the
  * backend has a virtual-memory API and the option allows it; the choice and
@@ -1190,15 +1184,20 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
       break;
     if (sgm__suballoc_try_alloc(p->sa, need, &off, &got)) {
       uint64_t unmapped = p->vmm_range ? tier_vmm_unmapped_locked(p, off, got) : 0;
-      if (unmapped && !reclaimed && tier_cached_bytes_locked(p) >= unmapped) {
+      if (unmapped && !reclaimed && p->bag_bytes >= unmapped) {
         /* Expandable growth maps memory only when cached blocks the device
-         * is done with could not cover it: give them back (they coalesce)
-         * and place the block again. */
+         * is done with could not cover it: give the streams' bags back (they
+         * coalesce) and place the block again. Not the threads' magazines:
+         * emptying them here, about once every 400 pairs, made every thread
+         * carve under the pool lock again (a quarter of all pairs; two
+         * threads ran at 0.16x the pairs/s of one, issue 10). A magazine
+         * holds at most TIER_MAG_CLASS_BYTES per class and goes back at
+         * sgm_trim, at thread exit, and when the budget is full. */
         uint64_t sz;
         sgm__suballoc_free(p->sa, off, &sz);
         reclaimed = true;
         sgm__lock_drop(&p->lock);
-        tier_reclaim_ex(p, NULL, SGM_RECLAIM_QUERY);
+        tier_reclaim_some(p, false, SGM_RECLAIM_QUERY);
         sgm__lock_take(&p->lock);
         round--;
         continue;
@@ -1398,13 +1397,8 @@ static tier_block *tier_take_cached(sgm_tier_pool *p, tier_mag *m, int cls, uint
  * it keeps reusing hits its bag and never gets here.
  */
 static void tier_reclaim_bags(sgm_tier_pool *p) {
-  if (!p->p.bops->synchronous) {
-    tier_reclaim_fences(p, SGM_RECLAIM_QUERY, false);
-    return;
-  }
-  sgm__lock_take(&p->lock);
-  tier_release_bags_locked(p);
-  sgm__lock_drop(&p->lock);
+  if (p->p.bops->synchronous) tier_reclaim_some(p, false, SGM_RECLAIM_QUERY);
+  else tier_reclaim_fences(p, SGM_RECLAIM_QUERY, false);
 }
 
 int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *ref, sgm_devptr *out) {
@@ -1826,9 +1820,21 @@ size_t sgm__tier_reclaim(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_recl
 /* sgm__tier_reclaim without unmapping the granules it frees (the carve that
  * calls it is about to place a block there). */
 static size_t tier_reclaim_ex(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode) {
+  if (mode == SGM_RECLAIM_TRANSFER) {
+    /* A synchronous backend gave every cached block back in the drain. */
+    size_t n = tier_reclaim_some(p, true, mode);
+    return p->p.bops->synchronous || !taker ? n : tier_reclaim_transfer(p, taker);
+  }
+  return tier_reclaim_some(p, true, mode);
+}
+
+/* With mags, drain every thread's magazine into its stream's bag; then give
+ * back what the device is done with (mode QUERY or WAIT; TRANSFER stops
+ * after the drain, where a synchronous backend has given everything back). */
+static size_t tier_reclaim_some(sgm_tier_pool *p, bool mags, sgm_reclaim_mode mode) {
   size_t n_done = 0;
   sgm__lock_take(&p->lock);
-  for (tier_mag *m = p->mags; m; m = m->next) {
+  for (tier_mag *m = mags ? p->mags : NULL; m; m = m->next) {
     tier_spin_lock(&m->lock);
     tier_mag_drain_locked(p, m);
     tier_spin_unlock(&m->lock);
@@ -1839,7 +1845,7 @@ static size_t tier_reclaim_ex(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm
     return n_done;
   }
   sgm__lock_drop(&p->lock);
-  if (mode == SGM_RECLAIM_TRANSFER) return taker ? tier_reclaim_transfer(p, taker) : 0;
+  if (mode == SGM_RECLAIM_TRANSFER) return 0;
   n_done += tier_reclaim_fences(p, mode, true);
   if (mode == SGM_RECLAIM_WAIT) {
     /* The first round sealed what was open; the second waits for the fences
@@ -1957,6 +1963,8 @@ uint64_t sgm__tier_charged(sgm_tier_pool *p) {
 }
 
 /* ---- stats and checks ---- */
+
+uint64_t sgm__tier_lock_takes(const sgm_tier_pool *p) { return sgm__lock_takes(&p->lock); }
 
 void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out) {
   memset(out, 0, sizeof *out);

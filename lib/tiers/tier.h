@@ -164,6 +164,9 @@ size_t sgm__tier_chunks(sgm_tier_pool *p, sgm_chunk *out, size_t max);
 bool sgm__tier_chunk_of(sgm_tier_pool *p, sgm_devptr ptr, sgm_chunk *out);
 /* Counters (the migration fields are left 0 here). */
 void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out);
+/* How often the pool lock was taken so far (tests: the steady-state alloc/free
+ * path on a thread's magazine takes it rarely, issue 10). */
+uint64_t sgm__tier_lock_takes(const sgm_tier_pool *p);
 /* Expandable growth: the granule size when the pool grows on one reserved
  * range (0 when it grows in chunks or reserves), and the range's bytes. */
 void sgm__tier_vmm_info(sgm_tier_pool *p, uint64_t *granule_bytes, uint64_t *reserved_bytes);

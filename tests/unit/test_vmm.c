@@ -14,6 +14,7 @@
  * from fragmentation the caches made).
  */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,6 +156,96 @@ static void test_emu_free_granules_past_the_slack_go_at_once(void **state) {
   assert_int_equal(counters(ctx).vmm_mapped_bytes, 2 * GRAN);
   assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
   sgm_free(ctx, q, NULL);
+  sgm_context_destroy(ctx);
+}
+
+/* ---- the hot path stays on the threads' caches (issue 10) ---- */
+
+static uint64_t pool_lock_takes(sgm_context *ctx) {
+  return sgm__tier_lock_takes(sgm__context_tier(ctx, SGM_TIER_VRAM));
+}
+
+/*
+ * Steady state: a thread freeing the oldest of 64 live blocks and allocating
+ * one of a random size (256 B .. 1 MiB, log-uniform, as bench_alloc does)
+ * finds its blocks in its magazine: after a warm-up, at most one pair in 25
+ * takes the pool lock (a magazine spilling to or refilling from the stream's
+ * bag). Mapping granules must not empty the magazines: when it did, a
+ * quarter of the pairs carved under the pool lock.
+ */
+static void test_emu_steady_pairs_stay_off_the_pool_lock(void **state) {
+  (void)state;
+  enum { RING = 64, WARM = 20000, PAIRS = 20000 };
+  sgm_test_rng r;
+  sgm_test_rng_init(&r, sgm_test_seed("vmm_steady_pairs", 0x5eed1010));
+  sgm_context *ctx = make_ctx("emu", "256MiB", NULL);
+  void *ring[RING];
+  for (int i = 0; i < RING; i++) assert_non_null(ring[i] = sgm_alloc(ctx, 256, NULL));
+  uint64_t before = 0;
+  for (int k = 0; k < WARM + PAIRS; k++) {
+    if (k == WARM) before = pool_lock_takes(ctx);
+    size_t n = (size_t)sgm_test_rng_log_range(&r, 256, 1048576);
+    sgm_free(ctx, ring[k % RING], NULL);
+    assert_non_null(ring[k % RING] = sgm_alloc(ctx, n, NULL));
+  }
+  uint64_t takes = pool_lock_takes(ctx) - before;
+  printf("# %llu pool lock takes in %d steady-state pairs\n", (unsigned long long)takes, PAIRS);
+  assert_true(takes <= PAIRS / 25);
+  for (int i = 0; i < RING; i++) sgm_free(ctx, ring[i], NULL);
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  sgm_context_destroy(ctx);
+}
+
+/* Two threads: b caches four 512 KiB blocks in its magazine, then the main
+ * thread allocates a granule-sized block that needs a new granule. b's
+ * magazine could cover it but is b's: the granule is mapped, and b's next
+ * four allocations are its own four blocks back, with no pool lock taken. */
+typedef struct mag_peer {
+  sgm_context *ctx;            /* the shared context */
+  pthread_barrier_t *bar;      /* phases: cached, main allocated, b done */
+  void *first[4], *again[4];   /* b's blocks before and after */
+  uint64_t takes;              /* pool lock takes during b's second round */
+} mag_peer;
+
+static void *mag_peer_main(void *arg) {
+  mag_peer *m = arg;
+  for (int i = 0; i < 4; i++) m->first[i] = sgm_alloc(m->ctx, 512 << 10, NULL);
+  for (int i = 0; i < 4; i++) sgm_free(m->ctx, m->first[i], NULL);
+  pthread_barrier_wait(m->bar);
+  pthread_barrier_wait(m->bar); /* the main thread allocated */
+  uint64_t t0 = pool_lock_takes(m->ctx);
+  for (int i = 0; i < 4; i++) m->again[i] = sgm_alloc(m->ctx, 512 << 10, NULL);
+  m->takes = pool_lock_takes(m->ctx) - t0;
+  for (int i = 0; i < 4; i++) sgm_free(m->ctx, m->again[i], NULL);
+  return NULL;
+}
+
+static void test_emu_mapping_leaves_other_threads_magazines(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("emu", "256MiB", NULL);
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, 2);
+  mag_peer m = {.ctx = ctx, .bar = &bar};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, mag_peer_main, &m), 0);
+  pthread_barrier_wait(&bar);
+  sgm_stats st = stats(ctx);
+  assert_int_equal(st.tier[SGM_TIER_VRAM].cached_bytes, 2 * MiB);
+  void *q = sgm_alloc(ctx, GRAN, NULL);
+  assert_non_null(q);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes,
+                   st.tier[SGM_TIER_VRAM].committed_bytes + GRAN);
+  pthread_barrier_wait(&bar);
+  pthread_join(t, NULL);
+  pthread_barrier_destroy(&bar);
+  for (int i = 0; i < 4; i++) {
+    bool found = false;
+    for (int j = 0; j < 4; j++) found |= m.again[i] == m.first[j];
+    assert_true(found);
+  }
+  assert_int_equal(m.takes, 0);
+  sgm_free(ctx, q, NULL);
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
   sgm_context_destroy(ctx);
 }
 
@@ -402,6 +493,8 @@ int main(void) {
       cmocka_unit_test(test_emu_option_off_grows_in_chunks),
       cmocka_unit_test(test_emu_backend_failures),
       cmocka_unit_test(test_emu_reserve_places_after_cached_blocks_return),
+      cmocka_unit_test(test_emu_steady_pairs_stay_off_the_pool_lock),
+      cmocka_unit_test(test_emu_mapping_leaves_other_threads_magazines),
   };
   int rc = cmocka_run_group_tests_name("vmm_emu", emu, NULL, NULL);
   if (!load_fake()) {
