@@ -82,6 +82,35 @@ sgm_context *MakeContext(const char *vram_limit, bool growth) {
 // on a real GPU the NULL and per-thread cases stand for it).
 void *MakeStream() { return Drv().stream_create ? Drv().stream_create() : nullptr; }
 
+// A CU_STREAM_NON_BLOCKING stream of device 0's primary context, made through
+// the double's driver entry points (as PyTorch makes its side streams);
+// nullptr on a real driver or when any call fails.
+void *MakeNonBlockingStream() {
+  if (!Drv().get_stats) return nullptr;
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return nullptr;
+  using CreateFn = int (*)(void **, unsigned);
+  using RetainFn = int (*)(void **, int);
+  using PushFn = int (*)(void *);
+  using PopFn = int (*)(void **);
+  using ReleaseFn = int (*)(int);
+  auto create = reinterpret_cast<CreateFn>(dlsym(lib, "cuStreamCreate"));
+  auto retain = reinterpret_cast<RetainFn>(dlsym(lib, "cuDevicePrimaryCtxRetain"));
+  auto push = reinterpret_cast<PushFn>(dlsym(lib, "cuCtxPushCurrent_v2"));
+  auto pop = reinterpret_cast<PopFn>(dlsym(lib, "cuCtxPopCurrent_v2"));
+  auto release = reinterpret_cast<ReleaseFn>(dlsym(lib, "cuDevicePrimaryCtxRelease_v2"));
+  void *s = nullptr, *pctx = nullptr, *popped = nullptr;
+  if (create && retain && push && pop && release && retain(&pctx, 0) == 0) {
+    if (push(pctx) == 0) {
+      if (create(&s, 1 /* CU_STREAM_NON_BLOCKING */) != 0) s = nullptr;
+      pop(&popped);
+    }
+    release(0);
+  }
+  dlclose(lib);  // the benchmark's own handle; the library stays loaded by sgm
+  return s;
+}
+
 void ReportCalls(benchmark::State &state, uint64_t calls, double units) {
   state.counters["calls_per_pair"] =
       Drv().get_stats ? static_cast<double>(calls) / units : -1.0;
@@ -140,11 +169,13 @@ void CountEach(uint64_t *out) {
 // One block fills the budget; allocations alternate between two streams, so
 // every one after the first takes the block from the other stream's cache.
 // range(0): 0 = a created (blocking) stream and the legacy NULL stream,
-// 1 = two created blocking streams.
+// 1 = two created blocking streams, 2 = two non-blocking streams (PyTorch's side
+// streams; no fence: the 4-call path, docs/streams.md "Why two calls").
 void BM_CrossStreamTransfer(benchmark::State &state) {
   sgm_context *ctx = MakeContext("4MiB", false);
-  void *a = MakeStream();
-  void *b = state.range(0) ? MakeStream() : nullptr;
+  bool nb = state.range(0) == 2;
+  void *a = nb ? MakeNonBlockingStream() : MakeStream();
+  void *b = nb ? MakeNonBlockingStream() : state.range(0) ? MakeStream() : nullptr;
   if (!ctx || !a || (state.range(0) && !b)) {
     state.SkipWithError(ctx ? "needs the driver double's streams" : sgm_last_error());
     if (ctx) sgm_context_destroy(ctx);
@@ -212,7 +243,7 @@ void BM_PairWithPending(benchmark::State &state) {
 BENCHMARK(BM_PairCreatedStream);
 BENCHMARK(BM_PairNullStream);
 BENCHMARK(BM_PairPerThreadStream);
-BENCHMARK(BM_CrossStreamTransfer)->Arg(0)->Arg(1);
+BENCHMARK(BM_CrossStreamTransfer)->Arg(0)->Arg(1)->Arg(2);
 BENCHMARK(BM_PairWithPending)->Arg(0)->Arg(10000);
 
 }  // namespace

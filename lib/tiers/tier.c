@@ -1620,17 +1620,17 @@ bool sgm__tier_owns_own(sgm_tier_pool *p, sgm_devptr ptr) { return tier_owns_liv
 
 /* ---- reclaim ---- */
 
-enum { TIER_JOB_SEAL, TIER_JOB_FENCE, TIER_JOB_DEFERRED, TIER_JOB_TRANSFER };
+enum { TIER_JOB_SEAL, TIER_JOB_FENCE, TIER_JOB_DEFERRED, TIER_JOB_TRANSFER, TIER_JOB_FENCE_WAIT };
 
 /* Work a reclaim does without the pool lock on one stream or deferred free. */
 typedef struct tier_job {
   int kind;                    /* TIER_JOB_* */
-  tier_stream *s;              /* the stream (SEAL, FENCE, TRANSFER) */
+  tier_stream *s;              /* the stream (SEAL, FENCE, TRANSFER, FENCE_WAIT) */
   tier_deferred *d;            /* the deferred free (DEFERRED) */
   sgm_stream_ref ref;          /* the stream, copied under the lock */
   void *ev;                    /* the event recorded or queried */
   int done;                    /* 1: the work before the event has completed; 0: not (yet); <0: error */
-  tier_bag bag;                /* TRANSFER: the blocks moving to the taker */
+  tier_bag bag;                /* TRANSFER, FENCE_WAIT: the blocks moving to the taker */
 } tier_job;
 
 /* Did the work before ev complete? Query, or in WAIT mode wait (a failed wait
@@ -1757,8 +1757,16 @@ static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode, bool 
   return n_done;
 }
 
-/* Hand every other stream's cached blocks to taker, ordered on the device
- * after the owner's work (the backend's stream_transfer: no host wait). */
+/*
+ * Hand every other stream's cached blocks to taker, ordered on the device
+ * after the owner's work; the host never waits. A stream whose blocks are all
+ * sealed under a fence (an event recorded on it after their frees, while it
+ * did not capture: the idle tick, an allocation that did not fit, sgm_trim)
+ * needs only the taker's side: stream_wait_event, the taker's capture check
+ * and one wait on the fence (2 calls, whatever the streams' flags). Else the
+ * backend's stream_transfer orders the two streams (1 to 4 calls,
+ * docs/streams.md "Why two calls").
+ */
 static size_t tier_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *taker) {
   size_t n_done = 0;
   sgm__lock_take(&p->lock);
@@ -1773,9 +1781,18 @@ static size_t tier_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *take
   size_t k = 0;
   for (tier_stream *s = p->streams; s; s = s->next) {
     if (s->ref.key == taker->key || !(s->open.n || s->sealed.n)) continue;
-    jobs[k].kind = TIER_JOB_TRANSFER;
     jobs[k].s = s;
     jobs[k].ref = s->ref;
+    if (!s->open.n && s->fence && !s->busy) {
+      /* Every block is covered by the fence: the taker waits on it. */
+      jobs[k].kind = TIER_JOB_FENCE_WAIT;
+      jobs[k].ev = s->fence;
+      s->busy = true;
+      tier_bag_merge(&jobs[k].bag, &s->sealed);
+      k++;
+      continue;
+    }
+    jobs[k].kind = TIER_JOB_TRANSFER;
     /* A fence being queried by another thread keeps going: it then finds
      * the sealed bag empty. */
     tier_bag_merge(&jobs[k].bag, &s->open);
@@ -1786,6 +1803,13 @@ static size_t tier_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *take
 
   for (size_t i = 0; i < n_jobs; i++) {
     tier_job *j = &jobs[i];
+    if (j->kind == TIER_JOB_FENCE_WAIT) {
+      j->done = p->p.bops->stream_wait_event(p->p.be, taker, j->ev) == SGM_OK;
+      if (!j->done)
+        sgm__log(p->p.verbose, 2, "%s: cannot order a stream after another's fence (%s); their "
+                 "cached blocks stay apart", sgm_tier_name(p->p.tier), sgm_last_error());
+      continue;
+    }
     void *ev = tier_event_get(p);
     j->done = ev && p->p.bops->stream_transfer(p->p.be, ev, &j->ref, taker) == SGM_OK;
     if (!j->done)
@@ -1799,6 +1823,19 @@ static size_t tier_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *take
   tier_stream *t = tier_stream_get_locked(p, taker);
   for (size_t i = 0; i < n_jobs; i++) {
     tier_job *j = &jobs[i];
+    if (j->kind == TIER_JOB_FENCE_WAIT) {
+      j->s->busy = false;
+      if (j->done && t) {
+        /* The wait captured the fence's recording: it covers nothing more
+         * and may be recorded again. */
+        j->s->fence = NULL;
+        tier_event_put_locked(p, j->ev);
+      } else {
+        /* Still covered by the fence (the taker captures, or ran out of host memory). */
+        tier_bag_merge(&j->s->sealed, &j->bag);
+        continue;
+      }
+    }
     if (j->done && t) {
       n_done += j->bag.n;
       tier_bag_merge(&t->open, &j->bag);

@@ -221,6 +221,36 @@ static void test_legacy_cache_during_other_capture(void **state) {
   destroy_ctx(ctx);
 }
 
+/* Invariant: blocks sealed under a fence on stream a do not cross to a
+ * stream b that captures: b is asked first, nothing waits on the fence from
+ * b (the wait would enter the user's graph), and a's fence, recorded before,
+ * is never a captured event. The capture stays valid; once it ended the
+ * blocks cross with the taker's check and one wait. */
+static void test_fenced_transfer_to_capturing_stream(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("4MiB", false);
+  void *a = fc.fake_cuda_stream_create(), *b = fc.fake_cuda_stream_create();
+  void *p = sgm_alloc(ctx, 4 * MiB, a);
+  assert_non_null(p);
+  fc.fake_cuda_hold_events(1); /* a's fence stays pending: nothing returns to the pool */
+  sgm_free(ctx, p, a);
+  sgm__context_idle_tick(ctx); /* the fence: recorded on a, which does not capture */
+  uint64_t waits = fc.fake_cuda_calls("cuStreamWaitEvent");
+  assert_int_equal(drv.begin((CUstream)b, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  assert_null(sgm_alloc(ctx, 4 * MiB, b)); /* not while b captures */
+  assert_int_equal(fc.fake_cuda_calls("cuStreamWaitEvent") - waits, 0);
+  end_capture_valid(b);
+  void *q = sgm_alloc(ctx, 4 * MiB, b);
+  assert_ptr_equal(q, p);
+  assert_int_equal(fc.fake_cuda_calls("cuStreamWaitEvent") - waits, 1);
+  sgm_free(ctx, q, b);
+  fc.fake_cuda_hold_events(0);
+  fc.fake_cuda_complete_events();
+  fc.fake_cuda_stream_destroy(b);
+  fc.fake_cuda_stream_destroy(a);
+  destroy_ctx(ctx);
+}
+
 int main(void) {
   void *probe = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!probe || !dlsym(probe, "fake_cuda_hold_events")) {
@@ -234,6 +264,7 @@ int main(void) {
       cmocka_unit_test(test_free_during_capture_deferred),
       cmocka_unit_test(test_buffer_release_during_capture),
       cmocka_unit_test(test_legacy_cache_during_other_capture),
+      cmocka_unit_test(test_fenced_transfer_to_capturing_stream),
   };
   return cmocka_run_group_tests_name("capture", tests, load_fake, unload_fake);
 }

@@ -313,6 +313,42 @@ static void test_non_blocking_transfer_ordered(void **state) {
   non_blocking_stream(true, nb);
 }
 
+/* Invariant: blocks a fence covers (an event recorded on their stream after
+ * their frees, here by the idle tick) cross to another stream, whatever the
+ * streams' flags, in two driver calls: the taker's capture check and its
+ * cuStreamWaitEvent on that fence, nothing recorded. The taker's later work
+ * still waits for the owner's work queued before the free. */
+static void test_fenced_transfer_two_calls_ordered(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx();
+  void *nb = non_blocking_stream(false, NULL), *taker = non_blocking_stream(false, NULL);
+  for (int round = 0; round < 2; round++) {
+    void *owner = round ? taker : nb, *to = round ? nb : taker;
+    void *p = sgm_alloc(ctx, 4 * MiB, owner); /* round 0: learns the flags, warms the pool */
+    assert_non_null(p);
+    fc.fake_cuda_hold_stream(owner, 1);
+    put_work(owner);
+    sgm_free(ctx, p, owner);
+    sgm__context_idle_tick(ctx); /* seals owner's cache under a fence (not complete: held) */
+    uint64_t before = driver_calls();
+    uint64_t waits = fc.fake_cuda_calls("cuStreamWaitEvent");
+    uint64_t records = fc.fake_cuda_calls("cuEventRecord");
+    void *q = sgm_alloc(ctx, 4 * MiB, to);
+    assert_ptr_equal(q, p);
+    assert_int_equal(driver_calls() - before, 2);
+    assert_int_equal(fc.fake_cuda_calls("cuStreamWaitEvent") - waits, 1);
+    assert_int_equal(fc.fake_cuda_calls("cuEventRecord") - records, 0);
+    assert_false(stream_done(to)); /* the taker waits for the owner's work */
+    fc.fake_cuda_complete_stream(owner);
+    fc.fake_cuda_hold_stream(owner, 0);
+    assert_true(stream_done(to));
+    sgm_free(ctx, q, to);
+  }
+  finish_ctx(ctx);
+  non_blocking_stream(true, nb);
+  non_blocking_stream(true, taker);
+}
+
 /* Invariant: between two blocking streams the block moves with the legacy
  * stream's ordering (one record there), and the taker's later work still
  * waits for the owner's work queued before the free. */
@@ -570,6 +606,7 @@ int main(void) {
       cmocka_unit_test(test_pending_memory_not_handed_out),
       cmocka_unit_test(test_same_stream_reuse_no_driver_calls),
       cmocka_unit_test(test_cross_stream_transfer_calls),
+      cmocka_unit_test(test_fenced_transfer_two_calls_ordered),
       cmocka_unit_test(test_non_blocking_transfer_ordered),
       cmocka_unit_test(test_blocking_transfer_ordered),
       cmocka_unit_test(test_per_thread_streams_do_not_alias),
