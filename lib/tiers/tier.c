@@ -352,7 +352,6 @@ static tier_block *tier_map_take_live(sgm_tier_pool *p, sgm_devptr ptr, bool own
 static void tier_vmm_unref_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes);
 static int tier_backend_nomem_locked(sgm_tier_pool *p, uint64_t size);
 static size_t tier_reclaim_ex(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode);
-static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode, bool seal);
 static size_t tier_reclaim_some(sgm_tier_pool *p, bool mags, sgm_reclaim_mode mode);
 
 static void tier_release_block_locked(sgm_tier_pool *p, tier_block *b) {
@@ -1384,23 +1383,15 @@ static tier_block *tier_take_cached(sgm_tier_pool *p, tier_mag *m, int cls, uint
  * memory goes elsewhere, the holes never coalesce with their free
  * neighbours, and the range fragments: on the idealloc traces the smallest
  * reserve budget was up to 1.67 x the peak live bytes, against 1.20 for the
- * bare sub-allocator. Before a large block that no cached block fits is
- * carved, the bags' blocks the device is done with go back (and coalesce):
- * everything on a synchronous backend (the emulated device); on others the
- * sealed bags whose fence a query finds complete. No event is recorded here:
- * sealing a bag would take blocks from its stream's own reuse and from the
- * device-side transfer to other streams, which come first (DESIGN.md §8), so
- * on CUDA the blocks freed since the last reclaim stay out of placement and
- * reserve mode there keeps some of the fragmentation (docs/vmm.md).
- * The threads' magazines (small blocks only) stay where they are: their
- * owners keep the lock-free path. A stream's steady alloc/free of the sizes
- * it keeps reusing hits its bag and never gets here.
+ * bare sub-allocator. On a synchronous backend (the emulated device) nothing
+ * is pending, so before a large block that no cached block fits is carved,
+ * the bags go back to the sub-allocator (they coalesce); the threads'
+ * magazines (small blocks) stay with their owners. Not on other backends:
+ * there it would cost driver calls (a fence to record or query) on every
+ * such allocation and take the blocks from the device-side transfer to other
+ * streams, which comes first (DESIGN.md §8); reserve mode on CUDA keeps that
+ * fragmentation (docs/vmm.md).
  */
-static void tier_reclaim_bags(sgm_tier_pool *p) {
-  if (p->p.bops->synchronous) tier_reclaim_some(p, false, SGM_RECLAIM_QUERY);
-  else tier_reclaim_fences(p, SGM_RECLAIM_QUERY, false);
-}
-
 int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *ref, sgm_devptr *out) {
   *out = 0;
   if (sgm_unlikely(size == 0)) return sgm__error_set(SGM_ERR_INVALID, "allocation of 0 bytes");
@@ -1418,8 +1409,9 @@ int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *re
   }
   /* A large block the caches could not serve is placed in the sub-allocator
    * only after the cached blocks the device is done with went back there. */
-  bool placed_after_reclaim = cls < 0 && __atomic_load_n(&p->bag_bytes, __ATOMIC_RELAXED) != 0;
-  if (placed_after_reclaim) tier_reclaim_bags(p);
+  bool placed_after_reclaim = cls < 0 && p->p.bops->synchronous &&
+                              __atomic_load_n(&p->bag_bytes, __ATOMIC_RELAXED) != 0;
+  if (placed_after_reclaim) tier_reclaim_some(p, false, SGM_RECLAIM_QUERY);
   int rc = tier_carve(p, block, need, ref, &b);
   /* Granules the returned blocks left free and the new one did not take. */
   if (placed_after_reclaim) tier_vmm_settle(p);
@@ -1650,16 +1642,13 @@ static int tier_event_done(sgm_tier_pool *p, void *ev, sgm_reclaim_mode mode) {
 }
 
 /* Seal and fence every stream's cache, and return to the sub-allocator what
- * the device has finished with (QUERY) or everything (WAIT). Without seal,
- * only the fences already recorded are asked (no event is recorded, deferred
- * frees wait for the next full reclaim). */
-static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode, bool seal) {
+ * the device has finished with (QUERY) or everything (WAIT). */
+static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode) {
   size_t n_done = 0;
   sgm__lock_take(&p->lock);
   size_t n_jobs = 0;
-  for (tier_stream *s = p->streams; s; s = s->next)
-    n_jobs += !s->busy && (s->fence || (seal && s->open.n));
-  for (tier_deferred *d = p->deferred; d && seal; d = d->next) n_jobs += !d->busy;
+  for (tier_stream *s = p->streams; s; s = s->next) n_jobs += !s->busy && (s->fence || s->open.n);
+  for (tier_deferred *d = p->deferred; d; d = d->next) n_jobs += !d->busy;
   tier_job *jobs = n_jobs ? calloc(n_jobs, sizeof *jobs) : NULL;
   if (!jobs) {
     sgm__lock_drop(&p->lock);
@@ -1667,7 +1656,7 @@ static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode, bool 
   }
   size_t k = 0;
   for (tier_stream *s = p->streams; s; s = s->next) {
-    if (s->busy || (!s->fence && !(seal && s->open.n))) continue;
+    if (s->busy || (!s->fence && !s->open.n)) continue;
     s->busy = true;
     jobs[k].s = s;
     jobs[k].ref = s->ref;
@@ -1681,7 +1670,7 @@ static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode, bool 
     }
     k++;
   }
-  for (tier_deferred *d = p->deferred; d && seal; d = d->next) {
+  for (tier_deferred *d = p->deferred; d; d = d->next) {
     if (d->busy) continue;
     d->busy = true;
     jobs[k].kind = TIER_JOB_DEFERRED;
@@ -1883,12 +1872,12 @@ static size_t tier_reclaim_some(sgm_tier_pool *p, bool mags, sgm_reclaim_mode mo
   }
   sgm__lock_drop(&p->lock);
   if (mode == SGM_RECLAIM_TRANSFER) return 0;
-  n_done += tier_reclaim_fences(p, mode, true);
+  n_done += tier_reclaim_fences(p, mode);
   if (mode == SGM_RECLAIM_WAIT) {
     /* The first round sealed what was open; the second waits for the fences
      * of streams that already had one. */
-    n_done += tier_reclaim_fences(p, mode, true);
-    n_done += tier_reclaim_fences(p, mode, true);
+    n_done += tier_reclaim_fences(p, mode);
+    n_done += tier_reclaim_fences(p, mode);
   }
   return n_done;
 }
