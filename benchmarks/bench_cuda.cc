@@ -16,9 +16,10 @@
 //      ns per cuMemAlloc+cuMemFree pair of the same size; ns per cross-stream
 //      transfer (a 4 MiB budget that one block fills, allocations alternating
 //      between a created stream and the NULL stream, and between two created
-//      streams). Driver calls per pair or transfer come from the driver test
-//      double's counter when libcuda.so.1 is the double; a real driver has no
-//      counter ("calls n/a": count them on the double, bench_stream).
+//      streams). Driver calls per sgm pair or transfer are sgm's own count
+//      (sgm_stats.driver_calls), on a real driver too; those of the
+//      cuMemAlloc+cuMemFree reference come from the driver test double's
+//      counter when libcuda.so.1 is the double ("calls n/a" on a real driver).
 // After the Google Benchmark table it prints one "bench_cuda: ..." line per
 // pair with both bandwidths in GB/s (10^9 bytes/s), ms per call and the ratio,
 // and one per (c) figure with ns per call; tests/gpu/run.sh copies those lines

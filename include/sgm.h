@@ -261,6 +261,8 @@ typedef struct sgm_stats {
   uint64_t vram_granule_bytes;  /* VRAM grows on one reserved range in granules of this size
                                    (the driver's virtual-memory API); 0 = chunks or reserved */
   uint64_t vram_reserved_bytes; /* that range's size (address space, not memory); 0 = none */
+  uint64_t driver_calls;       /* calls this context's backend made into the GPU driver since
+                                  create (docs/stats.md); 0 on the emulated device */
 } sgm_stats;
 
 /* Fill *out with the context's counters. Fast, any thread. On failure *out is zeroed. */

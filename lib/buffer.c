@@ -2,10 +2,13 @@
  * buffer.c — the public movable-buffer API (sgm_buffer_*) and the buffer
  * states: RELEASED, ACQUIRED, BUSY (placement.h).
  *
- * A public call takes the buffer (waits while another thread owns it BUSY,
- * then takes it out of its policy), drops the lock, lets residency.c or
- * migrate.c do the work, and gives it back (sgm__buffer_finish). Nothing
- * here decides a tier or moves data.
+ * A public call takes the buffer (waits, asleep on the buffer's own state
+ * word, while another thread owns it BUSY; then one compare-and-swap makes it
+ * BUSY and, under its tier's residency lock, takes it out of its policy),
+ * lets residency.c or migrate.c do the work with no lock held, and gives it
+ * back (sgm__buffer_finish, under the residency lock of the tier it is in
+ * then). Nothing here decides a tier or moves data; no call takes a lock
+ * shared by every buffer but create and destroy (the list of all buffers).
  *
  * Threading: every call is safe from any thread; a buffer is used by one
  * thread at a time, but a prefetch or an eviction for another allocation may
@@ -17,39 +20,109 @@
 #include "placement.h"
 #include "tiers/tier.h"
 
-void sgm__buffer_wait_locked(struct sgm_placement *pl, sgm_buffer *b) {
-  while (sgm__buffer_state(b) == SGM_BUF_BUSY) {
-    /* The flag is set under the lock the owner needs to change the state,
-     * so the owner's change sees it; a change between here and the sleep
-     * makes the sleep return at once. */
-    __atomic_store_n(&b->state, __atomic_load_n(&b->state, __ATOMIC_RELAXED) | SGM_BUF_WAITERS,
-                     __ATOMIC_RELAXED);
-    sgm__lock_drop(&pl->lock);
-    sgm__word_wait(&b->state, SGM_BUF_BUSY | SGM_BUF_WAITERS);
-    __atomic_fetch_add(&pl->n_busy_wakeups, 1, __ATOMIC_RELAXED);
-    sgm__lock_take(&pl->lock);
+/* Sleep until b's word is no longer w (b BUSY). pl_held: pl->lock is held
+ * and dropped meanwhile. Announces the sleeper first (SGM_BUF_WAITERS), so
+ * the owner's change of this word, and only that, wakes it. */
+static void buffer_sleep(struct sgm_placement *pl, sgm_buffer *b, uint32_t w, bool pl_held) {
+  if (!(w & SGM_BUF_WAITERS) &&
+      !__atomic_compare_exchange_n(&b->state, &w, w | SGM_BUF_WAITERS, false, __ATOMIC_SEQ_CST,
+                                   __ATOMIC_RELAXED))
+    return; /* changed meanwhile: look again */
+  if (pl_held) sgm__lock_drop(&pl->lock);
+  sgm__word_wait(&b->state, w | SGM_BUF_WAITERS);
+  __atomic_fetch_add(&pl->n_busy_wakeups, 1, __ATOMIC_RELAXED);
+  if (pl_held) sgm__lock_take(&pl->lock);
+}
+
+/* What buffer_claim may do besides taking b. */
+enum {
+  CLAIM_WAIT = 1,      /* wait while b is BUSY (else return BUSY unclaimed) */
+  CLAIM_PL_HELD = 2,   /* pl->lock is held: drop it while waiting */
+  CLAIM_FAST_VRAM = 4, /* acquire: a VRAM buffer with nothing pending goes straight to ACQUIRED */
+};
+
+/* Take b if its state is in accept (a mask of 1u << state): one
+ * compare-and-swap to BUSY (or, CLAIM_FAST_VRAM, to ACQUIRED) made under the
+ * lock of b's tier when b is listed there, with the policy step of kind k in
+ * the same critical section, so under that lock a listed buffer is never
+ * BUSY. Returns the state b had; b is the caller's iff that state is in
+ * accept (*fast: it went straight to ACQUIRED). */
+static sgm_buf_state buffer_claim(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k,
+                                  unsigned accept, unsigned flags, bool *fast) {
+  for (;;) {
+    uint32_t w = __atomic_load_n(&b->state, __ATOMIC_SEQ_CST);
+    sgm_buf_state s = (sgm_buf_state)(w & SGM_BUF_STATE_MASK);
+    if (s == SGM_BUF_BUSY && (flags & CLAIM_WAIT)) {
+      buffer_sleep(pl, b, w, (flags & CLAIM_PL_HELD) != 0);
+      continue;
+    }
+    if (!(accept & (1u << s))) return s;
+    /* Valid if the swap below succeeds: only an owner changes the tier. */
+    sgm_tier t = __atomic_load_n(&b->tier, __ATOMIC_RELAXED);
+    sgm_lock *l = s == SGM_BUF_RELEASED && t < SGM_N_RESIDENT ? sgm__residency_lock(pl, t) : NULL;
+    if (l) {
+      sgm__lock_take(l);
+      /* Still as seen, so listed in t: nobody takes it without l, and its
+       * fields (event) are the lock's to read. */
+      if (__atomic_load_n(&b->state, __ATOMIC_SEQ_CST) != w) {
+        sgm__lock_drop(l);
+        continue;
+      }
+    }
+    bool straight = (flags & CLAIM_FAST_VRAM) && t == SGM_TIER_VRAM && l && !b->event;
+    uint32_t to = straight ? SGM_BUF_ACQUIRED : SGM_BUF_BUSY;
+    if (!__atomic_compare_exchange_n(&b->state, &w, ((w & SGM_BUF_GEN_MASK) + SGM_BUF_GEN_ONE) | to,
+                                     false, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
+      if (l) sgm__lock_drop(l);
+      continue;
+    }
+    if (l) {
+      if (k == SGM_TAKE_USE) sgm__residency_take_for_use(pl, b);
+      else sgm__residency_take(pl, b, k == SGM_TAKE_FREE ? SGM_POLICY_REMOVE_DROP : SGM_POLICY_REMOVE_PIN);
+      sgm__lock_drop(l);
+    }
+    if (k == SGM_TAKE_FREE && b->pinned) {
+      sgm_lock *pin = sgm__residency_lock(pl, b->pin_tier);
+      sgm__lock_take(pin);
+      sgm__residency_unpin(pl, b);
+      sgm__lock_drop(pin);
+    }
+    if (__atomic_load_n(&b->prefetch_queued, __ATOMIC_ACQUIRE)) sgm__prefetch_cancel(pl, b);
+    if (fast) *fast = straight;
+    return s;
   }
+}
+
+#define CLAIM_ANY ((1u << SGM_BUF_RELEASED) | (1u << SGM_BUF_ACQUIRED))
+
+sgm_buf_state sgm__buffer_take(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k) {
+  return buffer_claim(pl, b, k, CLAIM_ANY, CLAIM_WAIT, NULL);
 }
 
 sgm_buf_state sgm__buffer_take_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k) {
-  sgm__buffer_wait_locked(pl, b);
-  sgm_buf_state was = sgm__buffer_state(b);
-  if (k == SGM_TAKE_USE) sgm__residency_take_for_use(pl, b);
-  else sgm__residency_take(pl, b, k == SGM_TAKE_FREE ? SGM_POLICY_REMOVE_DROP : SGM_POLICY_REMOVE_PIN);
-  if (k == SGM_TAKE_FREE) sgm__residency_unpin(pl, b);
-  if (b->prefetch_queued) sgm__prefetch_cancel_locked(pl, b);
-  sgm__buffer_set_state(b, SGM_BUF_BUSY);
-  return was;
+  return buffer_claim(pl, b, k, CLAIM_ANY, CLAIM_WAIT | CLAIM_PL_HELD, NULL);
 }
 
 void sgm__buffer_finish(struct sgm_placement *pl, sgm_buffer *b, sgm_buf_state to, bool used) {
-  sgm__lock_take(&pl->lock);
-  sgm__buffer_set_state(b, to); /* its waiters run once the lock is dropped */
   if (to == SGM_BUF_RELEASED) {
-    if (b->tier < SGM_N_RESIDENT) sgm__residency_put(pl, b, used);
-    else sgm__residency_unpin(pl, b);
+    /* A pin held by another tier's policy (b moved) ends under that tier's
+     * lock first: one residency lock at a time. */
+    if (b->pinned && (b->tier >= SGM_N_RESIDENT || b->pin_tier != b->tier)) {
+      sgm_lock *pin = sgm__residency_lock(pl, b->pin_tier);
+      sgm__lock_take(pin);
+      sgm__residency_unpin(pl, b);
+      sgm__lock_drop(pin);
+    }
+    if (b->tier < SGM_N_RESIDENT) {
+      sgm_lock *l = sgm__residency_lock(pl, b->tier);
+      sgm__lock_take(l);
+      sgm__residency_put(pl, b, used);
+      sgm__buffer_set_state(b, to);
+      sgm__lock_drop(l);
+      return;
+    }
   }
-  sgm__lock_drop(&pl->lock);
+  sgm__buffer_set_state(b, to);
 }
 
 void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b) {
@@ -67,22 +140,27 @@ void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b) {
 
 bool sgm__buffer_disk_offset(sgm_buffer *b, uint64_t *offset) {
   struct sgm_placement *pl = sgm__context_pl(b->ctx);
-  sgm__lock_take(&pl->lock);
-  sgm__buffer_wait_locked(pl, b); /* its mover owns ext */
-  bool on = b->tier == SGM_TIER_DISK && b->ext && b->ext[0].bytes != 0;
-  *offset = on ? b->ext[0].offset : 0;
-  sgm__lock_drop(&pl->lock);
-  return on;
-}
-
-/* Take pl->lock and wait until b is not BUSY; SGM_ERR_BUSY (lock dropped)
- * when it is acquired, else SGM_OK with the lock held and b RELEASED. */
-static int buffer_lock_released(struct sgm_placement *pl, sgm_buffer *b, const char *fn) {
-  sgm__lock_take(&pl->lock);
-  sgm__buffer_wait_locked(pl, b);
-  if (sgm__buffer_state(b) != SGM_BUF_ACQUIRED) return SGM_OK;
-  sgm__lock_drop(&pl->lock);
-  return sgm__error_set(SGM_ERR_BUSY, "%s: the buffer is acquired (release it first)", fn);
+  *offset = 0;
+  /* Only a buffer on disk is taken (it is listed nowhere): its mover owns ext. */
+  for (;;) {
+    uint32_t w = __atomic_load_n(&b->state, __ATOMIC_SEQ_CST);
+    if ((w & SGM_BUF_STATE_MASK) == SGM_BUF_BUSY) {
+      buffer_sleep(pl, b, w, false);
+      continue;
+    }
+    if (__atomic_load_n(&b->tier, __ATOMIC_RELAXED) != SGM_TIER_DISK) {
+      if (__atomic_load_n(&b->state, __ATOMIC_SEQ_CST) == w) return false;
+      continue;
+    }
+    sgm_buf_state was = (sgm_buf_state)(w & SGM_BUF_STATE_MASK);
+    if (__atomic_compare_exchange_n(&b->state, &w, ((w & SGM_BUF_GEN_MASK) + SGM_BUF_GEN_ONE) | SGM_BUF_BUSY,
+                                    false, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
+      bool on = b->ext && b->ext[0].bytes != 0;
+      *offset = on ? b->ext[0].offset : 0;
+      sgm__buffer_set_state(b, was);
+      return on;
+    }
+  }
 }
 
 int sgm__buffer_check(const sgm_buffer *b, const char *fn) {
@@ -141,9 +219,10 @@ SGM_API sgm_status sgm_buffer_create(sgm_context *ctx, size_t size, sgm_buffer *
     return (sgm_status)rc;
   }
   __atomic_add_fetch(&pl->n_buffers, 1, __ATOMIC_RELAXED);
+  /* Listed and in the list of all buffers at once (the invariant walk holds
+   * both locks): RELEASED and fresh, created and not yet used. */
   sgm__lock_take(&pl->lock);
-  sgm__buffer_set_state(b, SGM_BUF_RELEASED);
-  if (b->tier < SGM_N_RESIDENT) sgm__residency_put(pl, b, false); /* fresh: created, not yet used */
+  sgm__buffer_finish(pl, b, SGM_BUF_RELEASED, false);
   b->all_next = pl->all;
   if (pl->all) pl->all->all_prev = b;
   pl->all = b;
@@ -158,23 +237,21 @@ SGM_API sgm_status sgm_buffer_acquire(sgm_buffer *b, void *stream, void **device
   BUF_CHECK(b, "sgm_buffer_acquire");
   sgm_context *ctx = b->ctx;
   struct sgm_placement *pl = sgm__context_pl(ctx);
-  int rc = buffer_lock_released(pl, b, "sgm_buffer_acquire");
-  if (rc != SGM_OK) return (sgm_status)rc;
-  sgm__residency_record(pl, b);
-  if (b->tier == SGM_TIER_VRAM && !b->event) {
-    /* Fast path: resident in VRAM already, nothing pending on it. */
-    sgm__residency_take_for_use(pl, b);
-    if (b->prefetch_queued) sgm__prefetch_cancel_locked(pl, b);
-    sgm__buffer_set_state(b, SGM_BUF_ACQUIRED);
-    sgm__lock_drop(&pl->lock);
+  /* Recorded before anything moves; not for an acquire that finds b acquired. */
+  if (sgm__buffer_state(b) != SGM_BUF_ACQUIRED) sgm__residency_record(pl, b);
+  /* Fast path: resident in VRAM already, nothing pending on it, straight to
+   * ACQUIRED under the VRAM residency lock. */
+  bool fast = false;
+  if (buffer_claim(pl, b, SGM_TAKE_USE, 1u << SGM_BUF_RELEASED, CLAIM_WAIT | CLAIM_FAST_VRAM, &fast) !=
+      SGM_BUF_RELEASED)
+    return (sgm_status)sgm__error_set(SGM_ERR_BUSY, "sgm_buffer_acquire: the buffer is acquired (release it first)");
+  if (fast) {
     *device_ptr = (void *)(uintptr_t)b->dptr;
     return SGM_OK;
   }
-  sgm__buffer_take_locked(pl, b, SGM_TAKE_USE);
-  sgm__lock_drop(&pl->lock);
   /* Moving copies follow the release's work on the device (migrate.c); a
    * buffer that stays where it is gets that order for `stream` here. */
-  rc = sgm__residency_make_resident(ctx, b);
+  int rc = sgm__residency_make_resident(ctx, b);
   if (rc == SGM_OK) rc = sgm__migrate_order_use(ctx, &b->event, b->event_stream, stream);
   sgm__buffer_finish(pl, b, rc == SGM_OK ? SGM_BUF_ACQUIRED : SGM_BUF_RELEASED, false);
   if (rc != SGM_OK) return (sgm_status)rc;
@@ -196,12 +273,17 @@ SGM_API sgm_status sgm_buffer_release(sgm_buffer *b, void *stream) {
     sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), ev);
     ev = NULL;
   }
-  sgm__lock_take(&sgm__context_pl(ctx)->lock);
+  /* Taken (a host read or write of the acquired buffer may own it a moment)
+   * and given back RELEASED, listed in its tier: acquired buffers are always
+   * resident. */
+  struct sgm_placement *pl = sgm__context_pl(ctx);
+  if (buffer_claim(pl, b, SGM_TAKE_USE, 1u << SGM_BUF_ACQUIRED, CLAIM_WAIT, NULL) != SGM_BUF_ACQUIRED) {
+    if (ev) sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), ev);
+    return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_release: the buffer is not acquired");
+  }
   b->event = ev;
   b->event_stream = stream;
-  sgm__buffer_set_state(b, SGM_BUF_RELEASED);
-  sgm__residency_put(sgm__context_pl(ctx), b, true); /* acquired buffers are always resident */
-  sgm__lock_drop(&sgm__context_pl(ctx)->lock);
+  sgm__buffer_finish(pl, b, SGM_BUF_RELEASED, true);
   return SGM_OK;
 }
 
@@ -220,10 +302,8 @@ static int buffer_io(sgm_buffer *b, size_t offset, void *host, size_t n, bool wr
   sgm_context *ctx = b->ctx;
   struct sgm_placement *pl = sgm__context_pl(ctx);
   if (n == 0) return SGM_OK;
-  sgm__lock_take(&pl->lock);
-  bool was_fresh = b->fresh;
-  sgm_buf_state was = sgm__buffer_take_locked(pl, b, SGM_TAKE_USE);
-  sgm__lock_drop(&pl->lock);
+  sgm_buf_state was = sgm__buffer_take(pl, b, SGM_TAKE_USE);
+  bool was_fresh = b->fresh; /* taking does not change it; giving back may */
   int rc = sgm__migrate_host_io(ctx, b, offset, host, n, write);
   sgm__buffer_finish(pl, b, was, !was_fresh); /* an upload into a fresh buffer is no use */
   return rc;
@@ -248,13 +328,11 @@ SGM_API sgm_status sgm_buffer_evict(sgm_buffer *b, sgm_tier to) {
                                       "SGM_TIER_SHARED or SGM_TIER_DISK", (int)to);
   sgm_context *ctx = b->ctx;
   struct sgm_placement *pl = sgm__context_pl(ctx);
-  int rc = buffer_lock_released(pl, b, "sgm_buffer_evict");
-  if (rc != SGM_OK) return (sgm_status)rc;
   /* GPU work queued before the release may still run: the demotion's copies
    * follow it (migrate.c). */
-  sgm__buffer_take_locked(pl, b, SGM_TAKE_MOVE);
-  sgm__lock_drop(&pl->lock);
-  rc = b->tier < to ? sgm__migrate_demote(ctx, b, to, false) : SGM_OK;
+  if (buffer_claim(pl, b, SGM_TAKE_MOVE, 1u << SGM_BUF_RELEASED, CLAIM_WAIT, NULL) != SGM_BUF_RELEASED)
+    return (sgm_status)sgm__error_set(SGM_ERR_BUSY, "sgm_buffer_evict: the buffer is acquired (release it first)");
+  int rc = b->tier < to ? sgm__migrate_demote(ctx, b, to, false) : SGM_OK;
   sgm__buffer_finish(pl, b, SGM_BUF_RELEASED, false);
   return (sgm_status)rc;
 }
@@ -267,27 +345,47 @@ SGM_API sgm_status sgm_buffer_set_priority(sgm_buffer *b, sgm_priority priority)
                                       "priority (SGM_PRIORITY_MINIMUM 0 .. SGM_PRIORITY_MAXIMUM 4)",
                                       (int)priority);
   struct sgm_placement *pl = sgm__context_pl(b->ctx);
-  sgm__lock_take(&pl->lock);
-  bool listed = b->listed, fresh = b->fresh;
-  /* A listed buffer moves to its new level at once (as new there); a pinned
-   * one when its pin ends (sgm__residency_put sees the levels differ). */
-  sgm__residency_take(pl, b, SGM_POLICY_REMOVE_DROP);
-  b->priority = priority;
-  if (listed) {
-    sgm__residency_put(pl, b, false);
-    b->fresh = fresh;
+  /* A listed buffer moves to its new level at once (as new there), under
+   * its tier's lock; any other is taken a moment so that whoever lists it
+   * next reads the new level (a pinned one moves when its pin ends:
+   * sgm__residency_put sees the levels differ). */
+  for (;;) {
+    uint32_t w = __atomic_load_n(&b->state, __ATOMIC_SEQ_CST);
+    sgm_buf_state s = (sgm_buf_state)(w & SGM_BUF_STATE_MASK);
+    if (s == SGM_BUF_BUSY) {
+      buffer_sleep(pl, b, w, false);
+      continue;
+    }
+    sgm_tier t = __atomic_load_n(&b->tier, __ATOMIC_RELAXED);
+    if (s == SGM_BUF_RELEASED && t < SGM_N_RESIDENT) {
+      sgm_lock *l = sgm__residency_lock(pl, t);
+      sgm__lock_take(l);
+      bool still = __atomic_load_n(&b->state, __ATOMIC_SEQ_CST) == w; /* so listed in t */
+      if (still) {
+        __atomic_store_n(&b->priority, (int)priority, __ATOMIC_RELAXED);
+        if (b->item.priority != (int)priority) {
+          bool fresh = b->fresh;
+          sgm__residency_take(pl, b, SGM_POLICY_REMOVE_DROP);
+          sgm__residency_put(pl, b, false);
+          b->fresh = fresh;
+        }
+      }
+      sgm__lock_drop(l);
+      if (still) return SGM_OK;
+      continue;
+    }
+    if (__atomic_compare_exchange_n(&b->state, &w, ((w & SGM_BUF_GEN_MASK) + SGM_BUF_GEN_ONE) | SGM_BUF_BUSY,
+                                    false, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
+      __atomic_store_n(&b->priority, (int)priority, __ATOMIC_RELAXED);
+      sgm__buffer_set_state(b, s);
+      return SGM_OK;
+    }
   }
-  sgm__lock_drop(&pl->lock);
-  return SGM_OK;
 }
 
 SGM_API sgm_tier sgm_buffer_tier(const sgm_buffer *b) {
   if (sgm__buffer_check(b, "sgm_buffer_tier") != SGM_OK) return SGM_TIER_NONE;
-  struct sgm_placement *pl = sgm__context_pl(b->ctx);
-  sgm__lock_take(&pl->lock);
-  sgm_tier t = __atomic_load_n(&b->tier, __ATOMIC_RELAXED); /* see sgm__buffer_set_tier */
-  sgm__lock_drop(&pl->lock);
-  return t;
+  return __atomic_load_n(&b->tier, __ATOMIC_RELAXED); /* see sgm__buffer_set_tier */
 }
 
 SGM_API size_t sgm_buffer_size(const sgm_buffer *b) { return b ? (size_t)b->size : 0; }
@@ -304,15 +402,13 @@ SGM_API void sgm_buffer_destroy(sgm_buffer *b) {
    * free (sgm_context_destroy explains); it goes with the child's exit. */
   if (sgm__context_forked(ctx)) return;
   struct sgm_placement *pl = sgm__context_pl(ctx);
+  sgm__buffer_take(pl, b, SGM_TAKE_FREE);
   sgm__lock_take(&pl->lock);
-  sgm__buffer_take_locked(pl, b, SGM_TAKE_FREE);
   if (b->all_prev) b->all_prev->all_next = b->all_next;
   else pl->all = b->all_next;
   if (b->all_next) b->all_next->all_prev = b->all_prev;
-  if (b->tier == SGM_TIER_DISK) {
-    pl->n_disk_live--;
-  }
   sgm__lock_drop(&pl->lock);
+  if (b->tier == SGM_TIER_DISK) __atomic_sub_fetch(&pl->n_disk_live, 1, __ATOMIC_RELAXED);
   sgm__buffer_free_storage(ctx, b);
   __atomic_sub_fetch(&pl->n_buffers, 1, __ATOMIC_RELAXED);
   free(buffer_bury(pl, b));

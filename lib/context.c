@@ -98,6 +98,11 @@ void sgm__context_counters(const sgm_context *ctx, sgm_stats *out) {
   if (ctx->tiers[SGM_TIER_VRAM])
     sgm__tier_vmm_info(ctx->tiers[SGM_TIER_VRAM], &out->vram_granule_bytes,
                        &out->vram_reserved_bytes);
+  /* Driver calls (issue 16): the backend's own count; no driver call to read. */
+  sgm_backend_counters bc;
+  memset(&bc, 0, sizeof bc);
+  ctx->bops->counters(ctx->be, &bc);
+  out->driver_calls = bc.n_driver_calls;
 }
 
 bool sgm__context_forked(const sgm_context *ctx) {

@@ -67,15 +67,18 @@ const char *sgm__fmt_bytes(uint64_t bytes, char *buf, size_t len);
 typedef enum sgm_lock_rank {
   SGM_LOCK_HOOKS = 0,   /* hooks.c: creation of the per-device contexts (outermost) */
   SGM_LOCK_CONTEXT = 1, /* context-wide state (callback, clock) */
-  SGM_LOCK_BUFFERS = 2, /* buffer states and residency lists (placement.c) */
-  SGM_LOCK_TIER_VRAM = 3,
-  SGM_LOCK_TIER_SHARED = 4,
-  SGM_LOCK_TIER_DISK = 5,
-  SGM_LOCK_BACKEND = 6,  /* inside a backend only */
-  SGM_LOCK_IDLE = 7,     /* context.c: the idle thread's stop flag (a leaf) */
-  SGM_LOCK_REGISTRY = 8, /* policy.c: the policy registry (a leaf) */
-  SGM_LOCK_NODE = 9,     /* node.c: the writer side of this process's registry slot (a leaf) */
-  SGM_LOCK_SHARE = 10    /* share.c: the node ticker's stop flag and tick counters (a leaf) */
+  SGM_LOCK_BUFFERS = 2, /* placement.c: the buffer list, the graveyard, the managed map */
+  SGM_LOCK_PREFETCH = 3, /* prefetch.c: the prefetch queue */
+  SGM_LOCK_RES_VRAM = 4, /* residency.c: the VRAM policy and its items (residency.c's top comment) */
+  SGM_LOCK_RES_SHARED = 5, /* residency.c: the shared-memory policy and its items */
+  SGM_LOCK_TIER_VRAM = 6,
+  SGM_LOCK_TIER_SHARED = 7,
+  SGM_LOCK_TIER_DISK = 8,
+  SGM_LOCK_BACKEND = 9,  /* inside a backend only */
+  SGM_LOCK_IDLE = 10,     /* context.c: the idle thread's stop flag (a leaf) */
+  SGM_LOCK_REGISTRY = 11, /* policy.c: the policy registry (a leaf) */
+  SGM_LOCK_NODE = 12,     /* node.c: the writer side of this process's registry slot (a leaf) */
+  SGM_LOCK_SHARE = 13    /* share.c: the node ticker's stop flag and tick counters (a leaf) */
 } sgm_lock_rank;
 
 typedef struct sgm_lock {
@@ -389,11 +392,13 @@ uint64_t sgm__hooks_n_created(void);
 /* node.c — the node registry: one shared-memory table per device, a slot per
  * process (see the file's opening comment for the layout and its rules). */
 
-#define SGM_NODE_VERSION 1u        /* the segment layout this sgm reads and writes */
+#define SGM_NODE_VERSION 2u        /* the segment layout this sgm reads and writes (2: UUID, PCI id) */
 #define SGM_NODE_MAX_SLOTS 1024u   /* the most slots a reader accepts */
 #define SGM_NODE_DEFAULT_SLOTS 128u /* slots of a new segment: processes sharing one device */
 #define SGM_NODE_KEY_MAX 64        /* device key bytes, NUL included */
 #define SGM_NODE_NAME_MAX 32       /* process name bytes, NUL included */
+#define SGM_NODE_PCI_MAX 32        /* PCI bus id bytes, NUL included */
+#define SGM_NODE_UUID_TEXT 37      /* a UUID in 8-4-4-4-12 hex, NUL included */
 
 /* The words a process publishes, in its slot and in sgm_node_usage.w. */
 enum {
@@ -437,6 +442,9 @@ typedef struct sgm_node_view {
   uint64_t shared_cap_bytes;       /* the node's shared-memory cap: max(RAM / 2, 64 MiB) */
   uint64_t generation;             /* bumped by every join, leave and reclaim */
   char key[SGM_NODE_KEY_MAX];      /* the device key */
+  uint8_t uuid[16];                /* the device's UUID (all zero: unknown) */
+  char uuid_text[SGM_NODE_UUID_TEXT]; /* uuid in 8-4-4-4-12 hex; "" when unknown */
+  char pci_bus_id[SGM_NODE_PCI_MAX]; /* its PCI bus id, [0-9a-fA-F:.] only; "" when unknown */
   size_t n_procs;                  /* live slots copied into procs */
   size_t n_unstable;               /* slots skipped: a writer never finished (died mid-write) */
   sgm_node_proc procs[SGM_NODE_MAX_SLOTS]; /* live slots, in slot order */
@@ -446,6 +454,8 @@ typedef struct sgm_node_params {
   const char *dir;             /* SGM_NODE_DIR; NULL or "" = /dev/shm */
   const char *key;             /* the device key (sgm_backend_ops.device_key) */
   const char *name;            /* this process's short name */
+  uint8_t uuid[16];            /* written into a new segment: the device's UUID (zero: unknown) */
+  const char *pci_bus_id;      /* written into a new segment: its PCI bus id (NULL: unknown) */
   bool group;                  /* SGM_NODE_GROUP: share with the group (0660) */
   uint64_t device_total_bytes; /* written into a new segment */
   uint64_t shared_cap_bytes;   /* written into a new segment */
@@ -501,6 +511,34 @@ bool sgm__node_slot_alive(int fd, uint32_t slot);
 uint64_t sgm__node_start_ticks_of_self(void);
 /* Tests: warn again on the next untracked join. */
 void sgm__node_reset_warning(void);
+/* A UUID as 8-4-4-4-12 lowercase hex (what nvidia-smi -L prints after
+ * "GPU-"); "" when all sixteen bytes are zero (unknown). */
+void sgm__node_uuid_format(const uint8_t uuid[16], char *out, size_t len);
+/* A stable UUID derived from a name (the emulated device's): the same bytes
+ * in every process, RFC 9562 variant, version 8 (custom). */
+void sgm__node_uuid_derive(const char *name, uint8_t out[16]);
+
+/* One slot per process per device: a context joins its device's registry as
+ * a member; the contexts of one process on one segment (same SGM_NODE_DIR and
+ * key) share one slot (sgm__node_join once, reference counted), whose
+ * published figures are the sum of theirs (weight: the largest; flags: any),
+ * so the fair split counts the process once. The last member out leaves. */
+typedef struct sgm_node_member sgm_node_member;
+/* As sgm__node_join (same failures: untracked, *out = NULL). */
+int sgm__node_member_join(const sgm_node_params *p, sgm_node_member **out);
+/* Drop this member: the slot is republished without its figures, or left
+ * when it was the last. NULL is a no-op. */
+void sgm__node_member_leave(sgm_node_member *m);
+/* Record this member's figures and publish the sum of the process's. */
+void sgm__node_member_publish(sgm_node_member *m, const sgm_node_usage *u);
+/* The process's slot (shared by its members). */
+sgm_node *sgm__node_member_node(const sgm_node_member *m);
+/* The members' last figures, m's replaced by mine, into out (the first max
+ * of them): how many members there are, and *self_out = m's index. */
+size_t sgm__node_member_usages(sgm_node_member *m, const sgm_node_usage *mine, sgm_node_usage *out,
+                               size_t max, size_t *self_out);
+/* The process's figures from its members': what its slot publishes. */
+void sgm__node_usage_sum(const sgm_node_usage *u, size_t n, sgm_node_usage *out);
 
 /* ------------------------------------------------------------------------ */
 /* share.c — a context in its device's node registry: fair budgets. */
@@ -536,7 +574,8 @@ void sgm__share_poke(sgm_context *ctx);
 /* Tests: run one full tick (publish, reclaim, rebalance) and wait for it;
  * false when untracked. */
 bool sgm__share_tick_sync(sgm_context *ctx);
-/* Tests and benchmarks: the context's registry slot; NULL when untracked. */
+/* Tests and benchmarks: the context's registry slot (its process's, shared
+ * with the process's other contexts on the device); NULL when untracked. */
 sgm_node *sgm__share_node(sgm_context *ctx);
 
 #endif /* SGM_INTERNAL_H */

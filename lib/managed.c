@@ -26,9 +26,10 @@
  * room that is free (no demotion for a promotion). The free path promotes at
  * most MANAGED_PROMOTE_INLINE_BYTES; the idle thread does the rest.
  *
- * Threading: the address map, the counters and the blocks' states are guarded
- * by pl->lock; a move marks the block BUSY and runs without locks (the
- * placement rules of placement.h). A block freed while it moves waits for the
+ * Threading: the address map and the counters are guarded by pl->lock; a
+ * block's state and listing follow the placement rules (placement.h: its
+ * state word, its tier's residency lock); a move marks the block BUSY and
+ * runs without locks. A block freed while it moves waits for the
  * move (sgm__buffer_take_locked).
  */
 #include <stdio.h>
@@ -131,8 +132,7 @@ int sgm__managed_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *ou
   if (rc != SGM_OK) goto out_charge;
   b->tier = t;
   sgm__lock_take(&pl->lock);
-  sgm__buffer_set_state(b, SGM_BUF_RELEASED);
-  sgm__residency_put(pl, b, false);
+  sgm__buffer_finish(pl, b, SGM_BUF_RELEASED, false); /* listed in tier t's policy, under its lock */
   b->all_next = pl->all;
   if (pl->all) pl->all->all_prev = b;
   pl->all = b;

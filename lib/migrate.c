@@ -21,7 +21,8 @@
  * An explicit eviction therefore proceeds with the release's work pending
  * (victim searches still prefer buffers whose work is done).
  * Threading: the caller owns the buffer (BUSY) and holds no lock; the copies,
- * disk I/O and pool calls here run unlocked. pl->lock is taken only to count.
+ * disk I/O and pool calls here run unlocked. The counters are atomics;
+ * pl->lock is taken only for the managed blocks' counters.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -91,18 +92,13 @@ static void migrate_free_block(sgm_context *ctx, sgm_tier t, sgm_devptr d) {
   sgm__tier_free(sgm__context_tier(ctx, t), d, &sz);
 }
 
+/* Atomics, no lock: movers in different tiers count without meeting. */
 static void migrate_count(struct sgm_placement *pl, sgm_tier from, sgm_tier to, uint64_t n, bool evict) {
-  sgm__lock_take(&pl->lock);
-  pl->bytes_out[from] += n;
-  pl->bytes_in[to] += n;
-  if (evict) pl->n_evictions[from]++;
-  if (to == SGM_TIER_DISK) {
-    pl->n_disk_live++;
-  }
-  if (from == SGM_TIER_DISK) {
-    pl->n_disk_live--;
-  }
-  sgm__lock_drop(&pl->lock);
+  __atomic_add_fetch(&pl->bytes_out[from], n, __ATOMIC_RELAXED);
+  __atomic_add_fetch(&pl->bytes_in[to], n, __ATOMIC_RELAXED);
+  if (evict) __atomic_add_fetch(&pl->n_evictions[from], 1, __ATOMIC_RELAXED);
+  if (to == SGM_TIER_DISK) __atomic_add_fetch(&pl->n_disk_live, 1, __ATOMIC_RELAXED);
+  if (from == SGM_TIER_DISK) __atomic_sub_fetch(&pl->n_disk_live, 1, __ATOMIC_RELAXED);
 }
 
 /* ---- a disk-resident buffer: one extent per SGM_DISK_CHUNK ---- */

@@ -7,7 +7,8 @@
  * /dev/shm; key: the device's, from the backend), mapped MAP_SHARED:
  *
  *   0     header: magic, version, sizes, slot count, device total, the node's
- *         shared-memory cap, a check word over those, the device key
+ *         shared-memory cap, a check word over those, the device key, its
+ *         UUID and PCI bus id (version 2)
  *   256   the robust process-shared mutex (joins, leaves, reclaims, the
  *         emulated device's capacity)
  *   512   n_slots slots of 256 bytes: 32 words each (see NODE_W_*)
@@ -40,9 +41,18 @@
  *    user (or, with group sharing, another group) or grants more than that
  *    is refused.
  *
- * Threading: an sgm_node is used by its context's threads: publish and the
+ *  - One slot per process per device: contexts join as members
+ *    (sgm__node_member_join); the members of one process on one segment
+ *    share one sgm_node (one slot, one liveness lock), and the slot
+ *    publishes the sum of their figures. The last member out leaves.
+ *  - The key a process asked for is the header's (two keys may sanitise to
+ *    one file name): another key is refused, the process runs untracked.
+ *
+ * Threading: an sgm_node is used by its members' threads: publish and the
  * emulated device's reservations take node->mu (the seqlock writer side),
- * the mutex is taken outside it. Readers (sgm__node_read) take no lock.
+ * the mutex is taken outside it; node_open_mu (the process's list of slots,
+ * members joining and leaving) is taken outside both. Readers
+ * (sgm__node_parse) take no lock.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -86,6 +96,9 @@
 #define NODE_H_CHECK 40
 #define NODE_H_GENERATION 48
 #define NODE_H_KEY 64         /* char[SGM_NODE_KEY_MAX] */
+#define NODE_H_UUID 128       /* uint8[16]: the device's UUID (version 2) */
+#define NODE_H_PCI 144        /* char[SGM_NODE_PCI_MAX]: its PCI bus id (version 2) */
+#define NODE_H_END 176        /* the check word covers [0, CHECK) and [KEY, END) */
 
 /* Slot words. */
 enum {
@@ -99,6 +112,9 @@ enum {
 #define NODE_STATE_LIVE 1u
 
 _Static_assert(NODE_W_FIELDS + SGM_NODE_N_FIELDS <= NODE_SLOT_WORDS, "slot too small");
+_Static_assert(NODE_H_KEY + SGM_NODE_KEY_MAX <= NODE_H_UUID && NODE_H_UUID + 16 <= NODE_H_PCI &&
+               NODE_H_PCI + SGM_NODE_PCI_MAX <= NODE_H_END && NODE_H_END <= NODE_MUTEX_OFFSET,
+               "header fields overlap");
 
 struct sgm_node {
   int fd;                 /* the segment file, O_RDWR; holds our liveness lock */
@@ -107,8 +123,12 @@ struct sgm_node {
   uint32_t n_slots;       /* validated slot count */
   uint32_t slot;          /* our slot index */
   char path[SGM_PATH_MAX]; /* the segment's path (messages, sgm-smi) */
-  sgm_lock mu;            /* the seqlock writer side of our slot (rank SGM_LOCK_NODE) */
+  sgm_lock mu;            /* the seqlock writer side of our slot (rank SGM_LOCK_NODE); also
+                             guards members' figures */
   int verbose;            /* log level */
+  unsigned refs;          /* members sharing this slot (under node_open_mu) */
+  sgm_node_member *members; /* this process's members on the slot (under node_open_mu and mu) */
+  sgm_node *next_open;    /* the next slot this process holds (under node_open_mu) */
 };
 
 void (*sgm__node_test_hook)(const char *where);
@@ -122,11 +142,20 @@ void (*sgm__node_test_hook)(const char *where);
 static int node_open_fds[NODE_MAX_OPEN];
 static pthread_once_t node_fork_once = PTHREAD_ONCE_INIT;
 
+/* The slots this process holds, one per segment, for sgm__node_member_join
+ * (see "One slot per process" below). */
+static pthread_mutex_t node_open_mu = PTHREAD_MUTEX_INITIALIZER;
+static sgm_node *node_open_list;
+
 static void node_atfork_child(void) {
   for (int i = 0; i < NODE_MAX_OPEN; i++) {
     int fd = __atomic_exchange_n(&node_open_fds[i], 0, __ATOMIC_RELAXED);
     if (fd > 0) close(fd);
   }
+  /* The parent's slots are not the child's: a context the child creates
+   * joins afresh (the parent's entries leak in the child, as its contexts). */
+  node_open_list = NULL;
+  pthread_mutex_init(&node_open_mu, NULL);
 }
 
 static void node_fork_register(void) { pthread_atfork(NULL, NULL, node_atfork_child); }
@@ -169,8 +198,7 @@ static size_t node_slot_off(uint32_t slot, uint32_t w) {
 static uint64_t node_header_check(const unsigned char *mem) {
   uint64_t h = UINT64_C(0xcbf29ce484222325);
   for (size_t i = 0; i < NODE_H_CHECK; i++) h = (h ^ mem[i]) * UINT64_C(0x100000001b3);
-  for (size_t i = 0; i < SGM_NODE_KEY_MAX; i++)
-    h = (h ^ mem[NODE_H_KEY + i]) * UINT64_C(0x100000001b3);
+  for (size_t i = NODE_H_KEY; i < NODE_H_END; i++) h = (h ^ mem[i]) * UINT64_C(0x100000001b3);
   return h;
 }
 
@@ -197,7 +225,9 @@ static int node_check_header(const unsigned char *mem, size_t len, uint32_t *n_s
   uint32_t version = node_load32(mem, NODE_H_VERSION);
   if (version != SGM_NODE_VERSION) {
     snprintf(why, why_len, "version %u, this sgm reads version %u%s", version, SGM_NODE_VERSION,
-             version > SGM_NODE_VERSION ? " (written by a newer sgm: upgrade this one)" : "");
+             version > SGM_NODE_VERSION ? " (written by a newer sgm: upgrade this one)"
+                                        : " (written by an older sgm: end its processes, or "
+                                          "remove the file once none runs)");
     return SGM_ERR_UNSUPPORTED;
   }
   uint32_t hb = node_load32(mem, NODE_H_HEADER_BYTES), sb = node_load32(mem, NODE_H_SLOT_BYTES);
@@ -232,6 +262,15 @@ int sgm__node_parse(const void *mem_in, size_t len, sgm_node_view *out, char *wh
   out->generation = node_load(mem, NODE_H_GENERATION);
   memcpy(out->key, mem + NODE_H_KEY, SGM_NODE_KEY_MAX);
   out->key[SGM_NODE_KEY_MAX - 1] = '\0';
+  memcpy(out->uuid, mem + NODE_H_UUID, sizeof out->uuid);
+  sgm__node_uuid_format(out->uuid, out->uuid_text, sizeof out->uuid_text);
+  memcpy(out->pci_bus_id, mem + NODE_H_PCI, SGM_NODE_PCI_MAX);
+  out->pci_bus_id[SGM_NODE_PCI_MAX - 1] = '\0';
+  /* Shown in tables, labels and CSV: hex digits, ':' and '.' only. */
+  for (char *c = out->pci_bus_id; *c; c++)
+    if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f') || (*c >= 'A' && *c <= 'F') ||
+          *c == ':' || *c == '.'))
+      *c = '_';
   for (uint32_t s = 0; s < n; s++) {
     uint64_t w[NODE_SLOT_WORDS];
     bool stable = false;
@@ -398,6 +437,8 @@ static int node_create(const sgm_node_params *p, const char *path, char *why, si
   node_store(mem, NODE_H_DEVICE_TOTAL, p->device_total_bytes);
   node_store(mem, NODE_H_SHARED_CAP, p->shared_cap_bytes);
   snprintf((char *)mem + NODE_H_KEY, SGM_NODE_KEY_MAX, "%s", p->key);
+  memcpy(mem + NODE_H_UUID, p->uuid, sizeof p->uuid);
+  snprintf((char *)mem + NODE_H_PCI, SGM_NODE_PCI_MAX, "%s", p->pci_bus_id ? p->pci_bus_id : "");
   node_store(mem, NODE_H_MAGIC, NODE_MAGIC);
   node_store(mem, NODE_H_CHECK, node_header_check(mem));
   if (link(tmp, path) == 0 || errno == EEXIST) {
@@ -543,7 +584,20 @@ static int node_open_file(sgm_node *n, const sgm_node_params *p, char *why, size
   }
   if (rc != SGM_OK) return rc;
   if (n->fd > 0) node_fd_track(n->fd, true);
-  return node_check_header(n->mem, n->map_bytes, &n->n_slots, why, why_len);
+  rc = node_check_header(n->mem, n->map_bytes, &n->n_slots, why, why_len);
+  if (rc != SGM_OK) return rc;
+  /* Two keys may sanitise to one file name: the header says whose it is. */
+  char key[SGM_NODE_KEY_MAX];
+  memcpy(key, n->mem + NODE_H_KEY, sizeof key);
+  key[sizeof key - 1] = '\0';
+  if (strncmp(key, p->key, sizeof key - 1) != 0) {
+    for (char *c = key; *c; c++)
+      if (*c < 0x20 || *c > 0x7e) *c = '?';
+    snprintf(why, why_len, "%.300s belongs to device %s, not to %.64s (their keys name one file; "
+             "give one of them another SGM_NODE_DIR)", n->path, key, p->key);
+    return SGM_ERR_CORRUPT;
+  }
+  return SGM_OK;
 }
 
 int sgm__node_join(const sgm_node_params *p, sgm_node **out) {
@@ -649,8 +703,8 @@ void sgm__node_leave(sgm_node *n) {
 /* ------------------------------------------------------------------------ */
 /* Publishing our figures, reading everyone's. */
 
-void sgm__node_publish(sgm_node *n, const sgm_node_usage *u) {
-  sgm__lock_take(&n->mu);
+/* Under n->mu: write u into our slot inside its seqlock. */
+static void node_write_fields_locked(sgm_node *n, const sgm_node_usage *u) {
   size_t so = node_slot_off(n->slot, NODE_W_SEQ);
   uint64_t seq = node_load(n->mem, so);
   node_store(n->mem, so, seq + 1);
@@ -659,6 +713,11 @@ void sgm__node_publish(sgm_node *n, const sgm_node_usage *u) {
     node_store(n->mem, node_slot_off(n->slot, NODE_W_FIELDS + i), u->w[i]);
   }
   __atomic_store_n(node_word(n->mem, so), seq + 2, __ATOMIC_RELEASE);
+}
+
+void sgm__node_publish(sgm_node *n, const sgm_node_usage *u) {
+  sgm__lock_take(&n->mu);
+  node_write_fields_locked(n, u);
   sgm__lock_drop(&n->mu);
 }
 
@@ -751,4 +810,158 @@ int sgm__node_device_used(sgm_node *n, uint64_t *used_out) {
   *used_out = node_device_used_locked(n);
   node_give(n);
   return SGM_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The device's UUID as text, and the emulated device's UUID. */
+
+void sgm__node_uuid_format(const uint8_t uuid[16], char *out, size_t len) {
+  bool known = false;
+  for (int i = 0; i < 16; i++) known |= uuid[i] != 0;
+  if (!known) {
+    if (len) out[0] = '\0';
+    return;
+  }
+  snprintf(out, len, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+           uuid[0], uuid[1], uuid[2], uuid[3], uuid[4], uuid[5], uuid[6], uuid[7], uuid[8], uuid[9],
+           uuid[10], uuid[11], uuid[12], uuid[13], uuid[14], uuid[15]);
+}
+
+void sgm__node_uuid_derive(const char *name, uint8_t out[16]) {
+  /* Two FNV-1a hashes of the name with different offsets: stable across
+   * processes and builds (a name, not a secret). */
+  uint64_t h[2] = {UINT64_C(0xcbf29ce484222325), UINT64_C(0x84222325cbf29ce4)};
+  for (int k = 0; k < 2; k++)
+    for (const char *c = name; *c; c++) h[k] = (h[k] ^ (unsigned char)*c) * UINT64_C(0x100000001b3);
+  for (int i = 0; i < 16; i++) out[i] = (uint8_t)(h[i / 8] >> (8 * (i % 8)));
+  out[6] = (uint8_t)((out[6] & 0x0f) | 0x80); /* version 8: custom */
+  out[8] = (uint8_t)((out[8] & 0x3f) | 0x80); /* the RFC 9562 variant */
+}
+
+/* ------------------------------------------------------------------------ */
+/* One slot per process per device: members.
+ *
+ * node_open_list holds the slots this process has joined through members,
+ * at most one per segment path; node_open_mu guards that list, each slot's
+ * refs and members list (taken before a slot's mu and its robust mutex,
+ * never inside them). A member's figures are written under its slot's mu,
+ * with the sum published in the same critical section, so the slot always
+ * shows the sum of the members' latest figures. */
+
+struct sgm_node_member {
+  sgm_node *node;            /* the process's slot on the device */
+  sgm_node_usage u;          /* this member's last figures (under node->mu) */
+  sgm_node_member *next;     /* the slot's next member (under node_open_mu and node->mu) */
+};
+
+/* sum += u, field by field as sgm__node_usage_sum says. */
+static void node_usage_add(sgm_node_usage *sum, const sgm_node_usage *u) {
+  for (uint32_t f = 0; f < SGM_NODE_N_FIELDS; f++) {
+    uint64_t v = u->w[f], *o = &sum->w[f];
+    switch (f) {
+      case SGM_NODE_F_WEIGHT:
+      case SGM_NODE_F_HEARTBEAT:
+        if (v > *o) *o = v; /* the process weighs as its heaviest member */
+        break;
+      case SGM_NODE_F_FLAGS: *o |= v; break;
+      case SGM_NODE_F_EMU_DEVICE: break; /* the slot's own, under the mutex */
+      default: *o = v > UINT64_MAX - *o ? UINT64_MAX : *o + v; break;
+    }
+  }
+}
+
+void sgm__node_usage_sum(const sgm_node_usage *u, size_t n, sgm_node_usage *out) {
+  memset(out, 0, sizeof *out);
+  for (size_t j = 0; j < n; j++) node_usage_add(out, &u[j]);
+}
+
+/* Under n->mu: publish the sum of the members' figures. */
+static void node_publish_members_locked(sgm_node *n) {
+  sgm_node_usage sum;
+  memset(&sum, 0, sizeof sum);
+  for (sgm_node_member *m = n->members; m; m = m->next) node_usage_add(&sum, &m->u);
+  node_write_fields_locked(n, &sum);
+}
+
+int sgm__node_member_join(const sgm_node_params *p, sgm_node_member **out) {
+  *out = NULL;
+  char path[SGM_PATH_MAX];
+  int rc = sgm__node_path(p->dir, p->key, path, sizeof path);
+  if (rc != SGM_OK) return node_untracked(p->verbose, rc, "%s", sgm_last_error());
+  sgm_node_member *m = calloc(1, sizeof *m);
+  if (!m) return node_untracked(p->verbose, SGM_ERR_NOMEM, "out of host memory");
+  pthread_once(&node_fork_once, node_fork_register);
+  pthread_mutex_lock(&node_open_mu);
+  sgm_node *n = node_open_list;
+  while (n && strcmp(n->path, path) != 0) n = n->next_open;
+  if (!n) {
+    rc = sgm__node_join(p, &n);
+    if (rc != SGM_OK) {
+      pthread_mutex_unlock(&node_open_mu);
+      free(m);
+      return rc;
+    }
+    n->next_open = node_open_list;
+    node_open_list = n;
+  }
+  n->refs++;
+  m->node = n;
+  sgm__lock_take(&n->mu);
+  m->next = n->members;
+  n->members = m;
+  sgm__lock_drop(&n->mu);
+  pthread_mutex_unlock(&node_open_mu);
+  *out = m;
+  return SGM_OK;
+}
+
+void sgm__node_member_leave(sgm_node_member *m) {
+  if (!m) return;
+  sgm_node *n = m->node;
+  pthread_mutex_lock(&node_open_mu);
+  sgm__lock_take(&n->mu);
+  for (sgm_node_member **pp = &n->members; *pp; pp = &(*pp)->next) {
+    if (*pp == m) {
+      *pp = m->next;
+      break;
+    }
+  }
+  if (n->members) node_publish_members_locked(n); /* the others' figures alone */
+  sgm__lock_drop(&n->mu);
+  bool last = --n->refs == 0;
+  if (last) {
+    for (sgm_node **pp = &node_open_list; *pp; pp = &(*pp)->next_open) {
+      if (*pp == n) {
+        *pp = n->next_open;
+        break;
+      }
+    }
+    sgm__node_leave(n);
+  }
+  pthread_mutex_unlock(&node_open_mu);
+  free(m);
+}
+
+void sgm__node_member_publish(sgm_node_member *m, const sgm_node_usage *u) {
+  sgm_node *n = m->node;
+  sgm__lock_take(&n->mu);
+  m->u = *u;
+  node_publish_members_locked(n);
+  sgm__lock_drop(&n->mu);
+}
+
+sgm_node *sgm__node_member_node(const sgm_node_member *m) { return m->node; }
+
+size_t sgm__node_member_usages(sgm_node_member *m, const sgm_node_usage *mine, sgm_node_usage *out,
+                               size_t max, size_t *self_out) {
+  sgm_node *n = m->node;
+  size_t k = 0;
+  *self_out = 0;
+  sgm__lock_take(&n->mu);
+  for (sgm_node_member *o = n->members; o; o = o->next, k++) {
+    if (o == m) *self_out = k;
+    if (k < max) out[k] = o == m ? *mine : o->u;
+  }
+  sgm__lock_drop(&n->mu);
+  return k;
 }

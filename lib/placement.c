@@ -10,7 +10,7 @@
  * and pinned, listed at the priority the user set; each policy's reclaimable
  * bytes equal the sizes of the buffers listed there.
  * Threading: create and destroy run with no other call on the context; the
- * rest takes pl->lock.
+ * locks are placement.h's and residency.c's (the order).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,12 +18,29 @@
 #include "placement.h"
 #include "tiers/tier.h"
 
-/* Walk the policies and every buffer (pl->lock held): SGM_OK or
- * SGM_ERR_CORRUPT with the first broken invariant in why. O(n). */
+/* Take every lock the walk needs, in rank order, or drop them. */
+static void placement_lock_all(struct sgm_placement *pl, bool take) {
+  if (take) {
+    sgm__lock_take(&pl->lock);
+    for (int t = 0; t < SGM_N_RESIDENT; t++) sgm__lock_take(&pl->res[t]);
+  } else {
+    for (int t = SGM_N_RESIDENT - 1; t >= 0; t--) sgm__lock_drop(&pl->res[t]);
+    sgm__lock_drop(&pl->lock);
+  }
+}
+
+/* Walk the policies and every buffer (placement_lock_all held): SGM_OK or
+ * SGM_ERR_CORRUPT with the first broken invariant in why. O(n). A buffer
+ * listed nowhere may be taken meanwhile without a residency lock (one on
+ * disk, one acquired): its state word read twice around its tier says
+ * whether the pair belongs together (the generation); if not, it is skipped. */
 static int placement_check_locked(struct sgm_placement *pl, char *why, size_t len) {
   uint64_t n[SGM_N_RESIDENT] = {0}, bytes[SGM_N_RESIDENT] = {0};
   for (sgm_buffer *b = pl->all; b; b = b->all_next) {
-    sgm_buf_state st = sgm__buffer_state(b);
+    uint32_t w = __atomic_load_n(&b->state, __ATOMIC_SEQ_CST);
+    sgm_buf_state st = (sgm_buf_state)(w & SGM_BUF_STATE_MASK);
+    sgm_tier tier = __atomic_load_n(&b->tier, __ATOMIC_RELAXED);
+    if (st != SGM_BUF_BUSY && __atomic_load_n(&b->state, __ATOMIC_SEQ_CST) != w) continue;
     if (st == SGM_BUF_BUSY) { /* its mover owns tier and data: only the flags are ours */
       if (b->listed) {
         snprintf(why, len, "buffer %llu is BUSY and listed", (unsigned long long)b->item.id);
@@ -31,24 +48,25 @@ static int placement_check_locked(struct sgm_placement *pl, char *why, size_t le
       }
       continue;
     }
-    bool want = st == SGM_BUF_RELEASED && b->tier < SGM_N_RESIDENT;
+    bool want = st == SGM_BUF_RELEASED && tier < SGM_N_RESIDENT;
     if (b->listed != want) {
       snprintf(why, len, "buffer %llu (state %d, tier %d) is %slisted",
-               (unsigned long long)b->item.id, (int)st, (int)b->tier, b->listed ? "" : "not ");
+               (unsigned long long)b->item.id, (int)st, (int)tier, b->listed ? "" : "not ");
       return SGM_ERR_CORRUPT;
     }
     if (b->listed && b->pinned) {
       snprintf(why, len, "buffer %llu is both listed and pinned", (unsigned long long)b->item.id);
       return SGM_ERR_CORRUPT;
     }
-    if (b->listed && b->item.priority != b->priority) {
+    int priority = __atomic_load_n(&b->priority, __ATOMIC_RELAXED);
+    if (b->listed && b->item.priority != priority) {
       snprintf(why, len, "buffer %llu is listed at priority %d, set to %d",
-               (unsigned long long)b->item.id, b->item.priority, b->priority);
+               (unsigned long long)b->item.id, b->item.priority, priority);
       return SGM_ERR_CORRUPT;
     }
     if (b->listed) {
-      n[b->tier]++;
-      bytes[b->tier] += b->size;
+      n[tier]++;
+      bytes[tier] += b->size;
     }
   }
   for (int t = 0; t < SGM_N_RESIDENT; t++) {
@@ -66,9 +84,12 @@ static int placement_check_locked(struct sgm_placement *pl, char *why, size_t le
   return SGM_OK;
 }
 
-bool sgm__placement_valid_locked(struct sgm_placement *pl) {
+bool sgm__placement_valid(struct sgm_placement *pl) {
   char why[256];
-  if (placement_check_locked(pl, why, sizeof why) == SGM_OK) return true;
+  placement_lock_all(pl, true);
+  int rc = placement_check_locked(pl, why, sizeof why);
+  placement_lock_all(pl, false);
+  if (rc == SGM_OK) return true;
   fprintf(stderr, "sgm: placement check: %s\n", why);
   return false;
 }
@@ -80,7 +101,7 @@ static uint64_t placement_monotonic_ns(void *user) {
   return sgm__clock_monotonic_ns();
 }
 
-/* The policies' clock, read under pl->lock (the policy contract). */
+/* The policies' clock, read under pl->res[t] (the policy contract). */
 static uint64_t placement_clock(void *user) {
   struct sgm_placement *pl = user;
   return pl->clock_ns(pl->clock_user);
@@ -102,6 +123,8 @@ static void placement_free(struct sgm_placement *pl) {
   for (int t = 0; t < SGM_N_RESIDENT; t++) sgm__prio_destroy(pl->pol[t]);
   if (pl->disk) sgm__disk_close(pl->disk);
   pthread_cond_destroy(&pl->work_cond);
+  sgm__lock_destroy(&pl->pf_lock);
+  for (int t = 0; t < SGM_N_RESIDENT; t++) sgm__lock_destroy(&pl->res[t]);
   sgm__lock_destroy(&pl->lock);
   free(pl);
 }
@@ -110,6 +133,9 @@ int sgm__placement_create(sgm_context *ctx) {
   struct sgm_placement *pl = calloc(1, sizeof *pl);
   if (!pl) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory creating the buffer lists");
   sgm__lock_init(&pl->lock, SGM_LOCK_BUFFERS);
+  sgm__lock_init(&pl->res[SGM_TIER_VRAM], SGM_LOCK_RES_VRAM);
+  sgm__lock_init(&pl->res[SGM_TIER_SHARED], SGM_LOCK_RES_SHARED);
+  sgm__lock_init(&pl->pf_lock, SGM_LOCK_PREFETCH);
   pthread_cond_init(&pl->work_cond, NULL);
   pl->clock_ns = placement_monotonic_ns;
   int rc = SGM_OK;
@@ -152,17 +178,17 @@ int sgm__placement_create(sgm_context *ctx) {
 
 void sgm__placement_set_clock(sgm_context *ctx, uint64_t (*clock_ns)(void *user), void *user) {
   struct sgm_placement *pl = sgm__context_pl(ctx);
-  sgm__lock_take(&pl->lock);
+  placement_lock_all(pl, true); /* the policies read it under their tier's lock */
   pl->clock_ns = clock_ns ? clock_ns : placement_monotonic_ns;
   pl->clock_user = clock_ns ? user : NULL;
-  sgm__lock_drop(&pl->lock);
+  placement_lock_all(pl, false);
 }
 
 int sgm__placement_check(sgm_context *ctx, char *why, size_t why_len) {
   struct sgm_placement *pl = sgm__context_pl(ctx);
-  sgm__lock_take(&pl->lock);
+  placement_lock_all(pl, true);
   int rc = placement_check_locked(pl, why, why_len);
-  sgm__lock_drop(&pl->lock);
+  placement_lock_all(pl, false);
   return rc;
 }
 
@@ -192,15 +218,13 @@ void sgm__placement_destroy(sgm_context *ctx) {
 void sgm__placement_stats(sgm_context *ctx, sgm_stats *st) {
   struct sgm_placement *pl = sgm__context_pl(ctx);
   if (pl->disk) sgm__disk_stats(pl->disk, &st->tier[SGM_TIER_DISK]);
-  sgm__lock_take(&pl->lock);
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
-    st->tier[t].bytes_in = pl->bytes_in[t];
-    st->tier[t].bytes_out = pl->bytes_out[t];
-    st->tier[t].n_evictions = pl->n_evictions[t];
+    st->tier[t].bytes_in = __atomic_load_n(&pl->bytes_in[t], __ATOMIC_RELAXED);
+    st->tier[t].bytes_out = __atomic_load_n(&pl->bytes_out[t], __ATOMIC_RELAXED);
+    st->tier[t].n_evictions = __atomic_load_n(&pl->n_evictions[t], __ATOMIC_RELAXED);
   }
   /* Buffers on disk without an extent yet hold no file space but are live. */
-  st->tier[SGM_TIER_DISK].n_live = pl->n_disk_live;
-  sgm__lock_drop(&pl->lock);
+  st->tier[SGM_TIER_DISK].n_live = __atomic_load_n(&pl->n_disk_live, __ATOMIC_RELAXED);
 }
 
 struct sgm_disk *sgm__placement_disk(sgm_context *ctx) { return sgm__context_pl(ctx)->disk; }

@@ -16,14 +16,31 @@
  *
  * States: RELEASED (listed, or on disk), ACQUIRED, BUSY (one thread owns it
  * while moving or copying; others wait until it is not). Only the owner of a
- * BUSY buffer touches its data fields (tier, dptr, ext).
+ * BUSY buffer touches its data fields (tier, dptr, ext, event).
  *
- * Locking: pl->lock (rank SGM_LOCK_BUFFERS) guards states, the policies, the
- * prefetch queue and the counters; it is the lock the policy contract calls
- * "the tier lock". It is never held across a copy, disk I/O or a pool call: a
- * mover marks the buffer BUSY, drops the lock, moves, retakes it. The one
- * exception is the event query while choosing victims: a non-blocking driver
- * call, made under the lock so a chosen victim is known to be idle.
+ * Locking (the order is residency.c's top comment; ranks in internal.h):
+ *  - b->state, one atomic word per buffer, says who owns b: a thread takes b
+ *    by one compare-and-swap from RELEASED or ACQUIRED to BUSY (buffer.c,
+ *    buffer_claim) and gives it back by one store; a thread that finds b
+ *    BUSY sleeps on that word alone (a futex), so only b's owner wakes it;
+ *  - pl->res[t] (ranks SGM_LOCK_RES_VRAM, SGM_LOCK_RES_SHARED), one per
+ *    resident tier, guards that tier's policy instance, its items (listed,
+ *    pinned, item, fresh of the buffers listed or pinned there) and
+ *    n_listed[t]; it is the lock the policy contract calls "the tier lock".
+ *    A released resident buffer is listed in its tier, so taking it (the
+ *    compare-and-swap) and unlisting it happen under that tier's lock, and so
+ *    do listing it and giving it back: under pl->res[t] a listed buffer is
+ *    never BUSY, and the victim search owns what it picks;
+ *  - pl->pf_lock (SGM_LOCK_PREFETCH) guards the prefetch queue;
+ *  - pl->lock (SGM_LOCK_BUFFERS) guards the list of every buffer, the
+ *    graveyard and the managed blocks' map and counters (managed.c); the
+ *    buffer calls take it only to create and destroy;
+ *  - the migration counters and n_disk_live are atomics.
+ * No sgm lock is held across a copy, disk I/O, a pool call or a blocking
+ * driver call: a mover takes the buffer BUSY, moves it with no lock held, and
+ * gives it back. The one exception is the event query while choosing victims:
+ * a non-blocking driver call, made under pl->res[t] so a chosen victim is
+ * known to be idle.
  */
 #ifndef SGM_PLACEMENT_H
 #define SGM_PLACEMENT_H
@@ -62,11 +79,11 @@ struct sgm_buffer {
   sgm_devptr dptr;           /* block address in VRAM / shared; 0 on disk */
   sgm_disk_extent *ext;      /* on disk: one extent per SGM_DISK_CHUNK of data (bytes 0: that
                                 chunk never written, zeros); NULL: none (zeros) or not on disk */
-  uint32_t state;            /* sgm_buf_state | SGM_BUF_WAITERS: see sgm__buffer_state */
-  int priority;              /* sgm_priority the user set */
+  uint32_t state;            /* sgm_buf_state | SGM_BUF_WAITERS | generation: sgm__buffer_state */
+  int priority;              /* sgm_priority the user set (atomic: sgm_buffer_set_priority) */
   void *event;               /* GPU work queued before release; NULL = none pending */
   void *event_stream;        /* the stream event was recorded on (the release's) */
-  bool prefetch_queued;      /* in pl's prefetch queue */
+  bool prefetch_queued;      /* in pl's prefetch queue (written under pl->pf_lock; atomic) */
   bool listed;               /* an item of pl->pol[tier] now */
   bool pinned;               /* pl->pol[pin_tier] holds a pin on it (on_remove PIN) */
   bool fresh;                /* entered its tier unused: its first acquire is no hit */
@@ -87,7 +104,9 @@ struct sgm_buffer {
 };
 
 struct sgm_placement {
-  sgm_lock lock;                       /* guards everything below */
+  sgm_lock lock;                       /* the buffer list, graveyard, managed map (placement.h top) */
+  sgm_lock res[SGM_N_RESIDENT];        /* per resident tier: pol[t], n_listed[t], its items */
+  sgm_lock pf_lock;                    /* the prefetch queue, stop, work_cond */
   uint64_t n_busy_wakeups;             /* waits for a BUSY buffer that woke (atomic; tests) */
   sgm__prio_layer *pol[SGM_N_RESIDENT]; /* each resident tier's policy, one instance per priority */
   size_t state_offset;                 /* where policy state starts in a buffer's allocation */
@@ -96,7 +115,7 @@ struct sgm_placement {
   bool record[SGM_N_RESIDENT];         /* the tier's policy has a record member */
   bool any_record;                     /* either has: acquire records */
   uint64_t n_listed[SGM_N_RESIDENT];   /* buffers listed per tier (read without the lock) */
-  uint64_t n_searches;                 /* victim searches, to pace debug checks */
+  uint64_t n_searches;                 /* victim searches, to pace debug checks (atomic) */
   uint64_t (*clock_ns)(void *user);    /* the policies' clock (monotonic ns; tests inject) */
   void *clock_user;                    /* its argument */
   sgm_buffer *all;                     /* every live buffer */
@@ -107,10 +126,10 @@ struct sgm_placement {
   void *disk_bounce;                   /* (atomic) pinned staging lent to disk, allocated on first
                                           use, given back by sgm_trim */
   bool disk_bounce_tried;              /* (atomic) its allocation was attempted */
-  uint64_t bytes_in[SGM_TIER_COUNT];   /* migrated into each tier */
-  uint64_t bytes_out[SGM_TIER_COUNT];  /* migrated out of each tier */
-  uint64_t n_evictions[SGM_TIER_COUNT]; /* buffers moved out to make room */
-  uint64_t n_disk_live;                /* buffers on disk (with or without extents); their
+  uint64_t bytes_in[SGM_TIER_COUNT];   /* migrated into each tier (atomic) */
+  uint64_t bytes_out[SGM_TIER_COUNT];  /* migrated out of each tier (atomic) */
+  uint64_t n_evictions[SGM_TIER_COUNT]; /* buffers moved out to make room (atomic) */
+  uint64_t n_disk_live;                /* buffers on disk (with or without extents; atomic); their
                                           budget is the disk tier's (sgm__disk_reserve) */
   pthread_t worker;                    /* prefetch worker */
   bool worker_started;                 /* the worker runs */
@@ -125,36 +144,50 @@ struct sgm_placement {
   uint64_t managed_moved_bytes[2];     /* their bytes, the same way */
 };
 
-/* b->state is a word of its own: the state in the low bits, and
- * SGM_BUF_WAITERS while a thread sleeps until this buffer stops being BUSY.
- * Written only under pl->lock (sgm__buffer_set_state), read anywhere
- * (acquire): a thread that waits sleeps on this word, so only a change of
- * this buffer wakes it. */
+/* b->state is a word of its own: the state in the low bits, SGM_BUF_WAITERS
+ * while a thread sleeps until this buffer stops being BUSY, and above them a
+ * generation that every take (a change to BUSY, or straight to ACQUIRED)
+ * advances. The generation makes "b is still as I saw it" one comparison: a
+ * thread reads the word, then b->tier, and its compare-and-swap from that
+ * word succeeds only if nobody took b in between (so the tier it read, which
+ * only an owner changes, is b's tier). A thread that waits sleeps on this
+ * word, so only a change of this buffer wakes it. */
 #define SGM_BUF_STATE_MASK 3u
 #define SGM_BUF_WAITERS 4u
+#define SGM_BUF_GEN_ONE 8u
+#define SGM_BUF_GEN_MASK (~(SGM_BUF_GEN_ONE - 1u))
 
 static inline sgm_buf_state sgm__buffer_state(const sgm_buffer *b) {
   return (sgm_buf_state)(__atomic_load_n(&b->state, __ATOMIC_ACQUIRE) & SGM_BUF_STATE_MASK);
 }
 
-/* Set b's state (pl->lock held) and wake the threads waiting for it. The
- * wake happens under the lock: a woken owner may destroy b right after.
- * A plain load and store, no read-modify-write: every writer of the word,
- * the waiters' flag included, holds pl->lock. */
+/* Set b's state (the caller owns b, or holds the lock of the tier that lists
+ * it) and wake the threads waiting for it. Waiters set SGM_BUF_WAITERS
+ * concurrently, so the change is a compare-and-swap that keeps the
+ * generation. The wake may reach the word after a woken thread destroyed b:
+ * a futex wake of memory freed (or reused) is harmless (it fails or wakes a
+ * sleeper that looks again), the pattern glibc's own mutexes rely on. */
 static inline void sgm__buffer_set_state(sgm_buffer *b, sgm_buf_state s) {
   uint32_t old = __atomic_load_n(&b->state, __ATOMIC_RELAXED);
-  __atomic_store_n(&b->state, (uint32_t)s, __ATOMIC_RELEASE);
+  while (!__atomic_compare_exchange_n(&b->state, &old, (old & SGM_BUF_GEN_MASK) | (uint32_t)s, true,
+                                      __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
+  }
   if (sgm_unlikely(old & SGM_BUF_WAITERS)) sgm__word_wake_all(&b->state);
+}
+
+/* The lock of resident tier t's residency (t < SGM_N_RESIDENT). */
+static inline sgm_lock *sgm__residency_lock(struct sgm_placement *pl, sgm_tier t) {
+  return &pl->res[t];
 }
 
 static inline sgm_buffer *sgm__buffer_of(sgm_policy_item *it) {
   return (sgm_buffer *)(void *)((char *)it - offsetof(sgm_buffer, item));
 }
 
-/* A mover (the owner of a BUSY buffer) changes its tier without the lock;
- * sgm_buffer_tier reads it, under the lock but while the move goes on. The
- * one field so shared: atomic on both sides (relaxed: a moving buffer's tier
- * is either, and the lock orders everything else). */
+/* A mover (the owner of a BUSY buffer) changes its tier without a lock;
+ * sgm_buffer_tier and the takers read it while the move goes on. Atomic on
+ * both sides (relaxed: a moving buffer's tier is either; the state word's
+ * generation tells a taker whether what it read still holds). */
 static inline void sgm__buffer_set_tier(sgm_buffer *b, sgm_tier t) {
   __atomic_store_n(&b->tier, t, __ATOMIC_RELAXED);
 }
@@ -162,9 +195,10 @@ static inline void sgm__buffer_set_tier(sgm_buffer *b, sgm_tier t) {
 /* ------------------------------------------------------------------------ */
 /* placement.c */
 
-/* Walk the policies and every buffer (pl->lock held): true when every
- * invariant holds, else false with the first broken one on stderr. O(n). */
-bool sgm__placement_valid_locked(struct sgm_placement *pl);
+/* Walk the policies and every buffer (takes pl->lock and both residency
+ * locks; call with none held): true when every invariant holds, else false
+ * with the first broken one on stderr. O(n). */
+bool sgm__placement_valid(struct sgm_placement *pl);
 
 /* ------------------------------------------------------------------------ */
 /* buffer.c — states. */
@@ -176,16 +210,17 @@ typedef enum sgm_take_kind {
   SGM_TAKE_FREE  /* destroy: out of every policy */
 } sgm_take_kind;
 
-/* Wait (pl->lock held, released while waiting) until b is not BUSY. The one
- * wait-while-busy loop of the placement files. */
-void sgm__buffer_wait_locked(struct sgm_placement *pl, sgm_buffer *b);
-/* Wait until b is not BUSY, then take it (pl->lock held): out of its policy,
- * BUSY, a queued prefetch cancelled. Returns the state it had (RELEASED or
- * ACQUIRED). */
+/* Wait until b is not BUSY, then take it: BUSY and owned by the caller, out
+ * of its policy (a FREE also loses its pin), a queued prefetch cancelled.
+ * Returns the state it had (RELEASED or ACQUIRED). No lock held (a
+ * residency lock and the prefetch lock are taken inside). */
+sgm_buf_state sgm__buffer_take(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k);
+/* The same with pl->lock held (managed.c, tests); dropped while waiting. */
 sgm_buf_state sgm__buffer_take_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k);
-/* Give b (BUSY, owned by the caller; pl->lock not held) back in state `to`:
- * a RELEASED resident buffer re-enters its policy (used: the taker used it);
- * one left on disk loses any pin. Wakes its waiters. */
+/* Give b (BUSY, owned by the caller; no residency lock held) back in state
+ * `to`: a RELEASED resident buffer re-enters its policy (used: the taker
+ * used it); one left on disk loses any pin. Wakes its waiters. Also
+ * publishes a new buffer (state RELEASED from calloc, placed, not listed). */
 void sgm__buffer_finish(struct sgm_placement *pl, sgm_buffer *b, sgm_buf_state to, bool used);
 /* The check at every public buffer entry: NULL, a destroyed buffer (debug
  * builds, where destroyed buffers stay recognisable for a while), a context
@@ -196,7 +231,8 @@ int sgm__buffer_check(const sgm_buffer *b, const char *fn);
 void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b);
 
 /* ------------------------------------------------------------------------ */
-/* residency.c — the policy host (pl->lock held for the first five). */
+/* residency.c — the policy host (pl->res[t] held for the first four, t the
+ * tier whose policy lists or pins b; _record takes the locks itself). */
 
 /* Take a listed b out of its tier's policy; PIN keeps the instance's state
  * for b until the pin ends (sgm__residency_put or _unpin). No-op if unlisted. */
@@ -278,10 +314,11 @@ int sgm__migrate_managed(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evic
 int sgm__residency_charge_for(sgm_context *ctx, sgm_tier t, uint64_t size, const sgm_buffer *cand);
 
 /* ------------------------------------------------------------------------ */
-/* prefetch.c (pl->lock held for cancel). */
+/* prefetch.c */
 
-/* Take b out of the prefetch queue: the caller does the work itself. */
-void sgm__prefetch_cancel_locked(struct sgm_placement *pl, sgm_buffer *b);
+/* Take b out of the prefetch queue if it is there: the caller (b's owner)
+ * does the work itself. Takes pl->pf_lock. */
+void sgm__prefetch_cancel(struct sgm_placement *pl, sgm_buffer *b);
 /* Stop and join the worker if it runs (no lock held). */
 void sgm__prefetch_stop(struct sgm_placement *pl);
 

@@ -3,56 +3,83 @@
  * toward VRAM, and the worker thread that does it.
  *
  * Invariant: b->prefetch_queued exactly when b is in the queue; a buffer that
- * is acquired, evicted or destroyed meanwhile leaves the queue (the taker
+ * is acquired, evicted or destroyed meanwhile leaves the queue (its taker
  * cancels it), so the worker only ever moves RELEASED buffers.
  * Threading: one worker per context, started on the first prefetch, stopped
- * at destroy. The queue is guarded by pl->lock; the worker drops the lock
- * while it moves a buffer, which it owns (BUSY) meanwhile.
+ * at destroy. pl->pf_lock guards the queue; the worker takes the buffer at
+ * the head while it still holds that lock (so a destroy, which cancels under
+ * the lock, cannot free it first), taking the residency lock of its tier
+ * inside (pf_lock ranks below the residency locks), then drops both and
+ * moves the buffer, which it owns (BUSY) meanwhile.
  */
 #include <pthread.h>
 #include <string.h>
 
 #include "placement.h"
 
-void sgm__prefetch_cancel_locked(struct sgm_placement *pl, sgm_buffer *b) {
+static void prefetch_unlink(struct sgm_placement *pl, sgm_buffer *b) {
   if (b->pf_prev) b->pf_prev->pf_next = b->pf_next;
   else pl->pf_head = b->pf_next;
   if (b->pf_next) b->pf_next->pf_prev = b->pf_prev;
   else pl->pf_tail = b->pf_prev;
   b->pf_prev = b->pf_next = NULL;
-  b->prefetch_queued = false;
+  __atomic_store_n(&b->prefetch_queued, false, __ATOMIC_RELEASE);
+}
+
+void sgm__prefetch_cancel(struct sgm_placement *pl, sgm_buffer *b) {
+  sgm__lock_take(&pl->pf_lock);
+  if (b->prefetch_queued) prefetch_unlink(pl, b);
+  sgm__lock_drop(&pl->pf_lock);
+}
+
+/* Take b (pl->pf_lock held) if it is RELEASED: BUSY, out of its policy with
+ * a pin, as any taker. False when another thread has it. */
+static bool prefetch_take(struct sgm_placement *pl, sgm_buffer *b) {
+  for (;;) {
+    uint32_t w = __atomic_load_n(&b->state, __ATOMIC_SEQ_CST);
+    if ((w & SGM_BUF_STATE_MASK) != SGM_BUF_RELEASED) return false;
+    sgm_tier t = __atomic_load_n(&b->tier, __ATOMIC_RELAXED);
+    sgm_lock *l = t < SGM_N_RESIDENT ? sgm__residency_lock(pl, t) : NULL;
+    if (l) sgm__lock_take(l);
+    bool won = __atomic_compare_exchange_n(&b->state, &w,
+                                           ((w & SGM_BUF_GEN_MASK) + SGM_BUF_GEN_ONE) | SGM_BUF_BUSY, false,
+                                           __ATOMIC_SEQ_CST, __ATOMIC_RELAXED);
+    if (won && l) sgm__residency_take(pl, b, SGM_POLICY_REMOVE_PIN);
+    if (l) sgm__lock_drop(l);
+    if (won) return true;
+  }
 }
 
 static void *prefetch_main(void *arg) {
   sgm_context *ctx = arg;
   struct sgm_placement *pl = sgm__context_pl(ctx);
-  sgm__lock_take(&pl->lock);
+  sgm__lock_take(&pl->pf_lock);
   for (;;) {
-    while (!pl->stop && !pl->pf_head) pthread_cond_wait(&pl->work_cond, &pl->lock.mu);
+    while (!pl->stop && !pl->pf_head) pthread_cond_wait(&pl->work_cond, &pl->pf_lock.mu);
     if (pl->stop) break;
     sgm_buffer *b = pl->pf_head;
-    sgm__prefetch_cancel_locked(pl, b);
-    if (sgm__buffer_state(b) != SGM_BUF_RELEASED) continue; /* acquired meanwhile: nothing to do */
-    sgm__residency_take(pl, b, SGM_POLICY_REMOVE_PIN);
-    sgm__buffer_set_state(b, SGM_BUF_BUSY);
-    sgm__lock_drop(&pl->lock);
-    int rc = sgm__residency_make_resident(ctx, b);
-    if (rc != SGM_OK)
-      sgm__log(sgm__context_cfg(ctx)->verbose, 2, "prefetch of a %llu-byte buffer failed: %s",
-               (unsigned long long)b->size, sgm_last_error());
-    sgm__buffer_finish(pl, b, SGM_BUF_RELEASED, false); /* a prefetch is no use: stays fresh */
-    sgm__lock_take(&pl->lock);
+    prefetch_unlink(pl, b);
+    bool mine = prefetch_take(pl, b); /* else acquired meanwhile: nothing to do */
+    sgm__lock_drop(&pl->pf_lock);
+    if (mine) {
+      int rc = sgm__residency_make_resident(ctx, b);
+      if (rc != SGM_OK)
+        sgm__log(sgm__context_cfg(ctx)->verbose, 2, "prefetch of a %llu-byte buffer failed: %s",
+                 (unsigned long long)b->size, sgm_last_error());
+      sgm__buffer_finish(pl, b, SGM_BUF_RELEASED, false); /* a prefetch is no use: stays fresh */
+    }
+    sgm__lock_take(&pl->pf_lock);
   }
-  sgm__lock_drop(&pl->lock);
+  sgm__lock_drop(&pl->pf_lock);
   return NULL;
 }
 
 void sgm__prefetch_stop(struct sgm_placement *pl) {
   if (!pl->worker_started) return;
-  sgm__lock_take(&pl->lock);
+  sgm__lock_take(&pl->pf_lock);
   pl->stop = true;
   pthread_cond_signal(&pl->work_cond);
-  sgm__lock_drop(&pl->lock);
+  sgm__lock_drop(&pl->pf_lock);
   pthread_join(pl->worker, NULL);
   pl->worker_started = false;
 }
@@ -64,15 +91,16 @@ SGM_API sgm_status sgm_buffer_prefetch(sgm_buffer *b, void *stream) {
   sgm_context *ctx = b->ctx;
   struct sgm_placement *pl = sgm__context_pl(ctx);
   int rc = SGM_OK;
-  sgm__lock_take(&pl->lock);
-  if (sgm__buffer_state(b) == SGM_BUF_RELEASED && b->tier != SGM_TIER_VRAM && !b->prefetch_queued) {
+  sgm__lock_take(&pl->pf_lock);
+  if (sgm__buffer_state(b) == SGM_BUF_RELEASED && __atomic_load_n(&b->tier, __ATOMIC_RELAXED) != SGM_TIER_VRAM &&
+      !b->prefetch_queued) {
     if (!pl->worker_started) {
       int e = pthread_create(&pl->worker, NULL, prefetch_main, ctx);
       if (e == 0) pl->worker_started = true;
       else rc = sgm__error_set(SGM_ERR_NOMEM, "cannot start the prefetch thread: %s", strerror(e));
     }
     if (rc == SGM_OK) {
-      b->prefetch_queued = true;
+      __atomic_store_n(&b->prefetch_queued, true, __ATOMIC_RELEASE);
       b->pf_prev = pl->pf_tail;
       b->pf_next = NULL;
       if (pl->pf_tail) pl->pf_tail->pf_next = b;
@@ -81,6 +109,6 @@ SGM_API sgm_status sgm_buffer_prefetch(sgm_buffer *b, void *stream) {
       pthread_cond_signal(&pl->work_cond);
     }
   }
-  sgm__lock_drop(&pl->lock);
+  sgm__lock_drop(&pl->pf_lock);
   return (sgm_status)rc;
 }

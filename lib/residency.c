@@ -51,8 +51,33 @@
  * and comes back as new. Host reads and writes of a fresh buffer keep it fresh
  * (an upload is not a use); of any other buffer they count as a use.
  *
- * Threading: the policy host functions run under pl->lock; the allocation
- * functions take it (and the tier locks) in turn, never across a move.
+ * Locks and their order (ranks in internal.h, checked by the witness in
+ * debug builds, lib/prim/lock.c):
+ *
+ *     pl->lock  <  pl->pf_lock  <  res[VRAM]  <  res[SHARED]  <  tier pools  <  backend
+ *     (BUFFERS)    (PREFETCH)      (RES_VRAM)    (RES_SHARED)    (TIER_*)
+ *
+ * Each resident tier's residency has its own lock, pl->res[t]: the policy
+ * instance of that tier, its items, n_listed[t]. The disk tier's is its own
+ * lock inside tiers/disk.c (its budget, sgm__disk_reserve). Buffers in
+ * different tiers are taken, used and given back under different locks, so
+ * an acquire in VRAM never waits for a victim search in shared memory.
+ * An operation that spans two tiers — a demotion, a promotion — never holds
+ * both: the mover takes the buffer under its source tier's lock (the buffer
+ * is then BUSY and unlisted, so no lock is needed to keep it), drops that
+ * lock, allocates and copies in the destination with no residency lock held
+ * (that allocation may itself take the destination's lock to pick victims),
+ * and gives the buffer back under the destination tier's lock (a pin its old
+ * tier's policy still holds ends first, under that tier's lock, and that lock
+ * is dropped before the next is taken: sgm__buffer_finish). Two residency
+ * locks are held together only by the invariant walk, in rank order (VRAM
+ * before shared), with nothing that waits inside. A victim search holds the
+ * lock of the tier it searches and nothing else but the non-blocking event
+ * query of the backend.
+ *
+ * Threading: the policy host functions run under pl->res[t] of the tier whose
+ * policy lists or pins the buffer; the allocation functions take the
+ * residency locks (and the pools' locks) in turn, never across a move.
  */
 #include <stdio.h>
 #include <string.h>
@@ -66,7 +91,7 @@
 #define RESIDENCY_CHECK_ALWAYS 256
 #define RESIDENCY_CHECK_EVERY 256
 
-/* ---- the policy host (pl->lock held) ---- */
+/* ---- the policy host (pl->res[t] held) ---- */
 
 static void residency_count_listed(struct sgm_placement *pl, sgm_tier t, int64_t d) {
   __atomic_store_n(&pl->n_listed[t], pl->n_listed[t] + (uint64_t)d, __ATOMIC_RELAXED);
@@ -95,11 +120,14 @@ void sgm__residency_unpin(struct sgm_placement *pl, sgm_buffer *b) {
 }
 
 void sgm__residency_put(struct sgm_placement *pl, sgm_buffer *b, bool used) {
-  sgm_assert_internal(sgm__buffer_state(b) == SGM_BUF_RELEASED && b->tier < SGM_N_RESIDENT && !b->listed);
+  /* A pin of another tier ended before (sgm__buffer_finish): one lock. */
+  sgm_assert_internal(sgm__buffer_state(b) != SGM_BUF_ACQUIRED && b->tier < SGM_N_RESIDENT && !b->listed &&
+                      (!b->pinned || b->pin_tier == b->tier));
   sgm__prio_layer *l = pl->pol[b->tier];
+  int priority = __atomic_load_n(&b->priority, __ATOMIC_SEQ_CST);
   bool back = false;
   if (b->pinned) {
-    back = b->pin_tier == b->tier && b->item.priority == b->priority;
+    back = b->item.priority == priority;
     if (!back) sgm__prio_remove(pl->pol[b->pin_tier], &b->item, SGM_POLICY_REMOVE_DROP);
     b->pinned = false;
   }
@@ -108,7 +136,7 @@ void sgm__residency_put(struct sgm_placement *pl, sgm_buffer *b, bool used) {
   } else if (back) {
     sgm__prio_insert(l, &b->item, SGM_POLICY_INSERT_RESTORE);
   } else {
-    b->item.priority = b->priority;
+    b->item.priority = priority;
     sgm__prio_insert(l, &b->item, SGM_POLICY_INSERT_NEW);
     b->fresh = !used;
   }
@@ -117,8 +145,13 @@ void sgm__residency_put(struct sgm_placement *pl, sgm_buffer *b, bool used) {
 }
 
 void sgm__residency_record_slow(struct sgm_placement *pl, const sgm_buffer *b) {
-  for (int t = 0; t < SGM_N_RESIDENT; t++)
-    if (pl->record[t]) sgm__prio_record(pl->pol[t], b->priority, b->item.id);
+  int priority = __atomic_load_n(&b->priority, __ATOMIC_RELAXED);
+  for (int t = 0; t < SGM_N_RESIDENT; t++) {
+    if (!pl->record[t]) continue;
+    sgm__lock_take(sgm__residency_lock(pl, (sgm_tier)t));
+    sgm__prio_record(pl->pol[t], priority, b->item.id);
+    sgm__lock_drop(sgm__residency_lock(pl, (sgm_tier)t));
+  }
 }
 
 /* ---- the victim search ---- */
@@ -133,12 +166,14 @@ static sgm_buffer *residency_pick_victim(sgm_context *ctx, sgm_tier t, uint64_t 
                                          const sgm_buffer *cand, bool *refused) {
   struct sgm_placement *pl = sgm__context_pl(ctx);
   sgm_buffer *v = NULL, *skipped = NULL;
-  sgm__lock_take(&pl->lock);
-  uint64_t listed = pl->n_listed[0] + pl->n_listed[1];
-  if (SGM_EXPENSIVE_CHECKS &&
-      (listed <= RESIDENCY_CHECK_ALWAYS || pl->n_searches % RESIDENCY_CHECK_EVERY == 0))
-    sgm_assert_expensive(sgm__placement_valid_locked(pl));
-  pl->n_searches++;
+  uint64_t listed = __atomic_load_n(&pl->n_listed[0], __ATOMIC_RELAXED) +
+                    __atomic_load_n(&pl->n_listed[1], __ATOMIC_RELAXED);
+  uint64_t search = __atomic_fetch_add(&pl->n_searches, 1, __ATOMIC_RELAXED);
+  /* The walk takes every placement lock itself: before this search's. */
+  if (SGM_EXPENSIVE_CHECKS && (listed <= RESIDENCY_CHECK_ALWAYS || search % RESIDENCY_CHECK_EVERY == 0))
+    sgm_assert_expensive(sgm__placement_valid(pl));
+  sgm_lock *lock = sgm__residency_lock(pl, t);
+  sgm__lock_take(lock);
   sgm_policy_item *it;
   while (!v && (it = sgm__prio_next_victim(pl->pol[t], want)) != NULL) {
     sgm_buffer *b = sgm__buffer_of(it);
@@ -161,10 +196,10 @@ static sgm_buffer *residency_pick_victim(sgm_context *ctx, sgm_tier t, uint64_t 
       b->event = NULL;
     }
     if (cand) {
-      /* Read under the lock: priority is the one field of cand another
-       * thread (set_priority) may write. */
+      /* Atomic: priority is the one field of cand another thread
+       * (set_priority) may write. */
       sgm_policy_item c = {.id = cand->item.id, .size_bytes = cand->size,
-                           .priority = cand->priority, .state = NULL};
+                           .priority = __atomic_load_n(&cand->priority, __ATOMIC_RELAXED), .state = NULL};
       if (!sgm__prio_admit(pl->pol[t], &c, it)) {
         *refused = true;
         break;
@@ -181,8 +216,13 @@ static sgm_buffer *residency_pick_victim(sgm_context *ctx, sgm_tier t, uint64_t 
     b->skip_next = NULL;
     sgm__residency_put(pl, b, false);
   }
-  if (v) sgm__buffer_set_state(v, SGM_BUF_BUSY);
-  sgm__lock_drop(&pl->lock);
+  /* Listed, so RELEASED with nobody waiting; ours under the lock: taken. */
+  if (v)
+    __atomic_store_n(&v->state,
+                     ((__atomic_load_n(&v->state, __ATOMIC_RELAXED) & SGM_BUF_GEN_MASK) + SGM_BUF_GEN_ONE) |
+                         SGM_BUF_BUSY,
+                     __ATOMIC_SEQ_CST);
+  sgm__lock_drop(lock);
   return v;
 }
 
@@ -190,16 +230,17 @@ static sgm_buffer *residency_pick_victim(sgm_context *ctx, sgm_tier t, uint64_t 
  * No when the request exceeds the budget, or the room left plus everything
  * evictable (each buffer counted with the most its rounding can add) falls
  * short: evicting would then move buffers for nothing. A hint read under two
- * locks in turn; a race only decides which tier the request lands in. */
+ * locks in turn (the pool's, then pl->res[t]); a race only decides which tier
+ * the request lands in. */
 static bool residency_could_fit(sgm_context *ctx, sgm_tier t, uint64_t size) {
   struct sgm_placement *pl = sgm__context_pl(ctx);
   sgm_tier_stats ts;
   sgm__tier_stats(sgm__context_tier(ctx, t), &ts);
   uint64_t need = sgm__align_up(size, SGM_DEVICE_ALIGN);
   if (need > ts.budget_bytes) return false;
-  sgm__lock_take(&pl->lock);
+  sgm__lock_take(sgm__residency_lock(pl, t));
   uint64_t movable = sgm__prio_reclaimable(pl->pol[t]) + pl->n_listed[t] * (SGM_DEVICE_ALIGN - 1);
-  sgm__lock_drop(&pl->lock);
+  sgm__lock_drop(sgm__residency_lock(pl, t));
   /* Managed blocks placed here hold budget too (charged, not carved). */
   uint64_t used = ts.used_bytes + sgm__tier_charged(sgm__context_tier(ctx, t));
   uint64_t room = ts.budget_bytes > used ? ts.budget_bytes - used : 0;
@@ -340,9 +381,7 @@ int sgm__residency_place_buffer(sgm_context *ctx, sgm_buffer *b) {
    * until its chunks are written. */
   bool fits = pl->disk && sgm__disk_reserve(pl->disk, b->size) == SGM_OK;
   if (fits) {
-    sgm__lock_take(&pl->lock);
-    pl->n_disk_live++;
-    sgm__lock_drop(&pl->lock);
+    __atomic_add_fetch(&pl->n_disk_live, 1, __ATOMIC_RELAXED);
     b->tier = SGM_TIER_DISK; /* rule 4: straight to disk; no extent until written */
     return SGM_OK;
   }

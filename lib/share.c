@@ -14,7 +14,10 @@
  *            weight), up to each one's own cap.
  *
  * Every process computes the same split from the same claims and applies its
- * own part, so no process ever writes another's budget. Demand is what a
+ * own part, so no process ever writes another's budget. The contexts of one
+ * process on one device are members of one slot (node.c), which publishes
+ * the sum of their claims: the split counts the process once, and its part
+ * is then split between its contexts by the same rule. Demand is what a
  * process holds resident (VRAM + shared) plus headroom (an eighth, at least
  * one growth chunk), held at its recent peak for SGM_IDLE_TRIM_MS so that a
  * process between two steps does not lend its share away; a process that
@@ -41,7 +44,8 @@
 #include "tiers/tier.h"
 
 struct sgm_share {
-  sgm_node *node;              /* our slot in the device's registry */
+  sgm_node_member *member;     /* this context in the device's registry */
+  sgm_node *node;              /* its process's slot there (shared with the process's other contexts) */
   sgm_node_view *view;         /* the ticker's snapshot (large: kept, not on the stack) */
   uint64_t pool_bytes;         /* VRAM to share: the node's device total x SGM_VRAM_FRACTION */
   uint64_t reserve_bytes;      /* SGM_VRAM_RESERVE, resolved */
@@ -130,7 +134,7 @@ out_align:
 static uint64_t share_sat_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
 
 
-/* This process's figures now (budgets: the ones in force). */
+/* This context's figures now (budgets: the ones in force). */
 static void share_usage(sgm_context *ctx, sgm_node_usage *u) {
   sgm_share *sh = sgm__context_share(ctx);
   memset(u, 0, sizeof *u);
@@ -193,16 +197,26 @@ static void share_claim_of(const sgm_node_usage *u, sgm_tier t, sgm_share_claim 
   }
 }
 
-/* Our fair budgets for VRAM and shared memory from view (our own entry
- * replaced by mine). false when the view has no room for us (cannot happen
- * with a view from our own registry, which holds our slot). */
+/* Our fair budgets for VRAM and shared memory from view, in two steps: the
+ * process (its slot: the sum of its contexts' claims, ours replaced by mine)
+ * against the other processes, then the process's part among its contexts
+ * by the same rule. false when out of host memory. */
 static bool share_compute(sgm_context *ctx, const sgm_node_view *v, const sgm_node_usage *mine,
                           uint64_t *vram_out, uint64_t *shared_out) {
   sgm_share *sh = sgm__context_share(ctx);
-  size_t n = v->n_procs;
-  bool have_self = false;
-  for (size_t i = 0; i < n; i++) have_self |= v->procs[i].self;
-  size_t m = n + (have_self ? 0 : 1);
+  size_t self_m = 0, k = 0, cap_m = 4;
+  sgm_node_usage *mem = NULL;
+  for (;;) { /* members may join between two counts: retry with room */
+    free(mem);
+    mem = malloc(cap_m * sizeof *mem);
+    if (!mem) return false;
+    k = sgm__node_member_usages(sh->member, mine, mem, cap_m, &self_m);
+    if (k <= cap_m) break;
+    cap_m = k * 2;
+  }
+  sgm_node_usage proc;
+  sgm__node_usage_sum(mem, k, &proc);
+  size_t m = (v->n_procs + 1 > k ? v->n_procs + 1 : k);
   sgm_share_claim *c = malloc(m * sizeof *c);
   uint64_t *out = malloc(m * sizeof *out);
   bool ok = c && out;
@@ -210,16 +224,18 @@ static bool share_compute(sgm_context *ctx, const sgm_node_view *v, const sgm_no
     uint64_t totals[2] = {sh->pool_bytes, sgm__node_shared_cap(sh->node)};
     uint64_t *results[2] = {vram_out, shared_out};
     for (int t = 0; t < 2; t++) {
-      size_t self = m - 1;
-      for (size_t i = 0; i < n; i++) {
-        if (v->procs[i].self) self = i;
-        share_claim_of(v->procs[i].self ? mine : &v->procs[i].u, (sgm_tier)t, &c[i]);
-      }
-      if (!have_self) share_claim_of(mine, (sgm_tier)t, &c[m - 1]);
-      sgm__share_fair(totals[t], c, m, out);
-      *results[t] = share_min(out[self], t == 0 ? mine->w[SGM_NODE_F_CAP] : mine->w[SGM_NODE_F_SHARED_CAP]);
+      size_t n = 0;
+      for (size_t i = 0; i < v->n_procs; i++)
+        if (!v->procs[i].self) share_claim_of(&v->procs[i].u, (sgm_tier)t, &c[n++]);
+      share_claim_of(&proc, (sgm_tier)t, &c[n]);
+      sgm__share_fair(totals[t], c, n + 1, out);
+      uint64_t process_part = out[n];
+      for (size_t i = 0; i < k; i++) share_claim_of(&mem[i], (sgm_tier)t, &c[i]);
+      sgm__share_fair(process_part, c, k, out);
+      *results[t] = share_min(out[self_m], t == 0 ? mine->w[SGM_NODE_F_CAP] : mine->w[SGM_NODE_F_SHARED_CAP]);
     }
   }
+  free(mem);
   free(c);
   free(out);
   return ok;
@@ -249,7 +265,7 @@ static void share_tick(sgm_context *ctx) {
       u.w[SGM_NODE_F_BUDGET + SGM_TIER_SHARED] = sb;
     }
   }
-  sgm__node_publish(sh->node, &u);
+  sgm__node_member_publish(sh->member, &u);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -332,21 +348,30 @@ int sgm__share_join(sgm_context *ctx, uint64_t *vram_budget, uint64_t *shared_bu
     return SGM_OK;
   }
   sh->view = view;
-  char name[SGM_NODE_NAME_MAX];
+  char name[SGM_NODE_NAME_MAX], pci[SGM_NODE_PCI_MAX] = "";
   share_name(name, sizeof name);
+  uint8_t uuid[16] = {0};
+  const sgm_backend_ops *ops = sgm__context_bops(ctx);
+  if (ops->device_uuid && ops->device_uuid(sgm__context_be(ctx), uuid) != SGM_OK) {
+    memset(uuid, 0, sizeof uuid); /* shown as unknown; the key (device_key) still names it */
+    sgm__error_clear();
+  }
+  if (ops->device_pci_bus_id) ops->device_pci_bus_id(sgm__context_be(ctx), pci, sizeof pci);
   uint64_t ram = sgm__context_physical_ram(ctx);
   uint64_t shared_cap = ram / 2 > 64 * SGM_MiB ? ram / 2 : 64 * SGM_MiB;
   sgm_node_params p = {.dir = sgm__context_cfg(ctx)->node_dir, .key = key, .name = name,
-                       .group = sgm__context_cfg(ctx)->node_group != 0,
+                       .pci_bus_id = pci, .group = sgm__context_cfg(ctx)->node_group != 0,
                        .device_total_bytes = sgm__context_device_total(ctx),
                        .shared_cap_bytes = shared_cap, .verbose = sgm__context_cfg(ctx)->verbose};
-  if (sgm__node_join(&p, &sh->node) != SGM_OK) {
+  memcpy(p.uuid, uuid, sizeof uuid);
+  if (sgm__node_member_join(&p, &sh->member) != SGM_OK) {
     /* Untracked (node.c warned once): the context works alone. */
     sgm__error_clear();
     free(view);
     free(sh);
     return SGM_OK;
   }
+  sh->node = sgm__node_member_node(sh->member);
   sgm__context_set_share(ctx, sh);
   sgm__lock_init(&sh->mu, SGM_LOCK_SHARE);
   sgm__clock_cond_init(&sh->cond);
@@ -409,7 +434,7 @@ void sgm__share_leave(sgm_context *ctx) {
   sgm_share *sh = sgm__context_share(ctx);
   if (!sh) return;
   sgm__share_stop(ctx);
-  sgm__node_leave(sh->node);
+  sgm__node_member_leave(sh->member);
   pthread_cond_destroy(&sh->cond);
   sgm__lock_destroy(&sh->mu);
   free(sh->view);

@@ -83,6 +83,7 @@ SGM_API sgm_status sgm_stats_json(sgm_context *ctx, char **out) {
                      (unsigned long long)st.device_total_bytes,
                      (unsigned long long)st.physical_ram_bytes, (unsigned long long)st.n_fallbacks,
                      (unsigned long long)st.fallback_bytes, (unsigned long long)st.n_bad_frees);
+  sgm__strbuf_printf(&b, "\"driver_calls\":%llu,", (unsigned long long)st.driver_calls);
   sgm__strbuf_printf(&b, "\"pointers\":\"%s\",\"managed\":{\"n_live\":%llu,\"n_promotions\":%llu,"
                      "\"n_demotions\":%llu,\"promoted_bytes\":%llu,\"demoted_bytes\":%llu},\"tiers\":{",
                      sgm__context_managed(ctx) ? "managed" : "fixed", (unsigned long long)st.n_managed_live,

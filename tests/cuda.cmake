@@ -58,10 +58,12 @@ else()
   target_include_directories(${_sgm_cuda_unit} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/support/fake_cuda)
   target_compile_definitions(${_sgm_cuda_unit} PRIVATE SGM_HAVE_CUDA_HEADERS=1)
   target_link_libraries(${_sgm_cuda_unit} PRIVATE ${CMAKE_DL_LIBS})
-  add_dependencies(${_sgm_cuda_unit} sgm_fake_cuda)
-  # The suite sets SGM_BACKEND itself; only the double's folder comes from here.
+  add_dependencies(${_sgm_cuda_unit} sgm_fake_cuda sgm-smi)
+  # The suite sets SGM_BACKEND itself; only the double's folder comes from here
+  # (and sgm-smi, for the registry's UUID key).
+  set(_sgm_smi_env "TEST_SGM_SMI=$<TARGET_FILE:sgm-smi>")
   set_tests_properties(${_sgm_cuda_unit} PROPERTIES
-    ENVIRONMENT "SGM_NODE=off;SGM_VERBOSE=0"
+    ENVIRONMENT "SGM_NODE=off;SGM_VERBOSE=0;${_sgm_smi_env}"
     ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
     LABELS "unit;cuda-double" TIMEOUT 300 SKIP_RETURN_CODE 77)
 
@@ -106,7 +108,7 @@ else()
   # then resolved for 11.8 (asking a driver for a newer version is an error).
   add_test(NAME ${_sgm_cuda_unit}_driver_11_8 COMMAND ${_sgm_cuda_unit})
   set_tests_properties(${_sgm_cuda_unit}_driver_11_8 PROPERTIES
-    ENVIRONMENT "SGM_NODE=off;SGM_VERBOSE=0;FAKE_CUDA_DRIVER_VERSION=11080"
+    ENVIRONMENT "SGM_NODE=off;SGM_VERBOSE=0;FAKE_CUDA_DRIVER_VERSION=11080;${_sgm_smi_env}"
     ENVIRONMENT_MODIFICATION "${_sgm_fake_ld}"
     LABELS "unit;cuda-double" TIMEOUT 300 SKIP_RETURN_CODE 77)
   # Managed pointers on a CUDA 12.0 driver: no CUmemLocation forms (12.2), so

@@ -42,6 +42,7 @@ typedef struct smi_device {
   char file[SGM_PATH_MAX];     /* the segment's path */
   sgm_node_view *view;         /* live processes only; NULL when unreadable */
   char error[SGM_ERROR_MAX];   /* why it is unreadable; "" when read */
+  char uuid[SGM_NODE_UUID_TEXT + 4]; /* "GPU-<uuid>" as nvidia-smi -L prints it; "" when unknown */
 } smi_device;
 
 typedef struct smi_node {
@@ -67,6 +68,7 @@ static void smi_read_device(smi_device *d, bool group) {
   unsigned char *mem;
   size_t len;
   d->view = NULL;
+  d->uuid[0] = '\0';
   if (sgm__node_map(d->file, false, group, &fd, &mem, &len, d->error, sizeof d->error) != SGM_OK) return;
   sgm_node_view *v = malloc(sizeof *v);
   if (!v) {
@@ -81,6 +83,7 @@ static void smi_read_device(smi_device *d, bool group) {
   for (size_t i = 0; i < v->n_procs; i++)
     if (sgm__node_slot_alive(fd, v->procs[i].slot)) v->procs[k++] = v->procs[i];
   v->n_procs = k;
+  if (v->uuid_text[0]) snprintf(d->uuid, sizeof d->uuid, "GPU-%s", v->uuid_text);
   /* The key is printed in labels and CSV: keep it to a safe alphabet. */
   for (char *c = v->key; *c; c++)
     if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
@@ -159,9 +162,12 @@ static void smi_print_table(FILE *f, const char *dir, const smi_node *nd) {
     const sgm_node_view *v = d->view;
     if (v->n_procs == 0) continue;
     char a[32], b[32], c[32], e[32], g[32];
-    fprintf(f, "\nDevice %s   %zu process%s   device %s   shared cap %s (half of RAM)\n", v->key,
-            v->n_procs, v->n_procs == 1 ? "" : "es", smi_b(v->device_total_bytes, a),
-            smi_b(v->shared_cap_bytes, b));
+    /* The UUID where the key is not already it (a GPU's key is GPU-<UUID>). */
+    bool uuid_shown = d->uuid[0] && strcmp(d->uuid, v->key) != 0;
+    fprintf(f, "\nDevice %s%s%s%s%s   %zu process%s   device %s   shared cap %s (half of RAM)\n",
+            v->key, uuid_shown ? "   UUID " : "", uuid_shown ? d->uuid : "",
+            v->pci_bus_id[0] ? "   PCI " : "", v->pci_bus_id, v->n_procs, v->n_procs == 1 ? "" : "es",
+            smi_b(v->device_total_bytes, a), smi_b(v->shared_cap_bytes, b));
     fprintf(f, "%8s  %-16s %23s  %23s  %11s  %11s  %9s\n", "PID", "NAME", "DEDICATED used / budget",
             "SHARED used / budget", "DISK", "PEAK VRAM", "FALLBACKS");
     uint64_t tv = 0, ts = 0, td = 0;
@@ -211,6 +217,17 @@ static void smi_json_str(FILE *f, const char *s) {
   }
 }
 
+/* "name": "value", or "name": null when value is "" (unknown). */
+static void smi_json_opt(FILE *f, const char *name, const char *value) {
+  if (!value[0]) {
+    fprintf(f, "\"%s\": null, ", name);
+    return;
+  }
+  fprintf(f, "\"%s\": \"", name);
+  smi_json_str(f, value);
+  fprintf(f, "\", ");
+}
+
 static void smi_print_json(FILE *f, const char *dir, const smi_node *nd) {
   uint64_t now_ns = sgm__clock_monotonic_ns();
   fprintf(f, "{\"schema\": \"sgm-smi/1\", \"time_unix\": %lld, \"node_dir\": \"", (long long)time(NULL));
@@ -223,10 +240,13 @@ static void smi_print_json(FILE *f, const char *dir, const smi_node *nd) {
     uint64_t tot[SGM_TIER_COUNT] = {0};
     for (size_t k = 0; k < v->n_procs; k++)
       for (int t = 0; t < SGM_TIER_COUNT; t++) tot[t] += smi_w(&v->procs[k], SGM_NODE_F_USED + t);
-    fprintf(f, "%s\n  {\"key\": \"%s\", \"version\": %u, \"n_slots\": %u, \"device_total_bytes\": %llu, "
+    fprintf(f, "%s\n  {\"key\": \"%s\", ", first ? "" : ",", v->key);
+    smi_json_opt(f, "uuid", nd->dev[i].uuid);
+    smi_json_opt(f, "pci_bus_id", v->pci_bus_id);
+    fprintf(f, "\"version\": %u, \"n_slots\": %u, \"device_total_bytes\": %llu, "
             "\"shared_cap_bytes\": %llu, \"n_processes\": %zu,\n   \"totals\": {\"vram_used_bytes\": "
             "%llu, \"shared_used_bytes\": %llu, \"disk_used_bytes\": %llu},\n   \"processes\": [",
-            first ? "" : ",", v->key, v->version, v->n_slots,
+            v->version, v->n_slots,
             (unsigned long long)v->device_total_bytes, (unsigned long long)v->shared_cap_bytes,
             v->n_procs, (unsigned long long)tot[0], (unsigned long long)tot[1],
             (unsigned long long)tot[2]);
@@ -296,31 +316,50 @@ static const smi_metric smi_metrics[] = {
     {"sgm_moved_bytes_total", "counter", "Bytes migrated between tiers.", SGM_NODE_F_MOVED},
 };
 
+/* A device's labels: its key, its UUID and PCI bus id ("" when unknown). */
+static void smi_prom_labels(const smi_device *d, char *out, size_t len) {
+  snprintf(out, len, "device=\"%s\",uuid=\"%s\",pci_bus_id=\"%s\"", d->view->key, d->uuid,
+           d->view->pci_bus_id);
+}
+
+/* The per-device gauges: one table, one loop. */
+static unsigned long long smi_dev_total(const sgm_node_view *v) { return v->device_total_bytes; }
+static unsigned long long smi_dev_shared_cap(const sgm_node_view *v) { return v->shared_cap_bytes; }
+static unsigned long long smi_dev_procs(const sgm_node_view *v) { return v->n_procs; }
+
+typedef struct smi_device_metric {
+  const char *name;                                  /* metric name */
+  const char *help;                                  /* HELP line */
+  unsigned long long (*value)(const sgm_node_view *v); /* the device's value */
+} smi_device_metric;
+
+static const smi_device_metric smi_device_metrics[] = {
+    {"sgm_device_total_bytes", "Memory of the device, as its registry records it.", smi_dev_total},
+    {"sgm_shared_cap_bytes", "The node's cap on shared GPU memory (half of RAM).", smi_dev_shared_cap},
+    {"sgm_processes", "sgm processes registered on the device.", smi_dev_procs},
+};
+
 static void smi_print_prometheus(FILE *f, const smi_node *nd) {
-  fprintf(f, "# HELP sgm_device_total_bytes Memory of the device, as its registry records it.\n"
-             "# TYPE sgm_device_total_bytes gauge\n");
-  for (size_t i = 0; i < nd->n; i++)
-    if (nd->dev[i].view)
-      fprintf(f, "sgm_device_total_bytes{device=\"%s\"} %llu\n", nd->dev[i].view->key,
-              (unsigned long long)nd->dev[i].view->device_total_bytes);
-  fprintf(f, "# HELP sgm_shared_cap_bytes The node's cap on shared GPU memory (half of RAM).\n"
-             "# TYPE sgm_shared_cap_bytes gauge\n");
-  for (size_t i = 0; i < nd->n; i++)
-    if (nd->dev[i].view)
-      fprintf(f, "sgm_shared_cap_bytes{device=\"%s\"} %llu\n", nd->dev[i].view->key,
-              (unsigned long long)nd->dev[i].view->shared_cap_bytes);
-  fprintf(f, "# HELP sgm_processes sgm processes registered on the device.\n"
-             "# TYPE sgm_processes gauge\n");
-  for (size_t i = 0; i < nd->n; i++)
-    if (nd->dev[i].view)
-      fprintf(f, "sgm_processes{device=\"%s\"} %zu\n", nd->dev[i].view->key, nd->dev[i].view->n_procs);
+  char labels[256];
+  for (size_t m = 0; m < sizeof smi_device_metrics / sizeof smi_device_metrics[0]; m++) {
+    const smi_device_metric *dm = &smi_device_metrics[m];
+    fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n", dm->name, dm->help, dm->name);
+    for (size_t i = 0; i < nd->n; i++) {
+      const sgm_node_view *v = nd->dev[i].view;
+      if (!v) continue;
+      smi_prom_labels(&nd->dev[i], labels, sizeof labels);
+      fprintf(f, "%s{%s} %llu\n", dm->name, labels, dm->value(v));
+    }
+  }
   for (size_t m = 0; m < sizeof smi_metrics / sizeof smi_metrics[0]; m++) {
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", smi_metrics[m].name, smi_metrics[m].help,
             smi_metrics[m].name, smi_metrics[m].type);
     for (size_t i = 0; i < nd->n; i++) {
       const sgm_node_view *v = nd->dev[i].view;
-      for (size_t k = 0; v && k < v->n_procs; k++)
-        fprintf(f, "%s{device=\"%s\",pid=\"%d\",name=\"%s\"} %llu\n", smi_metrics[m].name, v->key,
+      if (!v) continue;
+      smi_prom_labels(&nd->dev[i], labels, sizeof labels);
+      for (size_t k = 0; k < v->n_procs; k++)
+        fprintf(f, "%s{%s,pid=\"%d\",name=\"%s\"} %llu\n", smi_metrics[m].name, labels,
                 v->procs[k].pid, v->procs[k].name,
                 (unsigned long long)smi_w(&v->procs[k], smi_metrics[m].field));
     }

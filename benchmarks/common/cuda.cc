@@ -114,7 +114,7 @@ struct Outcome {
   double bytes = 0;    // bytes moved or read in the timed part
   double seconds = 0;  // timed seconds
   double calls = 0;    // timed calls (copies, pairs, transfers)
-  double driver_calls = -1;  // driver calls in the timed part; -1 = not counted (real driver)
+  double driver_calls = -1;  // driver calls per timed call; -1 = not counted (the reference on a real driver)
   std::string error;   // why it failed; "" when it ran
 };
 std::map<std::string, Outcome> g_outcomes;
@@ -826,7 +826,7 @@ void BM_KernelRead(benchmark::State &state, std::string key, Where where, size_t
 // ---- (c) per call: the stream-ordered allocation path ----
 
 // The driver double's counter (fake_cuda_get_stats, first field: all calls),
-// found in the libcuda.so.1 already loaded; -1 on a real driver.
+// found in the libcuda.so.1 already loaded; UINT64_MAX on a real driver.
 uint64_t DriverCalls() {
   struct FakeStats {
     uint64_t calls;
@@ -843,14 +843,24 @@ uint64_t DriverCalls() {
   return st.calls;
 }
 
+// The driver calls sgm's backend made for ctx so far (sgm_stats.driver_calls:
+// counted by sgm itself, so on a real driver too).
+uint64_t SgmDriverCalls(sgm_context *ctx) {
+  sgm_stats st;
+  return sgm_get_stats(ctx, &st) == SGM_OK ? st.driver_calls : UINT64_MAX;
+}
+
+// ctx: the context whose calls are counted (sgm's own count, from
+// calls_before = SgmDriverCalls(ctx)); nullptr: the driver's calls, counted on
+// the driver double only (calls_before = DriverCalls()).
 void RecordCalls(benchmark::State &state, const std::string &key, double seconds,
-                 uint64_t calls_before) {
+                 uint64_t calls_before, sgm_context *ctx = nullptr) {
   const double n = static_cast<double>(state.iterations());
   Outcome &o = g_outcomes[key];
   if (!o.error.empty() || n <= 0) return;
   o.seconds = seconds;
   o.calls = n;
-  const uint64_t after = DriverCalls();
+  const uint64_t after = ctx ? SgmDriverCalls(ctx) : DriverCalls();
   if (after != UINT64_MAX && calls_before != UINT64_MAX)
     o.driver_calls = static_cast<double>(after - calls_before) / n;
   state.counters["ns_per_call"] = seconds / n * 1e9;
@@ -898,7 +908,7 @@ void BM_SgmPair(benchmark::State &state, std::string key, PairStream which) {
     return;
   }
   sgm_free(ctx.c, warm, stream);
-  const uint64_t before = DriverCalls();
+  const uint64_t before = SgmDriverCalls(ctx.c);
   const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
     void *p = sgm_alloc(ctx.c, kMiB, stream);
@@ -906,7 +916,7 @@ void BM_SgmPair(benchmark::State &state, std::string key, PairStream which) {
     sgm_free(ctx.c, p, stream);
   }
   const auto t1 = std::chrono::steady_clock::now();
-  RecordCalls(state, key, Seconds(t0, t1), before);
+  RecordCalls(state, key, Seconds(t0, t1), before, ctx.c);
   // The created stream goes after the context: sgm_context_destroy waits for
   // the work of every stream it cached blocks for.
   sgm_context_destroy(ctx.c);
@@ -946,7 +956,7 @@ void BM_Transfer(benchmark::State &state, std::string key, bool two_created) {
     }
     sgm_free(ctx.c, p, s);
   }
-  const uint64_t before = DriverCalls();
+  const uint64_t before = SgmDriverCalls(ctx.c);
   uint64_t k = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
@@ -959,7 +969,7 @@ void BM_Transfer(benchmark::State &state, std::string key, bool two_created) {
     sgm_free(ctx.c, p, s);
   }
   const auto t1 = std::chrono::steady_clock::now();
-  RecordCalls(state, key, Seconds(t0, t1), before);
+  RecordCalls(state, key, Seconds(t0, t1), before, ctx.c);
   sgm_context_destroy(ctx.c);
   ctx.c = nullptr;
 }

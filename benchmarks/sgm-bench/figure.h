@@ -8,6 +8,10 @@
 //        "jemalloc mallocx/dallocx, same sizes", Better::kLower,
 //        Target::Value(kAtMost, 80), kQuick, GbTime(BM_SgmAllocFree), GbTime(BM_JemallocPair)});
 //
+// A figure whose unit is kCountUnit ("calls") counts something sgm should do
+// rarely or never (driver calls): its value and reference may be 0, and its
+// ratio is (value + 1) / (reference + 1), so that 0 beside 0 reads 1.
+//
 // Each repetition measures sgm then the reference, back to back, so a noisy
 // machine hits both; value, reference and ratio are the medians over the
 // repetitions (the ratio's median of the per-repetition ratios), and the
@@ -16,6 +20,8 @@
 #define SGM_BENCH_FIGURE_H
 
 #include <benchmark/benchmark.h>
+
+#include "report.h"  // kCountUnit, IsCount
 
 #include <cstdint>
 #include <functional>

@@ -459,12 +459,46 @@ Measure GpuDriverPair() {
 }
 
 #define SGM_BENCH_GPU_PAIR(name, which, what)                                                                     \
-  SGM_BENCH_FIGURE({"gpu.pair." #name, "sgm_alloc+sgm_free of 1 MiB on the " what ", steady state", "ns",        \
+  SGM_BENCH_FIGURE({"gpu.pair." #name, "sgm_alloc+sgm_free of 1 MiB on " what ", steady state", "ns",        \
                     "cuMemAlloc+cuMemFree of 1 MiB", Better::kLower, Target::None(), kQuick, GpuPair(which),     \
                     GpuDriverPair(), 0, "gpu"})
-SGM_BENCH_GPU_PAIR(null_stream, kCudaNullStream, "legacy NULL stream");
-SGM_BENCH_GPU_PAIR(per_thread_stream, kCudaPerThreadStream, "per-thread default stream");
+SGM_BENCH_GPU_PAIR(null_stream, kCudaNullStream, "the legacy NULL stream");
+SGM_BENCH_GPU_PAIR(per_thread_stream, kCudaPerThreadStream, "the per-thread default stream");
 SGM_BENCH_GPU_PAIR(created_stream, kCudaCreatedStream, "a created stream");
+
+// ---- driver calls (sgm's own count, sgm_stats.driver_calls) ----
+
+// A reference that is a number by construction, not a measurement: the calls
+// another allocator or a hand-written program makes.
+Measure Calls(double n) {
+  return [n](const RunContext &, std::string *) { return n; };
+}
+
+Measure GpuPairCalls(int which) {
+  const std::string key = "gpu/calls/pair/" + std::to_string(which);
+  return Gpu(key, 1 << 20, 2000, 200, "driver_calls_per_call", [which](benchmark::State &s, std::string k) {
+    BM_CudaSgmPair(s, std::move(k), static_cast<CudaPairStream>(which));
+  });
+}
+
+#define SGM_BENCH_GPU_PAIR_CALLS(name, which, what)                                                      \
+  SGM_BENCH_FIGURE({"gpu.calls.pair." #name,                                                              \
+                    "driver calls per steady-state sgm_alloc+sgm_free of 1 MiB on " what, kCountUnit, \
+                    "PyTorch's caching allocator: 0 per steady-state pair", Better::kLower,               \
+                    Target::Value(kAtMost, 0), kQuick, GpuPairCalls(which), Calls(0), 1, "gpu"})
+SGM_BENCH_GPU_PAIR_CALLS(null_stream, kCudaNullStream, "the legacy NULL stream");
+SGM_BENCH_GPU_PAIR_CALLS(per_thread_stream, kCudaPerThreadStream, "the per-thread default stream");
+SGM_BENCH_GPU_PAIR_CALLS(created_stream, kCudaCreatedStream, "a created stream");
+
+Measure GpuTransferCalls() {
+  return Gpu("gpu/calls/transfer", 4 << 20, 2000, 200, "driver_calls_per_call",
+             [](benchmark::State &s, std::string k) { BM_CudaTransfer(s, std::move(k), true); });
+}
+
+SGM_BENCH_FIGURE({"gpu.calls.transfer",
+                  "driver calls per cross-stream transfer: a block freed on one created (blocking) stream taken by another",
+                  kCountUnit, "cuEventRecord + cuStreamWaitEvent, a hand-written hand-off: 2", Better::kLower,
+                  Target::Value(kAtMost, 2), kQuick, GpuTransferCalls(), Calls(2), 1, "gpu"});
 
 }  // namespace
 

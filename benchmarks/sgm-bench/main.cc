@@ -150,7 +150,9 @@ int main(int argc, char **argv) {
         std::fprintf(stderr, "sgm-bench: %s: %s\n", argv[i + 1], err.c_str());
         return 2;
       }
-      std::fputs(Markdown(doc).c_str(), stdout);
+      std::vector<KnownFigure> known;
+      for (const Figure &f : Figures()) known.push_back({f.name, f.what, f.mode == kQuick});
+      std::fputs(Markdown(doc, known).c_str(), stdout);
       return 0;
     } else if (flag == "--only") {
       if (!value(&v) || v.empty()) return Usage("--only takes a figure name", "");

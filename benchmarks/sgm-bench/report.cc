@@ -117,9 +117,13 @@ std::string CheckSchema(const Json &doc) {
     if (verdict != "met" && verdict != "missed" && verdict != "none")
       return Fault(where, "\"verdict\" is not met, missed or none");
     if ((verdict == "none") != (t->type == Json::kNull)) return Fault(where, "a verdict without a target, or the reverse");
+    // Counts (unit "calls") may be 0 in value and reference; ratios never are.
+    const bool count = IsCount(f.StringOr("unit", ""));
     for (const char *k : {"value", "reference", "ratio", "ratio_min", "ratio_max", "repetitions"}) {
       if (!(e = CheckMember(f, where, k, Json::kNumber)).empty()) return e;
-      if (!(f.Get(k)->num > 0)) return Fault(where, std::string("\"") + k + "\" is not positive");
+      const bool may_be_zero = count && (std::string(k) == "value" || std::string(k) == "reference");
+      if (!(may_be_zero ? f.Get(k)->num >= 0 : f.Get(k)->num > 0))
+        return Fault(where, std::string("\"") + k + "\" is not " + (may_be_zero ? "a count" : "positive"));
     }
     if (!(e = CheckMember(f, where, "spread", Json::kNumber)).empty()) return e;
     if (f.Get("spread")->num < 0) return Fault(where, "\"spread\" is negative");
@@ -130,7 +134,8 @@ std::string CheckSchema(const Json &doc) {
       if (f.Get(k)->arr.size() != static_cast<size_t>(f.Get("repetitions")->num))
         return Fault(where, std::string("\"") + k + "\" does not hold one number per repetition");
       for (const Json &x : f.Get(k)->arr)
-        if (x.type != Json::kNumber || !(x.num > 0)) return Fault(where, std::string("\"") + k + "\" holds a non-positive entry");
+        if (x.type != Json::kNumber || !(count ? x.num >= 0 : x.num > 0))
+          return Fault(where, std::string("\"") + k + "\" holds a " + (count ? "negative" : "non-positive") + " entry");
     }
   }
   return "";
@@ -139,11 +144,11 @@ std::string CheckSchema(const Json &doc) {
 void PrintTable(const Json &doc, FILE *out) {
   const Json *figs = FiguresOf(doc);
   if (!figs) return;
-  std::fprintf(out, "%-30s %14s %14s %8s %7s %18s  %s\n", "figure", "sgm", "reference", "ratio", "spread",
+  std::fprintf(out, "%-32s %14s %14s %8s %7s %18s  %s\n", "figure", "sgm", "reference", "ratio", "spread",
                "target", "verdict");
   for (const Json &f : figs->arr) {
     if (!Measured(f)) continue;
-    std::fprintf(out, "%-30s %14s %14s %8s %7s %18s  %s\n", f.StringOr("name", "?").c_str(),
+    std::fprintf(out, "%-32s %14s %14s %8s %7s %18s  %s\n", f.StringOr("name", "?").c_str(),
                  WithUnit(f, "value").c_str(), WithUnit(f, "reference").c_str(),
                  Fmt(f.NumberOr("ratio", 0)).c_str(), ("±" + Pct(f.NumberOr("spread", 0))).c_str(),
                  TargetText(f, false).c_str(), f.StringOr("verdict", "?").c_str());
@@ -179,7 +184,7 @@ int Compare(const Json &a, const Json &b, FILE *out, std::string *err) {
   std::fprintf(out, "B: %s, %s run, %s, load %s\n", b.StringOr("started_utc", "?").c_str(),
                b.StringOr("mode", "?").c_str(), b.Get("machine")->StringOr("cpu", "?").c_str(),
                Fmt(b.Get("machine")->NumberOr("load_1min", 0)).c_str());
-  std::fprintf(out, "%-30s %9s %9s %8s %8s  %-16s %s\n", "figure", "A ratio", "B ratio", "change", "noise",
+  std::fprintf(out, "%-32s %9s %9s %8s %8s  %-16s %s\n", "figure", "A ratio", "B ratio", "change", "noise",
                "verdict A -> B", "");
   int regressions = 0;
   std::set<std::string> seen;
@@ -188,12 +193,12 @@ int Compare(const Json &a, const Json &b, FILE *out, std::string *err) {
     seen.insert(name);
     auto it = in_b.find(name);
     if (it == in_b.end()) {
-      std::fprintf(out, "%-30s only in A\n", name.c_str());
+      std::fprintf(out, "%-32s only in A\n", name.c_str());
       continue;
     }
     const Json &y = *it->second;
     if (!Measured(x) || !Measured(y)) {
-      std::fprintf(out, "%-30s skipped in %s\n", name.c_str(), !Measured(x) && !Measured(y) ? "both" : !Measured(x) ? "A" : "B");
+      std::fprintf(out, "%-32s skipped in %s\n", name.c_str(), !Measured(x) && !Measured(y) ? "both" : !Measured(x) ? "A" : "B");
       continue;
     }
     double ra = x.NumberOr("ratio", 0), rb = y.NumberOr("ratio", 0);
@@ -203,17 +208,17 @@ int Compare(const Json &a, const Json &b, FILE *out, std::string *err) {
     bool regression = worse && std::fabs(change) > band;
     regressions += regression;
     std::string verdicts = x.StringOr("verdict", "?") + " -> " + y.StringOr("verdict", "?");
-    std::fprintf(out, "%-30s %9s %9s %8s %8s  %-16s %s\n", name.c_str(), Fmt(ra).c_str(), Fmt(rb).c_str(),
+    std::fprintf(out, "%-32s %9s %9s %8s %8s  %-16s %s\n", name.c_str(), Fmt(ra).c_str(), Fmt(rb).c_str(),
                  ((change >= 0 ? "+" : "") + Pct(change)).c_str(), ("±" + Pct(band)).c_str(), verdicts.c_str(),
                  regression ? "REGRESSION" : "");
   }
   for (const Json &y : fb->arr)
-    if (!seen.count(y.StringOr("name", ""))) std::fprintf(out, "%-30s only in B\n", y.StringOr("name", "").c_str());
+    if (!seen.count(y.StringOr("name", ""))) std::fprintf(out, "%-32s only in B\n", y.StringOr("name", "").c_str());
   std::fprintf(out, "%d regression%s beyond the noise band\n", regressions, regressions == 1 ? "" : "s");
   return regressions;
 }
 
-std::string Markdown(const Json &doc) {
+std::string Markdown(const Json &doc, const std::vector<KnownFigure> &known) {
   const Json &m = *doc.Get("machine");
   std::string s;
   char b[512];
@@ -261,6 +266,15 @@ std::string Markdown(const Json &doc) {
       if (!any_skipped) s += "\nSkipped in this run:\n\n";
       any_skipped = true;
       s += "- `" + f.StringOr("name", "?") + "`: " + f.StringOr("skip_reason", "") + "\n";
+    }
+  std::set<std::string> in_run;
+  for (const Json &f : figs->arr) in_run.insert(f.StringOr("name", ""));
+  bool any_absent = false;
+  for (const KnownFigure &k : known)
+    if (!in_run.count(k.name)) {
+      if (!any_absent) s += "\nNot in this run (`sgm-bench --only NAME` measures one):\n\n";
+      any_absent = true;
+      s += "- `" + k.name + "`: " + k.what + (k.quick ? "" : " (full runs only)") + "\n";
     }
   s += "\nReproduce (release build): `build/release/benchmarks/sgm-bench/sgm-bench --json docs/benchmarks.json`, "
        "then `sgm-bench --markdown docs/benchmarks.json > docs/benchmarks.md`.\n"

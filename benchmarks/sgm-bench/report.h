@@ -7,10 +7,16 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "json.h"
 
 namespace sgm_bench {
+
+// The unit of count figures (figure.h): value and reference may be 0, and the
+// ratio is (value + 1) / (reference + 1).
+inline constexpr const char *kCountUnit = "calls";
+inline bool IsCount(const std::string &unit) { return unit == kCountUnit; }
 
 // The table: figure, sgm, reference, ratio (and its spread), target, verdict;
 // then one line per skipped figure saying why.
@@ -23,11 +29,20 @@ void PrintTable(const Json &doc, FILE *out);
 // document is not a result file.
 int Compare(const Json &a, const Json &b, FILE *out, std::string *err);
 
-// docs/benchmarks.md from one run.
-std::string Markdown(const Json &doc);
+// A figure the tool knows (sgm-bench --list): its name and what it measures.
+struct KnownFigure {
+  std::string name;  // the figure's stable name
+  std::string what;  // one line: what is measured
+  bool quick;        // part of --quick runs
+};
+
+// docs/benchmarks.md from one run. Every figure of `known` that the run does
+// not hold (a --quick run, an --only run, a run older than the figure) is
+// listed as not measured, so that the page shows every figure of --list.
+std::string Markdown(const Json &doc, const std::vector<KnownFigure> &known = {});
 
 // "" when doc has the shape of a result file (every required member, of its
-// type; measured figures positive); else the first fault.
+// type; measured figures positive, counts at least 0); else the first fault.
 std::string CheckSchema(const Json &doc);
 
 }  // namespace sgm_bench

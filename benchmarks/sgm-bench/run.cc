@@ -157,15 +157,17 @@ Json RunOne(const RunOptions &o, const Figure &f, size_t k, size_t n) {
     if (!skip.empty()) break;
     double x = f.ref(o.rc, &skip);
     if (!skip.empty()) break;
-    if (!(v > 0) || !(x > 0) || !std::isfinite(v) || !std::isfinite(x)) {
+    const bool count = IsCount(f.unit);  // counts may be 0 (figure.h)
+    if (!(count ? v >= 0 && x >= 0 : v > 0 && x > 0) || !std::isfinite(v) || !std::isfinite(x)) {
       char b[160];
-      std::snprintf(b, sizeof b, "measured a non-positive figure (sgm %g, reference %g)", v, x);
+      std::snprintf(b, sizeof b, "measured a %s figure (sgm %g, reference %g)",
+                    count ? "negative count:" : "non-positive", v, x);
       skip = b;
       break;
     }
     values.push_back(v);
     refs.push_back(x);
-    ratios.push_back(v / x);
+    ratios.push_back(count ? (v + 1) / (x + 1) : v / x);
   }
   if (!skip.empty()) {
     r.Set("status", Json::String("skipped")).Set("skip_reason", Json::String(skip))

@@ -23,10 +23,11 @@
  * W-TinyLFU in policies/tinylfu.c).
  *
  * The contract, for every method but create and destroy:
- *  - It runs under the placement lock (one lock for all buffer residency state
- *    of a context: placement.c's pl->lock, rank SGM_LOCK_BUFFERS; it plays the
- *    part of "the tier lock" for buffers). Calls on one instance are never
- *    concurrent; calls on different instances (tiers, contexts) may be.
+ *  - It runs under its tier's residency lock (one lock per resident tier of a
+ *    context: residency.c's pl->res[t], ranks SGM_LOCK_RES_VRAM and
+ *    SGM_LOCK_RES_SHARED; "the tier lock" for buffers). Calls on one instance
+ *    are never concurrent; calls on different instances (tiers, contexts) may
+ *    be, and the VRAM and shared-memory instances of one context are.
  *  - It must not block (no sleeping, no I/O, no waiting on other threads), must
  *    not call back into sgm, and should be O(1) (next_victim O(1) amortised):
  *    acquire of a VRAM-resident buffer costs about 100 ns in all, policy included.

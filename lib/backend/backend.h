@@ -221,6 +221,9 @@ typedef struct sgm_backend_counters {
   /* expandable VRAM (issue 17) */
   uint64_t vmm_mapped_bytes;  /* bytes mapped into reserved ranges (also in device_live_bytes) */
   uint64_t n_vmm_ranges;      /* reserved ranges not yet freed */
+  /* driver calls (issue 16) */
+  uint64_t n_driver_calls;    /* calls into the GPU driver since open (CUDA: every entry point
+                                 but the error-string ones; 0 on the emulated device) */
 } sgm_backend_counters;
 
 typedef struct sgm_backend_ops {
@@ -255,7 +258,7 @@ typedef struct sgm_backend_ops {
                          const sgm_stream_ref *taker);
   /* ---- The node registry (lib/node.c, lib/share.c) ---- */
   /* The device's key on this machine, the same in every process that opens
-   * it (the PCI bus id on CUDA, "emu-<SGM_EMU_DEVICE>" on the emulated
+   * it ("GPU-<UUID>" on CUDA, "emu-<SGM_EMU_DEVICE>" on the emulated
    * device); "" when the device is private to this process (an unnamed
    * emulated device). NULL op = "". */
   void (*device_key)(sgm_backend *be, char *out, size_t len);
@@ -276,6 +279,15 @@ typedef struct sgm_backend_ops {
   int (*vmm_map)(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes);
   void (*vmm_unmap)(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes);
   void (*vmm_free)(sgm_backend *be, void *range);
+  /* ---- the device's identity in the node registry (issue 13) ----
+   * device_uuid: the device's 16-byte UUID, the one nvidia-smi -L prints as
+   * GPU-<8-4-4-4-12 hex> (CUDA: cuDeviceGetUuid_v2, a MIG slice's own UUID;
+   * the emulated device: a stable UUID derived from its name, the same in
+   * every process). SGM_OK and out, or a status with the reason (out zeroed).
+   * device_pci_bus_id: "0000:65:00.0" where the device has one, "" where it
+   * has none (the emulated device). NULL op: unknown. */
+  int (*device_uuid)(sgm_backend *be, uint8_t out[16]);
+  void (*device_pci_bus_id)(sgm_backend *be, char *out, size_t len);
 } sgm_backend_ops;
 
 /* backend.c: pick the ops for a kind; SGM_BACKEND_AUTO is resolved by open. */

@@ -752,16 +752,24 @@ static uint64_t tier_vmm_unmap_free(sgm_tier_pool *p, uint64_t now_ms, uint64_t 
   return done;
 }
 
-/* After blocks went back to the sub-allocator: unmap the free granules when
- * they are more than the slack, or at all while committed is over a budget
- * that was lowered (fair shares of the node registry: another process waits
- * for that memory). Hints read without the lock. */
-static void tier_vmm_settle(sgm_tier_pool *p) {
+/*
+ * After blocks went back to the sub-allocator: unmap the free granules at all
+ * while committed is over a budget that was lowered (fair shares of the node
+ * registry: another process waits for that memory), and, when `eager` (the
+ * slow paths: reclaim, a failed carve), when they are more than the slack.
+ * A plain free leaves them mapped: the next block that needs new granules
+ * unmaps them first (tier_vmm_back_locked), so committed is as bounded at
+ * every mapping as if they had gone at once, and a block freed and allocated
+ * again (a demotion and its promotion) finds its memory still there instead
+ * of faulting in fresh pages; trims and the idle trim return the rest. Hints
+ * read without the lock.
+ */
+static void tier_vmm_settle(sgm_tier_pool *p, bool eager) {
   if (!p->vmm_range) return;
   uint64_t free_mapped = __atomic_load_n(&p->vmm_free_mapped, __ATOMIC_RELAXED);
   bool over = __atomic_load_n(&p->committed_bytes, __ATOMIC_RELAXED) >
               __atomic_load_n(&p->p.budget_bytes, __ATOMIC_RELAXED);
-  if (free_mapped > tier_vmm_slack(p) || (over && free_mapped > 0))
+  if ((eager && free_mapped > tier_vmm_slack(p)) || (over && free_mapped > 0))
     tier_vmm_unmap_free(p, 0, UINT64_MAX);
 }
 
@@ -798,7 +806,11 @@ static int tier_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) 
       pthread_cond_wait(&p->grown, &p->lock.mu);
       continue;
     }
-    if (p->committed_bytes > p->p.budget_bytes || want > p->p.budget_bytes - p->committed_bytes) {
+    /* Free granules past the slack go before new ones are mapped (frees
+     * left them mapped: tier_vmm_settle), and all of them when the budget
+     * has no room for the new ones. */
+    bool no_room = p->committed_bytes > p->p.budget_bytes || want > p->p.budget_bytes - p->committed_bytes;
+    if (no_room || (!unmapped_for_room && p->vmm_free_mapped > tier_vmm_slack(p))) {
       if (unmapped_for_room || p->vmm_free_mapped == 0) return SGM__ERR_BUDGET;
       unmapped_for_room = true;
       sgm__lock_drop(&p->lock);
@@ -1219,11 +1231,11 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
         tier_release_block_locked(p, b); /* frees b and drops its granule references */
         tier_update_room_locked(p);
         sgm__lock_drop(&p->lock);
-        tier_vmm_settle(p);
+        tier_vmm_settle(p, true);
         return vrc;
       }
       sgm__lock_drop(&p->lock);
-      if (reclaimed) tier_vmm_settle(p);
+      if (reclaimed) tier_vmm_settle(p, true);
       *out = b;
       return SGM_OK;
     }
@@ -1454,7 +1466,7 @@ int sgm__tier_free(sgm_tier_pool *p, sgm_devptr ptr, uint64_t *size_out) {
   tier_release_block_locked(p, b);
   tier_update_room_locked(p);
   sgm__lock_drop(&p->lock);
-  tier_vmm_settle(p);
+  tier_vmm_settle(p, false);
   tier_count_used(p, -(int64_t)asked, -1, 0, 1);
   *size_out = asked;
   return SGM_OK;
@@ -1839,7 +1851,7 @@ static size_t tier_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *take
 
 size_t sgm__tier_reclaim(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode) {
   size_t n = tier_reclaim_ex(p, taker, mode);
-  tier_vmm_settle(p);
+  tier_vmm_settle(p, true);
   return n;
 }
 

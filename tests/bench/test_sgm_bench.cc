@@ -107,7 +107,8 @@ const Json *Figure(const Json &doc, const std::string &name) {
 }
 
 // Invariant: a --quick --json run is a valid result file that holds every
-// figure of the quick set, each measured and positive (GPU figures alone may
+// figure of the quick set, each measured and positive, or at least 0 for
+// counts (unit "calls"), whose ratio is still positive (GPU figures alone may
 // be skipped, and only where the machine has no GPU; disk figures only where
 // the build folder's file system refuses O_DIRECT).
 void test_quick_run_holds_every_quick_figure_measured(void **) {
@@ -133,8 +134,9 @@ void test_quick_run_holds_every_quick_figure_measured(void **) {
         fail_msg("%s was skipped: %s", name.c_str(), f->StringOr("skip_reason", "").c_str());
       continue;
     }
-    assert_true(f->NumberOr("value", 0) > 0);
-    assert_true(f->NumberOr("reference", 0) > 0);
+    const bool count = f->StringOr("unit", "") == "calls";
+    assert_true(count ? f->NumberOr("value", -1) >= 0 : f->NumberOr("value", 0) > 0);
+    assert_true(count ? f->NumberOr("reference", -1) >= 0 : f->NumberOr("reference", 0) > 0);
     assert_true(f->NumberOr("ratio", 0) > 0);
     assert_true(f->NumberOr("repetitions", 0) >= 1);
   }
@@ -192,6 +194,9 @@ void test_alloc_stream_figures_replay_the_traces(void **) {
 // Invariant: against the CUDA driver test double (a libcuda.so.1 that models
 // copies but not kernels), the GPU copy and per-call figures are measured and
 // positive, and the kernel figure is skipped saying what the driver lacks.
+// The driver-call counts (sgm's own) are what docs/streams.md promises: no
+// call per steady-state pair on any stream (ratio 1 against PyTorch's 0), and
+// exactly the two of "Why two calls" per transfer between blocking streams.
 void test_gpu_figures_run_on_the_driver_double(void **) {
   if (!std::getenv("SGM_BENCH_FAKE_CUDA")) {
     print_message("# no CUDA driver test double in this build (no CUDA headers): skipped\n");
@@ -215,8 +220,14 @@ void test_gpu_figures_run_on_the_driver_double(void **) {
     }
     if (f.StringOr("status", "") != "measured") fail_msg("%s: %s", name.c_str(), f.StringOr("skip_reason", "").c_str());
     measured++;
+    if (name.compare(0, 10, "gpu.calls.") != 0) continue;
+    assert_string_equal(f.StringOr("unit", "").c_str(), "calls");
+    assert_string_equal(f.StringOr("verdict", "").c_str(), "met");
+    const double want = name == "gpu.calls.transfer" ? 2 : 0;
+    if (f.NumberOr("value", -1) != want) fail_msg("%s: %g driver calls, not %g", name.c_str(), f.NumberOr("value", -1), want);
+    assert_true(f.NumberOr("ratio", 0) == 1.0);
   }
-  assert_int_equal(measured, 5);  // copies both ways, pairs on three streams
+  assert_int_equal(measured, 9);  // copies both ways, pairs on three streams, their calls, transfer calls
 }
 
 int CountRegressions(const std::string &out, std::string *flagged) {
@@ -317,6 +328,30 @@ void test_unreadable_inputs_are_refused(void **) {
   assert_int_equal(r.status, 2);
 }
 
+// Invariant: the page --markdown makes of any run names every figure of
+// --list: measured, skipped with its reason, or listed as not in the run
+// (here: a --quick run, which leaves the full-run figures out).
+void test_markdown_shows_every_listed_figure(void **) {
+  Result list = Run("--list");
+  assert_int_equal(list.status, 0);
+  Result page = Run("--markdown '" + g_quick_path + "'");
+  assert_int_equal(page.status, 0);
+  int n = 0, absent = 0;
+  for (const std::string &l : Lines(list.output)) {
+    std::istringstream in(l);
+    std::string name, mode;
+    in >> name >> mode;
+    if (name.empty()) continue;
+    n++;
+    if (page.output.find("`" + name + "`") == std::string::npos)
+      fail_msg("%s (--list) is not on the --markdown page", name.c_str());
+    absent += mode != "quick";
+  }
+  assert_true(n >= 10);
+  assert_true(absent > 0);
+  assert_non_null(std::strstr(page.output.c_str(), "Not in this run"));
+}
+
 // Invariant: docs/benchmarks.md is exactly what --markdown makes of the run
 // committed beside it (docs/benchmarks.json): the page cannot drift from the tool.
 void test_published_page_is_generated_from_its_run(void **) {
@@ -335,6 +370,7 @@ void test_published_page_is_generated_from_its_run(void **) {
 int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_quick_run_holds_every_quick_figure_measured),
+      cmocka_unit_test(test_markdown_shows_every_listed_figure),
       cmocka_unit_test(test_missing_traces_are_skipped_with_a_message),
       cmocka_unit_test(test_alloc_stream_figures_replay_the_traces),
       cmocka_unit_test(test_gpu_figures_run_on_the_driver_double),

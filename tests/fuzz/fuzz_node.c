@@ -6,7 +6,7 @@
  * Input: byte 0 chooses the mode, the rest is the segment.
  *  - even: the bytes as they are (mostly refused at the magic or check word);
  *  - odd: the bytes with a plausible header written over them (magic,
- *    version 1 unless bit 1 of byte 0 asks for the input's own version, the
+ *    the current version unless bit 1 of byte 0 asks for the input's own version, the
  *    slot count from the input, clamped only by a u32) and the check word
  *    sealed, so the fuzzer reaches the slots.
  *
@@ -15,7 +15,8 @@
  *  - on SGM_OK: n_slots in 1..SGM_NODE_MAX_SLOTS and the segment holds them;
  *    n_procs + n_unstable <= n_slots; every proc's slot < n_slots, strictly
  *    increasing; names and the key are NUL-terminated, names printable
- *    without comma or quote.
+ *    without comma or quote; the UUID's text is "" or 36 characters, the PCI
+ *    bus id terminated and of hex digits, ':', '.' and '_' only (version 2).
  *
  * Threading: none.
  */
@@ -72,6 +73,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (512 + (size_t)v->n_slots * 256 > len) fuzz_node_fail("slots past the end of the segment");
     if (v->n_procs + v->n_unstable > v->n_slots) fuzz_node_fail("more processes than slots");
     if (!memchr(v->key, '\0', sizeof v->key)) fuzz_node_fail("key not terminated");
+    if (!memchr(v->uuid_text, '\0', sizeof v->uuid_text)) fuzz_node_fail("UUID text not terminated");
+    if (v->uuid_text[0] && strlen(v->uuid_text) != 36) fuzz_node_fail("UUID text not 8-4-4-4-12");
+    if (!memchr(v->pci_bus_id, '\0', sizeof v->pci_bus_id)) fuzz_node_fail("PCI bus id not terminated");
+    if (strspn(v->pci_bus_id, "0123456789abcdefABCDEF:._") != strlen(v->pci_bus_id))
+      fuzz_node_fail("PCI bus id holds a character sgm-smi cannot print");
     for (size_t i = 0; i < v->n_procs; i++) {
       const sgm_node_proc *p = &v->procs[i];
       if (p->slot >= v->n_slots) fuzz_node_fail("slot index out of range");

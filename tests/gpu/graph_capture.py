@@ -7,25 +7,16 @@ sgm_torch_free), checked against the CPU.
 
 Prints "key: ..." on success; exits 1 (with the error) when the capture or a
 replay fails or gives a wrong sum, 77 without PyTorch or a GPU."""
-import os
 import sys
 import traceback
 
-if len(sys.argv) > 1:  # the bundle passes its libsgm.so; the sgm package lies next to this script
-    os.environ["SGM_LIBRARY"] = os.path.abspath(sys.argv[1])
-import sgm.torch  # noqa: E402
+from gpu_common import torch_through_sgm  # the bundle's py/ holds it and the sgm package
 
 
 def main():
-    try:
-        import torch
-    except ImportError:
-        print("no GPU: skipping (PyTorch is not installed)")
+    torch = torch_through_sgm()
+    if torch is None:
         return 77
-    if not torch.cuda.is_available():
-        print("no GPU: skipping (torch.cuda.is_available() is False)")
-        return 77
-    sgm.torch.use()
     n = 1 << 20
     x = torch.zeros(n, device="cuda", dtype=torch.float64)
     side = torch.cuda.Stream()

@@ -16,21 +16,13 @@ import os
 import random
 import sys
 
-if len(sys.argv) > 1:  # the bundle passes its libsgm.so; the sgm package lies next to this script
-    os.environ["SGM_LIBRARY"] = os.path.abspath(sys.argv[1])
-import sgm.torch  # noqa: E402
+from gpu_common import torch_through_sgm  # the bundle's py/ holds it and the sgm package
 
 
 def main():
-    try:
-        import torch
-    except ImportError:
-        print("no GPU: skipping (PyTorch is not installed)")
+    torch = torch_through_sgm()
+    if torch is None:
         return 77
-    if not torch.cuda.is_available():
-        print("no GPU: skipping (torch.cuda.is_available() is False)")
-        return 77
-    sgm.torch.use()
     rounds = int(os.environ.get("STRESS_ROUNDS", "200"))
     seed = int(os.environ.get("STRESS_SEED", "1"))
     print(f"two_stream_stress: seed {seed}, {rounds} rounds")

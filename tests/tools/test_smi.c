@@ -24,6 +24,7 @@
 static char dir[64];
 static const char *smi;
 static sgm_node *train, *serve;
+static char uuid_text[SGM_NODE_UUID_TEXT + 4]; /* "GPU-<uuid>" of the known registry */
 
 /* Run sgm-smi with args (a shell fragment); its stdout into out, its exit code. */
 static int run_smi(const char *args, char *out, size_t len) {
@@ -41,7 +42,11 @@ static int run_smi(const char *args, char *out, size_t len) {
 static sgm_node *join_as(const char *name, uint64_t vram_used, uint64_t vram_budget,
                          uint64_t shared_used, uint64_t fallbacks) {
   sgm_node_params p = {.dir = dir, .key = "emu-smi", .name = name, .device_total_bytes = 8 * GiB,
-                       .shared_cap_bytes = 16 * GiB};
+                       .shared_cap_bytes = 16 * GiB, .pci_bus_id = "0000:65:00.0"};
+  sgm__node_uuid_derive("smi", p.uuid);
+  char text[SGM_NODE_UUID_TEXT];
+  sgm__node_uuid_format(p.uuid, text, sizeof text);
+  snprintf(uuid_text, sizeof uuid_text, "GPU-%s", text);
   sgm_node *n = NULL;
   assert_int_equal(sgm__node_join(&p, &n), SGM_OK);
   sgm_node_usage u = {0};
@@ -103,7 +108,10 @@ static void test_table(void **state) {
   char out[8192];
   assert_int_equal(run_smi("", out, sizeof out), 0);
   print_message("%s", out);
-  assert_non_null(strstr(out, "Device emu-smi   2 processes   device 8.00 GiB   shared cap 16.00 GiB"));
+  char head[256];
+  snprintf(head, sizeof head, "Device emu-smi   UUID %s   PCI 0000:65:00.0   2 processes   device "
+           "8.00 GiB   shared cap 16.00 GiB", uuid_text);
+  assert_non_null(strstr(out, head));
   char line[160];
   snprintf(line, sizeof line, "%8d  %-16s %23s  %23s", getpid(), "train", "6.00 GiB / 6.00 GiB",
            "512.00 MiB / 8.00 GiB");
@@ -124,9 +132,11 @@ static void test_json(void **state) {
   assert_int_equal(run_smi("--json", out, sizeof out), 0);
   print_message("%s", out);
   assert_non_null(strstr(out, "{\"schema\": \"sgm-smi/1\""));
-  assert_non_null(strstr(out, "\"key\": \"emu-smi\", \"version\": 1, \"n_slots\": 128, "
-                              "\"device_total_bytes\": 8589934592, \"shared_cap_bytes\": 17179869184, "
-                              "\"n_processes\": 2"));
+  char dev[512];
+  snprintf(dev, sizeof dev, "\"key\": \"emu-smi\", \"uuid\": \"%s\", \"pci_bus_id\": \"0000:65:00.0\", "
+           "\"version\": %u, \"n_slots\": 128, \"device_total_bytes\": 8589934592, "
+           "\"shared_cap_bytes\": 17179869184, \"n_processes\": 2", uuid_text, SGM_NODE_VERSION);
+  assert_non_null(strstr(out, dev));
   assert_non_null(strstr(out, "\"totals\": {\"vram_used_bytes\": 7516192768, \"shared_used_bytes\": "
                               "536870912, \"disk_used_bytes\": 0}"));
   char frag[256];
@@ -161,11 +171,13 @@ static void test_prometheus(void **state) {
   known_registry();
   char out[16384];
   assert_int_equal(run_smi("--prometheus", out, sizeof out), 0);
-  char sample[200];
-  snprintf(sample, sizeof sample, "sgm_vram_used_bytes{device=\"emu-smi\",pid=\"%d\",name=\"train\"} 6442450944\n",
-           getpid());
+  char sample[300];
+  snprintf(sample, sizeof sample, "sgm_vram_used_bytes{device=\"emu-smi\",uuid=\"%s\",pci_bus_id=\"0000:65:00.0\","
+           "pid=\"%d\",name=\"train\"} 6442450944\n", uuid_text, getpid());
   assert_non_null(strstr(out, sample));
-  assert_non_null(strstr(out, "sgm_processes{device=\"emu-smi\"} 2\n"));
+  snprintf(sample, sizeof sample, "sgm_processes{device=\"emu-smi\",uuid=\"%s\",pci_bus_id=\"0000:65:00.0\"} 2\n",
+           uuid_text);
+  assert_non_null(strstr(out, sample));
   assert_non_null(strstr(out, "# TYPE sgm_fallbacks_total counter\n"));
   char typed[64] = "";
   for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {

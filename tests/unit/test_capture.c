@@ -23,49 +23,27 @@
 
 #include <cuda.h>
 
-#include "fake_cuda.h"
+#include "fake_fixture.h"
 #include "internal.h"
 #include "test_util.h"
 
 #define MiB (UINT64_C(1) << 20)
 
-#define FAKE_MEMBER(ret, name, params) ret(*name) params;
-static struct {
-  FAKE_CUDA_CONTROL(FAKE_MEMBER)
-} fc;
+static sgm_fake_control fc;
 /* The driver calls the test makes itself, as an application would. */
 static struct {
   CUresult (*begin)(CUstream, CUstreamCaptureMode);
   CUresult (*end)(CUstream, CUgraph *);
-  CUresult (*device_get)(CUdevice *, int);
-  CUresult (*retain)(CUcontext *, CUdevice);
-  CUresult (*release)(CUdevice);
-  CUresult (*push)(CUcontext);
-  CUresult (*pop)(CUcontext *);
 } drv;
 static void *fake_lib;
 
 static int load_fake(void **state) {
   (void)state;
-  fake_lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  fake_lib = sgm_fake_load(&fc);
   if (!fake_lib) return -1;
-#define FAKE_LOOKUP(ret, name, params) *(void **)&fc.name = dlsym(fake_lib, #name);
-  FAKE_CUDA_CONTROL(FAKE_LOOKUP)
-#undef FAKE_LOOKUP
-  *(void **)&drv.begin = dlsym(fake_lib, "cuStreamBeginCapture_v2");
-  *(void **)&drv.end = dlsym(fake_lib, "cuStreamEndCapture");
-  *(void **)&drv.device_get = dlsym(fake_lib, "cuDeviceGet");
-  *(void **)&drv.retain = dlsym(fake_lib, "cuDevicePrimaryCtxRetain");
-  *(void **)&drv.release = dlsym(fake_lib, "cuDevicePrimaryCtxRelease_v2");
-  *(void **)&drv.push = dlsym(fake_lib, "cuCtxPushCurrent_v2");
-  *(void **)&drv.pop = dlsym(fake_lib, "cuCtxPopCurrent_v2");
-  if (!fc.fake_cuda_hold_events || !fc.fake_cuda_settle || !drv.begin || !drv.end || !drv.device_get || !drv.retain ||
-      !drv.release || !drv.push || !drv.pop) {
-    fprintf(stderr, "libcuda.so.1 is not the test double, or it has no capture model\n");
-    return -1;
-  }
-  fc.fake_cuda_reset();
-  return 0;
+  *(void **)&drv.begin = sgm_fake_need(fake_lib, "cuStreamBeginCapture_v2");
+  *(void **)&drv.end = sgm_fake_need(fake_lib, "cuStreamEndCapture");
+  return drv.begin && drv.end ? 0 : -1; /* no capture model */
 }
 
 static int unload_fake(void **state) {
@@ -87,21 +65,13 @@ static sgm_context *make_ctx(const char *vram_limit, bool fallback) {
   sgm_status rc = sgm_context_create(NULL, &ctx);
   if (rc != SGM_OK) fprintf(stderr, "create: %s\n", sgm_last_error());
   assert_int_equal(rc, SGM_OK);
-  CUdevice dev;
-  CUcontext cu;
-  assert_int_equal(drv.device_get(&dev, 0), CUDA_SUCCESS);
-  assert_int_equal(drv.retain(&cu, dev), CUDA_SUCCESS);
-  assert_int_equal(drv.push(cu), CUDA_SUCCESS);
+  sgm_fake_ctx_push(fake_lib);
   return ctx;
 }
 
 static void destroy_ctx(sgm_context *ctx) {
   sgm_context_destroy(ctx);
-  CUcontext cu;
-  assert_int_equal(drv.pop(&cu), CUDA_SUCCESS);
-  CUdevice dev;
-  assert_int_equal(drv.device_get(&dev, 0), CUDA_SUCCESS);
-  assert_int_equal(drv.release(dev), CUDA_SUCCESS);
+  sgm_fake_ctx_pop(fake_lib);
   assert_int_equal(fc.fake_cuda_live_allocations(), 0);
 }
 
@@ -252,13 +222,6 @@ static void test_fenced_transfer_to_capturing_stream(void **state) {
 }
 
 int main(void) {
-  void *probe = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!probe || !dlsym(probe, "fake_cuda_hold_events")) {
-    printf("# capture: the driver test double is not on LD_LIBRARY_PATH: skipped\n");
-    if (probe) dlclose(probe);
-    return 77;
-  }
-  dlclose(probe);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_alloc_growing_during_capture),
       cmocka_unit_test(test_free_during_capture_deferred),
@@ -266,5 +229,6 @@ int main(void) {
       cmocka_unit_test(test_legacy_cache_during_other_capture),
       cmocka_unit_test(test_fenced_transfer_to_capturing_stream),
   };
-  return cmocka_run_group_tests_name("capture", tests, load_fake, unload_fake);
+  return sgm_fake_run_suite("capture", "fake_cuda_hold_events", tests, sizeof tests / sizeof tests[0],
+                            load_fake, unload_fake);
 }

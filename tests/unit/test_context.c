@@ -249,6 +249,7 @@ static void test_stats_consistency(void **state) {
   char expect[64];
   snprintf(expect, sizeof expect, "\"used_bytes\":%llu", (unsigned long long)used);
   assert_non_null(strstr(json, expect));
+  assert_non_null(strstr(json, "\"driver_calls\":0,")); /* the emulated device has no driver */
   sgm_string_free(json);
   for (int i = 0; i < N; i++) sgm_free(ctx, p[i], NULL);
   sgm_context_destroy(ctx);

@@ -19,6 +19,7 @@
  *    missing libcuda.so.1 are SGM_ERR_BACKEND with a message that says what to
  *    do (SGM_BACKEND=emu).
  *  - the GPU's NUMA node from a PCI bus id (hwloc, on a synthetic topology).
+ *  - the backend's count of driver calls equals the double's own count.
  *
  * Modes (argv[1]): none = the suite; --missing-driver and --old-driver run
  * the one case that needs a process where the driver failed to load.
@@ -29,6 +30,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_internal.h"
@@ -673,6 +678,100 @@ static void test_threads(void **state) {
   ops->close(be);
 }
 
+/* ---- the backend's count of driver calls (sgm_stats.driver_calls) ---- */
+
+/* Invariant: the backend counts every driver call it makes, failed ones
+ * included, and nothing else: its n_driver_calls equals the double's own count
+ * of counted calls (every entry point but the error-string ones) over a
+ * workload that touches every kind of call: open, memory info, device, pinned
+ * host, managed and virtual memory, copies on its own stream and a caller's,
+ * events recorded, queried, waited on and pooled, cross-stream transfers, two
+ * threads at once, and one injected failure whose message asks for the
+ * error's name and string (not counted on either side). */
+static void test_driver_calls_counted(void **state) {
+  (void)state;
+  sgm_backend *be = NULL;
+  const sgm_backend_ops *ops = open_cuda(&be);
+  sgm_backend_counters c;
+  ops->counters(be, &c);
+  assert_true(c.n_driver_calls > 0); /* open's calls */
+  assert_int_equal(c.n_driver_calls, fc.fake_cuda_calls(NULL));
+
+  uint64_t free_b = 0, total_b = 0;
+  assert_int_equal(ops->mem_info(be, &free_b, &total_b), SGM_OK);
+  unsigned char in[8192], out[8192];
+  fill_pattern(in, sizeof in, 11);
+  void *ts = fc.fake_cuda_stream_create();
+  sgm_devptr d = 0, m = 0, hd = 0;
+  void *h = NULL;
+  assert_int_equal(ops->device_alloc(be, sizeof in, &d), SGM_OK);
+  assert_int_equal(ops->host_alloc(be, sizeof in, -1, &h, &hd), SGM_OK);
+  memcpy(h, in, sizeof in);
+  assert_int_equal(ops->copy(be, SGM_COPY_DEVICE_TO_DEVICE, d, hd, sizeof in, ts), SGM_OK);
+  assert_int_equal(ops->copy(be, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)out, d, sizeof out, NULL), SGM_OK);
+  assert_memory_equal(in, out, sizeof in);
+  const bool managed = ops->managed_support(be) == SGM_OK; /* not with a CUDA 11.8 driver */
+  if (managed) {
+    assert_int_equal(ops->managed_alloc(be, sizeof in, &m), SGM_OK);
+    assert_int_equal(ops->managed_advise(be, m, sizeof in, SGM_ADVISE_PREFER_DEVICE), SGM_OK);
+    assert_int_equal(ops->managed_prefetch(be, m, sizeof in, SGM_TIER_VRAM, ts), SGM_OK);
+  }
+
+  void *ev = NULL, *pooled = NULL;
+  assert_int_equal(ops->event_record(be, ts, &ev), SGM_OK);
+  assert_int_equal(ops->event_wait(be, ev), SGM_OK);
+  assert_int_equal(ops->event_query(be, ev), 1);
+  ops->event_destroy(be, ev);
+  sgm_stream_ref own, legacy, per_thread;
+  ops->stream_ref(be, ts, &own);
+  ops->stream_ref(be, NULL, &legacy);
+  ops->stream_ref(be, CU_STREAM_PER_THREAD, &per_thread);
+  assert_int_equal(ops->event_create(be, &pooled), SGM_OK);
+  assert_int_equal(ops->event_record_on(be, pooled, &own), SGM_OK);
+  assert_int_equal(ops->stream_wait_event(be, &per_thread, pooled), SGM_OK);
+  assert_int_equal(ops->stream_transfer(be, pooled, &own, &per_thread), SGM_OK);
+  assert_int_equal(ops->stream_transfer(be, pooled, &legacy, &own), SGM_OK);
+
+  uint64_t g = 0;
+  void *range = NULL;
+  sgm_devptr base = 0;
+  assert_int_equal(ops->vmm_granularity(be, &g), SGM_OK);
+  assert_true(g > 0);
+  assert_int_equal(ops->vmm_reserve(be, 4 * g, &range, &base), SGM_OK);
+  assert_int_equal(ops->vmm_map(be, range, g, 2 * g), SGM_OK);
+  ops->vmm_unmap(be, range, g, g);
+  ops->vmm_free(be, range); /* unmaps the granule left */
+
+  worker w[2] = {{ops, be, 0}, {ops, be, 0}};
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, worker_thread, &w[i]), 0);
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(pthread_join(th[i], NULL), 0);
+    assert_int_equal(w[i].fails, 0);
+  }
+
+  ops->counters(be, &c);
+  assert_int_equal(c.n_driver_calls, fc.fake_cuda_calls(NULL));
+  assert_true(c.n_driver_calls > 2 * 200 * 7); /* the workers' calls alone */
+  /* A failed call counts too; the message's error-string calls do not.
+   * (Arming a fault restarts the double's count: compare from there.) */
+  uint64_t before = c.n_driver_calls;
+  fc.fake_cuda_set_fail_at(2, CUDA_ERROR_OUT_OF_MEMORY);
+  sgm_devptr d2 = 0;
+  assert_int_equal(ops->device_alloc(be, sizeof in, &d2), SGM_ERR_NOMEM);
+  assert_error_mentions("CUDA_ERROR_OUT_OF_MEMORY");
+  assert_true(fc.fake_cuda_calls("cuGetErrorName") > 0);
+
+  ops->event_destroy(be, pooled);
+  if (managed) ops->managed_free(be, m, sizeof in);
+  ops->host_free(be, h, sizeof in);
+  ops->device_free(be, d, sizeof in);
+  ops->counters(be, &c);
+  assert_int_equal(c.n_driver_calls - before, fc.fake_cuda_calls(NULL));
+  ops->close(be);
+  fc.fake_cuda_stream_destroy(ts);
+}
+
 /* ---- separate processes: a driver that did not load ---- */
 
 static void test_missing_driver(void **state) {
@@ -787,6 +886,92 @@ static void test_numa_node_from_pci(void **state) {
   assert_int_equal(sgm__cuda_numa_node(NULL), -1);
 }
 
+#if defined(SGM_HAVE_CUDA_HEADERS) && SGM_HAVE_CUDA_HEADERS
+/* The node registry is keyed by the GPU's UUID, as nvidia-smi -L prints it:
+ * the double's UUID reaches the segment's name and header with the PCI bus
+ * id beside it, and sgm-smi (TEST_SGM_SMI) shows both. A registry an older
+ * sgm left under the old key (gpu-<PCI bus id>, version 1) is another file:
+ * left alone, never joined, and reported by sgm-smi as an older version. */
+static void test_node_key_is_the_device_uuid(void **state) {
+  (void)state;
+  char dir[64] = "/tmp/sgm-cuda-node-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  setenv("SGM_BACKEND", "cuda", 1);
+  setenv("SGM_NODE", "on", 1);
+  setenv("SGM_NODE_DIR", dir, 1);
+  setenv("FAKE_CUDA_UUID", "GPU-0123abcd-4567-89ef-0011-2233445566ff", 1);
+  setenv("FAKE_CUDA_PCI_BUS_ID", "0000:65:00.0", 1);
+  /* The old sgm's segment: version 1, keyed by the bus id. */
+  unsigned char old[512 + 256];
+  memset(old, 0, sizeof old);
+  memcpy(old, "SGMNODE", 8);
+  uint32_t geo[4] = {1, 512, 256, 1}; /* version, header bytes, slot bytes, slots */
+  memcpy(old + 8, geo, sizeof geo);
+  snprintf((char *)old + 64, 64, "gpu-0000:65:00.0");
+  sgm__node_header_seal(old, sizeof old);
+  char old_path[256], path[256];
+  snprintf(old_path, sizeof old_path, "%s/sgm-node-gpu-0000_65_00.0", dir);
+  FILE *f = fopen(old_path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(old, 1, sizeof old, f), sizeof old);
+  fclose(f);
+  assert_int_equal(chmod(old_path, 0600), 0);
+
+  sgm_context *ctx = NULL;
+  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+  sgm_node *n = sgm__share_node(ctx);
+  assert_non_null(n); /* tracked */
+  snprintf(path, sizeof path, "%s/sgm-node-GPU-0123abcd-4567-89ef-0011-2233445566ff", dir);
+  assert_string_equal(sgm__node_file(n), path);
+  int fd;
+  unsigned char *mem;
+  size_t len;
+  char why[256];
+  assert_int_equal(sgm__node_map(path, false, false, &fd, &mem, &len, why, sizeof why), SGM_OK);
+  sgm_node_view *v = malloc(sizeof *v);
+  assert_non_null(v);
+  assert_int_equal(sgm__node_parse(mem, len, v, why, sizeof why), SGM_OK);
+  assert_string_equal(v->key, "GPU-0123abcd-4567-89ef-0011-2233445566ff");
+  assert_string_equal(v->uuid_text, "0123abcd-4567-89ef-0011-2233445566ff");
+  assert_string_equal(v->pci_bus_id, "0000:65:00.0");
+  assert_int_equal(v->n_procs, 1);
+  free(v);
+  munmap(mem, len);
+  close(fd);
+
+  const char *smi = getenv("TEST_SGM_SMI");
+  assert_non_null(smi);
+  char cmd[512], out[8192];
+  snprintf(cmd, sizeof cmd, "'%s' --json --dir '%s' 2>&1", smi, dir);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  size_t got = fread(out, 1, sizeof out - 1, p);
+  out[got] = '\0';
+  int st = pclose(p);
+  print_message("%s", out);
+  assert_int_equal(WEXITSTATUS(st), 2); /* the old registry is unreadable to this sgm */
+  assert_non_null(strstr(out, "\"key\": \"GPU-0123abcd-4567-89ef-0011-2233445566ff\", \"uuid\": "
+                              "\"GPU-0123abcd-4567-89ef-0011-2233445566ff\", \"pci_bus_id\": \"0000:65:00.0\", "
+                              "\"version\": 2"));
+  assert_non_null(strstr(out, "sgm-node-gpu-0000_65_00.0\", \"error\": \"version 1, this sgm reads version 2 "
+                              "(written by an older sgm"));
+  sgm_context_destroy(ctx);
+
+  /* The old file is as it was; ours went with its last process. */
+  unsigned char again[sizeof old];
+  f = fopen(old_path, "rb");
+  assert_non_null(f);
+  assert_int_equal(fread(again, 1, sizeof again, f), sizeof again);
+  fclose(f);
+  assert_memory_equal(again, old, sizeof old);
+  assert_int_equal(access(path, F_OK), -1);
+  unlink(old_path);
+  rmdir(dir);
+  unsetenv("FAKE_CUDA_UUID");
+  unsetenv("FAKE_CUDA_PCI_BUS_ID");
+}
+#endif
+
 int main(int argc, char **argv) {
   const struct CMUnitTest numa[] = {cmocka_unit_test(test_numa_node_from_pci)};
 #if defined(SGM_HAVE_CUDA_HEADERS) && SGM_HAVE_CUDA_HEADERS
@@ -811,6 +996,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_auto_selection, setup, teardown),
       cmocka_unit_test_setup_teardown(test_open_failures, setup, teardown),
       cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_node_key_is_the_device_uuid, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_driver_calls_counted, setup, teardown),
       /* Last: a failed release may leave one object in the double for good. */
       cmocka_unit_test_setup_teardown(test_every_call_fails_oom, setup, teardown_after_faults),
       cmocka_unit_test_setup_teardown(test_every_call_fails_illegal_address, setup,

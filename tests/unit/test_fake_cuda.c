@@ -1303,6 +1303,34 @@ static void test_a_fork_child_runs_its_own_work(void **state) {
   CU_OK(cuMemFree(d));
 }
 
+/* cuDeviceGetUuid (v1 and v2 ABIs): a valid device and a non-NULL out, else
+ * INVALID_DEVICE / INVALID_VALUE; each device its own UUID, stable between
+ * calls; FAKE_CUDA_UUID (read at the call) names device 0's. */
+static void test_device_uuid_needs_a_valid_device_and_an_out(void **state) {
+  (void)state;
+  CUuuid a, b;
+  CU_OK(cuDeviceGetUuid(&a, 0));
+  CU_OK(cuDeviceGetUuid(&b, 0));
+  assert_memory_equal(a.bytes, b.bytes, 16);
+  assert_int_equal(cuDeviceGetUuid(NULL, 0), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(cuDeviceGetUuid(&b, 1), CUDA_ERROR_INVALID_DEVICE);
+  assert_int_equal(cuDeviceGetUuid(&b, -1), CUDA_ERROR_INVALID_DEVICE);
+  setenv("FAKE_CUDA_UUID", "GPU-0123abcd-4567-89ef-0011-2233445566ff", 1);
+  CU_OK(cuDeviceGetUuid(&b, 0));
+  unsetenv("FAKE_CUDA_UUID");
+  static const unsigned char want[16] = {0x01, 0x23, 0xab, 0xcd, 0x45, 0x67, 0x89, 0xef,
+                                         0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0xff};
+  assert_memory_equal(b.bytes, want, 16);
+  void *v1 = NULL, *v2 = NULL;
+  CUdriverProcAddressQueryResult st;
+  CU_OK(cuGetProcAddress("cuDeviceGetUuid", &v1, 11030, CU_GET_PROC_ADDRESS_DEFAULT, &st));
+  assert_int_equal(st, CU_GET_PROC_ADDRESS_SUCCESS);
+  CU_OK(cuGetProcAddress("cuDeviceGetUuid", &v2, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &st));
+  assert_int_equal(st, CU_GET_PROC_ADDRESS_SUCCESS);
+  assert_non_null(v1);
+  assert_non_null(v2);
+}
+
 int main(void) {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
   const struct CMUnitTest tests[] = {
@@ -1355,6 +1383,7 @@ int main(void) {
       T(test_vmm_memory_lives_until_released_and_unmapped),
       T(test_vmm_unmap_under_queued_work_is_counted),
       T(test_vmm_unsupported_device_refuses_the_calls),
+      T(test_device_uuid_needs_a_valid_device_and_an_out),
   };
 #undef T
   return cmocka_run_group_tests_name("fake_cuda", tests, NULL, NULL);

@@ -31,23 +31,15 @@
 
 #include <cuda.h>
 
-#include "fake_cuda.h"
+#include "fake_fixture.h"
 #include "internal.h"
 #include "test_util.h"
 
 #define MiB (UINT64_C(1) << 20)
 #define N (256u * 1024u) /* buffer size: small, the patterns are what counts */
 
-#define FAKE_MEMBER(ret, name, params) ret(*name) params;
+static sgm_fake_control fc;
 static struct {
-  FAKE_CUDA_CONTROL(FAKE_MEMBER)
-} fc;
-static struct {
-  CUresult (*device_get)(CUdevice *, int);
-  CUresult (*retain)(CUcontext *, CUdevice);
-  CUresult (*release)(CUdevice);
-  CUresult (*push)(CUcontext);
-  CUresult (*pop)(CUcontext *);
   CUresult (*event_create)(CUevent *, unsigned);
   CUresult (*event_record)(CUevent, CUstream);
   CUresult (*event_destroy)(CUevent);
@@ -57,33 +49,18 @@ static void *fake_lib;
 
 static unsigned char pat_x[N], pat_y[N], pat_z[N];
 
-static void *need(const char *name) {
-  void *p = dlsym(fake_lib, name);
-  if (!p) fprintf(stderr, "the driver double has no %s\n", name);
-  return p;
-}
-
 static int load_fake(void **state) {
   (void)state;
-  fake_lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  fake_lib = sgm_fake_load(&fc);
   if (!fake_lib) return -1;
-#define FAKE_LOOKUP(ret, name, params) *(void **)&fc.name = need(#name);
-  FAKE_CUDA_CONTROL(FAKE_LOOKUP)
-#undef FAKE_LOOKUP
-  *(void **)&drv.device_get = need("cuDeviceGet");
-  *(void **)&drv.retain = need("cuDevicePrimaryCtxRetain");
-  *(void **)&drv.release = need("cuDevicePrimaryCtxRelease_v2");
-  *(void **)&drv.push = need("cuCtxPushCurrent_v2");
-  *(void **)&drv.pop = need("cuCtxPopCurrent_v2");
-  *(void **)&drv.event_create = need("cuEventCreate");
-  *(void **)&drv.event_record = need("cuEventRecord");
-  *(void **)&drv.event_destroy = need("cuEventDestroy_v2");
-  *(void **)&drv.htod_async = need("cuMemcpyHtoDAsync_v2");
+  *(void **)&drv.event_create = sgm_fake_need(fake_lib, "cuEventCreate");
+  *(void **)&drv.event_record = sgm_fake_need(fake_lib, "cuEventRecord");
+  *(void **)&drv.event_destroy = sgm_fake_need(fake_lib, "cuEventDestroy_v2");
+  *(void **)&drv.htod_async = sgm_fake_need(fake_lib, "cuMemcpyHtoDAsync_v2");
   memset(pat_x, 0x11, N);
   memset(pat_y, 0x22, N);
   memset(pat_z, 0x33, N);
-  fc.fake_cuda_reset();
-  return 0;
+  return drv.event_create && drv.event_record && drv.event_destroy && drv.htod_async ? 0 : -1;
 }
 
 static int unload_fake(void **state) {
@@ -109,11 +86,7 @@ static void setup_fixture(fixture *f, bool in_shared) {
   setenv("SGM_BACKEND", "cuda", 1);
   setenv("SGM_VRAM_LIMIT", "8MiB", 1);
   assert_int_equal(sgm_context_create(NULL, &f->ctx), SGM_OK);
-  CUdevice dev;
-  CUcontext cu;
-  assert_int_equal(drv.device_get(&dev, 0), CUDA_SUCCESS);
-  assert_int_equal(drv.retain(&cu, dev), CUDA_SUCCESS);
-  assert_int_equal(drv.push(cu), CUDA_SUCCESS);
+  sgm_fake_ctx_push(fake_lib);
   f->a = fc.fake_cuda_stream_create();
   assert_non_null(f->a);
   assert_int_equal(sgm_buffer_create(f->ctx, N, &f->b), SGM_OK);
@@ -153,11 +126,7 @@ static void teardown_fixture(fixture *f) {
   sgm_context_destroy(f->ctx);
   assert_int_equal(drv.event_destroy(f->hold), CUDA_SUCCESS);
   fc.fake_cuda_stream_destroy(f->a);
-  CUcontext cu;
-  assert_int_equal(drv.pop(&cu), CUDA_SUCCESS);
-  CUdevice dev;
-  assert_int_equal(drv.device_get(&dev, 0), CUDA_SUCCESS);
-  assert_int_equal(drv.release(dev), CUDA_SUCCESS);
+  sgm_fake_ctx_pop(fake_lib);
   fc.fake_cuda_reset();
 }
 
@@ -220,20 +189,28 @@ static bool run_job(job *j) {
   return early;
 }
 
+/* The start every job case shares: the fixture (buffer in VRAM), the
+ * caller's kernel queued and the buffer released behind it, and a job of
+ * sgm's call `what` on it (static: the job holds a buffer-sized array). */
+static job *job_after_release_work(fixture *f, int what) {
+  static job j;
+  setup_fixture(f, false);
+  queue_kernel_and_release(f);
+  memset(&j, 0, sizeof j);
+  j.f = f;
+  j.what = what;
+  return &j;
+}
+
 /* Invariant: sgm_buffer_read returns the bytes the work queued before the
  * release wrote (Y), never the stale X, and so returns only after that work. */
 static void test_read_after_release_work(void **state) {
   (void)state;
   fixture f;
-  setup_fixture(&f, false);
-  queue_kernel_and_release(&f);
-  static job j;
-  memset(&j, 0, sizeof j);
-  j.f = &f;
-  j.what = JOB_READ;
-  bool early = run_job(&j);
-  assert_int_equal(j.rc, SGM_OK);
-  if (memcmp(j.out, pat_y, N) != 0) fail_msg("read returned stale bytes (the kernel's came later)");
+  job *j = job_after_release_work(&f, JOB_READ);
+  bool early = run_job(j);
+  assert_int_equal(j->rc, SGM_OK);
+  if (memcmp(j->out, pat_y, N) != 0) fail_msg("read returned stale bytes (the kernel's came later)");
   assert_false(early);
   teardown_fixture(&f);
 }
@@ -243,14 +220,9 @@ static void test_read_after_release_work(void **state) {
 static void test_write_after_release_work(void **state) {
   (void)state;
   fixture f;
-  setup_fixture(&f, false);
-  queue_kernel_and_release(&f);
-  static job j;
-  memset(&j, 0, sizeof j);
-  j.f = &f;
-  j.what = JOB_WRITE;
-  assert_false(run_job(&j));
-  assert_int_equal(j.rc, SGM_OK);
+  job *j = job_after_release_work(&f, JOB_WRITE);
+  assert_false(run_job(j));
+  assert_int_equal(j->rc, SGM_OK);
   unsigned char back[N];
   assert_int_equal(sgm_buffer_read(f.b, 0, back, N), SGM_OK);
   if (memcmp(back, pat_z, N) != 0) fail_msg("the kernel queued before release overwrote the write");
@@ -263,14 +235,9 @@ static void test_write_after_release_work(void **state) {
 static void test_evict_after_release_work(void **state) {
   (void)state;
   fixture f;
-  setup_fixture(&f, false);
-  queue_kernel_and_release(&f);
-  static job j;
-  memset(&j, 0, sizeof j);
-  j.f = &f;
-  j.what = JOB_EVICT;
-  bool early = run_job(&j);
-  if (j.rc != SGM_OK) fail_msg("evict with the release's work pending: %s", sgm_status_string((sgm_status)j.rc));
+  job *j = job_after_release_work(&f, JOB_EVICT);
+  bool early = run_job(j);
+  if (j->rc != SGM_OK) fail_msg("evict with the release's work pending: %s", sgm_status_string((sgm_status)j->rc));
   assert_int_equal(sgm_buffer_tier(f.b), SGM_TIER_SHARED);
   unsigned char back[N];
   assert_int_equal(sgm_buffer_read(f.b, 0, back, N), SGM_OK);
@@ -338,13 +305,6 @@ static void test_prefetch_after_release_work(void **state) {
 }
 
 int main(void) {
-  void *probe = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!probe || !dlsym(probe, "fake_cuda_settle") || !dlsym(probe, "fake_cuda_calls")) {
-    printf("# migrate: the asynchronous driver test double is not on LD_LIBRARY_PATH: skipped\n");
-    if (probe) dlclose(probe);
-    return 77;
-  }
-  dlclose(probe);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_read_after_release_work),
       cmocka_unit_test(test_write_after_release_work),
@@ -352,5 +312,7 @@ int main(void) {
       cmocka_unit_test(test_acquire_promotes_after_release_work),
       cmocka_unit_test(test_prefetch_after_release_work),
   };
-  return cmocka_run_group_tests_name("migrate", tests, load_fake, unload_fake);
+  /* fake_cuda_settle: the double's asynchronous model. */
+  return sgm_fake_run_suite("migrate", "fake_cuda_settle", tests, sizeof tests / sizeof tests[0],
+                            load_fake, unload_fake);
 }

@@ -74,7 +74,9 @@ static void teardown_dir(void) {
 /* ------------------------------------------------------------------------ */
 /* Children obeying commands. */
 
-enum { OP_CREATE = 1, OP_ALLOC, OP_BUFFER, OP_FREE_ALL, OP_TICK, OP_DIE_AT, OP_QUIT };
+enum { OP_CREATE = 1, OP_ALLOC, OP_BUFFER, OP_FREE_ALL, OP_TICK, OP_DIE_AT, OP_QUIT,
+       /* the child's second context on the same device (one slot per process) */
+       OP_CREATE2, OP_BUFFER2, OP_TICK2, OP_DESTROY2 };
 
 typedef struct cmd {
   int op;
@@ -88,7 +90,8 @@ enum { V_VRAM_USED, V_VRAM_BUDGET, V_SHARED_USED, V_SHARED_BUDGET, V_SLOT, V_TRA
 typedef struct rsp {
   int rc;       /* the command's status; -999 when the child is gone */
   int tier;     /* where an allocation or buffer landed */
-  uint64_t v[V_N];
+  uint64_t v[V_N];  /* the first context's figures */
+  uint64_t v2[V_N]; /* the second context's (OP_CREATE2 to OP_DESTROY2) */
 } rsp;
 
 typedef struct kid {
@@ -101,29 +104,38 @@ static void die_hook(const char *where) {
   if (strcmp(where, die_where) == 0) raise(SIGKILL);
 }
 
-static void kid_figures(sgm_context *ctx, rsp *r) {
+static void kid_figures(sgm_context *ctx, uint64_t *v) {
   if (!ctx) return;
   sgm_stats st;
   sgm_get_stats(ctx, &st);
-  r->v[V_VRAM_USED] = st.tier[SGM_TIER_VRAM].used_bytes;
-  r->v[V_VRAM_BUDGET] = st.tier[SGM_TIER_VRAM].budget_bytes;
-  r->v[V_SHARED_USED] = st.tier[SGM_TIER_SHARED].used_bytes;
-  r->v[V_SHARED_BUDGET] = st.tier[SGM_TIER_SHARED].budget_bytes;
-  r->v[V_EVICTIONS] = st.tier[SGM_TIER_VRAM].n_evictions;
+  v[V_VRAM_USED] = st.tier[SGM_TIER_VRAM].used_bytes;
+  v[V_VRAM_BUDGET] = st.tier[SGM_TIER_VRAM].budget_bytes;
+  v[V_SHARED_USED] = st.tier[SGM_TIER_SHARED].used_bytes;
+  v[V_SHARED_BUDGET] = st.tier[SGM_TIER_SHARED].budget_bytes;
+  v[V_EVICTIONS] = st.tier[SGM_TIER_VRAM].n_evictions;
   sgm_node *n = sgm__share_node(ctx);
-  r->v[V_TRACKED] = n != NULL;
-  r->v[V_SLOT] = n ? sgm__node_slot(n) : UINT64_MAX;
+  v[V_TRACKED] = n != NULL;
+  v[V_SLOT] = n ? sgm__node_slot(n) : UINT64_MAX;
   uint64_t fr = 0, tot = 0;
   sgm__context_bops(ctx)->mem_info(sgm__context_be(ctx), &fr, &tot);
-  r->v[V_DEVICE_FREE] = fr;
+  v[V_DEVICE_FREE] = fr;
+}
+
+/* A buffer of bytes on ctx, kept in bufs (256 at most). */
+static void kid_buffer(sgm_context *ctx, uint64_t bytes, sgm_buffer **bufs, size_t *n_bufs, rsp *r) {
+  sgm_buffer *b = NULL;
+  r->rc = sgm_buffer_create(ctx, bytes, &b);
+  if (!b) return;
+  r->tier = sgm_buffer_tier(b);
+  if (*n_bufs < 256) bufs[(*n_bufs)++] = b;
 }
 
 static void kid_main(int in, int out) {
-  sgm_context *ctx = NULL;
+  sgm_context *ctx = NULL, *ctx2 = NULL;
   void *ptrs[256];
   size_t n_ptrs = 0;
-  sgm_buffer *bufs[256];
-  size_t n_bufs = 0;
+  sgm_buffer *bufs[256], *bufs2[256];
+  size_t n_bufs = 0, n_bufs2 = 0;
   cmd c;
   while (read(in, &c, sizeof c) == (ssize_t)sizeof c) {
     rsp r;
@@ -140,15 +152,7 @@ static void kid_main(int in, int out) {
         }
         break;
       }
-      case OP_BUFFER: {
-        sgm_buffer *b = NULL;
-        r.rc = sgm_buffer_create(ctx, c.arg, &b);
-        if (b) {
-          r.tier = sgm_buffer_tier(b);
-          if (n_bufs < 256) bufs[n_bufs++] = b;
-        }
-        break;
-      }
+      case OP_BUFFER: kid_buffer(ctx, c.arg, bufs, &n_bufs, &r); break;
       case OP_FREE_ALL:
         while (n_ptrs) sgm_free(ctx, ptrs[--n_ptrs], NULL);
         while (n_bufs) sgm_buffer_destroy(bufs[--n_bufs]);
@@ -159,12 +163,23 @@ static void kid_main(int in, int out) {
         snprintf(die_where, sizeof die_where, "%s", c.where);
         sgm__node_test_hook = die_hook;
         break;
+      case OP_CREATE2: r.rc = sgm_context_create(NULL, &ctx2); break;
+      case OP_BUFFER2: kid_buffer(ctx2, c.arg, bufs2, &n_bufs2, &r); break;
+      case OP_TICK2: r.rc = sgm__share_tick_sync(ctx2) ? 0 : -1; break;
+      case OP_DESTROY2:
+        while (n_bufs2) sgm_buffer_destroy(bufs2[--n_bufs2]);
+        sgm_context_destroy(ctx2);
+        ctx2 = NULL;
+        break;
       case OP_QUIT:
         while (n_bufs) sgm_buffer_destroy(bufs[--n_bufs]);
+        while (n_bufs2) sgm_buffer_destroy(bufs2[--n_bufs2]);
+        sgm_context_destroy(ctx2);
         sgm_context_destroy(ctx);
         _exit(0);
     }
-    kid_figures(ctx, &r);
+    kid_figures(ctx, r.v);
+    kid_figures(ctx2, r.v2);
     if (write(out, &r, sizeof r) != (ssize_t)sizeof r) _exit(3);
   }
   _exit(0);
@@ -247,6 +262,31 @@ static size_t live_procs(const char *key) {
   munmap(mem, len);
   close(fd);
   return live;
+}
+
+/* The live slots a process holds (a reader's view) and their published VRAM
+ * use, summed. */
+static size_t slots_of(const char *key, pid_t pid, uint64_t *vram_used) {
+  char path[256], why[256];
+  sgm__node_path(node_dir, key, path, sizeof path);
+  int fd;
+  unsigned char *mem;
+  size_t len;
+  *vram_used = 0;
+  if (sgm__node_map(path, false, false, &fd, &mem, &len, why, sizeof why) != SGM_OK) return 0;
+  sgm_node_view *v = malloc(sizeof *v);
+  assert_non_null(v);
+  assert_int_equal(sgm__node_parse(mem, len, v, why, sizeof why), SGM_OK);
+  size_t n = 0;
+  for (size_t i = 0; i < v->n_procs; i++) {
+    if (v->procs[i].pid != pid || !sgm__node_slot_alive(fd, v->procs[i].slot)) continue;
+    n++;
+    *vram_used += v->procs[i].u.w[SGM_NODE_F_USED + SGM_TIER_VRAM];
+  }
+  free(v);
+  munmap(mem, len);
+  close(fd);
+  return n;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -621,7 +661,9 @@ static void test_bad_segments_run_untracked(void **state) {
   } cases[] = {
       {"garbage", 0, 8, 0x5a, SGM_ERR_CORRUPT, "bad magic"},
       {"truncated", 0, 0, 0, SGM_ERR_CORRUPT, "truncated"},
-      {"future version", 8, 1, 2, SGM_ERR_UNSUPPORTED, "version 2"},
+      {"future version", 8, 1, SGM_NODE_VERSION + 1, SGM_ERR_UNSUPPORTED, "newer sgm"},
+      {"older version", 8, 1, SGM_NODE_VERSION - 1, SGM_ERR_UNSUPPORTED, "older sgm"},
+      {"device UUID", 128, 1, 0x77, SGM_ERR_CORRUPT, "check word"},
       {"slot count", 20, 4, 0xff, SGM_ERR_CORRUPT, "geometry"},
       {"device total", 24, 1, 0x77, SGM_ERR_CORRUPT, "check word"},
   };
@@ -721,8 +763,111 @@ static void test_full_table_untracked(void **state) {
   teardown_dir();
 }
 
+/* One slot per process: two contexts of one process on one device share
+ * one slot that publishes the sum of their use; the fair split counts the
+ * process once (against another process it gets what one process gets,
+ * then its part is split between its contexts by the same rule); the slot
+ * stays while one context does and goes with the last. */
+static void test_one_slot_per_process(void **state) {
+  (void)state;
+  setup_env("one", "64MiB");
+  kid a = kid_start();
+  assert_int_equal(kid_do(&a, OP_CREATE, 0, NULL).rc, SGM_OK);
+  rsp r = kid_do(&a, OP_CREATE2, 0, NULL);
+  assert_int_equal(r.rc, SGM_OK);
+  assert_int_equal(r.v[V_TRACKED], 1);
+  assert_int_equal(r.v2[V_TRACKED], 1);
+  assert_int_equal(r.v[V_SLOT], r.v2[V_SLOT]); /* one slot */
+  assert_int_equal(live_procs("emu-one"), 1);
+  assert_int_equal(kid_do(&a, OP_BUFFER, 8 * MiB, NULL).tier, SGM_TIER_VRAM);
+  assert_int_equal(kid_do(&a, OP_BUFFER2, 4 * MiB, NULL).tier, SGM_TIER_VRAM);
+  kid_do(&a, OP_TICK, 0, NULL);
+  kid_do(&a, OP_TICK2, 0, NULL);
+  uint64_t used = 0;
+  assert_int_equal(slots_of("emu-one", a.pid, &used), 1);
+  assert_int_equal(used, 12 * MiB); /* the sum of both contexts' use */
+
+  /* B needs 24 MiB. Demands (use + a 1 MiB chunk, or an eighth): A's process
+   * 9 + 5 = 14 MiB, B 24 + 3 = 27 MiB; the 23 MiB nobody wants is lent half
+   * and half (two processes, weight 1 each): B 38.5 MiB, A 25.5 MiB, split in
+   * A as 9 + 5.75 and 5 + 5.75. (Counted as two processes, A's contexts would
+   * take two thirds of the 23 MiB and B only 34.67 MiB.) */
+  kid b = kid_start();
+  assert_int_equal(kid_do(&b, OP_CREATE, 0, NULL).rc, SGM_OK);
+  assert_int_equal(kid_do(&b, OP_ALLOC, 24 * MiB, NULL).rc, 0);
+  rsp rb = kid_do(&b, OP_TICK, 0, NULL);
+  kid_do(&a, OP_TICK, 0, NULL);
+  r = kid_do(&a, OP_TICK2, 0, NULL);
+  print_message("# B %llu, A %llu + %llu (MiB/256: %.2f, %.2f + %.2f)\n",
+                (unsigned long long)rb.v[V_VRAM_BUDGET], (unsigned long long)r.v[V_VRAM_BUDGET],
+                (unsigned long long)r.v2[V_VRAM_BUDGET], (double)rb.v[V_VRAM_BUDGET] / MiB,
+                (double)r.v[V_VRAM_BUDGET] / MiB, (double)r.v2[V_VRAM_BUDGET] / MiB);
+  uint64_t slack = 4096; /* alignment and long-double rounding */
+  assert_true(rb.v[V_VRAM_BUDGET] + slack >= 77 * MiB / 2 && rb.v[V_VRAM_BUDGET] <= 77 * MiB / 2);
+  assert_true(r.v[V_VRAM_BUDGET] + slack >= 59 * MiB / 4 && r.v[V_VRAM_BUDGET] <= 59 * MiB / 4);
+  assert_true(r.v2[V_VRAM_BUDGET] + slack >= 43 * MiB / 4 && r.v2[V_VRAM_BUDGET] <= 43 * MiB / 4);
+  assert_true(rb.v[V_VRAM_BUDGET] + r.v[V_VRAM_BUDGET] + r.v2[V_VRAM_BUDGET] <= 64 * MiB);
+
+  /* The second context goes: the slot stays, with the first one's use alone. */
+  r = kid_do(&a, OP_DESTROY2, 0, NULL);
+  assert_int_equal(r.v[V_TRACKED], 1);
+  assert_int_equal(slots_of("emu-one", a.pid, &used), 1);
+  assert_int_equal(used, 8 * MiB);
+  kid_quit(&a); /* the last context: the slot goes */
+  assert_int_equal(slots_of("emu-one", a.pid, &used), 0);
+  assert_int_equal(live_procs("emu-one"), 1);
+  kid_quit(&b);
+  assert_int_equal(count_files(node_dir), 0);
+  teardown_dir();
+}
+
+/* The emulated device's UUID is derived from its name: the same in every
+ * process and run, different for another name, an RFC 9562 version-8 UUID;
+ * the text form is nvidia-smi's 8-4-4-4-12 lowercase hex, "" when unknown. */
+static void test_uuid_format_and_derive(void **state) {
+  (void)state;
+  uint8_t a[16], b[16], c[16], zero[16] = {0};
+  sgm__node_uuid_derive("lab-gpu", a);
+  sgm__node_uuid_derive("lab-gpu", b);
+  sgm__node_uuid_derive("lab-gpu2", c);
+  assert_memory_equal(a, b, 16);
+  assert_memory_not_equal(a, c, 16);
+  assert_int_equal(a[6] >> 4, 8);
+  assert_int_equal(a[8] >> 6, 2);
+  char text[SGM_NODE_UUID_TEXT];
+  static const uint8_t fixed[16] = {0x01, 0x23, 0xab, 0xcd, 0x45, 0x67, 0x89, 0xef,
+                                    0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0xff};
+  sgm__node_uuid_format(fixed, text, sizeof text);
+  assert_string_equal(text, "0123abcd-4567-89ef-0011-2233445566ff");
+  sgm__node_uuid_format(zero, text, sizeof text);
+  assert_string_equal(text, "");
+}
+
+/* Two keys that sanitise to one file name are not confused: the header says
+ * whose device the segment is, and a process of the other is refused (and
+ * runs untracked) instead of sharing budgets with a stranger. */
+static void test_other_device_key_refused(void **state) {
+  (void)state;
+  setup_env("keys", "16MiB");
+  sgm_node_params p = {.dir = node_dir, .key = "emu-a:b", .name = "t", .device_total_bytes = 16 * MiB,
+                       .shared_cap_bytes = 64 * MiB, .n_slots = 4};
+  sgm_node *n = NULL, *m = NULL;
+  assert_int_equal(sgm__node_join(&p, &n), SGM_OK);
+  p.key = "emu-a_b"; /* the same file name */
+  sgm__node_reset_warning();
+  assert_int_equal(sgm__node_join(&p, &m), SGM_ERR_CORRUPT);
+  assert_null(m);
+  print_message("# %s\n", sgm_last_error());
+  assert_non_null(strstr(sgm_last_error(), "belongs to device emu-a:b, not to emu-a_b"));
+  sgm__node_leave(n);
+  teardown_dir();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_one_slot_per_process),
+      cmocka_unit_test(test_uuid_format_and_derive),
+      cmocka_unit_test(test_other_device_key_refused),
       cmocka_unit_test(test_fair_split),
       cmocka_unit_test(test_eight_race_to_join),
       cmocka_unit_test(test_budgets_follow_join_and_leave),

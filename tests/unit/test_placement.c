@@ -4,14 +4,18 @@
  * the allocation rules of DESIGN.md §3 in one function, the one "both
  * budgets are full" message, the per-buffer state word (a waiter sleeps on
  * its own buffer and wakes for nothing else), sgm_buffer_release on a
- * buffer another thread is moving (race-free under TSan), and the
- * configuration record that set_vram_fraction no longer rewrites.
+ * buffer another thread is moving (race-free under TSan), the
+ * configuration record that set_vram_fraction no longer rewrites, the
+ * per-tier residency locks (buffers in one tier proceed while another
+ * tier's lock is held) and random operations over every tier from several
+ * threads.
  */
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "internal.h"
 #include "placement.h"
@@ -257,6 +261,246 @@ static void test_config_record_is_stable(void **state) {
   sgm_context_destroy(ctx);
 }
 
+/* ---- per-tier residency locks (issue 11) ---- */
+
+static char spill_dir[64];
+
+/* make_ctx's budgets with a spill directory of 256 MiB. */
+static sgm_context *make_spill_ctx(void) {
+  snprintf(spill_dir, sizeof spill_dir, "/tmp/sgm_placement_XXXXXX");
+  if (!mkdtemp(spill_dir)) fail_msg("mkdtemp failed");
+  sgm_test_clean_env();
+  setenv("SGM_EMU_VRAM", "64MiB", 1);
+  setenv("SGM_VRAM_LIMIT", "8MiB", 1);
+  setenv("SGM_SHARED_LIMIT", "16MiB", 1);
+  setenv("SGM_IDLE_TRIM_MS", "0", 1);
+  setenv("SGM_SPILL_DIR", spill_dir, 1);
+  setenv("SGM_SPILL_LIMIT", "256MiB", 1);
+  sgm_context *ctx = NULL;
+  if (sgm_context_create(NULL, &ctx) != SGM_OK) fail_msg("create: %s", sgm_last_error());
+  return ctx;
+}
+
+static void destroy_spill_ctx(sgm_context *ctx) {
+  sgm_context_destroy(ctx);
+  rmdir(spill_dir);
+}
+
+typedef struct tier_worker {
+  sgm_context *ctx;   /* its context */
+  sgm_buffer *b;      /* a buffer resident in the tier whose lock is free */
+  sgm_buffer *d;      /* a buffer on disk */
+  bool acquire;       /* b is in VRAM: acquire and release it, create one there */
+  sgm_tier evict_to;  /* SGM_TIER_NONE, or where b goes last */
+  int failures;       /* calls that did not return SGM_OK */
+} tier_worker;
+
+static void *tier_worker_main(void *arg) {
+  tier_worker *w = arg;
+  unsigned char in[4096], out[4096];
+  for (int i = 0; i < 50; i++) {
+    memset(in, i, sizeof in);
+    w->failures += sgm_buffer_write(w->b, 0, in, sizeof in) != SGM_OK;
+    w->failures += sgm_buffer_read(w->b, 0, out, sizeof out) != SGM_OK;
+    w->failures += memcmp(in, out, sizeof in) != 0;
+    w->failures += sgm_buffer_set_priority(w->b, (sgm_priority)(i % 5)) != SGM_OK;
+    w->failures += sgm_buffer_write(w->d, 0, in, sizeof in) != SGM_OK;
+    w->failures += sgm_buffer_read(w->d, 0, out, sizeof out) != SGM_OK;
+    if (w->acquire) {
+      void *p = NULL;
+      w->failures += sgm_buffer_acquire(w->b, NULL, &p) != SGM_OK || !p;
+      w->failures += sgm_buffer_release(w->b, NULL) != SGM_OK;
+      sgm_buffer *n = NULL;
+      w->failures += sgm_buffer_create(w->ctx, 64 * 1024, &n) != SGM_OK;
+      w->failures += sgm_buffer_tier(n) != SGM_TIER_VRAM;
+      sgm_buffer_destroy(n);
+    }
+  }
+  if (w->evict_to != SGM_TIER_NONE) w->failures += sgm_buffer_evict(w->b, w->evict_to) != SGM_OK;
+  return NULL;
+}
+
+/* Run a worker on b (and the disk buffer d) while this thread holds the
+ * residency lock of tier `held`: it must finish (a join that never returns
+ * is the failure, which ctest's timeout reports) with every call SGM_OK. */
+static void run_beside_held_lock(sgm_context *ctx, sgm_tier held, tier_worker *w) {
+  struct sgm_placement *pl = sgm__context_pl(ctx);
+  pthread_t t;
+  sgm__lock_take(sgm__residency_lock(pl, held));
+  assert_int_equal(pthread_create(&t, NULL, tier_worker_main, w), 0);
+  pthread_join(t, NULL);
+  sgm__lock_drop(sgm__residency_lock(pl, held));
+  assert_int_equal(w->failures, 0);
+}
+
+/* Invariant: buffers in different tiers do not serialise on one lock. While
+ * a thread holds the shared tier's residency lock (as a victim search there
+ * does), another thread acquires, releases, writes, reads and reprioritises a
+ * VRAM buffer, creates and destroys VRAM buffers, and reads and writes a
+ * disk buffer; while one holds the VRAM tier's, another does the same to a
+ * shared-memory buffer and spills it to disk. Neither waits: no timing, the
+ * worker simply finishes while the lock is held. */
+static void test_tiers_do_not_serialise(void **state) {
+  (void)state;
+  sgm_context *ctx = make_spill_ctx();
+  sgm_buffer *v, *s, *d;
+  assert_int_equal(sgm_buffer_create(ctx, MiB, &v), SGM_OK);
+  assert_int_equal(sgm_buffer_create(ctx, MiB, &s), SGM_OK);
+  assert_int_equal(sgm_buffer_create(ctx, MiB, &d), SGM_OK);
+  assert_int_equal(sgm_buffer_evict(s, SGM_TIER_SHARED), SGM_OK);
+  assert_int_equal(sgm_buffer_evict(d, SGM_TIER_DISK), SGM_OK);
+  assert_int_equal(sgm_buffer_tier(v), SGM_TIER_VRAM);
+  assert_int_equal(sgm_buffer_tier(s), SGM_TIER_SHARED);
+  assert_int_equal(sgm_buffer_tier(d), SGM_TIER_DISK);
+
+  tier_worker in_vram = {.ctx = ctx, .b = v, .d = d, .acquire = true, .evict_to = SGM_TIER_NONE};
+  run_beside_held_lock(ctx, SGM_TIER_SHARED, &in_vram);
+  tier_worker in_shared = {.ctx = ctx, .b = s, .d = d, .acquire = false, .evict_to = SGM_TIER_DISK};
+  run_beside_held_lock(ctx, SGM_TIER_VRAM, &in_shared);
+  assert_int_equal(sgm_buffer_tier(s), SGM_TIER_DISK);
+
+  check_placement(ctx);
+  sgm_buffer_destroy(v);
+  sgm_buffer_destroy(s);
+  sgm_buffer_destroy(d);
+  destroy_spill_ctx(ctx);
+}
+
+/* ---- random operations over every tier from several threads ---- */
+
+#define STRESS_THREADS 4
+#define STRESS_OWN 5    /* buffers each thread owns (their contents are checked) */
+#define STRESS_COMMON 4 /* buffers every thread uses (acquire may find them taken) */
+#define STRESS_OPS 150
+
+typedef struct stress_thread {
+  sgm_context *ctx;                    /* the context */
+  sgm_buffer **common;                 /* STRESS_COMMON buffers all threads share */
+  sgm_buffer *own[STRESS_OWN];         /* this thread's buffers */
+  uint32_t stamp[STRESS_OWN];          /* what the first word of own[i] holds */
+  uint64_t seed;                       /* its generator's seed */
+  int failures;                        /* calls that went wrong */
+  char why[160];                       /* the first of them */
+} stress_thread;
+
+static void stress_fail(stress_thread *t, const char *what) {
+  if (!t->failures++) snprintf(t->why, sizeof t->why, "%s: %s", what, sgm_last_error());
+}
+
+static void *stress_main(void *arg) {
+  stress_thread *t = arg;
+  sgm_test_rng r;
+  sgm_test_rng_init(&r, t->seed);
+  for (int op = 0; op < STRESS_OPS; op++) {
+    int i = (int)sgm_test_rng_range(&r, 0, STRESS_OWN - 1);
+    sgm_buffer *b = t->own[i];
+    sgm_buffer *c = t->common[sgm_test_rng_range(&r, 0, STRESS_COMMON - 1)];
+    uint32_t word = 0;
+    void *p = NULL;
+    switch (sgm_test_rng_range(&r, 0, 8)) {
+    case 0: /* write a new stamp */
+      t->stamp[i] = (uint32_t)sgm_test_rng_next(&r);
+      if (sgm_buffer_write(b, 0, &t->stamp[i], sizeof word) != SGM_OK) stress_fail(t, "write");
+      break;
+    case 1: /* its stamp survives wherever it went */
+      if (sgm_buffer_read(b, 0, &word, sizeof word) != SGM_OK) stress_fail(t, "read");
+      else if (word != t->stamp[i]) stress_fail(t, "read: wrong contents");
+      break;
+    case 2: /* use it on the device */
+      if (sgm_buffer_acquire(b, NULL, &p) != SGM_OK || !p) stress_fail(t, "acquire");
+      else if (sgm_buffer_release(b, NULL) != SGM_OK) stress_fail(t, "release");
+      break;
+    case 3:
+      if (sgm_buffer_evict(b, sgm_test_rng_range(&r, 0, 1) ? SGM_TIER_DISK : SGM_TIER_SHARED) != SGM_OK)
+        stress_fail(t, "evict");
+      break;
+    case 4:
+      if (sgm_buffer_prefetch(b, NULL) != SGM_OK) stress_fail(t, "prefetch");
+      break;
+    case 5:
+      if (sgm_buffer_set_priority(b, (sgm_priority)sgm_test_rng_range(&r, 0, 4)) != SGM_OK)
+        stress_fail(t, "set_priority");
+      break;
+    case 6: { /* a common buffer: another thread may hold it acquired */
+      sgm_status rc = sgm_buffer_acquire(c, NULL, &p);
+      if (rc == SGM_OK && sgm_buffer_release(c, NULL) != SGM_OK) stress_fail(t, "release common");
+      if (rc != SGM_OK && rc != SGM_ERR_BUSY) stress_fail(t, "acquire common");
+      break;
+    }
+    case 7: /* evicting a common buffer may find it acquired */
+      if (sgm_buffer_evict(c, SGM_TIER_DISK) == SGM_ERR_INVALID) stress_fail(t, "evict common");
+      (void)sgm_buffer_set_priority(c, (sgm_priority)sgm_test_rng_range(&r, 0, 4));
+      break;
+    default: { /* destroy and create again, written */
+      sgm_buffer_destroy(b);
+      t->own[i] = NULL;
+      if (sgm_buffer_create(t->ctx, sgm_test_rng_range(&r, 4096, 2 * MiB), &t->own[i]) != SGM_OK) {
+        stress_fail(t, "create");
+        return NULL;
+      }
+      t->stamp[i] = (uint32_t)sgm_test_rng_next(&r);
+      if (sgm_buffer_write(t->own[i], 0, &t->stamp[i], sizeof word) != SGM_OK) stress_fail(t, "write new");
+      break;
+    }
+    }
+  }
+  return NULL;
+}
+
+/* Invariant: under random operations of four threads on buffers in every
+ * tier (each thread its own buffers plus four all of them use), with VRAM and
+ * shared memory too small for all of them so victim searches, demotions,
+ * spills and prefetches cross tiers, every call succeeds (or finds a common
+ * buffer acquired), every buffer keeps the bytes written last, the placement
+ * invariant holds at the end, and no tier holds more than its budget. Run
+ * under TSan, it shows the tier locks and state words race-free. Prints its
+ * seed (SGM_TEST_SEED replays). */
+static void test_random_ops_over_tiers(void **state) {
+  (void)state;
+  uint64_t seed = sgm_test_seed("test_random_ops_over_tiers", 0x5e1175);
+  sgm_context *ctx = make_spill_ctx();
+  sgm_buffer *common[STRESS_COMMON];
+  for (int i = 0; i < STRESS_COMMON; i++)
+    assert_int_equal(sgm_buffer_create(ctx, MiB, &common[i]), SGM_OK);
+  stress_thread th[STRESS_THREADS];
+  memset(th, 0, sizeof th);
+  for (int k = 0; k < STRESS_THREADS; k++) {
+    th[k].ctx = ctx;
+    th[k].common = common;
+    th[k].seed = seed + (uint64_t)k * 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < STRESS_OWN; i++) {
+      assert_int_equal(sgm_buffer_create(ctx, MiB + (uint64_t)i * 4096, &th[k].own[i]), SGM_OK);
+      th[k].stamp[i] = (uint32_t)(k * 100 + i + 1);
+      assert_int_equal(sgm_buffer_write(th[k].own[i], 0, &th[k].stamp[i], 4), SGM_OK);
+    }
+  }
+  pthread_t tid[STRESS_THREADS];
+  for (int k = 0; k < STRESS_THREADS; k++) assert_int_equal(pthread_create(&tid[k], NULL, stress_main, &th[k]), 0);
+  for (int k = 0; k < STRESS_THREADS; k++) pthread_join(tid[k], NULL);
+  for (int k = 0; k < STRESS_THREADS; k++)
+    if (th[k].failures) fail_msg("thread %d (seed %llu): %d failures, first: %s", k,
+                                 (unsigned long long)th[k].seed, th[k].failures, th[k].why);
+  check_placement(ctx);
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  /* It crossed tiers: victims left VRAM, buffers went to disk and came back. */
+  assert_true(st.tier[SGM_TIER_VRAM].n_evictions > 0);
+  assert_true(st.tier[SGM_TIER_DISK].bytes_in > 0 && st.tier[SGM_TIER_DISK].bytes_out > 0);
+  for (int t = 0; t < SGM_TIER_COUNT; t++)
+    if (st.tier[t].used_bytes > st.tier[t].budget_bytes)
+      fail_msg("%s holds %llu bytes over its budget of %llu", sgm_tier_name((sgm_tier)t),
+               (unsigned long long)st.tier[t].used_bytes, (unsigned long long)st.tier[t].budget_bytes);
+  for (int k = 0; k < STRESS_THREADS; k++)
+    for (int i = 0; i < STRESS_OWN; i++) {
+      uint32_t word = 0;
+      assert_int_equal(sgm_buffer_read(th[k].own[i], 0, &word, sizeof word), SGM_OK);
+      assert_int_equal(word, th[k].stamp[i]);
+      sgm_buffer_destroy(th[k].own[i]);
+    }
+  for (int i = 0; i < STRESS_COMMON; i++) sgm_buffer_destroy(common[i]);
+  destroy_spill_ctx(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_alloc_rules),
@@ -265,6 +509,8 @@ int main(void) {
       cmocka_unit_test(test_waiter_wakes_only_for_its_buffer),
       cmocka_unit_test(test_release_while_moved),
       cmocka_unit_test(test_config_record_is_stable),
+      cmocka_unit_test(test_tiers_do_not_serialise),
+      cmocka_unit_test(test_random_ops_over_tiers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

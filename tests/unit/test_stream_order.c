@@ -5,7 +5,8 @@
  * reusable at once by work on A with no driver call, and by work on B only
  * ordered after A's work (an event on A that B waits for on the device); the
  * NULL stream and per-thread streams are streams like the others; concurrent
- * reclaims own each event once; sgm_record_stream delays reuse.
+ * reclaims own each event once; sgm_record_stream delays reuse; the
+ * context's driver-call count agrees with the double's.
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -14,29 +15,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fake_cuda.h"
+#include "fake_fixture.h"
 #include "internal.h"
 #include "tiers/tier.h"
 #include "test_util.h"
 
 #define MiB (UINT64_C(1) << 20)
 
-#define FAKE_MEMBER(ret, name, params) ret(*name) params;
-static struct {
-  FAKE_CUDA_CONTROL(FAKE_MEMBER)
-} fc;
+static sgm_fake_control fc;
 static void *fake_lib;
 
+/* A real driver has no control API: this suite is for the double only. */
 static int load_fake(void **state) {
   (void)state;
-  fake_lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!fake_lib) return -1;
-#define FAKE_LOOKUP(ret, name, params) *(void **)&fc.name = dlsym(fake_lib, #name);
-  FAKE_CUDA_CONTROL(FAKE_LOOKUP)
-  /* A real driver has no control API: this suite is for the double only. */
-  if (!fc.fake_cuda_hold_events) return -1;
-  fc.fake_cuda_reset();
-  return 0;
+  fake_lib = sgm_fake_load(&fc);
+  return fake_lib ? 0 : -1;
 }
 
 static int unload_fake(void **state) {
@@ -78,12 +71,6 @@ static uint64_t driver_calls(void) {
   return fs.calls;
 }
 
-typedef int (*device_get_fn)(int *dev, int ordinal);
-typedef int (*ctx_retain_fn)(void **ctx, int dev);
-typedef int (*ctx_push_fn)(void *ctx);
-typedef int (*ctx_pop_fn)(void **ctx);
-typedef int (*ctx_release_fn)(int dev);
-
 /* An event of the test's own recorded on stream, under device 0's primary
  * context (pushed for the call): with query, has all work queued there so far
  * completed (the double's worker first runs what can run; held work stays)?
@@ -95,17 +82,9 @@ static bool record_on(void *stream, bool query) {
   LOOKUP(event_record_fn, cuEventRecord);
   LOOKUP(event_query_fn, cuEventQuery);
   LOOKUP(event_destroy_fn, cuEventDestroy_v2);
-  LOOKUP(device_get_fn, cuDeviceGet);
-  LOOKUP(ctx_retain_fn, cuDevicePrimaryCtxRetain);
-  LOOKUP(ctx_push_fn, cuCtxPushCurrent_v2);
-  LOOKUP(ctx_pop_fn, cuCtxPopCurrent_v2);
-  LOOKUP(ctx_release_fn, cuDevicePrimaryCtxRelease_v2);
 #undef LOOKUP
-  int dev = 0;
-  void *pctx = NULL, *popped = NULL, *ev = NULL;
-  assert_int_equal(cuDeviceGet_(&dev, 0), CUDA_SUCCESS_);
-  assert_int_equal(cuDevicePrimaryCtxRetain_(&pctx, dev), CUDA_SUCCESS_);
-  assert_int_equal(cuCtxPushCurrent_v2_(pctx), CUDA_SUCCESS_);
+  void *ev = NULL;
+  sgm_fake_ctx_push(fake_lib);
   assert_int_equal(cuEventCreate_(&ev, 2 /* CU_EVENT_DISABLE_TIMING */), CUDA_SUCCESS_);
   assert_int_equal(cuEventRecord_(ev, stream), CUDA_SUCCESS_);
   int q = CUDA_SUCCESS_;
@@ -115,8 +94,7 @@ static bool record_on(void *stream, bool query) {
     assert_true(q == CUDA_SUCCESS_ || q == CUDA_ERROR_NOT_READY_);
   }
   assert_int_equal(cuEventDestroy_v2_(ev), CUDA_SUCCESS_); /* recorded work goes on */
-  assert_int_equal(cuCtxPopCurrent_v2_(&popped), CUDA_SUCCESS_);
-  assert_int_equal(cuDevicePrimaryCtxRelease_v2_(dev), CUDA_SUCCESS_);
+  sgm_fake_ctx_pop(fake_lib);
   return q == CUDA_SUCCESS_;
 }
 
@@ -130,18 +108,11 @@ typedef int (*stream_destroy_fn)(void *s);
 static void *non_blocking_stream(bool destroy, void *s) {
   stream_create_fn create = (stream_create_fn)dlsym(fake_lib, "cuStreamCreate");
   stream_destroy_fn destroy_ = (stream_destroy_fn)dlsym(fake_lib, "cuStreamDestroy_v2");
-  ctx_retain_fn retain = (ctx_retain_fn)dlsym(fake_lib, "cuDevicePrimaryCtxRetain");
-  ctx_push_fn push = (ctx_push_fn)dlsym(fake_lib, "cuCtxPushCurrent_v2");
-  ctx_pop_fn pop = (ctx_pop_fn)dlsym(fake_lib, "cuCtxPopCurrent_v2");
-  ctx_release_fn release = (ctx_release_fn)dlsym(fake_lib, "cuDevicePrimaryCtxRelease_v2");
-  assert_true(create && destroy_ && retain && push && pop && release);
-  void *pctx = NULL, *popped = NULL;
-  assert_int_equal(retain(&pctx, 0), CUDA_SUCCESS_);
-  assert_int_equal(push(pctx), CUDA_SUCCESS_);
+  assert_true(create && destroy_);
+  sgm_fake_ctx_push(fake_lib);
   if (destroy) assert_int_equal(destroy_(s), CUDA_SUCCESS_);
   else assert_int_equal(create(&s, 1 /* CU_STREAM_NON_BLOCKING */), CUDA_SUCCESS_);
-  assert_int_equal(pop(&popped), CUDA_SUCCESS_);
-  assert_int_equal(release(0), CUDA_SUCCESS_);
+  sgm_fake_ctx_pop(fake_lib);
   return s;
 }
 
@@ -245,6 +216,36 @@ static void test_same_stream_reuse_no_driver_calls(void **state) {
   }
   finish_ctx(ctx);
   fc.fake_cuda_stream_destroy(created);
+}
+
+/* Invariant: the context's own count of driver calls (sgm_stats.driver_calls,
+ * "driver_calls" in the stats JSON) is the double's count over the context's
+ * life: create, growth, pairs on three streams, transfers, a trim. */
+static void test_stats_count_driver_calls(void **state) {
+  (void)state;
+  fc.fake_cuda_reset(); /* the double counts from here; the context from create */
+  sgm_context *ctx = make_ctx_limit("8MiB");
+  void *a = fc.fake_cuda_stream_create(), *b = fc.fake_cuda_stream_create();
+  void *streams[] = {a, b, NULL, (void *)(uintptr_t)0x2 /* CU_STREAM_PER_THREAD */};
+  for (int i = 0; i < 40; i++) {
+    void *s = streams[i % 4];
+    void *p = sgm_alloc(ctx, (i % 3 + 1) * MiB, s);
+    assert_non_null(p);
+    assert_int_equal(sgm_free_ex(ctx, p, s), SGM_OK);
+  }
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_true(st.driver_calls > 0);
+  assert_int_equal(st.driver_calls, driver_calls());
+  char *json = NULL, want[64];
+  assert_int_equal(sgm_stats_json(ctx, &json), SGM_OK);
+  snprintf(want, sizeof want, "\"driver_calls\":%llu,", (unsigned long long)st.driver_calls);
+  if (!strstr(json, want)) fail_msg("no %s in %s", want, json);
+  sgm_string_free(json);
+  finish_ctx(ctx);
+  fc.fake_cuda_stream_destroy(a);
+  fc.fake_cuda_stream_destroy(b);
 }
 
 /* Invariant: taking another stream's cached blocks costs at most two driver
@@ -594,18 +595,12 @@ static void test_trim_and_destroy_with_pending(void **state) {
 }
 
 int main(void) {
-  void *probe = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!probe || !dlsym(probe, "fake_cuda_hold_events")) {
-    printf("# stream_order: the driver test double is not on LD_LIBRARY_PATH: skipped\n");
-    if (probe) dlclose(probe);
-    return 77;
-  }
-  dlclose(probe);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_two_streams),
       cmocka_unit_test(test_pending_memory_not_handed_out),
       cmocka_unit_test(test_same_stream_reuse_no_driver_calls),
       cmocka_unit_test(test_cross_stream_transfer_calls),
+      cmocka_unit_test(test_stats_count_driver_calls),
       cmocka_unit_test(test_fenced_transfer_two_calls_ordered),
       cmocka_unit_test(test_non_blocking_transfer_ordered),
       cmocka_unit_test(test_blocking_transfer_ordered),
@@ -615,5 +610,6 @@ int main(void) {
       cmocka_unit_test(test_reclaim_before_demotion),
       cmocka_unit_test(test_trim_and_destroy_with_pending),
   };
-  return cmocka_run_group_tests_name("stream_order", tests, load_fake, unload_fake);
+  return sgm_fake_run_suite("stream_order", "fake_cuda_hold_events", tests,
+                            sizeof tests / sizeof tests[0], load_fake, unload_fake);
 }

@@ -150,7 +150,8 @@ _Static_assert(sizeof(size_t) == sizeof(uint64_t), "sgm's CUDA backend needs a 6
   X(cuMemRelease, 10020)                       \
   X(cuMemMap, 10020)                           \
   X(cuMemUnmap, 10020)                         \
-  X(cuMemSetAccess, 10020)
+  X(cuMemSetAccess, 10020)                      \
+  X(cuDeviceGetUuid, 11040)
 
 /* The CUDA version whose signatures the managed entry points are asked for:
  * 12.2 introduced the CUmemLocation forms of cuMemAdvise and
@@ -178,8 +179,19 @@ static struct cuda_driver {
 } cuda_drv;
 static pthread_once_t cuda_drv_once = PTHREAD_ONCE_INIT;
 
-/* Call a driver entry point: CU(cuMemAlloc)(&p, n). */
-#define CU(name) (cuda_drv.fn.pfn_##name)
+/*
+ * Call a driver entry point: CU(cuMemAlloc)(&p, n). The one place every driver
+ * call goes through, so it counts them: it names the variable `be` (the
+ * backend the call is made for, in scope at every call) and bumps its
+ * driver-call counter (sgm_stats.driver_calls, docs/stats.md) before the call.
+ * CU_MANAGED reaches the optional managed entry points the same way. The
+ * error-string calls, which only look up a table, go through CU_TEXT and are
+ * not counted (the driver test double does not count them either).
+ */
+#define CU(name) (cuda_count_driver(be), cuda_drv.fn.pfn_##name)
+#define CU_MANAGED(name) (cuda_count_driver(be), cuda_drv.pfn_##name)
+#define CU_TEXT(name) (cuda_drv.fn.pfn_##name)
+static void cuda_count_driver(sgm_backend *be);
 
 static void cuda_load_fail(const char *fmt, ...) SGM_PRINTF(1, 2);
 static void cuda_load_fail(const char *fmt, ...) {
@@ -276,11 +288,11 @@ typedef enum cuda_blame {
 static int cuda_fail(CUresult r, const char *op, const char *call, cuda_blame blame) {
   const char *name = NULL, *str = NULL;
   char num[32];
-  if (CU(cuGetErrorName)(r, &name) != CUDA_SUCCESS || !name) {
+  if (CU_TEXT(cuGetErrorName)(r, &name) != CUDA_SUCCESS || !name) {
     snprintf(num, sizeof num, "CUresult %d", (int)r);
     name = num;
   }
-  if (CU(cuGetErrorString)(r, &str) != CUDA_SUCCESS || !str) str = "no description";
+  if (CU_TEXT(cuGetErrorString)(r, &str) != CUDA_SUCCESS || !str) str = "no description";
   int status = SGM_ERR_BACKEND;
   if (r == CUDA_ERROR_OUT_OF_MEMORY) status = SGM_ERR_NOMEM;
   else if (blame == CUDA_BLAME_CALLER && (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE))
@@ -416,6 +428,11 @@ static void cuda_count_call(sgm_backend *be) {
   __atomic_fetch_add(&be->c.n_calls, 1, __ATOMIC_RELAXED);
 }
 
+/* One driver call made for be (CU): relaxed, as only totals are read. */
+static void cuda_count_driver(sgm_backend *be) {
+  __atomic_fetch_add(&be->c.n_driver_calls, 1, __ATOMIC_RELAXED);
+}
+
 /* The primary context this thread was last seen to have current (NULL: not
  * known), and the backend generation that saw it: a context handle can be
  * reused by a later open, the generation cannot. */
@@ -462,7 +479,7 @@ static void cuda_leave(sgm_backend *be, bool pushed, const char *op) {
   CUresult r = CU(cuCtxPopCurrent)(&popped);
   if (r != CUDA_SUCCESS || popped != be->ctx) {
     const char *name = NULL;
-    if (CU(cuGetErrorName)(r, &name) != CUDA_SUCCESS || !name) name = "unknown CUresult";
+    if (CU_TEXT(cuGetErrorName)(r, &name) != CUDA_SUCCESS || !name) name = "unknown CUresult";
     sgm__log(be->verbose, 1, "CUDA: %s: cuCtxPopCurrent failed (%s); this thread's current "
              "context may be wrong", op, r != CUDA_SUCCESS ? name : "popped another context");
   }
@@ -471,7 +488,7 @@ static void cuda_leave(sgm_backend *be, bool pushed, const char *op) {
 /* Log a driver failure in a function that cannot fail (frees, destroys). */
 static void cuda_log_failure(sgm_backend *be, CUresult r, const char *op, const char *call) {
   const char *name = NULL;
-  if (CU(cuGetErrorName)(r, &name) != CUDA_SUCCESS || !name) name = "unknown CUresult";
+  if (CU_TEXT(cuGetErrorName)(r, &name) != CUDA_SUCCESS || !name) name = "unknown CUresult";
   sgm__log(be->verbose, 1, "CUDA: %s: %s failed (%s); the memory may stay allocated", op, call,
            name);
 }
@@ -485,7 +502,7 @@ static void cuda_log_failure(sgm_backend *be, CUresult r, const char *op, const 
  * stream captures (cuda_capturing).
  */
 /* Switch the calling thread to RELAXED; *prev is the mode to restore. */
-static CUresult cuda_relax(CUstreamCaptureMode *prev) {
+static CUresult cuda_relax(sgm_backend *be, CUstreamCaptureMode *prev) {
   *prev = CU_STREAM_CAPTURE_MODE_RELAXED;
   return CU(cuThreadExchangeStreamCaptureMode)(prev);
 }
@@ -500,11 +517,55 @@ static void cuda_unrelax(sgm_backend *be, CUstreamCaptureMode prev, const char *
              "relaxed", op);
 }
 
+/*
+ * The frame of a memory call: the primary context entered and the thread in
+ * relaxed capture mode, restored in reverse. Every allocation, free, pin, unpin
+ * and virtual-memory call runs in one; this is their one copy of it.
+ */
+typedef struct cuda_frame {
+  bool pushed;              /* cuda_enter pushed the context: cuda_frame_close pops it */
+  CUstreamCaptureMode mode; /* the mode cuda_relax replaced; RELAXED once restored */
+} cuda_frame;
+
+/* Open a frame for a call that may fail: entering or relaxing failed is the
+ * operation's failure (status returned, message set, nothing to close). */
+static int cuda_frame_open(sgm_backend *be, const char *op, cuda_frame *f) {
+  int rc = cuda_enter(be, op, &f->pushed);
+  if (rc != SGM_OK) return rc;
+  CUresult r = cuda_relax(be, &f->mode);
+  if (r == CUDA_SUCCESS) return SGM_OK;
+  rc = cuda_fail(r, op, "cuThreadExchangeStreamCaptureMode", CUDA_BLAME_DRIVER);
+  cuda_leave(be, f->pushed, op);
+  return rc;
+}
+
+/* Open a frame for a call that must be made (a free, an unmap): false when the
+ * context cannot be entered (logged with `after`, what that leaves behind); a
+ * failure to relax is logged and the call made anyway. */
+static bool cuda_frame_open_must(sgm_backend *be, const char *op, const char *after,
+                                 cuda_frame *f) {
+  if (cuda_enter(be, op, &f->pushed) != SGM_OK) {
+    sgm__log(be->verbose, 1, "CUDA: %s: %s%s", op, sgm_last_error(), after);
+    return false;
+  }
+  CUresult r = cuda_relax(be, &f->mode);
+  if (r != CUDA_SUCCESS) {
+    cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
+    f->mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  }
+  return true;
+}
+
+static void cuda_frame_close(sgm_backend *be, cuda_frame *f, const char *op) {
+  cuda_unrelax(be, f->mode, op);
+  cuda_leave(be, f->pushed, op);
+}
+
 /* 1 when `stream` captures now (or the driver says the legacy stream is
  * implicitly part of another thread's capture): work recorded there is not
  * work that completes, and asking about it would invalidate the capture.
  * 0 when not; a negative status (message set) when the driver fails. */
-static int cuda_capturing(CUstream stream, const char *op) {
+static int cuda_capturing(sgm_backend *be, CUstream stream, const char *op) {
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
   CUresult r = CU(cuStreamIsCapturing)(stream, &st);
   if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) return 1;
@@ -518,7 +579,7 @@ static int cuda_capturing(CUstream stream, const char *op) {
  * queued before the free or release finished? — is answered by recording it
  * again on the same stream now, after the stream's real work, and asking
  * (wait: waiting for) that record. */
-static CUresult cuda_rerecord_captured(void *event, CUstream stream, bool wait) {
+static CUresult cuda_rerecord_captured(sgm_backend *be, void *event, CUstream stream, bool wait) {
   CUresult r = CU(cuEventRecord)((CUevent)event, stream);
   if (r != CUDA_SUCCESS) return r;
   return wait ? CU(cuEventSynchronize)((CUevent)event) : CU(cuEventQuery)((CUevent)event);
@@ -531,28 +592,7 @@ static int cuda_open(const sgm_config *cfg, sgm_backend **out) {
   pthread_once(&cuda_drv_once, cuda_load);
   if (cuda_drv.status != SGM_OK) return sgm__error_set(cuda_drv.status, "%s", cuda_drv.error);
 
-  const char *op = "opening the device";
-  CUresult r = CU(cuInit)(0);
-  if (r != CUDA_SUCCESS) {
-    cuda_fail(r, op, "cuInit", CUDA_BLAME_DRIVER);
-    return sgm__error_set(SGM_ERR_BACKEND, "%s; the CUDA driver could not be initialised (no "
-                          "usable NVIDIA GPU, or a driver/kernel module mismatch); " CUDA_HINT,
-                          sgm_last_error());
-  }
-  int count = 0;
-  r = CU(cuDeviceGetCount)(&count);
-  if (r != CUDA_SUCCESS) {
-    cuda_fail(r, op, "cuDeviceGetCount", CUDA_BLAME_DRIVER);
-    return sgm__error_set(SGM_ERR_BACKEND, "%s; " CUDA_HINT, sgm_last_error());
-  }
-  if (count == 0)
-    return sgm__error_set(SGM_ERR_BACKEND, "CUDA: no CUDA device found (the driver loaded but "
-                          "reports 0 devices; check CUDA_VISIBLE_DEVICES); " CUDA_HINT);
-  if (cfg->device < 0 || cfg->device >= count)
-    return sgm__error_set(SGM_ERR_BACKEND, "CUDA: SGM_DEVICE=%d is out of range: the driver "
-                          "reports %d CUDA device%s (0 to %d); choose another device, or " CUDA_HINT,
-                          cfg->device, count, count == 1 ? "" : "s", count - 1);
-
+  /* The backend first: the driver calls below are counted in it. */
   sgm_backend *be = calloc(1, sizeof *be);
   cuda_obj **buckets = calloc(CUDA_OBJ_BUCKETS_MIN, sizeof *buckets);
   if (!be || !buckets) {
@@ -569,6 +609,34 @@ static int cuda_open(const sgm_config *cfg, sgm_backend **out) {
   be->gen = __atomic_add_fetch(&cuda_next_gen, 1, __ATOMIC_RELAXED);
   int rc = SGM_OK;
   bool pushed = false;
+
+  const char *op = "opening the device";
+  CUresult r = CU(cuInit)(0);
+  if (r != CUDA_SUCCESS) {
+    cuda_fail(r, op, "cuInit", CUDA_BLAME_DRIVER);
+    rc = sgm__error_set(SGM_ERR_BACKEND, "%s; the CUDA driver could not be initialised (no "
+                        "usable NVIDIA GPU, or a driver/kernel module mismatch); " CUDA_HINT,
+                        sgm_last_error());
+    goto out_free;
+  }
+  int count = 0;
+  r = CU(cuDeviceGetCount)(&count);
+  if (r != CUDA_SUCCESS) {
+    cuda_fail(r, op, "cuDeviceGetCount", CUDA_BLAME_DRIVER);
+    rc = sgm__error_set(SGM_ERR_BACKEND, "%s; " CUDA_HINT, sgm_last_error());
+    goto out_free;
+  }
+  if (count == 0) {
+    rc = sgm__error_set(SGM_ERR_BACKEND, "CUDA: no CUDA device found (the driver loaded but "
+                        "reports 0 devices; check CUDA_VISIBLE_DEVICES); " CUDA_HINT);
+    goto out_free;
+  }
+  if (cfg->device < 0 || cfg->device >= count) {
+    rc = sgm__error_set(SGM_ERR_BACKEND, "CUDA: SGM_DEVICE=%d is out of range: the driver "
+                        "reports %d CUDA device%s (0 to %d); choose another device, or " CUDA_HINT,
+                        cfg->device, count, count == 1 ? "" : "s", count - 1);
+    goto out_free;
+  }
 
   r = CU(cuDeviceGet)(&be->dev, cfg->device);
   if (r != CUDA_SUCCESS) {
@@ -651,7 +719,7 @@ static void cuda_close(sgm_backend *be) {
              (unsigned long long)be->c.n_events_live);
   /* No other thread may use the backend now: walk the table without the lock. */
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-  if (entered && cuda_relax(&mode) != CUDA_SUCCESS) mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (entered && cuda_relax(be, &mode) != CUDA_SUCCESS) mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   cuda_vmm_close(be, entered);
   for (size_t i = 0; i < be->n_buckets; i++) {
     for (cuda_obj *o = be->buckets[i], *next; o; o = next) {
@@ -707,28 +775,70 @@ static int cuda_mem_info(sgm_backend *be, uint64_t *free_bytes, uint64_t *total_
   return SGM_OK;
 }
 
-/* Remember p, just allocated by the driver (cuMemAlloc or cuMemAllocManaged,
- * both freed by cuMemFree), with its kind's counters; without room to
- * remember it, give it back (in relaxed capture mode) and fail with NOMEM.
- * Context entered, no sgm lock held. */
-static int cuda_track_alloc(sgm_backend *be, CUdeviceptr p, uint64_t bytes, int kind,
-                            const char *op) {
+/* Allocate bytes of device memory (kind CUDA_OBJ_DEVICE: cuMemAlloc) or
+ * managed memory (CUDA_OBJ_MANAGED: cuMemAllocManaged), both freed by
+ * cuMemFree, in a frame of its own, and remember it with its kind's counters;
+ * without room to remember it, give it back and fail with NOMEM. The one home
+ * of both allocation paths. No sgm lock held. */
+static int cuda_alloc_tracked(sgm_backend *be, int kind, uint64_t bytes, const char *op,
+                              sgm_devptr *out) {
+  cuda_frame f;
+  int rc = cuda_frame_open(be, op, &f);
+  if (rc != SGM_OK) return rc;
+  CUdeviceptr p = 0;
+  bool device = kind == CUDA_OBJ_DEVICE;
+  CUresult r = device ? CU(cuMemAlloc)(&p, (size_t)bytes)
+                      : CU_MANAGED(cuMemAllocManaged)(&p, (size_t)bytes, CU_MEM_ATTACH_GLOBAL);
+  if (r != CUDA_SUCCESS) {
+    cuda_frame_close(be, &f, op);
+    return cuda_fail(r, op, device ? "cuMemAlloc" : "cuMemAllocManaged", CUDA_BLAME_DRIVER);
+  }
   sgm__lock_take(&be->lock);
   bool added = cuda_obj_add_locked(be, (uint64_t)p, bytes, kind);
-  if (added && kind == CUDA_OBJ_DEVICE) {
+  if (added && device) {
     be->c.device_live_bytes += bytes;
     be->c.n_device_live++;
   } else if (added) {
     be->c.n_managed_live++;
   }
   sgm__lock_drop(&be->lock);
-  if (added) return SGM_OK;
-  CUstreamCaptureMode mode;
-  if (cuda_relax(&mode) != CUDA_SUCCESS) mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-  CUresult r = CU(cuMemFree)(p);
-  cuda_unrelax(be, mode, op);
+  if (!added) r = CU(cuMemFree)(p);
+  cuda_frame_close(be, &f, op);
+  if (added) {
+    *out = (sgm_devptr)p;
+    return SGM_OK;
+  }
   if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
   return sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
+}
+
+/* Forget ptr, memory of that kind cuda_alloc_tracked gave out (bytes: its
+ * size as remembered), and cuMemFree it in a frame of its own. A free cannot
+ * fail: a pointer this backend did not allocate, or a failing driver, is
+ * logged (`what`: the backend op, for the message). */
+static void cuda_free_tracked(sgm_backend *be, int kind, sgm_devptr ptr, uint64_t bytes,
+                              const char *op, const char *what) {
+  uint64_t known = 0;
+  sgm__lock_take(&be->lock);
+  bool found = cuda_obj_remove_locked(be, ptr, kind, &known);
+  if (found && kind == CUDA_OBJ_DEVICE) {
+    be->c.device_live_bytes -= known;
+    be->c.n_device_live--;
+  } else if (found) {
+    be->c.n_managed_live--;
+  }
+  sgm__lock_drop(&be->lock);
+  sgm_assert(found && known == bytes);
+  if (!found) {
+    sgm__log(be->verbose, 1, "CUDA: %s of 0x%llx, which this backend did not allocate; ignored",
+             what, (unsigned long long)ptr);
+    return;
+  }
+  cuda_frame f;
+  if (!cuda_frame_open_must(be, op, "", &f)) return;
+  CUresult r = CU(cuMemFree)((CUdeviceptr)ptr);
+  cuda_frame_close(be, &f, op);
+  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
 }
 
 static int cuda_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
@@ -739,60 +849,14 @@ static int cuda_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
   char op[64];
   char b[32];
   snprintf(op, sizeof op, "allocating %s of device memory", sgm__fmt_bytes(bytes, b, sizeof b));
-  bool pushed;
-  int rc = cuda_enter(be, op, &pushed);
-  if (rc != SGM_OK) return rc;
-  CUdeviceptr p = 0;
-  CUstreamCaptureMode mode;
-  CUresult r = cuda_relax(&mode);
-  if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r, op, "cuThreadExchangeStreamCaptureMode", CUDA_BLAME_DRIVER);
-    goto out_leave;
-  }
-  r = CU(cuMemAlloc)(&p, (size_t)bytes);
-  cuda_unrelax(be, mode, op);
-  if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r, op, "cuMemAlloc", CUDA_BLAME_DRIVER);
-    goto out_leave;
-  }
-  rc = cuda_track_alloc(be, p, bytes, CUDA_OBJ_DEVICE, op);
-  if (rc == SGM_OK) *out = (sgm_devptr)p;
-out_leave:
-  cuda_leave(be, pushed, op);
-  return rc;
+  return cuda_alloc_tracked(be, CUDA_OBJ_DEVICE, bytes, op, out);
 }
 
 static void cuda_device_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
   sgm__lock_assert_none_held();
   if (!ptr) return;
   const char *op = "freeing device memory";
-  uint64_t known = 0;
-  sgm__lock_take(&be->lock);
-  bool found = cuda_obj_remove_locked(be, ptr, CUDA_OBJ_DEVICE, &known);
-  if (found) {
-    be->c.device_live_bytes -= known;
-    be->c.n_device_live--;
-  }
-  sgm__lock_drop(&be->lock);
-  sgm_assert(found && known == bytes);
-  if (!found) {
-    sgm__log(be->verbose, 1, "CUDA: device_free of 0x%llx, which this backend did not allocate; "
-             "ignored", (unsigned long long)ptr);
-    return;
-  }
-  bool pushed;
-  if (cuda_enter(be, op, &pushed) != SGM_OK) {
-    sgm__log(be->verbose, 1, "CUDA: %s: %s", op, sgm_last_error());
-    return;
-  }
-  /* A free must happen: without relaxed mode it is still made. */
-  CUstreamCaptureMode mode;
-  CUresult r = cuda_relax(&mode);
-  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
-  r = CU(cuMemFree)((CUdeviceptr)ptr);
-  cuda_unrelax(be, mode, op);
-  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
-  cuda_leave(be, pushed, op);
+  cuda_free_tracked(be, CUDA_OBJ_DEVICE, ptr, bytes, op, "device_free");
 }
 
 /* The message for a device without pinned host memory: what the device or
@@ -822,7 +886,7 @@ static bool cuda_host_tier_unavailable(sgm_backend *be) {
  * once with the same message. */
 static int cuda_host_register_refused(sgm_backend *be, CUresult r) {
   const char *name = NULL;
-  if (CU(cuGetErrorName)(r, &name) != CUDA_SUCCESS || !name) name = "unknown CUresult";
+  if (CU_TEXT(cuGetErrorName)(r, &name) != CUDA_SUCCESS || !name) name = "unknown CUresult";
   sgm__lock_take(&be->lock);
   snprintf(be->no_host_tier, sizeof be->no_host_tier, "refused to register host memory "
            "(cuMemHostRegister: %s: %s)", name,
@@ -853,24 +917,17 @@ static int cuda_host_alloc(sgm_backend *be, uint64_t bytes, int numa_node, void 
   void *p = NULL;
   int rc = sgm__host_map_pinnable(len, numa_node >= 0 ? numa_node : be->numa_node, &p);
   if (rc != SGM_OK) return rc;
-  bool pushed;
-  rc = cuda_enter(be, op, &pushed);
+  cuda_frame f;
+  rc = cuda_frame_open(be, op, &f);
   if (rc != SGM_OK) goto out_unmap;
-  CUstreamCaptureMode mode;
-  CUresult r = cuda_relax(&mode);
-  if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r, op, "cuThreadExchangeStreamCaptureMode", CUDA_BLAME_DRIVER);
-    goto out_leave;
-  }
-  r = CU(cuMemHostRegister)(p, len, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
-  cuda_unrelax(be, mode, op);
+  CUresult r = CU(cuMemHostRegister)(p, len, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
   if (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_NOT_PERMITTED) {
     rc = cuda_host_register_refused(be, r);
-    goto out_leave;
+    goto out_close;
   }
   if (r != CUDA_SUCCESS) {
     rc = cuda_fail(r, op, "cuMemHostRegister", CUDA_BLAME_DRIVER);
-    goto out_leave;
+    goto out_close;
   }
   CUdeviceptr d = 0;
   r = CU(cuMemHostGetDevicePointer)(&d, p, 0);
@@ -889,24 +946,22 @@ static int cuda_host_alloc(sgm_backend *be, uint64_t bytes, int numa_node, void 
     rc = sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory for bookkeeping", op);
     goto out_unregister;
   }
-  cuda_leave(be, pushed, op);
+  cuda_frame_close(be, &f, op);
   *host_out = p;
   *dev_out = (sgm_devptr)d;
   return SGM_OK;
 
 out_unregister:
-  if (cuda_relax(&mode) != CUDA_SUCCESS) mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   r = CU(cuMemHostUnregister)(p);
-  cuda_unrelax(be, mode, op);
   if (r != CUDA_SUCCESS) {
     /* Still pinned by the driver: unmapping it would leave the driver a
      * dangling registration; leak the mapping instead. */
     cuda_log_failure(be, r, op, "cuMemHostUnregister");
-    cuda_leave(be, pushed, op);
+    cuda_frame_close(be, &f, op);
     return rc;
   }
-out_leave:
-  cuda_leave(be, pushed, op);
+out_close:
+  cuda_frame_close(be, &f, op);
 out_unmap:
   munmap(p, len);
   return rc;
@@ -930,26 +985,50 @@ static void cuda_host_free(sgm_backend *be, void *host, uint64_t bytes) {
              host);
     return;
   }
-  bool pushed;
-  if (cuda_enter(be, op, &pushed) != SGM_OK) {
-    sgm__log(be->verbose, 1, "CUDA: %s: %s; the memory stays pinned", op, sgm_last_error());
-    return;
-  }
-  /* An unpin must happen: without relaxed mode it is still made. */
-  CUstreamCaptureMode mode;
-  CUresult r = cuda_relax(&mode);
-  if (r != CUDA_SUCCESS) {
-    cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
-    mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-  }
-  r = CU(cuMemHostUnregister)(host);
-  cuda_unrelax(be, mode, op);
-  cuda_leave(be, pushed, op);
+  cuda_frame f;
+  if (!cuda_frame_open_must(be, op, "; the memory stays pinned", &f)) return;
+  CUresult r = CU(cuMemHostUnregister)(host);
+  cuda_frame_close(be, &f, op);
   if (r != CUDA_SUCCESS) {
     cuda_log_failure(be, r, op, "cuMemHostUnregister");
     return; /* never unmap what the driver may still have pinned */
   }
   munmap(host, len);
+}
+
+/*
+ * Work queued on a stream and complete when the call returns (copy,
+ * managed_prefetch): the stream is the caller's, or the backend's own copy
+ * stream for NULL. cuda_sync_begin enters the context and refuses a caller's
+ * stream that captures a graph (the work would be captured instead of run;
+ * `which` names the stream, `what` the work, in that message); *s is the
+ * stream to use. cuda_sync_end takes the queueing call's result, waits for
+ * the stream and leaves the context.
+ */
+static int cuda_sync_begin(sgm_backend *be, void *stream, const char *op, const char *which,
+                           const char *what, CUstream *s, bool *pushed) {
+  *s = stream ? (CUstream)stream : be->copy_stream;
+  int rc = cuda_enter(be, op, pushed);
+  if (rc != SGM_OK) return rc;
+  /* Only the caller's stream can be capturing (sgm's own never is). */
+  if (!stream || (rc = cuda_capturing(be, *s, op)) == 0) return SGM_OK;
+  cuda_leave(be, *pushed, op);
+  if (rc < 0) return rc;
+  return sgm__error_set(SGM_ERR_BUSY, "CUDA: %s: %s is capturing a CUDA graph, so the %s would "
+                        "be captured instead of run; end the capture first", op, which, what);
+}
+
+static int cuda_sync_end(sgm_backend *be, CUresult r, const char *call, CUstream s, bool pushed,
+                         const char *op) {
+  int rc = SGM_OK;
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, call, CUDA_BLAME_CALLER);
+  } else {
+    r = CU(cuStreamSynchronize)(s);
+    if (r != CUDA_SUCCESS) rc = cuda_fail(r, op, "cuStreamSynchronize", CUDA_BLAME_CALLER);
+  }
+  cuda_leave(be, pushed, op);
+  return rc;
 }
 
 static int cuda_copy(sgm_backend *be, sgm_copy_kind kind, uint64_t dst, uint64_t src, uint64_t n,
@@ -963,18 +1042,11 @@ static int cuda_copy(sgm_backend *be, sgm_copy_kind kind, uint64_t dst, uint64_t
   static const char *const ops[] = {"copying host to device", "copying device to host",
                                     "copying device to device"};
   const char *op = ops[kind];
-  CUstream s = stream ? (CUstream)stream : be->copy_stream;
+  CUstream s;
   bool pushed;
-  int rc = cuda_enter(be, op, &pushed);
+  int rc = cuda_sync_begin(be, stream, op, "the stream the buffer was last used on", "copy", &s,
+                           &pushed);
   if (rc != SGM_OK) return rc;
-  /* Only the caller's stream can be capturing (sgm's own never is). */
-  if (stream && (rc = cuda_capturing(s, op)) != 0) {
-    cuda_leave(be, pushed, op);
-    if (rc < 0) return rc;
-    return sgm__error_set(SGM_ERR_BUSY, "CUDA: %s: the stream the buffer was last used on is "
-                          "capturing a CUDA graph, so the copy would be captured instead of run; "
-                          "end the capture first", op);
-  }
   CUresult r;
   const char *call;
   switch (kind) {
@@ -991,14 +1063,7 @@ static int cuda_copy(sgm_backend *be, sgm_copy_kind kind, uint64_t dst, uint64_t
       r = CU(cuMemcpyDtoDAsync)((CUdeviceptr)dst, (CUdeviceptr)src, (size_t)n, s);
       break;
   }
-  if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r, op, call, CUDA_BLAME_CALLER);
-  } else {
-    r = CU(cuStreamSynchronize)(s);
-    if (r != CUDA_SUCCESS) rc = cuda_fail(r, op, "cuStreamSynchronize", CUDA_BLAME_CALLER);
-  }
-  cuda_leave(be, pushed, op);
-  return rc;
+  return cuda_sync_end(be, r, call, s, pushed, op);
 }
 
 static void cuda_counters(sgm_backend *be, sgm_backend_counters *out) {
@@ -1012,6 +1077,7 @@ static void cuda_counters(sgm_backend *be, sgm_backend_counters *out) {
   out->n_device_live = n_device_live;
   out->n_host_live = n_host_live;
   out->n_calls = __atomic_load_n(&be->c.n_calls, __ATOMIC_RELAXED);
+  out->n_driver_calls = __atomic_load_n(&be->c.n_driver_calls, __ATOMIC_RELAXED);
   sgm__lock_take(&be->lock);
   out->vmm_mapped_bytes = be->c.vmm_mapped_bytes;
   out->n_vmm_ranges = be->c.n_vmm_ranges;
@@ -1073,26 +1139,35 @@ out_leave:
   return rc;
 }
 
-static int cuda_event_query(sgm_backend *be, void *event) {
+/* The start of event_query and event_wait (what: "event_query of", "event_wait
+ * on"): find the stream the event was recorded on, enter the context and ask
+ * whether that stream captures a graph now (an event recorded into a capture
+ * that goes on stands for work that runs only when the graph is launched). A
+ * negative status: failed, nothing to undo; 1: it captures (context left
+ * again); 0: go on, entered (*pushed for cuda_leave), *stream the record's. */
+static int cuda_event_begin(sgm_backend *be, void *event, const char *op, const char *what,
+                            CUstream *stream, bool *pushed) {
   cuda_count_call(be);
-  if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_query of a NULL event");
+  if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s a NULL event", what);
+  bool pooled = false;
+  if (!cuda_event_stream(be, event, stream, &pooled))
+    return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s %p, which this backend did not record", what,
+                          event);
+  int rc = cuda_enter(be, op, pushed);
+  if (rc != SGM_OK) return rc;
+  rc = pooled ? 0 : cuda_capturing(be, *stream, op);
+  if (rc != 0) cuda_leave(be, *pushed, op);
+  return rc;
+}
+
+static int cuda_event_query(sgm_backend *be, void *event) {
   const char *op = "querying an event";
   CUstream stream = NULL;
-  bool pooled = false;
-  if (!cuda_event_stream(be, event, &stream, &pooled))
-    return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_query of %p, which this backend did not "
-                          "record", event);
-  bool pushed;
-  int rc = cuda_enter(be, op, &pushed);
-  if (rc != SGM_OK) return rc;
-  /* Recorded into a capture that goes on: not complete before it ends. */
-  rc = pooled ? 0 : cuda_capturing(stream, op);
-  if (rc != 0) {
-    cuda_leave(be, pushed, op);
-    return rc < 0 ? rc : 0;
-  }
+  bool pushed = false;
+  int rc = cuda_event_begin(be, event, op, "event_query of", &stream, &pushed);
+  if (rc != 0) return rc < 0 ? rc : 0; /* capturing: not complete before the capture ends */
   CUresult r = CU(cuEventQuery)((CUevent)event);
-  if (r == CUDA_ERROR_CAPTURED_EVENT) r = cuda_rerecord_captured(event, stream, false);
+  if (r == CUDA_ERROR_CAPTURED_EVENT) r = cuda_rerecord_captured(be, event, stream, false);
   cuda_leave(be, pushed, op);
   if (r == CUDA_SUCCESS) return 1;
   if (r == CUDA_ERROR_NOT_READY) return 0;
@@ -1101,27 +1176,17 @@ static int cuda_event_query(sgm_backend *be, void *event) {
 
 static int cuda_event_wait(sgm_backend *be, void *event) {
   sgm__lock_assert_none_held();
-  cuda_count_call(be);
-  if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_wait on a NULL event");
   const char *op = "waiting for an event";
   CUstream stream = NULL;
-  bool pooled = false;
-  if (!cuda_event_stream(be, event, &stream, &pooled))
-    return sgm__error_set(SGM_ERR_INVALID, "CUDA: event_wait on %p, which this backend did not "
-                          "record", event);
-  bool pushed;
-  int rc = cuda_enter(be, op, &pushed);
-  if (rc != SGM_OK) return rc;
-  rc = pooled ? 0 : cuda_capturing(stream, op);
-  if (rc != 0) {
-    cuda_leave(be, pushed, op);
-    if (rc < 0) return rc;
+  bool pushed = false;
+  int rc = cuda_event_begin(be, event, op, "event_wait on", &stream, &pushed);
+  if (rc < 0) return rc;
+  if (rc > 0)
     return sgm__error_set(SGM_ERR_BUSY, "CUDA: %s: the event's stream is capturing a CUDA graph; "
                           "its work runs when the graph is launched, so it cannot be waited for "
                           "now (end the capture first)", op);
-  }
   CUresult r = CU(cuEventSynchronize)((CUevent)event);
-  if (r == CUDA_ERROR_CAPTURED_EVENT) r = cuda_rerecord_captured(event, stream, true);
+  if (r == CUDA_ERROR_CAPTURED_EVENT) r = cuda_rerecord_captured(be, event, stream, true);
   cuda_leave(be, pushed, op);
   if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuEventSynchronize", CUDA_BLAME_CALLER);
   return SGM_OK;
@@ -1202,8 +1267,8 @@ static int cuda_event_create(sgm_backend *be, void **event_out) {
 /* Refuse (SGM_ERR_BUSY) to record on or wait from a stream that captures a
  * CUDA graph: the record would be a graph node, not work that completes, and
  * a wait would pull the other stream into the capture (or break it). */
-static int cuda_refuse_capturing(CUstream s, const char *op) {
-  int rc = cuda_capturing(s, op);
+static int cuda_refuse_capturing(sgm_backend *be, CUstream s, const char *op) {
+  int rc = cuda_capturing(be, s, op);
   if (rc <= 0) return rc;
   return sgm__error_set(SGM_ERR_BUSY, "CUDA: %s: the stream is capturing a CUDA graph; memory "
                         "does not cross streams during a capture", op);
@@ -1225,7 +1290,7 @@ static int cuda_stream_event_call(sgm_backend *be, void *event, const sgm_stream
     /* The legacy stream never captures, but it is unusable while a blocking
      * stream captures (work on it would invalidate that capture): asking it
      * answers STREAM_CAPTURE_IMPLICIT then, without harm (cuda_capturing). */
-    rc = cuda_refuse_capturing(s, op);
+    rc = cuda_refuse_capturing(be, s, op);
     if (rc != SGM_OK) {
       cuda_leave(be, pushed, op);
       return rc;
@@ -1317,13 +1382,13 @@ static int cuda_transfer_once(sgm_backend *be, CUevent ev, CUstream o, CUstream 
   if (rc != SGM_OK) return rc;
   CUresult r;
   if (ob && tb) {
-    if ((rc = cuda_refuse_capturing(CU_STREAM_LEGACY, op)) != SGM_OK) return rc;
+    if ((rc = cuda_refuse_capturing(be, CU_STREAM_LEGACY, op)) != SGM_OK) return rc;
     if (cuda_is_legacy(o) || cuda_is_legacy(t)) return SGM_OK;
     r = *r_out = CU(cuEventRecord)(ev, CU_STREAM_LEGACY);
     return r == CUDA_SUCCESS ? SGM_OK : cuda_fail(r, op, "cuEventRecord", CUDA_BLAME_CALLER);
   }
-  if ((rc = cuda_refuse_capturing(o, op)) != SGM_OK) return rc;
-  if (t != o && (rc = cuda_refuse_capturing(t, op)) != SGM_OK) return rc;
+  if ((rc = cuda_refuse_capturing(be, o, op)) != SGM_OK) return rc;
+  if (t != o && (rc = cuda_refuse_capturing(be, t, op)) != SGM_OK) return rc;
   r = *r_out = CU(cuEventRecord)(ev, o);
   if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuEventRecord", CUDA_BLAME_CALLER);
   r = *r_out = CU(cuStreamWaitEvent)(t, ev, 0);
@@ -1383,56 +1448,15 @@ static int cuda_managed_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) 
   bytes = sgm__align_up(bytes, SGM_MANAGED_PAGE);
   char op[64], b[32];
   snprintf(op, sizeof op, "allocating %s of managed memory", sgm__fmt_bytes(bytes, b, sizeof b));
-  bool pushed;
-  int rc = cuda_enter(be, op, &pushed);
-  if (rc != SGM_OK) return rc;
-  CUstreamCaptureMode mode;
-  CUresult r = cuda_relax(&mode);
-  if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r, op, "cuThreadExchangeStreamCaptureMode", CUDA_BLAME_DRIVER);
-    goto out_leave;
-  }
-  CUdeviceptr p = 0;
-  r = cuda_drv.pfn_cuMemAllocManaged(&p, (size_t)bytes, CU_MEM_ATTACH_GLOBAL);
-  cuda_unrelax(be, mode, op);
-  if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r, op, "cuMemAllocManaged", CUDA_BLAME_DRIVER);
-    goto out_leave;
-  }
-  rc = cuda_track_alloc(be, p, bytes, CUDA_OBJ_MANAGED, op);
-  if (rc == SGM_OK) *out = (sgm_devptr)p;
-out_leave:
-  cuda_leave(be, pushed, op);
-  return rc;
+  return cuda_alloc_tracked(be, CUDA_OBJ_MANAGED, bytes, op, out);
 }
 
 static void cuda_managed_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
   sgm__lock_assert_none_held();
   if (!ptr) return;
   const char *op = "freeing managed memory";
-  uint64_t known = 0;
-  sgm__lock_take(&be->lock);
-  bool found = cuda_obj_remove_locked(be, ptr, CUDA_OBJ_MANAGED, &known);
-  if (found) be->c.n_managed_live--;
-  sgm__lock_drop(&be->lock);
-  sgm_assert(found && known == sgm__align_up(bytes, SGM_MANAGED_PAGE));
-  if (!found) {
-    sgm__log(be->verbose, 1, "CUDA: managed_free of 0x%llx, which this backend did not allocate; "
-             "ignored", (unsigned long long)ptr);
-    return;
-  }
-  bool pushed;
-  if (cuda_enter(be, op, &pushed) != SGM_OK) {
-    sgm__log(be->verbose, 1, "CUDA: %s: %s", op, sgm_last_error());
-    return;
-  }
-  CUstreamCaptureMode mode;
-  CUresult r = cuda_relax(&mode);
-  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
-  r = CU(cuMemFree)((CUdeviceptr)ptr);
-  cuda_unrelax(be, mode, op);
-  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
-  cuda_leave(be, pushed, op);
+  cuda_free_tracked(be, CUDA_OBJ_MANAGED, ptr, sgm__align_up(bytes, SGM_MANAGED_PAGE), op,
+                    "managed_free");
 }
 
 /* Where host-placed managed pages go: the GPU's NUMA node when known
@@ -1472,7 +1496,7 @@ static int cuda_managed_advise(sgm_backend *be, sgm_devptr ptr, uint64_t n, sgm_
   bool pushed;
   int rc = cuda_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
-  CUresult r = cuda_drv.pfn_cuMemAdvise((CUdeviceptr)ptr, (size_t)n, a, l);
+  CUresult r = CU_MANAGED(cuMemAdvise)((CUdeviceptr)ptr, (size_t)n, a, l);
   if (r != CUDA_SUCCESS) rc = cuda_fail(r, op, "cuMemAdvise", CUDA_BLAME_CALLER);
   cuda_leave(be, pushed, op);
   return rc;
@@ -1488,33 +1512,47 @@ static int cuda_managed_prefetch(sgm_backend *be, sgm_devptr ptr, uint64_t n, sg
                           "hold managed pages)", (int)to);
   const char *op = to == SGM_TIER_VRAM ? "prefetching managed memory to the device"
                                        : "prefetching managed memory to host memory";
-  CUstream s = stream ? (CUstream)stream : be->copy_stream;
+  CUstream s;
   bool pushed;
-  int rc = cuda_enter(be, op, &pushed);
+  int rc = cuda_sync_begin(be, stream, op, "the stream", "prefetch", &s, &pushed);
   if (rc != SGM_OK) return rc;
-  if (stream && (rc = cuda_capturing(s, op)) != 0) {
-    cuda_leave(be, pushed, op);
-    if (rc < 0) return rc;
-    return sgm__error_set(SGM_ERR_BUSY, "CUDA: %s: the stream is capturing a CUDA graph, so the "
-                          "prefetch would be captured instead of run; end the capture first", op);
-  }
   CUmemLocation l = to == SGM_TIER_VRAM ? cuda_managed_device(be) : cuda_managed_host(be);
-  CUresult r = cuda_drv.pfn_cuMemPrefetchAsync((CUdeviceptr)ptr, (size_t)n, l, 0, s);
-  if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r, op, "cuMemPrefetchAsync", CUDA_BLAME_CALLER);
-  } else {
-    /* Complete on return, as a copy: sgm counts the pages where they are. */
-    r = CU(cuStreamSynchronize)(s);
-    if (r != CUDA_SUCCESS) rc = cuda_fail(r, op, "cuStreamSynchronize", CUDA_BLAME_CALLER);
-  }
-  cuda_leave(be, pushed, op);
-  return rc;
+  CUresult r = CU_MANAGED(cuMemPrefetchAsync)((CUdeviceptr)ptr, (size_t)n, l, 0, s);
+  /* Complete on return, as a copy: sgm counts the pages where they are. */
+  return cuda_sync_end(be, r, "cuMemPrefetchAsync", s, pushed, op);
 }
 
-/* ---- The node registry's key: the PCI bus id names one GPU on a machine
- * whatever CUDA_VISIBLE_DEVICES does to the ordinals. ---- */
+/* ---- The device's identity in the node registry (issue 13): its UUID
+ * names one GPU (or one MIG slice) on a machine whatever CUDA_VISIBLE_DEVICES
+ * does to the ordinals, and is what nvidia-smi -L prints, so the registry's
+ * key is GPU-<UUID>. cuDeviceGetUuid needs no context. ---- */
+static int cuda_device_uuid(sgm_backend *be, uint8_t out[16]) {
+  memset(out, 0, 16);
+  CUuuid u;
+  CUresult r = CU(cuDeviceGetUuid)(&u, be->dev);
+  if (r != CUDA_SUCCESS) return cuda_fail(r, "reading the device's UUID", "cuDeviceGetUuid", CUDA_BLAME_DRIVER);
+  memcpy(out, u.bytes, 16);
+  return SGM_OK;
+}
+
+static void cuda_device_pci_bus_id(sgm_backend *be, char *out, size_t len) {
+  snprintf(out, len, "%s", be->pci_bus_id);
+}
+
 static void cuda_device_key(sgm_backend *be, char *out, size_t len) {
-  snprintf(out, len, "gpu-%s", be->pci_bus_id);
+  uint8_t u[16];
+  if (len) out[0] = '\0';
+  if (cuda_device_uuid(be, u) != SGM_OK) {
+    /* Without its UUID the device cannot be named the same in every
+     * process: this one runs untracked rather than under a guessed key. */
+    sgm__log(be->verbose, 1, "node registry: %s; this process runs untracked (budgets as if "
+             "alone, invisible to sgm-smi)", sgm_last_error());
+    sgm__error_clear();
+    return;
+  }
+  char text[SGM_NODE_UUID_TEXT];
+  sgm__node_uuid_format(u, text, sizeof text);
+  snprintf(out, len, "GPU-%s", text);
 }
 
 /* ---- expandable VRAM: the virtual-memory API (issue 17) ----
@@ -1589,23 +1627,16 @@ static int cuda_vmm_reserve(sgm_backend *be, uint64_t bytes, void **range_out, s
     free(mapped);
     return sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory", op);
   }
-  bool pushed;
-  rc = cuda_enter(be, op, &pushed);
+  cuda_frame f;
+  rc = cuda_frame_open(be, op, &f);
   if (rc != SGM_OK) goto out_free;
-  CUstreamCaptureMode mode;
-  CUresult r = cuda_relax(&mode);
-  if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r, op, "cuThreadExchangeStreamCaptureMode", CUDA_BLAME_DRIVER);
-    goto out_leave;
-  }
   CUdeviceptr base = 0;
-  r = CU(cuMemAddressReserve)(&base, (size_t)bytes, (size_t)g, 0, 0);
-  cuda_unrelax(be, mode, op);
+  CUresult r = CU(cuMemAddressReserve)(&base, (size_t)bytes, (size_t)g, 0, 0);
+  cuda_frame_close(be, &f, op);
   if (r != CUDA_SUCCESS) {
     rc = cuda_fail(r, op, "cuMemAddressReserve", CUDA_BLAME_DRIVER);
-    goto out_leave;
+    goto out_free;
   }
-  cuda_leave(be, pushed, op);
   *v = (cuda_vrange){.base = base, .bytes = bytes, .granule = g, .mapped = mapped};
   sgm__lock_take(&be->lock);
   v->next = be->vranges;
@@ -1616,8 +1647,6 @@ static int cuda_vmm_reserve(sgm_backend *be, uint64_t bytes, void **range_out, s
   *base_out = (sgm_devptr)base;
   return SGM_OK;
 
-out_leave:
-  cuda_leave(be, pushed, op);
 out_free:
   free(v);
   free(mapped);
@@ -1644,15 +1673,10 @@ static int cuda_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t 
     return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s: [%llu, +%llu) is not a granule-aligned "
                           "run of the range", op, (unsigned long long)offset,
                           (unsigned long long)bytes);
-  bool pushed;
-  int rc = cuda_enter(be, op, &pushed);
+  cuda_frame f;
+  int rc = cuda_frame_open(be, op, &f);
   if (rc != SGM_OK) return rc;
-  CUstreamCaptureMode mode;
-  CUresult r = cuda_relax(&mode);
-  if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r, op, "cuThreadExchangeStreamCaptureMode", CUDA_BLAME_DRIVER);
-    goto out_leave;
-  }
+  CUresult r = CUDA_SUCCESS;
   CUmemAllocationProp prop = cuda_vmm_prop(be);
   uint64_t g0 = offset / v->granule, g1 = (offset + bytes) / v->granule, g = g0;
   const char *failed = NULL;
@@ -1685,7 +1709,7 @@ static int cuda_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t 
     rc = cuda_fail(r, op, failed, CUDA_BLAME_DRIVER);
     cuda_vmm_unmap_run(be, v, g0, g, op); /* all or nothing */
   }
-  cuda_unrelax(be, mode, op);
+  cuda_frame_close(be, &f, op);
   if (!failed) {
     sgm__lock_take(&be->lock);
     memset(v->mapped + g0, 1, (size_t)(g1 - g0));
@@ -1693,8 +1717,6 @@ static int cuda_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t 
     be->c.vmm_mapped_bytes += bytes;
     sgm__lock_drop(&be->lock);
   }
-out_leave:
-  cuda_leave(be, pushed, op);
   return rc;
 }
 
@@ -1719,17 +1741,10 @@ static void cuda_vmm_unmap(sgm_backend *be, void *range, uint64_t offset, uint64
              op, (unsigned long long)offset, (unsigned long long)bytes);
     return;
   }
-  bool pushed;
-  if (cuda_enter(be, op, &pushed) != SGM_OK) {
-    sgm__log(be->verbose, 1, "CUDA: %s: %s", op, sgm_last_error());
-    return;
-  }
-  CUstreamCaptureMode mode;
-  CUresult r = cuda_relax(&mode);
-  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
+  cuda_frame f;
+  if (!cuda_frame_open_must(be, op, "", &f)) return;
   cuda_vmm_unmap_run(be, v, g0, g1, op);
-  cuda_unrelax(be, mode, op);
-  cuda_leave(be, pushed, op);
+  cuda_frame_close(be, &f, op);
 }
 
 /* Unmap what is left of v and free its addresses (context entered, relaxed);
@@ -1768,19 +1783,14 @@ static void cuda_vmm_free(sgm_backend *be, void *range) {
     }
   be->c.n_vmm_ranges--;
   sgm__lock_drop(&be->lock);
-  bool pushed;
-  if (cuda_enter(be, op, &pushed) != SGM_OK) {
-    sgm__log(be->verbose, 1, "CUDA: %s: %s", op, sgm_last_error());
+  cuda_frame f;
+  if (!cuda_frame_open_must(be, op, "", &f)) {
     free(v->mapped);
     free(v);
     return;
   }
-  CUstreamCaptureMode mode;
-  CUresult r = cuda_relax(&mode);
-  if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
   cuda_vmm_release(be, v, op);
-  cuda_unrelax(be, mode, op);
-  cuda_leave(be, pushed, op);
+  cuda_frame_close(be, &f, op);
 }
 
 /* close(): ranges sgm did not free (context entered by the caller). */
@@ -1831,6 +1841,8 @@ const sgm_backend_ops sgm__backend_cuda_ops = {
     .vmm_map = cuda_vmm_map,
     .vmm_unmap = cuda_vmm_unmap,
     .vmm_free = cuda_vmm_free,
+    .device_uuid = cuda_device_uuid,
+    .device_pci_bus_id = cuda_device_pci_bus_id,
 };
 
 #else /* !CUDA_BACKEND_BUILT */

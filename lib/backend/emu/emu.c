@@ -658,6 +658,21 @@ static void emu_node_attach(sgm_backend *be, struct sgm_node *node) {
   be->node = node;
 }
 
+/* ---- The device's identity (issue 13): a UUID derived from its name, so
+ * every process that opens SGM_EMU_DEVICE=NAME sees the same one; a private
+ * (unnamed) device is named EMU_DEFAULT_NAME for this. No PCI bus id. ---- */
+#define EMU_DEFAULT_NAME "sgm-emulated-device"
+
+static int emu_device_uuid(sgm_backend *be, uint8_t out[16]) {
+  sgm__node_uuid_derive(be->name[0] ? be->name : EMU_DEFAULT_NAME, out);
+  return SGM_OK;
+}
+
+static void emu_device_pci_bus_id(sgm_backend *be, char *out, size_t len) {
+  (void)be;
+  if (len) out[0] = '\0';
+}
+
 /* ---- expandable VRAM (issue 17) ---- */
 
 static int emu_vmm_granularity(sgm_backend *be, uint64_t *bytes_out) {
@@ -875,4 +890,6 @@ const sgm_backend_ops sgm__backend_emu_ops = {
     .vmm_map = emu_vmm_map,
     .vmm_unmap = emu_vmm_unmap,
     .vmm_free = emu_vmm_free,
+    .device_uuid = emu_device_uuid,
+    .device_pci_bus_id = emu_device_pci_bus_id,
 };

@@ -12,7 +12,9 @@
  * The rules it enforces (each has a test in tests/unit/test_fake_cuda.c):
  *  - Devices: FAKE_CUDA_DEVICE_COUNT (default 1; 0 = cuInit succeeds, no
  *    device), each of FAKE_CUDA_TOTAL_MEM bytes (default SGM_EMU_VRAM, else
- *    1 GiB), read at every cuInit. Driver version FAKE_CUDA_DRIVER_VERSION
+ *    1 GiB), read at every cuInit. cuDeviceGetUuid (v1 and v2 ABIs): a valid
+ *    device and a non-NULL out, else INVALID_DEVICE / INVALID_VALUE; the UUID
+ *    is FAKE_CUDA_UUID for device 0, else a fixed one ending in the ordinal. Driver version FAKE_CUDA_DRIVER_VERSION
  *    (default 13000 = CUDA 13.0). One primary context per device; a context
  *    must be current for every call that needs one.
  *  - Asynchrony: every stream has a FIFO queue executed by one worker thread,
@@ -204,7 +206,8 @@
   X(cuStreamGetCaptureInfo) X(cuThreadExchangeStreamCaptureMode) X(cuGraphDestroy)           \
   X(cuMemAllocManaged) X(cuMemAdvise) X(cuMemPrefetchAsync)                                   \
   X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate)  \
-  X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)
+  X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)                                  \
+  X(cuDeviceGetUuid)
 
 enum {
 #define FAKE_ID_ROW(name) FAKE_ID_##name,
@@ -985,28 +988,27 @@ static bool fake_pinned_range_locked(uintptr_t addr, size_t n) {
 
 /* ---- the entry points: device and context ---- */
 
-FAKE_API CUresult cuGetErrorName(CUresult error, const char **pStr) {
-  FAKE_TALLY(cuGetErrorName);
+/* The name (name true) or description of error from the table, as
+ * cuGetErrorName / cuGetErrorString answer: INVALID_VALUE for one unknown. */
+static CUresult fake_error_text(CUresult error, const char **pStr, bool name) {
   if (!pStr) return CUDA_ERROR_INVALID_VALUE;
   for (size_t i = 0; i < sizeof fake_errors / sizeof fake_errors[0]; i++)
     if (fake_errors[i].r == error) {
-      *pStr = fake_errors[i].name;
+      *pStr = name ? fake_errors[i].name : fake_errors[i].str;
       return CUDA_SUCCESS;
     }
   *pStr = NULL;
   return CUDA_ERROR_INVALID_VALUE;
 }
 
+FAKE_API CUresult cuGetErrorName(CUresult error, const char **pStr) {
+  FAKE_TALLY(cuGetErrorName);
+  return fake_error_text(error, pStr, true);
+}
+
 FAKE_API CUresult cuGetErrorString(CUresult error, const char **pStr) {
   FAKE_TALLY(cuGetErrorString);
-  if (!pStr) return CUDA_ERROR_INVALID_VALUE;
-  for (size_t i = 0; i < sizeof fake_errors / sizeof fake_errors[0]; i++)
-    if (fake_errors[i].r == error) {
-      *pStr = fake_errors[i].str;
-      return CUDA_SUCCESS;
-    }
-  *pStr = NULL;
-  return CUDA_ERROR_INVALID_VALUE;
+  return fake_error_text(error, pStr, false);
 }
 
 static int fake_driver_version(void) {
@@ -1126,6 +1128,33 @@ FAKE_API CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev) {
   const char *fixed = dev == 0 ? getenv("FAKE_CUDA_PCI_BUS_ID") : NULL;
   if (fixed && *fixed) snprintf(pciBusId, (size_t)len, "%s", fixed);
   else snprintf(pciBusId, (size_t)len, "0000:%02x:00.0", 0xf0 + dev);
+  return CUDA_SUCCESS;
+}
+
+/* The device's UUID (both ABIs: no MIG slices here, so v1 and v2 agree):
+ * FAKE_CUDA_UUID for device 0 (32 hex digits, dashes and a "GPU-" prefix
+ * allowed), else 5fa4e1c0-0000-4000-8000-0000000000<ordinal>. */
+FAKE_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
+  FAKE_COUNT(cuDeviceGetUuid);
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_need_device_locked(dev);
+  pthread_mutex_unlock(&F.mu);
+  if (r != CUDA_SUCCESS) return r;
+  if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+  static const unsigned char base[16] = {0x5f, 0xa4, 0xe1, 0xc0, 0, 0, 0x40, 0, 0x80, 0, 0, 0, 0, 0, 0, 0};
+  memcpy(uuid->bytes, base, 16);
+  uuid->bytes[15] = (char)dev;
+  const char *fixed = dev == 0 ? getenv("FAKE_CUDA_UUID") : NULL;
+  if (fixed && strncmp(fixed, "GPU-", 4) == 0) fixed += 4;
+  for (int i = 0; fixed && *fixed && i < 32; fixed++) {
+    if (*fixed == '-') continue;
+    char d[2] = {*fixed, 0};
+    char *end;
+    unsigned long v = strtoul(d, &end, 16);
+    if (*end) break;
+    uuid->bytes[i / 2] = (char)(i % 2 ? (uuid->bytes[i / 2] & 0xf0) | (int)v : (int)(v << 4));
+    i++;
+  }
   return CUDA_SUCCESS;
 }
 
@@ -2087,16 +2116,23 @@ static CUresult fake_stream_check_sync_locked(struct CUstream_st *s) {
   return CUDA_SUCCESS;
 }
 
+/* The start of cuStreamSynchronize and cuStreamQuery: the current context
+ * (*c), the stream checked for a sync, and a marker behind its work (*m). */
+static CUresult fake_stream_sync_marker_locked(CUstream hStream, struct CUctx_st **c, fake_op **m) {
+  struct CUstream_st *s = NULL;
+  CUresult r = fake_need_ctx_locked(c);
+  if (r == CUDA_SUCCESS) r = fake_stream_locked(hStream, *c, &s);
+  if (r == CUDA_SUCCESS) r = fake_stream_check_sync_locked(s);
+  if (r == CUDA_SUCCESS) r = fake_stream_marker_locked(s, m);
+  return r;
+}
+
 FAKE_API CUresult cuStreamSynchronize(CUstream hStream) {
   FAKE_COUNT(cuStreamSynchronize);
   pthread_mutex_lock(&F.mu);
   struct CUctx_st *c = NULL;
-  struct CUstream_st *s = NULL;
   fake_op *m = NULL;
-  CUresult r = fake_need_ctx_locked(&c);
-  if (r == CUDA_SUCCESS) r = fake_stream_locked(hStream, c, &s);
-  if (r == CUDA_SUCCESS) r = fake_stream_check_sync_locked(s);
-  if (r == CUDA_SUCCESS) r = fake_stream_marker_locked(s, &m);
+  CUresult r = fake_stream_sync_marker_locked(hStream, &c, &m);
   if (r == CUDA_SUCCESS) {
     fake_wait_marker_locked(m);
     r = c->sticky;
@@ -2109,12 +2145,8 @@ FAKE_API CUresult cuStreamQuery(CUstream hStream) {
   FAKE_COUNT(cuStreamQuery);
   pthread_mutex_lock(&F.mu);
   struct CUctx_st *c = NULL;
-  struct CUstream_st *s = NULL;
   fake_op *m = NULL;
-  CUresult r = fake_need_ctx_locked(&c);
-  if (r == CUDA_SUCCESS) r = fake_stream_locked(hStream, c, &s);
-  if (r == CUDA_SUCCESS) r = fake_stream_check_sync_locked(s);
-  if (r == CUDA_SUCCESS) r = fake_stream_marker_locked(s, &m);
+  CUresult r = fake_stream_sync_marker_locked(hStream, &c, &m);
   if (r == CUDA_SUCCESS && m) {
     if (!fake_marker_done(m)) r = CUDA_ERROR_NOT_READY;
     fake_op_unref_locked(m);
@@ -2654,7 +2686,9 @@ static CUresult fake_get_proc_address_v1(const char *symbol, void **pfn, int cud
   X(cuMemRelease, 10020, 10020, cuMemRelease, NULL)                                             \
   X(cuMemMap, 10020, 10020, cuMemMap, NULL)                                                     \
   X(cuMemUnmap, 10020, 10020, cuMemUnmap, NULL)                                                 \
-  X(cuMemSetAccess, 10020, 10020, cuMemSetAccess, NULL)
+  X(cuMemSetAccess, 10020, 10020, cuMemSetAccess, NULL)                                         \
+  X(cuDeviceGetUuid, 9020, 9020, cuDeviceGetUuid, NULL)                                         \
+  X(cuDeviceGetUuid, 9020, 11040, cuDeviceGetUuid, NULL)
 
 static const struct {
   const char *name; /* base name, as cuGetProcAddress is asked */

@@ -1,0 +1,44 @@
+/*
+ * fake_fixture.h — the CUDA driver test double (tests/support/fake_cuda) as
+ * the cmocka suites that run sgm on it load and use it: its control API
+ * looked up once, device 0's primary context made current for the test's own
+ * driver calls, and the suite's main() that skips (exit 77) where
+ * libcuda.so.1 on LD_LIBRARY_PATH is not the double. One copy of what
+ * test_capture.c, test_stream_order.c and test_migrate.c each did.
+ */
+#ifndef SGM_FAKE_FIXTURE_H
+#define SGM_FAKE_FIXTURE_H
+
+#include <stddef.h>
+
+#include "fake_cuda.h"
+#include "test_util.h"
+
+/* The double's control functions (fake_cuda.h), looked up with dlsym. */
+typedef struct sgm_fake_control {
+#define SGM_FAKE_MEMBER(ret, name, params) ret(*name) params;
+  FAKE_CUDA_CONTROL(SGM_FAKE_MEMBER)
+#undef SGM_FAKE_MEMBER
+} sgm_fake_control;
+
+/* dlopen libcuda.so.1 as sgm will find it, fill *fc with the double's
+ * control API and reset the double. The handle (for sgm_fake_need), or NULL
+ * after saying on stderr what is missing. Call from the group setup. */
+void *sgm_fake_load(sgm_fake_control *fc);
+
+/* dlsym(lib, name); NULL after saying on stderr that the double lacks it. */
+void *sgm_fake_need(void *lib, const char *name);
+
+/* Retain device 0's primary context and make it current on this thread, as
+ * an application does before queueing its own work (captures, events,
+ * copies); sgm_fake_ctx_pop pops and releases it. Both assert success. */
+void sgm_fake_ctx_push(void *lib);
+void sgm_fake_ctx_pop(void *lib);
+
+/* The suite's main(): 77 (skipped, with a line naming the suite) when
+ * libcuda.so.1 cannot be loaded or has no `needed` (a control function only
+ * the double has), else the cmocka group `suite` with setup and teardown. */
+int sgm_fake_run_suite(const char *suite, const char *needed, const struct CMUnitTest *tests,
+                       size_t n, CMFixtureFunction setup, CMFixtureFunction teardown);
+
+#endif /* SGM_FAKE_FIXTURE_H */
