@@ -1426,7 +1426,7 @@ int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *re
   if (placed_after_reclaim) tier_reclaim_some(p, false, SGM_RECLAIM_QUERY);
   int rc = tier_carve(p, block, need, ref, &b);
   /* Granules the returned blocks left free and the new one did not take. */
-  if (placed_after_reclaim) tier_vmm_settle(p);
+  if (placed_after_reclaim) tier_vmm_settle(p, true);
   /* Reclaiming cached memory comes before anything moves or falls back:
    * first other streams' caches through a device-side wait (one or two calls, no
    * host wait), then what the device has finished with (fences queried). */
