@@ -281,10 +281,13 @@ SGM_BENCH_FIGURE({"replay.mooncake.best", "Mooncake trace, VRAM = 10% of its blo
 // ---- allocation streams: committed VRAM against live bytes (docs/vmm.md) ----
 
 // The idealloc traces (MiniMalloc CSVs of framework tensor lifetimes) replayed
-// once per folder (every idealloc/*.csv) through sgm_alloc/sgm_free in growth
-// mode, as sgm-alloc-replay does: peak committed VRAM / peak live bytes per trace.
+// once per folder (every idealloc/*.csv) through sgm_alloc/sgm_free, as
+// sgm-alloc-replay does: in growth mode peak committed VRAM / peak live bytes,
+// in reserve mode the smallest budget that serves the stream with no
+// fallback / peak live bytes, per trace.
 struct StreamSet {
-  std::vector<double> growth;  // one ratio per trace found
+  std::vector<double> growth;   // one ratio per trace found
+  std::vector<double> reserve;  // the same traces, reserve mode
 };
 StreamSet *Streams(const RunContext &rc, std::string *skip) {
   static std::map<std::string, std::unique_ptr<StreamSet>> cache;
@@ -315,15 +318,19 @@ StreamSet *Streams(const RunContext &rc, std::string *skip) {
       gp.vmm = -1;
       replay_alloc_result r = {};
       int rc_replay = replay_alloc(&t, &gp, &r, err, sizeof err);
-      uint64_t live = t.peak_live_bytes;
+      uint64_t live = t.peak_live_bytes, budget = 0;
+      unsigned runs = 0;
+      bool served = rc_replay == 0 && r.served;
+      if (served) rc_replay = replay_alloc_min_budget(&t, -1, &budget, &runs, err, sizeof err);
       replay_trace_free(&t);
-      if (rc_replay != 0 || !r.served || live == 0) {
+      if (rc_replay != 0 || !served || live == 0) {
         *skip = std::string("replaying ") + path + " failed: " +
                 (rc_replay != 0 ? err : "an allocation fell back to shared memory");
         slot.reset();
         return nullptr;
       }
       slot->growth.push_back(static_cast<double>(r.peak_committed_bytes) / static_cast<double>(live));
+      slot->reserve.push_back(static_cast<double>(budget) / static_cast<double>(live));
     }
   }
   if (slot->growth.empty()) {
@@ -333,21 +340,27 @@ StreamSet *Streams(const RunContext &rc, std::string *skip) {
   return slot.get();
 }
 
-double StreamMean(const RunContext &rc, std::string *skip) {
+// The mean and the worst of one of a StreamSet's series (growth or reserve).
+double SeriesMean(const RunContext &rc, std::string *skip, std::vector<double> StreamSet::*series) {
   StreamSet *m = Streams(rc, skip);
   if (!m) return 0;
   double s = 0;
-  for (double g : m->growth) s += g;
-  return s / static_cast<double>(m->growth.size());
+  for (double g : m->*series) s += g;
+  return s / static_cast<double>((m->*series).size());
 }
 
-double StreamWorst(const RunContext &rc, std::string *skip) {
+double SeriesWorst(const RunContext &rc, std::string *skip, std::vector<double> StreamSet::*series) {
   StreamSet *m = Streams(rc, skip);
   if (!m) return 0;
   double w = 0;
-  for (double g : m->growth) w = std::max(w, g);
+  for (double g : m->*series) w = std::max(w, g);
   return w;
 }
+
+double StreamMean(const RunContext &rc, std::string *skip) { return SeriesMean(rc, skip, &StreamSet::growth); }
+double StreamWorst(const RunContext &rc, std::string *skip) { return SeriesWorst(rc, skip, &StreamSet::growth); }
+double ReserveMean(const RunContext &rc, std::string *skip) { return SeriesMean(rc, skip, &StreamSet::reserve); }
+double ReserveWorst(const RunContext &rc, std::string *skip) { return SeriesWorst(rc, skip, &StreamSet::reserve); }
 
 // Committing exactly the live bytes is the ideal: ratio 1.
 double StreamIdeal(const RunContext &rc, std::string *skip) { return Streams(rc, skip) ? 1.0 : 0; }
@@ -358,6 +371,14 @@ SGM_BENCH_FIGURE({"alloc.stream.growth", "idealloc traces through sgm_alloc/sgm_
 SGM_BENCH_FIGURE({"alloc.stream.growth_max", "idealloc traces through sgm_alloc/sgm_free, growth mode: peak committed / peak live, worst trace",
                   "x", "the peak live bytes (committed = live)", Better::kLower,
                   Target::Value(kAtMost, 1.10), kFullOnly, StreamWorst, StreamIdeal, 1, "traces"});
+// Reserve mode: the whole budget is one range from the start, so only
+// fragmentation inside it separates the smallest budget from the live bytes.
+SGM_BENCH_FIGURE({"alloc.stream.reserve", "idealloc traces through sgm_alloc/sgm_free, reserve mode: smallest budget with no fallback / peak live, mean",
+                  "x", "the peak live bytes (budget = live)", Better::kLower,
+                  Target::Value(kAtMost, 1.10), kFullOnly, ReserveMean, StreamIdeal, 1, "traces"});
+SGM_BENCH_FIGURE({"alloc.stream.reserve_max", "idealloc traces through sgm_alloc/sgm_free, reserve mode: smallest budget with no fallback / peak live, worst trace",
+                  "x", "the peak live bytes (budget = live)", Better::kLower,
+                  Target::Value(kAtMost, 1.10), kFullOnly, ReserveWorst, StreamIdeal, 1, "traces"});
 
 // ---- a real GPU (skipped, with the reason, where there is none) ----
 

@@ -461,7 +461,8 @@ static tier_stream *tier_stream_get_locked(sgm_tier_pool *p, const sgm_stream_re
 }
 
 static void tier_bagged_add_locked(sgm_tier_pool *p, int64_t n, int64_t bytes) {
-  p->bag_bytes += (uint64_t)bytes;
+  /* Atomic: read without the lock as a hint before large carves. */
+  __atomic_store_n(&p->bag_bytes, p->bag_bytes + (uint64_t)bytes, __ATOMIC_RELAXED);
   __atomic_store_n(&p->n_bagged, p->n_bagged + (size_t)n, __ATOMIC_RELAXED);
 }
 
@@ -485,6 +486,21 @@ static void tier_bag_add_locked(sgm_tier_pool *p, tier_block *b) {
   s->ref.handle = b->handle;
   tier_bag_push(&s->open, b);
   tier_bagged_add_locked(p, 1, (int64_t)b->bytes);
+}
+
+/* Synchronous backend: nothing is pending on the device, so every bagged
+ * block goes back to the sub-allocator (pool lock held). Returns how many. */
+static size_t tier_release_bags_locked(sgm_tier_pool *p) {
+  size_t n = 0;
+  for (tier_stream *s = p->streams; s; s = s->next) {
+    n += s->open.n + s->sealed.n;
+    tier_bagged_add_locked(p, -(int64_t)(s->open.n + s->sealed.n),
+                           -(int64_t)(s->open.bytes + s->sealed.bytes));
+    tier_bag_release_locked(p, &s->open);
+    tier_bag_release_locked(p, &s->sealed);
+  }
+  tier_update_room_locked(p);
+  return n;
 }
 
 /* ---- pooled events ---- */
@@ -1373,6 +1389,21 @@ static tier_block *tier_take_cached(sgm_tier_pool *p, tier_mag *m, int cls, uint
   return b;
 }
 
+/*
+ * Placement of large blocks (issue 17, reserve mode): a cached block is a
+ * hole the sub-allocator cannot see, so a block carved while the bags hold
+ * memory goes elsewhere, the holes never coalesce with their free
+ * neighbours, and the range fragments: on the idealloc traces the smallest
+ * reserve budget was up to 1.67 x the peak live bytes, against 1.20 for the
+ * bare sub-allocator. On a synchronous backend (the emulated device) nothing
+ * is pending, so before a large block that no cached block fits is carved,
+ * the bags go back to the sub-allocator (they coalesce); the threads'
+ * magazines (small blocks) stay with their owners. Not on other backends:
+ * there it would cost driver calls (a fence to record or query) on every
+ * such allocation and take the blocks from the device-side transfer to other
+ * streams, which comes first (DESIGN.md §8); reserve mode on CUDA keeps that
+ * fragmentation (docs/vmm.md).
+ */
 int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *ref, sgm_devptr *out) {
   *out = 0;
   if (sgm_unlikely(size == 0)) return sgm__error_set(SGM_ERR_INVALID, "allocation of 0 bytes");
@@ -1388,7 +1419,14 @@ int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *re
     *out = tier_hand_out(p, m, b, need, ref);
     return SGM_OK;
   }
+  /* A large block the caches could not serve is placed in the sub-allocator
+   * only after the cached blocks the device is done with went back there. */
+  bool placed_after_reclaim = cls < 0 && p->p.bops->synchronous &&
+                              __atomic_load_n(&p->bag_bytes, __ATOMIC_RELAXED) != 0;
+  if (placed_after_reclaim) tier_reclaim_some(p, false, SGM_RECLAIM_QUERY);
   int rc = tier_carve(p, block, need, ref, &b);
+  /* Granules the returned blocks left free and the new one did not take. */
+  if (placed_after_reclaim) tier_vmm_settle(p, true);
   /* Reclaiming cached memory comes before anything moves or falls back:
    * first other streams' caches through a device-side wait (one or two calls, no
    * host wait), then what the device has finished with (fences queried). */
@@ -1840,15 +1878,7 @@ static size_t tier_reclaim_some(sgm_tier_pool *p, bool mags, sgm_reclaim_mode mo
     tier_spin_unlock(&m->lock);
   }
   if (p->p.bops->synchronous) {
-    /* Nothing is pending on a synchronous device: every cached block is free. */
-    for (tier_stream *s = p->streams; s; s = s->next) {
-      n_done += s->open.n + s->sealed.n;
-      tier_bagged_add_locked(p, -(int64_t)(s->open.n + s->sealed.n),
-                             -(int64_t)(s->open.bytes + s->sealed.bytes));
-      tier_bag_release_locked(p, &s->open);
-      tier_bag_release_locked(p, &s->sealed);
-    }
-    tier_update_room_locked(p);
+    n_done = tier_release_bags_locked(p);
     sgm__lock_drop(&p->lock);
     return n_done;
   }

@@ -166,9 +166,10 @@ void test_missing_traces_are_skipped_with_a_message(void **) {
 }
 
 // Invariant: the allocation-stream figures replay every idealloc/*.csv of the
-// trace folder through sgm_alloc/sgm_free; committed VRAM can never be below
-// the live bytes, so both figures are measured, at least 1, the worst no
-// better than the mean, against the ideal 1.
+// trace folder through sgm_alloc/sgm_free; committed VRAM (growth) and the
+// smallest budget with no fallback (reserve) can never be below the live
+// bytes, so all four figures are measured, at least 1, the worst no better
+// than the mean, against the ideal 1.
 void test_alloc_stream_figures_replay_the_traces(void **) {
   std::string path = Tmp("streams.json");
   Result r = Run("--only alloc.stream --repetitions 1 --traces '" + Env("SGM_BENCH_TRACES") +
@@ -176,16 +177,18 @@ void test_alloc_stream_figures_replay_the_traces(void **) {
   assert_int_equal(r.status, 0);
   Json doc = Read(path);
   assert_string_equal(sgm_bench::CheckSchema(doc).c_str(), "");
-  const Json *mean = Figure(doc, "alloc.stream.growth");
-  const Json *worst = Figure(doc, "alloc.stream.growth_max");
-  assert_non_null(mean);
-  assert_non_null(worst);
-  for (const Json *f : {mean, worst}) {
-    if (f->StringOr("status", "") != "measured") fail_msg("%s", f->StringOr("skip_reason", "").c_str());
-    assert_true(f->NumberOr("value", 0) >= 1.0);
-    assert_true(f->NumberOr("reference", 0) == 1.0);
+  for (const char *mode : {"growth", "reserve"}) {
+    const Json *mean = Figure(doc, std::string("alloc.stream.") + mode);
+    const Json *worst = Figure(doc, std::string("alloc.stream.") + mode + "_max");
+    assert_non_null(mean);
+    assert_non_null(worst);
+    for (const Json *f : {mean, worst}) {
+      if (f->StringOr("status", "") != "measured") fail_msg("%s", f->StringOr("skip_reason", "").c_str());
+      assert_true(f->NumberOr("value", 0) >= 1.0);
+      assert_true(f->NumberOr("reference", 0) == 1.0);
+    }
+    assert_true(worst->NumberOr("value", 0) >= mean->NumberOr("value", 0));
   }
-  assert_true(worst->NumberOr("value", 0) >= mean->NumberOr("value", 0));
 }
 
 // Invariant: against the CUDA driver test double (a libcuda.so.1 that models

@@ -9,7 +9,9 @@
  * every free granule; granules that queued stream work still uses are not
  * unmapped until that work completes (the double holds it); a device without
  * the virtual-memory API, or SGM_VRAM_VMM=off, grows in chunks; the choice
- * shows in the stats and their JSON.
+ * shows in the stats and their JSON; in reserve mode a large block is placed
+ * only after the cached blocks are back in the sub-allocator (no fallback
+ * from fragmentation the caches made).
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -353,6 +355,51 @@ static void test_emu_option_off_grows_in_chunks(void **state) {
   }
 }
 
+/*
+ * Reserve mode (growth off, one 32 MiB range): cached blocks go back to the
+ * sub-allocator, where they coalesce, before a large block no cached block
+ * fits is placed, so the holes they leave do not fragment the range. Offsets
+ * from the range's start (the sub-allocator piles blocks up from both ends):
+ *   a = 12 MiB at [0, 12), b = 12 MiB at [20, 32); free a (cached);
+ *   c = 6 MiB: a is free again, so c goes to [0, 6) and [6, 20) stays whole
+ *     (placed before a came back, c would split [12, 20) and leave a 2 MiB hole);
+ *   free b (cached); d = 20 MiB fits only in [6, 32): it must land in VRAM.
+ * Live bytes never pass 26 MiB of the 32, so a fallback here would be
+ * fragmentation that sgm made itself.
+ */
+static void test_emu_reserve_places_after_cached_blocks_return(void **state) {
+  (void)state;
+  sgm_test_clean_env();
+  setenv("SGM_BACKEND", "emu", 1);
+  setenv("SGM_EMU_VRAM", "64MiB", 1);
+  setenv("SGM_VRAM_LIMIT", "32MiB", 1);
+  setenv("SGM_ALLOW_GROWTH", "off", 1);
+  setenv("SGM_SHARED_LIMIT", "64MiB", 1);
+  setenv("SGM_SHARED_FALLBACK", "on", 1);
+  setenv("SGM_IDLE_TRIM_MS", "0", 1);
+  sgm_context *ctx = NULL;
+  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+  void *a = sgm_alloc(ctx, 12 * MiB, NULL), *b = sgm_alloc(ctx, 12 * MiB, NULL);
+  assert_non_null(a);
+  assert_non_null(b);
+  assert_int_equal((char *)b - (char *)a, 20 * MiB);
+  sgm_free(ctx, a, NULL);
+  void *c = sgm_alloc(ctx, 6 * MiB, NULL);
+  assert_non_null(c);
+  sgm_free(ctx, b, NULL);
+  void *d = sgm_alloc(ctx, 20 * MiB, NULL);
+  assert_non_null(d);
+  assert_int_equal(sgm_pointer_tier(ctx, d), SGM_TIER_VRAM);
+  assert_ptr_equal(c, a); /* the low end, where a was */
+  sgm_stats st = stats(ctx);
+  assert_int_equal(st.n_fallbacks, 0);
+  assert_int_equal(st.tier[SGM_TIER_VRAM].used_bytes, 26 * MiB);
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  sgm_free(ctx, c, NULL);
+  sgm_free(ctx, d, NULL);
+  sgm_context_destroy(ctx);
+}
+
 /* Every fallible emulated call failing in turn (map, reserve, ...): the
  * allocation fails or succeeds whole, the pool's invariants hold, what is
  * committed is what the backend has mapped (or allocated: a reservation that
@@ -521,6 +568,7 @@ int main(void) {
       cmocka_unit_test(test_emu_free_granules_go_before_new_ones_are_mapped),
       cmocka_unit_test(test_emu_option_off_grows_in_chunks),
       cmocka_unit_test(test_emu_backend_failures),
+      cmocka_unit_test(test_emu_reserve_places_after_cached_blocks_return),
       cmocka_unit_test(test_emu_steady_pairs_stay_off_the_pool_lock),
       cmocka_unit_test(test_emu_mapping_leaves_other_threads_magazines),
   };
