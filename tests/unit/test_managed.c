@@ -622,6 +622,17 @@ static void assert_driver_never_evicted(void) {
   assert_int_equal(st.managed_evicted_bytes, 0);
 }
 
+/* The CUDA backend counts managed pages where sgm placed them: what it
+ * charged to each budget (cached ranges included). */
+static void assert_counted_as_charged(sgm_context *ctx, uint64_t device, uint64_t host) {
+  sgm_backend_counters c;
+  sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c);
+  assert_int_equal(c.managed_device_bytes, device);
+  assert_int_equal(c.managed_host_bytes, host);
+  assert_int_equal(c.managed_device_bytes, sgm__tier_charged(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  assert_int_equal(c.managed_host_bytes, sgm__tier_charged(sgm__context_tier(ctx, SGM_TIER_SHARED)));
+}
+
 /* Placement is advice + prefetch; the demoted block keeps its bytes. */
 static void test_double_places_with_advice_and_prefetch(void **state) {
   (void)state;
@@ -644,12 +655,14 @@ static void test_double_places_with_advice_and_prefetch(void **state) {
   assert_int_equal(page_at(c, &pref, &acc), 1);
   verify(a, 8 * MiB, 7);
   assert_driver_never_evicted();
+  assert_counted_as_charged(ctx, 16 * MiB, 8 * MiB);
   sgm_free(ctx, b, NULL); /* room: a comes back */
   assert_int_equal(sgm_pointer_tier(ctx, a), SGM_TIER_VRAM);
   assert_int_equal(page_at(a, &pref, &acc), 1);
   assert_int_equal(pref, CU_MEM_LOCATION_TYPE_DEVICE);
   verify(a, 8 * MiB, 7);
   assert_driver_never_evicted();
+  assert_counted_as_charged(ctx, 16 * MiB, 0); /* b's cached range gave a its room */
   sgm_free(ctx, a, NULL);
   sgm_free(ctx, c, NULL);
   sgm_context_destroy(ctx);
