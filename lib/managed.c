@@ -117,12 +117,44 @@ static int managed_charge_where(sgm_context *ctx, sgm_buffer *b, sgm_tier *where
   return rc;
 }
 
+/* b (RELEASED or cached BUSY, placed in tier t, charged there) becomes a live
+ * movable block for a request of want page-rounded bytes on stream: listed in
+ * its tier's policy, the address map and the live list (pl->lock held). */
+static void managed_list_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_tier t, uint64_t want,
+                                void *stream) {
+  b->magic = SGM_BUFFER_LIVE;
+  b->mwant = want;
+  b->priority = SGM_PRIORITY_NORMAL;
+  b->item.size_bytes = b->size;
+  b->item.priority = SGM_PRIORITY_NORMAL;
+  b->item.state = pl->state_bytes ? (char *)b + pl->state_offset : NULL;
+  b->item.id = __atomic_add_fetch(&pl->next_id, 1, __ATOMIC_RELAXED);
+  b->managed = true;
+  b->mstream = stream;
+  b->cold = false;
+  b->mrecorded = false;
+  sgm__buffer_set_state(b, SGM_BUF_RELEASED);
+  sgm__residency_put(pl, b, false);
+  b->all_prev = NULL;
+  b->all_next = pl->all;
+  if (pl->all) pl->all->all_prev = b;
+  pl->all = b;
+  size_t k = managed_bucket(b->dptr);
+  b->mnext = pl->mhash[k];
+  pl->mhash[k] = b;
+  b->touch = ++pl->managed_clock;
+  pl->n_managed_in[t]++;
+  pl->mslack_bytes += b->size - want;
+  __atomic_add_fetch(&pl->n_managed, 1, __ATOMIC_RELAXED);
+}
+
 /* The cached range of tier t that best fits want page-rounded bytes for the
  * stream ref (the smallest of want .. want + want / 8, the stream's own first),
- * out of the cache and ordered for ref; NULL when none (or the only fit cannot
- * be ordered now: a capture). No lock held. */
+ * out of the cache, ordered for ref and listed as a live block for stream;
+ * NULL when none (or the only fit cannot be ordered now: a capture). No lock
+ * held. */
 static sgm_buffer *managed_cache_take(sgm_context *ctx, sgm_tier t, uint64_t want,
-                                      const sgm_stream_ref *ref) {
+                                      const sgm_stream_ref *ref, void *stream) {
   struct sgm_placement *pl = sgm__context_pl(ctx);
   if (__atomic_load_n(&pl->n_mcache, __ATOMIC_RELAXED) == 0) return NULL;
   uint64_t most = want + want / 8;
@@ -140,17 +172,25 @@ static sgm_buffer *managed_cache_take(sgm_context *ctx, sgm_tier t, uint64_t wan
     best->all_prev = best->all_next = NULL;
     pl->mcache_bytes[t] -= best->size;
     __atomic_sub_fetch(&pl->n_mcache, 1, __ATOMIC_RELAXED);
+    pl->n_mcache_hits++;
   }
+  bool ordered = best && (best->mref.key == ref->key || sgm__context_bops(ctx)->synchronous);
+  if (ordered) managed_list_locked(pl, best, t, want, stream); /* one lock for the whole reuse */
   sgm__lock_drop(&pl->lock);
-  if (!best || best->mref.key == ref->key || sgm__context_bops(ctx)->synchronous) return best;
+  if (!best || ordered) return best;
   /* Freed on another stream: its work there may still use the range. */
   void *ev = NULL;
   int rc = sgm__context_bops(ctx)->event_create(sgm__context_be(ctx), &ev);
   if (rc == SGM_OK) rc = sgm__context_bops(ctx)->stream_transfer(sgm__context_be(ctx), ev, &best->mref, ref);
   sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), ev);
-  if (rc == SGM_OK) return best;
+  sgm__lock_take(&pl->lock);
+  if (rc == SGM_OK) {
+    managed_list_locked(pl, best, t, want, stream);
+    sgm__lock_drop(&pl->lock);
+    return best;
+  }
   sgm__error_clear();
-  sgm__lock_take(&pl->lock); /* back, newest first: it stays with its stream */
+  pl->n_mcache_hits--; /* back, newest first: it stays with its stream */
   best->all_next = pl->mcache[t];
   if (best->all_next) best->all_next->all_prev = best;
   pl->mcache[t] = best;
@@ -170,8 +210,8 @@ int sgm__managed_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *ou
   sgm_stream_ref ref;
   sgm__context_bops(ctx)->stream_ref(sgm__context_be(ctx), stream, &ref);
   sgm_tier t = SGM_TIER_VRAM;
-  sgm_buffer *b = managed_cache_take(ctx, SGM_TIER_VRAM, want, &ref); /* placed and charged */
-  if (b) goto out_ready;
+  sgm_buffer *b = managed_cache_take(ctx, SGM_TIER_VRAM, want, &ref, stream); /* placed, charged */
+  if (b) goto out_done;
   b = calloc(1, pl->state_offset + pl->state_bytes);
   if (!b) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for a managed block");
   b->ctx = ctx;
@@ -179,12 +219,12 @@ int sgm__managed_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *ou
   int rc = managed_charge_where(ctx, b, &t);
   if (rc != SGM_OK) goto out_free;
   if (t == SGM_TIER_SHARED) {
-    sgm_buffer *c = managed_cache_take(ctx, SGM_TIER_SHARED, want, &ref);
+    sgm_buffer *c = managed_cache_take(ctx, SGM_TIER_SHARED, want, &ref, stream);
     if (c) {
       sgm__tier_uncharge(sgm__context_tier(ctx, t), b->size); /* c holds its own charge */
       free(b);
       b = c;
-      goto out_ready;
+      goto out_done;
     }
   }
   rc = sgm__context_bops(ctx)->managed_alloc(sgm__context_be(ctx), b->size, &b->dptr);
@@ -192,38 +232,12 @@ int sgm__managed_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *ou
   rc = sgm__migrate_managed_place(ctx, b->dptr, b->size, t, stream);
   if (rc != SGM_OK) goto out_range;
   b->tier = t;
-  goto out_listed;
-
-out_ready:
-  __atomic_add_fetch(&pl->n_mcache_hits, 1, __ATOMIC_RELAXED);
-out_listed:
-  b->magic = SGM_BUFFER_LIVE;
-  b->mwant = want;
-  b->priority = SGM_PRIORITY_NORMAL;
-  b->item.size_bytes = b->size;
-  b->item.priority = SGM_PRIORITY_NORMAL;
-  b->item.state = pl->state_bytes ? (char *)b + pl->state_offset : NULL;
-  b->item.id = __atomic_add_fetch(&pl->next_id, 1, __ATOMIC_RELAXED);
-  b->managed = true;
-  b->mstream = stream;
-  b->cold = false;
-  b->mrecorded = false;
   sgm__lock_take(&pl->lock);
-  sgm__buffer_set_state(b, SGM_BUF_RELEASED);
-  sgm__residency_put(pl, b, false);
-  b->all_next = pl->all;
-  if (pl->all) pl->all->all_prev = b;
-  pl->all = b;
-  size_t k = managed_bucket(b->dptr);
-  b->mnext = pl->mhash[k];
-  pl->mhash[k] = b;
-  b->touch = ++pl->managed_clock;
-  pl->n_managed_in[t]++;
-  pl->mslack_bytes += b->size - want;
-  __atomic_add_fetch(&pl->n_managed, 1, __ATOMIC_RELAXED);
+  managed_list_locked(pl, b, t, want, stream);
   sgm__lock_drop(&pl->lock);
+out_done:
   *out = b->dptr;
-  *where = t;
+  *where = t; /* b may move once listed: not b->tier */
   return SGM_OK;
 
 out_range:
@@ -240,7 +254,6 @@ int sgm__managed_free(sgm_context *ctx, uint64_t d, void *stream) {
   if (__atomic_load_n(&pl->n_managed, __ATOMIC_RELAXED) == 0) return SGM_ERR_INVALID;
   sgm_stream_ref ref;
   sgm__context_bops(ctx)->stream_ref(sgm__context_be(ctx), stream, &ref);
-  uint64_t now = sgm__context_now_ms(ctx); /* before pl->lock: it takes the context's */
   sgm__lock_take(&pl->lock);
   sgm_buffer *b = managed_find_locked(pl, d);
   if (!b) {
@@ -260,10 +273,11 @@ int sgm__managed_free(sgm_context *ctx, uint64_t d, void *stream) {
   pl->mslack_bytes -= b->size - b->mwant;
   __atomic_sub_fetch(&pl->n_managed, 1, __ATOMIC_RELAXED);
   sgm_tier was = b->tier;
+  bool waiting = pl->n_managed_in[SGM_TIER_SHARED] != 0; /* blocks that may want the room */
   bool cache = !b->mrecorded && !b->event;
   if (cache) { /* stays BUSY, charged where it is placed */
     b->mref = ref;
-    b->mcached_ms = now;
+    b->mcached_ms = 0; /* the next idle tick stamps it */
     b->all_next = pl->mcache[was];
     if (b->all_next) b->all_next->all_prev = b;
     pl->mcache[was] = b;
@@ -276,8 +290,7 @@ int sgm__managed_free(sgm_context *ctx, uint64_t d, void *stream) {
     free(b);
   }
   /* Room (the cache gives its ranges to promotions: sgm__managed_promote). */
-  if (was == SGM_TIER_VRAM && __atomic_load_n(&pl->n_managed, __ATOMIC_RELAXED) != 0)
-    sgm__managed_promote(ctx, MANAGED_PROMOTE_INLINE_BYTES);
+  if (was == SGM_TIER_VRAM && waiting) sgm__managed_promote(ctx, MANAGED_PROMOTE_INLINE_BYTES);
   return SGM_OK;
 }
 
@@ -292,8 +305,9 @@ bool sgm__managed_record_stream(sgm_context *ctx, uint64_t d) {
 }
 
 /* Give cached ranges back to the driver, oldest first: of tier t (or both,
- * t = SGM_TIER_COUNT) until at least want bytes went, only those cached
- * before `before_ms` (UINT64_MAX: any). Bytes given back. No lock held. */
+ * t = SGM_TIER_COUNT) until at least want bytes went, only those an idle
+ * tick stamped before `before_ms` (UINT64_MAX: any). Bytes given back. No
+ * lock held. */
 static uint64_t managed_cache_release(sgm_context *ctx, int t, uint64_t want, uint64_t before_ms) {
   struct sgm_placement *pl = sgm__context_pl(ctx);
   if (__atomic_load_n(&pl->n_mcache, __ATOMIC_RELAXED) == 0) return 0;
@@ -306,7 +320,7 @@ static uint64_t managed_cache_release(sgm_context *ctx, int t, uint64_t want, ui
     while (c && c->all_next) c = c->all_next; /* the oldest */
     while (c && bytes < want) {
       sgm_buffer *prev = c->all_prev;
-      if (c->mcached_ms < before_ms) {
+      if (before_ms == UINT64_MAX || (c->mcached_ms && c->mcached_ms < before_ms)) {
         if (prev) prev->all_next = c->all_next;
         else pl->mcache[k] = c->all_next;
         if (c->all_next) c->all_next->all_prev = prev;
@@ -335,7 +349,17 @@ uint64_t sgm__managed_cache_drop(sgm_context *ctx, sgm_tier t, uint64_t want) {
 }
 
 uint64_t sgm__managed_cache_idle(sgm_context *ctx, uint64_t now_ms, uint64_t idle_ms) {
-  return managed_cache_release(ctx, SGM_TIER_COUNT, UINT64_MAX, now_ms >= idle_ms ? now_ms - idle_ms + 1 : 0);
+  struct sgm_placement *pl = sgm__context_pl(ctx);
+  if (__atomic_load_n(&pl->n_mcache, __ATOMIC_RELAXED) == 0) return 0;
+  /* A free reads no clock: the first tick that sees a range stamps it (the
+   * context clock's 0 is "not stamped": a stamp is at least 1). */
+  sgm__lock_take(&pl->lock);
+  for (int k = 0; k < SGM_N_RESIDENT; k++)
+    for (sgm_buffer *c = pl->mcache[k]; c; c = c->all_next)
+      if (!c->mcached_ms) c->mcached_ms = now_ms ? now_ms : 1;
+  sgm__lock_drop(&pl->lock);
+  uint64_t before = now_ms >= idle_ms ? now_ms - idle_ms + 1 : 0;
+  return managed_cache_release(ctx, SGM_TIER_COUNT, UINT64_MAX, before);
 }
 
 uint64_t sgm__managed_cache_fit(sgm_context *ctx, sgm_tier t) {

@@ -88,7 +88,8 @@ struct sgm_buffer {
   bool mrecorded;            /* managed: sgm_record_stream named a stream: its free gives the range
                                 back to the driver (which waits for every stream) instead of caching */
   sgm_stream_ref mref;       /* managed, cached: the stream it was freed on */
-  uint64_t mcached_ms;       /* managed, cached: the context clock when it was freed */
+  uint64_t mcached_ms;       /* managed, cached: the context clock at the first idle tick that saw
+                                it cached (0: none yet) */
   /* then, at pl->state_offset: pl->state_bytes of policy state (item.state) */
 };
 

@@ -487,9 +487,11 @@ static void test_cache_goes_back_to_the_driver(void **state) {
   a = sgm_alloc(ctx, 4 * MiB, NULL);
   void *b = sgm_alloc(ctx, 8 * MiB, NULL);
   sgm_free(ctx, a, NULL);
+  sgm__context_idle_tick(ctx); /* a seen cached at 5000 */
   __atomic_store_n(&test_clock_ms, 5600, __ATOMIC_RELAXED);
   sgm_free(ctx, b, NULL);
-  __atomic_store_n(&test_clock_ms, 5900, __ATOMIC_RELAXED);
+  sgm__context_idle_tick(ctx); /* b at 5600 */
+  __atomic_store_n(&test_clock_ms, 5999, __ATOMIC_RELAXED);
   sgm__context_idle_tick(ctx); /* neither idle for 1000 ms yet */
   assert_int_equal(live_ranges(ctx), 2);
   __atomic_store_n(&test_clock_ms, 6000, __ATOMIC_RELAXED);
