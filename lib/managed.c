@@ -381,8 +381,21 @@ sgm_tier sgm__managed_tier(sgm_context *ctx, uint64_t d) {
   return t;
 }
 
-/* The shared-placed block to promote first (pl->lock held): the highest
- * priority, then the most recently touched. NULL when none is idle. */
+/* Should shared-placed b come back before best (pl->lock held)? The higher
+ * priority first; within a level the VRAM policy's promote_before decides,
+ * else the most recently touched. */
+static bool managed_promote_before_locked(struct sgm_placement *pl, const sgm_buffer *b,
+                                          const sgm_buffer *best) {
+  if (b->priority != best->priority) return b->priority > best->priority;
+  sgm_policy_item x = {.id = b->item.id, .size_bytes = b->size, .priority = b->priority, .state = NULL};
+  sgm_policy_item y = {.id = best->item.id, .size_bytes = best->size, .priority = best->priority,
+                       .state = NULL};
+  int r = sgm__prio_promote_before(pl->pol[SGM_TIER_VRAM], &x, &y);
+  return r < 0 ? b->touch > best->touch : r == 1;
+}
+
+/* The shared-placed block to promote first (pl->lock held), as
+ * managed_promote_before_locked orders them. NULL when none is idle. */
 static sgm_buffer *managed_best_shared_locked(struct sgm_placement *pl) {
   sgm_buffer *best = NULL;
   if (pl->n_managed_in[SGM_TIER_SHARED] == 0) return NULL;
@@ -390,9 +403,7 @@ static sgm_buffer *managed_best_shared_locked(struct sgm_placement *pl) {
     if (!b->managed || b->tier != SGM_TIER_SHARED || b->cold ||
         sgm__buffer_state(b) != SGM_BUF_RELEASED)
       continue;
-    if (!best || b->priority > best->priority ||
-        (b->priority == best->priority && b->touch > best->touch))
-      best = b;
+    if (!best || managed_promote_before_locked(pl, b, best)) best = b;
   }
   return best;
 }

@@ -42,8 +42,9 @@
 
 #define MiB (UINT64_C(1) << 20)
 
-static sgm_context *make_ctx(const char *vram_limit, const char *pointers) {
+static sgm_context *make_ctx_policy(const char *vram_limit, const char *pointers, const char *policy) {
   sgm_test_clean_env();
+  if (policy) setenv("SGM_POLICY_VRAM", policy, 1);
   setenv("SGM_EMU_VRAM", "64MiB", 1);
   setenv("SGM_VRAM_LIMIT", vram_limit, 1);
   setenv("SGM_SHARED_LIMIT", "256MiB", 1);
@@ -53,6 +54,10 @@ static sgm_context *make_ctx(const char *vram_limit, const char *pointers) {
   sgm_status rc = sgm_context_create(NULL, &ctx);
   if (rc != SGM_OK) fail_msg("create: %s", sgm_last_error());
   return ctx;
+}
+
+static sgm_context *make_ctx(const char *vram_limit, const char *pointers) {
+  return make_ctx_policy(vram_limit, pointers, NULL);
 }
 
 /* The invariants after every step: the budget holds device-placed bytes, the
@@ -510,6 +515,56 @@ static void test_cache_goes_back_to_the_driver(void **state) {
   sgm_test_clean_env();
 }
 
+/* A test policy: lru, but the oldest block (the lowest id) comes back first. */
+static bool oldest_first(sgm_policy *p, const sgm_policy_item *a, const sgm_policy_item *b) {
+  (void)p;
+  assert_null(a->state); /* sgm's copies */
+  assert_int_equal(a->priority, b->priority); /* only asked within a level */
+  return a->id < b->id;
+}
+
+/* Which shared-placed block comes back into the room a free leaves is the
+ * VRAM policy's promote_before when it has one (ABI 3), else the most
+ * recently allocated or used; a higher priority comes first either way. */
+static void run_promotion_order(const char *policy, int expect_back) {
+  sgm_context *ctx = make_ctx_policy("12MiB", "managed", policy);
+  void *p[3];
+  for (int i = 0; i < 3; i++) p[i] = sgm_alloc(ctx, 4 * MiB, NULL);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(sgm_prefetch(ctx, p[i], 4 * MiB, SGM_TIER_SHARED, NULL), SGM_OK);
+  void *z = sgm_alloc(ctx, 4 * MiB, NULL);
+  void *y = sgm_alloc(ctx, 8 * MiB, NULL);
+  assert_int_equal(sgm_pointer_tier(ctx, y), SGM_TIER_VRAM);
+  sgm_free(ctx, z, NULL); /* room for one */
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(sgm_pointer_tier(ctx, p[i]), i == expect_back ? SGM_TIER_VRAM : SGM_TIER_SHARED);
+  /* A higher priority still comes back first, whatever the policy says. */
+  int low = expect_back == 2 ? 0 : 2; /* in shared memory, and not the order's next */
+  assert_int_equal(sgm_advise(ctx, p[low], SGM_PRIORITY_HIGH, SGM_HINT_NONE), SGM_OK);
+  assert_int_equal(sgm_prefetch(ctx, p[expect_back], 4 * MiB, SGM_TIER_SHARED, NULL), SGM_OK);
+  assert_int_equal(sgm_pointer_tier(ctx, p[low]), SGM_TIER_SHARED);
+  assert_int_equal(sgm_trim(ctx), SGM_OK); /* room for one: the high-priority block */
+  assert_int_equal(sgm_pointer_tier(ctx, p[low]), SGM_TIER_VRAM);
+  check_invariants(ctx);
+  for (int i = 0; i < 3; i++) sgm_free(ctx, p[i], NULL);
+  sgm_free(ctx, y, NULL);
+  sgm_context_destroy(ctx);
+}
+
+static void test_policy_orders_promotions(void **state) {
+  (void)state;
+  run_promotion_order(NULL, 2); /* the most recently allocated */
+  static sgm_policy_ops ops;
+  if (!sgm_policy_find("lru-oldest-up")) {
+    ops = *sgm_policy_find("lru");
+    ops.name = "lru-oldest-up";
+    ops.promote_before = oldest_first;
+    assert_int_equal(sgm_policy_register(&ops), SGM_OK);
+  }
+  run_promotion_order("lru-oldest-up", 0);
+  sgm_test_clean_env();
+}
+
 /* Every device call on the way of a managed allocation and its moves may
  * fail: each run ends whole, with nothing leaked. */
 /* One run of the fault test: allocate, move and free three blocks with the
@@ -820,6 +875,7 @@ int main(void) {
       cmocka_unit_test(test_cache_reuses_a_freed_range),
       cmocka_unit_test(test_cache_yields_before_anything_moves),
       cmocka_unit_test(test_cache_goes_back_to_the_driver),
+      cmocka_unit_test(test_policy_orders_promotions),
       DOUBLE_TESTS
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
