@@ -263,6 +263,12 @@ typedef struct sgm_stats {
   uint64_t vram_reserved_bytes; /* that range's size (address space, not memory); 0 = none */
   uint64_t driver_calls;       /* calls this context's backend made into the GPU driver since
                                   create (docs/stats.md); 0 on the emulated device */
+  /* managed mode: the cache of freed movable ranges (docs/managed.md) */
+  uint64_t n_managed_cache_hits;   /* movable allocations served by a cached range (no driver call) */
+  uint64_t managed_cached_bytes;   /* bytes of freed movable ranges kept for reuse (also in the
+                                      tiers' cached_bytes and committed_bytes, not in used_bytes) */
+  uint64_t managed_slack_bytes;    /* live movable blocks' bytes beyond their requests rounded to
+                                      64 KiB pages (a cached range reused for up to 1/8 less) */
 } sgm_stats;
 
 /* Fill *out with the context's counters. Fast, any thread. On failure *out is zeroed. */

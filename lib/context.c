@@ -146,8 +146,12 @@ uint64_t sgm__context_idle_tick(sgm_context *ctx) {
     if (sgm__tier_has_cached(ctx->tiers[t])) sgm__tier_reclaim(ctx->tiers[t], NULL, SGM_RECLAIM_QUERY);
     returned += sgm__tier_idle_trim(ctx->tiers[t], now, ctx->cfg.idle_trim_ms);
   }
-  /* Managed blocks in shared memory take the VRAM room that has appeared. */
-  if (ctx->managed) sgm__managed_promote(ctx, UINT64_MAX);
+  /* Managed blocks in shared memory take the VRAM room that has appeared;
+   * cached movable ranges unused for the idle delay go back. */
+  if (ctx->managed) {
+    returned += sgm__managed_cache_idle(ctx, now, ctx->cfg.idle_trim_ms);
+    sgm__managed_promote(ctx, UINT64_MAX);
+  }
   if (returned) {
     char b[32];
     sgm__log(ctx->cfg.verbose, 3, "idle trim returned %s", sgm__fmt_bytes(returned, b, sizeof b));
@@ -499,6 +503,7 @@ int sgm__context_set_vram_fraction(sgm_context *ctx, double fraction) {
   sgm__lock_drop(&ctx->lock);
   if (rc != SGM_OK) return rc; /* the budget stays as it was */
   sgm__tier_set_budget(ctx->tiers[SGM_TIER_VRAM], budget);
+  if (ctx->managed) sgm__managed_cache_fit(ctx, SGM_TIER_VRAM); /* cached ranges over it go back */
   return SGM_OK;
 }
 
@@ -561,7 +566,7 @@ SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream) {
    * on `stream` may still use the block, so it is cached for that stream —
    * reusable by its later work at once, with no driver call — and reaches
    * other streams only through a device-side wait (tier.c). */
-  if (ctx->managed && sgm__managed_free(ctx, d) == SGM_OK) return SGM_OK;
+  if (ctx->managed && sgm__managed_free(ctx, d, stream) == SGM_OK) return SGM_OK;
   sgm_stream_ref ref;
   ctx->bops->stream_ref(ctx->be, stream, &ref);
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
@@ -590,9 +595,9 @@ SGM_API sgm_status sgm_record_stream(sgm_context *ctx, void *ptr, void *stream) 
     int rc = sgm__tier_record_stream(ctx->tiers[t], (sgm_devptr)(uintptr_t)ptr, &ref);
     if (rc != SGM_ERR_INVALID) return (sgm_status)rc;
   }
-  /* A managed block's free gives its range back to the driver, which
-   * waits for all work using it: nothing to record. */
-  if (ctx->managed && sgm__managed_tier(ctx, (sgm_devptr)(uintptr_t)ptr) != SGM_TIER_NONE) return SGM_OK;
+  /* A managed block so named is not cached at its free: the driver's free
+   * waits for all work using it. */
+  if (ctx->managed && sgm__managed_record_stream(ctx, (sgm_devptr)(uintptr_t)ptr)) return SGM_OK;
   return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_record_stream: %p is not a live "
                                     "allocation of this context (from sgm_alloc, not yet freed)",
                                     ptr);
@@ -620,7 +625,10 @@ SGM_API sgm_status sgm_trim(sgm_context *ctx) {
   for (int t = 0; t < SGM_TIER_COUNT; t++)
     if (ctx->tiers[t]) returned += sgm__tier_trim(ctx->tiers[t]);
   returned += sgm__placement_trim(ctx);
-  if (ctx->managed) sgm__managed_promote(ctx, UINT64_MAX); /* into the room trimming left */
+  if (ctx->managed) {
+    returned += sgm__managed_cache_drop(ctx, SGM_TIER_COUNT, UINT64_MAX);
+    sgm__managed_promote(ctx, UINT64_MAX); /* into the room trimming left */
+  }
   char b[32];
   sgm__log(ctx->cfg.verbose, 3, "trim returned %s", sgm__fmt_bytes(returned, b, sizeof b));
   return SGM_OK;

@@ -352,8 +352,19 @@ int sgm__managed_open(sgm_context *ctx);
  * fits after demoting colder blocks, else shared memory (when the fallback is
  * on). *where: its tier (SGM_TIER_NONE and *out 0 on failure). No lock held. */
 int sgm__managed_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *out, sgm_tier *where);
-/* Free the managed block at d: SGM_ERR_INVALID (no message) when d is not one. */
-int sgm__managed_free(sgm_context *ctx, uint64_t d);
+/* Free the managed block at d on stream (its range is cached for reuse):
+ * SGM_ERR_INVALID (no message) when d is not one. */
+int sgm__managed_free(sgm_context *ctx, uint64_t d, void *stream);
+/* sgm_record_stream of d: true when d is a managed block (its free then gives
+ * the range back to the driver instead of caching it). */
+bool sgm__managed_record_stream(sgm_context *ctx, uint64_t d);
+/* The cache of freed movable ranges: give back to the driver, oldest first,
+ * at least want bytes of tier t's (SGM_TIER_COUNT: both; UINT64_MAX: all);
+ * those cached idle_ms or longer; those of tier t over a lowered budget.
+ * Bytes given back. No lock held. */
+uint64_t sgm__managed_cache_drop(sgm_context *ctx, sgm_tier t, uint64_t want);
+uint64_t sgm__managed_cache_idle(sgm_context *ctx, uint64_t now_ms, uint64_t idle_ms);
+uint64_t sgm__managed_cache_fit(sgm_context *ctx, sgm_tier t);
 /* The tier of the managed block at d; SGM_TIER_NONE when d is not one. */
 sgm_tier sgm__managed_tier(sgm_context *ctx, uint64_t d);
 /* Promote shared-placed managed blocks into VRAM room that is free now (no

@@ -201,6 +201,7 @@ void sgm__placement_destroy(sgm_context *ctx) {
   struct sgm_placement *pl = sgm__context_pl(ctx);
   if (!pl) return;
   sgm__prefetch_stop(pl);
+  sgm__managed_cache_drop(ctx, SGM_TIER_COUNT, UINT64_MAX);
   /* The policies are destroyed after the buffers without being told about
    * them: the contract says destroy must not touch items. */
   while (pl->all) {

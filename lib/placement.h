@@ -100,6 +100,13 @@ struct sgm_buffer {
   bool cold;                 /* managed: a cold hint sent it to shared memory; not promoted on its
                                 own until a hot hint or a prefetch to VRAM */
   sgm_buffer *mnext;         /* managed: the next block in its bucket of pl->mhash */
+  uint64_t mwant;            /* managed: the page-rounded bytes asked for (size - mwant: slack of
+                                a cached range reused for a smaller request) */
+  bool mrecorded;            /* managed: sgm_record_stream named a stream: its free gives the range
+                                back to the driver (which waits for every stream) instead of caching */
+  sgm_stream_ref mref;       /* managed, cached: the stream it was freed on */
+  uint64_t mcached_ms;       /* managed, cached: the context clock at the first idle tick that saw
+                                it cached (0: none yet) */
   /* then, at pl->state_offset: pl->state_bytes of policy state (item.state) */
 };
 
@@ -142,6 +149,14 @@ struct sgm_placement {
   uint64_t managed_clock;              /* ticks at every managed allocation, hint and prefetch */
   uint64_t n_managed_moves[2];         /* managed blocks promoted [0] and demoted [1] */
   uint64_t managed_moved_bytes[2];     /* their bytes, the same way */
+  /* The cache of freed movable ranges (managed.c): each a whole sgm_buffer,
+   * BUSY and in no map or policy, linked by all_prev/all_next. */
+  sgm_buffer *mcache[SGM_N_RESIDENT];  /* cached ranges by where they are placed, newest first */
+  uint64_t mcache_bytes[SGM_N_RESIDENT]; /* their bytes: charged to the tier, committed, not used */
+  uint64_t n_mcache;                   /* cached ranges in both tiers (atomic: read unlocked) */
+  uint64_t n_mcache_hits;              /* movable allocations served from the cache */
+  uint64_t n_mcache_released;          /* cached ranges given back to the driver */
+  uint64_t mslack_bytes;               /* live movable blocks' bytes beyond their page-rounded requests */
 };
 
 /* b->state is a word of its own: the state in the low bits, SGM_BUF_WAITERS

@@ -263,6 +263,8 @@ static int residency_alloc_making_room(sgm_context *ctx, sgm_tier t, uint64_t si
              : stream ? sgm__tier_alloc_on(sgm__context_tier(ctx, t), size, stream, out)
                       : sgm__tier_alloc(sgm__context_tier(ctx, t), size, out);
     if (!residency_full(rc)) return rc;
+    /* Cached movable ranges are free memory: they go before anyone moves. */
+    if (sgm__managed_cache_drop(ctx, t, size)) continue;
     if (__atomic_load_n(&sgm__context_pl(ctx)->n_listed[t], __ATOMIC_RELAXED) == 0) return rc;
     if (!checked) {
       checked = true;

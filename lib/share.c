@@ -246,6 +246,7 @@ static void share_apply(sgm_context *ctx, sgm_tier t, uint64_t budget) {
   sgm_tier_stats ts;
   sgm__tier_stats(sgm__context_tier(ctx, t), &ts);
   if (ts.budget_bytes != budget) sgm__tier_set_budget(sgm__context_tier(ctx, t), budget);
+  if (sgm__context_managed(ctx)) sgm__managed_cache_fit(ctx, t); /* cached ranges over it go back */
   if (ts.used_bytes <= budget) return;
   if (t == SGM_TIER_SHARED && !sgm__placement_disk(ctx)) return; /* nowhere to demote to */
   if (sgm__residency_trim_to_budget(ctx, t)) sgm__tier_trim(sgm__context_tier(ctx, t));

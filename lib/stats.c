@@ -85,12 +85,16 @@ SGM_API sgm_status sgm_stats_json(sgm_context *ctx, char **out) {
                      (unsigned long long)st.fallback_bytes, (unsigned long long)st.n_bad_frees);
   sgm__strbuf_printf(&b, "\"driver_calls\":%llu,", (unsigned long long)st.driver_calls);
   sgm__strbuf_printf(&b, "\"pointers\":\"%s\",\"managed\":{\"n_live\":%llu,\"n_promotions\":%llu,"
-                     "\"n_demotions\":%llu,\"promoted_bytes\":%llu,\"demoted_bytes\":%llu},\"tiers\":{",
+                     "\"n_demotions\":%llu,\"promoted_bytes\":%llu,\"demoted_bytes\":%llu,"
+                     "\"n_cache_hits\":%llu,\"cached_bytes\":%llu,\"slack_bytes\":%llu},\"tiers\":{",
                      sgm__context_managed(ctx) ? "managed" : "fixed", (unsigned long long)st.n_managed_live,
                      (unsigned long long)st.n_managed_promotions,
                      (unsigned long long)st.n_managed_demotions,
                      (unsigned long long)st.managed_promoted_bytes,
-                     (unsigned long long)st.managed_demoted_bytes);
+                     (unsigned long long)st.managed_demoted_bytes,
+                     (unsigned long long)st.n_managed_cache_hits,
+                     (unsigned long long)st.managed_cached_bytes,
+                     (unsigned long long)st.managed_slack_bytes);
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
     const sgm_tier_stats *s = &st.tier[t];
     sgm__strbuf_printf(&b,

@@ -49,6 +49,10 @@ void sgm__prio_record(sgm__prio_layer *l, int priority, uint64_t id);
  * victim's or the policy has no admit member; else the victim's level decides. */
 bool sgm__prio_admit(sgm__prio_layer *l, const sgm_policy_item *candidate,
                      const sgm_policy_item *victim);
+/* Should the shared-placed movable block a come back into VRAM before b (both
+ * of one priority level)? The policy's promote_before at that level: 1 or 0;
+ * -1 when the policy has none (the caller's own order applies). */
+int sgm__prio_promote_before(sgm__prio_layer *l, const sgm_policy_item *a, const sgm_policy_item *b);
 /* Sum over the levels. */
 uint64_t sgm__prio_reclaimable(const sgm__prio_layer *l);
 /* Every level's check (those whose policy has one); SGM_OK or SGM_ERR_CORRUPT. */

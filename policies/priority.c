@@ -92,6 +92,11 @@ bool sgm__prio_admit(sgm__prio_layer *l, const sgm_policy_item *candidate,
   return l->ops->admit(prio_level(l, victim), candidate, victim);
 }
 
+int sgm__prio_promote_before(sgm__prio_layer *l, const sgm_policy_item *a, const sgm_policy_item *b) {
+  if (!l->ops->promote_before) return -1;
+  return l->ops->promote_before(prio_level(l, a), a, b) ? 1 : 0;
+}
+
 sgm_policy_item *sgm__prio_next_victim(sgm__prio_layer *l, uint64_t bytes_wanted) {
   for (int k = 0; k < SGM__PRIO_LEVELS; k++) {
     if (l->ops->reclaimable_bytes(l->level[k]) == 0) continue;

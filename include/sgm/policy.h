@@ -53,8 +53,9 @@ extern "C" {
 
 /* The plug-in ABI this header describes. A vtable built for any version from
  * 1 up to this one loads; the members its version predates count as absent.
- * Version 2 added record and admit at the end of sgm_policy_ops. */
-#define SGM_POLICY_ABI_VERSION 2u
+ * Version 2 added record and admit at the end of sgm_policy_ops, version 3
+ * promote_before. */
+#define SGM_POLICY_ABI_VERSION 3u
 
 /* The most per-buffer state a policy may ask for. Every buffer carries it
  * inline, sized for the larger of its context's two policies: 256 bytes is
@@ -126,8 +127,8 @@ typedef struct sgm_policy_params {
 
 /*
  * The vtable. Every member must be set except the optional `summary`,
- * `check`, `record` and `admit`; sgm_policy_register names the first required
- * one missing.
+ * `check`, `record`, `admit` and `promote_before`; sgm_policy_register names
+ * the first required one missing.
  */
 typedef struct sgm_policy_ops {
   uint32_t abi_version; /* the SGM_POLICY_ABI_VERSION it was built with (1 up to this one) */
@@ -201,6 +202,23 @@ typedef struct sgm_policy_ops {
    * instance as next_victim may, but must not remove the victim.
    */
   bool (*admit)(sgm_policy *p, const sgm_policy_item *candidate, const sgm_policy_item *victim);
+
+  /* ---- ABI version 3 ---- */
+
+  /*
+   * Optional (NULL: sgm's own order, the block most recently allocated, hinted
+   * hot or prefetched to VRAM first). VRAM room has appeared and movable
+   * blocks (SGM_POINTERS=managed, docs/managed.md) wait in shared memory:
+   * should `a` come back into VRAM before `b`? sgm keeps the block no other
+   * is asked to come before, and promotes it first. Asked of the VRAM tier's
+   * instance of the blocks' priority level, and only for two blocks of the
+   * same level (a higher level always comes back first). a and b are sgm's
+   * copies, as admit's candidate: id, size_bytes and priority, state NULL
+   * (the blocks are items of the shared tier's policy, not of this instance).
+   * Answer as a strict order (false for a block and itself). Same contract as
+   * the other methods; it must not reorganise the instance.
+   */
+  bool (*promote_before)(sgm_policy *p, const sgm_policy_item *a, const sgm_policy_item *b);
 } sgm_policy_ops;
 
 /*

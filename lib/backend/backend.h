@@ -215,8 +215,9 @@ typedef struct sgm_backend_counters {
   uint64_t n_host_live;       /* live pinned host allocations */
   uint64_t n_events_live;     /* events recorded and not yet destroyed */
   uint64_t n_managed_live;    /* live managed ranges */
-  uint64_t managed_device_bytes; /* bytes of managed pages placed in device memory now (emu; 0 on CUDA) */
-  uint64_t managed_host_bytes;   /* bytes of managed pages placed in host memory now (emu; 0 on CUDA) */
+  uint64_t managed_device_bytes; /* bytes of managed pages placed in device memory now (CUDA: by
+                                    sgm's prefetches, at SGM_MANAGED_PAGE granularity) */
+  uint64_t managed_host_bytes;   /* bytes of managed pages placed in host memory now (the same way) */
   uint64_t n_managed_moves;   /* prefetches that moved at least one page (emu; 0 on CUDA) */
   /* expandable VRAM (issue 17) */
   uint64_t vmm_mapped_bytes;  /* bytes mapped into reserved ranges (also in device_live_bytes) */

@@ -14,6 +14,9 @@
 #   demo, fallback the example programs on the device
 #   pytorch, cupy  the framework examples at 1.5x SGM_VRAM_LIMIT (2 GiB, or a
 #                  third of the free memory when less: 1.5x never exceeds it)
+#   managed-oversub a PyTorch job at 1.5x a VRAM limit: fixed pointers, managed
+#                  pointers and plain Unified Memory oversubscription, timed,
+#                  never asking for more managed memory than is free
 #   graph-capture  a CUDA graph captured and replayed by PyTorch through sgm
 #   two-streams    PyTorch tensors on two streams, checked byte for byte
 #   bench-cuda     bench_cuda with small sizes (BENCH_CUDA_MAX_MIB=64)
@@ -125,6 +128,9 @@ step pytorch 60 '1\.5x|landed|sgm' env SGM_VRAM_LIMIT="$LIMIT" SGM_VERBOSE=1 \
   "$PY" pytorch_allocator.py "$LIBSGM"
 step cupy 60 '1\.5x|landed|sgm' env SGM_VRAM_LIMIT="$LIMIT" SGM_VERBOSE=1 \
   "$PY" cupy_allocator.py "$LIBSGM"
+# Issue 14: the job at 1.5x a limit in fixed mode, managed mode and plain
+# Unified Memory oversubscription (sized from the free memory it queries).
+step managed-oversub 90 '^key:' env GPU_CHECK_MANAGED_TIMEOUT_S=25 "$PY" managed_oversub.py "$LIBSGM"
 step graph-capture 45 '^key:' "$PY" graph_capture.py "$LIBSGM"
 step two-streams 45 '^key:' env SGM_VRAM_LIMIT=$((512 * 1024 * 1024)) \
   "$PY" two_stream_stress.py "$LIBSGM"

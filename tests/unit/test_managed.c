@@ -42,8 +42,9 @@
 
 #define MiB (UINT64_C(1) << 20)
 
-static sgm_context *make_ctx(const char *vram_limit, const char *pointers) {
+static sgm_context *make_ctx_policy(const char *vram_limit, const char *pointers, const char *policy) {
   sgm_test_clean_env();
+  if (policy) setenv("SGM_POLICY_VRAM", policy, 1);
   setenv("SGM_EMU_VRAM", "64MiB", 1);
   setenv("SGM_VRAM_LIMIT", vram_limit, 1);
   setenv("SGM_SHARED_LIMIT", "256MiB", 1);
@@ -53,6 +54,10 @@ static sgm_context *make_ctx(const char *vram_limit, const char *pointers) {
   sgm_status rc = sgm_context_create(NULL, &ctx);
   if (rc != SGM_OK) fail_msg("create: %s", sgm_last_error());
   return ctx;
+}
+
+static sgm_context *make_ctx(const char *vram_limit, const char *pointers) {
+  return make_ctx_policy(vram_limit, pointers, NULL);
 }
 
 /* The invariants after every step: the budget holds device-placed bytes, the
@@ -67,6 +72,9 @@ static void check_invariants(sgm_context *ctx) {
   assert_true(c.managed_device_bytes + st.tier[SGM_TIER_VRAM].committed_bytes - charged_vram <=
               st.tier[SGM_TIER_VRAM].budget_bytes);
   assert_true(st.tier[SGM_TIER_VRAM].committed_bytes <= st.tier[SGM_TIER_VRAM].budget_bytes);
+  /* Cached movable ranges are committed, not used. */
+  for (int t = 0; t < 2; t++)
+    assert_true(st.tier[t].used_bytes + st.tier[t].cached_bytes <= st.tier[t].committed_bytes);
   assert_int_equal(c.managed_device_bytes, charged_vram);
   assert_int_equal(c.managed_host_bytes, charged_shared);
   char why[256];
@@ -165,6 +173,7 @@ static void test_bytes_survive_random_moves(void **state) {
     sgm_free(ctx, p[i], NULL);
   }
   check_invariants(ctx);
+  assert_int_equal(sgm_trim(ctx), SGM_OK); /* the cached ranges go back */
   sgm_backend_counters c;
   sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c);
   assert_int_equal(c.n_managed_live, 0);
@@ -347,6 +356,215 @@ static void test_refused_or_downgraded(void **state) {
   sgm_test_clean_env();
 }
 
+/* ---- the cache of freed movable ranges ---- */
+
+static uint64_t live_ranges(sgm_context *ctx) {
+  sgm_backend_counters c;
+  sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c);
+  return c.n_managed_live;
+}
+
+/* A freed movable range is handed out again (same address, no driver call)
+ * to a request of its size or up to 1/8 less, placed where it was; the bytes
+ * of the new block are the user's to write (no zeroing promised, none
+ * relied on); a request that would waste more gets a range of its own. */
+static void test_cache_reuses_a_freed_range(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("24MiB", "managed");
+  uint8_t *a = sgm_alloc(ctx, 4 * MiB, NULL);
+  assert_non_null(a);
+  fill(a, 4 * MiB, 1);
+  sgm_free(ctx, a, NULL);
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.managed_cached_bytes, 4 * MiB);
+  assert_int_equal(st.tier[SGM_TIER_VRAM].cached_bytes, 4 * MiB);
+  assert_int_equal(st.tier[SGM_TIER_VRAM].used_bytes, 0);
+  assert_int_equal(st.n_managed_live, 0);
+  assert_int_equal(sgm_pointer_tier(ctx, a), SGM_TIER_NONE); /* not live while cached */
+  assert_int_equal(sgm_free_ex(ctx, a, NULL), SGM_ERR_INVALID); /* a double free is still one */
+  check_invariants(ctx);
+  sgm_backend_counters before;
+  sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &before);
+  uint8_t *b = sgm_alloc(ctx, 4 * MiB - 12345, NULL); /* within 1/8: reused, slack counted */
+  assert_ptr_equal(b, a);
+  sgm_backend_counters after;
+  sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &after);
+  assert_int_equal(after.n_calls, before.n_calls); /* no driver call */
+  assert_int_equal(sgm_pointer_tier(ctx, b), SGM_TIER_VRAM);
+  fill(b, 4 * MiB - 12345, 2);
+  verify(b, 4 * MiB - 12345, 2);
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.n_managed_cache_hits, 1);
+  assert_int_equal(st.managed_cached_bytes, 0);
+  assert_int_equal(st.managed_slack_bytes, 0); /* 4 MiB - 12345 rounds up to 4 MiB */
+  assert_int_equal(st.tier[SGM_TIER_VRAM].used_bytes, 4 * MiB);
+  sgm_free(ctx, b, NULL);
+  uint8_t *c = sgm_alloc(ctx, 4 * MiB - 256 * 1024, NULL); /* 1/16 less: reused, 256 KiB slack */
+  assert_ptr_equal(c, a);
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.managed_slack_bytes, 256 * 1024);
+  sgm_free(ctx, c, NULL);
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.managed_slack_bytes, 0);
+  uint8_t *d = sgm_alloc(ctx, 2 * MiB, NULL); /* half: a range of its own */
+  assert_non_null(d);
+  assert_ptr_not_equal(d, a);
+  assert_int_equal(live_ranges(ctx), 2);
+  check_invariants(ctx);
+  sgm_free(ctx, d, NULL);
+  /* Shared-placed ranges are cached there and reused for shared placements. */
+  uint8_t *e = sgm_alloc(ctx, 4 * MiB, NULL);
+  assert_ptr_equal(e, a);
+  assert_int_equal(sgm_prefetch(ctx, e, 4 * MiB, SGM_TIER_SHARED, NULL), SGM_OK);
+  fill(e, 4 * MiB, 3);
+  sgm_free(ctx, e, NULL);
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.tier[SGM_TIER_SHARED].cached_bytes, 4 * MiB);
+  check_invariants(ctx);
+  sgm_context_destroy(ctx); /* gives every cached range back (ASan and the counters' leak check) */
+}
+
+/* Cached ranges hold budget (committed, not used) and go back before anything
+ * moves or falls back: the budget is never exceeded counting them, and a new
+ * block that needs their room gets it without a demotion or a fallback. */
+static void test_cache_yields_before_anything_moves(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("12MiB", "managed");
+  void *p[3];
+  for (int i = 0; i < 3; i++) p[i] = sgm_alloc(ctx, 4 * MiB, NULL);
+  void *keep = sgm_alloc(ctx, 4 * MiB, NULL); /* VRAM full: p[0] demoted */
+  assert_int_equal(sgm_pointer_tier(ctx, p[0]), SGM_TIER_SHARED);
+  sgm_free(ctx, keep, NULL); /* VRAM room: p[0] comes back, so nothing is cached in VRAM */
+  assert_int_equal(sgm_pointer_tier(ctx, p[0]), SGM_TIER_VRAM);
+  for (int i = 0; i < 3; i++) sgm_free(ctx, p[i], NULL);
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.tier[SGM_TIER_VRAM].cached_bytes, 12 * MiB);
+  check_invariants(ctx);
+  uint64_t demotions = st.n_managed_demotions;
+  /* 8 MiB fits no cached range: two of them go back, none moves. */
+  void *big = sgm_alloc(ctx, 8 * MiB, NULL);
+  assert_int_equal(sgm_pointer_tier(ctx, big), SGM_TIER_VRAM);
+  check_invariants(ctx);
+  /* A fixed block (under 2 MiB) takes the last cached range's room. */
+  void *small = sgm_alloc(ctx, MiB, NULL);
+  assert_int_equal(sgm_pointer_tier(ctx, small), SGM_TIER_VRAM);
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.n_fallbacks, 0);
+  assert_int_equal(st.n_managed_demotions, demotions);
+  assert_int_equal(st.managed_cached_bytes, 0);
+  assert_int_equal(live_ranges(ctx), 1);
+  check_invariants(ctx);
+  sgm_free(ctx, big, NULL);
+  sgm_free(ctx, small, NULL);
+  sgm_context_destroy(ctx);
+}
+
+static uint64_t test_clock_ms;
+static uint64_t test_clock(void *user) {
+  (void)user;
+  return __atomic_load_n(&test_clock_ms, __ATOMIC_RELAXED);
+}
+
+/* sgm_trim, the idle tick (once SGM_IDLE_TRIM_MS passed) and a lowered budget
+ * give cached ranges back to the driver. */
+static void test_cache_goes_back_to_the_driver(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("24MiB", "managed");
+  void *a = sgm_alloc(ctx, 4 * MiB, NULL);
+  sgm_free(ctx, a, NULL);
+  assert_int_equal(live_ranges(ctx), 1);
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
+  assert_int_equal(live_ranges(ctx), 0);
+  check_invariants(ctx);
+  sgm_context_destroy(ctx);
+
+  sgm_test_clean_env(); /* again, with an idle delay (make_ctx sets none) */
+  setenv("SGM_EMU_VRAM", "64MiB", 1);
+  setenv("SGM_VRAM_LIMIT", "32MiB", 1);
+  setenv("SGM_SHARED_LIMIT", "256MiB", 1);
+  setenv("SGM_IDLE_TRIM_MS", "1000", 1);
+  setenv("SGM_POINTERS", "managed", 1);
+  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+  __atomic_store_n(&test_clock_ms, 5000, __ATOMIC_RELAXED);
+  sgm__context_set_clock(ctx, test_clock, NULL);
+  a = sgm_alloc(ctx, 4 * MiB, NULL);
+  void *b = sgm_alloc(ctx, 8 * MiB, NULL);
+  sgm_free(ctx, a, NULL);
+  sgm__context_idle_tick(ctx); /* a seen cached at 5000 */
+  __atomic_store_n(&test_clock_ms, 5600, __ATOMIC_RELAXED);
+  sgm_free(ctx, b, NULL);
+  sgm__context_idle_tick(ctx); /* b at 5600 */
+  __atomic_store_n(&test_clock_ms, 5999, __ATOMIC_RELAXED);
+  sgm__context_idle_tick(ctx); /* neither idle for 1000 ms yet */
+  assert_int_equal(live_ranges(ctx), 2);
+  __atomic_store_n(&test_clock_ms, 6000, __ATOMIC_RELAXED);
+  sgm__context_idle_tick(ctx); /* a is */
+  assert_int_equal(live_ranges(ctx), 1);
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.managed_cached_bytes, 8 * MiB);
+  /* A budget lowered under the cached range: it goes back. */
+  assert_int_equal(sgm__context_set_vram_fraction(ctx, 4.0 / 64), SGM_OK);
+  assert_int_equal(live_ranges(ctx), 0);
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_true(st.tier[SGM_TIER_VRAM].committed_bytes <= st.tier[SGM_TIER_VRAM].budget_bytes);
+  check_invariants(ctx);
+  sgm_context_destroy(ctx);
+  sgm_test_clean_env();
+}
+
+/* A test policy: lru, but the oldest block (the lowest id) comes back first. */
+static bool oldest_first(sgm_policy *p, const sgm_policy_item *a, const sgm_policy_item *b) {
+  (void)p;
+  assert_null(a->state); /* sgm's copies */
+  assert_int_equal(a->priority, b->priority); /* only asked within a level */
+  return a->id < b->id;
+}
+
+/* Which shared-placed block comes back into the room a free leaves is the
+ * VRAM policy's promote_before when it has one (ABI 3), else the most
+ * recently allocated or used; a higher priority comes first either way. */
+static void run_promotion_order(const char *policy, int expect_back) {
+  sgm_context *ctx = make_ctx_policy("12MiB", "managed", policy);
+  void *p[3];
+  for (int i = 0; i < 3; i++) p[i] = sgm_alloc(ctx, 4 * MiB, NULL);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(sgm_prefetch(ctx, p[i], 4 * MiB, SGM_TIER_SHARED, NULL), SGM_OK);
+  void *z = sgm_alloc(ctx, 4 * MiB, NULL);
+  void *y = sgm_alloc(ctx, 8 * MiB, NULL);
+  assert_int_equal(sgm_pointer_tier(ctx, y), SGM_TIER_VRAM);
+  sgm_free(ctx, z, NULL); /* room for one */
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(sgm_pointer_tier(ctx, p[i]), i == expect_back ? SGM_TIER_VRAM : SGM_TIER_SHARED);
+  /* A higher priority still comes back first, whatever the policy says. */
+  int low = expect_back == 2 ? 0 : 2; /* in shared memory, and not the order's next */
+  assert_int_equal(sgm_advise(ctx, p[low], SGM_PRIORITY_HIGH, SGM_HINT_NONE), SGM_OK);
+  assert_int_equal(sgm_prefetch(ctx, p[expect_back], 4 * MiB, SGM_TIER_SHARED, NULL), SGM_OK);
+  assert_int_equal(sgm_pointer_tier(ctx, p[low]), SGM_TIER_SHARED);
+  assert_int_equal(sgm_trim(ctx), SGM_OK); /* room for one: the high-priority block */
+  assert_int_equal(sgm_pointer_tier(ctx, p[low]), SGM_TIER_VRAM);
+  check_invariants(ctx);
+  for (int i = 0; i < 3; i++) sgm_free(ctx, p[i], NULL);
+  sgm_free(ctx, y, NULL);
+  sgm_context_destroy(ctx);
+}
+
+static void test_policy_orders_promotions(void **state) {
+  (void)state;
+  run_promotion_order(NULL, 2); /* the most recently allocated */
+  static sgm_policy_ops ops;
+  if (!sgm_policy_find("lru-oldest-up")) {
+    ops = *sgm_policy_find("lru");
+    ops.name = "lru-oldest-up";
+    ops.promote_before = oldest_first;
+    assert_int_equal(sgm_policy_register(&ops), SGM_OK);
+  }
+  run_promotion_order("lru-oldest-up", 0);
+  sgm_test_clean_env();
+}
+
 /* Every device call on the way of a managed allocation and its moves may
  * fail: each run ends whole, with nothing leaked. */
 /* One run of the fault test: allocate, move and free three blocks with the
@@ -377,6 +595,7 @@ static uint64_t run_with_failure(int fail_at) {
   }
   for (int i = 0; i < 3; i++) sgm_free(ctx, p[i], NULL);
   check_invariants(ctx);
+  (void)sgm_trim(ctx); /* the cached ranges go back */
   sgm_backend_counters c;
   sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c);
   assert_int_equal(c.n_managed_live, 0);
@@ -460,6 +679,17 @@ static void assert_driver_never_evicted(void) {
   assert_int_equal(st.managed_evicted_bytes, 0);
 }
 
+/* The CUDA backend counts managed pages where sgm placed them: what it
+ * charged to each budget (cached ranges included). */
+static void assert_counted_as_charged(sgm_context *ctx, uint64_t device, uint64_t host) {
+  sgm_backend_counters c;
+  sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c);
+  assert_int_equal(c.managed_device_bytes, device);
+  assert_int_equal(c.managed_host_bytes, host);
+  assert_int_equal(c.managed_device_bytes, sgm__tier_charged(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  assert_int_equal(c.managed_host_bytes, sgm__tier_charged(sgm__context_tier(ctx, SGM_TIER_SHARED)));
+}
+
 /* Placement is advice + prefetch; the demoted block keeps its bytes. */
 static void test_double_places_with_advice_and_prefetch(void **state) {
   (void)state;
@@ -482,12 +712,14 @@ static void test_double_places_with_advice_and_prefetch(void **state) {
   assert_int_equal(page_at(c, &pref, &acc), 1);
   verify(a, 8 * MiB, 7);
   assert_driver_never_evicted();
+  assert_counted_as_charged(ctx, 16 * MiB, 8 * MiB);
   sgm_free(ctx, b, NULL); /* room: a comes back */
   assert_int_equal(sgm_pointer_tier(ctx, a), SGM_TIER_VRAM);
   assert_int_equal(page_at(a, &pref, &acc), 1);
   assert_int_equal(pref, CU_MEM_LOCATION_TYPE_DEVICE);
   verify(a, 8 * MiB, 7);
   assert_driver_never_evicted();
+  assert_counted_as_charged(ctx, 16 * MiB, 0); /* b's cached range gave a its room */
   sgm_free(ctx, a, NULL);
   sgm_free(ctx, c, NULL);
   sgm_context_destroy(ctx);
@@ -540,6 +772,57 @@ static void test_double_moves_after_the_callers_work(void **state) {
   fc.fake_cuda_stream_destroy(s);
 }
 
+/* A range freed on stream s1 is reused on s1 at once (no ordering call) and
+ * on s2 only ordered after s1's work (a device-side wait, no host wait):
+ * s2's later work on it waits for s1's kernel. sgm_trim gives the ranges
+ * back (the double's live managed allocations). */
+static void test_double_cache_orders_other_streams(void **state) {
+  (void)state;
+  if (!have_double || old_driver()) skip();
+  sgm_context *ctx = make_cuda_ctx("managed");
+  void *s1 = fc.fake_cuda_stream_create(), *s2 = fc.fake_cuda_stream_create();
+  void *p = sgm_alloc(ctx, 4 * MiB, s1);
+  assert_non_null(p);
+  fc.fake_cuda_hold_stream(s1, 1);
+  void *ev = NULL; /* stands for a kernel on s1 still using p */
+  assert_int_equal(sgm__context_bops(ctx)->event_record(sgm__context_be(ctx), s1, &ev), SGM_OK);
+  sgm_free(ctx, p, s1);
+  uint64_t records = fc.fake_cuda_calls("cuEventRecord") + fc.fake_cuda_calls("cuEventRecordWithFlags");
+  uint64_t waits = fc.fake_cuda_calls("cuStreamWaitEvent");
+  void *q = sgm_alloc(ctx, 4 * MiB, s1); /* same stream: at once, nothing ordered */
+  assert_ptr_equal(q, p);
+  assert_int_equal(fc.fake_cuda_calls("cuEventRecord") + fc.fake_cuda_calls("cuEventRecordWithFlags"),
+                   records);
+  assert_int_equal(fc.fake_cuda_calls("cuStreamWaitEvent"), waits);
+  sgm_free(ctx, q, s1);
+  void *r = sgm_alloc(ctx, 4 * MiB, s2); /* another stream: ordered after s1's work */
+  assert_ptr_equal(r, p);
+  fake_cuda_stats st;
+  fc.fake_cuda_get_stats(&st);
+  assert_int_equal(st.managed_allocs, 1);
+  /* Work on s2 now (a move of r) waits on the device for s1's kernel. */
+  uint64_t before = fc.fake_cuda_calls("cuMemPrefetchAsync");
+  prefetch_job j = {ctx, r, s2, SGM_ERR_BACKEND};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, prefetch_main, &j), 0);
+  while (fc.fake_cuda_calls("cuMemPrefetchAsync") == before) sched_yield(); /* queued, not slept */
+  fc.fake_cuda_settle();
+  assert_int_equal(page_at(r, NULL, NULL), 1); /* still on the device: s1's work is not done */
+  fc.fake_cuda_complete_stream(s1);
+  pthread_join(t, NULL);
+  fc.fake_cuda_hold_stream(s1, 0);
+  assert_int_equal(j.rc, SGM_OK);
+  assert_int_equal(page_at(r, NULL, NULL), 2);
+  sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), ev);
+  sgm_free(ctx, r, s2);
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
+  fc.fake_cuda_get_stats(&st);
+  assert_int_equal(st.managed_allocs, 0);
+  sgm_context_destroy(ctx);
+  fc.fake_cuda_stream_destroy(s1);
+  fc.fake_cuda_stream_destroy(s2);
+}
+
 /* No concurrent managed access (or a driver before 12.2): refused, with why. */
 static void test_double_refuses_without_unified_memory(void **state) {
   (void)state;
@@ -570,6 +853,7 @@ static void test_double_refuses_without_unified_memory(void **state) {
 #define DOUBLE_TESTS                                               \
   cmocka_unit_test(test_double_places_with_advice_and_prefetch),  \
   cmocka_unit_test(test_double_moves_after_the_callers_work),     \
+  cmocka_unit_test(test_double_cache_orders_other_streams),       \
   cmocka_unit_test(test_double_refuses_without_unified_memory),
 #else
 static void load_double(void) { printf("# managed: built without cuda.h: the double's cases skip\n"); }
@@ -588,6 +872,10 @@ int main(void) {
       cmocka_unit_test(test_what_does_not_move),
       cmocka_unit_test(test_refused_or_downgraded),
       cmocka_unit_test(test_every_failure_leaves_things_whole),
+      cmocka_unit_test(test_cache_reuses_a_freed_range),
+      cmocka_unit_test(test_cache_yields_before_anything_moves),
+      cmocka_unit_test(test_cache_goes_back_to_the_driver),
+      cmocka_unit_test(test_policy_orders_promotions),
       DOUBLE_TESTS
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -316,7 +316,13 @@ typedef struct cuda_obj {
                             event_record used, or CUDA_EVENT_POOLED */
   int kind;              /* cuda_obj_kind */
   struct cuda_obj *next; /* next in the hash chain */
+  uint8_t *at;           /* managed: where each SGM_MANAGED_PAGE of it was last prefetched
+                            (CUDA_AT_*), for the counters; NULL for other kinds */
 } cuda_obj;
+
+/* cuda_obj.at: a managed page not prefetched yet (the driver populates it on
+ * first touch, wherever that is), placed on the device, placed in host memory. */
+enum { CUDA_AT_NONE = 0, CUDA_AT_DEVICE = 1, CUDA_AT_HOST = 2 };
 
 struct sgm_backend {
   sgm_lock lock;              /* guards c and the object table */
@@ -380,6 +386,11 @@ static bool cuda_obj_add_locked(sgm_backend *be, uint64_t key, uint64_t bytes, i
   o->key = key;
   o->bytes = bytes;
   o->kind = kind;
+  o->at = NULL;
+  if (kind == CUDA_OBJ_MANAGED && !(o->at = calloc(bytes / SGM_MANAGED_PAGE + 1, 1))) {
+    free(o);
+    return false;
+  }
   size_t h = cuda_obj_hash(key, be->n_buckets);
   o->next = be->buckets[h];
   be->buckets[h] = o;
@@ -395,6 +406,11 @@ static bool cuda_obj_remove_locked(sgm_backend *be, uint64_t key, int kind, uint
     if (o->key == key && o->kind == kind) {
       *pp = o->next;
       if (bytes_out) *bytes_out = o->bytes;
+      for (uint64_t i = 0; o->at && i < o->bytes / SGM_MANAGED_PAGE; i++) {
+        if (o->at[i] == CUDA_AT_DEVICE) be->c.managed_device_bytes -= SGM_MANAGED_PAGE;
+        if (o->at[i] == CUDA_AT_HOST) be->c.managed_host_bytes -= SGM_MANAGED_PAGE;
+      }
+      free(o->at);
       free(o);
       be->n_objs--;
       return true;
@@ -741,6 +757,7 @@ static void cuda_close(sgm_backend *be) {
        * pins is leaked rather than left to the driver dangling. */
       if (o->kind == CUDA_OBJ_HOST && entered && r == CUDA_SUCCESS)
         munmap((void *)(uintptr_t)o->key, o->bytes);
+      free(o->at);
       free(o);
     }
   }
@@ -1073,6 +1090,8 @@ static void cuda_counters(sgm_backend *be, sgm_backend_counters *out) {
   out->host_live_bytes = be->c.host_live_bytes;
   out->n_events_live = be->c.n_events_live;
   out->n_managed_live = be->c.n_managed_live;
+  out->managed_device_bytes = be->c.managed_device_bytes;
+  out->managed_host_bytes = be->c.managed_host_bytes;
   sgm__lock_drop(&be->lock);
   out->n_device_live = n_device_live;
   out->n_host_live = n_host_live;
@@ -1415,6 +1434,32 @@ static int cuda_stream_transfer(sgm_backend *be, void *event, const sgm_stream_r
 
 /* ---- managed memory (see "Managed memory" in backend.h) ---- */
 
+/* Count the pages of [ptr, ptr + n) as placed at `at` (CUDA_AT_*) after a
+ * prefetch there: the counters say where sgm put managed pages (pages the
+ * GPU or the host touched first without a prefetch are not counted). */
+static void cuda_managed_count(sgm_backend *be, sgm_devptr ptr, uint64_t n, uint8_t at) {
+  sgm__lock_take(&be->lock);
+  cuda_obj *m = NULL;
+  for (cuda_obj *o = be->buckets[cuda_obj_hash(ptr, be->n_buckets)]; o && !m; o = o->next)
+    if (o->key == ptr && o->kind == CUDA_OBJ_MANAGED) m = o;
+  for (size_t i = 0; !m && i < be->n_buckets; i++) /* inside a range: rare */
+    for (cuda_obj *o = be->buckets[i]; o && !m; o = o->next)
+      if (o->kind == CUDA_OBJ_MANAGED && ptr >= o->key && ptr - o->key < o->bytes) m = o;
+  if (m && n) {
+    uint64_t first = (ptr - m->key) / SGM_MANAGED_PAGE;
+    uint64_t end = m->bytes - (ptr - m->key) < n ? m->bytes : ptr - m->key + n;
+    uint64_t last = (end - 1) / SGM_MANAGED_PAGE;
+    for (uint64_t i = first; i <= last; i++) {
+      if (m->at[i] == CUDA_AT_DEVICE) be->c.managed_device_bytes -= SGM_MANAGED_PAGE;
+      if (m->at[i] == CUDA_AT_HOST) be->c.managed_host_bytes -= SGM_MANAGED_PAGE;
+      m->at[i] = at;
+      if (at == CUDA_AT_DEVICE) be->c.managed_device_bytes += SGM_MANAGED_PAGE;
+      else be->c.managed_host_bytes += SGM_MANAGED_PAGE;
+    }
+  }
+  sgm__lock_drop(&be->lock);
+}
+
 /* At open: can this device and driver run managed mode? be->no_managed says
  * why not. A failed attribute query fails the open (as the others do). */
 static int cuda_managed_probe(sgm_backend *be) {
@@ -1519,7 +1564,9 @@ static int cuda_managed_prefetch(sgm_backend *be, sgm_devptr ptr, uint64_t n, sg
   CUmemLocation l = to == SGM_TIER_VRAM ? cuda_managed_device(be) : cuda_managed_host(be);
   CUresult r = CU_MANAGED(cuMemPrefetchAsync)((CUdeviceptr)ptr, (size_t)n, l, 0, s);
   /* Complete on return, as a copy: sgm counts the pages where they are. */
-  return cuda_sync_end(be, r, "cuMemPrefetchAsync", s, pushed, op);
+  rc = cuda_sync_end(be, r, "cuMemPrefetchAsync", s, pushed, op);
+  if (rc == SGM_OK) cuda_managed_count(be, ptr, n, to == SGM_TIER_VRAM ? CUDA_AT_DEVICE : CUDA_AT_HOST);
+  return rc;
 }
 
 /* ---- The device's identity in the node registry (issue 13): its UUID
