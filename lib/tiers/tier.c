@@ -324,8 +324,6 @@ static inline uint64_t tier_tag_of(const tier_block *b) {
   return __atomic_load_n(&b->tag, __ATOMIC_ACQUIRE);
 }
 
-static inline int tier_block_state(const tier_block *b) { return (int)(tier_tag_of(b) & TIER_TAG_STATE); }
-
 /* Walks longer than this (only a walk misled by concurrent writers gets
  * near it) start over. */
 #define TIER_MAP_MAX_WALK 4096
