@@ -101,18 +101,11 @@ static bool record_on(void *stream, bool query) {
 static bool stream_done(void *stream) { return record_on(stream, true); }
 static void put_work(void *stream) { (void)record_on(stream, false); }
 
-/* A CU_STREAM_NON_BLOCKING stream of device 0's primary context: the legacy
- * stream does not order it. */
-typedef int (*stream_create_fn)(void **s, unsigned flags);
-typedef int (*stream_destroy_fn)(void *s);
+/* A CU_STREAM_NON_BLOCKING stream (the legacy stream does not order it), or
+ * with destroy, s destroyed. */
 static void *non_blocking_stream(bool destroy, void *s) {
-  stream_create_fn create = (stream_create_fn)dlsym(fake_lib, "cuStreamCreate");
-  stream_destroy_fn destroy_ = (stream_destroy_fn)dlsym(fake_lib, "cuStreamDestroy_v2");
-  assert_true(create && destroy_);
-  sgm_fake_ctx_push(fake_lib);
-  if (destroy) assert_int_equal(destroy_(s), CUDA_SUCCESS_);
-  else assert_int_equal(create(&s, 1 /* CU_STREAM_NON_BLOCKING */), CUDA_SUCCESS_);
-  sgm_fake_ctx_pop(fake_lib);
+  if (!destroy) return sgm_fake_non_blocking_stream(fake_lib);
+  sgm_fake_stream_destroy(fake_lib, s);
   return s;
 }
 
@@ -348,6 +341,119 @@ static void test_fenced_transfer_two_calls_ordered(void **state) {
   finish_ctx(ctx);
   non_blocking_stream(true, nb);
   non_blocking_stream(true, taker);
+}
+
+/* Driver calls since `before`, less the one-time ones (cuStreamGetFlags: a
+ * stream's flags learned once; cuEventCreate: the event pool growing). */
+typedef struct call_mark {
+  uint64_t all, flags, creates, records, waits;
+} call_mark;
+
+static call_mark mark_calls(void) {
+  return (call_mark){driver_calls(), fc.fake_cuda_calls("cuStreamGetFlags"),
+                     fc.fake_cuda_calls("cuEventCreate"), fc.fake_cuda_calls("cuEventRecord"),
+                     fc.fake_cuda_calls("cuStreamWaitEvent")};
+}
+
+static void assert_calls_since(call_mark m, uint64_t calls, uint64_t records, uint64_t waits) {
+  call_mark now = mark_calls();
+  assert_int_equal(now.all - m.all - (now.flags - m.flags) - (now.creates - m.creates), calls);
+  assert_int_equal(now.records - m.records, records);
+  assert_int_equal(now.waits - m.waits, waits);
+}
+
+/* Invariants (seal on transfer, non-blocking streams): a transfer that must
+ * record on the owner (4 calls) makes that record the owner's fence over
+ * every block the owner holds, and moves only the blocks that serve the
+ * taker's request; the owner's other blocks then cross in 2 calls (the
+ * taker's check and one wait, nothing recorded), and the owner reuses them
+ * with none. A block the owner frees after that fence never crosses under
+ * it: its transfer records again, after the owner's later work. Each time
+ * the taker's later work waits for the owner's work queued before the free. */
+static void test_seal_on_transfer_non_blocking(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx();
+  void *a = non_blocking_stream(false, NULL), *b = non_blocking_stream(false, NULL);
+  void *c = non_blocking_stream(false, NULL);
+  /* 2 MiB (large: only a 2 MiB request takes it), 1 MiB and 768 KiB (size
+   * classes): 3.75 of the 4 MiB budget, so that each request of b below
+   * fits only in a's cache. */
+  void *x = sgm_alloc(ctx, 2 * MiB, a), *y = sgm_alloc(ctx, MiB, a), *z = sgm_alloc(ctx, 768 << 10, a);
+  assert_true(x && y && z);
+  fc.fake_cuda_hold_stream(a, 1);
+  put_work(a);
+  sgm_free(ctx, x, a);
+  sgm_free(ctx, y, a);
+  sgm_free(ctx, z, a);
+
+  call_mark m = mark_calls();
+  void *p = sgm_alloc(ctx, 2 * MiB, b);
+  assert_ptr_equal(p, x);
+  assert_calls_since(m, 4, 1, 1); /* a's check and record, b's check and wait */
+  assert_false(stream_done(b));
+  /* y was sealed under that record: another taker c needs its own side only. */
+  m = mark_calls();
+  void *q = sgm_alloc(ctx, MiB, c);
+  assert_ptr_equal(q, y);
+  assert_calls_since(m, 2, 0, 1);
+  assert_false(stream_done(c));
+  fc.fake_cuda_complete_stream(a); /* a's work and its fence complete; a stays held */
+  assert_true(stream_done(b));
+  assert_true(stream_done(c));
+
+  /* a reuses z, sealed under the (now complete) fence, with no call; its
+   * later work is held; freed again, z is not covered by that fence. */
+  m = mark_calls();
+  void *r = sgm_alloc(ctx, 768 << 10, a);
+  assert_ptr_equal(r, z);
+  assert_calls_since(m, 0, 0, 0);
+  put_work(a);
+  sgm_free(ctx, r, a);
+  m = mark_calls();
+  void *w = sgm_alloc(ctx, 768 << 10, b);
+  assert_ptr_equal(w, z);
+  assert_calls_since(m, 4, 1, 1); /* recorded again, after a's later work */
+  assert_false(stream_done(b));
+  fc.fake_cuda_complete_stream(a);
+  fc.fake_cuda_hold_stream(a, 0);
+  assert_true(stream_done(b));
+
+  sgm_free(ctx, p, b);
+  sgm_free(ctx, q, c);
+  sgm_free(ctx, w, b);
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  finish_ctx(ctx);
+  non_blocking_stream(true, a);
+  non_blocking_stream(true, b);
+  non_blocking_stream(true, c);
+}
+
+/* Invariant: a transfer asks nothing of an owner whose cached blocks cannot
+ * serve the request (no driver call for it), and leaves those blocks with
+ * their stream. */
+static void test_transfer_skips_owner_without_fit(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx();
+  void *a = non_blocking_stream(false, NULL), *b = non_blocking_stream(false, NULL);
+  void *x = sgm_alloc(ctx, 3 * MiB, a);
+  assert_non_null(x);
+  fc.fake_cuda_hold_stream(a, 1); /* a's work (and any fence on a) stays pending */
+  put_work(a);
+  sgm_free(ctx, x, a);
+  uint64_t waits = fc.fake_cuda_calls("cuStreamWaitEvent");
+  /* x (3 MiB) cannot serve 2 MiB and only 1 MiB is free: nothing crosses (a
+   * fence may be recorded on a, to see whether x is done: it is not). */
+  assert_null(sgm_alloc(ctx, 2 * MiB, b));
+  assert_int_equal(fc.fake_cuda_calls("cuStreamWaitEvent") - waits, 0);
+  call_mark m = mark_calls();
+  assert_ptr_equal(sgm_alloc(ctx, 3 * MiB, a), x); /* still a's, at once */
+  assert_calls_since(m, 0, 0, 0);
+  sgm_free(ctx, x, a);
+  fc.fake_cuda_complete_stream(a);
+  fc.fake_cuda_hold_stream(a, 0);
+  finish_ctx(ctx);
+  non_blocking_stream(true, a);
+  non_blocking_stream(true, b);
 }
 
 /* Invariant: between two blocking streams the block moves with the legacy
@@ -603,6 +709,8 @@ int main(void) {
       cmocka_unit_test(test_stats_count_driver_calls),
       cmocka_unit_test(test_fenced_transfer_two_calls_ordered),
       cmocka_unit_test(test_non_blocking_transfer_ordered),
+      cmocka_unit_test(test_seal_on_transfer_non_blocking),
+      cmocka_unit_test(test_transfer_skips_owner_without_fit),
       cmocka_unit_test(test_blocking_transfer_ordered),
       cmocka_unit_test(test_per_thread_streams_do_not_alias),
       cmocka_unit_test(test_concurrent_reclaim),
