@@ -132,6 +132,9 @@ typedef struct tier_stream {
   void *fence;                 /* pooled event covering sealed, NULL when none */
   bool busy;                   /* a thread records or queries fence without the lock */
   struct tier_stream *next;    /* the pool's list */
+  /* (xfer, issue 10) */
+  void *crossed_fence;         /* the fence a transfer to crossed_to recorded or waited on */
+  uint64_t crossed_to;         /* that taker's key: its next transfer under it takes all */
 } tier_stream;
 
 /* A free that waits for streams named by sgm_record_stream. */
@@ -1646,7 +1649,8 @@ typedef struct tier_job {
   sgm_stream_ref ref;          /* the stream, copied under the lock */
   void *ev;                    /* the event recorded or queried */
   int done;                    /* 1: the work before the event has completed; 0: not (yet); <0: error */
-  tier_bag bag;                /* TRANSFER, FENCE_WAIT: the blocks moving to the taker */
+  tier_bag bag;                /* TRANSFER, FENCE_WAIT, SEAL: the blocks moving to the taker */
+  const tier_want *want;       /* transfers: which blocks the taker takes (NULL: all) */
 } tier_job;
 
 /* Did the work before ev complete? Query, or in WAIT mode wait (a failed wait
@@ -1755,6 +1759,7 @@ static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode) {
         continue;
       }
       s->fence = j->ev;
+      s->crossed_fence = NULL;
     }
     if (j->done == 1) {
       n_done += s->sealed.n;
@@ -1832,6 +1837,7 @@ static size_t tier_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *take
     tier_job *j = &jobs[k++];
     j->s = s;
     j->ref = s->ref;
+    j->want = w;
     if (s->busy) {
       j->kind = TIER_JOB_TRANSFER;
       tier_bag_move_fits(&s->open, &j->bag, w);
@@ -1840,7 +1846,11 @@ static size_t tier_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *take
       j->kind = TIER_JOB_FENCE_WAIT;
       j->ev = s->fence;
       s->busy = true;
-      tier_bag_move_fits(&s->sealed, &j->bag, w);
+      /* A taker back under the fence it crossed under before is in a burst:
+       * it takes the rest, so that the burst costs the owner's side once and
+       * this taker's side twice, not once per size (docs/streams.md). */
+      if (s->crossed_fence == s->fence && s->crossed_to == taker->key) j->want = NULL;
+      tier_bag_move_fits(&s->sealed, &j->bag, j->want);
     } else {
       /* Everything freed on s so far: the record comes after all of it. */
       j->kind = TIER_JOB_SEAL;
@@ -1892,17 +1902,23 @@ static size_t tier_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *take
       if (j->kind == TIER_JOB_SEAL) {
         if (s->fence) tier_event_put_locked(p, s->fence);
         s->fence = j->ev;
+        s->crossed_fence = NULL;
       }
       tier_bag_merge(&s->sealed, &j->bag);
-      if (moved) n_done += tier_bag_move_fits(&s->sealed, &t->open, w);
+      if (moved) {
+        n_done += tier_bag_move_fits(&s->sealed, &t->open, j->want);
+        s->crossed_fence = s->fence;
+        s->crossed_to = taker->key;
+      }
       if (!s->sealed.n) {
         tier_event_put_locked(p, s->fence);
         s->fence = NULL;
+        s->crossed_fence = NULL;
       }
     } else {
       /* Nothing recorded on s: what the taker does not take stays open. */
       s->busy = false;
-      if (moved) n_done += tier_bag_move_fits(&j->bag, &t->open, w);
+      if (moved) n_done += tier_bag_move_fits(&j->bag, &t->open, j->want);
       tier_bag_merge(&s->open, &j->bag);
     }
   }

@@ -428,6 +428,45 @@ static void test_seal_on_transfer_non_blocking(void **state) {
   non_blocking_stream(true, c);
 }
 
+/* Invariant (a burst): a taker that comes back to an owner under the fence
+ * its previous transfer crossed under takes all the blocks it covers (2
+ * calls), so a burst of sizes costs the owner's side once and the taker's
+ * side twice, not once per size; ordered after the owner's work. */
+static void test_seal_on_transfer_burst(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx();
+  void *a = non_blocking_stream(false, NULL), *b = non_blocking_stream(false, NULL);
+  void *x = sgm_alloc(ctx, 2 * MiB, a), *y = sgm_alloc(ctx, MiB, a), *z = sgm_alloc(ctx, 768 << 10, a);
+  assert_true(x && y && z);
+  fc.fake_cuda_hold_stream(a, 1);
+  put_work(a);
+  sgm_free(ctx, x, a);
+  sgm_free(ctx, y, a);
+  sgm_free(ctx, z, a);
+  call_mark m = mark_calls();
+  void *p = sgm_alloc(ctx, 2 * MiB, b);
+  assert_ptr_equal(p, x);
+  assert_calls_since(m, 4, 1, 1);
+  m = mark_calls();
+  void *q = sgm_alloc(ctx, MiB, b);
+  assert_ptr_equal(q, y);
+  assert_calls_since(m, 2, 0, 1);
+  m = mark_calls();
+  void *r = sgm_alloc(ctx, 768 << 10, b); /* z came with y: b's own cache */
+  assert_ptr_equal(r, z);
+  assert_calls_since(m, 0, 0, 0);
+  assert_false(stream_done(b));
+  fc.fake_cuda_complete_stream(a);
+  fc.fake_cuda_hold_stream(a, 0);
+  assert_true(stream_done(b));
+  sgm_free(ctx, p, b);
+  sgm_free(ctx, q, b);
+  sgm_free(ctx, r, b);
+  finish_ctx(ctx);
+  non_blocking_stream(true, a);
+  non_blocking_stream(true, b);
+}
+
 /* Invariant: a transfer asks nothing of an owner whose cached blocks cannot
  * serve the request (no driver call for it), and leaves those blocks with
  * their stream. */
@@ -711,6 +750,7 @@ int main(void) {
       cmocka_unit_test(test_non_blocking_transfer_ordered),
       cmocka_unit_test(test_seal_on_transfer_non_blocking),
       cmocka_unit_test(test_transfer_skips_owner_without_fit),
+      cmocka_unit_test(test_seal_on_transfer_burst),
       cmocka_unit_test(test_blocking_transfer_ordered),
       cmocka_unit_test(test_per_thread_streams_do_not_alias),
       cmocka_unit_test(test_concurrent_reclaim),
