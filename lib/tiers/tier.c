@@ -11,9 +11,10 @@
  *                          | full: half moves down
  *                          v
  *                      bag of S: open --seal--> sealed (+ fence event on S)
- *                          |                        | fence seen complete
- *   transfer to T <--------+ (record on S,          v
- *   (T's open bag)            wait on T)      sub-allocator (anyone)
+ *                          |                    |   | fence seen complete
+ *   transfer to T <--------+ (record on S =     |   v
+ *   (T's open bag,            seal; wait on T)  | sub-allocator (anyone)
+ *    what T asked for) <------------------------+ (wait on T)
  *
  * Invariants (checked by sgm__tier_check):
  *  - committed_bytes <= budget_bytes (unless the budget was lowered below what
