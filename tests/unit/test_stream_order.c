@@ -637,6 +637,89 @@ static void test_concurrent_reclaim(void **state) {
   for (int i = 0; i < N_STREAMS; i++) fc.fake_cuda_stream_destroy(s[i]);
 }
 
+/* The blocks two threads hold at once, to see that no byte is handed to both. */
+enum { XFER_MAX_LIVE = 8 };
+static pthread_mutex_t xfer_live_lock = PTHREAD_MUTEX_INITIALIZER;
+static uintptr_t xfer_live[XFER_MAX_LIVE][2]; /* [start, end), 0 = free slot */
+static int xfer_overlaps;                      /* under xfer_live_lock */
+
+static void xfer_hold(void *p, size_t n, bool hold) {
+  uintptr_t a = (uintptr_t)p, e = a + n;
+  pthread_mutex_lock(&xfer_live_lock);
+  int slot = -1;
+  for (int i = 0; i < XFER_MAX_LIVE; i++) {
+    if (!hold && xfer_live[i][0] == a) xfer_live[i][0] = xfer_live[i][1] = 0;
+    if (hold && xfer_live[i][0] && a < xfer_live[i][1] && xfer_live[i][0] < e) xfer_overlaps++;
+    if (hold && !xfer_live[i][0] && slot < 0) slot = i;
+  }
+  if (hold && slot >= 0) {
+    xfer_live[slot][0] = a;
+    xfer_live[slot][1] = e;
+  }
+  pthread_mutex_unlock(&xfer_live_lock);
+}
+
+typedef struct xfer_arg {
+  sgm_context *ctx;
+  void *stream;              /* this thread's non-blocking stream */
+  int me;                    /* 0 or 1: whose turn is *turn */
+  int *turn;                 /* which thread allocates next (atomic) */
+  int got;                   /* allocations served */
+} xfer_arg;
+
+/* Threads take turns to allocate the one block the budget holds, and hand
+ * the turn on before they free it: the other thread's transfer runs while
+ * this one frees (the block is then still live, or cached and taken). */
+static void *xfer_rounds(void *arg) {
+  xfer_arg *x = arg;
+  static const size_t sizes[] = {3 * MiB, 3 * MiB, 3 * MiB, 768 << 10};
+  for (int i = 0; i < 200; i++) {
+    while (__atomic_load_n(x->turn, __ATOMIC_ACQUIRE) != x->me) sched_yield();
+    size_t n = sizes[i % 4];
+    void *p = sgm_alloc(x->ctx, n, x->stream); /* NULL: the other thread still holds it */
+    if (p) {
+      x->got++;
+      xfer_hold(p, n, true);
+    }
+    __atomic_store_n(x->turn, !x->me, __ATOMIC_RELEASE);
+    if (p) {
+      xfer_hold(p, n, false);
+      sgm_free(x->ctx, p, x->stream);
+    }
+  }
+  return NULL;
+}
+
+/* Invariant: two threads allocating on their own non-blocking streams under a
+ * budget one block fills, one thread's transfer racing the other's free, never
+ * hand a byte to both at once, never use an event twice, and leave the pool
+ * consistent with nothing leaked. */
+static void test_concurrent_transfers(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx();
+  int turn = 0;
+  xfer_arg x[2] = {{ctx, non_blocking_stream(false, NULL), 0, &turn, 0},
+                   {ctx, non_blocking_stream(false, NULL), 1, &turn, 0}};
+  uint64_t waits = fc.fake_cuda_calls("cuStreamWaitEvent");
+  fc.fake_cuda_hold_events(1); /* nothing completes: memory crosses only by transfer */
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, xfer_rounds, &x[1]), 0);
+  xfer_rounds(&x[0]);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  print_message("# %d + %d allocations served, %llu device-side waits\n", x[0].got, x[1].got,
+                (unsigned long long)(fc.fake_cuda_calls("cuStreamWaitEvent") - waits));
+  assert_int_equal(xfer_overlaps, 0);
+  assert_true(x[0].got + x[1].got > 0);
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  fake_cuda_stats fs;
+  fc.fake_cuda_get_stats(&fs);
+  assert_int_equal(fs.bad_event_destroys, 0);
+  assert_int_equal(fs.bad_handles, 0);
+  finish_ctx(ctx);
+  non_blocking_stream(true, x[0].stream);
+  non_blocking_stream(true, x[1].stream);
+}
+
 /* Invariant: after sgm_record_stream(p, B), freeing p on A does not let A
  * reuse p until B's work queued before the free has completed. */
 static void test_record_stream_delays_reuse(void **state) {
@@ -814,6 +897,7 @@ int main(void) {
       cmocka_unit_test(test_blocking_transfer_ordered),
       cmocka_unit_test(test_per_thread_streams_do_not_alias),
       cmocka_unit_test(test_concurrent_reclaim),
+      cmocka_unit_test(test_concurrent_transfers),
       cmocka_unit_test(test_record_stream_delays_reuse),
       cmocka_unit_test(test_record_stream_races_free),
       cmocka_unit_test(test_reclaim_before_demotion),
