@@ -429,6 +429,43 @@ static void test_seal_on_transfer_non_blocking(void **state) {
   non_blocking_stream(true, c);
 }
 
+/* Invariant: between two blocking streams the transfer's record on the
+ * legacy stream (which the driver puts after the owner's work) becomes the
+ * owner's fence too: a non-blocking stream then takes the owner's other
+ * blocks in 2 calls, and its later work waits for the owner's. */
+static void test_seal_on_transfer_blocking_fence(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx();
+  void *a = fc.fake_cuda_stream_create(), *b = fc.fake_cuda_stream_create();
+  void *c = non_blocking_stream(false, NULL);
+  /* z stays live: the 4 MiB budget is full but for 256 KiB. */
+  void *x = sgm_alloc(ctx, 2 * MiB, a), *y = sgm_alloc(ctx, MiB, a), *z = sgm_alloc(ctx, 768 << 10, a);
+  assert_true(x && y && z);
+  fc.fake_cuda_hold_stream(a, 1);
+  put_work(a);
+  sgm_free(ctx, x, a);
+  sgm_free(ctx, y, a);
+  call_mark m = mark_calls();
+  void *p = sgm_alloc(ctx, 2 * MiB, b);
+  assert_ptr_equal(p, x);
+  assert_calls_since(m, 2, 1, 0); /* the legacy probe and the record there */
+  m = mark_calls();
+  void *q = sgm_alloc(ctx, MiB, c);
+  assert_ptr_equal(q, y);
+  assert_calls_since(m, 2, 0, 1); /* c's check and its wait on that record */
+  assert_false(stream_done(c));
+  fc.fake_cuda_complete_stream(a);
+  fc.fake_cuda_hold_stream(a, 0);
+  assert_true(stream_done(c));
+  sgm_free(ctx, p, b);
+  sgm_free(ctx, q, c);
+  sgm_free(ctx, z, a);
+  finish_ctx(ctx);
+  fc.fake_cuda_stream_destroy(a);
+  fc.fake_cuda_stream_destroy(b);
+  non_blocking_stream(true, c);
+}
+
 /* Invariant (a burst): a taker that comes back to an owner under the fence
  * its previous transfer crossed under takes all the blocks it covers (2
  * calls), so a burst of sizes costs the owner's side once and the taker's
@@ -894,6 +931,7 @@ int main(void) {
       cmocka_unit_test(test_seal_on_transfer_non_blocking),
       cmocka_unit_test(test_transfer_skips_owner_without_fit),
       cmocka_unit_test(test_seal_on_transfer_burst),
+      cmocka_unit_test(test_seal_on_transfer_blocking_fence),
       cmocka_unit_test(test_blocking_transfer_ordered),
       cmocka_unit_test(test_per_thread_streams_do_not_alias),
       cmocka_unit_test(test_concurrent_reclaim),
