@@ -114,7 +114,15 @@ typedef struct tier_block {
   size_t n_rec;                /* entries in rec */
   struct tier_block *hnext;    /* chain in the live map (atomic: read without a lock) */
   struct tier_block *next;     /* in a cache list, or the pool's spare records */
-} tier_block;
+} __attribute__((aligned(64))) tier_block;
+
+/* Records start on their own cache line: the compare-and-swap of a free must
+ * not pull in a line holding another thread's record. */
+static tier_block *tier_block_new(void) {
+  tier_block *b = aligned_alloc(64, sizeof(tier_block));
+  if (b) memset(b, 0, sizeof *b);
+  return b;
+}
 
 /* A bucket array of the live map; replaced arrays are kept until the pool
  * goes, since a reader may still be walking one. */
@@ -755,7 +763,9 @@ static tier_mag *tier_mag_slow(sgm_tier_pool *p) {
     tier_tls[slot].mag = NULL;
     tier_tls[slot].pool_id = 0;
   }
-  tier_mag *m = calloc(1, sizeof *m);
+  /* Its own cache lines: two threads' magazines never share one. */
+  tier_mag *m = aligned_alloc(64, sgm__align_up(sizeof *m, 64));
+  if (m) memset(m, 0, sizeof *m);
   if (!m) return NULL;
   m->pool = p;
   m->pool_id = p->id;
@@ -1361,7 +1371,7 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
        * blocks than ever before). Lock-free readers may still be reading a
        * spare's tag and chain link: those two are written atomically. */
       tier_block *b = tier_spare_take_locked(p);
-      if (!b) b = calloc(1, sizeof *b);
+      if (!b) b = tier_block_new();
       if (b) {
         b->ptr = off;
         b->bytes = got;
