@@ -100,11 +100,7 @@ static void commits_what_blocks_touch(const char *backend) {
   sgm_test_rng_init(&r, sgm_test_seed("vmm.touch", 17));
   for (int step = 1; step <= STEPS; step++) {
     size_t i = (size_t)sgm_test_rng_range(&r, 0, SLOTS - 1);
-    /* Fill toward the cap, then free about half, and again: blocks too big
-     * for the holes land on fresh addresses and need granules the pool
-     * gives only once free mapped ones are unmapped. */
-    bool filling = (step / 40) % 2 == 0;
-    if (p[i] && (!filling || sgm_test_rng_range(&r, 0, 7) == 0)) {
+    if (p[i]) {
       sgm_free(ctx, p[i], NULL);
       p[i] = NULL;
     } else {
@@ -550,7 +546,11 @@ static void reserve_bytes_survive(const char *backend) {
   uint64_t mapped_before = 0;
   for (int step = 1; step <= STEPS; step++) {
     size_t i = (size_t)sgm_test_rng_range(&r, 0, SLOTS - 1);
-    if (p[i]) {
+    /* Fill toward the cap, then free about half, and again: blocks too big
+     * for the holes land on fresh addresses and need granules the pool
+     * gives only once free mapped ones are unmapped. */
+    bool filling = (step / 40) % 2 == 0;
+    if (p[i] && (!filling || sgm_test_rng_range(&r, 0, 7) == 0)) {
       sgm_free(ctx, p[i], NULL);
       live -= n[i];
       p[i] = NULL;
