@@ -495,6 +495,9 @@ static void reserve_fragmented_stream(const char *backend, const char *vmm, bool
   /* One chunk is packed full; the pool's range has room past the budget. */
   for (int i = 0; i < 15 && !expect; i++) assert_int_equal((char *)p[i + 1] - (char *)p[i], 4 * MiB);
   for (int i = 0; i < 16; i += 2) sgm_free(ctx, p[i], NULL);
+  /* The freed blocks back in the sub-allocator (a trim waits for their
+   * stream's work), so that no cache decides the outcome. */
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
   void *big = sgm_alloc(ctx, 8 * MiB, NULL);
   assert_non_null(big);
   /* Served in VRAM with nothing moved out of it, or not. */
@@ -599,10 +602,12 @@ static void test_emu_reserve_bytes_survive_remapping(void **state) {
  * destroyed cleanly (ASan reports any leak). */
 static void test_emu_backend_failures(void **state) {
   (void)state;
-  for (int n = 2; n < 40; n++) {
+  for (int n = 2; n < 80; n++) {
     char at[16];
-    snprintf(at, sizeof at, "%d", n);
+    snprintf(at, sizeof at, "%d", n / 2);
     sgm_test_clean_env();
+    /* Odd rounds in reserve mode: its pool taken at create, mapped later. */
+    setenv("SGM_ALLOW_GROWTH", n % 2 ? "off" : "on", 1);
     setenv("SGM_BACKEND", "emu", 1);
     setenv("SGM_EMU_VRAM", "128MiB", 1);
     setenv("SGM_SHARED_FALLBACK", "off", 1);
@@ -617,9 +622,11 @@ static void test_emu_backend_failures(void **state) {
     sgm_trim(ctx);
     assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
     sgm_stats st = stats(ctx);
-    /* A failed reservation at create leaves the pool on chunks. */
+    /* A failed reservation at create leaves the pool on chunks; reserve
+     * mode's pool is committed whole, mapped or not. */
     sgm_backend_counters c = counters(ctx);
-    assert_int_equal(st.vram_granule_bytes ? c.vmm_mapped_bytes : c.device_live_bytes,
+    bool pooled = sgm__tier_vmm_pooled(sgm__context_tier(ctx, SGM_TIER_VRAM));
+    assert_int_equal(st.vram_granule_bytes && !pooled ? c.vmm_mapped_bytes : c.device_live_bytes,
                      st.tier[SGM_TIER_VRAM].committed_bytes);
     for (int i = 1; i < 6; i += 2) sgm_free(ctx, p[i], NULL);
     sgm_context_destroy(ctx);
@@ -746,6 +753,58 @@ static void test_double_without_vmm_grows_in_chunks(void **state) {
   unsetenv("FAKE_CUDA_VMM_SUPPORTED");
 }
 
+/*
+ * Reserve mode on the CUDA backend: one kept cuMemCreate handle per granule
+ * of the budget at create (the device charged at once), granules mapped with
+ * cuMemMap of kept handles and unmapped without cuMemRelease (the handles
+ * stay live while the context lives, whatever is mapped), no unmap under
+ * queued work, and at destroy every handle released: the double's live
+ * handle count is back where it began.
+ */
+static void test_double_reserve_keeps_handles_until_destroy(void **state) {
+  (void)state;
+  fake_cuda_stats s0 = fake_stats();
+  uint64_t releases0 = fc.fake_cuda_calls("cuMemRelease");
+  sgm_context *ctx = make_reserve_ctx("cuda", "64MiB", NULL, false);
+  fake_cuda_stats s1 = fake_stats();
+  assert_int_equal(s1.vmm_allocations - s0.vmm_allocations, 32);
+  assert_int_equal(s1.vmm_bytes - s0.vmm_bytes, 64 * MiB);
+  assert_int_equal(s1.vmm_mappings, s0.vmm_mappings);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes, 64 * MiB);
+  char *json = NULL;
+  assert_int_equal(sgm_stats_json(ctx, &json), SGM_OK);
+  assert_non_null(strstr(json, "\"vram_growth\":\"reserved_vmm\""));
+  sgm_string_free(json);
+  void *a = sgm_alloc(ctx, 10 * MiB, NULL);
+  assert_non_null(a);
+  assert_true(fake_stats().vmm_mappings > s0.vmm_mappings);
+  sgm_free(ctx, a, NULL);
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
+  assert_int_equal(fc.fake_cuda_calls("cuMemRelease"), releases0); /* none until destroy */
+  assert_int_equal(fake_stats().vmm_allocations - s0.vmm_allocations, 32);
+  sgm_context_destroy(ctx);
+  fake_cuda_stats s2 = fake_stats();
+  assert_int_equal(s2.vmm_allocations, s0.vmm_allocations);
+  assert_int_equal(s2.vmm_mappings, s0.vmm_mappings);
+  assert_int_equal(s2.vmm_reservations, s0.vmm_reservations);
+  assert_int_equal(s2.vmm_unmaps_in_use, s0.vmm_unmaps_in_use);
+  assert_int_equal(fc.fake_cuda_calls("cuMemRelease") - releases0, 32);
+}
+
+static void test_double_reserve_fragmented_stream_stays_in_vram(void **state) {
+  (void)state;
+  reserve_fragmented_stream("cuda", "off", false);
+  reserve_fragmented_stream("cuda", NULL, true);
+  fake_cuda_stats s = fake_stats();
+  assert_int_equal(s.vmm_unmaps_in_use, 0);
+}
+
+static void test_double_reserve_bytes_survive_remapping(void **state) {
+  (void)state;
+  reserve_bytes_survive("cuda");
+  assert_int_equal(fake_stats().vmm_unmaps_in_use, 0);
+}
+
 static int reset_fake(void **state) {
   (void)state;
   fc.fake_cuda_reset();
@@ -776,6 +835,9 @@ int main(void) {
       cmocka_unit_test_setup(test_double_commits_what_blocks_touch, reset_fake),
       cmocka_unit_test_setup(test_double_pending_work_keeps_granules, reset_fake),
       cmocka_unit_test_setup(test_double_without_vmm_grows_in_chunks, reset_fake),
+      cmocka_unit_test_setup(test_double_reserve_keeps_handles_until_destroy, reset_fake),
+      cmocka_unit_test_setup(test_double_reserve_fragmented_stream_stays_in_vram, reset_fake),
+      cmocka_unit_test_setup(test_double_reserve_bytes_survive_remapping, reset_fake),
   };
   rc |= cmocka_run_group_tests_name("vmm_double", dbl, NULL, NULL);
   dlclose(fake_lib);
