@@ -1518,8 +1518,11 @@ static tier_block *tier_take_cached(sgm_tier_pool *p, tier_mag *m, int cls, uint
  * magazines (small blocks) stay with their owners. Not on other backends:
  * there it would cost driver calls (a fence to record or query) on every
  * such allocation and take the blocks from the device-side transfer to other
- * streams, which comes first (DESIGN.md §8); reserve mode on CUDA keeps that
- * fragmentation (docs/vmm.md).
+ * streams, which comes first (DESIGN.md §8). Reserve mode on the
+ * virtual-memory API (the budget a pool of granules in a range of twice its
+ * size) does not depend on this: addresses no longer decide the budget, only
+ * the granules blocks touch; as one chunk on CUDA the fragmentation stays
+ * (docs/vmm.md).
  */
 int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *ref, sgm_devptr *out) {
   *out = 0;

@@ -13,11 +13,13 @@
  * only after the cached blocks are back in the sub-allocator (no fallback
  * from fragmentation the caches made).
  */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fake_cuda.h"
 #include "internal.h"
@@ -595,6 +597,60 @@ static void test_emu_reserve_bytes_survive_remapping(void **state) {
   reserve_bytes_survive("emu");
 }
 
+/*
+ * A named emulated device (SGM_EMU_DEVICE) counts every process's device
+ * bytes in the node registry: granules mapped in growth mode and reserve
+ * mode's pool count there exactly once, as long as they are the device's.
+ * (Unmapping a granule in growth mode gave its bytes back twice, so the
+ * registry showed less than this process held.)
+ */
+static void test_emu_named_device_counts_granules_once(void **state) {
+  (void)state;
+  for (int reserve = 0; reserve < 2; reserve++) {
+    sgm_test_clean_env();
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/sgm-vmm-test-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    setenv("SGM_NODE", "on", 1);
+    setenv("SGM_NODE_DIR", dir, 1);
+    setenv("SGM_EMU_DEVICE", "vmm-test", 1);
+    setenv("SGM_BACKEND", "emu", 1);
+    setenv("SGM_EMU_VRAM", "256MiB", 1);
+    setenv("SGM_VRAM_LIMIT", "128MiB", 1);
+    setenv("SGM_ALLOW_GROWTH", reserve ? "off" : "on", 1);
+    setenv("SGM_SHARED_FALLBACK", "off", 1);
+    setenv("SGM_IDLE_TRIM_MS", "0", 1);
+    setenv("SGM_NODE_PERIOD_MS", "10000", 1);
+    sgm_context *ctx = NULL;
+    assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+    assert_int_equal(sgm__tier_vmm_pooled(sgm__context_tier(ctx, SGM_TIER_VRAM)), reserve);
+    sgm_node *node = sgm__share_node(ctx);
+    assert_non_null(node);
+    void *a = sgm_alloc(ctx, 10 * MiB, NULL), *b = sgm_alloc(ctx, 10 * MiB, NULL);
+    assert_non_null(a);
+    assert_non_null(b);
+    uint64_t used = 0;
+    assert_int_equal(sgm__node_device_used(node, &used), SGM_OK);
+    assert_int_equal(used, counters(ctx).device_live_bytes);
+    sgm_free(ctx, b, NULL);
+    assert_int_equal(sgm_trim(ctx), SGM_OK); /* growth: b's granules unmapped */
+    assert_int_equal(sgm__node_device_used(node, &used), SGM_OK);
+    assert_int_equal(used, counters(ctx).device_live_bytes);
+    assert_true(used >= 10 * MiB);
+    sgm_free(ctx, a, NULL);
+    sgm_context_destroy(ctx);
+    char path[384];
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
+      if (e->d_name[0] == '.') continue;
+      snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+      unlink(path);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+  }
+}
+
 /* Every fallible emulated call failing in turn (map, reserve, ...): the
  * allocation fails or succeeds whole, the pool's invariants hold, what is
  * committed is what the backend has mapped (or allocated: a reservation that
@@ -823,6 +879,7 @@ int main(void) {
       cmocka_unit_test(test_emu_reserve_takes_the_budget_at_create),
       cmocka_unit_test(test_emu_reserve_fragmented_stream_stays_in_vram),
       cmocka_unit_test(test_emu_reserve_bytes_survive_remapping),
+      cmocka_unit_test(test_emu_named_device_counts_granules_once),
       cmocka_unit_test(test_emu_steady_pairs_stay_off_the_pool_lock),
       cmocka_unit_test(test_emu_mapping_leaves_other_threads_magazines),
   };

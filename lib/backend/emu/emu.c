@@ -819,7 +819,6 @@ static void emu_vmm_unmap(sgm_backend *be, void *range, uint64_t offset, uint64_
     be->c.vmm_mapped_bytes -= bytes;
   }
   sgm__lock_drop(&be->mu);
-  if (ok && be->node) sgm__node_device_release(be->node, bytes);
   sgm_assert(ok);
   if (!ok) {
     sgm__log(be->verbose, 1, "emulated device: vmm_unmap of [%llu, +%llu), not a run of mapped "
