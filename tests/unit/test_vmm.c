@@ -466,6 +466,24 @@ static void reserve_takes_the_budget_at_create(const char *backend) {
 static void test_emu_reserve_takes_the_budget_at_create(void **state) {
   (void)state;
   reserve_takes_the_budget_at_create("emu");
+  /* A budget of the whole device, not a whole number of granules: the pool
+   * is its whole granules (the partial one does not fit the device). */
+  sgm_test_clean_env();
+  setenv("SGM_BACKEND", "emu", 1);
+  setenv("SGM_EMU_VRAM", "129MiB", 1);
+  setenv("SGM_VRAM_FRACTION", "1", 1);
+  setenv("SGM_ALLOW_GROWTH", "off", 1);
+  setenv("SGM_SHARED_FALLBACK", "off", 1);
+  sgm_context *ctx = NULL;
+  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+  assert_true(sgm__tier_vmm_pooled(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].budget_bytes, 129 * MiB);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes, 128 * MiB);
+  void *a = sgm_alloc(ctx, 128 * MiB, NULL);
+  assert_non_null(a);
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  sgm_free(ctx, a, NULL);
+  sgm_context_destroy(ctx);
 }
 
 /*
