@@ -82,7 +82,9 @@ static const sgm_option option_rows[] = {
      * up front; TF_FORCE_GPU_ALLOW_GROWTH overrides it as in TensorFlow. */
     {.env = "SGM_ALLOW_GROWTH", FIELD(allow_growth), .kind = SGM_OPT_BOOL,
      .default_value = "on",
-     .help = "grow VRAM in chunks on demand (on) or reserve the whole budget at create (off)"},
+     .help = "grow VRAM on demand (on) or reserve the whole budget at create (off; with the "
+             "virtual-memory API the budget's memory is taken at create and mapped where blocks "
+             "land: SGM_VRAM_VMM)"},
     /* auto = max(RAM/2, 64 MiB): Windows' cap on shared GPU memory. */
     {.env = "SGM_SHARED_LIMIT", FIELD(shared_limit), .kind = SGM_OPT_SIZE,
      .default_value = "auto", .names = keyword_auto,
@@ -202,8 +204,10 @@ static const sgm_option option_rows[] = {
      * (docs/benchmarks.md, sgm-alloc-replay); off keeps the chunk path, which
      * is also what devices without the virtual-memory API get. */
     {.env = "SGM_VRAM_VMM", FIELD(vram_vmm), .kind = SGM_OPT_BOOL, .default_value = "on",
-     .help = "growth mode: reserve one address range for the VRAM budget and map memory into it "
-             "in granules on demand when the device supports it (on), or grow in chunks (off)"},
+     .help = "use the device's virtual-memory API when it has one (on): growth mode maps granules "
+             "of one reserved address range on demand, reserve mode takes the budget as granules "
+             "at create and maps them where blocks land; off: growth in chunks, reserve as one "
+             "contiguous chunk"},
     /* 0 = never: fault injection is only for tests. */
     {.env = "SGM_EMU_FAIL_AT", FIELD(emu_fail_at), .kind = SGM_OPT_U64, .default_value = "0",
      .help = "testing: the Nth call to the emulated device fails (open is call 1); 0 = never"},

@@ -114,7 +114,9 @@ SGM_API sgm_status sgm_stats_json(sgm_context *ctx, char **out) {
   /* Expandable VRAM (issue 17): how VRAM grows. */
   sgm__strbuf_printf(&b, "},\"vram_growth\":\"%s\",\"vram_granule_bytes\":%llu,"
                      "\"vram_reserved_bytes\":%llu}",
-                     !sgm__context_cfg(ctx)->allow_growth ? "reserved" : st.vram_granule_bytes ? "vmm" : "chunks",
+                     sgm__tier_vmm_pooled(sgm__context_tier(ctx, SGM_TIER_VRAM)) ? "reserved_vmm"
+                     : !sgm__context_cfg(ctx)->allow_growth ? "reserved"
+                     : st.vram_granule_bytes ? "vmm" : "chunks",
                      (unsigned long long)st.vram_granule_bytes,
                      (unsigned long long)st.vram_reserved_bytes);
   if (b.failed) {

@@ -52,8 +52,9 @@ static const char USAGE[] =
     "no fallback / peak live, and ns per event beside glibc malloc/free.\n"
     "  TRACE|DIR     a trace (MiniMalloc CSV id,lower,upper,size, or any sgm-replay format),\n"
     "                or a folder: its *.csv files\n"
-    "  --vmm MODE    VRAM growth on one reserved range when the device can (auto, default)\n"
-    "                or always in chunks (off)\n"
+    "  --vmm MODE    the device's virtual-memory API when it has one (auto, default):\n"
+    "                growth on one reserved range, reserve as a pool of granules; or\n"
+    "                never (off): growth in chunks, reserve as one contiguous chunk\n"
     "  --no-reserve  skip the reserve-mode search\n"
     "  --granule     instead: the cost of mapping and unmapping one granule through the\n"
     "                public API, beside chunks and mmap/munmap (--backend emu|cuda)\n";

@@ -163,6 +163,39 @@
  *    refused with SGM_ERR_NOMEM by the emulated device: sgm must never ask the
  *    driver to evict on its own.
  */
+/*
+ * Reserve mode on the virtual-memory API (issue 17: SGM_ALLOW_GROWTH=0 with
+ * a VMM-capable device). The budget's physical memory is taken once, as a
+ * *pool* of granules, and those granules are mapped into a reserved range
+ * (vmm_reserve) wherever blocks land and unmapped again, but go back to the
+ * pool, not to the driver, until the pool is freed.
+ *  - vmm_pool_create() takes n granules (the vmm_granularity size each) of
+ *    device memory now, all or nothing (SGM_ERR_NOMEM when the device has not
+ *    that much free); granule i of the pool is named by its index. They count
+ *    in device_live_bytes (and n_vmm_pool_granules) from here until
+ *    vmm_pool_free, mapped or not. CUDA: one cuMemCreate per granule, the
+ *    handles kept.
+ *  - vmm_pool_map() maps pool granule idx[k] at range offset + k granules for
+ *    k < n (offset granule aligned, those range granules unmapped now, each
+ *    pool granule mapped nowhere now) and makes the run readable and writable
+ *    by the device before it returns (CUDA: cuMemMap of each kept handle, then
+ *    cuMemSetAccess over the run: access is granted after every map). A pool
+ *    granule keeps its bytes while it is unmapped: mapped again (anywhere), it
+ *    holds what was written to it. All or nothing, as vmm_map. Mapped bytes
+ *    count in vmm_mapped_bytes, not again in device_live_bytes.
+ *  - vmm_pool_unmap() unmaps whole pool-mapped granules of a range; their
+ *    memory stays in the pool (CUDA: cuMemUnmap, no cuMemRelease). As
+ *    vmm_unmap, the driver does not wait for device work. Cannot fail from
+ *    sgm's point of view. vmm_unmap must not be given pool-mapped granules,
+ *    nor vmm_pool_unmap granules mapped by vmm_map.
+ *  - vmm_pool_free() gives every granule of the pool back to the driver
+ *    (CUDA: cuMemRelease of each handle). A granule still mapped stays
+ *    mapped until its range is unmapped or freed, as CUDA keeps a released
+ *    handle's memory while a mapping holds it; sgm unmaps first. NULL is a
+ *    no-op.
+ *  - Only reserve mode uses them; NULL vmm_pool_create = none (reserve mode
+ *    then takes the budget as one contiguous chunk).
+ */
 #ifndef SGM_BACKEND_H
 #define SGM_BACKEND_H
 
@@ -233,6 +266,8 @@ typedef struct sgm_backend_counters {
   /* driver calls (issue 16) */
   uint64_t n_driver_calls;    /* calls into the GPU driver since open (CUDA: every entry point
                                  but the error-string ones; 0 on the emulated device) */
+  /* reserve mode on the virtual-memory API (issue 17) */
+  uint64_t n_vmm_pool_granules; /* granules held in pools (vmm_pool_create, not yet freed) */
 } sgm_backend_counters;
 
 typedef struct sgm_backend_ops {
@@ -301,6 +336,13 @@ typedef struct sgm_backend_ops {
    * above. NULL op: stream_transfer, no fence. */
   int (*stream_transfer_fence)(sgm_backend *be, void *event, const sgm_stream_ref *owner,
                                const sgm_stream_ref *taker, bool *fenced);
+  /* ---- reserve mode on the virtual-memory API: see "Reserve mode on the
+   * virtual-memory API" above (issue 17). NULL vmm_pool_create = none. */
+  int (*vmm_pool_create)(sgm_backend *be, uint64_t n_granules, void **pool_out);
+  int (*vmm_pool_map)(sgm_backend *be, void *range, uint64_t offset, void *pool,
+                      const uint32_t *idx, uint64_t n);
+  void (*vmm_pool_unmap)(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes);
+  void (*vmm_pool_free)(sgm_backend *be, void *pool);
 } sgm_backend_ops;
 
 /* backend.c: pick the ops for a kind; SGM_BACKEND_AUTO is resolved by open. */

@@ -97,6 +97,7 @@ typedef struct tier_granule {
   uint32_t refs;               /* blocks of the sub-allocator (live or cached) touching it */
   uint8_t mapped;              /* memory is mapped behind it */
   uint8_t busy;                /* a thread maps or unmaps it now, without the pool lock */
+  uint32_t phys;               /* reserve mode's pool: the pool granule mapped here (mapped or busy) */
   uint64_t free_seen_ms;       /* idle trim: when first seen mapped and untouched; UINT64_MAX = not */
 } tier_granule;
 
@@ -231,6 +232,11 @@ struct sgm_tier_pool {
   uint64_t vmm_free_mapped;   /* granules mapped, not busy, touched by no block (atomic read) */
   tier_block *spare;          /* records out of the map, reused by carves: a record once
                                  in the map is freed only with the pool (lock-free readers) */
+  /* reserve mode on the virtual-memory API (issue 17); vmm_pool NULL = none */
+  void *vmm_pool;             /* the backend's pool of the budget's granules, taken at create */
+  uint32_t *pool_free;        /* pool granules mapped nowhere (a stack) */
+  size_t n_pool;              /* granules in the pool */
+  size_t n_pool_free;         /* entries used in pool_free */
   tier_shard shards[TIER_SHARDS]; /* the live map */
 };
 
@@ -824,6 +830,23 @@ static inline uint64_t tier_vmm_slack(const sgm_tier_pool *p) {
   return rel > TIER_VMM_SLACK_GRANULES ? rel : TIER_VMM_SLACK_GRANULES;
 }
 
+/* Reserve mode's pool: committed_bytes counts the granules mapped (as in
+ * growth mode), the pool holds the budget whatever is mapped; what users see
+ * as committed is the pool (tier_committed). */
+static inline uint64_t tier_committed(const sgm_tier_pool *p) {
+  return p->vmm_pool ? ((uint64_t)p->n_pool << p->vmm_shift) + p->external_bytes : p->committed_bytes;
+}
+
+/* The most that may be mapped: the budget, and in reserve mode also the pool. */
+static inline uint64_t tier_vmm_cap_locked(const sgm_tier_pool *p) {
+  if (!p->vmm_pool) return p->p.budget_bytes;
+  /* The pool: the budget rounded up to whole granules, so that a block of
+   * the whole budget fits as it did in one chunk. */
+  uint64_t pool = (uint64_t)p->n_pool << p->vmm_shift;
+  uint64_t budget = sgm__align_up(p->p.budget_bytes, tier_vmm_granule(p));
+  return pool < budget ? pool : budget;
+}
+
 static void tier_vmm_free_mapped_add_locked(sgm_tier_pool *p, int64_t d) {
   __atomic_store_n(&p->vmm_free_mapped, p->vmm_free_mapped + (uint64_t)d, __ATOMIC_RELAXED);
 }
@@ -845,6 +868,35 @@ static uint64_t tier_vmm_unmapped_locked(const sgm_tier_pool *p, uint64_t off, u
   tier_vmm_span(p, off, bytes, &g0, &g1);
   for (size_t g = g0; g <= g1; g++) n += !p->gran[g].mapped;
   return (uint64_t)n << p->vmm_shift;
+}
+
+/* Unmap granules [g, e) of the range: their memory goes back to the driver
+ * (growth) or stays in the pool (reserve mode). No lock held. */
+static void tier_vmm_unmap_run(sgm_tier_pool *p, size_t g, size_t e) {
+  uint64_t off = (uint64_t)g << p->vmm_shift, bytes = (uint64_t)(e - g) << p->vmm_shift;
+  if (p->vmm_pool) p->p.bops->vmm_pool_unmap(p->p.be, p->vmm_range, off, bytes);
+  else p->p.bops->vmm_unmap(p->p.be, p->vmm_range, off, bytes);
+}
+
+/* Map the claimed granules [g, e) (busy 2; their pool granules in phys):
+ * the backend's call, in pieces of at most 64 granules in reserve mode. */
+static int tier_vmm_map_run(sgm_tier_pool *p, size_t g, size_t e) {
+  if (!p->vmm_pool)
+    return p->p.bops->vmm_map(p->p.be, p->vmm_range, (uint64_t)g << p->vmm_shift,
+                              (uint64_t)(e - g) << p->vmm_shift);
+  uint32_t idx[64];
+  for (size_t a = g; a < e;) {
+    size_t n = e - a < 64 ? e - a : 64;
+    for (size_t k = 0; k < n; k++) idx[k] = p->gran[a + k].phys;
+    int rc = p->p.bops->vmm_pool_map(p->p.be, p->vmm_range, (uint64_t)a << p->vmm_shift,
+                                     p->vmm_pool, idx, n);
+    if (rc != SGM_OK) {
+      if (a > g) tier_vmm_unmap_run(p, g, a); /* all or nothing, as vmm_map */
+      return rc;
+    }
+    a += n;
+  }
+  return SGM_OK;
 }
 
 /*
@@ -879,13 +931,13 @@ static uint64_t tier_vmm_unmap_free(sgm_tier_pool *p, uint64_t now_ms, uint64_t 
     }
     tier_vmm_free_mapped_add_locked(p, -(int64_t)(e - g));
     sgm__lock_drop(&p->lock);
-    p->p.bops->vmm_unmap(p->p.be, p->vmm_range, (uint64_t)g << p->vmm_shift,
-                         (uint64_t)(e - g) << p->vmm_shift);
+    tier_vmm_unmap_run(p, g, e);
     sgm__lock_take(&p->lock);
     for (size_t k = g; k < e; k++) {
       p->gran[k].mapped = 0;
       p->gran[k].busy = 0;
       p->gran[k].free_seen_ms = UINT64_MAX;
+      if (p->vmm_pool) p->pool_free[p->n_pool_free++] = p->gran[k].phys; /* back to the pool */
     }
     p->committed_bytes -= (uint64_t)(e - g) * gb;
     done += (uint64_t)(e - g) * gb;
@@ -913,8 +965,10 @@ static void tier_vmm_settle(sgm_tier_pool *p, bool eager) {
   /* committed and the budget change under the lock (plain writes there). */
   sgm__lock_take(&p->lock);
   uint64_t free_mapped = p->vmm_free_mapped;
-  bool go = (eager && free_mapped > tier_vmm_slack(p)) ||
-            (p->committed_bytes > p->p.budget_bytes && free_mapped > 0);
+  /* Reserve mode's pool: free granules stay mapped until the pool is empty
+   * (tier_vmm_back_locked): unmapping them returns nothing to anyone. */
+  bool go = (eager && !p->vmm_pool && free_mapped > tier_vmm_slack(p)) ||
+            (p->committed_bytes > tier_vmm_cap_locked(p) && free_mapped > 0);
   sgm__lock_drop(&p->lock);
   if (go) tier_vmm_unmap_free(p, 0, UINT64_MAX);
 }
@@ -955,8 +1009,10 @@ static int tier_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) 
     /* Free granules past the slack go before new ones are mapped (frees
      * left them mapped: tier_vmm_settle), and all of them when the budget
      * has no room for the new ones. */
-    bool no_room = p->committed_bytes > p->p.budget_bytes || want > p->p.budget_bytes - p->committed_bytes;
-    if (no_room || (!unmapped_for_room && p->vmm_free_mapped > tier_vmm_slack(p))) {
+    uint64_t cap = tier_vmm_cap_locked(p);
+    bool no_room = p->committed_bytes > cap || want > cap - p->committed_bytes;
+    bool past_slack = !p->vmm_pool && p->vmm_free_mapped > tier_vmm_slack(p);
+    if (no_room || (!unmapped_for_room && past_slack)) {
       if (unmapped_for_room || p->vmm_free_mapped == 0) return SGM__ERR_BUDGET;
       unmapped_for_room = true;
       sgm__lock_drop(&p->lock);
@@ -968,6 +1024,8 @@ static int tier_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) 
     for (size_t g = g0; g <= g1; g++)
       if (!p->gran[g].mapped && !p->gran[g].busy) {
         p->gran[g].busy = 2; /* 2: claimed by this call */
+        /* The room check above left a pool granule for each. */
+        if (p->vmm_pool) p->gran[g].phys = p->pool_free[--p->n_pool_free];
         if (lo > g) lo = g;
         hi = g;
       }
@@ -983,14 +1041,12 @@ static int tier_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) 
       }
       size_t e = g;
       while (e <= hi && p->gran[e].busy == 2) e++;
-      int r = rc == SGM_OK ? p->p.bops->vmm_map(p->p.be, p->vmm_range,
-                                                (uint64_t)g << p->vmm_shift,
-                                                (uint64_t)(e - g) << p->vmm_shift)
-                           : rc;
+      int r = rc == SGM_OK ? tier_vmm_map_run(p, g, e) : rc;
       sgm__lock_take(&p->lock);
       for (size_t k = g; k < e; k++) {
         p->gran[k].busy = 0;
         p->gran[k].mapped = r == SGM_OK;
+        if (r != SGM_OK && p->vmm_pool) p->pool_free[p->n_pool_free++] = p->gran[k].phys;
       }
       if (r != SGM_OK) p->committed_bytes -= (uint64_t)(e - g) * gb;
       sgm__lock_drop(&p->lock);
@@ -1007,9 +1063,11 @@ static int tier_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) 
 }
 
 /*
- * At create, in growth mode: reserve one range for the budget when the
- * backend has a virtual-memory API and the option allows it; the choice and
- * its reason go to the log at SGM_VERBOSE >= 2. false: grow in chunks.
+ * At create: reserve one range for the budget when the backend has a
+ * virtual-memory API and the option allows it; the choice and its reason go
+ * to the log at SGM_VERBOSE >= 2. Growth mode maps granules on demand; reserve
+ * mode (growth off) also takes the budget's granules now, as a pool
+ * (tier_vmm_pool_setup). false: grow in chunks, or reserve one chunk.
  */
 static bool tier_vmm_setup(sgm_tier_pool *p) {
   const sgm_tier_params *tp = &p->p;
@@ -1018,6 +1076,9 @@ static bool tier_vmm_setup(sgm_tier_pool *p) {
   uint64_t g = 0;
   if (!tp->vmm) {
     snprintf(why, sizeof why, "SGM_VRAM_VMM is off");
+  } else if (!tp->growth && !tp->bops->vmm_pool_create) {
+    snprintf(why, sizeof why, "the %s backend cannot keep a pool of physical granules",
+             tp->bops->name);
   } else if (!tp->bops->vmm_granularity) {
     snprintf(why, sizeof why, "the %s backend has no virtual-memory API", tp->bops->name);
   } else if (tp->bops->vmm_granularity(tp->be, &g) != SGM_OK) {
@@ -1034,6 +1095,10 @@ static bool tier_vmm_setup(sgm_tier_pool *p) {
   /* Address space for the largest budget the pool may be given later (fair
    * shares of the node registry raise and lower it): reserving is cheap. */
   uint64_t want = tp->vmm_range_bytes > tp->budget_bytes ? tp->vmm_range_bytes : tp->budget_bytes;
+  /* Reserve mode: blocks land anywhere in twice the budget's addresses, so
+   * that fragmentation of the addresses never decides the budget (only the
+   * granules blocks touch count). */
+  if (!tp->growth && want / 2 < tp->budget_bytes) want = tp->budget_bytes * 2;
   uint64_t bytes = why[0] ? 0 : sgm__align_up(want, g);
   tier_granule *gran = NULL;
   void *range = NULL;
@@ -1051,20 +1116,67 @@ static bool tier_vmm_setup(sgm_tier_pool *p) {
   char a[32], b[32];
   if (why[0]) {
     free(gran);
-    sgm__log(tp->verbose, 2, "%s: growth in chunks (%s)", name, why);
+    sgm__log(tp->verbose, 2, tp->growth ? "%s: growth in chunks (%s)"
+                                        : "%s: the budget reserved as one contiguous chunk (%s)",
+             name, why);
     return false;
   }
   for (size_t i = 0; i < bytes / g; i++)
-    gran[i] = (tier_granule){.refs = 0, .mapped = 0, .busy = 0, .free_seen_ms = UINT64_MAX};
+    gran[i] = (tier_granule){.refs = 0, .mapped = 0, .busy = 0, .phys = 0,
+                             .free_seen_ms = UINT64_MAX};
   p->gran = gran;
   p->vmm_range = range;
   p->vmm_base = base;
   p->vmm_bytes = bytes;
   p->vmm_shift = (unsigned)__builtin_ctzll(g);
-  sgm__log(tp->verbose, 2, "%s: growth on one reserved range of %s, mapped in %s granules on demand "
-           "(virtual-memory API)", name, sgm__fmt_bytes(bytes, a, sizeof a),
-           sgm__fmt_bytes(g, b, sizeof b));
+  if (tp->growth)
+    sgm__log(tp->verbose, 2, "%s: growth on one reserved range of %s, mapped in %s granules on "
+             "demand (virtual-memory API)", name, sgm__fmt_bytes(bytes, a, sizeof a),
+             sgm__fmt_bytes(g, b, sizeof b));
   return true;
+}
+
+/*
+ * Reserve mode on the range tier_vmm_setup reserved: take the budget's
+ * granules from the driver now (whole granules: the budget rounded up, so
+ * that a block of the whole budget fits, or down when the device has no room
+ * for that), as the pool that mapped granules
+ * come from and go back to. Fails as reserving the budget as a chunk fails
+ * (the caller's message).
+ */
+static int tier_vmm_pool_setup(sgm_tier_pool *p) {
+  const sgm_tier_params *tp = &p->p;
+  uint64_t n = sgm__align_up(tp->budget_bytes, tier_vmm_granule(p)) >> p->vmm_shift;
+  if (n > UINT32_MAX)
+    return sgm__error_set(SGM_ERR_INVALID, "a budget of %llu granules is more than a pool holds",
+                          (unsigned long long)n);
+  p->pool_free = malloc((size_t)n * sizeof *p->pool_free);
+  if (!p->pool_free) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for the pool table");
+  int rc = tp->bops->vmm_pool_create(tp->be, n, &p->vmm_pool);
+  /* A budget of the whole device may have no room for its last partial
+   * granule: the whole granules then (a block of the whole budget no longer
+   * fits, every other does). */
+  uint64_t floor_n = tp->budget_bytes >> p->vmm_shift;
+  if (rc == SGM_ERR_NOMEM && floor_n < n && floor_n > 0) {
+    n = floor_n;
+    rc = tp->bops->vmm_pool_create(tp->be, n, &p->vmm_pool);
+  }
+  if (rc != SGM_OK) {
+    free(p->pool_free);
+    p->pool_free = NULL;
+    return rc;
+  }
+  /* Popped from the end: low granules first (any order would do). */
+  for (size_t i = 0; i < n; i++) p->pool_free[i] = (uint32_t)(n - 1 - i);
+  p->n_pool = p->n_pool_free = (size_t)n;
+  char a[32], b[32], c[32];
+  sgm__log(tp->verbose, 2, "%s: reserved on the virtual-memory API: %s taken at create as %llu "
+           "granules of %s, mapped where blocks land in a range of %s (a granule no block "
+           "touches goes back to the pool, not to the driver)",
+           sgm_tier_name(tp->tier), sgm__fmt_bytes(n << p->vmm_shift, a, sizeof a),
+           (unsigned long long)n, sgm__fmt_bytes(tier_vmm_granule(p), b, sizeof b),
+           sgm__fmt_bytes(p->vmm_bytes, c, sizeof c));
+  return SGM_OK;
 }
 
 /* At destroy: unmap what is still mapped and release the range. */
@@ -1078,10 +1190,12 @@ static void tier_vmm_teardown(sgm_tier_pool *p) {
     }
     size_t e = g;
     while (e < n && p->gran[e].mapped) e++;
-    p->p.bops->vmm_unmap(p->p.be, p->vmm_range, (uint64_t)g << p->vmm_shift,
-                         (uint64_t)(e - g) << p->vmm_shift);
+    tier_vmm_unmap_run(p, g, e);
     g = e;
   }
+  if (p->vmm_pool) p->p.bops->vmm_pool_free(p->p.be, p->vmm_pool); /* every handle back */
+  p->vmm_pool = NULL;
+  free(p->pool_free);
   p->p.bops->vmm_free(p->p.be, p->vmm_range);
   free(p->gran);
   p->vmm_range = NULL;
@@ -1092,7 +1206,18 @@ void sgm__tier_vmm_info(sgm_tier_pool *p, uint64_t *granule_bytes, uint64_t *res
   *reserved_bytes = p->vmm_range ? p->vmm_bytes : 0;
 }
 
+bool sgm__tier_vmm_pooled(const sgm_tier_pool *p) { return p->vmm_pool != NULL; }
+
 /* ---- create / destroy ---- */
+
+/* The message when reserve mode cannot take the budget at create. */
+static int tier_reserve_failed(const sgm_tier_params *params, int rc) {
+  char b[32];
+  return sgm__error_set(rc, "cannot reserve the %s budget of %s at create (growth mode off): %s; "
+                        "lower SGM_VRAM_LIMIT / SGM_VRAM_FRACTION or set SGM_ALLOW_GROWTH=1",
+                        sgm_tier_name(params->tier),
+                        sgm__fmt_bytes(params->budget_bytes, b, sizeof b), sgm_last_error());
+}
 
 int sgm__tier_create(const sgm_tier_params *params, sgm_tier_pool **out) {
   *out = NULL;
@@ -1108,17 +1233,23 @@ int sgm__tier_create(const sgm_tier_params *params, sgm_tier_pool **out) {
   int rc = sgm__suballoc_create(SGM_DEVICE_ALIGN, &p->sa);
   if (rc != SGM_OK) goto out_free;
   if (params->growth && params->budget_bytes > 0) tier_vmm_setup(p);
-  if (!params->growth && params->budget_bytes > 0) {
+  /* Reserve mode: the budget's physical memory as a pool of granules mapped
+   * where blocks land (a device with the virtual-memory API), else one
+   * contiguous chunk. */
+  if (!params->growth && params->budget_bytes > 0 && tier_vmm_setup(p)) {
+    rc = tier_vmm_pool_setup(p);
+    if (rc != SGM_OK) {
+      rc = tier_reserve_failed(params, rc);
+      tier_vmm_teardown(p);
+      goto out_sa;
+    }
+  } else if (!params->growth && params->budget_bytes > 0) {
     /* Reserve mode: the whole budget as one contiguous range, so that any
      * block up to the budget fits. */
     sgm_chunk c = {0};
     rc = params->ops->chunk_alloc(p, params->budget_bytes, &c);
     if (rc != SGM_OK) {
-      char b[32];
-      rc = sgm__error_set(rc, "cannot reserve the %s budget of %s at create (growth mode off): %s; "
-                          "lower SGM_VRAM_LIMIT / SGM_VRAM_FRACTION or set SGM_ALLOW_GROWTH=1",
-                          sgm_tier_name(params->tier),
-                          sgm__fmt_bytes(params->budget_bytes, b, sizeof b), sgm_last_error());
+      rc = tier_reserve_failed(params, rc);
       goto out_sa;
     }
     sgm__lock_take(&p->lock);
@@ -1300,7 +1431,7 @@ static int tier_backend_nomem_locked(sgm_tier_pool *p, uint64_t size) {
                           name, sgm__fmt_bytes(size, a, sizeof a), sgm_last_error(),
                           sgm__fmt_bytes(p->p.budget_bytes, b, sizeof b),
                           sgm__fmt_bytes(p->held_bytes, u, sizeof u), (unsigned long long)p->n_blocks,
-                          sgm__fmt_bytes(p->committed_bytes, c, sizeof c));
+                          sgm__fmt_bytes(tier_committed(p), c, sizeof c));
 }
 
 int sgm__tier_explain_budget(sgm_tier_pool *p, uint64_t size) {
@@ -1320,7 +1451,7 @@ int sgm__tier_explain_budget(sgm_tier_pool *p, uint64_t size) {
                         sgm__fmt_bytes(p->p.budget_bytes, b, sizeof b),
                         sgm__fmt_bytes(in_use, u, sizeof u), (unsigned long long)p->n_blocks,
                         sgm__fmt_bytes(cached, k, sizeof k),
-                        sgm__fmt_bytes(p->committed_bytes, c, sizeof c),
+                        sgm__fmt_bytes(tier_committed(p), c, sizeof c),
                         sgm__fmt_bytes(st.largest_free_bytes, l, sizeof l), p->p.limit_hint);
   sgm__lock_drop(&p->lock);
   return SGM_ERR_NOMEM;
@@ -1564,8 +1695,11 @@ static tier_block *tier_take_cached(sgm_tier_pool *p, tier_mag *m, int cls, uint
  * magazines (small blocks) stay with their owners. Not on other backends:
  * there it would cost driver calls (a fence to record or query) on every
  * such allocation and take the blocks from the device-side transfer to other
- * streams, which comes first (DESIGN.md §8); reserve mode on CUDA keeps that
- * fragmentation (docs/vmm.md).
+ * streams, which comes first (DESIGN.md §8). Reserve mode on the
+ * virtual-memory API (the budget a pool of granules in a range of twice its
+ * size) does not depend on this: addresses no longer decide the budget, only
+ * the granules blocks touch; as one chunk on CUDA the fragmentation stays
+ * (docs/vmm.md).
  */
 int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *ref, sgm_devptr *out) {
   *out = 0;
@@ -2133,6 +2267,8 @@ static size_t tier_reclaim_some(sgm_tier_pool *p, bool mags, sgm_reclaim_mode mo
 
 uint64_t sgm__tier_trim(sgm_tier_pool *p) {
   if (sgm__tier_has_cached(p)) tier_reclaim_ex(p, NULL, SGM_RECLAIM_WAIT);
+  /* Reserve mode's pool keeps its granules: a trim returns nothing. */
+  if (p->vmm_pool) return 0;
   if (p->vmm_range) return tier_vmm_unmap_free(p, 0, UINT64_MAX);
   sgm_chunk *list;
   sgm__lock_take(&p->lock);
@@ -2142,7 +2278,7 @@ uint64_t sgm__tier_trim(sgm_tier_pool *p) {
 }
 
 uint64_t sgm__tier_idle_trim(sgm_tier_pool *p, uint64_t now_ms, uint64_t idle_ms) {
-  if (idle_ms == 0 || idle_ms == UINT64_MAX) return 0;
+  if (idle_ms == 0 || idle_ms == UINT64_MAX || p->vmm_pool) return 0;
   if (p->vmm_range) return tier_vmm_unmap_free(p, now_ms, idle_ms);
   sgm_chunk *list;
   sgm__lock_take(&p->lock);
@@ -2158,7 +2294,11 @@ void sgm__tier_set_budget(sgm_tier_pool *p, uint64_t budget_bytes) {
   bool over = p->committed_bytes > budget_bytes;
   if (over) p->budget_lowered = true;
   sgm__lock_drop(&p->lock);
-  if (over) sgm__tier_trim(p);
+  /* Reserve mode's pool: mapping stops at the new budget and free granules
+   * are unmapped; the pool itself stays taken until destroy (not built: its
+   * granules past the budget going back to the driver). */
+  if (over && p->vmm_pool) tier_vmm_unmap_free(p, 0, UINT64_MAX);
+  else if (over) sgm__tier_trim(p);
 }
 
 size_t sgm__tier_chunks(sgm_tier_pool *p, sgm_chunk *out, size_t max) {
@@ -2249,10 +2389,11 @@ void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out) {
   memset(out, 0, sizeof *out);
   sgm__lock_take(&p->lock);
   out->budget_bytes = p->p.budget_bytes;
-  out->committed_bytes = p->committed_bytes;
+  out->committed_bytes = tier_committed(p);
   out->n_chunks = p->n_chunks + p->n_releasing; /* committed counts those being returned */
-  /* Expandable growth: every granule is its own allocation of the driver's. */
-  if (p->vmm_range) out->n_chunks = (p->committed_bytes - p->external_bytes) >> p->vmm_shift;
+  /* Expandable growth: every granule is its own allocation of the driver's
+   * (reserve mode: every granule of the pool). */
+  if (p->vmm_range) out->n_chunks = (tier_committed(p) - p->external_bytes) >> p->vmm_shift;
   int64_t used = (int64_t)__atomic_load_n(&p->used_bytes, __ATOMIC_RELAXED);
   int64_t live = __atomic_load_n(&p->n_live, __ATOMIC_RELAXED);
   uint64_t allocs = __atomic_load_n(&p->n_allocs, __ATOMIC_RELAXED);
@@ -2315,6 +2456,12 @@ static bool tier_vmm_check_locked(sgm_tier_pool *p, const sgm_suballoc_stats *st
                            "mapped", name, g, x->refs);
   }
   free(refs);
+  /* Reserve mode's pool: every pool granule is mapped (or being mapped or
+   * unmapped) or free, never both. */
+  if (ok && p->vmm_pool && p->n_pool_free + (committed >> p->vmm_shift) != p->n_pool)
+    ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: pool of %zu granules, %zu free and %llu mapped",
+                         name, p->n_pool, p->n_pool_free,
+                         (unsigned long long)(committed >> p->vmm_shift));
   /* Managed blocks charged to the pool (sgm__tier_charge) are committed too. */
   if (ok && (committed != p->committed_bytes - p->external_bytes ||
              free_mapped != p->vmm_free_mapped))
@@ -2352,7 +2499,8 @@ bool sgm__tier_check(sgm_tier_pool *p) {
     if (s->sealed.n && !s->fence && !s->busy) sealed_without_fence++;
   if (!sgm__suballoc_check(p->sa)) {
     ok = false;
-  } else if (p->committed_bytes > p->p.budget_bytes && !p->budget_lowered) {
+  } else if (p->committed_bytes > (p->vmm_pool ? tier_vmm_cap_locked(p) : p->p.budget_bytes) &&
+             !p->budget_lowered) {
     ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: committed %llu > budget %llu",
                          sgm_tier_name(p->p.tier), (unsigned long long)p->committed_bytes,
                          (unsigned long long)p->p.budget_bytes);

@@ -30,6 +30,14 @@
  * (params.vmm_range_bytes), so a budget raised later still fits it. Without VMM (device, backend, option,
  * budget below a granule) the pool grows in chunks as below.
  *
+ * Reserve mode on the virtual-memory API (issue 17): the same range, twice
+ * the budget at least, but the budget's granules are taken from the backend
+ * at create as a pool (vmm_pool_*); a granule a block touches is mapped from
+ * the pool, and free mapped granules are unmapped back into the pool (never
+ * to the driver) only when the pool runs out. committed_bytes counts the
+ * mapped granules as in growth mode; the stats report the pool. Without VMM
+ * reserve mode takes one chunk of the budget.
+ *
  * Stream-ordered caches (DESIGN.md §8 "Streams"). A block the user frees on a
  * stream stays allocated in the sub-allocator and is cached for that stream:
  * first in the freeing thread's magazine (small stacks per size class, no
@@ -101,7 +109,8 @@ typedef enum sgm_reclaim_mode {
 
 /* tier.c */
 
-/* Create a pool; in reserve mode this takes the whole budget as one chunk. */
+/* Create a pool; in reserve mode this takes the whole budget (as a pool of
+ * granules on the virtual-memory API, else as one chunk). */
 int sgm__tier_create(const sgm_tier_params *params, sgm_tier_pool **out);
 /* Wait for pending work, return every chunk to the backend and free the pool. NULL is a no-op. */
 void sgm__tier_destroy(sgm_tier_pool *p);
@@ -175,6 +184,9 @@ uint64_t sgm__tier_map_writes(const sgm_tier_pool *p);
 /* Expandable growth: the granule size when the pool grows on one reserved
  * range (0 when it grows in chunks or reserves), and the range's bytes. */
 void sgm__tier_vmm_info(sgm_tier_pool *p, uint64_t *granule_bytes, uint64_t *reserved_bytes);
+/* Reserve mode on the virtual-memory API: the budget was taken at create as a
+ * pool of granules, mapped into the range where blocks land (issue 17). */
+bool sgm__tier_vmm_pooled(const sgm_tier_pool *p);
 /* Walk the pool and check every invariant; false with a message on the first broken one. */
 bool sgm__tier_check(sgm_tier_pool *p);
 

@@ -94,7 +94,8 @@ static void test_budget_resolution(void **state) {
 
 /* Invariant: growth mode in chunks (SGM_VRAM_VMM=0) commits nothing at create
  * and grows geometrically (2, 4, 8 MiB ...); reserve mode commits the whole
- * budget at create as one chunk, so one block of the whole budget fits.
+ * budget at create (as one chunk, or as a pool of granules on the
+ * virtual-memory API), so one block of the whole budget fits.
  * (Growth on one reserved range: tests/unit/test_vmm.c.) */
 static void test_growth_vs_reserve(void **state) {
   (void)state;
@@ -120,16 +121,23 @@ static void test_growth_vs_reserve(void **state) {
   sgm_free(g, big, NULL);
   sgm_context_destroy(g);
 
-  sgm_context *r = make_ctx("256MiB", "0");
-  s = vram_stats(r);
-  assert_int_equal(s.committed_bytes, s.budget_bytes);
-  assert_int_equal(s.n_chunks, 1);
-  assert_int_equal(backend_counters(r).device_live_bytes, s.budget_bytes);
-  void *all = sgm_alloc(r, s.budget_bytes, NULL);
-  assert_non_null(all);
-  assert_null(sgm_alloc(r, 1, NULL));
-  assert_int_equal(sgm_free_ex(r, all, NULL), SGM_OK);
-  sgm_context_destroy(r);
+  /* Reserve mode: the budget as one chunk (SGM_VRAM_VMM=off), or on the
+   * virtual-memory API as a pool of whole granules (the budget rounded up to
+   * 2 MiB); a block of the whole budget fits either way, then nothing more. */
+  for (int vmm = 0; vmm < 2; vmm++) {
+    sgm_context *r = make_ctx_ex("256MiB", "0", vmm ? "on" : "off");
+    s = vram_stats(r);
+    uint64_t want = vmm ? (s.budget_bytes + 2 * MiB - 1) / (2 * MiB) * (2 * MiB) : s.budget_bytes;
+    assert_int_equal(s.committed_bytes, want);
+    assert_int_equal(s.n_chunks, vmm ? want / (2 * MiB) : 1);
+    assert_int_equal(backend_counters(r).device_live_bytes, want);
+    void *all = sgm_alloc(r, s.budget_bytes, NULL);
+    assert_non_null(all);
+    assert_null(sgm_alloc(r, 1, NULL));
+    assert_true(sgm__tier_check(sgm__context_tier(r, SGM_TIER_VRAM)));
+    assert_int_equal(sgm_free_ex(r, all, NULL), SGM_OK);
+    sgm_context_destroy(r);
+  }
 }
 
 /* Invariant: TF_FORCE_GPU_ALLOW_GROWTH=false overrides SGM_ALLOW_GROWTH=1

@@ -13,11 +13,13 @@
  * only after the cached blocks are back in the sub-allocator (no fallback
  * from fragmentation the caches made).
  */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fake_cuda.h"
 #include "internal.h"
@@ -58,12 +60,16 @@ static sgm_backend_counters counters(sgm_context *ctx) {
 /* Distinct granules the blocks [p[i], p[i] + n[i]) touch, in bytes (the
  * range starts on a granule boundary, so a granule is address / GRAN). */
 static uint64_t touched_bytes(void *const *p, const uint64_t *n, size_t count) {
-  uint64_t *g = malloc(count * 5 * sizeof *g + 1);
+  size_t total = 1;
+  for (size_t i = 0; i < count; i++)
+    if (p[i]) total += (size_t)(((uint64_t)(uintptr_t)p[i] + n[i] - 1) / GRAN - (uint64_t)(uintptr_t)p[i] / GRAN + 1);
+  uint64_t *g = malloc(total * sizeof *g);
+  assert_non_null(g);
   size_t k = 0;
   for (size_t i = 0; i < count; i++) {
     if (!p[i]) continue;
     uint64_t a = (uint64_t)(uintptr_t)p[i] / GRAN, b = ((uint64_t)(uintptr_t)p[i] + n[i] - 1) / GRAN;
-    for (uint64_t x = a; x <= b; x++) g[k++] = x; /* blocks here span at most 5 granules */
+    for (uint64_t x = a; x <= b; x++) g[k++] = x;
   }
   uint64_t distinct = 0;
   for (size_t i = 0; i < k; i++) {
@@ -323,8 +329,9 @@ static void test_emu_mapping_leaves_other_threads_magazines(void **state) {
   sgm_context_destroy(ctx);
 }
 
-/* SGM_VRAM_VMM=off (and reserve mode) grow as before: chunks, no range; the
- * stats and their JSON say which. */
+/* SGM_VRAM_VMM=off grows as before: chunks, no range; reserve mode on the
+ * virtual-memory API keeps a range (its budget a pool of granules), with the
+ * option off it is one chunk as before; the stats and their JSON say which. */
 static void test_emu_option_off_grows_in_chunks(void **state) {
   (void)state;
   const struct {
@@ -332,12 +339,14 @@ static void test_emu_option_off_grows_in_chunks(void **state) {
     uint64_t granule;
   } cases[] = {{"off", "on", "\"vram_growth\":\"chunks\"", 0},
                {"on", "on", "\"vram_growth\":\"vmm\"", GRAN},
-               {"on", "off", "\"vram_growth\":\"reserved\"", 0}};
+               {"on", "off", "\"vram_growth\":\"reserved_vmm\"", GRAN},
+               {"off", "off", "\"vram_growth\":\"reserved\"", 0}};
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     sgm_context *ctx = make_ctx("emu", "64MiB", cases[k].vmm);
     if (strcmp(cases[k].growth, "off") == 0) {
       sgm_context_destroy(ctx);
       setenv("SGM_ALLOW_GROWTH", "off", 1);
+      if (cases[k].vmm) setenv("SGM_VRAM_VMM", cases[k].vmm, 1);
       assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
     }
     sgm_stats st = stats(ctx);
@@ -400,6 +409,266 @@ static void test_emu_reserve_places_after_cached_blocks_return(void **state) {
   sgm_context_destroy(ctx);
 }
 
+
+/* ---- reserve mode on the virtual-memory API (the budget a pool of granules) ---- */
+
+/* A reserve-mode context: budget `vram` of a 512 MiB device, shared fallback
+ * on or off, SGM_VRAM_VMM as given (NULL = the default, on). */
+static sgm_context *make_reserve_ctx(const char *backend, const char *vram, const char *vmm,
+                                     bool fallback) {
+  sgm_test_clean_env();
+  setenv("SGM_BACKEND", backend, 1);
+  setenv("SGM_EMU_VRAM", "512MiB", 1);
+  setenv("SGM_VRAM_LIMIT", vram, 1);
+  setenv("SGM_ALLOW_GROWTH", "off", 1);
+  setenv("SGM_SHARED_LIMIT", "64MiB", 1);
+  setenv("SGM_SHARED_FALLBACK", fallback ? "on" : "off", 1);
+  setenv("SGM_IDLE_TRIM_MS", "0", 1);
+  if (vmm) setenv("SGM_VRAM_VMM", vmm, 1);
+  sgm_context *ctx = NULL;
+  sgm_status rc = sgm_context_create(NULL, &ctx);
+  if (rc != SGM_OK) fprintf(stderr, "create: %s\n", sgm_last_error());
+  assert_int_equal(rc, SGM_OK);
+  return ctx;
+}
+
+/* The whole budget is the device's from create on (committed, counted by the
+ * backend, gone from its free memory), whatever is mapped; mapping takes
+ * nothing more from the device. */
+static void reserve_takes_the_budget_at_create(const char *backend) {
+  sgm_context *ctx = make_reserve_ctx(backend, "128MiB", NULL, false);
+  sgm_stats st = stats(ctx);
+  assert_int_equal(st.vram_granule_bytes, GRAN);
+  assert_int_equal(st.tier[SGM_TIER_VRAM].committed_bytes, 128 * MiB);
+  assert_int_equal(st.tier[SGM_TIER_VRAM].n_chunks, 64);
+  sgm_backend_counters c = counters(ctx);
+  assert_int_equal(c.n_vmm_pool_granules, 64);
+  assert_int_equal(c.vmm_mapped_bytes, 0);
+  uint64_t live0 = c.device_live_bytes;
+  assert_true(live0 >= 128 * MiB);
+  void *a = sgm_alloc(ctx, 40 * MiB, NULL), *b = sgm_alloc(ctx, 1000, NULL);
+  assert_non_null(a);
+  assert_non_null(b);
+  c = counters(ctx);
+  assert_int_equal(c.device_live_bytes, live0);
+  void *ab[2] = {a, b};
+  uint64_t nab[2] = {40 * MiB, 1000};
+  assert_int_equal(c.vmm_mapped_bytes, touched_bytes(ab, nab, 2));
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes, 128 * MiB);
+  sgm_free(ctx, a, NULL);
+  sgm_free(ctx, b, NULL);
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
+  assert_int_equal(counters(ctx).device_live_bytes, live0); /* a trim keeps the reservation */
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  sgm_context_destroy(ctx);
+}
+
+static void test_emu_reserve_takes_the_budget_at_create(void **state) {
+  (void)state;
+  reserve_takes_the_budget_at_create("emu");
+  /* A budget of the whole device, not a whole number of granules: the pool
+   * is its whole granules (the partial one does not fit the device). */
+  sgm_test_clean_env();
+  setenv("SGM_BACKEND", "emu", 1);
+  setenv("SGM_EMU_VRAM", "129MiB", 1);
+  setenv("SGM_VRAM_FRACTION", "1", 1);
+  setenv("SGM_ALLOW_GROWTH", "off", 1);
+  setenv("SGM_SHARED_FALLBACK", "off", 1);
+  sgm_context *ctx = NULL;
+  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+  assert_true(sgm__tier_vmm_pooled(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].budget_bytes, 129 * MiB);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes, 128 * MiB);
+  void *a = sgm_alloc(ctx, 128 * MiB, NULL);
+  assert_non_null(a);
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  sgm_free(ctx, a, NULL);
+  sgm_context_destroy(ctx);
+}
+
+/*
+ * Fragmentation of the addresses no longer decides the budget: 16 blocks of
+ * 4 MiB fill a 64 MiB budget, every other one is freed (32 MiB free, in 4 MiB
+ * holes between live blocks), then an 8 MiB block is asked for. Reserved as
+ * one contiguous chunk (SGM_VRAM_VMM=off, as every reserve budget was before)
+ * no hole fits it: it falls back to shared memory or a live block is moved out
+ * to make room for it; on the pool it lands in
+ * VRAM at addresses past the holes, on granules the freed blocks gave back
+ * to the pool.
+ */
+static void reserve_fragmented_stream(const char *backend, const char *vmm, bool expect) {
+  sgm_context *ctx = make_reserve_ctx(backend, "64MiB", vmm, true);
+  void *p[16];
+  for (int i = 0; i < 16; i++) {
+    p[i] = sgm_alloc(ctx, 4 * MiB, NULL);
+    assert_non_null(p[i]);
+    assert_int_equal(sgm_pointer_tier(ctx, p[i]), SGM_TIER_VRAM);
+  }
+  /* Every other block by address (the sub-allocator fills from both ends). */
+  for (int i = 0; i < 16; i++)
+    for (int j = i + 1; j < 16; j++)
+      if ((uintptr_t)p[j] < (uintptr_t)p[i]) {
+        void *t = p[i];
+        p[i] = p[j];
+        p[j] = t;
+      }
+  /* One chunk is packed full; the pool's range has room past the budget. */
+  for (int i = 0; i < 15 && !expect; i++) assert_int_equal((char *)p[i + 1] - (char *)p[i], 4 * MiB);
+  for (int i = 0; i < 16; i += 2) sgm_free(ctx, p[i], NULL);
+  /* The freed blocks back in the sub-allocator (a trim waits for their
+   * stream's work), so that no cache decides the outcome. */
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
+  void *big = sgm_alloc(ctx, 8 * MiB, NULL);
+  assert_non_null(big);
+  /* Served in VRAM with nothing moved out of it, or not. */
+  int in_vram = sgm_pointer_tier(ctx, big) == SGM_TIER_VRAM;
+  for (int i = 1; i < 16; i += 2) in_vram &= sgm_pointer_tier(ctx, p[i]) == SGM_TIER_VRAM;
+  sgm_stats st = stats(ctx);
+  printf("# reserve_fragmented (SGM_VRAM_VMM=%s): big block in %s, %llu fallbacks, %llu evictions\n",
+         vmm ? vmm : "on", sgm_tier_name(sgm_pointer_tier(ctx, big)),
+         (unsigned long long)st.n_fallbacks,
+         (unsigned long long)st.tier[SGM_TIER_VRAM].n_evictions);
+  assert_int_equal(in_vram && st.tier[SGM_TIER_VRAM].n_evictions == 0, expect);
+  if (expect) {
+    sgm_backend_counters c = counters(ctx);
+    assert_true(c.vmm_mapped_bytes <= 64 * MiB); /* committed never passes the budget */
+  }
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  sgm_free(ctx, big, NULL);
+  for (int i = 1; i < 16; i += 2) sgm_free(ctx, p[i], NULL);
+  sgm_context_destroy(ctx);
+}
+
+static void test_emu_reserve_fragmented_stream_stays_in_vram(void **state) {
+  (void)state;
+  reserve_fragmented_stream("emu", "off", false); /* one chunk: the old way */
+  reserve_fragmented_stream("emu", NULL, true);
+}
+
+/*
+ * A random stream of allocations and frees in reserve mode (seed printed),
+ * with sizes from 256 B to 16 MiB and live bytes kept under 7/8 of a 64 MiB
+ * budget, so that granules are unmapped and their pool granules mapped again
+ * elsewhere over and over. Every live block holds its own byte pattern,
+ * checked whole after every step: a pool granule mapped at two places, or a
+ * live block's granule unmapped or remapped, shows as wrong bytes. After
+ * every step the pool's check holds, the backend's mapped bytes equal the
+ * pool's count and never pass the pool, and the device still holds exactly
+ * the pool.
+ */
+static void reserve_bytes_survive(const char *backend) {
+  sgm_context *ctx = make_reserve_ctx(backend, "64MiB", NULL, false);
+  uint64_t pool = stats(ctx).tier[SGM_TIER_VRAM].committed_bytes;
+  assert_int_equal(pool, 64 * MiB);
+  uint64_t live0 = counters(ctx).device_live_bytes;
+  enum { SLOTS = 24, STEPS = 600 };
+  unsigned char *p[SLOTS] = {0};
+  uint64_t n[SLOTS] = {0}, live = 0, fails = 0, remaps = 0;
+  sgm_test_rng r;
+  sgm_test_rng_init(&r, sgm_test_seed("vmm.reserve_bytes", 23));
+  uint64_t mapped_before = 0;
+  for (int step = 1; step <= STEPS; step++) {
+    size_t i = (size_t)sgm_test_rng_range(&r, 0, SLOTS - 1);
+    /* Fill toward the cap, then free about half, and again: blocks too big
+     * for the holes land on fresh addresses and need granules the pool
+     * gives only once free mapped ones are unmapped. */
+    bool filling = (step / 40) % 2 == 0;
+    if (p[i] && (!filling || sgm_test_rng_range(&r, 0, 7) == 0)) {
+      sgm_free(ctx, p[i], NULL);
+      live -= n[i];
+      p[i] = NULL;
+    } else if (!p[i]) {
+      n[i] = sgm_test_rng_range(&r, 0, 3) ? sgm_test_rng_log_range(&r, MiB, 16 * MiB)
+                                            : sgm_test_rng_log_range(&r, 256, MiB);
+      if (live + n[i] > 56 * MiB) continue;
+      p[i] = sgm_alloc(ctx, (size_t)n[i], NULL);
+      if (!p[i]) {
+        fails++; /* granules touched past the pool: refused, never over it */
+        continue;
+      }
+      assert_int_equal(sgm_pointer_tier(ctx, p[i]), SGM_TIER_VRAM);
+      live += n[i];
+      memset(p[i], (int)(i * 7 + 1), (size_t)n[i]);
+    }
+    for (size_t k = 0; k < SLOTS; k++) {
+      if (!p[k]) continue;
+      for (uint64_t x = 0; x < n[k]; x += 4093)
+        if (p[k][x] != (unsigned char)(k * 7 + 1)) fail_msg("block %zu byte %llu changed", k, (unsigned long long)x);
+      assert_int_equal(p[k][n[k] - 1], (unsigned char)(k * 7 + 1));
+    }
+    assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+    sgm_backend_counters c = counters(ctx);
+    assert_true(c.vmm_mapped_bytes <= pool);
+    assert_int_equal(c.device_live_bytes, live0);
+    remaps += c.vmm_mapped_bytes < mapped_before;
+    mapped_before = c.vmm_mapped_bytes;
+  }
+  printf("# reserve_bytes: %llu allocations refused, %llu steps unmapped granules\n",
+         (unsigned long long)fails, (unsigned long long)remaps);
+  assert_true(remaps > 0); /* the stream did move pool granules around */
+  for (size_t k = 0; k < SLOTS; k++) sgm_free(ctx, p[k], NULL);
+  sgm_context_destroy(ctx);
+}
+
+static void test_emu_reserve_bytes_survive_remapping(void **state) {
+  (void)state;
+  reserve_bytes_survive("emu");
+}
+
+/*
+ * A named emulated device (SGM_EMU_DEVICE) counts every process's device
+ * bytes in the node registry: granules mapped in growth mode and reserve
+ * mode's pool count there exactly once, as long as they are the device's.
+ * (Unmapping a granule in growth mode gave its bytes back twice, so the
+ * registry showed less than this process held.)
+ */
+static void test_emu_named_device_counts_granules_once(void **state) {
+  (void)state;
+  for (int reserve = 0; reserve < 2; reserve++) {
+    sgm_test_clean_env();
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/sgm-vmm-test-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    setenv("SGM_NODE", "on", 1);
+    setenv("SGM_NODE_DIR", dir, 1);
+    setenv("SGM_EMU_DEVICE", "vmm-test", 1);
+    setenv("SGM_BACKEND", "emu", 1);
+    setenv("SGM_EMU_VRAM", "256MiB", 1);
+    setenv("SGM_VRAM_LIMIT", "128MiB", 1);
+    setenv("SGM_ALLOW_GROWTH", reserve ? "off" : "on", 1);
+    setenv("SGM_SHARED_FALLBACK", "off", 1);
+    setenv("SGM_IDLE_TRIM_MS", "0", 1);
+    setenv("SGM_NODE_PERIOD_MS", "10000", 1);
+    sgm_context *ctx = NULL;
+    assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+    assert_int_equal(sgm__tier_vmm_pooled(sgm__context_tier(ctx, SGM_TIER_VRAM)), reserve);
+    sgm_node *node = sgm__share_node(ctx);
+    assert_non_null(node);
+    void *a = sgm_alloc(ctx, 10 * MiB, NULL), *b = sgm_alloc(ctx, 10 * MiB, NULL);
+    assert_non_null(a);
+    assert_non_null(b);
+    uint64_t used = 0;
+    assert_int_equal(sgm__node_device_used(node, &used), SGM_OK);
+    assert_int_equal(used, counters(ctx).device_live_bytes);
+    sgm_free(ctx, b, NULL);
+    assert_int_equal(sgm_trim(ctx), SGM_OK); /* growth: b's granules unmapped */
+    assert_int_equal(sgm__node_device_used(node, &used), SGM_OK);
+    assert_int_equal(used, counters(ctx).device_live_bytes);
+    assert_true(used >= 10 * MiB);
+    sgm_free(ctx, a, NULL);
+    sgm_context_destroy(ctx);
+    char path[384];
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
+      if (e->d_name[0] == '.') continue;
+      snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+      unlink(path);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+  }
+}
+
 /* Every fallible emulated call failing in turn (map, reserve, ...): the
  * allocation fails or succeeds whole, the pool's invariants hold, what is
  * committed is what the backend has mapped (or allocated: a reservation that
@@ -407,10 +676,12 @@ static void test_emu_reserve_places_after_cached_blocks_return(void **state) {
  * destroyed cleanly (ASan reports any leak). */
 static void test_emu_backend_failures(void **state) {
   (void)state;
-  for (int n = 2; n < 40; n++) {
+  for (int n = 2; n < 80; n++) {
     char at[16];
-    snprintf(at, sizeof at, "%d", n);
+    snprintf(at, sizeof at, "%d", n / 2);
     sgm_test_clean_env();
+    /* Odd rounds in reserve mode: its pool taken at create, mapped later. */
+    setenv("SGM_ALLOW_GROWTH", n % 2 ? "off" : "on", 1);
     setenv("SGM_BACKEND", "emu", 1);
     setenv("SGM_EMU_VRAM", "128MiB", 1);
     setenv("SGM_SHARED_FALLBACK", "off", 1);
@@ -425,9 +696,11 @@ static void test_emu_backend_failures(void **state) {
     sgm_trim(ctx);
     assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
     sgm_stats st = stats(ctx);
-    /* A failed reservation at create leaves the pool on chunks. */
+    /* A failed reservation at create leaves the pool on chunks; reserve
+     * mode's pool is committed whole, mapped or not. */
     sgm_backend_counters c = counters(ctx);
-    assert_int_equal(st.vram_granule_bytes ? c.vmm_mapped_bytes : c.device_live_bytes,
+    bool pooled = sgm__tier_vmm_pooled(sgm__context_tier(ctx, SGM_TIER_VRAM));
+    assert_int_equal(st.vram_granule_bytes && !pooled ? c.vmm_mapped_bytes : c.device_live_bytes,
                      st.tier[SGM_TIER_VRAM].committed_bytes);
     for (int i = 1; i < 6; i += 2) sgm_free(ctx, p[i], NULL);
     sgm_context_destroy(ctx);
@@ -554,6 +827,58 @@ static void test_double_without_vmm_grows_in_chunks(void **state) {
   unsetenv("FAKE_CUDA_VMM_SUPPORTED");
 }
 
+/*
+ * Reserve mode on the CUDA backend: one kept cuMemCreate handle per granule
+ * of the budget at create (the device charged at once), granules mapped with
+ * cuMemMap of kept handles and unmapped without cuMemRelease (the handles
+ * stay live while the context lives, whatever is mapped), no unmap under
+ * queued work, and at destroy every handle released: the double's live
+ * handle count is back where it began.
+ */
+static void test_double_reserve_keeps_handles_until_destroy(void **state) {
+  (void)state;
+  fake_cuda_stats s0 = fake_stats();
+  uint64_t releases0 = fc.fake_cuda_calls("cuMemRelease");
+  sgm_context *ctx = make_reserve_ctx("cuda", "64MiB", NULL, false);
+  fake_cuda_stats s1 = fake_stats();
+  assert_int_equal(s1.vmm_allocations - s0.vmm_allocations, 32);
+  assert_int_equal(s1.vmm_bytes - s0.vmm_bytes, 64 * MiB);
+  assert_int_equal(s1.vmm_mappings, s0.vmm_mappings);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes, 64 * MiB);
+  char *json = NULL;
+  assert_int_equal(sgm_stats_json(ctx, &json), SGM_OK);
+  assert_non_null(strstr(json, "\"vram_growth\":\"reserved_vmm\""));
+  sgm_string_free(json);
+  void *a = sgm_alloc(ctx, 10 * MiB, NULL);
+  assert_non_null(a);
+  assert_true(fake_stats().vmm_mappings > s0.vmm_mappings);
+  sgm_free(ctx, a, NULL);
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
+  assert_int_equal(fc.fake_cuda_calls("cuMemRelease"), releases0); /* none until destroy */
+  assert_int_equal(fake_stats().vmm_allocations - s0.vmm_allocations, 32);
+  sgm_context_destroy(ctx);
+  fake_cuda_stats s2 = fake_stats();
+  assert_int_equal(s2.vmm_allocations, s0.vmm_allocations);
+  assert_int_equal(s2.vmm_mappings, s0.vmm_mappings);
+  assert_int_equal(s2.vmm_reservations, s0.vmm_reservations);
+  assert_int_equal(s2.vmm_unmaps_in_use, s0.vmm_unmaps_in_use);
+  assert_int_equal(fc.fake_cuda_calls("cuMemRelease") - releases0, 32);
+}
+
+static void test_double_reserve_fragmented_stream_stays_in_vram(void **state) {
+  (void)state;
+  reserve_fragmented_stream("cuda", "off", false);
+  reserve_fragmented_stream("cuda", NULL, true);
+  fake_cuda_stats s = fake_stats();
+  assert_int_equal(s.vmm_unmaps_in_use, 0);
+}
+
+static void test_double_reserve_bytes_survive_remapping(void **state) {
+  (void)state;
+  reserve_bytes_survive("cuda");
+  assert_int_equal(fake_stats().vmm_unmaps_in_use, 0);
+}
+
 static int reset_fake(void **state) {
   (void)state;
   fc.fake_cuda_reset();
@@ -569,6 +894,10 @@ int main(void) {
       cmocka_unit_test(test_emu_option_off_grows_in_chunks),
       cmocka_unit_test(test_emu_backend_failures),
       cmocka_unit_test(test_emu_reserve_places_after_cached_blocks_return),
+      cmocka_unit_test(test_emu_reserve_takes_the_budget_at_create),
+      cmocka_unit_test(test_emu_reserve_fragmented_stream_stays_in_vram),
+      cmocka_unit_test(test_emu_reserve_bytes_survive_remapping),
+      cmocka_unit_test(test_emu_named_device_counts_granules_once),
       cmocka_unit_test(test_emu_steady_pairs_stay_off_the_pool_lock),
       cmocka_unit_test(test_emu_mapping_leaves_other_threads_magazines),
   };
@@ -581,6 +910,9 @@ int main(void) {
       cmocka_unit_test_setup(test_double_commits_what_blocks_touch, reset_fake),
       cmocka_unit_test_setup(test_double_pending_work_keeps_granules, reset_fake),
       cmocka_unit_test_setup(test_double_without_vmm_grows_in_chunks, reset_fake),
+      cmocka_unit_test_setup(test_double_reserve_keeps_handles_until_destroy, reset_fake),
+      cmocka_unit_test_setup(test_double_reserve_fragmented_stream_stays_in_vram, reset_fake),
+      cmocka_unit_test_setup(test_double_reserve_bytes_survive_remapping, reset_fake),
   };
   rc |= cmocka_run_group_tests_name("vmm_double", dbl, NULL, NULL);
   dlclose(fake_lib);

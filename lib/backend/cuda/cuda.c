@@ -1100,6 +1100,7 @@ static void cuda_counters(sgm_backend *be, sgm_backend_counters *out) {
   sgm__lock_take(&be->lock);
   out->vmm_mapped_bytes = be->c.vmm_mapped_bytes;
   out->n_vmm_ranges = be->c.n_vmm_ranges;
+  out->n_vmm_pool_granules = be->c.n_vmm_pool_granules;
   sgm__lock_drop(&be->lock);
 }
 
@@ -1643,9 +1644,21 @@ typedef struct cuda_vrange {
   CUdeviceptr base;            /* first address */
   uint64_t bytes;              /* reserved bytes */
   uint64_t granule;            /* the granule it was reserved with */
-  uint8_t *mapped;             /* one byte per granule: 1 = mapped (under be->lock) */
+  uint8_t *mapped;             /* one byte per granule: 1 = mapped, 2 = a pool granule mapped
+                                  (under be->lock) */
+  uint32_t *pidx;              /* per granule: the pool granule mapped there (state 2); NULL until
+                                  a pool maps into the range */
+  struct cuda_vpool *pool;     /* the pool mapped into it (state 2), NULL none yet */
   struct cuda_vrange *next;    /* the backend's list (under be->lock) */
 } cuda_vrange;
+
+/* Reserve mode's pool: one kept cuMemCreate handle per granule. */
+typedef struct cuda_vpool {
+  CUmemGenericAllocationHandle *h; /* the handles, released at vmm_pool_free */
+  uint64_t n;                  /* granules */
+  uint64_t granule;            /* their size */
+  uint8_t *used;               /* one byte per granule: 1 = mapped in a range now (under be->lock) */
+} cuda_vpool;
 
 static CUmemAllocationProp cuda_vmm_prop(const sgm_backend *be) {
   CUmemAllocationProp prop;
@@ -1801,7 +1814,7 @@ static void cuda_vmm_unmap(sgm_backend *be, void *range, uint64_t offset, uint64
             offset <= v->bytes && bytes <= v->bytes - offset;
   uint64_t g0 = ok ? offset / v->granule : 0, g1 = ok ? (offset + bytes) / v->granule : 0;
   sgm__lock_take(&be->lock);
-  for (uint64_t g = g0; g < g1 && ok; g++) ok = v->mapped[g];
+  for (uint64_t g = g0; g < g1 && ok; g++) ok = v->mapped[g] == 1;
   if (ok) {
     memset(v->mapped + g0, 0, (size_t)(g1 - g0));
     be->c.device_live_bytes -= bytes;
@@ -1823,11 +1836,16 @@ static void cuda_vmm_unmap(sgm_backend *be, void *range, uint64_t offset, uint64
 /* Unmap what is left of v and free its addresses (context entered, relaxed);
  * v is already off the list. */
 static void cuda_vmm_release(sgm_backend *be, cuda_vrange *v, const char *op) {
-  uint64_t n = v->bytes / v->granule, left = 0;
+  uint64_t n = v->bytes / v->granule, left = 0, pooled = 0;
   for (uint64_t g = 0; g < n; g++)
     if (v->mapped[g]) {
       cuda_vmm_unmap_run(be, v, g, g + 1, op);
-      left += v->granule;
+      /* A pool granule's memory stays the pool's (its handle is kept). */
+      if (v->mapped[g] == 2) pooled += v->granule;
+      else left += v->granule;
+      sgm__lock_take(&be->lock);
+      if (v->mapped[g] == 2 && v->pool) v->pool->used[v->pidx[g]] = 0;
+      sgm__lock_drop(&be->lock);
     }
   CUresult r = CU(cuMemAddressFree)(v->base, (size_t)v->bytes);
   if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemAddressFree");
@@ -1839,7 +1857,13 @@ static void cuda_vmm_release(sgm_backend *be, cuda_vrange *v, const char *op) {
     be->c.vmm_mapped_bytes -= left;
     sgm__lock_drop(&be->lock);
   }
+  if (pooled) {
+    sgm__lock_take(&be->lock);
+    be->c.vmm_mapped_bytes -= pooled;
+    sgm__lock_drop(&be->lock);
+  }
   free(v->mapped);
+  free(v->pidx);
   free(v);
 }
 
@@ -1859,6 +1883,7 @@ static void cuda_vmm_free(sgm_backend *be, void *range) {
   cuda_frame f;
   if (!cuda_frame_open_must(be, op, "", &f)) {
     free(v->mapped);
+    free(v->pidx);
     free(v);
     return;
   }
@@ -1878,9 +1903,204 @@ static void cuda_vmm_close(sgm_backend *be, bool entered) {
       cuda_vmm_release(be, v, "closing the device");
     } else {
       free(v->mapped);
+      free(v->pidx);
       free(v);
     }
   }
+}
+
+/* ---- reserve mode's pool of granules (issue 17): the handles are kept ----
+ * vmm_pool_create makes one cuMemCreate allocation per granule and keeps its
+ * handle; vmm_pool_map cuMemMaps kept handles and grants access over the run
+ * (cuMemSetAccess after every map, as the driver requires); vmm_pool_unmap is
+ * cuMemUnmap alone, so the memory stays with its handle; vmm_pool_free
+ * cuMemReleases every handle. */
+
+static int cuda_vmm_pool_create(sgm_backend *be, uint64_t n_granules, void **pool_out) {
+  sgm__lock_assert_none_held();
+  *pool_out = NULL;
+  cuda_count_call(be);
+  char op[96];
+  snprintf(op, sizeof op, "taking %llu granules of device memory for the reserved budget",
+           (unsigned long long)n_granules);
+  uint64_t g = 0;
+  int rc = cuda_vmm_granularity(be, &g);
+  if (rc != SGM_OK) return rc;
+  if (g == 0 || n_granules == 0 || n_granules > UINT32_MAX)
+    return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s: no virtual memory management, or not "
+                          "1 to 2^32 - 1 granules", op);
+  cuda_vpool *pl = calloc(1, sizeof *pl);
+  CUmemGenericAllocationHandle *h = calloc((size_t)n_granules, sizeof *h);
+  uint8_t *used = calloc((size_t)n_granules, 1);
+  if (!pl || !h || !used) {
+    rc = sgm__error_set(SGM_ERR_NOMEM, "CUDA: %s: out of host memory", op);
+    goto out_free;
+  }
+  cuda_frame f;
+  rc = cuda_frame_open(be, op, &f);
+  if (rc != SGM_OK) goto out_free;
+  CUmemAllocationProp prop = cuda_vmm_prop(be);
+  uint64_t made = 0;
+  CUresult r = CUDA_SUCCESS;
+  for (; made < n_granules; made++) {
+    r = CU(cuMemCreate)(&h[made], (size_t)g, &prop, 0);
+    if (r != CUDA_SUCCESS) break;
+  }
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r, op, "cuMemCreate", CUDA_BLAME_DRIVER);
+    for (uint64_t i = 0; i < made; i++) { /* all or nothing */
+      CUresult rr = CU(cuMemRelease)(h[i]);
+      if (rr != CUDA_SUCCESS) cuda_log_failure(be, rr, op, "cuMemRelease");
+    }
+  }
+  cuda_frame_close(be, &f, op);
+  if (rc != SGM_OK) goto out_free;
+  *pl = (cuda_vpool){.h = h, .n = n_granules, .granule = g, .used = used};
+  sgm__lock_take(&be->lock);
+  be->c.device_live_bytes += n_granules * g;
+  be->c.n_vmm_pool_granules += n_granules;
+  sgm__lock_drop(&be->lock);
+  *pool_out = pl;
+  return SGM_OK;
+
+out_free:
+  free(pl);
+  free(h);
+  free(used);
+  return rc;
+}
+
+static int cuda_vmm_pool_map(sgm_backend *be, void *range, uint64_t offset, void *pool,
+                             const uint32_t *idx, uint64_t n) {
+  sgm__lock_assert_none_held();
+  cuda_count_call(be);
+  cuda_vrange *v = range;
+  cuda_vpool *pl = pool;
+  char op[96];
+  snprintf(op, sizeof op, "mapping %llu granules of the reserved budget", (unsigned long long)n);
+  bool ok = v && pl && n > 0 && pl->granule == v->granule && (!v->pool || v->pool == pl) &&
+            offset % v->granule == 0 && offset <= v->bytes && n <= (v->bytes - offset) / v->granule;
+  uint64_t g0 = ok ? offset / v->granule : 0;
+  sgm__lock_take(&be->lock);
+  for (uint64_t k = 0; ok && k < n; k++) {
+    ok = idx[k] < pl->n && !pl->used[idx[k]] && v->mapped[g0 + k] == 0;
+    for (uint64_t j = 0; ok && j < k; j++) ok = idx[j] != idx[k];
+  }
+  if (ok && !v->pidx) {
+    v->pidx = calloc((size_t)(v->bytes / v->granule), sizeof *v->pidx);
+    ok = v->pidx != NULL;
+  }
+  if (ok) {
+    /* Claimed under the lock: no other call maps these meanwhile. */
+    v->pool = pl;
+    for (uint64_t k = 0; k < n; k++) {
+      v->mapped[g0 + k] = 2;
+      v->pidx[g0 + k] = idx[k];
+      pl->used[idx[k]] = 1;
+    }
+  }
+  sgm__lock_drop(&be->lock);
+  if (!ok)
+    return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s: [%llu, +%llu granules) is not a run of "
+                          "unmapped granules of the range, or a pool granule is out of the pool "
+                          "or mapped already", op, (unsigned long long)offset,
+                          (unsigned long long)n);
+  cuda_frame f;
+  int rc = cuda_frame_open(be, op, &f);
+  uint64_t k = 0;
+  const char *failed = NULL;
+  CUresult r = CUDA_SUCCESS;
+  if (rc == SGM_OK) {
+    for (; k < n; k++) {
+      r = CU(cuMemMap)(v->base + offset + k * v->granule, (size_t)v->granule, 0, pl->h[idx[k]], 0);
+      if (r != CUDA_SUCCESS) {
+        failed = "cuMemMap";
+        break;
+      }
+    }
+    if (!failed) {
+      CUmemAccessDesc desc;
+      memset(&desc, 0, sizeof desc);
+      desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      desc.location.id = be->dev;
+      desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      r = CU(cuMemSetAccess)(v->base + offset, (size_t)(n * v->granule), &desc, 1);
+      if (r != CUDA_SUCCESS) failed = "cuMemSetAccess";
+    }
+    if (failed) {
+      rc = cuda_fail(r, op, failed, CUDA_BLAME_DRIVER);
+      cuda_vmm_unmap_run(be, v, g0, g0 + k, op); /* all or nothing; the handles stay */
+    }
+    cuda_frame_close(be, &f, op);
+  }
+  sgm__lock_take(&be->lock);
+  for (uint64_t j = 0; j < n; j++) {
+    if (rc != SGM_OK) {
+      v->mapped[g0 + j] = 0;
+      pl->used[idx[j]] = 0;
+    }
+  }
+  if (rc == SGM_OK) be->c.vmm_mapped_bytes += n * v->granule;
+  sgm__lock_drop(&be->lock);
+  return rc;
+}
+
+static void cuda_vmm_pool_unmap(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes) {
+  sgm__lock_assert_none_held();
+  cuda_vrange *v = range;
+  const char *op = "unmapping granules of the reserved budget";
+  bool ok = v && bytes && offset % v->granule == 0 && bytes % v->granule == 0 &&
+            offset <= v->bytes && bytes <= v->bytes - offset;
+  uint64_t g0 = ok ? offset / v->granule : 0, g1 = ok ? (offset + bytes) / v->granule : 0;
+  sgm__lock_take(&be->lock);
+  for (uint64_t g = g0; g < g1 && ok; g++) ok = v->mapped[g] == 2 && v->pool;
+  if (ok) {
+    for (uint64_t g = g0; g < g1; g++) {
+      v->mapped[g] = 0;
+      v->pool->used[v->pidx[g]] = 0;
+    }
+    be->c.vmm_mapped_bytes -= bytes;
+  }
+  sgm__lock_drop(&be->lock);
+  sgm_assert(ok);
+  if (!ok) {
+    sgm__log(be->verbose, 1, "CUDA: %s: [%llu, +%llu) is not a run of pool-mapped granules; "
+             "ignored", op, (unsigned long long)offset, (unsigned long long)bytes);
+    return;
+  }
+  cuda_frame f;
+  if (!cuda_frame_open_must(be, op, "", &f)) return;
+  cuda_vmm_unmap_run(be, v, g0, g1, op); /* cuMemUnmap only: the handles keep the memory */
+  cuda_frame_close(be, &f, op);
+}
+
+static void cuda_vmm_pool_free(sgm_backend *be, void *pool) {
+  sgm__lock_assert_none_held();
+  cuda_vpool *pl = pool;
+  if (!pl) return;
+  const char *op = "releasing the reserved budget's device memory";
+  uint64_t still = 0;
+  sgm__lock_take(&be->lock);
+  for (uint64_t i = 0; i < pl->n; i++) still += pl->used[i];
+  for (cuda_vrange *v = be->vranges; v; v = v->next)
+    if (v->pool == pl) v->pool = NULL;
+  be->c.device_live_bytes -= pl->n * pl->granule;
+  be->c.n_vmm_pool_granules -= pl->n;
+  sgm__lock_drop(&be->lock);
+  if (still)
+    sgm__log(be->verbose, 1, "CUDA: %s: %llu granules still mapped (their memory goes when they "
+             "are unmapped)", op, (unsigned long long)still);
+  cuda_frame f;
+  if (cuda_frame_open_must(be, op, "", &f)) {
+    for (uint64_t i = 0; i < pl->n; i++) {
+      CUresult r = CU(cuMemRelease)(pl->h[i]);
+      if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemRelease");
+    }
+    cuda_frame_close(be, &f, op);
+  }
+  free(pl->h);
+  free(pl->used);
+  free(pl);
 }
 
 const sgm_backend_ops sgm__backend_cuda_ops = {
@@ -1917,6 +2137,10 @@ const sgm_backend_ops sgm__backend_cuda_ops = {
     .device_uuid = cuda_device_uuid,
     .device_pci_bus_id = cuda_device_pci_bus_id,
     .stream_transfer_fence = cuda_stream_transfer_fence,
+    .vmm_pool_create = cuda_vmm_pool_create,
+    .vmm_pool_map = cuda_vmm_pool_map,
+    .vmm_pool_unmap = cuda_vmm_pool_unmap,
+    .vmm_pool_free = cuda_vmm_pool_free,
 };
 
 #else /* !CUDA_BACKEND_BUILT */

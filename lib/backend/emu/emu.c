@@ -35,6 +35,11 @@
  * unmapped granule faults. Granules count against the device's size like
  * device_alloc memory; a map that would pass it is SGM_ERR_NOMEM.
  *
+ * Reserve mode's pool (vmm_pool_*): one memfd of the budget's granules, taken
+ * (counted against the device) at create; a pool granule is mapped with
+ * MAP_SHARED | MAP_FIXED at its memfd offset and put back to PROT_NONE on
+ * unmap, so its bytes survive an unmap and a wrong index shows as wrong bytes.
+ *
  * Threading: counters are updated under one mutex; copies run unlocked (but
  * the moves of managed pages, done under the mutex: a test device).
  */
@@ -79,9 +84,21 @@ typedef struct emu_range {
   uint64_t bytes;              /* reserved bytes (a multiple of the granule) */
   void *map_base;              /* the reservation as mmap returned it (for munmap) */
   uint64_t map_bytes;          /* its length */
-  uint8_t *mapped;             /* one byte per granule: 1 = mapped */
+  uint8_t *mapped;             /* one byte per granule: 1 = mapped (vmm_map), 2 = a pool granule */
+  uint32_t *pidx;              /* per granule: the pool granule mapped there (state 2); NULL until
+                                  a pool maps into the range */
+  struct emu_pool *pool;       /* the pool mapped into it (state 2 granules), NULL none yet */
   struct emu_range *next;      /* the backend's list */
 } emu_range;
+
+/* Reserve mode's pool of physical granules (vmm_pool_*): one memfd of n
+ * granules, so that a granule mapped again shows what was written to it and a
+ * wrong pool index shows as wrong bytes. */
+typedef struct emu_pool {
+  int fd;                      /* the memfd holding the granules */
+  uint64_t n;                  /* granules */
+  uint8_t *used;               /* one byte per granule: 1 = mapped in some range now */
+} emu_pool;
 
 static void emu_vmm_close_ranges(sgm_backend *be);
 
@@ -802,7 +819,6 @@ static void emu_vmm_unmap(sgm_backend *be, void *range, uint64_t offset, uint64_
     be->c.vmm_mapped_bytes -= bytes;
   }
   sgm__lock_drop(&be->mu);
-  if (ok && be->node) sgm__node_device_release(be->node, bytes);
   sgm_assert(ok);
   if (!ok) {
     sgm__log(be->verbose, 1, "emulated device: vmm_unmap of [%llu, +%llu), not a run of mapped "
@@ -821,7 +837,14 @@ static uint64_t emu_vmm_detach_locked(sgm_backend *be, emu_range *r) {
       break;
     }
   uint64_t left = 0;
-  for (uint64_t g = 0; g < r->bytes / EMU_VMM_GRANULE; g++) left += r->mapped[g] ? EMU_VMM_GRANULE : 0;
+  for (uint64_t g = 0; g < r->bytes / EMU_VMM_GRANULE; g++) {
+    left += r->mapped[g] == 1 ? EMU_VMM_GRANULE : 0;
+    if (r->mapped[g] == 2) {
+      /* A pool granule: its memory stays the pool's (and counted there). */
+      if (r->pool) r->pool->used[r->pidx[g]] = 0;
+      be->c.vmm_mapped_bytes -= EMU_VMM_GRANULE;
+    }
+  }
   be->c.device_live_bytes -= left;
   be->c.vmm_mapped_bytes -= left;
   be->c.n_vmm_ranges--;
@@ -841,6 +864,7 @@ static void emu_vmm_free(sgm_backend *be, void *range) {
              (unsigned long long)left);
   munmap(r->map_base, r->map_bytes);
   free(r->mapped);
+  free(r->pidx);
   free(r);
 }
 
@@ -853,8 +877,181 @@ static void emu_vmm_close_ranges(sgm_backend *be) {
              (unsigned long long)r->bytes);
     munmap(r->map_base, r->map_bytes);
     free(r->mapped);
+    free(r->pidx);
     free(r);
   }
+}
+
+/* ---- reserve mode's pool of granules (issue 17) ---- */
+
+static int emu_vmm_pool_create(sgm_backend *be, uint64_t n_granules, void **pool_out) {
+  sgm__lock_assert_none_held();
+  *pool_out = NULL;
+  if (emu_inject(be))
+    return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (vmm_pool_create)");
+  if (n_granules == 0 || n_granules > UINT32_MAX)
+    return sgm__error_set(SGM_ERR_INVALID, "emulated device: vmm_pool_create of %llu granules",
+                          (unsigned long long)n_granules);
+  uint64_t bytes = n_granules * EMU_VMM_GRANULE;
+  uint64_t free_now = 0;
+  bool fits;
+  if (be->node) {
+    int rc = sgm__node_device_reserve(be->node, bytes, be->total_bytes, &free_now);
+    if (rc != SGM_OK && rc != SGM_ERR_NOMEM) return rc;
+    fits = rc == SGM_OK;
+  } else {
+    sgm__lock_take(&be->mu);
+    free_now = emu_device_free_locked(be);
+    fits = bytes <= free_now;
+    if (fits) be->c.device_live_bytes += bytes; /* taken now: no other caller gets it */
+    sgm__lock_drop(&be->mu);
+  }
+  if (!fits) {
+    char a[32], f[32];
+    return sgm__error_set(SGM_ERR_NOMEM, "emulated device: out of memory taking a pool of %s "
+                          "(%s free)", sgm__fmt_bytes(bytes, a, sizeof a),
+                          sgm__fmt_bytes(free_now, f, sizeof f));
+  }
+  int rc = SGM_OK;
+  const char *what = NULL;
+  int e = 0;
+  emu_pool *pl = calloc(1, sizeof *pl);
+  uint8_t *used = calloc((size_t)n_granules, 1);
+  int fd = -1;
+  if (!pl || !used) {
+    what = "out of host memory";
+  } else if ((fd = memfd_create("sgm-emu-vram-pool", MFD_CLOEXEC)) < 0) {
+    e = errno;
+    what = "memfd_create";
+  } else if (ftruncate(fd, (off_t)bytes) != 0) {
+    e = errno;
+    what = "ftruncate";
+  }
+  if (what) {
+    rc = sgm__error_set(SGM_ERR_NOMEM, "emulated device: cannot make a pool of %llu granules: "
+                        "%s%s%s", (unsigned long long)n_granules, what, e ? ": " : "",
+                        e ? strerror(e) : "");
+    goto fail;
+  }
+  *pl = (emu_pool){.fd = fd, .n = n_granules, .used = used};
+  sgm__lock_take(&be->mu);
+  if (be->node) be->c.device_live_bytes += bytes;
+  be->c.n_vmm_pool_granules += n_granules;
+  sgm__lock_drop(&be->mu);
+  *pool_out = pl;
+  return SGM_OK;
+
+fail:
+  if (fd >= 0) close(fd);
+  free(pl);
+  free(used);
+  if (be->node) {
+    sgm__node_device_release(be->node, bytes);
+  } else {
+    sgm__lock_take(&be->mu);
+    be->c.device_live_bytes -= bytes;
+    sgm__lock_drop(&be->mu);
+  }
+  return rc;
+}
+
+static int emu_vmm_pool_map(sgm_backend *be, void *range, uint64_t offset, void *pool,
+                            const uint32_t *idx, uint64_t n) {
+  sgm__lock_assert_none_held();
+  emu_range *r = range;
+  emu_pool *pl = pool;
+  if (emu_inject(be))
+    return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (vmm_pool_map)");
+  uint64_t bytes = n * EMU_VMM_GRANULE;
+  sgm__lock_take(&be->mu);
+  bool ok = r && pl && n > 0 && (!r->pool || r->pool == pl) && emu_vmm_run_is(r, offset, bytes, 0);
+  for (uint64_t k = 0; ok && k < n; k++) {
+    ok = idx[k] < pl->n && !pl->used[idx[k]];
+    for (uint64_t j = 0; ok && j < k; j++) ok = idx[j] != idx[k];
+  }
+  if (ok && !r->pidx) {
+    r->pidx = calloc((size_t)(r->bytes / EMU_VMM_GRANULE), sizeof *r->pidx);
+    ok = r->pidx != NULL;
+  }
+  if (ok) {
+    /* Claimed under the lock: no other call maps these granules meanwhile. */
+    r->pool = pl;
+    uint64_t g0 = offset / EMU_VMM_GRANULE;
+    for (uint64_t k = 0; k < n; k++) {
+      r->mapped[g0 + k] = 2;
+      r->pidx[g0 + k] = idx[k];
+      pl->used[idx[k]] = 1;
+    }
+    be->c.vmm_mapped_bytes += bytes;
+  }
+  sgm__lock_drop(&be->mu);
+  if (!ok)
+    return sgm__error_set(SGM_ERR_INVALID, "emulated device: vmm_pool_map of %llu granules at "
+                          "%llu: not a run of unmapped granules of the range, or pool granules "
+                          "out of the pool or mapped already", (unsigned long long)n,
+                          (unsigned long long)offset);
+  for (uint64_t k = 0; k < n; k++) {
+    void *want = (void *)(uintptr_t)(r->base + offset + k * EMU_VMM_GRANULE);
+    void *p = mmap(want, EMU_VMM_GRANULE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, pl->fd,
+                   (off_t)((uint64_t)idx[k] * EMU_VMM_GRANULE));
+    if (p == want) continue;
+    int e = errno;
+    emu_vmm_unmap_pages(r, offset, bytes); /* all or nothing */
+    sgm__lock_take(&be->mu);
+    for (uint64_t j = 0; j < n; j++) {
+      r->mapped[offset / EMU_VMM_GRANULE + j] = 0;
+      pl->used[idx[j]] = 0;
+    }
+    be->c.vmm_mapped_bytes -= bytes;
+    sgm__lock_drop(&be->mu);
+    return sgm__error_set(SGM_ERR_NOMEM, "emulated device: mapping pool granule %u failed: %s",
+                          (unsigned)idx[k], strerror(e));
+  }
+  return SGM_OK;
+}
+
+static void emu_vmm_pool_unmap(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes) {
+  sgm__lock_assert_none_held();
+  emu_range *r = range;
+  sgm__lock_take(&be->mu);
+  bool ok = r && emu_vmm_run_is(r, offset, bytes, 2);
+  if (ok) {
+    for (uint64_t g = offset / EMU_VMM_GRANULE; g < (offset + bytes) / EMU_VMM_GRANULE; g++) {
+      r->mapped[g] = 0;
+      r->pool->used[r->pidx[g]] = 0;
+    }
+    be->c.vmm_mapped_bytes -= bytes;
+  }
+  sgm__lock_drop(&be->mu);
+  sgm_assert(ok);
+  if (!ok) {
+    sgm__log(be->verbose, 1, "emulated device: vmm_pool_unmap of [%llu, +%llu), not a run of "
+             "pool-mapped granules; ignored", (unsigned long long)offset, (unsigned long long)bytes);
+    return;
+  }
+  emu_vmm_unmap_pages(r, offset, bytes); /* the memfd keeps the bytes */
+}
+
+static void emu_vmm_pool_free(sgm_backend *be, void *pool) {
+  sgm__lock_assert_none_held();
+  emu_pool *pl = pool;
+  if (!pl) return;
+  uint64_t bytes = pl->n * EMU_VMM_GRANULE, still = 0;
+  sgm__lock_take(&be->mu);
+  for (uint64_t i = 0; i < pl->n; i++) still += pl->used[i];
+  for (emu_range *r = be->ranges; r; r = r->next)
+    if (r->pool == pl) r->pool = NULL;
+  be->c.device_live_bytes -= bytes;
+  be->c.n_vmm_pool_granules -= pl->n;
+  sgm__lock_drop(&be->mu);
+  sgm_assert(still == 0);
+  if (still)
+    sgm__log(be->verbose, 1, "emulated device: pool freed with %llu granules still mapped",
+             (unsigned long long)still);
+  if (be->node) sgm__node_device_release(be->node, bytes);
+  close(pl->fd);
+  free(pl->used);
+  free(pl);
 }
 
 const sgm_backend_ops sgm__backend_emu_ops = {
@@ -892,4 +1089,8 @@ const sgm_backend_ops sgm__backend_emu_ops = {
     .vmm_free = emu_vmm_free,
     .device_uuid = emu_device_uuid,
     .device_pci_bus_id = emu_device_pci_bus_id,
+    .vmm_pool_create = emu_vmm_pool_create,
+    .vmm_pool_map = emu_vmm_pool_map,
+    .vmm_pool_unmap = emu_vmm_pool_unmap,
+    .vmm_pool_free = emu_vmm_pool_free,
 };
