@@ -77,11 +77,19 @@ void sgm__disk_free_ex(sgm_disk *d, const sgm_disk_extent *e, bool reserve);
  * I/O errors → SGM_ERR_IO; e not a live extent → SGM_ERR_INVALID. The extent
  * stays allocated either way; on failure dst holds unspecified bytes. */
 int sgm__disk_read(sgm_disk *d, const sgm_disk_extent *e, void *dst);
-/* Return extent e's space: its blocks go back to the file system (hole
- * punched where supported), then the range to the budget. A zeroed extent
+/* Return extent e's space to the budget at once. Its blocks stay in the file
+ * for the next write of the same size while the kept ranges hold under a
+ * quarter of the limit (and 1 GiB): that write overwrites them, with no
+ * block allocation, and no hole is punched now; otherwise (or with reserve)
+ * they go back to the file system (hole punched where supported) before the
+ * range is free. sgm__disk_trim and a carve that finds no room punch every
+ * kept range. A zeroed extent
  * (bytes 0, as a failed write leaves it) is a no-op; one that is not live is
  * a caller bug: asserted when SGM_DEBUG >= 1, else ignored. */
 void sgm__disk_free(sgm_disk *d, const sgm_disk_extent *e);
+/* Give the blocks of every kept range back to the file system (holes
+ * punched); returns their bytes. For sgm_trim. */
+uint64_t sgm__disk_trim(sgm_disk *d);
 
 /* Staging for transfers between the spill file and device memory: pieces of
  * SGM_DISK_BOUNCE_BYTES, page-aligned, kept by the tier (no malloc per
