@@ -1426,6 +1426,7 @@ void sgm__disk_stats(sgm_disk *d, sgm_tier_stats *out) {
   out->n_live = d->n_live;
   out->bytes_in = d->bytes_in;
   out->bytes_out = d->bytes_out;
+  out->cached_bytes = d->kept_bytes;
   sgm__lock_drop(&d->lock);
   struct stat st;
   out->committed_bytes = fstat(d->fd, &st) == 0 ? (uint64_t)st.st_blocks * 512u : out->used_bytes;

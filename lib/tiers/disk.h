@@ -146,7 +146,8 @@ int sgm__disk_read_staged(sgm_disk *d, uint64_t total, uint64_t piece, const sgm
 /* budget_bytes = the resolved limit; committed_bytes = disk space the spill
  * file holds now (st_blocks); used_bytes / peak_used_bytes = live extents
  * (rounded to 4 KiB) plus reservations; n_live = live extents; bytes_in / bytes_out = data
- * written / read back successfully since open; n_evictions = 0. */
+ * written / read back successfully since open; cached_bytes = the kept ranges
+ * of freed extents (in committed, not in used); n_evictions = 0. */
 void sgm__disk_stats(sgm_disk *d, sgm_tier_stats *out);
 /* The spill file's descriptor (tests reach the file through /proc/self/fd/N). */
 int sgm__disk_fd(const sgm_disk *d);
