@@ -1,8 +1,12 @@
 /*
  * migrate.c — moving a buffer's data between tiers: demote (VRAM -> shared ->
- * disk, or VRAM straight to disk when shared memory is full of what cannot
- * move), promote (back up into a block residency.c found), and host reads and
- * writes wherever the data lives.
+ * disk; VRAM straight to disk in one hop when disk is the target, or when
+ * shared memory is full of what cannot move), promote (back up into a block
+ * residency.c found; disk -> VRAM in one hop), and host reads and writes
+ * wherever the data lives. The one-hop moves go through the disk tier's
+ * pinned staging slots, pipelined there (sgm__disk_write_staged /
+ * sgm__disk_read_staged): the device copy of one 4 MiB piece overlaps the
+ * file I/O of the others.
  *
  * Invariant: a move either completes (data in the new tier, the old storage
  * freed, the migration counted) or leaves the buffer as it was.
