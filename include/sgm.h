@@ -285,8 +285,8 @@ SGM_API void sgm_string_free(char *s);
  * Return committed memory that is not in use to the driver / OS: blocks cached
  * for reuse by the streams they were freed on (after waiting, on the host, for
  * the work those streams had queued at their frees, as torch.cuda.empty_cache
- * does), then whole free chunks. In reserve mode (growth off) the reservation
- * is kept. Thread-safe.
+ * does), then whole free chunks, and the blocks the spill file kept for freed
+ * extents. In reserve mode (growth off) the reservation is kept. Thread-safe.
  */
 SGM_API sgm_status sgm_trim(sgm_context *ctx);
 

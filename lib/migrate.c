@@ -1,8 +1,12 @@
 /*
  * migrate.c — moving a buffer's data between tiers: demote (VRAM -> shared ->
- * disk, or VRAM straight to disk when shared memory is full of what cannot
- * move), promote (back up into a block residency.c found), and host reads and
- * writes wherever the data lives.
+ * disk; VRAM straight to disk in one hop when disk is the target, or when
+ * shared memory is full of what cannot move), promote (back up into a block
+ * residency.c found; disk -> VRAM in one hop), and host reads and writes
+ * wherever the data lives. The one-hop moves go through the disk tier's
+ * pinned staging slots, pipelined there (sgm__disk_write_staged /
+ * sgm__disk_read_staged): the device copy of one 4 MiB piece overlaps the
+ * file I/O of the others.
  *
  * Invariant: a move either completes (data in the new tier, the old storage
  * freed, the migration counted) or leaves the buffer as it was.
@@ -176,51 +180,90 @@ static int migrate_no_stage(const sgm_buffer *b) {
 
 _Static_assert(SGM_DISK_CHUNK <= SGM_DISK_BOUNCE_BYTES, "a chunk is staged in one bounce buffer");
 
-/* A staging buffer of SGM_DISK_BOUNCE_BYTES from the disk tier: the pinned
- * one (DMA straight from it), allocated through the backend on the first
- * transfer that needs it, when no other transfer holds it. */
-static void *migrate_stage_get(sgm_context *ctx) {
+/* Lend the disk tier its pinned staging region (SGM_DISK_STAGE_BYTES,
+ * DMA straight from it), allocated through the backend by the first transfer
+ * that needs it; without it the tier stages through pageable memory. */
+static void migrate_stage_lend(sgm_context *ctx) {
   struct sgm_placement *pl = sgm__context_pl(ctx);
   bool tried = false;
-  if (!__atomic_load_n(&pl->disk_bounce_tried, __ATOMIC_ACQUIRE) &&
-      __atomic_compare_exchange_n(&pl->disk_bounce_tried, &tried, true, false, __ATOMIC_ACQ_REL,
-                                  __ATOMIC_ACQUIRE)) {
-    void *host = NULL;
-    sgm_devptr dev = 0;
-    if (sgm__context_bops(ctx)->host_alloc(sgm__context_be(ctx), SGM_DISK_BOUNCE_BYTES, -1, &host, &dev) == SGM_OK) {
-      __atomic_store_n(&pl->disk_bounce, host, __ATOMIC_RELEASE);
-      sgm__disk_lend_bounce(pl->disk, host);
-    } else {
-      sgm__log(sgm__context_cfg(ctx)->verbose, 2, "no pinned staging buffer for the disk tier (%s): transfers "
-               "stage through pageable memory", sgm_last_error());
-    }
+  if (__atomic_load_n(&pl->disk_bounce_tried, __ATOMIC_ACQUIRE) ||
+      !__atomic_compare_exchange_n(&pl->disk_bounce_tried, &tried, true, false, __ATOMIC_ACQ_REL,
+                                   __ATOMIC_ACQUIRE))
+    return;
+  void *host = NULL;
+  sgm_devptr dev = 0;
+  if (sgm__context_bops(ctx)->host_alloc(sgm__context_be(ctx), SGM_DISK_STAGE_BYTES, -1, &host, &dev) == SGM_OK) {
+    __atomic_store_n(&pl->disk_bounce, host, __ATOMIC_RELEASE);
+    sgm__disk_lend_bounce(pl->disk, host);
+  } else {
+    sgm__log(sgm__context_cfg(ctx)->verbose, 2, "no pinned staging buffer for the disk tier (%s): transfers "
+             "stage through pageable memory", sgm_last_error());
   }
-  return sgm__disk_stage_get(pl->disk);
 }
 
-/* Spill a VRAM-resident b to disk chunk by chunk through a staging buffer. */
+/* One staging piece of SGM_DISK_BOUNCE_BYTES from the disk tier. */
+static void *migrate_stage_get(sgm_context *ctx) {
+  migrate_stage_lend(ctx);
+  return sgm__disk_stage_get(sgm__context_pl(ctx)->disk);
+}
+
+_Static_assert(SGM_DISK_CHUNK <= SGM_DISK_BOUNCE_BYTES, "a chunk is staged in one piece");
+
+/* The device side of a staged disk transfer: chunk i of b's data at dev. */
+typedef struct migrate_staged {
+  sgm_context *ctx; /* the context */
+  sgm_buffer *b;    /* the buffer being moved (BUSY: ours) */
+  sgm_devptr dev;   /* its device block */
+} migrate_staged;
+
+/* Fill a staging slot with chunk i of the VRAM block (eviction). */
+static int migrate_fill_from_device(void *user, uint64_t i, void *slot, uint64_t len) {
+  migrate_staged *a = user;
+  return migrate_copy(a->ctx, a->b, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)slot,
+                      a->dev + i * SGM_DISK_CHUNK, len);
+}
+
+/* Drain a staging slot into chunk i of the VRAM block (promotion). */
+static int migrate_drain_to_device(void *user, uint64_t i, void *slot, uint64_t len) {
+  migrate_staged *a = user;
+  return migrate_copy(a->ctx, a->b, SGM_COPY_HOST_TO_DEVICE, a->dev + i * SGM_DISK_CHUNK,
+                      (uintptr_t)slot, len);
+}
+
+/* Spill a VRAM-resident b to disk in one hop: each chunk is copied into a
+ * staging slot and written from there while the next chunk is copied (the
+ * disk tier pipelines them). On failure b stays in VRAM, untouched. */
 static int migrate_vram_to_disk(sgm_context *ctx, sgm_buffer *b) {
-  char *stage = migrate_stage_get(ctx);
-  if (!stage) return migrate_no_stage(b);
-  uint64_t n = migrate_n_chunks(b);
-  sgm_disk_extent *ext = calloc((size_t)n, sizeof *ext);
-  int rc = ext ? SGM_OK : sgm__error_set(SGM_ERR_NOMEM, "out of host memory for spill extents");
-  for (uint64_t i = 0; i < n && rc == SGM_OK; i++) {
-    uint64_t len = migrate_chunk_len(b, i);
-    rc = migrate_copy(ctx, b, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)stage, b->dptr + i * SGM_DISK_CHUNK,
-                      len);
-    if (rc == SGM_OK) rc = sgm__disk_write(sgm__context_pl(ctx)->disk, stage, len, &ext[i]);
-  }
-  sgm__disk_stage_put(sgm__context_pl(ctx)->disk, stage);
+  migrate_stage_lend(ctx);
+  sgm_disk_extent *ext = calloc((size_t)migrate_n_chunks(b), sizeof *ext);
+  if (!ext) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for spill extents");
+  migrate_staged a = {ctx, b, b->dptr};
+  int rc = sgm__disk_write_staged(sgm__context_pl(ctx)->disk, b->size, SGM_DISK_CHUNK,
+                                  migrate_fill_from_device, &a, ext);
   if (rc != SGM_OK) {
-    migrate_disk_free_all(sgm__context_pl(ctx)->disk, ext, n);
+    free(ext);
     return rc;
   }
+  /* Every copy completed before its piece was written: the block is free. */
   migrate_free_block(ctx, SGM_TIER_VRAM, b->dptr);
   b->dptr = 0;
   b->ext = ext;
   sgm__buffer_set_tier(b, SGM_TIER_DISK);
   return SGM_OK;
+}
+
+/* Read a disk-resident b into the VRAM block dst in one hop, pipelined as
+ * migrate_vram_to_disk (chunks never written arrive as zeros). */
+static int migrate_disk_to_vram(sgm_context *ctx, sgm_buffer *b, sgm_devptr dst) {
+  migrate_stage_lend(ctx);
+  sgm_disk_extent *zeros = NULL;
+  if (!b->ext && !(zeros = calloc((size_t)migrate_n_chunks(b), sizeof *zeros)))
+    return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for spill extents");
+  migrate_staged a = {ctx, b, dst};
+  int rc = sgm__disk_read_staged(sgm__context_pl(ctx)->disk, b->size, SGM_DISK_CHUNK,
+                                 b->ext ? b->ext : zeros, migrate_drain_to_device, &a);
+  free(zeros);
+  return rc;
 }
 
 /* ---- managed blocks: the pages move, the address stays ---- */
@@ -281,6 +324,13 @@ int sgm__migrate_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict
   while (b->tier < to) {
     sgm_tier from = b->tier;
     sgm_tier next = (sgm_tier)(from + 1);
+    if (from == SGM_TIER_VRAM && to == SGM_TIER_DISK && pl->disk) {
+      /* One hop: no shared-memory block taken, copied into and freed. */
+      int rc = migrate_vram_to_disk(ctx, b);
+      if (rc != SGM_OK) return rc; /* the data stays in VRAM */
+      migrate_count(pl, from, SGM_TIER_DISK, b->size, evict);
+      break;
+    }
     if (next == SGM_TIER_DISK) {
       if (!pl->disk)
         return sgm__error_set(SGM_ERR_NOMEM, "no disk tier to spill to: set SGM_SPILL_DIR to a "
@@ -328,16 +378,7 @@ int sgm__migrate_promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, sgm_devpt
     rc = migrate_disk_load(ctx, b, migrate_shared_host(ctx, dst));
     if (rc == SGM_OK) sgm__migrate_disk_drop(ctx, b);
   } else if (from == SGM_TIER_DISK) {
-    /* Into VRAM chunk by chunk through the disk tier's staging buffer. */
-    char *stage = migrate_stage_get(ctx);
-    rc = stage ? SGM_OK : migrate_no_stage(b);
-    for (uint64_t i = 0, n = migrate_n_chunks(b); i < n && rc == SGM_OK; i++) {
-      rc = migrate_disk_load_chunk(ctx, b, i, stage);
-      if (rc == SGM_OK)
-        rc = migrate_copy(ctx, b, SGM_COPY_HOST_TO_DEVICE, dst + i * SGM_DISK_CHUNK, (uintptr_t)stage,
-                          migrate_chunk_len(b, i));
-    }
-    sgm__disk_stage_put(sgm__context_pl(ctx)->disk, stage);
+    rc = migrate_disk_to_vram(ctx, b, dst);
     if (rc == SGM_OK) sgm__migrate_disk_drop(ctx, b);
   } else {
     rc = migrate_copy(ctx, b, SGM_COPY_HOST_TO_DEVICE, dst,

@@ -212,7 +212,7 @@ void sgm__placement_destroy(sgm_context *ctx) {
   }
   void *bounce = __atomic_load_n(&pl->disk_bounce, __ATOMIC_ACQUIRE);
   placement_free(pl); /* closes the disk tier, which only borrowed the bounce */
-  if (bounce) sgm__context_bops(ctx)->host_free(sgm__context_be(ctx), bounce, SGM_DISK_BOUNCE_BYTES);
+  if (bounce) sgm__context_bops(ctx)->host_free(sgm__context_be(ctx), bounce, SGM_DISK_STAGE_BYTES);
   sgm__context_set_pl(ctx, NULL);
 }
 
@@ -232,14 +232,16 @@ struct sgm_disk *sgm__placement_disk(sgm_context *ctx) { return sgm__context_pl(
 
 uint64_t sgm__placement_trim(sgm_context *ctx) {
   struct sgm_placement *pl = sgm__context_pl(ctx);
-  if (!pl->disk || !__atomic_load_n(&pl->disk_bounce, __ATOMIC_ACQUIRE)) return 0;
+  if (!pl->disk) return 0;
+  uint64_t kept = sgm__disk_trim(pl->disk); /* the blocks freed extents kept */
+  if (!__atomic_load_n(&pl->disk_bounce, __ATOMIC_ACQUIRE)) return kept;
   void *p = sgm__disk_take_back_bounce(pl->disk);
-  if (!p) return 0; /* a transfer holds it, or it is not lent yet */
+  if (!p) return kept; /* a transfer holds it, or it is not lent yet */
   __atomic_store_n(&pl->disk_bounce, NULL, __ATOMIC_RELEASE);
-  sgm__context_bops(ctx)->host_free(sgm__context_be(ctx), p, SGM_DISK_BOUNCE_BYTES);
+  sgm__context_bops(ctx)->host_free(sgm__context_be(ctx), p, SGM_DISK_STAGE_BYTES);
   /* The next disk<->VRAM transfer pins one again. */
   __atomic_store_n(&pl->disk_bounce_tried, false, __ATOMIC_RELEASE);
-  return SGM_DISK_BOUNCE_BYTES;
+  return kept + SGM_DISK_STAGE_BYTES;
 }
 
 

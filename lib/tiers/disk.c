@@ -24,9 +24,12 @@
  * making progress is a short write.
  *
  * Invariants:
- *  - used_bytes and n_live equal the sub-allocator's; peak_used_bytes >= used;
+ *  - used_bytes and n_live equal the sub-allocator's, less the kept ranges
+ *    (freed extents whose blocks stay for the next write of their size);
+ *    peak_used_bytes >= used;
  *  - an extent is in the sub-allocator from before its first byte is written
- *    until after its hole is punched, so no two extents ever share a block;
+ *    until after its hole is punched (a kept range stays carved), so no two
+ *    extents ever share a block;
  *  - a failed write leaves nothing allocated (range freed, blocks punched).
  *
  * Threading: one lock (rank SGM_LOCK_TIER_DISK) guards the sub-allocator, the
@@ -79,6 +82,13 @@
 #define DISK_AIO_DEPTH 32
 /* AIO contexts kept for reuse, as the bounce buffers. */
 #define DISK_AIO_CACHE 4
+/* Freed extents whose blocks the file keeps for the next writes (no hole
+ * punched on the free, none allocated on the reuse: docs/disk.md measured a
+ * punch at 7 ms a call here, as long as the read it followed). At most this
+ * many, holding at most a quarter of the limit and DISK_KEPT_BYTES_MAX; the
+ * rest is punched at once, and sgm_trim punches all. */
+#define DISK_KEPT_MAX 256
+#define DISK_KEPT_BYTES_MAX (UINT64_C(1) << 30)
 /* Names tried by the create-and-unlink fallback before giving up. */
 #define DISK_NAME_TRIES 64
 /* Paths in messages are cut in the middle to this many bytes (with the NUL):
@@ -87,6 +97,12 @@
  * survive both. Both ends stay: the mount point and the leaf are
  * what a reader recognises. */
 #define DISK_SHOWN_MAX 72
+
+/* A freed extent's range, still carved, its blocks kept (see DISK_KEPT_MAX). */
+typedef struct disk_kept {
+  uint64_t off;  /* bytes: file offset */
+  uint64_t size; /* bytes: the carved range */
+} disk_kept;
 
 struct sgm_disk {
   sgm_lock lock;                 /* guards the fields marked (L) */
@@ -114,6 +130,10 @@ struct sgm_disk {
   bool pinned_busy;              /* (L) pinned is handed out now */
   aio_context_t aio[DISK_AIO_CACHE]; /* (L) cached AIO contexts, DISK_AIO_DEPTH deep */
   unsigned n_aio;                /* (L) entries used in aio */
+  disk_kept kept[DISK_KEPT_MAX]; /* (L) freed ranges whose blocks stay for reuse (not in used_bytes) */
+  unsigned n_kept;               /* (L) entries used in kept */
+  uint64_t kept_bytes;           /* (L) bytes of the ranges in kept */
+  uint64_t kept_limit;           /* the most kept_bytes may reach */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -350,6 +370,7 @@ int sgm__disk_open_ex(const char *dir, sgm_size limit, int verbose,
   d->fd = -1;
   d->verbose = verbose;
   d->limit_bytes = budget;
+  d->kept_limit = budget / 4 < DISK_KEPT_BYTES_MAX ? budget / 4 : DISK_KEPT_BYTES_MAX;
   d->punch_ok = 1;
   d->aio_ok = 1;
   d->mem_align = DISK_ALIGN;
@@ -866,27 +887,115 @@ void sgm__disk_unreserve(sgm_disk *d, uint64_t bytes) {
   sgm__lock_drop(&d->lock);
 }
 
-int sgm__disk_write(sgm_disk *d, const void *src, uint64_t n, sgm_disk_extent *out) {
-  return sgm__disk_write_ex(d, src, n, false, out);
+/* The size of the live extent at off, 0 when there is none (a kept range is
+ * not live). Under d->lock. */
+static uint64_t disk_live_size_locked(sgm_disk *d, uint64_t off) {
+  for (unsigned k = 0; k < d->n_kept; k++)
+    if (d->kept[k].off == off) return 0;
+  return sgm__suballoc_block_size(d->sa, off);
 }
 
-int sgm__disk_write_ex(sgm_disk *d, const void *src, uint64_t n, bool reserved,
-                       sgm_disk_extent *out) {
-  memset(out, 0, sizeof *out);
-  if (n == 0) return sgm__error_set(SGM_ERR_INVALID, "spill write of 0 bytes");
-  if (n > UINT64_MAX - DISK_ALIGN || n > (uint64_t)SIZE_MAX)
-    return sgm__error_set(SGM_ERR_INVALID, "spill write of %llu bytes overflows",
-                          (unsigned long long)n);
-  uint64_t off = 0, size = 0;
-  disk_xfer x = {NULL, NULL, d->fd, 0};
-  disk_engine_get(d, &x.e, &x.user);
-  if (x.e->begin) x.e->begin(x.user, true, n);
+/* SGM_ERR_INVALID unless e is a live extent of at least e->bytes. */
+static int disk_check_live(sgm_disk *d, const sgm_disk_extent *e) {
+  sgm__lock_take(&d->lock);
+  uint64_t size = disk_live_size_locked(d, e->offset);
+  sgm__lock_drop(&d->lock);
+  if (size >= e->bytes) return SGM_OK;
+  return sgm__error_set(SGM_ERR_INVALID, "spill read at offset %llu: no live extent of %llu "
+                        "bytes there", (unsigned long long)e->offset, (unsigned long long)e->bytes);
+}
+
+/* SGM_ERR_CORRUPT: extent e read back with checksum sum. */
+static int disk_corrupt(sgm_disk *d, const sgm_disk_extent *e, uint64_t sum) {
+  char a[32];
+  return sgm__error_set(SGM_ERR_CORRUPT,
+                        "spilled data failed its checksum: extent of %s at offset %llu in the "
+                        "spill file in %s (%s) was stored with XXH3 %016llx and reads back as "
+                        "%016llx; the file was changed or the disk returned bad data, and "
+                        "this buffer's contents are lost",
+                        sgm__fmt_bytes(e->bytes, a, sizeof a), (unsigned long long)e->offset,
+                        d->dir, d->fs_name, (unsigned long long)e->checksum,
+                        (unsigned long long)sum);
+}
+
+/* Punch every kept range and give it back to the sub-allocator; returns the
+ * bytes. Punched before the release, as sgm__disk_free does. */
+static uint64_t disk_kept_flush(sgm_disk *d) {
+  disk_kept batch[DISK_KEPT_MAX];
+  sgm__lock_take(&d->lock);
+  unsigned n = d->n_kept;
+  memcpy(batch, d->kept, n * sizeof *batch);
+  d->n_kept = 0;
+  d->kept_bytes = 0;
+  sgm__lock_drop(&d->lock);
+  uint64_t bytes = 0;
+  for (unsigned k = 0; k < n; k++) {
+    disk_punch(d, batch[k].off, batch[k].size);
+    bytes += batch[k].size;
+  }
+  sgm__lock_take(&d->lock);
+  for (unsigned k = 0; k < n; k++) {
+    uint64_t size = 0;
+    int rc = sgm__suballoc_free(d->sa, batch[k].off, &size);
+    sgm_assert_internal(rc == SGM_OK);
+    (void)rc;
+  }
+  sgm__lock_drop(&d->lock);
+  return bytes;
+}
+
+/* Keep a freed extent's range (size bytes at off) for reuse instead of
+ * punching it, if there is room; the budget and n_live let go of it now. */
+static bool disk_keep(sgm_disk *d, uint64_t off, uint64_t size) {
+  if (!__atomic_load_n(&d->punch_ok, __ATOMIC_RELAXED)) return false; /* nothing to save */
+  sgm__lock_take(&d->lock);
+  bool keep = d->n_kept < DISK_KEPT_MAX && d->kept_bytes + size <= d->kept_limit;
+  if (keep) {
+    d->kept[d->n_kept++] = (disk_kept){off, size};
+    d->kept_bytes += size;
+    d->used_bytes -= size;
+    d->n_live--;
+  }
+  sgm__lock_drop(&d->lock);
+  return keep;
+}
+
+uint64_t sgm__disk_trim(sgm_disk *d) { return disk_kept_flush(d); }
+
+/* Carve an extent of n bytes (reserved: out of a reservation) and charge the
+ * budget; SGM_ERR_NOMEM naming SGM_SPILL_LIMIT when it does not fit.
+ * *reused: the range is a kept one (its blocks are there). */
+static int disk_carve(sgm_disk *d, uint64_t n, bool reserved, uint64_t *off, uint64_t *size,
+                      bool *reused) {
+  bool flushed = false;
+  *reused = false;
+again:
   sgm__lock_take(&d->lock);
   /* Reservations hold budget the sub-allocator does not see: a write that
    * does not come from one must fit beside them. */
   uint64_t want = sgm__align_up(n, DISK_ALIGN);
   bool over = !reserved && d->used_bytes + d->reserved_bytes + want > d->limit_bytes;
-  if (over || !sgm__suballoc_try_alloc(d->sa, n, &off, &size)) {
+  bool got = false;
+  for (unsigned k = 0; !over && k < d->n_kept && !got; k++) {
+    if (d->kept[k].size != want) continue;
+    /* A kept range of this size: its blocks are there, the write overwrites them all. */
+    *off = d->kept[k].off;
+    *size = d->kept[k].size;
+    d->kept_bytes -= *size;
+    d->kept[k] = d->kept[--d->n_kept];
+    got = *reused = true;
+  }
+  if (!got && !over) {
+    got = sgm__suballoc_try_alloc(d->sa, n, off, size);
+    if (!got && d->n_kept && !flushed) {
+      /* Kept ranges stand in the way: give them back, then try again. */
+      sgm__lock_drop(&d->lock);
+      disk_kept_flush(d);
+      flushed = true;
+      goto again;
+    }
+  }
+  if (over || !got) {
     char a[32], l[32], u[32], f[32];
     sgm_suballoc_stats st;
     sgm__suballoc_stats(d->sa, &st);
@@ -906,20 +1015,44 @@ int sgm__disk_write_ex(sgm_disk *d, const void *src, uint64_t n, bool reserved,
     sgm__lock_drop(&d->lock);
     return rc;
   }
-  d->used_bytes += size;
-  if (reserved) d->reserved_bytes -= size < d->reserved_bytes ? size : d->reserved_bytes;
+  d->used_bytes += *size;
+  if (reserved) d->reserved_bytes -= *size < d->reserved_bytes ? *size : d->reserved_bytes;
   if (d->used_bytes + d->reserved_bytes > d->peak_used_bytes)
     d->peak_used_bytes = d->used_bytes + d->reserved_bytes;
   d->n_live++;
   sgm__lock_drop(&d->lock);
+  return SGM_OK;
+}
+
+int sgm__disk_write(sgm_disk *d, const void *src, uint64_t n, sgm_disk_extent *out) {
+  return sgm__disk_write_ex(d, src, n, false, out);
+}
+
+int sgm__disk_write_ex(sgm_disk *d, const void *src, uint64_t n, bool reserved,
+                       sgm_disk_extent *out) {
+  memset(out, 0, sizeof *out);
+  if (n == 0) return sgm__error_set(SGM_ERR_INVALID, "spill write of 0 bytes");
+  if (n > UINT64_MAX - DISK_ALIGN || n > (uint64_t)SIZE_MAX)
+    return sgm__error_set(SGM_ERR_INVALID, "spill write of %llu bytes overflows",
+                          (unsigned long long)n);
+  uint64_t off = 0, size = 0;
+  disk_xfer x = {NULL, NULL, d->fd, 0};
+  disk_engine_get(d, &x.e, &x.user);
+  if (x.e->begin) x.e->begin(x.user, true, n);
+  bool reused = false;
+  int rc = disk_carve(d, n, reserved, &off, &size, &reused);
+  if (rc != SGM_OK) return rc;
 
   uint64_t sum = 0;
   int err = d->io == SGM_DISK_IO_DIRECT ? disk_write_direct(d, src, n, off, &x, &sum)
                                         : disk_write_buffered(d, src, n, off, &x, &sum);
   if (sgm_unlikely(err)) {
-    /* Give back what was carved and whatever reached the file. */
-    disk_punch(d, off, size);
-    disk_release_range(d, off, reserved);
+    /* Give back what was carved and whatever reached the file; a kept
+     * range goes back to being kept, its blocks as they were. */
+    if (!reused || reserved || !disk_keep(d, off, size)) {
+      disk_punch(d, off, size);
+      disk_release_range(d, off, reserved);
+    }
     if (err == ENOMEM)
       return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for a spill bounce buffer");
     return disk_io_error(d, true, err, n, off, x.done);
@@ -936,13 +1069,8 @@ int sgm__disk_write_ex(sgm_disk *d, const void *src, uint64_t n, bool reserved,
 int sgm__disk_read(sgm_disk *d, const sgm_disk_extent *e, void *dst) {
   if (!e || e->bytes == 0)
     return sgm__error_set(SGM_ERR_INVALID, "spill read of an empty extent");
-  sgm__lock_take(&d->lock);
-  uint64_t size = sgm__suballoc_block_size(d->sa, e->offset);
-  sgm__lock_drop(&d->lock);
-  if (size < e->bytes)
-    return sgm__error_set(SGM_ERR_INVALID, "spill read at offset %llu: no live extent of %llu "
-                          "bytes there", (unsigned long long)e->offset,
-                          (unsigned long long)e->bytes);
+  int rc = disk_check_live(d, e);
+  if (rc != SGM_OK) return rc;
   disk_xfer x = {NULL, NULL, d->fd, 0};
   disk_engine_get(d, &x.e, &x.user);
   if (x.e->begin) x.e->begin(x.user, false, e->bytes);
@@ -954,17 +1082,7 @@ int sgm__disk_read(sgm_disk *d, const sgm_disk_extent *e, void *dst) {
       return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for a spill bounce buffer");
     return disk_io_error(d, false, err, e->bytes, e->offset, x.done);
   }
-  if (sgm_unlikely(sum != e->checksum)) {
-    char a[32];
-    return sgm__error_set(SGM_ERR_CORRUPT,
-                          "spilled data failed its checksum: extent of %s at offset %llu in the "
-                          "spill file in %s (%s) was stored with XXH3 %016llx and reads back as "
-                          "%016llx; the file was changed or the disk returned bad data, and "
-                          "this buffer's contents are lost",
-                          sgm__fmt_bytes(e->bytes, a, sizeof a), (unsigned long long)e->offset,
-                          d->dir, d->fs_name, (unsigned long long)e->checksum,
-                          (unsigned long long)sum);
-  }
+  if (sgm_unlikely(sum != e->checksum)) return disk_corrupt(d, e, sum);
   sgm__lock_take(&d->lock);
   d->bytes_out += e->bytes;
   sgm__lock_drop(&d->lock);
@@ -976,14 +1094,327 @@ void sgm__disk_free(sgm_disk *d, const sgm_disk_extent *e) { sgm__disk_free_ex(d
 void sgm__disk_free_ex(sgm_disk *d, const sgm_disk_extent *e, bool reserve) {
   if (!e || e->bytes == 0) return;
   sgm__lock_take(&d->lock);
-  uint64_t size = sgm__suballoc_block_size(d->sa, e->offset);
+  uint64_t size = disk_live_size_locked(d, e->offset);
   sgm__lock_drop(&d->lock);
   sgm_assert(size >= e->bytes); /* a stale extent: the caller's bookkeeping is broken */
   if (size < e->bytes) return;
-  /* Punch before the range is free again: a write that got it next could
-   * otherwise lose its fresh data to this hole. */
+  /* Kept for the next write of its size (no punch now, no allocation then),
+   * or punched before the range is free again: a write that got it next
+   * could otherwise lose its fresh data to this hole. */
+  if (!reserve && disk_keep(d, e->offset, size)) return;
   disk_punch(d, e->offset, size);
   disk_release_range(d, e->offset, reserve);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Staged transfers: device memory <-> the file through the staging slots,
+ * pipelined. Slot s holds piece i (i % SGM_DISK_STAGE_SLOTS == s) from its
+ * fill until its write completed, or from the read's submission until its
+ * drain; its AIO requests are req[s * DISK_PIPE_REQS ...]. */
+
+#define DISK_PIPE_REQS (DISK_AIO_DEPTH / SGM_DISK_STAGE_SLOTS)
+_Static_assert(SGM_DISK_BOUNCE_BYTES / DISK_AIO_MIN_CHUNK <= DISK_PIPE_REQS,
+               "a staging slot's AIO requests fit in its share of the context");
+
+typedef struct disk_pipe_slot {
+  unsigned char *buf; /* the slot's staging memory, SGM_DISK_BOUNCE_BYTES */
+  uint64_t index;     /* the piece it holds */
+  uint64_t off;       /* bytes: the piece's extent offset in the file */
+  uint64_t len;       /* bytes of data (padded to DISK_ALIGN on disk) */
+  uint64_t sum;       /* BUFFERED reads: XXH3 of the data, computed by the read */
+  unsigned n_req;     /* AIO requests in flight for it (0: moved synchronously) */
+  int err;            /* a synchronous move's outcome: 0, an errno or DISK_SHORT */
+  bool busy;          /* its I/O is started and not finished */
+} disk_pipe_slot;
+
+typedef struct disk_pipe {
+  sgm_disk *d;          /* the tier */
+  bool writing;         /* the direction */
+  bool pinned;          /* the slots are the lent pinned region */
+  disk_xfer x;          /* engine and bytes moved */
+  aio_context_t ctx;    /* 0: no AIO (synchronous pieces) */
+  bool ctx_ok;          /* ctx may go back to the cache */
+  uint64_t in_flight;   /* AIO requests submitted and not reaped */
+  disk_slot req[DISK_AIO_DEPTH];                 /* the requests, DISK_PIPE_REQS per slot */
+  disk_pipe_slot slot[SGM_DISK_STAGE_SLOTS];     /* the staging slots */
+} disk_pipe;
+
+/* The pipe's slots (the pinned region when free, else cached pieces) and an
+ * AIO context in DIRECT mode; ENOMEM when no staging memory. */
+static int disk_pipe_open(sgm_disk *d, bool writing, disk_pipe *p) {
+  memset(p, 0, sizeof *p);
+  p->d = d;
+  p->writing = writing;
+  p->x.fd = d->fd;
+  disk_engine_get(d, &p->x.e, &p->x.user);
+  sgm__lock_take(&d->lock);
+  unsigned char *pinned = d->pinned && !d->pinned_busy ? d->pinned : NULL;
+  if (pinned) d->pinned_busy = true;
+  sgm__lock_drop(&d->lock);
+  p->pinned = pinned != NULL;
+  for (unsigned s = 0; s < SGM_DISK_STAGE_SLOTS; s++) {
+    p->slot[s].buf = pinned ? pinned + s * SGM_DISK_BOUNCE_BYTES : disk_bounce_get(d);
+    if (!p->slot[s].buf) return ENOMEM; /* disk_pipe_close gives back what was taken */
+  }
+  if (d->io == SGM_DISK_IO_DIRECT && disk_aio_get(d, &p->ctx)) p->ctx_ok = true;
+  return 0;
+}
+
+static void disk_pipe_close(disk_pipe *p) {
+  sgm_disk *d = p->d;
+  if (p->ctx && p->ctx_ok) disk_aio_put(d, p->ctx);
+  if (p->pinned) {
+    sgm__lock_take(&d->lock);
+    d->pinned_busy = false;
+    sgm__lock_drop(&d->lock);
+    return;
+  }
+  for (unsigned s = 0; s < SGM_DISK_STAGE_SLOTS; s++) disk_bounce_put(d, p->slot[s].buf);
+}
+
+/* Start slot s's I/O: its padded bytes to or from the file. DIRECT with AIO:
+ * requests of a quarter of the piece (512 KiB .. 1 MiB, as disk_direct_body),
+ * a piece under two requests synchronously; BUFFERED: synchronously through
+ * the page cache (sum computed there). A request the kernel does not take
+ * moves synchronously; its outcome waits in the request for disk_pipe_finish. */
+static void disk_pipe_start(disk_pipe *p, unsigned s) {
+  disk_pipe_slot *sl = &p->slot[s];
+  sgm_disk *d = p->d;
+  sl->busy = true;
+  sl->n_req = 0;
+  sl->err = 0;
+  if (p->x.e->begin) p->x.e->begin(p->x.user, p->writing, sl->len);
+  if (d->io == SGM_DISK_IO_BUFFERED) {
+    sl->err = p->writing ? disk_write_buffered(d, sl->buf, sl->len, sl->off, &p->x, &sl->sum)
+                         : disk_read_buffered(d, sl->buf, sl->len, sl->off, &p->x, &sl->sum);
+    return;
+  }
+  uint64_t padded = sgm__align_up(sl->len, DISK_ALIGN);
+  uint64_t piece = (padded / 4) & ~(DISK_ALIGN - 1);
+  if (piece < DISK_AIO_MIN_CHUNK) piece = DISK_AIO_MIN_CHUNK;
+  if (piece > DISK_AIO_CHUNK) piece = DISK_AIO_CHUNK;
+  if (!p->ctx || padded < 2 * piece) {
+    uint64_t before = p->x.done;
+    sl->err = p->writing ? disk_pwrite_all(sl->buf, padded, sl->off, &p->x)
+                         : disk_pread_all(sl->buf, padded, sl->off, &p->x);
+    if (p->x.done - before > sl->len) p->x.done = before + sl->len; /* padding is not data */
+    return;
+  }
+  for (uint64_t pos = 0; pos < padded; pos += piece) {
+    disk_slot *r = &p->req[s * DISK_PIPE_REQS + sl->n_req++];
+    uint64_t c = padded - pos < piece ? padded - pos : piece;
+    memset(r, 0, sizeof *r);
+    r->cb.aio_data = (uint64_t)(uintptr_t)r;
+    r->cb.aio_lio_opcode = p->writing ? IOCB_CMD_PWRITE : IOCB_CMD_PREAD;
+    r->cb.aio_fildes = (uint32_t)d->fd;
+    r->cb.aio_buf = (uint64_t)(uintptr_t)(sl->buf + pos);
+    r->cb.aio_nbytes = c;
+    r->cb.aio_offset = (int64_t)(sl->off + pos);
+    struct iocb *cb = &r->cb;
+    long rc = -1;
+    if (p->ctx) {
+      do rc = p->x.e->io_submit(p->x.user, p->ctx, 1, &cb);
+      while (rc < 0 && errno == EINTR);
+    }
+    if (rc == 1) {
+      r->async = true;
+      p->in_flight++;
+      continue;
+    }
+    r->err = p->writing ? disk_pwrite_all(sl->buf + pos, c, sl->off + pos, &p->x)
+                        : disk_pread_all(sl->buf + pos, c, sl->off + pos, &p->x);
+    r->done = true;
+  }
+}
+
+/* Wait for slot s's I/O; 0 or the first errno / DISK_SHORT. complete: a
+ * request that came back short is finished synchronously (else, on a
+ * failed transfer's way out, only reaped). */
+static int disk_pipe_finish(disk_pipe *p, unsigned s, bool complete) {
+  disk_pipe_slot *sl = &p->slot[s];
+  int err = sl->err;
+  for (unsigned k = 0; k < sl->n_req; k++) {
+    disk_slot *r = &p->req[s * DISK_PIPE_REQS + k];
+    while (!r->done)
+      if (!disk_aio_reap(&p->x, p->ctx, p->req, &p->in_flight)) {
+        /* The context is gone (destroyed, every request failed): the
+         * rest of this transfer moves synchronously. */
+        p->ctx = 0;
+        p->ctx_ok = false;
+      }
+    uint64_t c = r->cb.aio_nbytes;
+    int e = r->err;
+    if (!e && r->async && r->res < 0) e = (int)-r->res;
+    if (!e && r->async) {
+      uint64_t got = (uint64_t)r->res;
+      p->x.done += got;
+      unsigned char *b = (unsigned char *)(uintptr_t)r->cb.aio_buf;
+      uint64_t o = (uint64_t)r->cb.aio_offset;
+      if (got < c && complete)
+        e = p->writing ? disk_pwrite_all(b + got, c - got, o + got, &p->x)
+                       : disk_pread_all(b + got, c - got, o + got, &p->x);
+      else if (got < c)
+        e = DISK_SHORT;
+    }
+    if (!err) err = e;
+  }
+  sl->busy = false;
+  sl->n_req = 0;
+  return err;
+}
+
+/* Wait for every busy slot (a failed transfer's way out). */
+static void disk_pipe_drain(disk_pipe *p) {
+  for (unsigned s = 0; s < SGM_DISK_STAGE_SLOTS; s++)
+    if (p->slot[s].busy) disk_pipe_finish(p, s, false);
+  sgm_assert_internal(p->in_flight == 0);
+}
+
+static uint64_t disk_piece_len(uint64_t total, uint64_t piece, uint64_t i) {
+  return total - i * piece < piece ? total - i * piece : piece;
+}
+
+static int disk_staged_args(uint64_t total, uint64_t piece, const char *what) {
+  if (total == 0 || piece == 0 || piece % DISK_ALIGN || piece > SGM_DISK_BOUNCE_BYTES ||
+      total > UINT64_MAX - piece)
+    return sgm__error_set(SGM_ERR_INVALID, "staged spill %s of %llu bytes in pieces of %llu: "
+                          "pieces must be a multiple of 4 KiB up to %llu bytes", what,
+                          (unsigned long long)total, (unsigned long long)piece,
+                          (unsigned long long)SGM_DISK_BOUNCE_BYTES);
+  return SGM_OK;
+}
+
+int sgm__disk_write_staged(sgm_disk *d, uint64_t total, uint64_t piece, sgm_disk_stage_fn fill,
+                           void *user, sgm_disk_extent *out) {
+  int rc = disk_staged_args(total, piece, "write");
+  if (rc != SGM_OK) return rc;
+  const uint64_t n = (total + piece - 1) / piece;
+  memset(out, 0, (size_t)n * sizeof *out);
+  /* The budget first, every extent of it: nothing moves unless all fit. */
+  uint64_t carved = 0, size = 0;
+  for (; carved < n; carved++) {
+    bool reused = false; /* a failed staged write punches every range, kept or not */
+    rc = disk_carve(d, disk_piece_len(total, piece, carved), false, &out[carved].offset, &size,
+                    &reused);
+    if (rc != SGM_OK) break;
+    out[carved].bytes = disk_piece_len(total, piece, carved);
+  }
+  if (rc != SGM_OK) goto out_release;
+  disk_pipe p;
+  int err = disk_pipe_open(d, true, &p);
+  uint64_t failed = 0; /* the piece whose I/O failed first */
+  for (uint64_t i = 0; i < n && rc == SGM_OK && !err; i++) {
+    disk_pipe_slot *sl = &p.slot[i % SGM_DISK_STAGE_SLOTS];
+    /* The slot's previous piece must be on disk before the fill reuses it. */
+    if (sl->busy && (err = disk_pipe_finish(&p, (unsigned)(i % SGM_DISK_STAGE_SLOTS), true)) != 0) {
+      failed = sl->index;
+      break;
+    }
+    sl->index = i;
+    sl->off = out[i].offset;
+    sl->len = out[i].bytes;
+    rc = fill(user, i, sl->buf, sl->len);
+    if (rc != SGM_OK) break;
+    /* Hashed while the fill's bytes are in cache. O_DIRECT writes whole
+     * blocks: the last one's tail is zeros, not stale staging. */
+    out[i].checksum = XXH3_64bits(sl->buf, (size_t)sl->len);
+    if (d->io == SGM_DISK_IO_DIRECT)
+      memset(sl->buf + sl->len, 0, (size_t)(sgm__align_up(sl->len, DISK_ALIGN) - sl->len));
+    disk_pipe_start(&p, (unsigned)(i % SGM_DISK_STAGE_SLOTS));
+  }
+  /* The last pieces, in piece order, so the first failure is the one named. */
+  for (uint64_t i = n > SGM_DISK_STAGE_SLOTS ? n - SGM_DISK_STAGE_SLOTS : 0;
+       i < n && rc == SGM_OK && !err; i++) {
+    unsigned s = (unsigned)(i % SGM_DISK_STAGE_SLOTS);
+    if (p.slot[s].busy && (err = disk_pipe_finish(&p, s, true)) != 0) failed = p.slot[s].index;
+  }
+  if (rc != SGM_OK || err) disk_pipe_drain(&p);
+  disk_pipe_close(&p);
+  if (err == ENOMEM)
+    rc = sgm__error_set(SGM_ERR_NOMEM, "out of host memory for spill staging buffers");
+  else if (err)
+    rc = disk_io_error(d, true, err, out[failed].bytes, out[failed].offset, p.x.done);
+  if (rc == SGM_OK) {
+    sgm__lock_take(&d->lock);
+    d->bytes_in += total;
+    sgm__lock_drop(&d->lock);
+    return SGM_OK;
+  }
+  /* Whatever reached the file goes back with the ranges. */
+  for (uint64_t i = 0; i < carved; i++) disk_punch(d, out[i].offset, sgm__align_up(out[i].bytes, DISK_ALIGN));
+out_release:
+  for (uint64_t i = 0; i < carved; i++) disk_release_range(d, out[i].offset, false);
+  memset(out, 0, (size_t)n * sizeof *out);
+  return rc;
+}
+
+/* Verify slot s's piece against its extent's checksum. */
+static int disk_pipe_verify(disk_pipe *p, unsigned s, const sgm_disk_extent *e) {
+  disk_pipe_slot *sl = &p->slot[s];
+  uint64_t sum = p->d->io == SGM_DISK_IO_BUFFERED ? sl->sum : XXH3_64bits(sl->buf, (size_t)sl->len);
+  if (sgm_likely(sum == e->checksum)) return SGM_OK;
+  return disk_corrupt(p->d, e, sum);
+}
+
+int sgm__disk_read_staged(sgm_disk *d, uint64_t total, uint64_t piece, const sgm_disk_extent *ext,
+                          sgm_disk_stage_fn drain, void *user) {
+  int rc = disk_staged_args(total, piece, "read");
+  if (rc != SGM_OK) return rc;
+  const uint64_t n = (total + piece - 1) / piece;
+  for (uint64_t i = 0; i < n; i++) {
+    if (ext[i].bytes == 0) continue; /* never written: zeros */
+    rc = disk_check_live(d, &ext[i]);
+    if (rc == SGM_OK && ext[i].bytes != disk_piece_len(total, piece, i))
+      rc = sgm__error_set(SGM_ERR_INVALID, "staged spill read: extent %llu holds %llu bytes, its "
+                          "piece %llu", (unsigned long long)i, (unsigned long long)ext[i].bytes,
+                          (unsigned long long)disk_piece_len(total, piece, i));
+    if (rc != SGM_OK) return rc;
+  }
+  disk_pipe p;
+  int err = disk_pipe_open(d, false, &p);
+  uint64_t failed = 0;
+  /* Up to one piece per slot in flight ahead of the drain. */
+  for (uint64_t i = 0; i < n && i < SGM_DISK_STAGE_SLOTS && !err; i++) {
+    disk_pipe_slot *sl = &p.slot[i];
+    sl->index = i;
+    sl->off = ext[i].offset;
+    sl->len = disk_piece_len(total, piece, i);
+    if (ext[i].bytes) disk_pipe_start(&p, (unsigned)i);
+  }
+  for (uint64_t i = 0; i < n && rc == SGM_OK && !err; i++) {
+    unsigned s = (unsigned)(i % SGM_DISK_STAGE_SLOTS);
+    disk_pipe_slot *sl = &p.slot[s];
+    if (ext[i].bytes == 0) {
+      memset(sl->buf, 0, (size_t)sl->len);
+    } else {
+      if ((err = disk_pipe_finish(&p, s, true)) != 0) {
+        failed = i;
+        break;
+      }
+      rc = disk_pipe_verify(&p, s, &ext[i]);
+      if (rc != SGM_OK) break;
+    }
+    rc = drain(user, i, sl->buf, sl->len);
+    uint64_t next = i + SGM_DISK_STAGE_SLOTS;
+    if (rc == SGM_OK && next < n) {
+      sl->index = next;
+      sl->off = ext[next].offset;
+      sl->len = disk_piece_len(total, piece, next);
+      if (ext[next].bytes) disk_pipe_start(&p, s);
+    }
+  }
+  if (rc != SGM_OK || err) disk_pipe_drain(&p);
+  disk_pipe_close(&p);
+  if (err == ENOMEM)
+    return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for spill staging buffers");
+  if (err) return disk_io_error(d, false, err, ext[failed].bytes, ext[failed].offset, p.x.done);
+  if (rc != SGM_OK) return rc;
+  uint64_t moved = 0;
+  for (uint64_t i = 0; i < n; i++) moved += ext[i].bytes;
+  sgm__lock_take(&d->lock);
+  d->bytes_out += moved;
+  sgm__lock_drop(&d->lock);
+  return SGM_OK;
 }
 
 void sgm__disk_stats(sgm_disk *d, sgm_tier_stats *out) {
@@ -995,6 +1426,7 @@ void sgm__disk_stats(sgm_disk *d, sgm_tier_stats *out) {
   out->n_live = d->n_live;
   out->bytes_in = d->bytes_in;
   out->bytes_out = d->bytes_out;
+  out->cached_bytes = d->kept_bytes;
   sgm__lock_drop(&d->lock);
   struct stat st;
   out->committed_bytes = fstat(d->fd, &st) == 0 ? (uint64_t)st.st_blocks * 512u : out->used_bytes;

@@ -77,19 +77,31 @@ void sgm__disk_free_ex(sgm_disk *d, const sgm_disk_extent *e, bool reserve);
  * I/O errors → SGM_ERR_IO; e not a live extent → SGM_ERR_INVALID. The extent
  * stays allocated either way; on failure dst holds unspecified bytes. */
 int sgm__disk_read(sgm_disk *d, const sgm_disk_extent *e, void *dst);
-/* Return extent e's space: its blocks go back to the file system (hole
- * punched where supported), then the range to the budget. A zeroed extent
+/* Return extent e's space to the budget at once. Its blocks stay in the file
+ * for the next write of the same size while the kept ranges hold under a
+ * quarter of the limit (and 1 GiB): that write overwrites them, with no
+ * block allocation, and no hole is punched now; otherwise (or with reserve)
+ * they go back to the file system (hole punched where supported) before the
+ * range is free. sgm__disk_trim and a carve that finds no room punch every
+ * kept range. A zeroed extent
  * (bytes 0, as a failed write leaves it) is a no-op; one that is not live is
  * a caller bug: asserted when SGM_DEBUG >= 1, else ignored. */
 void sgm__disk_free(sgm_disk *d, const sgm_disk_extent *e);
+/* Give the blocks of every kept range back to the file system (holes
+ * punched); returns their bytes. For sgm_trim. */
+uint64_t sgm__disk_trim(sgm_disk *d);
 
-/* Staging for transfers between the spill file and device memory: buffers of
+/* Staging for transfers between the spill file and device memory: pieces of
  * SGM_DISK_BOUNCE_BYTES, page-aligned, kept by the tier (no malloc per
- * transfer). lend_bounce gives the tier one pinned buffer of that size (the
- * caller allocated it through its backend, keeps ownership and frees it after
- * sgm__disk_close); stage_get hands it out when it is free, else a cached
- * unpinned one (NULL when out of memory); stage_put takes either back. */
+ * transfer). lend_bounce gives the tier one pinned region of
+ * SGM_DISK_STAGE_BYTES = SGM_DISK_STAGE_SLOTS pieces (the caller allocated it
+ * through its backend, keeps ownership and frees it after sgm__disk_close);
+ * the staged transfers below take the whole region, stage_get its first piece,
+ * when it is free, else cached unpinned pieces (NULL when out of memory);
+ * stage_put takes either back. */
 #define SGM_DISK_BOUNCE_BYTES (UINT64_C(4) << 20)
+#define SGM_DISK_STAGE_SLOTS 4
+#define SGM_DISK_STAGE_BYTES (SGM_DISK_STAGE_SLOTS * SGM_DISK_BOUNCE_BYTES)
 void sgm__disk_lend_bounce(sgm_disk *d, void *pinned);
 /* Take the lent pinned buffer back if no transfer holds it (then the tier
  * stages through its own buffers); returns it, or NULL. */
@@ -97,10 +109,45 @@ void *sgm__disk_take_back_bounce(sgm_disk *d);
 void *sgm__disk_stage_get(sgm_disk *d);
 void sgm__disk_stage_put(sgm_disk *d, void *p);
 
+/* ---- staged transfers: device memory <-> the spill file in one hop ----
+ *
+ * Data that the host cannot address (VRAM) moves through the staging region
+ * in pieces of `piece` bytes (<= SGM_DISK_BOUNCE_BYTES, a multiple of 4 KiB),
+ * one extent per piece, pipelined: while the file I/O of piece k is in flight
+ * (Linux AIO, DIRECT mode) the callback fills or drains piece k+1's staging
+ * slot (a device copy), up to SGM_DISK_STAGE_SLOTS pieces at once. Every
+ * extent is checksummed as sgm__disk_write's (hashed in the slot after the
+ * fill; verified before the drain). Without AIO or in BUFFERED mode the
+ * pieces move one after the other, equally correct.
+ *
+ * A callback returns SGM_OK or a status with its message set; it runs on the
+ * calling thread with no disk-tier lock held (it may call the backend), and
+ * must be finished with the slot when it returns (the copy is complete).
+ */
+typedef int (*sgm_disk_stage_fn)(void *user, uint64_t index, void *slot, uint64_t len);
+/* Write `total` (> 0) bytes as ceil(total / piece) extents (out[i] for piece
+ * i; the last piece is the remainder): fill(user, i, slot, len) puts piece
+ * i's bytes in slot. The budget for every extent is carved before the first
+ * fill (SGM_ERR_NOMEM naming SGM_SPILL_LIMIT when it does not fit); on any
+ * failure (a fill's status, SGM_ERR_IO as sgm__disk_write's) every extent is
+ * released, out[] is zeroed and nothing else changed: the source still holds
+ * the data. */
+int sgm__disk_write_staged(sgm_disk *d, uint64_t total, uint64_t piece, sgm_disk_stage_fn fill,
+                           void *user, sgm_disk_extent *out);
+/* Read `total` bytes back from the extents sgm__disk_write_staged made with
+ * the same piece size, in order: drain(user, i, slot, len) gets piece i's
+ * verified bytes; a piece whose extent has bytes 0 (never written) is drained
+ * as zeros. Failures as sgm__disk_read's (SGM_ERR_CORRUPT, SGM_ERR_IO,
+ * SGM_ERR_INVALID) or the drain's status; the extents stay allocated either
+ * way, and pieces drained before the failure stay drained. */
+int sgm__disk_read_staged(sgm_disk *d, uint64_t total, uint64_t piece, const sgm_disk_extent *ext,
+                          sgm_disk_stage_fn drain, void *user);
+
 /* budget_bytes = the resolved limit; committed_bytes = disk space the spill
  * file holds now (st_blocks); used_bytes / peak_used_bytes = live extents
  * (rounded to 4 KiB) plus reservations; n_live = live extents; bytes_in / bytes_out = data
- * written / read back successfully since open; n_evictions = 0. */
+ * written / read back successfully since open; cached_bytes = the kept ranges
+ * of freed extents (in committed, not in used); n_evictions = 0. */
 void sgm__disk_stats(sgm_disk *d, sgm_tier_stats *out);
 /* The spill file's descriptor (tests reach the file through /proc/self/fd/N). */
 int sgm__disk_fd(const sgm_disk *d);

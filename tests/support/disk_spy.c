@@ -12,8 +12,12 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef enum spy_state { SPY_OFF, SPY_ARMED, SPY_STALL } spy_state;
+
+/* AIO requests tracked in flight (the tier keeps at most 32 per context). */
+#define SPY_MAX_REQS 256
 
 typedef struct disk_spy {
   pthread_mutex_t mu;     /* guards everything below */
@@ -22,15 +26,38 @@ typedef struct disk_spy {
   spy_state state;        /* the current write transfer's state */
   sgm_disk_fault firing;  /* the kind armed for the current transfer */
   unsigned n_submits;     /* io_submit calls in the current armed transfer */
+  sgm_disk_spy_counts counts; /* what the engine was asked to move */
+  uint64_t transfer;      /* the current transfer's number (begin calls so far) */
+  uint64_t in_flight;     /* AIO requests submitted, not reaped */
+  uint64_t req_transfer[SPY_MAX_REQS]; /* the transfer of each request in flight (by aio_data) */
+  uint64_t req_data[SPY_MAX_REQS];     /* their aio_data; 0 = free entry */
 } disk_spy;
+
+/* Transfers with a request in flight now. Under s->mu. */
+static uint64_t spy_extents_in_flight(const disk_spy *s) {
+  uint64_t seen[SPY_MAX_REQS], n = 0;
+  for (unsigned i = 0; i < SPY_MAX_REQS; i++) {
+    if (!s->req_data[i]) continue;
+    bool dup = false;
+    for (uint64_t k = 0; k < n && !dup; k++) dup = seen[k] == s->req_transfer[i];
+    if (!dup) seen[n++] = s->req_transfer[i];
+  }
+  return n;
+}
 
 static const sgm_disk_engine *spy_inner(void) { return &sgm__disk_kernel_engine; }
 
 static void spy_begin(void *user, bool writing, uint64_t bytes) {
   (void)bytes;
   disk_spy *s = user;
-  if (!writing) return;
   pthread_mutex_lock(&s->mu);
+  s->transfer++;
+  if (writing) s->counts.n_write_transfers++;
+  else s->counts.n_read_transfers++;
+  if (!writing) {
+    pthread_mutex_unlock(&s->mu);
+    return;
+  }
   s->state = SPY_OFF;
   s->n_submits = 0;
   if (s->kind != SGM_DISK_FAULT_NONE && s->countdown == UINT64_MAX) {
@@ -50,6 +77,8 @@ static ssize_t spy_pwrite(void *user, int fd, const void *buf, size_t n, uint64_
   spy_state st = s->state;
   sgm_disk_fault k = s->firing;
   if (st == SPY_ARMED) s->state = k == SGM_DISK_FAULT_SHORT ? SPY_STALL : SPY_OFF;
+  s->counts.write_requests++;
+  s->counts.write_bytes += n;
   pthread_mutex_unlock(&s->mu);
   if (st == SPY_STALL) return 0;
   if (st == SPY_ARMED && k != SGM_DISK_FAULT_SHORT) {
@@ -64,7 +93,11 @@ static ssize_t spy_pwrite(void *user, int fd, const void *buf, size_t n, uint64_
 }
 
 static ssize_t spy_pread(void *user, int fd, void *buf, size_t n, uint64_t off) {
-  (void)user;
+  disk_spy *s = user;
+  pthread_mutex_lock(&s->mu);
+  s->counts.read_requests++;
+  s->counts.read_bytes += n;
+  pthread_mutex_unlock(&s->mu);
   return spy_inner()->pread(NULL, fd, buf, n, off);
 }
 
@@ -87,13 +120,42 @@ static long spy_io_submit(void *user, aio_context_t ctx, long nr, struct iocb **
     errno = EAGAIN;
     return -1;
   }
-  return spy_inner()->io_submit(NULL, ctx, nr, cbs);
+  long r = spy_inner()->io_submit(NULL, ctx, nr, cbs);
+  pthread_mutex_lock(&s->mu);
+  for (long i = 0; i < r; i++) {
+    bool w = cbs[i]->aio_lio_opcode == IOCB_CMD_PWRITE;
+    *(w ? &s->counts.write_requests : &s->counts.read_requests) += 1;
+    *(w ? &s->counts.write_bytes : &s->counts.read_bytes) += cbs[i]->aio_nbytes;
+    for (unsigned k = 0; k < SPY_MAX_REQS; k++)
+      if (!s->req_data[k]) {
+        s->req_data[k] = cbs[i]->aio_data;
+        s->req_transfer[k] = s->transfer;
+        break;
+      }
+    s->in_flight++;
+  }
+  if (s->in_flight > s->counts.max_in_flight) s->counts.max_in_flight = s->in_flight;
+  uint64_t ext = spy_extents_in_flight(s);
+  if (ext > s->counts.max_extents_in_flight) s->counts.max_extents_in_flight = ext;
+  pthread_mutex_unlock(&s->mu);
+  return r;
 }
 
 static long spy_io_getevents(void *user, aio_context_t ctx, long min_nr, long nr,
                              struct io_event *ev) {
-  (void)user;
-  return spy_inner()->io_getevents(NULL, ctx, min_nr, nr, ev);
+  disk_spy *s = user;
+  long r = spy_inner()->io_getevents(NULL, ctx, min_nr, nr, ev);
+  pthread_mutex_lock(&s->mu);
+  for (long i = 0; i < r; i++) {
+    for (unsigned k = 0; k < SPY_MAX_REQS; k++)
+      if (s->req_data[k] == ev[i].data) {
+        s->req_data[k] = 0;
+        break;
+      }
+    if (s->in_flight) s->in_flight--;
+  }
+  pthread_mutex_unlock(&s->mu);
+  return r;
 }
 
 static void spy_release(void *user) {
@@ -112,17 +174,27 @@ static const sgm_disk_engine spy_engine = {
     .release = spy_release,
 };
 
-void sgm__disk_inject(sgm_disk *d, sgm_disk_fault kind, uint64_t nth) {
+/* The spy on d, installed the first time. */
+static disk_spy *spy_on(sgm_disk *d) {
   void *user = NULL;
-  disk_spy *s = NULL;
-  if (sgm__disk_get_engine(d, &user) == &spy_engine) {
-    s = user;
-  } else {
-    s = calloc(1, sizeof *s);
-    if (!s) abort();
-    pthread_mutex_init(&s->mu, NULL);
-    sgm__disk_set_engine(d, &spy_engine, s);
-  }
+  if (sgm__disk_get_engine(d, &user) == &spy_engine) return user;
+  disk_spy *s = calloc(1, sizeof *s);
+  if (!s) abort();
+  pthread_mutex_init(&s->mu, NULL);
+  sgm__disk_set_engine(d, &spy_engine, s);
+  return s;
+}
+
+void sgm__disk_spy_counts(sgm_disk *d, bool reset, sgm_disk_spy_counts *out) {
+  disk_spy *s = spy_on(d);
+  pthread_mutex_lock(&s->mu);
+  *out = s->counts;
+  if (reset) memset(&s->counts, 0, sizeof s->counts);
+  pthread_mutex_unlock(&s->mu);
+}
+
+void sgm__disk_inject(sgm_disk *d, sgm_disk_fault kind, uint64_t nth) {
+  disk_spy *s = spy_on(d);
   pthread_mutex_lock(&s->mu);
   s->kind = nth ? kind : SGM_DISK_FAULT_NONE;
   s->countdown = kind == SGM_DISK_FAULT_NONE ? 0 : nth;

@@ -649,7 +649,7 @@ static void test_partial_writes_touch_only_their_chunks(void **state) {
 
 /* Invariant (disk tier staging): transfers between the spill file and VRAM
  * go chunk by chunk through one pinned staging buffer the disk tier keeps:
- * the first such transfer pins SGM_DISK_BOUNCE_BYTES once, later ones pin
+ * the first such transfer pins SGM_DISK_STAGE_BYTES once, later ones pin
  * nothing more, and the data survives three round trips of a buffer larger
  * than one chunk. */
 static void test_disk_vram_staging_is_kept(void **state) {
@@ -671,7 +671,7 @@ static void test_disk_vram_staging_is_kept(void **state) {
     assert_int_equal(sgm_buffer_release(b, NULL), SGM_OK);
     sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c);
     assert_int_equal(c.n_host_live, c0.n_host_live + 1);
-    assert_int_equal(c.host_live_bytes, c0.host_live_bytes + SGM_DISK_BOUNCE_BYTES);
+    assert_int_equal(c.host_live_bytes, c0.host_live_bytes + SGM_DISK_STAGE_BYTES);
   }
   check_buffer(b, 808);
   sgm_buffer_destroy(b);
