@@ -146,6 +146,8 @@ uint64_t sgm__context_idle_tick(sgm_context *ctx) {
     if (sgm__tier_has_cached(ctx->tiers[t])) sgm__tier_reclaim(ctx->tiers[t], NULL, SGM_RECLAIM_QUERY);
     returned += sgm__tier_idle_trim(ctx->tiers[t], now, ctx->cfg.idle_trim_ms);
   }
+  /* Disk blocks kept for reuse and the pinned staging, unused for the delay. */
+  returned += sgm__placement_idle_trim(ctx, now, ctx->cfg.idle_trim_ms);
   /* Managed blocks in shared memory take the VRAM room that has appeared;
    * cached movable ranges unused for the idle delay go back. */
   if (ctx->managed) {

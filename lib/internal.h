@@ -306,6 +306,10 @@ int sgm__placement_create(sgm_context *ctx);
  * back to the driver when no transfer holds it (it comes back on the next
  * disk<->VRAM transfer). Bytes returned. */
 uint64_t sgm__placement_trim(sgm_context *ctx);
+/* The idle tick's part for the disk tier: sgm__placement_trim once the disk
+ * has done nothing for idle_ms by now_ms (the context's clock); bytes
+ * returned. */
+uint64_t sgm__placement_idle_trim(sgm_context *ctx, uint64_t now_ms, uint64_t idle_ms);
 /* True when d is the block of a live buffer (sgm_free must refuse it). Takes
  * the tiers' shard locks briefly; any thread. */
 bool sgm__placement_owns_block(sgm_context *ctx, uint64_t d);

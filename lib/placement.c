@@ -138,6 +138,7 @@ int sgm__placement_create(sgm_context *ctx) {
   sgm__lock_init(&pl->pf_lock, SGM_LOCK_PREFETCH);
   pthread_cond_init(&pl->work_cond, NULL);
   pl->clock_ns = placement_monotonic_ns;
+  pl->disk_seen_ms = UINT64_MAX;
   int rc = SGM_OK;
   size_t state_bytes = 0;
   for (int t = 0; t < SGM_N_RESIDENT && rc == SGM_OK; t++) {
@@ -244,6 +245,24 @@ uint64_t sgm__placement_trim(sgm_context *ctx) {
   return kept + SGM_DISK_STAGE_BYTES;
 }
 
+/* DESIGN.md §3 rule 7 for the disk tier: the blocks freed extents kept and
+ * the pinned staging go back once the tier has done nothing for idle_ms (seen
+ * by two ticks at least idle_ms apart with the same activity count). */
+uint64_t sgm__placement_idle_trim(sgm_context *ctx, uint64_t now_ms, uint64_t idle_ms) {
+  struct sgm_placement *pl = sgm__context_pl(ctx);
+  if (!pl->disk) return 0;
+  /* Atomics: a test may tick beside the idle thread (at worst one trim more). */
+  uint64_t ops = sgm__disk_activity(pl->disk);
+  uint64_t seen_ms = __atomic_load_n(&pl->disk_seen_ms, __ATOMIC_RELAXED);
+  if (seen_ms == UINT64_MAX || ops != __atomic_load_n(&pl->disk_seen_ops, __ATOMIC_RELAXED)) {
+    __atomic_store_n(&pl->disk_seen_ops, ops, __ATOMIC_RELAXED);
+    __atomic_store_n(&pl->disk_seen_ms, now_ms, __ATOMIC_RELAXED);
+    return 0;
+  }
+  if (now_ms - seen_ms < idle_ms) return 0;
+  __atomic_store_n(&pl->disk_seen_ms, UINT64_MAX, __ATOMIC_RELAXED);
+  return sgm__placement_trim(ctx);
+}
 
 bool sgm__placement_owns_block(sgm_context *ctx, sgm_devptr d) {
   /* Programs without buffers pay one relaxed load per free. */

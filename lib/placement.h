@@ -133,6 +133,9 @@ struct sgm_placement {
   void *disk_bounce;                   /* (atomic) pinned staging lent to disk, allocated on first
                                           use, given back by sgm_trim */
   bool disk_bounce_tried;              /* (atomic) its allocation was attempted */
+  uint64_t disk_seen_ops;              /* idle trim: the disk's activity count when last looked at */
+  uint64_t disk_seen_ms;               /* idle trim: since when it has not moved; UINT64_MAX = not
+                                          looked at since the last trim (both atomic) */
   uint64_t bytes_in[SGM_TIER_COUNT];   /* migrated into each tier (atomic) */
   uint64_t bytes_out[SGM_TIER_COUNT];  /* migrated out of each tier (atomic) */
   uint64_t n_evictions[SGM_TIER_COUNT]; /* buffers moved out to make room (atomic) */

@@ -134,6 +134,8 @@ struct sgm_disk {
   unsigned n_kept;               /* (L) entries used in kept */
   uint64_t kept_bytes;           /* (L) bytes of the ranges in kept */
   uint64_t kept_limit;           /* the most kept_bytes may reach */
+  uint64_t n_ops;                /* extents carved, read or freed so far (atomic: the idle trim
+                                    watches it) */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -962,11 +964,14 @@ static bool disk_keep(sgm_disk *d, uint64_t off, uint64_t size) {
 
 uint64_t sgm__disk_trim(sgm_disk *d) { return disk_kept_flush(d); }
 
+uint64_t sgm__disk_activity(const sgm_disk *d) { return __atomic_load_n(&d->n_ops, __ATOMIC_RELAXED); }
+
 /* Carve an extent of n bytes (reserved: out of a reservation) and charge the
  * budget; SGM_ERR_NOMEM naming SGM_SPILL_LIMIT when it does not fit.
  * *reused: the range is a kept one (its blocks are there). */
 static int disk_carve(sgm_disk *d, uint64_t n, bool reserved, uint64_t *off, uint64_t *size,
                       bool *reused) {
+  __atomic_add_fetch(&d->n_ops, 1, __ATOMIC_RELAXED);
   bool flushed = false;
   *reused = false;
 again:
@@ -1067,6 +1072,7 @@ int sgm__disk_write_ex(sgm_disk *d, const void *src, uint64_t n, bool reserved,
 }
 
 int sgm__disk_read(sgm_disk *d, const sgm_disk_extent *e, void *dst) {
+  __atomic_add_fetch(&d->n_ops, 1, __ATOMIC_RELAXED);
   if (!e || e->bytes == 0)
     return sgm__error_set(SGM_ERR_INVALID, "spill read of an empty extent");
   int rc = disk_check_live(d, e);
@@ -1092,6 +1098,7 @@ int sgm__disk_read(sgm_disk *d, const sgm_disk_extent *e, void *dst) {
 void sgm__disk_free(sgm_disk *d, const sgm_disk_extent *e) { sgm__disk_free_ex(d, e, false); }
 
 void sgm__disk_free_ex(sgm_disk *d, const sgm_disk_extent *e, bool reserve) {
+  __atomic_add_fetch(&d->n_ops, 1, __ATOMIC_RELAXED);
   if (!e || e->bytes == 0) return;
   sgm__lock_take(&d->lock);
   uint64_t size = disk_live_size_locked(d, e->offset);
@@ -1358,6 +1365,7 @@ static int disk_pipe_verify(disk_pipe *p, unsigned s, const sgm_disk_extent *e) 
 
 int sgm__disk_read_staged(sgm_disk *d, uint64_t total, uint64_t piece, const sgm_disk_extent *ext,
                           sgm_disk_stage_fn drain, void *user) {
+  __atomic_add_fetch(&d->n_ops, 1, __ATOMIC_RELAXED);
   int rc = disk_staged_args(total, piece, "read");
   if (rc != SGM_OK) return rc;
   const uint64_t n = (total + piece - 1) / piece;

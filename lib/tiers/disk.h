@@ -90,6 +90,9 @@ void sgm__disk_free(sgm_disk *d, const sgm_disk_extent *e);
 /* Give the blocks of every kept range back to the file system (holes
  * punched); returns their bytes. For sgm_trim. */
 uint64_t sgm__disk_trim(sgm_disk *d);
+/* How many extents were carved, read or freed so far (a counter that only
+ * grows): the idle trim returns the kept blocks once it stops moving. */
+uint64_t sgm__disk_activity(const sgm_disk *d);
 
 /* Staging for transfers between the spill file and device memory: pieces of
  * SGM_DISK_BOUNCE_BYTES, page-aligned, kept by the tier (no malloc per

@@ -331,6 +331,63 @@ static void test_blocks_and_staging_kept(void **state) {
   sgm_context_destroy(ctx);
 }
 
+/* DESIGN.md §3 rule 7: what the disk tier keeps for reuse (the freed extents'
+ * blocks, the pinned staging) goes back after the idle delay with no
+ * sgm_trim, and not before. An injected clock; the delay is 100 s so that the
+ * idle thread (which ticks every 25 s of real time) stays out of the test. */
+static uint64_t fake_ms;
+static uint64_t fake_clock(void *user) {
+  (void)user;
+  return __atomic_load_n(&fake_ms, __ATOMIC_RELAXED);
+}
+
+static void test_idle_tick_returns_kept_blocks(void **state) {
+  (void)state;
+  sgm_test_clean_env(); /* make_ctx's settings, with the delay */
+  setenv("SGM_EMU_VRAM", "64MiB", 1);
+  setenv("SGM_SHARED_LIMIT", "64MiB", 1);
+  setenv("SGM_SPILL_DIR", spill_dir, 1);
+  setenv("SGM_SPILL_LIMIT", "256MiB", 1);
+  setenv("SGM_IDLE_TRIM_MS", "100000", 1);
+  sgm_context *ctx = NULL;
+  if (sgm_context_create(NULL, &ctx) != SGM_OK) fail_msg("create: %s", sgm_last_error());
+  __atomic_store_n(&fake_ms, 5000, __ATOMIC_RELAXED);
+  sgm__context_set_clock(ctx, fake_clock, NULL);
+  const size_t n = 3 * PIECE + 17;
+  unsigned char *data;
+  sgm_buffer *b = make_buffer(ctx, n, seed + 400, &data);
+  sgm_backend_counters c0, c;
+  sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c0);
+  assert_int_equal(sgm_buffer_evict(b, SGM_TIER_DISK), SGM_OK);
+  void *d = NULL;
+  assert_int_equal(sgm_buffer_acquire(b, NULL, &d), SGM_OK);
+  assert_int_equal(sgm_buffer_release(b, NULL), SGM_OK);
+  uint64_t kept = tier_stats(ctx, SGM_TIER_DISK).cached_bytes;
+  assert_true(kept >= 3 * PIECE);
+  sgm__context_idle_tick(ctx); /* the disk seen idle from 5 s */
+  __atomic_store_n(&fake_ms, 5000 + 99999, __ATOMIC_RELAXED);
+  sgm__context_idle_tick(ctx); /* not yet idle for the delay */
+  assert_int_equal(tier_stats(ctx, SGM_TIER_DISK).cached_bytes, kept);
+  /* Activity starts the delay again. */
+  assert_int_equal(sgm_buffer_evict(b, SGM_TIER_DISK), SGM_OK);
+  assert_int_equal(sgm_buffer_acquire(b, NULL, &d), SGM_OK);
+  assert_int_equal(sgm_buffer_release(b, NULL), SGM_OK);
+  __atomic_store_n(&fake_ms, 5000 + 100000, __ATOMIC_RELAXED);
+  sgm__context_idle_tick(ctx);
+  assert_int_equal(tier_stats(ctx, SGM_TIER_DISK).cached_bytes, kept);
+  __atomic_store_n(&fake_ms, 5000 + 200000, __ATOMIC_RELAXED);
+  assert_true(sgm__context_idle_tick(ctx) >= kept + SGM_DISK_STAGE_BYTES);
+  sgm_tier_stats dk = tier_stats(ctx, SGM_TIER_DISK);
+  assert_int_equal(dk.cached_bytes, 0);
+  assert_int_equal(dk.committed_bytes, 0);
+  sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c);
+  assert_int_equal(c.host_live_bytes, c0.host_live_bytes);
+  check_buffer(b, data, n);
+  free(data);
+  sgm_buffer_destroy(b);
+  sgm_context_destroy(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_one_hop_pipelined),
@@ -338,6 +395,7 @@ int main(void) {
       cmocka_unit_test(test_write_failure_leaves_buffer),
       cmocka_unit_test(test_checksum_failure_keeps_extents),
       cmocka_unit_test(test_blocks_and_staging_kept),
+      cmocka_unit_test(test_idle_tick_returns_kept_blocks),
   };
   int rc = cmocka_run_group_tests(tests, setup, teardown);
   return rc;
