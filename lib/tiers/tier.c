@@ -1653,6 +1653,15 @@ static int tier_event_done(sgm_tier_pool *p, void *ev, sgm_reclaim_mode mode) {
   return q;
 }
 
+/* The job array of a reclaim pass, counted under p->lock: zeroed room for
+ * n_jobs, or NULL with the lock dropped (nothing to do, or out of memory:
+ * the pass is skipped, and the caches stay for the next one). */
+static tier_job *tier_jobs_alloc_locked(sgm_tier_pool *p, size_t n_jobs) {
+  tier_job *jobs = n_jobs ? calloc(n_jobs, sizeof *jobs) : NULL;
+  if (!jobs) sgm__lock_drop(&p->lock);
+  return jobs;
+}
+
 /* Seal and fence every stream's cache, and return to the sub-allocator what
  * the device has finished with (QUERY) or everything (WAIT). */
 static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode) {
@@ -1661,11 +1670,8 @@ static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode) {
   size_t n_jobs = 0;
   for (tier_stream *s = p->streams; s; s = s->next) n_jobs += !s->busy && (s->fence || s->open.n);
   for (tier_deferred *d = p->deferred; d; d = d->next) n_jobs += !d->busy;
-  tier_job *jobs = n_jobs ? calloc(n_jobs, sizeof *jobs) : NULL;
-  if (!jobs) {
-    sgm__lock_drop(&p->lock);
-    return 0;
-  }
+  tier_job *jobs = tier_jobs_alloc_locked(p, n_jobs);
+  if (!jobs) return 0;
   size_t k = 0;
   for (tier_stream *s = p->streams; s; s = s->next) {
     if (s->busy || (!s->fence && !s->open.n)) continue;
@@ -1774,11 +1780,8 @@ static size_t tier_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *take
   size_t n_jobs = 0;
   for (tier_stream *s = p->streams; s; s = s->next)
     n_jobs += s->ref.key != taker->key && (s->open.n || s->sealed.n);
-  tier_job *jobs = n_jobs ? calloc(n_jobs, sizeof *jobs) : NULL;
-  if (!jobs) {
-    sgm__lock_drop(&p->lock);
-    return 0;
-  }
+  tier_job *jobs = tier_jobs_alloc_locked(p, n_jobs);
+  if (!jobs) return 0;
   size_t k = 0;
   for (tier_stream *s = p->streams; s; s = s->next) {
     if (s->ref.key == taker->key || !(s->open.n || s->sealed.n)) continue;
