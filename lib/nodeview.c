@@ -71,7 +71,7 @@ sgm_status sgm_node_list(const char *dir, sgm_node_entry *out, size_t max, size_
     if (!(names[n] = strdup(e->d_name))) goto out_nomem;
     n++;
   }
-  qsort(names, n, sizeof *names, nodeview_name_cmp);
+  if (n) qsort(names, n, sizeof *names, nodeview_name_cmp);
   for (size_t i = 0; i < n && i < max; i++)
     snprintf(out[i].path, sizeof out[i].path, "%s/%s", dir, names[i]);
   *n_out = n;

@@ -302,8 +302,8 @@ static void test_bad_segments(void **state) {
   nv_teardown();
 }
 
-/* Invariant: a registry folder that does not exist, a file that does not,
- * and NULL arguments are SGM_ERR_INVALID with a message saying which, and
+/* Invariant: an empty registry folder lists nothing without an error; a
+ * folder that does not exist, a file that does not, and NULL arguments are SGM_ERR_INVALID with a message saying which, and
  * the out-parameters are zero. */
 static void test_missing(void **state) {
   (void)state;
@@ -314,6 +314,13 @@ static void test_missing(void **state) {
   assert_non_null(strstr(sgm_last_error(), "SGM_NODE_DIR"));
   assert_int_equal(sgm_node_list("/etc/hostname", NULL, 0, &n), SGM_ERR_INVALID);
   assert_non_null(strstr(sgm_last_error(), "not a folder"));
+  /* An empty folder: no registry, no error. */
+  char empty[] = "/tmp/sgm-nodeview-empty-XXXXXX";
+  assert_non_null(mkdtemp(empty));
+  n = 7;
+  assert_int_equal(sgm_node_list(empty, NULL, 0, &n), SGM_OK);
+  assert_int_equal(n, 0);
+  rmdir(empty);
   assert_int_equal(sgm_node_list(NULL, NULL, 0, NULL), SGM_ERR_INVALID);
   sgm_node_entry e[1];
   assert_int_equal(sgm_node_list(NULL, NULL, 1, &n), SGM_ERR_INVALID);
