@@ -108,9 +108,11 @@ static sgm_node_device nv_device(void) {
 static void test_two_processes(void **state) {
   (void)state;
   nv_setup("nvtwo");
+  /* The child first: a fork of a process whose context threads may hold the
+   * sanitizer allocator's lock would deadlock in the child's malloc. */
+  nv_kid kid = nv_kid_start();
   sgm_context *ctx = NULL;
   assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
-  nv_kid kid = nv_kid_start();
 
   sgm_node_entry list[4];
   size_t n = 99;
@@ -203,9 +205,11 @@ static void test_two_processes(void **state) {
 static void test_dead_process(void **state) {
   (void)state;
   nv_setup("nvdead");
+  /* The child first: a fork of a process whose context threads may hold the
+   * sanitizer allocator's lock would deadlock in the child's malloc. */
+  nv_kid kid = nv_kid_start();
   sgm_context *ctx = NULL;
   assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
-  nv_kid kid = nv_kid_start();
   kill(kid.pid, SIGKILL);
   waitpid(kid.pid, NULL, 0);
   close(kid.to_kid);
