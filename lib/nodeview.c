@@ -41,7 +41,8 @@ static int nodeview_name_cmp(const void *a, const void *b) {
 sgm_status sgm_node_list(const char *dir, sgm_node_entry *out, size_t max, size_t *n_out) {
   if (!n_out) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_node_list: n_out is NULL");
   *n_out = 0;
-  if (!out && max) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_node_list: out is NULL, max %zu", max);
+  if (!out && max)
+    return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_node_list: out is NULL, max %zu", max);
   if (!dir || !*dir) dir = getenv("SGM_NODE_DIR");
   if (!dir || !*dir) dir = "/dev/shm";
   DIR *dp = opendir(dir);
@@ -127,7 +128,8 @@ sgm_status sgm_node_read(const char *path, unsigned flags, sgm_node_device *dev,
   memset((char *)dev + sizeof(size_t), 0, dev_size - sizeof(size_t));
   size_t proc_size = max_procs && procs ? procs[0].struct_size : 0;
   if (max_procs && !procs)
-    return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_node_read: procs is NULL, max_procs %zu", max_procs);
+    return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_node_read: procs is NULL, max_procs %zu",
+                                      max_procs);
   if (max_procs && proc_size < NODEVIEW_PROCESS_V1)
     return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_node_read: procs[0].struct_size is %zu, at least "
                                       "%zu (set it to sizeof(sgm_node_process))", proc_size,

@@ -502,7 +502,8 @@ static void tier_release_block_locked(sgm_tier_pool *p, tier_block *b) {
 /* Widen the pool's address span to cover [base, base + bytes) (pool lock held,
  * or the pool not yet shared). Stored before any block of it is handed out. */
 static void tier_span_add(sgm_tier_pool *p, sgm_devptr base, uint64_t bytes) {
-  if (base < __atomic_load_n(&p->span_lo, __ATOMIC_RELAXED)) __atomic_store_n(&p->span_lo, base, __ATOMIC_RELAXED);
+  if (base < __atomic_load_n(&p->span_lo, __ATOMIC_RELAXED))
+    __atomic_store_n(&p->span_lo, base, __ATOMIC_RELAXED);
   if (base + bytes > __atomic_load_n(&p->span_hi, __ATOMIC_RELAXED))
     __atomic_store_n(&p->span_hi, base + bytes, __ATOMIC_RELAXED);
 }

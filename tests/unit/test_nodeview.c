@@ -307,8 +307,9 @@ static void test_bad_segments(void **state) {
 }
 
 /* Invariant: an empty registry folder lists nothing without an error; a
- * folder that does not exist, a file that does not, and NULL arguments are SGM_ERR_INVALID with a message saying which, and
- * the out-parameters are zero. */
+ * folder that does not exist, a file that does not, and NULL arguments are
+ * SGM_ERR_INVALID with a message saying which, and the out-parameters are
+ * zero. */
 static void test_missing(void **state) {
   (void)state;
   size_t n = 7;
