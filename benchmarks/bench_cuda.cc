@@ -15,8 +15,8 @@
 //      stream, the per-thread default stream and a created stream, beside
 //      ns per cuMemAlloc+cuMemFree pair of the same size; ns per cross-stream
 //      transfer (a 4 MiB budget that one block fills, allocations alternating
-//      between a created stream and the NULL stream, and between two created
-//      streams). Driver calls per sgm pair or transfer are sgm's own count
+//      between a created stream and the NULL stream, between two created
+//      streams, and between two non-blocking streams). Driver calls per sgm pair or transfer are sgm's own count
 //      (sgm_stats.driver_calls), on a real driver too; those of the
 //      cuMemAlloc+cuMemFree reference come from the driver test double's
 //      counter when libcuda.so.1 is the double ("calls n/a" on a real driver).
@@ -128,7 +128,8 @@ int main(int argc, char **argv) {
       {"pair 1 MiB, created stream: sgm_alloc+sgm_free", "call/sgm_pair/created"},
       {"pair 1 MiB: cuMemAlloc+cuMemFree (reference)", "call/driver_pair"},
       {"transfer, created <-> NULL stream", "call/transfer/created_null"},
-      {"transfer, created <-> created stream", "call/transfer/created_created"}};
+      {"transfer, created <-> created stream", "call/transfer/created_created"},
+      {"transfer, non-blocking <-> non-blocking stream", "call/transfer/nonblocking"}};
   benchmark::RegisterBenchmark("call/sgm_pair/null", BM_CudaSgmPair, std::string("call/sgm_pair/null"), kCudaNullStream)
       ->Iterations(200000);
   benchmark::RegisterBenchmark("call/sgm_pair/per_thread", BM_CudaSgmPair, std::string("call/sgm_pair/per_thread"),
@@ -138,9 +139,11 @@ int main(int argc, char **argv) {
   benchmark::RegisterBenchmark("call/driver_pair", BM_CudaDriverPair, std::string("call/driver_pair"))
       ->Iterations(2000);
   benchmark::RegisterBenchmark("call/transfer/created_null", BM_CudaTransfer,
-                               std::string("call/transfer/created_null"), false)->Iterations(20000);
+                               std::string("call/transfer/created_null"), 0)->Iterations(20000);
   benchmark::RegisterBenchmark("call/transfer/created_created", BM_CudaTransfer,
-                               std::string("call/transfer/created_created"), true)->Iterations(20000);
+                               std::string("call/transfer/created_created"), 1)->Iterations(20000);
+  benchmark::RegisterBenchmark("call/transfer/nonblocking", BM_CudaTransfer,
+                               std::string("call/transfer/nonblocking"), 2)->Iterations(20000);
 
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -1,7 +1,8 @@
 // bench_stream.cc — the stream-ordered allocation path on the CUDA backend
 // (issue 10's measured targets): driver calls and time per steady-state
 // sgm_alloc+sgm_free pair on a created stream, the legacy NULL stream and a
-// per-thread default stream; calls per cross-stream transfer; and the pair
+// per-thread default stream; calls per cross-stream transfer, and per round
+// of two streams with their own sizes or a burst of sizes; and the pair
 // with 10,000 frees pending on another stream against none.
 //
 // Run it against the driver test double to count calls (the double's
@@ -210,6 +211,97 @@ void BM_CrossStreamTransfer(benchmark::State &state) {
   sgm_context_destroy(ctx);
 }
 
+// Driver calls per round (rounds = iterations), beside the transfer calls one
+// by one; -1 on a real driver.
+void ReportRounds(benchmark::State &state, uint64_t before, const uint64_t *each_before) {
+  double n = static_cast<double>(state.iterations());
+  state.counters["calls_per_round"] = Drv().get_stats ? static_cast<double>(Calls() - before) / n : -1.0;
+  uint64_t each_after[kNTransferCalls];
+  CountEach(each_after);
+  if (Drv().calls_of)
+    for (size_t i = 0; i < kNTransferCalls; i++)
+      state.counters[kTransferCalls[i]] = static_cast<double>(each_after[i] - each_before[i]) / n;
+}
+
+// The three sizes of the rounds below: 2 MiB (exact: only a 2 MiB request
+// takes it), 1 MiB and 768 KiB (size classes); 3.75 of a 4 MiB budget.
+constexpr size_t kRoundSizes[3] = {2u << 20, 1u << 20, 768u << 10};
+
+// Each stream with its own sizes, the budget full: per round a side stream
+// (non-blocking) takes a 2 MiB block and frees it, then the main stream
+// takes 1 MiB and 768 KiB and frees them; all three started in the main
+// stream's cache. range(0): 0 = the main stream is the legacy NULL stream,
+// 1 = both non-blocking. Moving every cached block at each transfer made the
+// caches swap streams twice per round (2 transfers, 4 calls each); moving
+// what the request takes leaves each stream its own (0 calls per round).
+void BM_CrossStreamOwnSizes(benchmark::State &state) {
+  sgm_context *ctx = MakeContext("4MiB", false);
+  void *side = MakeNonBlockingStream();
+  void *main_s = state.range(0) ? MakeNonBlockingStream() : nullptr;
+  if (!ctx || !side || (state.range(0) && !main_s)) {
+    state.SkipWithError(ctx ? "needs the driver double's streams" : sgm_last_error());
+    if (ctx) sgm_context_destroy(ctx);
+    return;
+  }
+  void *blk[3];
+  for (int i = 0; i < 3; i++) blk[i] = sgm_alloc(ctx, kRoundSizes[i], main_s);
+  for (void *b : blk) sgm_free(ctx, b, main_s);
+  auto round = [&]() {
+    void *p = sgm_alloc(ctx, kRoundSizes[0], side);
+    if (!p) return false;
+    sgm_free(ctx, p, side);
+    void *a = sgm_alloc(ctx, kRoundSizes[1], main_s), *b = sgm_alloc(ctx, kRoundSizes[2], main_s);
+    if (!a || !b) return false;
+    sgm_free(ctx, a, main_s);
+    sgm_free(ctx, b, main_s);
+    return true;
+  };
+  round();  // the first transfer, the streams' flags, the event pool
+  uint64_t before = Calls(), each_before[kNTransferCalls];
+  CountEach(each_before);
+  for (auto _ : state)
+    if (!round()) {
+      state.SkipWithError(sgm_last_error());
+      break;
+    }
+  ReportRounds(state, before, each_before);
+  sgm_context_destroy(ctx);
+}
+
+// A burst: per round one of two non-blocking streams (alternating) takes
+// blocks of all three sizes and frees them, so each round takes the other
+// stream's whole cache. Moving every block at the first transfer costs 4
+// calls per round; sgm moves what the first request takes (4 calls) and the
+// rest at the same taker's next request under that fence (2 calls): 6.
+void BM_CrossStreamBurst(benchmark::State &state) {
+  sgm_context *ctx = MakeContext("4MiB", false);
+  void *streams[2] = {MakeNonBlockingStream(), MakeNonBlockingStream()};
+  if (!ctx || !streams[0] || !streams[1]) {
+    state.SkipWithError(ctx ? "needs the driver double's streams" : sgm_last_error());
+    if (ctx) sgm_context_destroy(ctx);
+    return;
+  }
+  uint64_t k = 0;
+  auto round = [&]() {
+    void *s = streams[k++ & 1], *blk[3];
+    for (int i = 0; i < 3; i++)
+      if (!(blk[i] = sgm_alloc(ctx, kRoundSizes[i], s))) return false;
+    for (void *b : blk) sgm_free(ctx, b, s);
+    return true;
+  };
+  round();
+  round();  // the first transfer, the streams' flags, the event pool
+  uint64_t before = Calls(), each_before[kNTransferCalls];
+  CountEach(each_before);
+  for (auto _ : state)
+    if (!round()) {
+      state.SkipWithError(sgm_last_error());
+      break;
+    }
+  ReportRounds(state, before, each_before);
+  sgm_context_destroy(ctx);
+}
+
 // Pairs on stream B while range(0) blocks freed on stream A are pending (A's
 // work is held, so none of them could go back to the pool). The ratio of the
 // two rows is the "free with N pending" figure.
@@ -244,6 +336,8 @@ BENCHMARK(BM_PairCreatedStream);
 BENCHMARK(BM_PairNullStream);
 BENCHMARK(BM_PairPerThreadStream);
 BENCHMARK(BM_CrossStreamTransfer)->Arg(0)->Arg(1)->Arg(2);
+BENCHMARK(BM_CrossStreamOwnSizes)->Arg(0)->Arg(1);
+BENCHMARK(BM_CrossStreamBurst);
 BENCHMARK(BM_PairWithPending)->Arg(0)->Arg(10000);
 
 }  // namespace

@@ -160,7 +160,7 @@ void BM_CudaKernelRead(benchmark::State &state, std::string key, bool shared, si
 enum CudaPairStream { kCudaNullStream, kCudaPerThreadStream, kCudaCreatedStream };
 void BM_CudaSgmPair(benchmark::State &state, std::string key, CudaPairStream which);
 void BM_CudaDriverPair(benchmark::State &state, std::string key);
-void BM_CudaTransfer(benchmark::State &state, std::string key, bool two_created);
+void BM_CudaTransfer(benchmark::State &state, std::string key, int pair);
 // bench_cuda's summary lines, from the outcomes kept under each key.
 std::string CudaGBps(const std::string &key);
 std::string CudaRatio(const std::string &num, const std::string &den, const char *fmt);

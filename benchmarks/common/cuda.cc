@@ -937,14 +937,14 @@ void BM_DriverPair(benchmark::State &state, std::string key) {
 }
 
 // One iteration = one allocation that takes the only block from the other
-// stream's cache (ordered on the device), and its free. two_created: between
-// two created streams, else a created stream and the NULL stream.
-void BM_Transfer(benchmark::State &state, std::string key, bool two_created) {
+// stream's cache (ordered on the device), and its free. pair: 0 = a created
+// stream and the NULL stream, 1 = two created streams, 2 = two non-blocking
+// streams (PyTorch's side streams: the 4-call case, docs/streams.md).
+void BM_Transfer(benchmark::State &state, std::string key, int pair) {
   Stream a, b;
-  if (!CuOk(state, key, CU(cuStreamCreate)(&a.s, CU_STREAM_DEFAULT), "cuStreamCreate")) return;
-  if (two_created &&
-      !CuOk(state, key, CU(cuStreamCreate)(&b.s, CU_STREAM_DEFAULT), "cuStreamCreate"))
-    return;
+  const unsigned flags = pair == 2 ? CU_STREAM_NON_BLOCKING : CU_STREAM_DEFAULT;
+  if (!CuOk(state, key, CU(cuStreamCreate)(&a.s, flags), "cuStreamCreate")) return;
+  if (pair && !CuOk(state, key, CU(cuStreamCreate)(&b.s, flags), "cuStreamCreate")) return;
   SgmContext ctx;
   if (!MakePoolContext(state, key, 4 * kMiB, ctx)) return;
   void *streams[2] = {a.s, b.s};
@@ -1100,8 +1100,8 @@ void BM_CudaSgmPair(benchmark::State &state, std::string key, CudaPairStream whi
              which == kCudaNullStream ? kNullStream : which == kCudaPerThreadStream ? kPerThreadStream : kCreatedStream);
 }
 void BM_CudaDriverPair(benchmark::State &state, std::string key) { BM_DriverPair(state, std::move(key)); }
-void BM_CudaTransfer(benchmark::State &state, std::string key, bool two_created) {
-  BM_Transfer(state, std::move(key), two_created);
+void BM_CudaTransfer(benchmark::State &state, std::string key, int pair) {
+  BM_Transfer(state, std::move(key), pair);
 }
 std::string CudaGBps(const std::string &key) { return GBps(key); }
 std::string CudaRatio(const std::string &num, const std::string &den, const char *fmt) { return Ratio(num, den, fmt); }
@@ -1140,7 +1140,7 @@ void BM_CudaDirectCopy(benchmark::State &state, std::string, bool, size_t) { Off
 void BM_CudaKernelRead(benchmark::State &state, std::string, bool, size_t) { Off(state); }
 void BM_CudaSgmPair(benchmark::State &state, std::string, CudaPairStream) { Off(state); }
 void BM_CudaDriverPair(benchmark::State &state, std::string) { Off(state); }
-void BM_CudaTransfer(benchmark::State &state, std::string, bool) { Off(state); }
+void BM_CudaTransfer(benchmark::State &state, std::string, int) { Off(state); }
 std::string CudaGBps(const std::string &) { return "not run"; }
 std::string CudaRatio(const std::string &, const std::string &, const char *) { return "n/a"; }
 std::string CudaPerCall(const std::string &) { return "not run"; }

@@ -94,6 +94,14 @@
  *    while a capture makes that unsafe, as above. The CUDA backend uses the
  *    legacy stream's implicit ordering where both streams are blocking: one
  *    or two driver calls, four with a non-blocking stream (cuda.c).
+ *  - stream_transfer_fence(event, owner, taker, fenced) does what
+ *    stream_transfer does and also says whether `event` now stands, outside
+ *    any capture, after all work queued on owner before the call (*fenced:
+ *    recorded on owner, or on the legacy stream when owner is blocking) —
+ *    also when it fails afterwards on the taker's side (the taker captures).
+ *    The caller then keeps the event as the owner's fence (queried later,
+ *    waited on by other takers) instead of pooling it again. *fenced false:
+ *    nothing of the event's is left to keep. NULL op: stream_transfer.
  *  - These four, with event_query/event_wait/event_destroy, are the only
  *    calls on sgm's steady allocation path, and that path makes none of them
  *    unless memory crosses from one stream to another: no backend-wide lock
@@ -289,6 +297,10 @@ typedef struct sgm_backend_ops {
    * has none (the emulated device). NULL op: unknown. */
   int (*device_uuid)(sgm_backend *be, uint8_t out[16]);
   void (*device_pci_bus_id)(sgm_backend *be, char *out, size_t len);
+  /* ---- a transfer that leaves the owner a fence (issue 10): see "Transfers"
+   * above. NULL op: stream_transfer, no fence. */
+  int (*stream_transfer_fence)(sgm_backend *be, void *event, const sgm_stream_ref *owner,
+                               const sgm_stream_ref *taker, bool *fenced);
 } sgm_backend_ops;
 
 /* backend.c: pick the ops for a kind; SGM_BACKEND_AUTO is resolved by open. */

@@ -11,9 +11,10 @@
  *                          | full: half moves down
  *                          v
  *                      bag of S: open --seal--> sealed (+ fence event on S)
- *                          |                        | fence seen complete
- *   transfer to T <--------+ (record on S,          v
- *   (T's open bag)            wait on T)      sub-allocator (anyone)
+ *                          |                    |   | fence seen complete
+ *   transfer to T <--------+ (record on S =     |   v
+ *   (T's open bag,            seal; wait on T)  | sub-allocator (anyone)
+ *    what T asked for) <------------------------+ (wait on T)
  *
  * Invariants (checked by sgm__tier_check):
  *  - committed_bytes <= budget_bytes (unless the budget was lowered below what
@@ -158,6 +159,9 @@ typedef struct tier_stream {
   void *fence;                 /* pooled event covering sealed, NULL when none */
   bool busy;                   /* a thread records or queries fence without the lock */
   struct tier_stream *next;    /* the pool's list */
+  /* (xfer, issue 10) */
+  void *crossed_fence;         /* the fence a transfer to crossed_to recorded or waited on */
+  uint64_t crossed_to;         /* that taker's key: its next transfer under it takes all */
 } tier_stream;
 
 /* A free that waits for streams named by sgm_record_stream. */
@@ -326,8 +330,6 @@ static inline uint64_t tier_tag_of(const tier_block *b) {
   return __atomic_load_n(&b->tag, __ATOMIC_ACQUIRE);
 }
 
-static inline int tier_block_state(const tier_block *b) { return (int)(tier_tag_of(b) & TIER_TAG_STATE); }
-
 /* Walks longer than this (only a walk misled by concurrent writers gets
  * near it) start over. */
 #define TIER_MAP_MAX_WALK 4096
@@ -481,6 +483,17 @@ static inline void tier_block_set_state(tier_block *b, int state) {
 static void tier_vmm_unref_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes);
 static int tier_backend_nomem_locked(sgm_tier_pool *p, uint64_t size);
 static size_t tier_reclaim_ex(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode);
+/* What a transfer is for: blocks that serve one request (tier_bag_take's
+ * rule: class cls, or for cls < 0 at least need bytes and at most 1/8 more).
+ * NULL: every block. */
+typedef struct tier_want {
+  int cls;                     /* size class of the request, < 0 for a large one */
+  uint64_t need;               /* bytes asked, aligned (large requests) */
+} tier_want;
+static size_t tier_reclaim_settle(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode,
+                                  const tier_want *w);
+static size_t tier_reclaim_want(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode,
+                                const tier_want *w);
 static size_t tier_reclaim_some(sgm_tier_pool *p, bool mags, sgm_reclaim_mode mode);
 
 static void tier_release_block_locked(sgm_tier_pool *p, tier_block *b) {
@@ -1626,10 +1639,11 @@ int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *re
    * first other streams' caches through a device-side wait (one or two calls, no
    * host wait), then what the device has finished with (fences queried). */
   static const sgm_reclaim_mode order[] = {SGM_RECLAIM_TRANSFER, SGM_RECLAIM_QUERY};
+  const tier_want want = {cls, need};
   for (int k = 0; rc != SGM_OK && k < 2; k++) {
     if (rc != SGM__ERR_BUDGET && rc != SGM_ERR_NOMEM) break;
     if (!tier_has_cached_for(p, m)) break;
-    if (sgm__tier_reclaim(p, ref, order[k]) == 0) continue;
+    if (tier_reclaim_settle(p, ref, order[k], &want) == 0) continue;
     b = tier_take_cached(p, m, cls, need, ref);
     if (b) {
       *out = tier_hand_out(p, m, b, need, ref);
@@ -1825,7 +1839,8 @@ typedef struct tier_job {
   sgm_stream_ref ref;          /* the stream, copied under the lock */
   void *ev;                    /* the event recorded or queried */
   int done;                    /* 1: the work before the event has completed; 0: not (yet); <0: error */
-  tier_bag bag;                /* TRANSFER, FENCE_WAIT: the blocks moving to the taker */
+  tier_bag bag;                /* TRANSFER, FENCE_WAIT, SEAL: the blocks moving to the taker */
+  const tier_want *want;       /* transfers: which blocks the taker takes (NULL: all) */
 } tier_job;
 
 /* Did the work before ev complete? Query, or in WAIT mode wait (a failed wait
@@ -1940,6 +1955,7 @@ static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode) {
         continue;
       }
       s->fence = j->ev;
+      s->crossed_fence = NULL;
     }
     if (j->done == 1) {
       n_done += s->sealed.n;
@@ -1955,87 +1971,148 @@ static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode) {
   return n_done;
 }
 
+
+/* Does g hold a block w takes (any block when w is NULL)? */
+static bool tier_bag_fits(const tier_bag *g, const tier_want *w) {
+  if (!w || g->n == 0) return g->n != 0;
+  if (w->cls >= 0 && g->cls[w->cls]) return true;
+  uint64_t lo = w->cls >= 0 ? tier_class_bytes(w->cls) : w->need;
+  uint64_t hi = lo + (lo >> TIER_LARGE_SLACK_SHIFT);
+  for (const tier_block *b = g->large; b; b = b->next)
+    if (b->bytes >= lo && b->bytes <= hi) return true;
+  return false;
+}
+
+/* Move the blocks of src that w takes (all when w is NULL) into dst; how many. */
+static size_t tier_bag_move_fits(tier_bag *src, tier_bag *dst, const tier_want *w) {
+  size_t n = 0;
+  if (!w) {
+    n = src->n;
+    tier_bag_merge(dst, src);
+    return n;
+  }
+  for (tier_block *b; (b = tier_bag_take(src, w->cls, w->need)) != NULL; n++) tier_bag_push(dst, b);
+  return n;
+}
+
 /*
- * Hand every other stream's cached blocks to taker, ordered on the device
- * after the owner's work; the host never waits. A stream whose blocks are all
- * sealed under a fence (an event recorded on it after their frees, while it
- * did not capture: the idle tick, an allocation that did not fit, sgm_trim)
- * needs only the taker's side: stream_wait_event, the taker's capture check
- * and one wait on the fence (2 calls, whatever the streams' flags). Else the
- * backend's stream_transfer orders the two streams (1 to 4 calls,
- * docs/streams.md "Why two calls").
+ * Hand other streams' cached blocks that serve the taker's request (w) to
+ * taker, ordered on the device after the owner's work; the host never waits.
+ * An owner holding none of them is left alone (no driver call). Per owner s:
+ *  - FENCE_WAIT: fitting blocks sealed under s's fence (an event recorded on
+ *    s after their frees, while s did not capture: the idle tick, an
+ *    allocation that did not fit, sgm_trim, or an earlier transfer) need only
+ *    the taker's side: stream_wait_event, the taker's capture check and one
+ *    wait (2 calls, whatever the streams' flags). The fence stays while it
+ *    covers blocks s still holds.
+ *  - SEAL: else the backend orders the streams (stream_transfer_fence, 1 to 4
+ *    calls, docs/streams.md "Why two calls"); when that recorded an event
+ *    after s's work, the event becomes s's fence over every block s holds, so
+ *    the blocks the taker does not take now cross later in 2 calls, and s
+ *    keeps reusing them with none.
+ *  - TRANSFER: s's fence is being recorded or queried by another thread: the
+ *    fitting blocks cross with stream_transfer and the event is pooled again.
  */
-static size_t tier_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *taker) {
+static size_t tier_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *taker,
+                                    const tier_want *w) {
   size_t n_done = 0;
   sgm__lock_take(&p->lock);
   size_t n_jobs = 0;
   for (tier_stream *s = p->streams; s; s = s->next)
-    n_jobs += s->ref.key != taker->key && (s->open.n || s->sealed.n);
+    n_jobs += s->ref.key != taker->key && (tier_bag_fits(&s->open, w) || tier_bag_fits(&s->sealed, w));
   tier_job *jobs = tier_jobs_alloc_locked(p, n_jobs);
   if (!jobs) return 0;
   size_t k = 0;
-  for (tier_stream *s = p->streams; s; s = s->next) {
-    if (s->ref.key == taker->key || !(s->open.n || s->sealed.n)) continue;
-    jobs[k].s = s;
-    jobs[k].ref = s->ref;
-    if (!s->open.n && s->fence && !s->busy) {
-      /* Every block is covered by the fence: the taker waits on it. */
-      jobs[k].kind = TIER_JOB_FENCE_WAIT;
-      jobs[k].ev = s->fence;
+  for (tier_stream *s = p->streams; s && k < n_jobs; s = s->next) {
+    if (s->ref.key == taker->key) continue;
+    bool fit_open = tier_bag_fits(&s->open, w), fit_sealed = tier_bag_fits(&s->sealed, w);
+    if (!fit_open && !fit_sealed) continue;
+    tier_job *j = &jobs[k++];
+    j->s = s;
+    j->ref = s->ref;
+    j->want = w;
+    if (s->busy) {
+      j->kind = TIER_JOB_TRANSFER;
+      tier_bag_move_fits(&s->open, &j->bag, w);
+      tier_bag_move_fits(&s->sealed, &j->bag, w);
+    } else if (fit_sealed && s->fence) {
+      j->kind = TIER_JOB_FENCE_WAIT;
+      j->ev = s->fence;
       s->busy = true;
-      tier_bag_merge(&jobs[k].bag, &s->sealed);
-      k++;
-      continue;
+      /* A taker back under the fence it crossed under before is in a burst:
+       * it takes the rest, so that the burst costs the owner's side once and
+       * this taker's side twice, not once per size (docs/streams.md). */
+      if (s->crossed_fence == s->fence && s->crossed_to == taker->key) j->want = NULL;
+      tier_bag_move_fits(&s->sealed, &j->bag, j->want);
+    } else {
+      /* Everything freed on s so far: the record comes after all of it. */
+      j->kind = TIER_JOB_SEAL;
+      s->busy = true;
+      tier_bag_merge(&j->bag, &s->open);
     }
-    jobs[k].kind = TIER_JOB_TRANSFER;
-    /* A fence being queried by another thread keeps going: it then finds
-     * the sealed bag empty. */
-    tier_bag_merge(&jobs[k].bag, &s->open);
-    tier_bag_merge(&jobs[k].bag, &s->sealed);
-    k++;
   }
   sgm__lock_drop(&p->lock);
 
-  for (size_t i = 0; i < n_jobs; i++) {
+  const sgm_backend_ops *ops = p->p.bops;
+  for (size_t i = 0; i < k; i++) {
     tier_job *j = &jobs[i];
     if (j->kind == TIER_JOB_FENCE_WAIT) {
-      j->done = p->p.bops->stream_wait_event(p->p.be, taker, j->ev) == SGM_OK;
+      j->done = ops->stream_wait_event(p->p.be, taker, j->ev) == SGM_OK;
       if (!j->done)
         sgm__log(p->p.verbose, 2, "%s: cannot order a stream after another's fence (%s); their "
                  "cached blocks stay apart", sgm_tier_name(p->p.tier), sgm_last_error());
       continue;
     }
-    void *ev = tier_event_get(p);
-    j->done = ev && p->p.bops->stream_transfer(p->p.be, ev, &j->ref, taker) == SGM_OK;
+    j->ev = tier_event_get(p);
+    bool fenced = false;
+    if (j->ev && j->kind == TIER_JOB_SEAL && ops->stream_transfer_fence)
+      j->done = ops->stream_transfer_fence(p->p.be, j->ev, &j->ref, taker, &fenced) == SGM_OK;
+    else
+      j->done = j->ev && ops->stream_transfer(p->p.be, j->ev, &j->ref, taker) == SGM_OK;
     if (!j->done)
       sgm__log(p->p.verbose, 2, "%s: cannot order a stream after another (%s); their cached "
                "blocks stay apart", sgm_tier_name(p->p.tier), sgm_last_error());
-    /* The wait captured the recording: the event may be recorded again. */
-    if (ev) tier_event_put(p, ev);
+    /* Not kept as a fence: the wait captured the recording, the event may be
+     * recorded again. */
+    if (!fenced && j->ev) {
+      tier_event_put(p, j->ev);
+      j->ev = NULL;
+    }
   }
 
   sgm__lock_take(&p->lock);
   tier_stream *t = tier_stream_get_locked(p, taker);
-  for (size_t i = 0; i < n_jobs; i++) {
+  for (size_t i = 0; i < k; i++) {
     tier_job *j = &jobs[i];
-    if (j->kind == TIER_JOB_FENCE_WAIT) {
-      j->s->busy = false;
-      if (j->done && t) {
-        /* The wait captured the fence's recording: it covers nothing more
-         * and may be recorded again. */
-        j->s->fence = NULL;
-        tier_event_put_locked(p, j->ev);
-      } else {
-        /* Still covered by the fence (the taker captures, or ran out of host memory). */
-        tier_bag_merge(&j->s->sealed, &j->bag);
-        continue;
+    tier_stream *s = j->s;
+    bool moved = j->done && t;
+    if (j->kind == TIER_JOB_TRANSFER) {
+      tier_bag_merge(moved ? &t->open : &s->open, &j->bag);
+      n_done += moved ? j->bag.n : 0;
+    } else if (j->kind == TIER_JOB_FENCE_WAIT || j->ev) {
+      /* The fence (s's, or the one just recorded) covers what s holds sealed. */
+      s->busy = false;
+      if (j->kind == TIER_JOB_SEAL) {
+        if (s->fence) tier_event_put_locked(p, s->fence);
+        s->fence = j->ev;
+        s->crossed_fence = NULL;
       }
-    }
-    if (j->done && t) {
-      n_done += j->bag.n;
-      tier_bag_merge(&t->open, &j->bag);
+      tier_bag_merge(&s->sealed, &j->bag);
+      if (moved) {
+        n_done += tier_bag_move_fits(&s->sealed, &t->open, j->want);
+        s->crossed_fence = s->fence;
+        s->crossed_to = taker->key;
+      }
+      if (!s->sealed.n) {
+        tier_event_put_locked(p, s->fence);
+        s->fence = NULL;
+        s->crossed_fence = NULL;
+      }
     } else {
-      tier_bag_merge(&j->s->open, &j->bag);
+      /* Nothing recorded on s: what the taker does not take stays open. */
+      s->busy = false;
+      if (moved) n_done += tier_bag_move_fits(&j->bag, &t->open, j->want);
+      tier_bag_merge(&s->open, &j->bag);
     }
   }
   sgm__lock_drop(&p->lock);
@@ -2044,7 +2121,13 @@ static size_t tier_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *take
 }
 
 size_t sgm__tier_reclaim(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode) {
-  size_t n = tier_reclaim_ex(p, taker, mode);
+  return tier_reclaim_settle(p, taker, mode, NULL);
+}
+
+/* sgm__tier_reclaim whose transfer takes only the blocks w serves (NULL: all). */
+static size_t tier_reclaim_settle(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode,
+                                  const tier_want *w) {
+  size_t n = tier_reclaim_want(p, taker, mode, w);
   tier_vmm_settle(p, true);
   return n;
 }
@@ -2052,10 +2135,16 @@ size_t sgm__tier_reclaim(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_recl
 /* sgm__tier_reclaim without unmapping the granules it frees (the carve that
  * calls it is about to place a block there). */
 static size_t tier_reclaim_ex(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode) {
+  return tier_reclaim_want(p, taker, mode, NULL);
+}
+
+/* tier_reclaim_ex whose transfer takes only the blocks w serves (NULL: all). */
+static size_t tier_reclaim_want(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode,
+                                const tier_want *w) {
   if (mode == SGM_RECLAIM_TRANSFER) {
     /* A synchronous backend gave every cached block back in the drain. */
     size_t n = tier_reclaim_some(p, true, mode);
-    return p->p.bops->synchronous || !taker ? n : tier_reclaim_transfer(p, taker);
+    return p->p.bops->synchronous || !taker ? n : tier_reclaim_transfer(p, taker, w);
   }
   return tier_reclaim_some(p, true, mode);
 }

@@ -65,6 +65,28 @@ void sgm_fake_ctx_pop(void *lib) {
   assert_int_equal(release(fake_device0(lib)), 0);
 }
 
+typedef int (*sgm_fake_stream_create_fn)(void **s, unsigned flags);
+typedef int (*sgm_fake_stream_destroy_fn)(void *s);
+
+void *sgm_fake_non_blocking_stream(void *lib) {
+  sgm_fake_stream_create_fn create = (sgm_fake_stream_create_fn)sgm_fake_need(lib, "cuStreamCreate");
+  assert_non_null(create);
+  void *s = NULL;
+  sgm_fake_ctx_push(lib);
+  assert_int_equal(create(&s, 1 /* CU_STREAM_NON_BLOCKING */), 0);
+  sgm_fake_ctx_pop(lib);
+  return s;
+}
+
+void sgm_fake_stream_destroy(void *lib, void *stream) {
+  sgm_fake_stream_destroy_fn destroy =
+      (sgm_fake_stream_destroy_fn)sgm_fake_need(lib, "cuStreamDestroy_v2");
+  assert_non_null(destroy);
+  sgm_fake_ctx_push(lib);
+  assert_int_equal(destroy(stream), 0);
+  sgm_fake_ctx_pop(lib);
+}
+
 int sgm_fake_run_suite(const char *suite, const char *needed, const struct CMUnitTest *tests,
                        size_t n, CMFixtureFunction setup, CMFixtureFunction teardown) {
   void *probe = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);

@@ -35,6 +35,12 @@ void *sgm_fake_need(void *lib, const char *name);
 void sgm_fake_ctx_push(void *lib);
 void sgm_fake_ctx_pop(void *lib);
 
+/* A CU_STREAM_NON_BLOCKING stream of device 0's primary context (the legacy
+ * stream does not order it: PyTorch's side streams), made and destroyed
+ * through the double's cuStreamCreate/cuStreamDestroy. Both assert success. */
+void *sgm_fake_non_blocking_stream(void *lib);
+void sgm_fake_stream_destroy(void *lib, void *stream);
+
 /* The suite's main(): 77 (skipped, with a line naming the suite) when
  * libcuda.so.1 cannot be loaded or has no `needed` (a control function only
  * the double has), else the cmocka group `suite` with setup and teardown. */

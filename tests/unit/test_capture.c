@@ -221,6 +221,50 @@ static void test_fenced_transfer_to_capturing_stream(void **state) {
   destroy_ctx(ctx);
 }
 
+/* Invariants (seal on transfer, non-blocking streams, docs/streams.md "Why
+ * two calls"): while the owner a captures, a transfer records nothing on it
+ * and nothing waits; while the taker b captures, a's fence may be recorded
+ * (a does not capture: the record is outside any capture) but b waits on
+ * nothing; both captures stay valid. Once they ended, the block crosses
+ * under that fence with b's two calls, nothing recorded. */
+static void test_seal_on_transfer_during_capture(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("4MiB", false);
+  void *a = sgm_fake_non_blocking_stream(fake_lib), *b = sgm_fake_non_blocking_stream(fake_lib);
+  void *x = sgm_alloc(ctx, 2 * MiB, a), *y = sgm_alloc(ctx, MiB, a);
+  assert_true(x && y);
+  fc.fake_cuda_hold_events(1); /* fences stay pending: nothing returns to the pool */
+  sgm_free(ctx, x, a);
+  sgm_free(ctx, y, a);
+  uint64_t records = fc.fake_cuda_calls("cuEventRecord");
+  uint64_t waits = fc.fake_cuda_calls("cuStreamWaitEvent");
+
+  assert_int_equal(drv.begin((CUstream)a, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  assert_null(sgm_alloc(ctx, 2 * MiB, b)); /* not while the owner captures */
+  assert_int_equal(fc.fake_cuda_calls("cuEventRecord") - records, 0);
+  assert_int_equal(fc.fake_cuda_calls("cuStreamWaitEvent") - waits, 0);
+  end_capture_valid(a);
+
+  assert_int_equal(drv.begin((CUstream)b, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  assert_null(sgm_alloc(ctx, 2 * MiB, b)); /* not while the taker captures */
+  assert_int_equal(fc.fake_cuda_calls("cuStreamWaitEvent") - waits, 0);
+  end_capture_valid(b);
+  records = fc.fake_cuda_calls("cuEventRecord");
+
+  uint64_t calls = fc.fake_cuda_calls(NULL);
+  void *p = sgm_alloc(ctx, 2 * MiB, b);
+  assert_ptr_equal(p, x);
+  assert_int_equal(fc.fake_cuda_calls(NULL) - calls, 2);
+  assert_int_equal(fc.fake_cuda_calls("cuEventRecord") - records, 0);
+  assert_int_equal(fc.fake_cuda_calls("cuStreamWaitEvent") - waits, 1);
+  sgm_free(ctx, p, b);
+  fc.fake_cuda_hold_events(0);
+  fc.fake_cuda_complete_events();
+  destroy_ctx(ctx);
+  sgm_fake_stream_destroy(fake_lib, a);
+  sgm_fake_stream_destroy(fake_lib, b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_alloc_growing_during_capture),
@@ -228,6 +272,7 @@ int main(void) {
       cmocka_unit_test(test_buffer_release_during_capture),
       cmocka_unit_test(test_legacy_cache_during_other_capture),
       cmocka_unit_test(test_fenced_transfer_to_capturing_stream),
+      cmocka_unit_test(test_seal_on_transfer_during_capture),
   };
   return sgm_fake_run_suite("capture", "fake_cuda_hold_events", tests, sizeof tests / sizeof tests[0],
                             load_fake, unload_fake);

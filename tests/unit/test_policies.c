@@ -34,11 +34,16 @@ const char *sgm__placement_policy_name(sgm_context *ctx, sgm_tier t);
 /* ------------------------------------------------------------------------ */
 /* A fake clock: time moves only when a test says so. */
 
+/* Atomic: the context's prefetch and idle threads read the clock too. */
 static uint64_t fake_now_ns;
 static uint64_t fake_clock(void *user) {
   (void)user;
-  return __atomic_load_n(&fake_now_ns, __ATOMIC_RELAXED); /* prefetch workers read it too */
+  return __atomic_load_n(&fake_now_ns, __ATOMIC_RELAXED);
 }
+
+static void fake_clock_set(uint64_t ns) { __atomic_store_n(&fake_now_ns, ns, __ATOMIC_RELAXED); }
+
+static void fake_clock_advance(uint64_t ns) { __atomic_add_fetch(&fake_now_ns, ns, __ATOMIC_RELAXED); }
 
 /* ------------------------------------------------------------------------ */
 /* A user policy, registered the way a program would: FIFO, no check member. */
@@ -360,11 +365,10 @@ static void test_storm_every_policy(void **state) {
     enum { N = 96 };
     h_init(&h, ops, N, 64 * 64 * KiB);
     for (size_t i = 0; i < N; i++) h.items[i].it.size_bytes = sgm_test_rng_log_range(&r, 256, 256 * KiB);
-    __atomic_store_n(&fake_now_ns, 0, __ATOMIC_RELAXED);
+    fake_clock_set(0);
     for (int step = 0; step < 6000; step++) {
       size_t i = (size_t)sgm_test_rng_range(&r, 0, N - 1);
-      /* up to 50 ms a step: LFU ages */
-      __atomic_fetch_add(&fake_now_ns, sgm_test_rng_range(&r, 0, 50000000), __ATOMIC_RELAXED);
+      fake_clock_advance(sgm_test_rng_range(&r, 0, 50000000)); /* up to 50 ms a step: LFU ages */
       /* Acquires are recorded whatever the item's state; some are of ids the
        * instance never holds (buffers of other tiers or levels). */
       if (ops->record && sgm_test_rng_range(&r, 0, 1) == 0)
@@ -540,7 +544,7 @@ static void test_lfu_hot_survives_scan_and_ages(void **state) {
     harness h;
     enum { N = 20000 };
     h_init(&h, policy("lfu"), N, cap);
-    __atomic_store_n(&fake_now_ns, 0, __ATOMIC_RELAXED);
+    fake_clock_set(0);
     for (int j = 0; j < 20; j++) h_touch(&h, 0, cap); /* item 0: hot */
     for (size_t i = 1; i <= 100; i++) h_touch(&h, i, cap); /* scan: 12x the cache */
     assert_true(h_resident(&h, 0));
@@ -548,7 +552,7 @@ static void test_lfu_hot_survives_scan_and_ages(void **state) {
     /* The hot buffer is never touched again: it must leave in the end. */
     size_t i = 101;
     for (; i < N && h_resident(&h, 0); i++) {
-      if (by_time) __atomic_fetch_add(&fake_now_ns, UINT64_C(2000000000), __ATOMIC_RELAXED);
+      if (by_time) fake_clock_advance(UINT64_C(2000000000));
       h_touch(&h, i, cap);
     }
     print_message("# lfu: a hot buffer left after %zu cold ones (%s)\n", i - 101,
@@ -691,7 +695,7 @@ static void test_api_acquired_never_victims(void **state) {
     }
     for (int step = 0; step < 600; step++) {
       int i = (int)sgm_test_rng_range(&r, 0, N - 1);
-      __atomic_fetch_add(&fake_now_ns, 10000000, __ATOMIC_RELAXED);
+      fake_clock_advance(10000000);
       if (held[i]) {
         assert_int_equal(sgm_buffer_tier(b[i]), SGM_TIER_VRAM);
         assert_int_equal(sgm_buffer_release(b[i], NULL), SGM_OK);
@@ -876,7 +880,7 @@ static void test_api_storm_every_policy(void **state) {
     bool held[N] = {false};
     for (int step = 0; step < 1500; step++) {
       int i = (int)sgm_test_rng_range(&r, 0, N - 1);
-      __atomic_fetch_add(&fake_now_ns, 5000000, __ATOMIC_RELAXED);
+      fake_clock_advance(5000000);
       if (!b[i]) {
         size_t sz = (size_t)sgm_test_rng_log_range(&r, 4 * KiB, 1 * MiB);
         assert_int_equal(sgm_buffer_create(ctx, sz, &b[i]), SGM_OK);

@@ -102,18 +102,11 @@ static bool record_on(void *stream, bool query) {
 static bool stream_done(void *stream) { return record_on(stream, true); }
 static void put_work(void *stream) { (void)record_on(stream, false); }
 
-/* A CU_STREAM_NON_BLOCKING stream of device 0's primary context: the legacy
- * stream does not order it. */
-typedef int (*stream_create_fn)(void **s, unsigned flags);
-typedef int (*stream_destroy_fn)(void *s);
+/* A CU_STREAM_NON_BLOCKING stream (the legacy stream does not order it), or
+ * with destroy, s destroyed. */
 static void *non_blocking_stream(bool destroy, void *s) {
-  stream_create_fn create = (stream_create_fn)dlsym(fake_lib, "cuStreamCreate");
-  stream_destroy_fn destroy_ = (stream_destroy_fn)dlsym(fake_lib, "cuStreamDestroy_v2");
-  assert_true(create && destroy_);
-  sgm_fake_ctx_push(fake_lib);
-  if (destroy) assert_int_equal(destroy_(s), CUDA_SUCCESS_);
-  else assert_int_equal(create(&s, 1 /* CU_STREAM_NON_BLOCKING */), CUDA_SUCCESS_);
-  sgm_fake_ctx_pop(fake_lib);
+  if (!destroy) return sgm_fake_non_blocking_stream(fake_lib);
+  sgm_fake_stream_destroy(fake_lib, s);
   return s;
 }
 
@@ -351,6 +344,195 @@ static void test_fenced_transfer_two_calls_ordered(void **state) {
   non_blocking_stream(true, taker);
 }
 
+/* Driver calls since `before`, less the one-time ones (cuStreamGetFlags: a
+ * stream's flags learned once; cuEventCreate: the event pool growing). */
+typedef struct call_mark {
+  uint64_t all, flags, creates, records, waits;
+} call_mark;
+
+static call_mark mark_calls(void) {
+  return (call_mark){driver_calls(), fc.fake_cuda_calls("cuStreamGetFlags"),
+                     fc.fake_cuda_calls("cuEventCreate"), fc.fake_cuda_calls("cuEventRecord"),
+                     fc.fake_cuda_calls("cuStreamWaitEvent")};
+}
+
+static void assert_calls_since(call_mark m, uint64_t calls, uint64_t records, uint64_t waits) {
+  call_mark now = mark_calls();
+  assert_int_equal(now.all - m.all - (now.flags - m.flags) - (now.creates - m.creates), calls);
+  assert_int_equal(now.records - m.records, records);
+  assert_int_equal(now.waits - m.waits, waits);
+}
+
+/* Invariants (seal on transfer, non-blocking streams): a transfer that must
+ * record on the owner (4 calls) makes that record the owner's fence over
+ * every block the owner holds, and moves only the blocks that serve the
+ * taker's request; the owner's other blocks then cross in 2 calls (the
+ * taker's check and one wait, nothing recorded), and the owner reuses them
+ * with none. A block the owner frees after that fence never crosses under
+ * it: its transfer records again, after the owner's later work. Each time
+ * the taker's later work waits for the owner's work queued before the free. */
+static void test_seal_on_transfer_non_blocking(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx();
+  void *a = non_blocking_stream(false, NULL), *b = non_blocking_stream(false, NULL);
+  void *c = non_blocking_stream(false, NULL);
+  /* 2 MiB (large: only a 2 MiB request takes it), 1 MiB and 768 KiB (size
+   * classes): 3.75 of the 4 MiB budget, so that each request of b below
+   * fits only in a's cache. */
+  void *x = sgm_alloc(ctx, 2 * MiB, a), *y = sgm_alloc(ctx, MiB, a), *z = sgm_alloc(ctx, 768 << 10, a);
+  assert_true(x && y && z);
+  fc.fake_cuda_hold_stream(a, 1);
+  put_work(a);
+  sgm_free(ctx, x, a);
+  sgm_free(ctx, y, a);
+  sgm_free(ctx, z, a);
+
+  call_mark m = mark_calls();
+  void *p = sgm_alloc(ctx, 2 * MiB, b);
+  assert_ptr_equal(p, x);
+  assert_calls_since(m, 4, 1, 1); /* a's check and record, b's check and wait */
+  assert_false(stream_done(b));
+  /* y was sealed under that record: another taker c needs its own side only. */
+  m = mark_calls();
+  void *q = sgm_alloc(ctx, MiB, c);
+  assert_ptr_equal(q, y);
+  assert_calls_since(m, 2, 0, 1);
+  assert_false(stream_done(c));
+  fc.fake_cuda_complete_stream(a); /* a's work and its fence complete; a stays held */
+  assert_true(stream_done(b));
+  assert_true(stream_done(c));
+
+  /* a reuses z, sealed under the (now complete) fence, with no call; its
+   * later work is held; freed again, z is not covered by that fence. */
+  m = mark_calls();
+  void *r = sgm_alloc(ctx, 768 << 10, a);
+  assert_ptr_equal(r, z);
+  assert_calls_since(m, 0, 0, 0);
+  put_work(a);
+  sgm_free(ctx, r, a);
+  m = mark_calls();
+  void *w = sgm_alloc(ctx, 768 << 10, b);
+  assert_ptr_equal(w, z);
+  assert_calls_since(m, 4, 1, 1); /* recorded again, after a's later work */
+  assert_false(stream_done(b));
+  fc.fake_cuda_complete_stream(a);
+  fc.fake_cuda_hold_stream(a, 0);
+  assert_true(stream_done(b));
+
+  sgm_free(ctx, p, b);
+  sgm_free(ctx, q, c);
+  sgm_free(ctx, w, b);
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  finish_ctx(ctx);
+  non_blocking_stream(true, a);
+  non_blocking_stream(true, b);
+  non_blocking_stream(true, c);
+}
+
+/* Invariant: between two blocking streams the transfer's record on the
+ * legacy stream (which the driver puts after the owner's work) becomes the
+ * owner's fence too: a non-blocking stream then takes the owner's other
+ * blocks in 2 calls, and its later work waits for the owner's. */
+static void test_seal_on_transfer_blocking_fence(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx();
+  void *a = fc.fake_cuda_stream_create(), *b = fc.fake_cuda_stream_create();
+  void *c = non_blocking_stream(false, NULL);
+  /* z stays live: the 4 MiB budget is full but for 256 KiB. */
+  void *x = sgm_alloc(ctx, 2 * MiB, a), *y = sgm_alloc(ctx, MiB, a), *z = sgm_alloc(ctx, 768 << 10, a);
+  assert_true(x && y && z);
+  fc.fake_cuda_hold_stream(a, 1);
+  put_work(a);
+  sgm_free(ctx, x, a);
+  sgm_free(ctx, y, a);
+  call_mark m = mark_calls();
+  void *p = sgm_alloc(ctx, 2 * MiB, b);
+  assert_ptr_equal(p, x);
+  assert_calls_since(m, 2, 1, 0); /* the legacy probe and the record there */
+  m = mark_calls();
+  void *q = sgm_alloc(ctx, MiB, c);
+  assert_ptr_equal(q, y);
+  assert_calls_since(m, 2, 0, 1); /* c's check and its wait on that record */
+  assert_false(stream_done(c));
+  fc.fake_cuda_complete_stream(a);
+  fc.fake_cuda_hold_stream(a, 0);
+  assert_true(stream_done(c));
+  sgm_free(ctx, p, b);
+  sgm_free(ctx, q, c);
+  sgm_free(ctx, z, a);
+  finish_ctx(ctx);
+  fc.fake_cuda_stream_destroy(a);
+  fc.fake_cuda_stream_destroy(b);
+  non_blocking_stream(true, c);
+}
+
+/* Invariant (a burst): a taker that comes back to an owner under the fence
+ * its previous transfer crossed under takes all the blocks it covers (2
+ * calls), so a burst of sizes costs the owner's side once and the taker's
+ * side twice, not once per size; ordered after the owner's work. */
+static void test_seal_on_transfer_burst(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx();
+  void *a = non_blocking_stream(false, NULL), *b = non_blocking_stream(false, NULL);
+  void *x = sgm_alloc(ctx, 2 * MiB, a), *y = sgm_alloc(ctx, MiB, a), *z = sgm_alloc(ctx, 768 << 10, a);
+  assert_true(x && y && z);
+  fc.fake_cuda_hold_stream(a, 1);
+  put_work(a);
+  sgm_free(ctx, x, a);
+  sgm_free(ctx, y, a);
+  sgm_free(ctx, z, a);
+  call_mark m = mark_calls();
+  void *p = sgm_alloc(ctx, 2 * MiB, b);
+  assert_ptr_equal(p, x);
+  assert_calls_since(m, 4, 1, 1);
+  m = mark_calls();
+  void *q = sgm_alloc(ctx, MiB, b);
+  assert_ptr_equal(q, y);
+  assert_calls_since(m, 2, 0, 1);
+  m = mark_calls();
+  void *r = sgm_alloc(ctx, 768 << 10, b); /* z came with y: b's own cache */
+  assert_ptr_equal(r, z);
+  assert_calls_since(m, 0, 0, 0);
+  assert_false(stream_done(b));
+  fc.fake_cuda_complete_stream(a);
+  fc.fake_cuda_hold_stream(a, 0);
+  assert_true(stream_done(b));
+  sgm_free(ctx, p, b);
+  sgm_free(ctx, q, b);
+  sgm_free(ctx, r, b);
+  finish_ctx(ctx);
+  non_blocking_stream(true, a);
+  non_blocking_stream(true, b);
+}
+
+/* Invariant: a transfer asks nothing of an owner whose cached blocks cannot
+ * serve the request (no driver call for it), and leaves those blocks with
+ * their stream. */
+static void test_transfer_skips_owner_without_fit(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx();
+  void *a = non_blocking_stream(false, NULL), *b = non_blocking_stream(false, NULL);
+  void *x = sgm_alloc(ctx, 3 * MiB, a);
+  assert_non_null(x);
+  fc.fake_cuda_hold_stream(a, 1); /* a's work (and any fence on a) stays pending */
+  put_work(a);
+  sgm_free(ctx, x, a);
+  uint64_t waits = fc.fake_cuda_calls("cuStreamWaitEvent");
+  /* x (3 MiB) cannot serve 2 MiB and only 1 MiB is free: nothing crosses (a
+   * fence may be recorded on a, to see whether x is done: it is not). */
+  assert_null(sgm_alloc(ctx, 2 * MiB, b));
+  assert_int_equal(fc.fake_cuda_calls("cuStreamWaitEvent") - waits, 0);
+  call_mark m = mark_calls();
+  assert_ptr_equal(sgm_alloc(ctx, 3 * MiB, a), x); /* still a's, at once */
+  assert_calls_since(m, 0, 0, 0);
+  sgm_free(ctx, x, a);
+  fc.fake_cuda_complete_stream(a);
+  fc.fake_cuda_hold_stream(a, 0);
+  finish_ctx(ctx);
+  non_blocking_stream(true, a);
+  non_blocking_stream(true, b);
+}
+
 /* Invariant: between two blocking streams the block moves with the legacy
  * stream's ordering (one record there), and the taker's later work still
  * waits for the owner's work queued before the free. */
@@ -490,6 +672,89 @@ static void test_concurrent_reclaim(void **state) {
   assert_int_equal(fs.bad_handles, 0);
   finish_ctx(ctx);
   for (int i = 0; i < N_STREAMS; i++) fc.fake_cuda_stream_destroy(s[i]);
+}
+
+/* The blocks two threads hold at once, to see that no byte is handed to both. */
+enum { XFER_MAX_LIVE = 8 };
+static pthread_mutex_t xfer_live_lock = PTHREAD_MUTEX_INITIALIZER;
+static uintptr_t xfer_live[XFER_MAX_LIVE][2]; /* [start, end), 0 = free slot */
+static int xfer_overlaps;                      /* under xfer_live_lock */
+
+static void xfer_hold(void *p, size_t n, bool hold) {
+  uintptr_t a = (uintptr_t)p, e = a + n;
+  pthread_mutex_lock(&xfer_live_lock);
+  int slot = -1;
+  for (int i = 0; i < XFER_MAX_LIVE; i++) {
+    if (!hold && xfer_live[i][0] == a) xfer_live[i][0] = xfer_live[i][1] = 0;
+    if (hold && xfer_live[i][0] && a < xfer_live[i][1] && xfer_live[i][0] < e) xfer_overlaps++;
+    if (hold && !xfer_live[i][0] && slot < 0) slot = i;
+  }
+  if (hold && slot >= 0) {
+    xfer_live[slot][0] = a;
+    xfer_live[slot][1] = e;
+  }
+  pthread_mutex_unlock(&xfer_live_lock);
+}
+
+typedef struct xfer_arg {
+  sgm_context *ctx;
+  void *stream;              /* this thread's non-blocking stream */
+  int me;                    /* 0 or 1: whose turn is *turn */
+  int *turn;                 /* which thread allocates next (atomic) */
+  int got;                   /* allocations served */
+} xfer_arg;
+
+/* Threads take turns to allocate the one block the budget holds, and hand
+ * the turn on before they free it: the other thread's transfer runs while
+ * this one frees (the block is then still live, or cached and taken). */
+static void *xfer_rounds(void *arg) {
+  xfer_arg *x = arg;
+  static const size_t sizes[] = {3 * MiB, 3 * MiB, 3 * MiB, 768 << 10};
+  for (int i = 0; i < 200; i++) {
+    while (__atomic_load_n(x->turn, __ATOMIC_ACQUIRE) != x->me) sched_yield();
+    size_t n = sizes[i % 4];
+    void *p = sgm_alloc(x->ctx, n, x->stream); /* NULL: the other thread still holds it */
+    if (p) {
+      x->got++;
+      xfer_hold(p, n, true);
+    }
+    __atomic_store_n(x->turn, !x->me, __ATOMIC_RELEASE);
+    if (p) {
+      xfer_hold(p, n, false);
+      sgm_free(x->ctx, p, x->stream);
+    }
+  }
+  return NULL;
+}
+
+/* Invariant: two threads allocating on their own non-blocking streams under a
+ * budget one block fills, one thread's transfer racing the other's free, never
+ * hand a byte to both at once, never use an event twice, and leave the pool
+ * consistent with nothing leaked. */
+static void test_concurrent_transfers(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx();
+  int turn = 0;
+  xfer_arg x[2] = {{ctx, non_blocking_stream(false, NULL), 0, &turn, 0},
+                   {ctx, non_blocking_stream(false, NULL), 1, &turn, 0}};
+  uint64_t waits = fc.fake_cuda_calls("cuStreamWaitEvent");
+  fc.fake_cuda_hold_events(1); /* nothing completes: memory crosses only by transfer */
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, xfer_rounds, &x[1]), 0);
+  xfer_rounds(&x[0]);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  print_message("# %d + %d allocations served, %llu device-side waits\n", x[0].got, x[1].got,
+                (unsigned long long)(fc.fake_cuda_calls("cuStreamWaitEvent") - waits));
+  assert_int_equal(xfer_overlaps, 0);
+  assert_true(x[0].got + x[1].got > 0);
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  fake_cuda_stats fs;
+  fc.fake_cuda_get_stats(&fs);
+  assert_int_equal(fs.bad_event_destroys, 0);
+  assert_int_equal(fs.bad_handles, 0);
+  finish_ctx(ctx);
+  non_blocking_stream(true, x[0].stream);
+  non_blocking_stream(true, x[1].stream);
 }
 
 /* Invariant: after sgm_record_stream(p, B), freeing p on A does not let A
@@ -663,9 +928,14 @@ int main(void) {
       cmocka_unit_test(test_stats_count_driver_calls),
       cmocka_unit_test(test_fenced_transfer_two_calls_ordered),
       cmocka_unit_test(test_non_blocking_transfer_ordered),
+      cmocka_unit_test(test_seal_on_transfer_non_blocking),
+      cmocka_unit_test(test_transfer_skips_owner_without_fit),
+      cmocka_unit_test(test_seal_on_transfer_burst),
+      cmocka_unit_test(test_seal_on_transfer_blocking_fence),
       cmocka_unit_test(test_blocking_transfer_ordered),
       cmocka_unit_test(test_per_thread_streams_do_not_alias),
       cmocka_unit_test(test_concurrent_reclaim),
+      cmocka_unit_test(test_concurrent_transfers),
       cmocka_unit_test(test_record_stream_delays_reuse),
       cmocka_unit_test(test_record_stream_races_free),
       cmocka_unit_test(test_reclaim_before_demotion),

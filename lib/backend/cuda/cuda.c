@@ -1323,15 +1323,20 @@ static int cuda_stream_event_call(sgm_backend *be, void *event, const sgm_stream
   }
 }
 
-static int cuda_event_record_on(sgm_backend *be, void *event, const sgm_stream_ref *stream) {
-  int rc = cuda_stream_event_call(be, event, stream, false);
-  if (rc != SGM_OK) return rc;
-  /* event_query and event_wait look up the stream it was recorded on. */
+/* A pooled event was recorded on s: event_query and event_wait look up the
+ * stream it was recorded on. */
+static void cuda_event_recorded_on(sgm_backend *be, void *event, CUstream s) {
   uint64_t key = (uint64_t)(uintptr_t)event;
   sgm__lock_take(&be->lock);
   for (cuda_obj *o = be->buckets[cuda_obj_hash(key, be->n_buckets)]; o; o = o->next)
-    if (o->key == key && o->kind == CUDA_OBJ_EVENT) o->bytes = (uint64_t)(uintptr_t)cuda_stream_handle(stream);
+    if (o->key == key && o->kind == CUDA_OBJ_EVENT) o->bytes = (uint64_t)(uintptr_t)s;
   sgm__lock_drop(&be->lock);
+}
+
+static int cuda_event_record_on(sgm_backend *be, void *event, const sgm_stream_ref *stream) {
+  int rc = cuda_stream_event_call(be, event, stream, false);
+  if (rc != SGM_OK) return rc;
+  cuda_event_recorded_on(be, event, cuda_stream_handle(stream));
   return SGM_OK;
 }
 
@@ -1356,9 +1361,13 @@ static int cuda_stream_wait_event(sgm_backend *be, const sgm_stream_ref *stream,
  *   - else one event recorded on the legacy stream sits after the owner's
  *     work and before the taker's (2 calls). It also orders the other
  *     blocking streams once: a device-side point, never a host wait.
- * A non-blocking stream is ordered only by an event: each stream is asked
- * (the legacy stream by the probe above), then cuEventRecord on the owner
- * and cuStreamWaitEvent on the taker (4 calls).
+ * A non-blocking stream is ordered only by an event: the owner is asked
+ * (the legacy stream by the probe above) and cuEventRecord on it, then the
+ * taker is asked and cuStreamWaitEvent on it (4 calls). In that order the
+ * record is done, outside any capture, before the taker's side can refuse:
+ * stream_transfer_fence hands it to the caller as the owner's fence (as it
+ * does the legacy record of the 2-call case), so later transfers of the
+ * owner's blocks it covers take the taker's two calls only.
  */
 
 /* Is created stream s blocking? Learned once per handle (cuStreamGetFlags)
@@ -1389,10 +1398,12 @@ static int cuda_stream_blocking(sgm_backend *be, CUstream s, const char *op, boo
 static bool cuda_is_legacy(CUstream s) { return s == NULL || s == CU_STREAM_LEGACY; }
 
 /* One attempt of a transfer under the entered context; *r_out: the last
- * driver result, for the caller's retry after a context error. */
+ * driver result, for the caller's retry after a context error; *fenced: ev
+ * was recorded after all of o's work queued so far (stream_transfer_fence). */
 static int cuda_transfer_once(sgm_backend *be, CUevent ev, CUstream o, CUstream t, const char *op,
-                              CUresult *r_out) {
+                              CUresult *r_out, bool *fenced) {
   *r_out = CUDA_SUCCESS;
+  *fenced = false;
   bool ob = true, tb = true;
   int rc = SGM_OK;
   if (!cuda_is_legacy(o) && o != CU_STREAM_PER_THREAD) rc = cuda_stream_blocking(be, o, op, &ob);
@@ -1404,20 +1415,26 @@ static int cuda_transfer_once(sgm_backend *be, CUevent ev, CUstream o, CUstream 
     if ((rc = cuda_refuse_capturing(be, CU_STREAM_LEGACY, op)) != SGM_OK) return rc;
     if (cuda_is_legacy(o) || cuda_is_legacy(t)) return SGM_OK;
     r = *r_out = CU(cuEventRecord)(ev, CU_STREAM_LEGACY);
-    return r == CUDA_SUCCESS ? SGM_OK : cuda_fail(r, op, "cuEventRecord", CUDA_BLAME_CALLER);
+    if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuEventRecord", CUDA_BLAME_CALLER);
+    cuda_event_recorded_on(be, ev, CU_STREAM_LEGACY);
+    *fenced = true;
+    return SGM_OK;
   }
   if ((rc = cuda_refuse_capturing(be, o, op)) != SGM_OK) return rc;
-  if (t != o && (rc = cuda_refuse_capturing(be, t, op)) != SGM_OK) return rc;
   r = *r_out = CU(cuEventRecord)(ev, o);
   if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuEventRecord", CUDA_BLAME_CALLER);
+  cuda_event_recorded_on(be, ev, o);
+  *fenced = true;
+  if (t != o && (rc = cuda_refuse_capturing(be, t, op)) != SGM_OK) return rc;
   r = *r_out = CU(cuStreamWaitEvent)(t, ev, 0);
   return r == CUDA_SUCCESS ? SGM_OK : cuda_fail(r, op, "cuStreamWaitEvent", CUDA_BLAME_CALLER);
 }
 
-static int cuda_stream_transfer(sgm_backend *be, void *event, const sgm_stream_ref *owner,
-                                const sgm_stream_ref *taker) {
+static int cuda_stream_transfer_fence(sgm_backend *be, void *event, const sgm_stream_ref *owner,
+                                      const sgm_stream_ref *taker, bool *fenced) {
   sgm__lock_assert_none_held();
   cuda_count_call(be);
+  *fenced = false;
   const char *op = "ordering a stream after another";
   if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s: NULL event", op);
   CUstream o = cuda_stream_handle(owner), t = cuda_stream_handle(taker);
@@ -1426,10 +1443,19 @@ static int cuda_stream_transfer(sgm_backend *be, void *event, const sgm_stream_r
     int rc = cuda_enter(be, op, &pushed);
     if (rc != SGM_OK) return rc;
     CUresult r;
-    rc = cuda_transfer_once(be, (CUevent)event, o, t, op, &r);
+    bool rec = false;
+    rc = cuda_transfer_once(be, (CUevent)event, o, t, op, &r, &rec);
     cuda_leave(be, pushed, op);
+    /* A record of an earlier attempt still stands after o's work. */
+    *fenced = *fenced || rec;
     if (rc == SGM_OK || attempt > 0 || !cuda_context_error(r)) return rc;
   }
+}
+
+static int cuda_stream_transfer(sgm_backend *be, void *event, const sgm_stream_ref *owner,
+                                const sgm_stream_ref *taker) {
+  bool fenced;
+  return cuda_stream_transfer_fence(be, event, owner, taker, &fenced);
 }
 
 /* ---- managed memory (see "Managed memory" in backend.h) ---- */
@@ -1890,6 +1916,7 @@ const sgm_backend_ops sgm__backend_cuda_ops = {
     .vmm_free = cuda_vmm_free,
     .device_uuid = cuda_device_uuid,
     .device_pci_bus_id = cuda_device_pci_bus_id,
+    .stream_transfer_fence = cuda_stream_transfer_fence,
 };
 
 #else /* !CUDA_BACKEND_BUILT */
