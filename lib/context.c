@@ -572,7 +572,8 @@ SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream) {
   sgm_stream_ref ref;
   ctx->bops->stream_ref(ctx->be, stream, &ref);
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
-    if (!ctx->tiers[t]) continue;
+    /* A fallback block's free skips the VRAM lookup by address alone. */
+    if (!ctx->tiers[t] || !sgm__tier_may_own(ctx->tiers[t], d)) continue;
     int rc = sgm__tier_free_on(ctx->tiers[t], d, &ref);
     if (sgm_likely(rc == SGM_OK)) return SGM_OK;
     if (rc != SGM_ERR_INVALID) {

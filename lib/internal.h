@@ -171,6 +171,8 @@ struct timespec sgm__clock_deadline(uint64_t ms);
 
 /* Physical RAM of the machine (hwloc), in bytes; 0 if unknown. */
 uint64_t sgm__host_machine_ram(void);
+/* Tests: hwloc topologies loaded by sgm__host_machine_ram (probed once per process). */
+unsigned sgm__host_n_topology_loads(void);
 /* The cgroup v2 or v1 memory limit of this process, read under root ("" = "/");
  * *out = 0 when there is no limit. */
 int sgm__host_cgroup_limit(const char *root, uint64_t *out);

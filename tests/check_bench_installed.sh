@@ -30,4 +30,9 @@ if grep -rqs -e "-I$src/lib" -e "-I$src/include" -e "-isystem $src/include" "$wo
 fi
 n=$(find "$work/build" -maxdepth 1 -type f -name 'bench_*' -perm -u+x | wc -l)
 [ "$n" -ge 7 ] || { echo "only $n benchmarks built"; exit 1; }
+# The node registry's benchmark and sgm-bench's node.* figures too: they read
+# the registry through the public reader (include/sgm/node.h).
+[ -x "$work/build/bench_node" ] || { echo "bench_node was not built against the installed sgm"; exit 1; }
+grep -q "node.smi_json.64" "$work/build/sgm-bench/sgm-bench" ||
+  { echo "sgm-bench was built without its node.* figures"; exit 1; }
 echo "install_bench_build: $n benchmarks and sgm-replay built against $work/prefix"

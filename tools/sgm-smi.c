@@ -10,15 +10,16 @@
  *   sgm-smi --record FILE [-i MS] [--count N]
  *                               CSV samples appended to FILE (docs/record-format.md)
  *
- * Everything read from a segment is untrusted: it goes through
- * sgm__node_parse (bounds-checked) and only live owners (their liveness lock
- * held) are shown. A registry that cannot be read (refused, corrupt, another
+ * It reads through the public reader, include/sgm/node.h (sgm_node_list,
+ * sgm_node_read: bounds-checked, the one reader of the registry files), and
+ * shows only live owners (their liveness lock held). A registry that cannot be read (refused, corrupt, another
  * version) is named on stderr with the reason, and the exit code says so.
  *
  * Threading: none.
  */
 #include <dirent.h>
 #include <errno.h>
+#include <stddef.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +29,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "sgm/node.h"
 
 /* Exit codes (docs/smi.md). */
 #define SMI_EXIT_OK 0          /* at least one sgm process shown */
@@ -40,9 +42,11 @@
 
 typedef struct smi_device {
   char file[SGM_PATH_MAX];     /* the segment's path */
-  sgm_node_view *view;         /* live processes only; NULL when unreadable */
+  bool ok;                     /* read; false: unreadable (error says why) */
+  sgm_node_device info;        /* the device, when ok */
+  sgm_node_process *procs;     /* its live processes (info.n_processes), malloc'ed; NULL when none */
   char error[SGM_ERROR_MAX];   /* why it is unreadable; "" when read */
-  char uuid[SGM_NODE_UUID_TEXT + 4]; /* "GPU-<uuid>" as nvidia-smi -L prints it; "" when unknown */
+  char uuid[SGM_NODE_UUID_TEXT_BYTES + 4]; /* "GPU-<uuid>" as nvidia-smi -L prints it; "" when unknown */
 } smi_device;
 
 typedef struct smi_node {
@@ -58,77 +62,71 @@ static void smi_on_signal(int sig) {
   smi_stop = 1;
 }
 
-static int smi_name_cmp(const void *a, const void *b) {
-  return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* Read one registry: map read-only, parse, keep live owners. */
-static void smi_read_device(smi_device *d, bool group) {
-  int fd;
-  unsigned char *mem;
-  size_t len;
-  d->view = NULL;
+/* Read one registry through the public reader (include/sgm/node.h): the
+ * device and its live processes; the count first, then as many records. */
+static void smi_read_device(smi_device *d, unsigned flags) {
+  d->ok = false;
+  d->procs = NULL;
   d->uuid[0] = '\0';
-  if (sgm__node_map(d->file, false, group, &fd, &mem, &len, d->error, sizeof d->error) != SGM_OK) return;
-  sgm_node_view *v = malloc(sizeof *v);
-  if (!v) {
-    snprintf(d->error, sizeof d->error, "out of memory");
-    goto out_unmap;
+  d->info = (sgm_node_device){.struct_size = sizeof d->info};
+  sgm_status rc = sgm_node_read(d->file, flags, &d->info, NULL, 0);
+  size_t n = d->info.n_processes;
+  if (rc == SGM_OK && n) {
+    /* Room for processes joining between the two reads (the rest are counted, not shown). */
+    size_t room = n + 16;
+    d->procs = calloc(room, sizeof *d->procs);
+    if (!d->procs) {
+      snprintf(d->error, sizeof d->error, "out of memory");
+      return;
+    }
+    d->procs[0].struct_size = sizeof *d->procs;
+    rc = sgm_node_read(d->file, flags, &d->info, d->procs, room);
+    if (d->info.n_processes > room) d->info.n_processes = room;
   }
-  if (sgm__node_parse(mem, len, v, d->error, sizeof d->error) != SGM_OK) {
-    free(v);
-    goto out_unmap;
+  if (rc != SGM_OK) {
+    /* The reason alone: the file is shown beside it. */
+    const char *why = sgm_last_error();
+    char prefix[SGM_PATH_MAX + 32];
+    snprintf(prefix, sizeof prefix, "sgm_node_read: %s: ", d->file);
+    if (strncmp(why, prefix, strlen(prefix)) == 0) why += strlen(prefix);
+    snprintf(d->error, sizeof d->error, "%s", why);
+    free(d->procs);
+    d->procs = NULL;
+    return;
   }
-  size_t k = 0;
-  for (size_t i = 0; i < v->n_procs; i++)
-    if (sgm__node_slot_alive(fd, v->procs[i].slot)) v->procs[k++] = v->procs[i];
-  v->n_procs = k;
+  sgm_node_device *v = &d->info;
   if (v->uuid_text[0]) snprintf(d->uuid, sizeof d->uuid, "GPU-%s", v->uuid_text);
   /* The key is printed in labels and CSV: keep it to a safe alphabet. */
   for (char *c = v->key; *c; c++)
     if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
           *c == '.' || *c == '-' || *c == '_' || *c == ':'))
       *c = '_';
-  d->view = v;
-out_unmap:
-  munmap(mem, len);
-  close(fd);
+  d->ok = true;
 }
 
 static void smi_free(smi_node *nd) {
-  for (size_t i = 0; i < nd->n; i++) free(nd->dev[i].view);
+  for (size_t i = 0; i < nd->n; i++) free(nd->dev[i].procs);
   nd->n = 0;
 }
 
-/* Every sgm-node-* file in dir. */
+/* Every registry in dir (a missing folder: no sgm process, not an error). */
 static int smi_read(const char *dir, bool group, smi_node *nd) {
   nd->n = nd->n_procs = nd->n_errors = 0;
-  DIR *dp = opendir(dir);
-  if (!dp) {
-    if (errno == ENOENT) return SGM_OK;
-    fprintf(stderr, "sgm-smi: cannot read %s: %s\n", dir, strerror(errno));
-    nd->n_errors++;
-    return SGM_ERR_IO;
-  }
-  char *names[SMI_MAX_DEVICES];
+  static sgm_node_entry entries[SMI_MAX_DEVICES];
   size_t n = 0;
-  struct dirent *e;
-  while ((e = readdir(dp)) != NULL && n < SMI_MAX_DEVICES) {
-    size_t l = strlen(e->d_name);
-    if (strncmp(e->d_name, "sgm-node-", 9) != 0) continue;
-    if (l > 4 && strcmp(e->d_name + l - 4, ".tmp") == 0) continue; /* being created */
-    names[n] = strdup(e->d_name);
-    if (names[n]) n++;
+  sgm_status rc = sgm_node_list(dir, entries, SMI_MAX_DEVICES, &n);
+  if (rc == SGM_ERR_INVALID) return SGM_OK;
+  if (rc != SGM_OK) {
+    fprintf(stderr, "sgm-smi: %s\n", sgm_last_error());
+    nd->n_errors++;
+    return rc;
   }
-  closedir(dp);
-  qsort(names, n, sizeof names[0], smi_name_cmp);
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = 0; i < n && i < SMI_MAX_DEVICES; i++) {
     smi_device *d = &nd->dev[nd->n++];
-    snprintf(d->file, sizeof d->file, "%s/%s", dir, names[i]);
+    snprintf(d->file, sizeof d->file, "%s", entries[i].path);
     d->error[0] = '\0';
-    smi_read_device(d, group);
-    free(names[i]);
-    if (d->view) nd->n_procs += d->view->n_procs;
+    smi_read_device(d, group ? SGM_NODE_READ_GROUP : 0);
+    if (d->ok) nd->n_procs += d->info.n_processes;
     else nd->n_errors++;
   }
   return SGM_OK;
@@ -136,11 +134,10 @@ static int smi_read(const char *dir, bool group, smi_node *nd) {
 
 static void smi_report_errors(const smi_node *nd) {
   for (size_t i = 0; i < nd->n; i++)
-    if (!nd->dev[i].view)
+    if (!nd->dev[i].ok)
       fprintf(stderr, "sgm-smi: registry %s is unreadable: %s\n", nd->dev[i].file, nd->dev[i].error);
 }
 
-static uint64_t smi_w(const sgm_node_proc *p, int f) { return p->u.w[f]; }
 
 /* ------------------------------------------------------------------------ */
 /* The table. */
@@ -155,39 +152,40 @@ static void smi_print_table(FILE *f, const char *dir, const smi_node *nd) {
   if (nd->n_procs == 0 && nd->n_errors == 0) fprintf(f, "No sgm process on this node.\n");
   for (size_t i = 0; i < nd->n; i++) {
     const smi_device *d = &nd->dev[i];
-    if (!d->view) {
+    if (!d->ok) {
       fprintf(f, "\n%s: unreadable: %s\n", d->file, d->error);
       continue;
     }
-    const sgm_node_view *v = d->view;
-    if (v->n_procs == 0) continue;
+    const sgm_node_device *v = &d->info;
+    const sgm_node_process *procs = d->procs;
+    if (v->n_processes == 0) continue;
     char a[32], b[32], c[32], e[32], g[32];
     /* The UUID where the key is not already it (a GPU's key is GPU-<UUID>). */
     bool uuid_shown = d->uuid[0] && strcmp(d->uuid, v->key) != 0;
     fprintf(f, "\nDevice %s%s%s%s%s   %zu process%s   device %s   shared cap %s (half of RAM)\n",
             v->key, uuid_shown ? "   UUID " : "", uuid_shown ? d->uuid : "",
-            v->pci_bus_id[0] ? "   PCI " : "", v->pci_bus_id, v->n_procs, v->n_procs == 1 ? "" : "es",
+            v->pci_bus_id[0] ? "   PCI " : "", v->pci_bus_id, v->n_processes, v->n_processes == 1 ? "" : "es",
             smi_b(v->device_total_bytes, a), smi_b(v->shared_cap_bytes, b));
     fprintf(f, "%8s  %-16s %23s  %23s  %11s  %11s  %9s\n", "PID", "NAME", "DEDICATED used / budget",
             "SHARED used / budget", "DISK", "PEAK VRAM", "FALLBACKS");
     uint64_t tv = 0, ts = 0, td = 0;
-    for (size_t k = 0; k < v->n_procs; k++) {
-      const sgm_node_proc *p = &v->procs[k];
+    for (size_t k = 0; k < v->n_processes; k++) {
+      const sgm_node_process *p = &procs[k];
       char vu[32], vb[32], su[32], sb[32];
-      snprintf(vu, sizeof vu, "%s / %s", smi_b(smi_w(p, SGM_NODE_F_USED + SGM_TIER_VRAM), a),
-               smi_b(smi_w(p, SGM_NODE_F_BUDGET + SGM_TIER_VRAM), b));
-      snprintf(su, sizeof su, "%s / %s", smi_b(smi_w(p, SGM_NODE_F_USED + SGM_TIER_SHARED), a),
-               smi_b(smi_w(p, SGM_NODE_F_BUDGET + SGM_TIER_SHARED), b));
+      snprintf(vu, sizeof vu, "%s / %s", smi_b(p->used_bytes[SGM_TIER_VRAM], a),
+               smi_b(p->budget_bytes[SGM_TIER_VRAM], b));
+      snprintf(su, sizeof su, "%s / %s", smi_b(p->used_bytes[SGM_TIER_SHARED], a),
+               smi_b(p->budget_bytes[SGM_TIER_SHARED], b));
       (void)vb;
       (void)sb;
       fprintf(f, "%8d  %-16.16s %23s  %23s  %11s  %11s  %9llu%s\n", p->pid, p->name, vu, su,
-              smi_b(smi_w(p, SGM_NODE_F_USED + SGM_TIER_DISK), c),
-              smi_b(smi_w(p, SGM_NODE_F_PEAK + SGM_TIER_VRAM), e),
-              (unsigned long long)smi_w(p, SGM_NODE_F_FALLBACKS),
-              smi_w(p, SGM_NODE_F_FLAGS) & SGM_NODE_FLAG_SOLO ? "  (solo)" : "");
-      tv += smi_w(p, SGM_NODE_F_USED + SGM_TIER_VRAM);
-      ts += smi_w(p, SGM_NODE_F_USED + SGM_TIER_SHARED);
-      td += smi_w(p, SGM_NODE_F_USED + SGM_TIER_DISK);
+              smi_b(p->used_bytes[SGM_TIER_DISK], c),
+              smi_b(p->peak_bytes[SGM_TIER_VRAM], e),
+              (unsigned long long)p->n_fallbacks,
+              p->solo ? "  (solo)" : "");
+      tv += p->used_bytes[SGM_TIER_VRAM];
+      ts += p->used_bytes[SGM_TIER_SHARED];
+      td += p->used_bytes[SGM_TIER_DISK];
     }
     char tvs[48], tss[48];
     snprintf(tvs, sizeof tvs, "%s / %s", smi_b(tv, a), smi_b(v->device_total_bytes, b));
@@ -199,13 +197,13 @@ static void smi_print_table(FILE *f, const char *dir, const smi_node *nd) {
 /* ------------------------------------------------------------------------ */
 /* JSON (docs/smi.md has the schema). */
 
-static void smi_json_tier(FILE *f, const char *name, const sgm_node_proc *p, int t, bool last) {
+static void smi_json_tier(FILE *f, const char *name, const sgm_node_process *p, int t, bool last) {
   fprintf(f, "\"%s\": {\"used_bytes\": %llu, \"committed_bytes\": %llu, \"budget_bytes\": %llu, "
           "\"peak_bytes\": %llu}%s", name,
-          (unsigned long long)smi_w(p, SGM_NODE_F_USED + t),
-          (unsigned long long)smi_w(p, SGM_NODE_F_COMMITTED + t),
-          (unsigned long long)smi_w(p, SGM_NODE_F_BUDGET + t),
-          (unsigned long long)smi_w(p, SGM_NODE_F_PEAK + t), last ? "" : ", ");
+          (unsigned long long)p->used_bytes[t],
+          (unsigned long long)p->committed_bytes[t],
+          (unsigned long long)p->budget_bytes[t],
+          (unsigned long long)p->peak_bytes[t], last ? "" : ", ");
 }
 
 /* The inside of a JSON string: quotes and backslashes escaped, control
@@ -235,11 +233,12 @@ static void smi_print_json(FILE *f, const char *dir, const smi_node *nd) {
   fprintf(f, "\",\n \"devices\": [");
   bool first = true;
   for (size_t i = 0; i < nd->n; i++) {
-    const sgm_node_view *v = nd->dev[i].view;
+    const sgm_node_device *v = nd->dev[i].ok ? &nd->dev[i].info : NULL;
+    const sgm_node_process *procs = nd->dev[i].procs;
     if (!v) continue;
     uint64_t tot[SGM_TIER_COUNT] = {0};
-    for (size_t k = 0; k < v->n_procs; k++)
-      for (int t = 0; t < SGM_TIER_COUNT; t++) tot[t] += smi_w(&v->procs[k], SGM_NODE_F_USED + t);
+    for (size_t k = 0; k < v->n_processes; k++)
+      for (int t = 0; t < SGM_TIER_COUNT; t++) tot[t] += procs[k].used_bytes[t];
     fprintf(f, "%s\n  {\"key\": \"%s\", ", first ? "" : ",", v->key);
     smi_json_opt(f, "uuid", nd->dev[i].uuid);
     smi_json_opt(f, "pci_bus_id", v->pci_bus_id);
@@ -248,26 +247,26 @@ static void smi_print_json(FILE *f, const char *dir, const smi_node *nd) {
             "%llu, \"shared_used_bytes\": %llu, \"disk_used_bytes\": %llu},\n   \"processes\": [",
             v->version, v->n_slots,
             (unsigned long long)v->device_total_bytes, (unsigned long long)v->shared_cap_bytes,
-            v->n_procs, (unsigned long long)tot[0], (unsigned long long)tot[1],
+            v->n_processes, (unsigned long long)tot[0], (unsigned long long)tot[1],
             (unsigned long long)tot[2]);
     first = false;
-    for (size_t k = 0; k < v->n_procs; k++) {
-      const sgm_node_proc *p = &v->procs[k];
-      uint64_t hb = smi_w(p, SGM_NODE_F_HEARTBEAT);
+    for (size_t k = 0; k < v->n_processes; k++) {
+      const sgm_node_process *p = &procs[k];
+      uint64_t hb = p->heartbeat_ns;
       fprintf(f, "%s\n    {\"pid\": %d, \"start_ticks\": %llu, \"name\": \"%s\", \"mode\": \"%s\", "
               "\"weight\": %llu, \"reserve_bytes\": %llu, ",
               k ? "," : "", p->pid, (unsigned long long)p->start_ticks, p->name,
-              smi_w(p, SGM_NODE_F_FLAGS) & SGM_NODE_FLAG_SOLO ? "solo" : "fair",
-              (unsigned long long)smi_w(p, SGM_NODE_F_WEIGHT),
-              (unsigned long long)smi_w(p, SGM_NODE_F_RESERVE));
+              p->solo ? "solo" : "fair",
+              (unsigned long long)p->weight,
+              (unsigned long long)p->reserve_bytes);
       smi_json_tier(f, "vram", p, SGM_TIER_VRAM, false);
       smi_json_tier(f, "shared", p, SGM_TIER_SHARED, false);
       smi_json_tier(f, "disk", p, SGM_TIER_DISK, false);
       fprintf(f, "\"fallbacks\": %llu, \"evictions\": %llu, \"bytes_moved\": %llu, "
               "\"heartbeat_age_ms\": %lld}",
-              (unsigned long long)smi_w(p, SGM_NODE_F_FALLBACKS),
-              (unsigned long long)smi_w(p, SGM_NODE_F_EVICTIONS),
-              (unsigned long long)smi_w(p, SGM_NODE_F_MOVED),
+              (unsigned long long)p->n_fallbacks,
+              (unsigned long long)p->n_evictions,
+              (unsigned long long)p->moved_bytes,
               hb && hb <= now_ns ? (long long)((now_ns - hb) / 1000000u) : -1LL);
     }
     fprintf(f, "]}");
@@ -275,7 +274,7 @@ static void smi_print_json(FILE *f, const char *dir, const smi_node *nd) {
   fprintf(f, "],\n \"errors\": [");
   first = true;
   for (size_t i = 0; i < nd->n; i++) {
-    if (nd->dev[i].view) continue;
+    if (nd->dev[i].ok) continue;
     fprintf(f, "%s{\"file\": \"", first ? "" : ", ");
     smi_json_str(f, nd->dev[i].file);
     fprintf(f, "\", \"error\": \"");
@@ -293,44 +292,52 @@ typedef struct smi_metric {
   const char *name;  /* metric name */
   const char *type;  /* gauge / counter */
   const char *help;  /* HELP line */
-  int field;         /* SGM_NODE_F_* word */
+  size_t offset;     /* the uint64_t member of sgm_node_process it shows */
 } smi_metric;
+
+#define SMI_FIELD(member) offsetof(sgm_node_process, member)
 
 static const smi_metric smi_metrics[] = {
     {"sgm_vram_used_bytes", "gauge", "Dedicated GPU memory (VRAM) an sgm process has handed out.",
-     SGM_NODE_F_USED + SGM_TIER_VRAM},
+     SMI_FIELD(used_bytes[SGM_TIER_VRAM])},
     {"sgm_vram_committed_bytes", "gauge", "VRAM an sgm process holds from the driver.",
-     SGM_NODE_F_COMMITTED + SGM_TIER_VRAM},
+     SMI_FIELD(committed_bytes[SGM_TIER_VRAM])},
     {"sgm_vram_budget_bytes", "gauge", "The VRAM budget in force for an sgm process.",
-     SGM_NODE_F_BUDGET + SGM_TIER_VRAM},
-    {"sgm_vram_peak_bytes", "gauge", "Peak VRAM use of an sgm process.", SGM_NODE_F_PEAK + SGM_TIER_VRAM},
+     SMI_FIELD(budget_bytes[SGM_TIER_VRAM])},
+    {"sgm_vram_peak_bytes", "gauge", "Peak VRAM use of an sgm process.", SMI_FIELD(peak_bytes[SGM_TIER_VRAM])},
     {"sgm_shared_used_bytes", "gauge", "Shared GPU memory (pinned host RAM) an sgm process uses.",
-     SGM_NODE_F_USED + SGM_TIER_SHARED},
+     SMI_FIELD(used_bytes[SGM_TIER_SHARED])},
     {"sgm_shared_budget_bytes", "gauge", "The shared-memory budget in force for an sgm process.",
-     SGM_NODE_F_BUDGET + SGM_TIER_SHARED},
+     SMI_FIELD(budget_bytes[SGM_TIER_SHARED])},
     {"sgm_disk_used_bytes", "gauge", "Bytes an sgm process has spilled to disk.",
-     SGM_NODE_F_USED + SGM_TIER_DISK},
+     SMI_FIELD(used_bytes[SGM_TIER_DISK])},
     {"sgm_fallbacks_total", "counter", "Allocations that wanted VRAM and got shared memory.",
-     SGM_NODE_F_FALLBACKS},
-    {"sgm_evictions_total", "counter", "Buffers moved down a tier to make room.", SGM_NODE_F_EVICTIONS},
-    {"sgm_moved_bytes_total", "counter", "Bytes migrated between tiers.", SGM_NODE_F_MOVED},
+     SMI_FIELD(n_fallbacks)},
+    {"sgm_evictions_total", "counter", "Buffers moved down a tier to make room.", SMI_FIELD(n_evictions)},
+    {"sgm_moved_bytes_total", "counter", "Bytes migrated between tiers.", SMI_FIELD(moved_bytes)},
 };
+
+static unsigned long long smi_field(const sgm_node_process *p, size_t offset) {
+  uint64_t v;
+  memcpy(&v, (const char *)p + offset, sizeof v);
+  return (unsigned long long)v;
+}
 
 /* A device's labels: its key, its UUID and PCI bus id ("" when unknown). */
 static void smi_prom_labels(const smi_device *d, char *out, size_t len) {
-  snprintf(out, len, "device=\"%s\",uuid=\"%s\",pci_bus_id=\"%s\"", d->view->key, d->uuid,
-           d->view->pci_bus_id);
+  snprintf(out, len, "device=\"%s\",uuid=\"%s\",pci_bus_id=\"%s\"", d->info.key, d->uuid,
+           d->info.pci_bus_id);
 }
 
 /* The per-device gauges: one table, one loop. */
-static unsigned long long smi_dev_total(const sgm_node_view *v) { return v->device_total_bytes; }
-static unsigned long long smi_dev_shared_cap(const sgm_node_view *v) { return v->shared_cap_bytes; }
-static unsigned long long smi_dev_procs(const sgm_node_view *v) { return v->n_procs; }
+static unsigned long long smi_dev_total(const sgm_node_device *v) { return v->device_total_bytes; }
+static unsigned long long smi_dev_shared_cap(const sgm_node_device *v) { return v->shared_cap_bytes; }
+static unsigned long long smi_dev_procs(const sgm_node_device *v) { return v->n_processes; }
 
 typedef struct smi_device_metric {
   const char *name;                                  /* metric name */
   const char *help;                                  /* HELP line */
-  unsigned long long (*value)(const sgm_node_view *v); /* the device's value */
+  unsigned long long (*value)(const sgm_node_device *v); /* the device's value */
 } smi_device_metric;
 
 static const smi_device_metric smi_device_metrics[] = {
@@ -345,7 +352,7 @@ static void smi_print_prometheus(FILE *f, const smi_node *nd) {
     const smi_device_metric *dm = &smi_device_metrics[m];
     fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n", dm->name, dm->help, dm->name);
     for (size_t i = 0; i < nd->n; i++) {
-      const sgm_node_view *v = nd->dev[i].view;
+      const sgm_node_device *v = nd->dev[i].ok ? &nd->dev[i].info : NULL;
       if (!v) continue;
       smi_prom_labels(&nd->dev[i], labels, sizeof labels);
       fprintf(f, "%s{%s} %llu\n", dm->name, labels, dm->value(v));
@@ -355,13 +362,14 @@ static void smi_print_prometheus(FILE *f, const smi_node *nd) {
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", smi_metrics[m].name, smi_metrics[m].help,
             smi_metrics[m].name, smi_metrics[m].type);
     for (size_t i = 0; i < nd->n; i++) {
-      const sgm_node_view *v = nd->dev[i].view;
+      const sgm_node_device *v = nd->dev[i].ok ? &nd->dev[i].info : NULL;
+      const sgm_node_process *procs = nd->dev[i].procs;
       if (!v) continue;
       smi_prom_labels(&nd->dev[i], labels, sizeof labels);
-      for (size_t k = 0; k < v->n_procs; k++)
+      for (size_t k = 0; k < v->n_processes; k++)
         fprintf(f, "%s{%s,pid=\"%d\",name=\"%s\"} %llu\n", smi_metrics[m].name, labels,
-                v->procs[k].pid, v->procs[k].name,
-                (unsigned long long)smi_w(&v->procs[k], smi_metrics[m].field));
+                procs[k].pid, procs[k].name,
+                smi_field(&procs[k], smi_metrics[m].offset));
     }
   }
   fprintf(f, "# HELP sgm_registry_errors Registries sgm-smi could not read (see its stderr).\n"
@@ -377,18 +385,19 @@ static const char smi_record_header[] =
 
 static void smi_record_rows(FILE *f, double t, const smi_node *nd) {
   for (size_t i = 0; i < nd->n; i++) {
-    const sgm_node_view *v = nd->dev[i].view;
-    for (size_t k = 0; v && k < v->n_procs; k++) {
-      const sgm_node_proc *p = &v->procs[k];
+    const sgm_node_device *v = nd->dev[i].ok ? &nd->dev[i].info : NULL;
+    const sgm_node_process *procs = nd->dev[i].procs;
+    for (size_t k = 0; v && k < v->n_processes; k++) {
+      const sgm_node_process *p = &procs[k];
       fprintf(f, "%.3f,%s,%d,%s,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu\n", t, v->key,
-              p->pid, p->name, (unsigned long long)smi_w(p, SGM_NODE_F_USED + SGM_TIER_VRAM),
-              (unsigned long long)smi_w(p, SGM_NODE_F_BUDGET + SGM_TIER_VRAM),
-              (unsigned long long)smi_w(p, SGM_NODE_F_USED + SGM_TIER_SHARED),
-              (unsigned long long)smi_w(p, SGM_NODE_F_BUDGET + SGM_TIER_SHARED),
-              (unsigned long long)smi_w(p, SGM_NODE_F_USED + SGM_TIER_DISK),
-              (unsigned long long)smi_w(p, SGM_NODE_F_PEAK + SGM_TIER_VRAM),
-              (unsigned long long)smi_w(p, SGM_NODE_F_FALLBACKS),
-              (unsigned long long)smi_w(p, SGM_NODE_F_EVICTIONS),
+              p->pid, p->name, (unsigned long long)p->used_bytes[SGM_TIER_VRAM],
+              (unsigned long long)p->budget_bytes[SGM_TIER_VRAM],
+              (unsigned long long)p->used_bytes[SGM_TIER_SHARED],
+              (unsigned long long)p->budget_bytes[SGM_TIER_SHARED],
+              (unsigned long long)p->used_bytes[SGM_TIER_DISK],
+              (unsigned long long)p->peak_bytes[SGM_TIER_VRAM],
+              (unsigned long long)p->n_fallbacks,
+              (unsigned long long)p->n_evictions,
               (unsigned long long)v->device_total_bytes, (unsigned long long)v->shared_cap_bytes);
     }
   }

@@ -3,14 +3,16 @@
 //  - sgm_alloc + sgm_free pairs (a ring of 64 live blocks, 256 B .. 64 KiB)
 //    on an emulated device named by SGM_EMU_DEVICE, registry on (joined, its
 //    ticker publishing every SGM_NODE_PERIOD_MS) against registry off;
-//  - one join + leave of a registry another member holds open, against
+//  - one join + leave of a registry another context holds open, timed as
+//    sgm_context_create + sgm_context_destroy with the registry on, against
 //    open + mmap + touch every page + munmap + close of the same file (the
 //    floor of any mapping that is read);
 //  - the time from a SIGKILL to the reclaim of the dead process's slot by a
 //    live context's ticker, against the ticker's period;
 //  - `sgm-smi --json` (fork + exec) with 64 processes in the registry,
 //    against fork + exec of /bin/true.
-// The registries live in one private folder under /dev/shm (tmpfs, as the
+// Public API only: contexts join and leave, include/sgm/node.h reads the
+// registries. They live in one private folder under /dev/shm (tmpfs, as the
 // default registry), removed at exit.
 #include <fcntl.h>
 #include <signal.h>
@@ -19,6 +21,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <sgm/node.h>
+
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -26,10 +30,6 @@
 #include <string>
 
 #include "bodies.h"
-
-extern "C" {
-#include "internal.h"
-}
 
 namespace sgm_bench {
 
@@ -54,45 +54,78 @@ uint64_t NowNs() {
   return static_cast<uint64_t>(t.tv_sec) * 1000000000u + static_cast<uint64_t>(t.tv_nsec);
 }
 
-sgm_context *NodeContext(bool registry, const char *device) {
+// The environment of a context on emulated device `device` (key
+// "emu-<device>") in NodeDir(), registry on or off; Unset undoes it.
+void SetNodeEnv(bool registry, const char *device) {
   setenv("SGM_BACKEND", "emu", 1);
   setenv("SGM_NODE_DIR", NodeDir().c_str(), 1);
   setenv("SGM_EMU_DEVICE", device, 1);
   setenv("SGM_NODE", registry ? "on" : "off", 1);
+}
+void UnsetNodeEnv() {
+  unsetenv("SGM_EMU_DEVICE");
+  unsetenv("SGM_NODE");
+}
+
+sgm_context *CreateOrDie() {
   sgm_context *c = nullptr;
   if (sgm_context_create(nullptr, &c) != SGM_OK) {
     std::fprintf(stderr, "node bench: %s\n", sgm_last_error());
     std::exit(1);
   }
-  unsetenv("SGM_EMU_DEVICE");
-  unsetenv("SGM_NODE");
-  if (registry != (sgm__share_node(c) != nullptr)) {
+  return c;
+}
+
+// The registry file of emulated device `device`.
+std::string RegistryPath(const char *device) { return NodeDir() + "/sgm-node-emu-" + device; }
+
+// Processes in the device's registry: with alive_only, those whose owner's
+// liveness lock is held (what sgm-smi shows); without, also dead processes
+// until someone reclaims their slots. 0 when it cannot be read.
+size_t Procs(const char *device, bool alive_only) {
+  sgm_node_device dev{};
+  dev.struct_size = sizeof dev;
+  if (sgm_node_read(RegistryPath(device).c_str(), alive_only ? 0 : SGM_NODE_READ_DEAD, &dev, nullptr, 0) !=
+      SGM_OK)
+    return 0;
+  return dev.n_processes;
+}
+
+// Is this process in the device's registry (a live slot with our pid)?
+bool Registered(const char *device) {
+  sgm_node_process procs[64];
+  procs[0].struct_size = sizeof procs[0];
+  sgm_node_device dev{};
+  dev.struct_size = sizeof dev;
+  if (sgm_node_read(RegistryPath(device).c_str(), 0, &dev, procs, 64) != SGM_OK) return false;
+  for (size_t i = 0; i < dev.n_processes && i < 64; i++)
+    if (procs[i].pid == getpid()) return true;
+  return false;
+}
+
+sgm_context *NodeContext(bool registry, const char *device) {
+  SetNodeEnv(registry, device);
+  sgm_context *c = CreateOrDie();
+  UnsetNodeEnv();
+  if (registry != Registered(device)) {
     std::fprintf(stderr, "node bench: the registry is not %s\n", registry ? "on" : "off");
     std::exit(1);
   }
   return c;
 }
 
-sgm_node_params Params(const char *key, const char *name) {
-  sgm_node_params p{};
-  p.dir = NodeDir().c_str();
-  p.key = key;
-  p.name = name;
-  p.device_total_bytes = 1u << 30;
-  p.shared_cap_bytes = 1u << 30;
-  return p;
-}
-
-// A child that joins, says so on the pipe, and waits to be killed.
-pid_t JoinedChild(const char *key) {
+// A child that joins device's registry (a context of its own), says so on
+// the pipe, and waits to be killed.
+pid_t JoinedChild(const char *device) {
   int p[2];
   if (pipe(p) != 0) std::exit(1);
   pid_t pid = fork();
   if (pid == 0) {
     close(p[0]);
-    sgm_node_params params = Params(key, "child");
-    sgm_node *n = nullptr;
-    char ok = sgm__node_join(&params, &n) == SGM_OK ? 1 : 0;
+    SetNodeEnv(true, device);
+    setenv("SGM_VERBOSE", "0", 1);
+    sgm_context *c = nullptr;
+    char ok = sgm_context_create(nullptr, &c) == SGM_OK && Registered(device) ? 1 : 0;
     if (write(p[1], &ok, 1) != 1) _exit(2);
     for (;;) pause();
   }
@@ -104,26 +137,6 @@ pid_t JoinedChild(const char *key) {
   }
   close(p[0]);
   return pid;
-}
-
-// Slots marked live in the registry; with alive_only, only those whose
-// owner's liveness lock is held (what sgm-smi shows). Without it, a dead
-// process counts until someone reclaims its slot.
-size_t LiveProcs(const char *key, bool alive_only) {
-  char path[PATH_MAX];
-  sgm__node_path(NodeDir().c_str(), key, path, sizeof path);
-  int fd;
-  unsigned char *mem;
-  size_t len;
-  char why[256];
-  if (sgm__node_map(path, false, false, &fd, &mem, &len, why, sizeof why) != SGM_OK) return 0;
-  static sgm_node_view v;
-  size_t live = 0;
-  if (sgm__node_parse(mem, len, &v, why, sizeof why) == SGM_OK)
-    for (size_t i = 0; i < v.n_procs; i++) live += !alive_only || sgm__node_slot_alive(fd, v.procs[i].slot);
-  munmap(mem, len);
-  close(fd);
-  return live;
 }
 
 double RunCommandMs(const char *path, const char *const *argv) {
@@ -167,33 +180,18 @@ void BM_NodeAllocFree(benchmark::State &state) {
 }
 
 void BM_NodeJoinLeave(benchmark::State &state) {
-  sgm_node_params p = Params("emu-join", "bench");
-  sgm_node *holder = nullptr;
-  if (sgm__node_join(&p, &holder) != SGM_OK) {
-    state.SkipWithError("join failed");
-    return;
-  }
-  for (auto _ : state) {
-    sgm_node *n = nullptr;
-    if (sgm__node_join(&p, &n) != SGM_OK) {
-      state.SkipWithError("join failed");
-      break;
-    }
-    sgm__node_leave(n);
-  }
-  sgm__node_leave(holder);
+  sgm_context *holder = NodeContext(true, "join");
+  SetNodeEnv(true, "join");
+  for (auto _ : state) sgm_context_destroy(CreateOrDie());
+  UnsetNodeEnv();
+  sgm_context_destroy(holder);
 }
 
 void BM_NodeOpenMap(benchmark::State &state) {
-  sgm_node_params p = Params("emu-join", "bench");
-  sgm_node *holder = nullptr;
-  if (sgm__node_join(&p, &holder) != SGM_OK) {
-    state.SkipWithError("join failed");
-    return;
-  }
-  const char *path = sgm__node_file(holder);
+  sgm_context *holder = NodeContext(true, "join");
+  std::string path = RegistryPath("join");
   for (auto _ : state) {
-    int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    int fd = open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     size_t len = 512 + 128 * 256;
     auto *m = static_cast<volatile unsigned char *>(
         mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
@@ -205,7 +203,7 @@ void BM_NodeOpenMap(benchmark::State &state) {
     munmap(const_cast<unsigned char *>(m), len);
     close(fd);
   }
-  sgm__node_leave(holder);
+  sgm_context_destroy(holder);
 }
 
 double NodeReclaimMs(int rounds) {
@@ -214,12 +212,12 @@ double NodeReclaimMs(int rounds) {
   unsetenv("SGM_NODE_PERIOD_MS");
   double sum = 0;
   for (int i = 0; i < rounds; i++) {
-    pid_t pid = JoinedChild("emu-reclaim");
+    pid_t pid = JoinedChild("reclaim");
     uint64_t t0 = NowNs();
     kill(pid, SIGKILL);
     waitpid(pid, nullptr, 0);
     // Polled every 100 us: the figure is the ticker's, within 0.1 ms.
-    while (LiveProcs("emu-reclaim", false) > 1) usleep(100);
+    while (Procs("reclaim", false) > 1) usleep(100);
     sum += static_cast<double>(NowNs() - t0) / 1e6;
   }
   sgm_context_destroy(ctx);
@@ -230,9 +228,9 @@ double NodeSmiJsonMs(int processes, int rounds, bool reference) {
   const char *smi = SmiPath();
   if (!reference && !smi) return 0;
   std::vector<pid_t> kids;
-  for (int i = 0; i < processes; i++) kids.push_back(JoinedChild("emu-smi"));
+  for (int i = 0; i < processes; i++) kids.push_back(JoinedChild("smi"));
   double sum = 0;
-  if (LiveProcs("emu-smi", true) == static_cast<size_t>(processes)) {
+  if (Procs("smi", true) == static_cast<size_t>(processes)) {
     std::string dir = NodeDir();
     const char *argv_smi[] = {smi, "--json", "--dir", dir.c_str(), nullptr};
     const char *argv_true[] = {"/bin/true", nullptr};

@@ -3,7 +3,8 @@
 //  node.alloc_pair.registry  sgm_alloc+sgm_free with the registry on, against
 //                            off: ratio <= 1.05 (the hot path touches no
 //                            shared cache line)
-//  node.join_leave           join + leave <= 1 ms, against open+mmap+munmap+close
+//  node.join_leave           join + leave <= 1 ms (sgm_context_create + destroy,
+//                            registry on), against open+mmap+munmap+close
 //  node.reclaim              SIGKILL to reclaimed <= 1 s, against the period
 //  node.smi_json.64          `sgm-smi --json` with 64 processes <= 50 ms,
 //                            against fork + exec of /bin/true
@@ -19,7 +20,9 @@ SGM_BENCH_FIGURE({"node.alloc_pair.registry", "sgm_alloc+sgm_free pair with the 
                   Target::Ratio(kAtMost, 1.05), kQuick, GbTime("node/alloc/on", BM_NodeAllocFree, {1}),
                   GbTime("node/alloc/off", BM_NodeAllocFree, {0})});
 
-SGM_BENCH_FIGURE({"node.join_leave", "join + leave the node registry (a member holds it open)", "us",
+SGM_BENCH_FIGURE({"node.join_leave",
+                  "join + leave the node registry: sgm_context_create + destroy (another context holds it open)",
+                  "us",
                   "open + mmap + munmap + close of the registry file", Better::kLower,
                   Target::Value(kAtMost, 1000),
                   kQuick, GbMeasure({"node/join_leave", BM_NodeJoinLeave, {}, 1, false, "", 1e-3, 0}),

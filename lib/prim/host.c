@@ -29,13 +29,15 @@
  *    chunks (the driver's mapping is not valid there, and copy-on-write of
  *    pinned pages would break the parent's DMA target).
  *
- * Threading: no state; every call reads the files afresh.
+ * Threading: one cached value (hwloc's machine total, probed once under
+ * pthread_once); every other call reads the files afresh.
  */
 #include <ctype.h>
 #include <errno.h>
 #include <hwloc.h>
 #include <numa.h>
 #include <numaif.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,19 +54,32 @@
 /* Room for a root prefix, the mount and the cgroup path. */
 #define HOST_PATH_MAX 4096
 
-uint64_t sgm__host_machine_ram(void) {
-  uint64_t total = 0;
+/* hwloc's machine total, probed once per process: loading a topology costs
+ * milliseconds (it dlopens hwloc's plugins), and contexts are created and
+ * destroyed in loops (every sgm_context_create asks). */
+static pthread_once_t host_hwloc_once = PTHREAD_ONCE_INIT;
+static uint64_t host_hwloc_total;  /* 0: hwloc could not tell */
+static unsigned host_hwloc_loads;  /* topologies loaded (tests: at most one) */
+
+static void host_hwloc_probe(void) {
   hwloc_topology_t topo;
-  if (hwloc_topology_init(&topo) == 0) {
-    /* Only the memory of the machine is wanted: skip caches, I/O and the like
-     * (types that cannot be filtered are silently kept). */
-    hwloc_topology_set_all_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_NONE);
-    if (hwloc_topology_load(topo) == 0) {
-      hwloc_obj_t root = hwloc_get_root_obj(topo);
-      if (root) total = root->total_memory;
-    }
-    hwloc_topology_destroy(topo);
+  if (hwloc_topology_init(&topo) != 0) return;
+  /* Only the memory of the machine is wanted: skip caches, I/O and the like
+   * (types that cannot be filtered are silently kept). */
+  hwloc_topology_set_all_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_NONE);
+  __atomic_add_fetch(&host_hwloc_loads, 1, __ATOMIC_RELAXED);
+  if (hwloc_topology_load(topo) == 0) {
+    hwloc_obj_t root = hwloc_get_root_obj(topo);
+    if (root) host_hwloc_total = root->total_memory;
   }
+  hwloc_topology_destroy(topo);
+}
+
+unsigned sgm__host_n_topology_loads(void) { return __atomic_load_n(&host_hwloc_loads, __ATOMIC_RELAXED); }
+
+uint64_t sgm__host_machine_ram(void) {
+  pthread_once(&host_hwloc_once, host_hwloc_probe);
+  uint64_t total = host_hwloc_total;
   /* The kernel's count (MemTotal) is the authority on how much RAM there is:
    * on some virtual machines hwloc's per-node sums cover only part of it (seen
    * here: 4.4 GB of 24 GB). Take the larger; the cgroup limit, not this,

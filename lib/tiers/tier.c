@@ -228,6 +228,8 @@ struct sgm_tier_pool {
   sgm_devptr vmm_base;        /* its first address (the sub-allocator's one range) */
   uint64_t vmm_bytes;         /* its bytes */
   unsigned vmm_shift;         /* log2 of the granule */
+  sgm_devptr span_lo;         /* lowest address ever given to the sub-allocator (atomic; UINT64_MAX: none) */
+  sgm_devptr span_hi;         /* past the highest one (atomic): sgm__tier_may_own's span, never shrinks */
   tier_granule *gran;         /* one per granule of the range */
   uint64_t vmm_free_mapped;   /* granules mapped, not busy, touched by no block (atomic read) */
   tier_block *spare;          /* records out of the map, reused by carves: a record once
@@ -516,6 +518,20 @@ static void tier_release_block_locked(sgm_tier_pool *p, tier_block *b) {
   tier_spare_put_locked(p, b);
 }
 
+/* Widen the pool's address span to cover [base, base + bytes) (pool lock held,
+ * or the pool not yet shared). Stored before any block of it is handed out. */
+static void tier_span_add(sgm_tier_pool *p, sgm_devptr base, uint64_t bytes) {
+  if (base < __atomic_load_n(&p->span_lo, __ATOMIC_RELAXED))
+    __atomic_store_n(&p->span_lo, base, __ATOMIC_RELAXED);
+  if (base + bytes > __atomic_load_n(&p->span_hi, __ATOMIC_RELAXED))
+    __atomic_store_n(&p->span_hi, base + bytes, __ATOMIC_RELAXED);
+}
+
+bool sgm__tier_may_own(const sgm_tier_pool *p, sgm_devptr ptr) {
+  return ptr >= __atomic_load_n(&p->span_lo, __ATOMIC_RELAXED) &&
+         ptr < __atomic_load_n(&p->span_hi, __ATOMIC_RELAXED);
+}
+
 static int tier_add_chunk_locked(sgm_tier_pool *p, const sgm_chunk *c) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
   if (p->n_chunks == p->cap_chunks) {
@@ -527,6 +543,7 @@ static int tier_add_chunk_locked(sgm_tier_pool *p, const sgm_chunk *c) {
   }
   int rc = sgm__suballoc_add_range(p->sa, c->base, c->bytes);
   if (rc != SGM_OK) return rc;
+  tier_span_add(p, c->base, c->bytes);
   p->chunks[p->n_chunks] = *c;
   p->chunks[p->n_chunks].free_seen_ms = UINT64_MAX;
   p->n_chunks++;
@@ -1128,6 +1145,7 @@ static bool tier_vmm_setup(sgm_tier_pool *p) {
   p->vmm_range = range;
   p->vmm_base = base;
   p->vmm_bytes = bytes;
+  tier_span_add(p, base, bytes);
   p->vmm_shift = (unsigned)__builtin_ctzll(g);
   if (tp->growth)
     sgm__log(tp->verbose, 2, "%s: growth on one reserved range of %s, mapped in %s granules on "
@@ -1228,6 +1246,7 @@ int sgm__tier_create(const sgm_tier_params *params, sgm_tier_pool **out) {
   p->p = *params;
   p->id = __atomic_add_fetch(&tier_next_pool_id, 1, __ATOMIC_RELAXED);
   p->room_bytes = params->budget_bytes;
+  p->span_lo = UINT64_MAX;
   pthread_cond_init(&p->grown, NULL);
   sgm__lock_init(&p->lock, SGM_LOCK_TIER_VRAM + (int)params->tier);
   int rc = sgm__suballoc_create(SGM_DEVICE_ALIGN, &p->sa);
@@ -1701,6 +1720,32 @@ static tier_block *tier_take_cached(sgm_tier_pool *p, tier_mag *m, int cls, uint
  * the granules blocks touch; as one chunk on CUDA the fragmentation stays
  * (docs/vmm.md).
  */
+/* sgm__tier_has_cached, asked by the allocating thread whose magazine is m:
+ * when m is the pool's only magazine, its own counter answers without the
+ * pool lock. This is the second step of every fallback allocation (the
+ * budget is full; is there cached memory to reclaim first?), which took the
+ * lock each time to walk one empty magazine. A thread that registers a
+ * magazine racing with this read makes it answer as a moment earlier. */
+static bool tier_has_cached_for(sgm_tier_pool *p, tier_mag *m) {
+  if (__atomic_load_n(&p->n_bagged, __ATOMIC_RELAXED)) return true;
+  size_t n_mags = __atomic_load_n(&p->n_mags, __ATOMIC_RELAXED);
+  if (n_mags == 0) return false;
+  if (n_mags == 1 && m && __atomic_load_n(&m->pool, __ATOMIC_RELAXED) == p)
+    return __atomic_load_n(&m->cached_bytes, __ATOMIC_RELAXED) != 0;
+  return sgm__tier_has_cached(p);
+}
+
+bool sgm__tier_full_for(sgm_tier_pool *p, uint64_t size) {
+  if (size == 0 || size > UINT64_MAX - TIER_CLASS_MAX_BYTES) return false; /* alloc_on says why */
+  uint64_t need = sgm__align_up(size, SGM_DEVICE_ALIGN);
+  int cls = tier_class(need);
+  uint64_t block = cls >= 0 ? tier_class_bytes(cls) : need;
+  if (block <= __atomic_load_n(&p->room_bytes, __ATOMIC_RELAXED)) return false;
+  if (tier_has_cached_for(p, tier_mag_get(p))) return false;
+  __atomic_fetch_add(&p->n_failed, 1, __ATOMIC_RELAXED); /* as sgm__tier_alloc_on counts it */
+  return true;
+}
+
 int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *ref, sgm_devptr *out) {
   *out = 0;
   if (sgm_unlikely(size == 0)) return sgm__error_set(SGM_ERR_INVALID, "allocation of 0 bytes");
@@ -1731,7 +1776,7 @@ int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *re
   const tier_want want = {cls, need};
   for (int k = 0; rc != SGM_OK && k < 2; k++) {
     if (rc != SGM__ERR_BUDGET && rc != SGM_ERR_NOMEM) break;
-    if (!sgm__tier_has_cached(p)) break;
+    if (!tier_has_cached_for(p, m)) break;
     if (tier_reclaim_settle(p, ref, order[k], &want) == 0) continue;
     b = tier_take_cached(p, m, cls, need, ref);
     if (b) {
@@ -1948,6 +1993,15 @@ static int tier_event_done(sgm_tier_pool *p, void *ev, sgm_reclaim_mode mode) {
   return q;
 }
 
+/* The job array of a reclaim pass, counted under p->lock: zeroed room for
+ * n_jobs, or NULL with the lock dropped (nothing to do, or out of memory:
+ * the pass is skipped, and the caches stay for the next one). */
+static tier_job *tier_jobs_alloc_locked(sgm_tier_pool *p, size_t n_jobs) {
+  tier_job *jobs = n_jobs ? calloc(n_jobs, sizeof *jobs) : NULL;
+  if (!jobs) sgm__lock_drop(&p->lock);
+  return jobs;
+}
+
 /* Seal and fence every stream's cache, and return to the sub-allocator what
  * the device has finished with (QUERY) or everything (WAIT). */
 static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode) {
@@ -1956,11 +2010,8 @@ static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode) {
   size_t n_jobs = 0;
   for (tier_stream *s = p->streams; s; s = s->next) n_jobs += !s->busy && (s->fence || s->open.n);
   for (tier_deferred *d = p->deferred; d; d = d->next) n_jobs += !d->busy;
-  tier_job *jobs = n_jobs ? calloc(n_jobs, sizeof *jobs) : NULL;
-  if (!jobs) {
-    sgm__lock_drop(&p->lock);
-    return 0;
-  }
+  tier_job *jobs = tier_jobs_alloc_locked(p, n_jobs);
+  if (!jobs) return 0;
   size_t k = 0;
   for (tier_stream *s = p->streams; s; s = s->next) {
     if (s->busy || (!s->fence && !s->open.n)) continue;
@@ -2103,11 +2154,8 @@ static size_t tier_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *take
   size_t n_jobs = 0;
   for (tier_stream *s = p->streams; s; s = s->next)
     n_jobs += s->ref.key != taker->key && (tier_bag_fits(&s->open, w) || tier_bag_fits(&s->sealed, w));
-  tier_job *jobs = n_jobs ? calloc(n_jobs, sizeof *jobs) : NULL;
-  if (!jobs) {
-    sgm__lock_drop(&p->lock);
-    return 0;
-  }
+  tier_job *jobs = tier_jobs_alloc_locked(p, n_jobs);
+  if (!jobs) return 0;
   size_t k = 0;
   for (tier_stream *s = p->streams; s && k < n_jobs; s = s->next) {
     if (s->ref.key == taker->key) continue;

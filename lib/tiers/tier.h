@@ -128,6 +128,13 @@ int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out);
  * this stream, then QUERY). Errors as sgm__tier_alloc. */
 int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *stream,
                        sgm_devptr *out);
+/* The fallback path's first step, without the pool lock: true when
+ * sgm__tier_alloc_on(p, size) would answer SGM__ERR_BUDGET at once, because
+ * the budget leaves no room for its block and the pool holds no cached block
+ * to reclaim (counted as a failed attempt, as alloc_on counts it). A hint: a
+ * free racing with it may leave room a moment later, and the block then lands
+ * one tier down, as it would have a moment earlier. */
+bool sgm__tier_full_for(sgm_tier_pool *p, uint64_t size);
 /* Set the thread's message for a full budget: the budget, the use, the largest
  * free block and the variables that raise it; returns SGM_ERR_NOMEM. */
 int sgm__tier_explain_budget(sgm_tier_pool *p, uint64_t size);
@@ -151,6 +158,10 @@ int sgm__tier_record_stream(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_r
 size_t sgm__tier_reclaim(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode);
 /* True when the pool may hold cached blocks (a hint, read without the lock). */
 bool sgm__tier_has_cached(sgm_tier_pool *p);
+/* False when ptr lies outside every range the pool was ever given (read
+ * without a lock): then it is surely not the pool's; true means "look it up".
+ * A pointer the caller got from this pool is always inside. */
+bool sgm__tier_may_own(const sgm_tier_pool *p, sgm_devptr ptr);
 /* True when ptr is the start of a live (handed out) block of this pool. */
 bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr);
 /* True when ptr is the start of a live block sgm took for itself with

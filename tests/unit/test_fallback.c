@@ -32,6 +32,7 @@
 #include "backend/backend.h"
 #include "internal.h"
 #include "test_util.h"
+#include "tiers/tier.h"
 
 #define MiB (UINT64_C(1) << 20)
 
@@ -225,6 +226,86 @@ static void test_cuda_pinned_not_inherited(void **state) {
   check_dontfork(true);
 }
 
+/* Ring pairs (free one block, allocate another) of 256 B .. 256 KiB on ctx:
+ * a fixed seed, so every run asks the same sizes. */
+#define FB_RING 64
+static void fb_pairs(sgm_context *ctx, void **ring, int n, uint64_t *seed) {
+  for (int k = 0; k < n; k++) {
+    int slot = k % FB_RING;
+    sgm_free(ctx, ring[slot], NULL);
+    *seed = *seed * 6364136223846793005u + 1442695040888963407u;
+    size_t size = (size_t)256 << ((*seed >> 33) % 11); /* 256 B .. 256 KiB */
+    ring[slot] = sgm_alloc(ctx, size, NULL);
+    assert_non_null(ring[slot]);
+  }
+}
+
+/* An emulated-device context with a VRAM budget of vram_bytes. */
+static sgm_context *fb_context(uint64_t vram_bytes) {
+  sgm_config cfg;
+  sgm_config_init(&cfg);
+  cfg.backend = SGM_BACKEND_EMU;
+  cfg.verbose = 0;
+  cfg.vram_limit.bytes = vram_bytes;
+  cfg.vram_limit.fraction = 0;
+  sgm_context *ctx = NULL;
+  assert_int_equal(sgm_context_create(&cfg, &ctx), SGM_OK);
+  return ctx;
+}
+
+/* Steady-state pairs on ctx (ring warm, 4096 pairs first): how often each
+ * tier's lock was taken over 256 more, and the fallbacks they counted. */
+static void fb_count(sgm_context *ctx, uint64_t seed, uint64_t takes[2], uint64_t *fallbacks,
+                     sgm_tier expect) {
+  void *ring[FB_RING];
+  for (int i = 0; i < FB_RING; i++) ring[i] = sgm_alloc(ctx, 256, NULL);
+  fb_pairs(ctx, ring, 4096, &seed);
+  struct sgm_tier_pool *tp[2] = {sgm__context_tier(ctx, SGM_TIER_VRAM), sgm__context_tier(ctx, SGM_TIER_SHARED)};
+  sgm_stats st0, st1;
+  assert_int_equal(sgm_get_stats(ctx, &st0), SGM_OK);
+  uint64_t t0[2] = {sgm__tier_lock_takes(tp[0]), sgm__tier_lock_takes(tp[1])};
+  fb_pairs(ctx, ring, 256, &seed);
+  for (int t = 0; t < 2; t++) takes[t] = sgm__tier_lock_takes(tp[t]) - t0[t];
+  assert_int_equal(sgm_get_stats(ctx, &st1), SGM_OK);
+  *fallbacks = st1.n_fallbacks - st0.n_fallbacks;
+  for (int i = 0; i < FB_RING; i++) {
+    assert_int_equal(sgm_pointer_tier(ctx, ring[i]), expect);
+    /* The free of a fallback block skips the VRAM pool by address alone. */
+    assert_int_equal(sgm__tier_may_own(tp[0], (sgm_devptr)(uintptr_t)ring[i]), expect == SGM_TIER_VRAM);
+    assert_int_equal(sgm__tier_may_own(tp[1], (sgm_devptr)(uintptr_t)ring[i]), expect == SGM_TIER_SHARED);
+    sgm_free(ctx, ring[i], NULL);
+  }
+}
+
+/* Invariant: in the steady state (pools committed, magazines warm), a pair
+ * that falls back to shared memory because VRAM is full takes no VRAM lock
+ * (the full budget and the empty caches are seen without it), and the
+ * shared lock no more often than the same pairs on the VRAM path take the
+ * VRAM lock (magazine refills and spills); every fallback is still counted
+ * (DESIGN.md §3 rule 3). Same seed on both sides. */
+static void test_fallback_pair_takes_no_lock(void **state) {
+  (void)state;
+  uint64_t seed = 0x5eed;
+  print_message("# seed %llu\n", (unsigned long long)seed);
+  uint64_t plain[2], fb[2], n_plain, n_fb;
+  sgm_context *ctx = fb_context(256 * MiB);
+  fb_count(ctx, seed, plain, &n_plain, SGM_TIER_VRAM);
+  sgm_context_destroy(ctx);
+  ctx = fb_context(2 * MiB);
+  void *fill = sgm_alloc(ctx, 2 * MiB, NULL);
+  assert_int_equal(sgm_pointer_tier(ctx, fill), SGM_TIER_VRAM);
+  fb_count(ctx, seed, fb, &n_fb, SGM_TIER_SHARED);
+  sgm_free(ctx, fill, NULL);
+  sgm_context_destroy(ctx);
+  print_message("# 256 pairs: plain VRAM lock %llu, shared lock %llu; fallback VRAM lock %llu, "
+                "shared lock %llu\n", (unsigned long long)plain[0], (unsigned long long)plain[1],
+                (unsigned long long)fb[0], (unsigned long long)fb[1]);
+  assert_int_equal(n_plain, 0);
+  assert_int_equal(n_fb, 256);
+  assert_int_equal(fb[0], 0);
+  assert_true(fb[1] <= plain[0]);
+}
+
 int main(void) {
   void *probe = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   fake_lib = probe;
@@ -240,6 +321,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cuda_pinned_numa_preferred, setup, teardown),
       cmocka_unit_test_setup_teardown(test_emu_pinned_not_inherited, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cuda_pinned_not_inherited, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_fallback_pair_takes_no_lock, setup, teardown),
   };
   int rc = cmocka_run_group_tests_name("fallback", tests, NULL, NULL);
   if (fake_lib) dlclose(fake_lib);

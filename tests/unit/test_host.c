@@ -84,6 +84,23 @@ static void test_machine_ram(void **state) {
   assert_true(ram <= phys + phys / 100);
 }
 
+/* Invariant: hwloc's topology is loaded once per process, however many
+ * times the machine's RAM is asked (every sgm_context_create asks; a load
+ * costs milliseconds), and the answer stays the same. */
+static void test_machine_ram_probed_once(void **state) {
+  (void)state;
+  sgm_test_clean_env();
+  uint64_t first = sgm__host_machine_ram();
+  for (int i = 0; i < 3; i++) assert_int_equal(sgm__host_machine_ram(), first);
+  sgm_context *ctx = NULL;
+  setenv("SGM_BACKEND", "emu", 1);
+  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+  sgm_context_destroy(ctx);
+  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+  sgm_context_destroy(ctx);
+  assert_int_equal(sgm__host_n_topology_loads(), 1);
+}
+
 /* ------------------------------------------------------------------------ */
 /* cgroup v2. */
 
@@ -285,6 +302,7 @@ static void test_physical_ram_is_min(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_machine_ram),
+      cmocka_unit_test(test_machine_ram_probed_once),
       cmocka_unit_test(test_v2_limit),
       cmocka_unit_test(test_v2_max_is_no_limit),
       cmocka_unit_test(test_v2_nested_ancestors),
