@@ -425,6 +425,84 @@ static void test_cache_reuses_a_freed_range(void **state) {
   sgm_context_destroy(ctx); /* gives every cached range back (ASan and the counters' leak check) */
 }
 
+/* A steady-state pair of a cached movable range takes no placement lock
+ * (pl->lock, shared by every buffer and block of the context): the cache
+ * and the managed map have a lock of their own, and a cached range stays in
+ * the map and the list of all buffers, so neither is relinked. Counted with
+ * the lock's take counter; the ranges are reused (same pointers, cache hits)
+ * and their bytes stay the caller's. */
+static void test_steady_pair_takes_no_placement_lock(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("48MiB", "managed");
+  struct sgm_placement *pl = sgm__context_pl(ctx);
+  enum { RING = 4, PAIRS = 64 };
+  uint8_t *ring[RING];
+  for (int i = 0; i < RING; i++) {
+    ring[i] = sgm_alloc(ctx, 4 * MiB, NULL);
+    assert_non_null(ring[i]);
+  }
+  sgm_free(ctx, ring[0], NULL); /* warm: one range cached */
+  ring[0] = sgm_alloc(ctx, 4 * MiB, NULL);
+  assert_non_null(ring[0]);
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  uint64_t hits = st.n_managed_cache_hits;
+  uint64_t takes = sgm__lock_takes(&pl->lock);
+  for (int k = 0; k < PAIRS; k++) {
+    uint8_t *was = ring[k % RING];
+    sgm_free(ctx, was, NULL);
+    ring[k % RING] = sgm_alloc(ctx, 4 * MiB, NULL);
+    assert_ptr_equal(ring[k % RING], was); /* the range it just freed */
+    fill(ring[k % RING], 64 * 1024, (uint8_t)k);
+  }
+  assert_int_equal(sgm__lock_takes(&pl->lock), takes);
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.n_managed_cache_hits, hits + PAIRS);
+  assert_int_equal(st.n_managed_live, RING);
+  for (int k = PAIRS - RING; k < PAIRS; k++) verify(ring[k % RING], 64 * 1024, (uint8_t)k);
+  check_invariants(ctx);
+  for (int i = 0; i < RING; i++) sgm_free(ctx, ring[i], NULL);
+  check_invariants(ctx);
+  sgm_context_destroy(ctx);
+}
+
+/* A reused range's policy listing may wait (pending), but never past a victim
+ * search: the block the policy would pick is still the one demoted when a new
+ * one needs room, even if it just came from the cache (here the only one at
+ * normal priority), and its bytes move with it. */
+static void test_reused_block_is_still_a_victim(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("16MiB", "managed");
+  uint8_t *a = sgm_alloc(ctx, 4 * MiB, NULL);
+  uint8_t *b = sgm_alloc(ctx, 4 * MiB, NULL);
+  uint8_t *c = sgm_alloc(ctx, 4 * MiB, NULL);
+  uint8_t *d = sgm_alloc(ctx, 4 * MiB, NULL);
+  assert_true(a && b && c && d);
+  uint8_t *high[] = {b, c, d};
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(sgm_advise(ctx, high[i], SGM_PRIORITY_HIGH, SGM_HINT_NONE), SGM_OK);
+  sgm_free(ctx, a, NULL);
+  uint8_t *a2 = sgm_alloc(ctx, 4 * MiB, NULL); /* the cached range: its listing deferred */
+  assert_ptr_equal(a2, a);
+  fill(a2, 4 * MiB, 7);
+  uint8_t *e = sgm_alloc(ctx, 4 * MiB, NULL); /* VRAM is full: the normal-priority a2 makes room */
+  assert_non_null(e);
+  assert_int_equal(sgm_pointer_tier(ctx, a2), SGM_TIER_SHARED);
+  for (int i = 0; i < 3; i++) assert_int_equal(sgm_pointer_tier(ctx, high[i]), SGM_TIER_VRAM);
+  assert_int_equal(sgm_pointer_tier(ctx, e), SGM_TIER_VRAM);
+  verify(a2, 4 * MiB, 7);
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.n_managed_demotions, 1);
+  assert_int_equal(st.n_fallbacks, 0);
+  check_invariants(ctx);
+  sgm_free(ctx, a2, NULL);
+  for (int i = 0; i < 3; i++) sgm_free(ctx, high[i], NULL);
+  sgm_free(ctx, e, NULL);
+  check_invariants(ctx);
+  sgm_context_destroy(ctx);
+}
+
 /* Cached ranges hold budget (committed, not used) and go back before anything
  * moves or falls back: the budget is never exceeded counting them, and a new
  * block that needs their room gets it without a demotion or a fallback. */
@@ -873,6 +951,8 @@ int main(void) {
       cmocka_unit_test(test_refused_or_downgraded),
       cmocka_unit_test(test_every_failure_leaves_things_whole),
       cmocka_unit_test(test_cache_reuses_a_freed_range),
+      cmocka_unit_test(test_steady_pair_takes_no_placement_lock),
+      cmocka_unit_test(test_reused_block_is_still_a_victim),
       cmocka_unit_test(test_cache_yields_before_anything_moves),
       cmocka_unit_test(test_cache_goes_back_to_the_driver),
       cmocka_unit_test(test_policy_orders_promotions),
