@@ -30,7 +30,8 @@
  *
  * Threading: see tier.h for the locks and their order. The user's alloc and
  * free on a warm magazine take only the magazine's spin lock (its own
- * thread's, so uncontended) and, on free, one shard lock of the live map;
+ * thread's, so uncontended) and, on free, a lock-free lookup in the live map
+ * and one compare-and-swap on the block's own record;
  * counters go to the magazine and reach the pool in batches (at once when one
  * thread uses the pool, so single-threaded stats are exact).
  */
@@ -82,7 +83,13 @@
 #define TIER_VMM_MIN_GRANULES 32u
 #define TIER_VMM_SLACK_SHIFT 5
 
-enum { TIER_LIVE = 1, TIER_CACHED = 2 };
+/* A block record's tag: its address (a multiple of SGM_DEVICE_ALIGN) and
+ * these flags in the low bits. TIER_OWN: taken by sgm__tier_alloc for sgm
+ * itself, so user frees refuse it. TIER_BUSY: sgm_record_stream is changing
+ * the record's stream list; a free waits for it. */
+enum { TIER_LIVE = 1, TIER_CACHED = 2, TIER_OWN = 4, TIER_BUSY = 8 };
+#define TIER_TAG_STATE UINT64_C(3)
+#define TIER_TAG_FLAGS (SGM_DEVICE_ALIGN - UINT64_C(1))
 
 /* Expandable growth: one granule of the reserved range. */
 typedef struct tier_granule {
@@ -99,21 +106,40 @@ typedef struct tier_block {
   uint64_t asked;              /* the size handed out, rounded to SGM_DEVICE_ALIGN (counted in used) */
   uint64_t key;                /* the stream it belongs to (allocated or freed on) */
   void *handle;                /* that stream's handle, to record events on it */
-  int state;                   /* TIER_LIVE or TIER_CACHED (atomic; changed under the shard lock) */
+  uint64_t tag;                /* ptr | TIER_LIVE or TIER_CACHED | TIER_OWN | TIER_BUSY, 0 while
+                                  spare (atomic: the live map's lock-free readers validate by it) */
   int cls;                     /* its size class, -1 when its size is no class's */
-  bool own;                    /* taken by sgm__tier_alloc for sgm itself: user frees refuse it */
   sgm_stream_ref *rec;         /* streams named by sgm_record_stream (malloc'd), NULL if none */
   size_t n_rec;                /* entries in rec */
-  struct tier_block *hnext;    /* chain in the live map */
-  struct tier_block *next;     /* in a cache list */
-} tier_block;
+  struct tier_block *hnext;    /* chain in the live map (atomic: read without a lock) */
+  struct tier_block *next;     /* in a cache list, or the pool's spare records */
+} __attribute__((aligned(64))) tier_block;
 
-/* A spin-locked shard of the live map, alone on its cache line. */
+/* Records start on their own cache line: the compare-and-swap of a free must
+ * not pull in a line holding another thread's record. */
+static tier_block *tier_block_new(void) {
+  tier_block *b = aligned_alloc(64, sizeof(tier_block));
+  if (b) memset(b, 0, sizeof *b);
+  return b;
+}
+
+/* A bucket array of the live map; replaced arrays are kept until the pool
+ * goes, since a reader may still be walking one. */
+typedef struct tier_table {
+  size_t mask;                 /* buckets - 1 (a power of two, minus one) */
+  struct tier_table *retired;  /* the array this one replaced */
+  tier_block *b[];             /* chains by address hash (atomic) */
+} tier_table;
+
+/* A shard of the live map, alone on its cache line. Written only under the
+ * pool lock, read without any lock: frees look their block up without
+ * writing a line another thread reads (issue 10: two threads freeing through
+ * shard spin locks ran at 0.68x the pairs per second of one). */
 typedef struct tier_shard {
-  int lock;                    /* spin lock (atomic) */
-  tier_block **buckets;        /* chains by address hash */
-  size_t n_buckets;            /* a power of two */
-  size_t n;                    /* records in the shard */
+  unsigned seq;                /* odd while a record is unlinked or the table rebuilt (atomic) */
+  tier_table *table;           /* NULL until the first insert (atomic) */
+  size_t n;                    /* records in the shard (atomic: read by the check) */
+  uint64_t n_writes;           /* inserts, unlinks and rebuilds so far (atomic: read by tests) */
 } __attribute__((aligned(64))) tier_shard;
 
 /* Cached blocks of one stream, by class. */
@@ -199,6 +225,8 @@ struct sgm_tier_pool {
   unsigned vmm_shift;         /* log2 of the granule */
   tier_granule *gran;         /* one per granule of the range */
   uint64_t vmm_free_mapped;   /* granules mapped, not busy, touched by no block (atomic read) */
+  tier_block *spare;          /* records out of the map, reused by carves: a record once
+                                 in the map is freed only with the pool (lock-free readers) */
   tier_shard shards[TIER_SHARDS]; /* the live map */
 };
 
@@ -278,72 +306,171 @@ static void tier_count_used(sgm_tier_pool *p, int64_t d_used, int64_t d_live, ui
   }
 }
 
-/* ---- the live map ---- */
+/* ---- the live map ----
+ *
+ * Writers (insert, remove) hold the pool lock. Readers hold nothing and
+ * write nothing shared: they walk a shard's chain with atomic loads and act
+ * on a record only through a compare-and-swap of its tag, which holds the
+ * record's address, so a record that was recycled for another block while a
+ * reader looked at it never matches. Records are type-stable: once in the
+ * map, a record goes to the pool's spare list, never to free(), until the
+ * pool is destroyed, so a reader holding a stale pointer reads a record,
+ * never freed memory. A walk that found nothing is believed only if the
+ * shard's sequence number did not move meanwhile (a record unlinked or the
+ * table rebuilt could have hidden the rest of the chain).
+ */
 
-static tier_block *tier_map_find_locked(tier_shard *s, sgm_devptr ptr, uint64_t h) {
-  for (tier_block *b = s->buckets[(h >> 6) & (s->n_buckets - 1)]; b; b = b->hnext)
-    if (b->ptr == ptr) return b;
-  return NULL;
+static inline uint64_t tier_tag_of(const tier_block *b) {
+  return __atomic_load_n(&b->tag, __ATOMIC_ACQUIRE);
 }
 
-/* Insert b (pool lock held); false when out of memory. */
+static inline int tier_block_state(const tier_block *b) { return (int)(tier_tag_of(b) & TIER_TAG_STATE); }
+
+/* Walks longer than this (only a walk misled by concurrent writers gets
+ * near it) start over. */
+#define TIER_MAP_MAX_WALK 4096
+
+/* The record whose tag names ptr, NULL when there is none (lock-free). */
+static tier_block *tier_map_lookup(sgm_tier_pool *p, sgm_devptr ptr) {
+  uint64_t h = tier_hash(ptr);
+  tier_shard *s = tier_shard_of(p, h);
+  for (unsigned spins = 0;; spins++) {
+    if (spins > 64) sched_yield();
+    unsigned seq = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
+    if (seq & 1u) continue;
+    tier_table *t = __atomic_load_n(&s->table, __ATOMIC_ACQUIRE);
+    if (!t) return NULL;
+    tier_block *b = __atomic_load_n(&t->b[(h >> 6) & t->mask], __ATOMIC_ACQUIRE);
+    for (unsigned k = 0; b && k < TIER_MAP_MAX_WALK; k++) {
+      if ((tier_tag_of(b) & ~TIER_TAG_FLAGS) == ptr) return b;
+      b = __atomic_load_n(&b->hnext, __ATOMIC_ACQUIRE);
+    }
+    /* Every load above is an acquire, so this one cannot move before them. */
+    if (!b && __atomic_load_n(&s->seq, __ATOMIC_RELAXED) == seq) return NULL;
+  }
+}
+
+/* A seqlock without fences (TSan has none): the writer's stores between
+ * begin and end are releases, so a reader that sees one also sees the odd
+ * sequence number. */
+static void tier_shard_write_begin(tier_shard *s) { __atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELAXED); }
+
+static void tier_shard_write_end(tier_shard *s) { __atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELEASE); }
+
+/* Insert b, its tag already set (pool lock held); false when out of memory. */
 static bool tier_map_insert(sgm_tier_pool *p, tier_block *b) {
+  sgm_assert_internal(sgm__lock_held(&p->lock));
   uint64_t h = tier_hash(b->ptr);
   tier_shard *s = tier_shard_of(p, h);
-  tier_spin_lock(&s->lock);
-  if (!s->buckets || s->n >= 2 * s->n_buckets) {
-    size_t nb = s->buckets ? s->n_buckets * 2 : TIER_SHARD_BUCKETS_MIN;
-    tier_block **nbk = calloc(nb, sizeof *nbk);
-    if (nbk) {
-      for (size_t i = 0; s->buckets && i < s->n_buckets; i++) {
-        for (tier_block *x = s->buckets[i], *next; x; x = next) {
+  tier_table *t = s->table;
+  if (!t || s->n >= 2 * (t->mask + 1)) {
+    size_t nb = t ? 2 * (t->mask + 1) : TIER_SHARD_BUCKETS_MIN;
+    tier_table *nt = calloc(1, sizeof *nt + nb * sizeof nt->b[0]);
+    if (!nt && !t) return false;
+    if (nt) {
+      nt->mask = nb - 1;
+      nt->retired = t;
+      /* Relinking moves records between chains under readers' feet: they
+       * see the sequence number move and walk again. */
+      tier_shard_write_begin(s);
+      for (size_t i = 0; t && i <= t->mask; i++) {
+        for (tier_block *x = t->b[i], *next; x; x = next) {
           next = x->hnext;
-          size_t k = (tier_hash(x->ptr) >> 6) & (nb - 1);
-          x->hnext = nbk[k];
-          nbk[k] = x;
+          size_t k = (tier_hash(x->ptr) >> 6) & nt->mask;
+          __atomic_store_n(&x->hnext, nt->b[k], __ATOMIC_RELEASE);
+          nt->b[k] = x;
         }
       }
-      free(s->buckets);
-      s->buckets = nbk;
-      s->n_buckets = nb;
-    } else if (!s->buckets) {
-      tier_spin_unlock(&s->lock);
-      return false;
+      __atomic_store_n(&s->table, nt, __ATOMIC_RELEASE);
+      tier_shard_write_end(s);
+      t = nt;
     }
   }
-  size_t k = (h >> 6) & (s->n_buckets - 1);
-  b->hnext = s->buckets[k];
-  s->buckets[k] = b;
-  s->n++;
-  tier_spin_unlock(&s->lock);
+  /* Prepending hides nothing from a reader: no sequence step. */
+  tier_block **head = &t->b[(h >> 6) & t->mask];
+  __atomic_store_n(&b->hnext, *head, __ATOMIC_RELAXED);
+  __atomic_store_n(head, b, __ATOMIC_RELEASE);
+  __atomic_store_n(&s->n, s->n + 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&s->n_writes, s->n_writes + 1, __ATOMIC_RELAXED);
   return true;
 }
 
+/* Unlink b (pool lock held); the caller makes it spare. */
 static void tier_map_remove(sgm_tier_pool *p, tier_block *b) {
+  sgm_assert_internal(sgm__lock_held(&p->lock));
   uint64_t h = tier_hash(b->ptr);
   tier_shard *s = tier_shard_of(p, h);
-  tier_spin_lock(&s->lock);
-  for (tier_block **pp = &s->buckets[(h >> 6) & (s->n_buckets - 1)]; *pp; pp = &(*pp)->hnext) {
+  tier_table *t = s->table;
+  tier_shard_write_begin(s);
+  for (tier_block **pp = &t->b[(h >> 6) & t->mask]; *pp; pp = &(*pp)->hnext) {
     if (*pp == b) {
-      *pp = b->hnext;
-      s->n--;
+      __atomic_store_n(pp, b->hnext, __ATOMIC_RELEASE);
+      __atomic_store_n(&s->n, s->n - 1, __ATOMIC_RELAXED);
+      __atomic_store_n(&s->n_writes, s->n_writes + 1, __ATOMIC_RELAXED);
       break;
     }
   }
-  tier_spin_unlock(&s->lock);
+  tier_shard_write_end(s);
 }
 
-/* Move ptr's block from LIVE to CACHED; NULL when ptr is no live block. */
-static tier_block *tier_map_take_live(sgm_tier_pool *p, sgm_devptr ptr, bool own) {
-  uint64_t h = tier_hash(ptr);
-  tier_shard *s = tier_shard_of(p, h);
-  tier_spin_lock(&s->lock);
-  tier_block *b = s->buckets ? tier_map_find_locked(s, ptr, h) : NULL;
-  if (b && b->own == own && __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) == TIER_LIVE)
-    __atomic_store_n(&b->state, TIER_CACHED, __ATOMIC_RELAXED);
-  else b = NULL;
-  tier_spin_unlock(&s->lock);
+/* A record for a carve: a spare one, else NULL (pool lock held). */
+static tier_block *tier_spare_take_locked(sgm_tier_pool *p) {
+  sgm_assert_internal(sgm__lock_held(&p->lock));
+  tier_block *b = p->spare;
+  if (b) p->spare = b->next;
   return b;
+}
+
+/* Keep a record that may have been in the map for the next carve (pool
+ * lock held); its tag goes to 0, so no reader matches it. */
+static void tier_spare_put_locked(sgm_tier_pool *p, tier_block *b) {
+  sgm_assert_internal(sgm__lock_held(&p->lock));
+  __atomic_store_n(&b->tag, 0, __ATOMIC_RELEASE);
+  b->next = p->spare;
+  p->spare = b;
+}
+
+/* Move ptr's block from LIVE to CACHED; NULL when ptr is no live block
+ * (with own: one sgm took for itself; without: one the user holds). */
+static tier_block *tier_map_take_live(sgm_tier_pool *p, sgm_devptr ptr, bool own) {
+  uint64_t flags = own ? TIER_OWN : 0;
+  for (unsigned spins = 0;; spins++) {
+    tier_block *b = tier_map_lookup(p, ptr);
+    if (!b) return NULL;
+    uint64_t want = ptr | TIER_LIVE | flags;
+    uint64_t tag = want;
+    if (__atomic_compare_exchange_n(&b->tag, &tag, ptr | TIER_CACHED | flags, false, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE))
+      return b;
+    if ((tag & ~TIER_TAG_FLAGS) != ptr) continue; /* recycled meanwhile: look again */
+    if (tag != (want | TIER_BUSY)) return NULL;  /* cached (freed twice), or the other owner's */
+    if (spins > 64) sched_yield();                /* sgm_record_stream holds it a moment */
+  }
+}
+
+/* Mark ptr's user-held block BUSY for sgm_record_stream; NULL when ptr is no
+ * live user block. The caller ends with tier_map_unbusy. */
+static tier_block *tier_map_busy_live(sgm_tier_pool *p, sgm_devptr ptr) {
+  for (unsigned spins = 0;; spins++) {
+    tier_block *b = tier_map_lookup(p, ptr);
+    if (!b) return NULL;
+    uint64_t tag = ptr | TIER_LIVE;
+    if (__atomic_compare_exchange_n(&b->tag, &tag, ptr | TIER_LIVE | TIER_BUSY, false, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE))
+      return b;
+    if ((tag & ~TIER_TAG_FLAGS) != ptr) continue;
+    if (tag != (ptr | TIER_LIVE | TIER_BUSY)) return NULL;
+    if (spins > 64) sched_yield();
+  }
+}
+
+static void tier_map_unbusy(tier_block *b) { __atomic_fetch_and(&b->tag, ~(uint64_t)TIER_BUSY, __ATOMIC_RELEASE); }
+
+/* Set a block's state, keeping its address and owner (LIVE when handed out,
+ * CACHED when taken back; the caller holds the block alone). */
+static inline void tier_block_set_state(tier_block *b, int state) {
+  uint64_t tag = __atomic_load_n(&b->tag, __ATOMIC_RELAXED);
+  __atomic_store_n(&b->tag, (tag & ~TIER_TAG_STATE) | (uint64_t)state, __ATOMIC_RELEASE);
 }
 
 /* ---- the sub-allocator side (pool lock held) ---- */
@@ -365,7 +492,9 @@ static void tier_release_block_locked(sgm_tier_pool *p, tier_block *b) {
   p->held_bytes -= b->bytes;
   p->n_blocks--;
   free(b->rec);
-  free(b);
+  b->rec = NULL;
+  b->n_rec = 0;
+  tier_spare_put_locked(p, b);
 }
 
 static int tier_add_chunk_locked(sgm_tier_pool *p, const sgm_chunk *c) {
@@ -619,7 +748,9 @@ static tier_mag *tier_mag_slow(sgm_tier_pool *p) {
     tier_tls[slot].mag = NULL;
     tier_tls[slot].pool_id = 0;
   }
-  tier_mag *m = calloc(1, sizeof *m);
+  /* Its own cache lines: two threads' magazines never share one. */
+  tier_mag *m = aligned_alloc(64, sgm__align_up(sizeof *m, 64));
+  if (m) memset(m, 0, sizeof *m);
   if (!m) return NULL;
   m->pool = p;
   m->pool_id = p->id;
@@ -761,16 +892,18 @@ static uint64_t tier_vmm_unmap_free(sgm_tier_pool *p, uint64_t now_ms, uint64_t 
  * unmaps them first (tier_vmm_back_locked), so committed is as bounded at
  * every mapping as if they had gone at once, and a block freed and allocated
  * again (a demotion and its promotion) finds its memory still there instead
- * of faulting in fresh pages; trims and the idle trim return the rest. Hints
- * read without the lock.
+ * of faulting in fresh pages; trims and the idle trim return the rest. The
+ * free-granule count is read first without the lock, as a hint.
  */
 static void tier_vmm_settle(sgm_tier_pool *p, bool eager) {
-  if (!p->vmm_range) return;
-  uint64_t free_mapped = __atomic_load_n(&p->vmm_free_mapped, __ATOMIC_RELAXED);
-  bool over = __atomic_load_n(&p->committed_bytes, __ATOMIC_RELAXED) >
-              __atomic_load_n(&p->p.budget_bytes, __ATOMIC_RELAXED);
-  if ((eager && free_mapped > tier_vmm_slack(p)) || (over && free_mapped > 0))
-    tier_vmm_unmap_free(p, 0, UINT64_MAX);
+  if (!p->vmm_range || __atomic_load_n(&p->vmm_free_mapped, __ATOMIC_RELAXED) == 0) return;
+  /* committed and the budget change under the lock (plain writes there). */
+  sgm__lock_take(&p->lock);
+  uint64_t free_mapped = p->vmm_free_mapped;
+  bool go = (eager && free_mapped > tier_vmm_slack(p)) ||
+            (p->committed_bytes > p->p.budget_bytes && free_mapped > 0);
+  sgm__lock_drop(&p->lock);
+  if (go) tier_vmm_unmap_free(p, 0, UINT64_MAX);
 }
 
 /*
@@ -1006,15 +1139,23 @@ void sgm__tier_destroy(sgm_tier_pool *p) {
   sgm__tier_reclaim(p, NULL, SGM_RECLAIM_WAIT);
   /* Blocks sgm itself still holds (none when the context is clean). */
   for (size_t i = 0; i < TIER_SHARDS; i++) {
-    tier_shard *s = &p->shards[i];
-    for (size_t k = 0; s->buckets && k < s->n_buckets; k++) {
-      for (tier_block *b = s->buckets[k], *next; b; b = next) {
+    tier_table *t = p->shards[i].table;
+    for (size_t k = 0; t && k <= t->mask; k++) {
+      for (tier_block *b = t->b[k], *next; b; b = next) {
         next = b->hnext;
         free(b->rec);
         free(b);
       }
     }
-    free(s->buckets);
+    while (t) {
+      tier_table *r = t->retired;
+      free(t);
+      t = r;
+    }
+  }
+  for (tier_block *b = p->spare, *next; b; b = next) {
+    next = b->next;
+    free(b);
   }
   for (tier_stream *s = p->streams, *next; s; s = next) {
     next = s->next;
@@ -1183,8 +1324,6 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
    * moment later; the block then lands one tier down, as it would have a
    * moment earlier. */
   if (need > __atomic_load_n(&p->room_bytes, __ATOMIC_RELAXED)) return SGM__ERR_BUDGET;
-  tier_block *b = malloc(sizeof *b);
-  if (!b) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for block metadata");
   bool trimmed = false, reclaimed = false;
   sgm__lock_take(&p->lock);
   for (int round = 0; round < TIER_MAX_GROW_ROUNDS; round++) {
@@ -1213,14 +1352,28 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
         round--;
         continue;
       }
-      *b = (tier_block){.ptr = off, .bytes = got, .asked = asked, .key = ref ? ref->key : 0,
-                        .handle = ref ? ref->handle : NULL, .state = TIER_LIVE,
-                        .cls = tier_class_exact(got), .own = ref == NULL};
-      if (!tier_map_insert(p, b)) {
+      /* A spare record, else a new one (only while the pool holds more
+       * blocks than ever before). Lock-free readers may still be reading a
+       * spare's tag and chain link: those two are written atomically. */
+      tier_block *b = tier_spare_take_locked(p);
+      if (!b) b = tier_block_new();
+      if (b) {
+        b->ptr = off;
+        b->bytes = got;
+        b->asked = asked;
+        b->key = ref ? ref->key : 0;
+        b->handle = ref ? ref->handle : NULL;
+        b->cls = tier_class_exact(got);
+        b->rec = NULL;
+        b->n_rec = 0;
+        b->next = NULL;
+        __atomic_store_n(&b->tag, off | TIER_LIVE | (ref ? 0 : TIER_OWN), __ATOMIC_RELEASE);
+      }
+      if (!b || !tier_map_insert(p, b)) {
         uint64_t sz;
         sgm__suballoc_free(p->sa, off, &sz);
+        if (b) tier_spare_put_locked(p, b);
         sgm__lock_drop(&p->lock);
-        free(b);
         return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for block metadata");
       }
       p->held_bytes += got;
@@ -1288,7 +1441,6 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
         if (!dedicated && p->n_geometric > 0) p->n_geometric--;
         sgm__lock_drop(&p->lock);
         p->p.ops->chunk_free(p, &c);
-        free(b);
         return rc;
       }
       continue;
@@ -1298,14 +1450,12 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
     /* The message names the budget; the status stays the backend's. */
     if (rc == SGM_ERR_NOMEM) tier_backend_nomem_locked(p, need);
     sgm__lock_drop(&p->lock);
-    free(b);
     return rc;
   }
   /* The budget is full. The message is composed only if the caller needs it
    * (sgm__tier_explain_budget): on the fallback path it does not, and
    * formatting it would cost more than the fallback allocation itself. */
   sgm__lock_drop(&p->lock);
-  free(b);
   return SGM__ERR_BUDGET;
 }
 
@@ -1339,7 +1489,7 @@ static inline sgm_devptr tier_hand_out(sgm_tier_pool *p, tier_mag *m, tier_block
   b->asked = asked;
   b->key = ref->key;
   b->handle = ref->handle;
-  __atomic_store_n(&b->state, TIER_LIVE, __ATOMIC_RELEASE);
+  tier_block_set_state(b, TIER_LIVE);
   if (m) tier_mag_count(p, m, (int64_t)asked);
   else tier_count_used(p, (int64_t)asked, 1, 1, 0);
   return b->ptr;
@@ -1510,7 +1660,7 @@ out_fail:
   if (d) for (size_t i = 0; i < d->n_events; i++) tier_event_put(p, evs[i]);
   free(evs);
   free(d);
-  __atomic_store_n(&b->state, TIER_LIVE, __ATOMIC_RELEASE);
+  tier_block_set_state(b, TIER_LIVE);
   return rc;
 }
 
@@ -1570,14 +1720,12 @@ int sgm__tier_free_on(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_ref *re
 }
 
 int sgm__tier_record_stream(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_ref *ref) {
-  uint64_t h = tier_hash(ptr);
-  tier_shard *s = tier_shard_of(p, h);
-  tier_spin_lock(&s->lock);
-  tier_block *b = s->buckets ? tier_map_find_locked(s, ptr, h) : NULL;
+  /* BUSY keeps a concurrent free (a caller's race) from reading the list
+   * while it is rewritten. */
+  tier_block *b = tier_map_busy_live(p, ptr);
+  if (!b) return SGM_ERR_INVALID;
   int rc = SGM_OK;
-  if (!b || b->own || __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) != TIER_LIVE) {
-    rc = SGM_ERR_INVALID;
-  } else if (ref->key != b->key) {
+  if (ref->key != b->key) {
     bool known = false;
     for (size_t i = 0; i < b->n_rec && !known; i++) known = b->rec[i].key == ref->key;
     if (!known) {
@@ -1590,7 +1738,7 @@ int sgm__tier_record_stream(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_r
       }
     }
   }
-  tier_spin_unlock(&s->lock);
+  tier_map_unbusy(b);
   if (rc == SGM_ERR_NOMEM)
     return sgm__error_set(SGM_ERR_NOMEM, "sgm_record_stream: out of host memory");
   return rc;
@@ -1609,13 +1757,11 @@ bool sgm__tier_has_cached(sgm_tier_pool *p) {
 
 /* Is ptr a LIVE block of p (with own_only: one sgm took for itself)? */
 static bool tier_owns_live(sgm_tier_pool *p, sgm_devptr ptr, bool own_only) {
-  uint64_t h = tier_hash(ptr);
-  tier_shard *s = tier_shard_of(p, h);
-  tier_spin_lock(&s->lock);
-  tier_block *b = s->buckets ? tier_map_find_locked(s, ptr, h) : NULL;
-  bool yes = b && (!own_only || b->own) && __atomic_load_n(&b->state, __ATOMIC_ACQUIRE) == TIER_LIVE;
-  tier_spin_unlock(&s->lock);
-  return yes;
+  tier_block *b = tier_map_lookup(p, ptr);
+  if (!b) return false;
+  uint64_t tag = tier_tag_of(b);
+  return (tag & ~TIER_TAG_FLAGS) == ptr && (tag & TIER_TAG_STATE) == TIER_LIVE &&
+         (!own_only || (tag & TIER_OWN));
 }
 
 bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr) { return tier_owns_live(p, ptr, false); }
@@ -2004,6 +2150,12 @@ uint64_t sgm__tier_charged(sgm_tier_pool *p) {
 
 uint64_t sgm__tier_lock_takes(const sgm_tier_pool *p) { return sgm__lock_takes(&p->lock); }
 
+uint64_t sgm__tier_map_writes(const sgm_tier_pool *p) {
+  uint64_t n = 0;
+  for (size_t i = 0; i < TIER_SHARDS; i++) n += __atomic_load_n(&p->shards[i].n_writes, __ATOMIC_RELAXED);
+  return n;
+}
+
 void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out) {
   memset(out, 0, sizeof *out);
   sgm__lock_take(&p->lock);
@@ -2052,15 +2204,13 @@ static bool tier_vmm_check_locked(sgm_tier_pool *p, const sgm_suballoc_stats *st
   uint32_t *refs = calloc(n, sizeof *refs);
   if (!refs) return true; /* a check that cannot run finds nothing wrong */
   for (size_t i = 0; i < TIER_SHARDS; i++) {
-    tier_shard *s = &p->shards[i];
-    tier_spin_lock(&s->lock);
-    for (size_t k = 0; s->buckets && k < s->n_buckets; k++)
-      for (tier_block *b = s->buckets[k]; b; b = b->hnext) {
+    const tier_table *t = p->shards[i].table; /* writers hold the pool lock: stable */
+    for (size_t k = 0; t && k <= t->mask; k++)
+      for (tier_block *b = t->b[k]; b; b = b->hnext) {
         size_t g0, g1;
         tier_vmm_span(p, b->ptr, b->bytes, &g0, &g1);
         for (size_t g = g0; g <= g1 && g < n; g++) refs[g]++;
       }
-    tier_spin_unlock(&s->lock);
   }
   uint64_t committed = 0, free_mapped = 0;
   bool ok = true;
@@ -2093,8 +2243,21 @@ bool sgm__tier_check(sgm_tier_pool *p) {
   for (size_t i = 0; i < p->n_chunks; i++) sum += p->chunks[i].bytes;
   sgm_suballoc_stats st;
   sgm__suballoc_stats(p->sa, &st);
-  size_t in_map = 0;
-  for (size_t i = 0; i < TIER_SHARDS; i++) in_map += __atomic_load_n(&p->shards[i].n, __ATOMIC_RELAXED);
+  size_t in_map = 0, bad_tags = 0;
+  for (size_t i = 0; i < TIER_SHARDS; i++) {
+    const tier_shard *sh = &p->shards[i];
+    size_t walked = 0;
+    for (size_t k = 0; sh->table && k <= sh->table->mask; k++)
+      for (tier_block *b = sh->table->b[k]; b; b = b->hnext, walked++) {
+        uint64_t tag = tier_tag_of(b), st_bits = tag & TIER_TAG_STATE;
+        /* Every record names its own address, is LIVE or CACHED, and is the
+         * one a lock-free lookup of its address finds. */
+        bad_tags += (tag & ~TIER_TAG_FLAGS) != b->ptr || (st_bits != TIER_LIVE && st_bits != TIER_CACHED) ||
+                    tier_map_lookup(p, b->ptr) != b;
+      }
+    in_map += sh->n;
+    bad_tags += walked != sh->n;
+  }
   uint64_t sealed_without_fence = 0;
   for (tier_stream *s = p->streams; s; s = s->next)
     if (s->sealed.n && !s->fence && !s->busy) sealed_without_fence++;
@@ -2120,6 +2283,9 @@ bool sgm__tier_check(sgm_tier_pool *p) {
                          sgm_tier_name(p->p.tier), (unsigned long long)p->held_bytes,
                          (unsigned long long)p->n_blocks, in_map, (unsigned long long)st.used_bytes,
                          (unsigned long long)st.n_live);
+  } else if (bad_tags) {
+    ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: %zu records of the live map have a wrong tag or "
+                         "cannot be found by their address", sgm_tier_name(p->p.tier), bad_tags);
   } else if (sealed_without_fence) {
     ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: %llu streams hold sealed blocks without a fence",
                          sgm_tier_name(p->p.tier), (unsigned long long)sealed_without_fence);

@@ -5,9 +5,9 @@
  * pinned host chunks) and carves them with the sub-allocator. The
  * sub-allocator's offset space is the device address space itself: each chunk
  * is added as a range at its device address, so a block's offset *is* the
- * pointer handed out. A map of the pool's blocks (sharded, a spin lock per
- * shard) finds a pointer's block on free without the pool lock; a pointer that
- * is not the start of a live block is refused.
+ * pointer handed out. A map of the pool's blocks (sharded, written under the
+ * pool lock, read with no lock and no shared write) finds a pointer's block on
+ * free; a pointer that is not the start of a live block is refused.
  *
  * Growth mode: chunks are taken on demand, geometrically growing from
  * growth_chunk_bytes; a block larger than the next chunk gets a chunk of its
@@ -46,8 +46,9 @@
  *
  * Threading: one lock per pool (rank = the tier's) for the sub-allocator, the
  * chunks and the bags; a spin lock per magazine (its owner thread, and
- * reclaimers under the pool lock); a spin lock per shard of the live-block map.
- * Order: magazine registry -> pool lock -> magazine -> shard. The pool lock is
+ * reclaimers under the pool lock); the live-block map is changed under the pool
+ * lock and read lock-free (a block's tag word, compared and swapped, decides
+ * who frees it). Order: magazine registry -> pool lock -> magazine. The pool lock is
  * never held across a backend call: growing reserves the bytes under the lock
  * (committed_bytes += chunk, so concurrent growers cannot overshoot the
  * budget), drops it, calls the backend, and retakes it to add the range.
@@ -167,6 +168,10 @@ void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out);
 /* How often the pool lock was taken so far (tests: the steady-state alloc/free
  * path on a thread's magazine takes it rarely, issue 10). */
 uint64_t sgm__tier_lock_takes(const sgm_tier_pool *p);
+/* How often the live map's shared lines were written so far (records
+ * inserted or unlinked, under the pool lock): tests check that a free, which
+ * looks its block up there, writes nothing another thread reads (issue 10). */
+uint64_t sgm__tier_map_writes(const sgm_tier_pool *p);
 /* Expandable growth: the granule size when the pool grows on one reserved
  * range (0 when it grows in chunks or reserves), and the range's bytes. */
 void sgm__tier_vmm_info(sgm_tier_pool *p, uint64_t *granule_bytes, uint64_t *reserved_bytes);

@@ -10,6 +10,7 @@
  */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -594,6 +595,65 @@ static void test_trim_and_destroy_with_pending(void **state) {
   assert_int_equal(fc.fake_cuda_live_allocations(), 0);
 }
 
+/* sgm_record_stream racing a free of the same block (a caller's race: the
+ * answer may be either, but never a torn record): every call either recorded
+ * the stream on the live block or was refused because the block was already
+ * freed, and the pool's check holds (issue 10: frees look their block up
+ * without a lock, so the record's stream list is guarded by its tag). */
+
+typedef struct record_arg {
+  sgm_context *ctx;            /* the shared context */
+  void *volatile ptr;          /* the block both threads touch, NULL between rounds */
+  pthread_barrier_t *bar;      /* start of each round, end of each round */
+  int rounds;                  /* rounds to run */
+  void *streams[2];            /* the other streams named (the block is freed on NULL) */
+  int ok, refused;             /* record_stream's answers */
+} record_arg;
+
+static void *record_main(void *p) {
+  record_arg *a = p;
+  for (int k = 0; k < a->rounds; k++) {
+    pthread_barrier_wait(a->bar);
+    void *ptr = a->ptr;
+    for (int j = 0; j < 8; j++) {
+      sgm_status rc = sgm_record_stream(a->ctx, ptr, a->streams[j % 2]);
+      if (rc == SGM_OK) a->ok++;
+      else if (rc == SGM_ERR_INVALID) a->refused++;
+      else fail_msg("sgm_record_stream: %d (%s)", rc, sgm_last_error());
+    }
+    pthread_barrier_wait(a->bar);
+  }
+  return NULL;
+}
+
+static void test_record_stream_races_free(void **state) {
+  (void)state;
+  enum { ROUNDS = 400 };
+  sgm_context *ctx = make_ctx_limit("16MiB");
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, 2);
+  record_arg a = {.ctx = ctx, .bar = &bar, .rounds = ROUNDS,
+                  .streams = {fc.fake_cuda_stream_create(), fc.fake_cuda_stream_create()}};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, record_main, &a), 0);
+  for (int k = 0; k < ROUNDS; k++) {
+    a.ptr = sgm_alloc(ctx, 4096 + (size_t)(k % 7) * 256, NULL);
+    assert_non_null(a.ptr);
+    pthread_barrier_wait(&bar);
+    if (k % 2) sched_yield(); /* let the recorder go first half the time */
+    assert_int_equal(sgm_free_ex(ctx, a.ptr, NULL), SGM_OK);
+    pthread_barrier_wait(&bar);
+  }
+  pthread_join(t, NULL);
+  pthread_barrier_destroy(&bar);
+  printf("# record_stream: %d recorded, %d refused (block already freed)\n", a.ok, a.refused);
+  assert_int_equal(a.ok + a.refused, 8 * ROUNDS);
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  sgm_context_destroy(ctx);
+  fc.fake_cuda_stream_destroy(a.streams[0]);
+  fc.fake_cuda_stream_destroy(a.streams[1]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_two_streams),
@@ -607,6 +667,7 @@ int main(void) {
       cmocka_unit_test(test_per_thread_streams_do_not_alias),
       cmocka_unit_test(test_concurrent_reclaim),
       cmocka_unit_test(test_record_stream_delays_reuse),
+      cmocka_unit_test(test_record_stream_races_free),
       cmocka_unit_test(test_reclaim_before_demotion),
       cmocka_unit_test(test_trim_and_destroy_with_pending),
   };

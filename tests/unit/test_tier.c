@@ -1,0 +1,248 @@
+/*
+ * test_tier.c — the tier pool's live-block map and the user's free path
+ * (lib/tiers/tier.c), on the emulated device.
+ *
+ * Invariants checked: a free of a block the freeing thread holds writes
+ * nothing to the live map's shared lines, on any number of threads (only
+ * carves and releases, under the pool lock, do); lookups made while other
+ * threads carve, release and rebuild the map never hand a block to two
+ * holders, never lose one, and never take a freed block for a live one; a
+ * pointer freed twice, or one that is no block's start, is refused and
+ * counted (sgm_record_stream racing a free: test_stream_order.c, on the
+ * driver double, where streams differ); the pool's own check
+ * (sgm__tier_check: every record found by its address, tags consistent)
+ * holds after every phase.
+ */
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "test_util.h"
+#include "tiers/tier.h"
+
+#define MiB (UINT64_C(1) << 20)
+
+static sgm_context *make_ctx(const char *vram) {
+  sgm_test_clean_env();
+  setenv("SGM_BACKEND", "emu", 1);
+  setenv("SGM_EMU_VRAM", "512MiB", 1);
+  setenv("SGM_VRAM_LIMIT", vram, 1);
+  setenv("SGM_SHARED_FALLBACK", "off", 1);
+  setenv("SGM_IDLE_TRIM_MS", "0", 1);
+  sgm_context *ctx = NULL;
+  sgm_status rc = sgm_context_create(NULL, &ctx);
+  if (rc != SGM_OK) fprintf(stderr, "create: %s\n", sgm_last_error());
+  assert_int_equal(rc, SGM_OK);
+  return ctx;
+}
+
+static sgm_tier_pool *vram(sgm_context *ctx) { return sgm__context_tier(ctx, SGM_TIER_VRAM); }
+
+/* ---- steady-state frees write no shared line of the map ---- */
+
+typedef struct steady_arg {
+  sgm_context *ctx;            /* the shared context */
+  pthread_barrier_t *bar;      /* warm-up done / counted phase done */
+  uint64_t seed;               /* this thread's sizes */
+  int pairs;                   /* counted pairs */
+} steady_arg;
+
+enum { STEADY_RING = 64, STEADY_WARM = 20000 };
+
+static void steady_pairs(sgm_context *ctx, sgm_test_rng *r, void **ring, int from, int n) {
+  for (int k = from; k < from + n; k++) {
+    size_t sz = (size_t)sgm_test_rng_log_range(r, 256, 1048576);
+    sgm_free(ctx, ring[k % STEADY_RING], NULL);
+    ring[k % STEADY_RING] = sgm_alloc(ctx, sz, NULL);
+    assert_non_null(ring[k % STEADY_RING]);
+  }
+}
+
+static void *steady_main(void *p) {
+  steady_arg *a = p;
+  sgm_test_rng r;
+  sgm_test_rng_init(&r, a->seed);
+  void *ring[STEADY_RING];
+  for (int i = 0; i < STEADY_RING; i++) assert_non_null(ring[i] = sgm_alloc(a->ctx, 256, NULL));
+  steady_pairs(a->ctx, &r, ring, 0, STEADY_WARM);
+  pthread_barrier_wait(a->bar);
+  steady_pairs(a->ctx, &r, ring, STEADY_WARM, a->pairs);
+  pthread_barrier_wait(a->bar);
+  for (int i = 0; i < STEADY_RING; i++) sgm_free(a->ctx, ring[i], NULL);
+  return NULL;
+}
+
+/*
+ * Two threads, each freeing the oldest of its 64 blocks and allocating one of
+ * a random size (256 B .. 1 MiB, log-uniform, as bench_alloc does). Every
+ * free looks its block up in the pool-wide map; when each lookup took a
+ * shard lock, both threads wrote all the shards' lines and two threads ran
+ * at 0.68x the pairs per second of one. Now the map is written only when a
+ * block is carved or released (under the pool lock, which the magazines keep
+ * rare): at most one map write per 25 pairs, and never one per free.
+ */
+static void test_steady_frees_leave_the_map_unwritten(void **state) {
+  (void)state;
+  enum { PAIRS = 20000 };
+  uint64_t seed = sgm_test_seed("tier_steady_frees", 0x7a11ab1e);
+  sgm_context *ctx = make_ctx("256MiB");
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, 3);
+  steady_arg a[2];
+  pthread_t t[2];
+  for (int i = 0; i < 2; i++) {
+    a[i] = (steady_arg){.ctx = ctx, .bar = &bar, .seed = seed + (uint64_t)i, .pairs = PAIRS};
+    assert_int_equal(pthread_create(&t[i], NULL, steady_main, &a[i]), 0);
+  }
+  pthread_barrier_wait(&bar); /* both warm */
+  uint64_t w0 = sgm__tier_map_writes(vram(ctx));
+  pthread_barrier_wait(&bar); /* both done counting */
+  uint64_t writes = sgm__tier_map_writes(vram(ctx)) - w0;
+  for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+  pthread_barrier_destroy(&bar);
+  printf("# %llu live-map writes in %d steady-state pairs on two threads\n",
+         (unsigned long long)writes, 2 * PAIRS);
+  assert_true(writes <= 2 * PAIRS / 25);
+  assert_true(sgm__tier_check(vram(ctx)));
+  sgm_context_destroy(ctx);
+}
+
+/* ---- lookups while others carve, release and rebuild the map ---- */
+
+typedef struct churn_arg {
+  sgm_context *ctx;            /* the shared context */
+  uint64_t seed;               /* this thread's choices */
+  int id;                      /* stamped into its blocks */
+  int ops;                     /* operations to run */
+  volatile int *stop_trim;     /* set when the churners are done */
+} churn_arg;
+
+enum { CHURN_SLOTS = 96 };
+
+/* A block stamped with its holder and a serial: a block handed to two holders
+ * at once shows as a stamp another holder wrote. */
+static void stamp(void *p, int id, uint64_t serial) {
+  uint64_t w[2] = {(uint64_t)id, serial};
+  memcpy(p, w, sizeof w);
+}
+
+static bool stamped(const void *p, int id, uint64_t serial) {
+  uint64_t w[2];
+  memcpy(w, p, sizeof w);
+  return w[0] == (uint64_t)id && w[1] == serial;
+}
+
+static void *churn_main(void *p) {
+  churn_arg *a = p;
+  sgm_test_rng r;
+  sgm_test_rng_init(&r, a->seed);
+  void *slot[CHURN_SLOTS] = {0};
+  uint64_t serial[CHURN_SLOTS] = {0};
+  uint64_t next = 1;
+  for (int k = 0; k < a->ops; k++) {
+    size_t i = (size_t)sgm_test_rng_range(&r, 0, CHURN_SLOTS - 1);
+    if (slot[i]) {
+      assert_true(stamped(slot[i], a->id, serial[i]));
+      assert_int_equal(sgm_pointer_tier(a->ctx, slot[i]), SGM_TIER_VRAM);
+      assert_int_equal(sgm_free_ex(a->ctx, slot[i], NULL), SGM_OK);
+      slot[i] = NULL;
+    } else {
+      /* Small blocks live in magazines; large ones (no size class) are carved
+       * and released, so the map is written and rebuilt all along. */
+      uint64_t n = sgm_test_rng_range(&r, 0, 3) == 0 ? sgm_test_rng_log_range(&r, 1048577, 6 * MiB)
+                                                      : sgm_test_rng_log_range(&r, 16, 262144);
+      slot[i] = sgm_alloc(a->ctx, (size_t)n, NULL);
+      assert_non_null(slot[i]);
+      serial[i] = next++;
+      stamp(slot[i], a->id, serial[i]);
+    }
+  }
+  for (size_t i = 0; i < CHURN_SLOTS; i++) {
+    if (!slot[i]) continue;
+    assert_true(stamped(slot[i], a->id, serial[i]));
+    assert_int_equal(sgm_free_ex(a->ctx, slot[i], NULL), SGM_OK);
+  }
+  return NULL;
+}
+
+/* sgm_trim releases every cached block (records unlinked, made spare and
+ * reused by the next carves) while the churners look blocks up. */
+static void *trim_main(void *p) {
+  churn_arg *a = p;
+  while (!__atomic_load_n(a->stop_trim, __ATOMIC_ACQUIRE)) {
+    assert_int_equal(sgm_trim(a->ctx), SGM_OK);
+    sched_yield();
+  }
+  return NULL;
+}
+
+static void test_lookups_race_carves_and_releases(void **state) {
+  (void)state;
+  enum { THREADS = 4, OPS = 6000 };
+  uint64_t seed = sgm_test_seed("tier_churn", 0xc0ffee11);
+  sgm_context *ctx = make_ctx("384MiB");
+  volatile int stop = 0;
+  churn_arg a[THREADS + 1];
+  pthread_t t[THREADS + 1];
+  uint64_t w0 = sgm__tier_map_writes(vram(ctx));
+  for (int i = 0; i < THREADS; i++) {
+    a[i] = (churn_arg){.ctx = ctx, .seed = seed * 31 + (uint64_t)i, .id = i + 1, .ops = OPS};
+    assert_int_equal(pthread_create(&t[i], NULL, churn_main, &a[i]), 0);
+  }
+  a[THREADS] = (churn_arg){.ctx = ctx, .stop_trim = &stop};
+  assert_int_equal(pthread_create(&t[THREADS], NULL, trim_main, &a[THREADS]), 0);
+  for (int i = 0; i < THREADS; i++) pthread_join(t[i], NULL);
+  __atomic_store_n(&stop, 1, __ATOMIC_RELEASE);
+  pthread_join(t[THREADS], NULL);
+  uint64_t writes = sgm__tier_map_writes(vram(ctx)) - w0;
+  printf("# %llu live-map writes while %d threads ran %d operations each\n", (unsigned long long)writes,
+         THREADS, OPS);
+  assert_true(writes > 0); /* the map really changed under the lookups */
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.tier[SGM_TIER_VRAM].used_bytes, 0);
+  assert_int_equal(st.n_bad_frees, 0);
+  assert_true(sgm__tier_check(vram(ctx)));
+  sgm_context_destroy(ctx);
+}
+
+/* ---- refused frees ---- */
+
+/* A pointer freed twice, a pointer inside a block, and one the pool never
+ * handed out are refused and counted, before and after the block's record
+ * was released and reused for another block at another address. */
+static void test_bad_frees_are_refused(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("64MiB");
+  char *a = sgm_alloc(ctx, 3 * MiB, NULL); /* no size class: carved and released */
+  assert_non_null(a);
+  assert_int_equal(sgm_free_ex(ctx, a + 256, NULL), SGM_ERR_INVALID);
+  assert_int_equal(sgm_free_ex(ctx, a, NULL), SGM_OK);
+  assert_int_equal(sgm_free_ex(ctx, a, NULL), SGM_ERR_INVALID); /* cached: freed twice */
+  assert_int_equal(sgm_pointer_tier(ctx, a), SGM_TIER_NONE);
+  assert_int_equal(sgm_trim(ctx), SGM_OK); /* released: the record is spare */
+  assert_int_equal(sgm_free_ex(ctx, a, NULL), SGM_ERR_INVALID);
+  char *b = sgm_alloc(ctx, 5 * MiB, NULL); /* reuses the record */
+  assert_non_null(b);
+  if (b != a) assert_int_equal(sgm_free_ex(ctx, a, NULL), SGM_ERR_INVALID);
+  assert_int_equal(sgm_pointer_tier(ctx, b), SGM_TIER_VRAM);
+  assert_int_equal(sgm_free_ex(ctx, (void *)(uintptr_t)0x1000, NULL), SGM_ERR_INVALID);
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.n_bad_frees, b != a ? 5 : 4);
+  assert_int_equal(sgm_free_ex(ctx, b, NULL), SGM_OK);
+  assert_true(sgm__tier_check(vram(ctx)));
+  sgm_context_destroy(ctx);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_steady_frees_leave_the_map_unwritten),
+      cmocka_unit_test(test_lookups_race_carves_and_releases),
+      cmocka_unit_test(test_bad_frees_are_refused),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
