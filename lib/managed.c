@@ -543,9 +543,10 @@ uint64_t sgm__managed_promote(sgm_context *ctx, uint64_t max_bytes) {
         sgm__log(sgm__context_cfg(ctx)->verbose, 2, "promoting a managed block failed: %s", sgm_last_error());
       }
     }
+    uint64_t size = b->size; /* once given back, b may be freed by its owner */
     sgm__buffer_finish(pl, b, SGM_BUF_RELEASED, false);
     if (rc != SGM_OK) break;
-    moved += b->size;
+    moved += size;
   }
   return moved;
 }

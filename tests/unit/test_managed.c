@@ -503,6 +503,74 @@ static void test_reused_block_is_still_a_victim(void **state) {
   sgm_context_destroy(ctx);
 }
 
+/* Threads pairing allocations and frees of cached ranges, hinting and
+ * prefetching their own blocks while the others' allocations demote and
+ * their frees promote: the managed lock, the deferred listings and the
+ * residency locks together keep every invariant, and the bytes of each
+ * thread's anchor block (written before the threads start, never written
+ * during: the emulated device moves pages by copying, so a write racing a
+ * move could be lost there, not on a GPU) survive every move. TSan runs it. */
+typedef struct race_job {
+  sgm_context *ctx; /* shared */
+  uint64_t seed;    /* this thread's random stream */
+  uint8_t *anchor;  /* this thread's block, verified after the join */
+} race_job;
+
+static void *race_main(void *arg) {
+  race_job *j = arg;
+  sgm_test_rng r;
+  sgm_test_rng_init(&r, j->seed);
+  enum { RING = 3 };
+  uint8_t *ring[RING] = {0};
+  for (int step = 0; step < 200; step++) {
+    int i = (int)sgm_test_rng_range(&r, 0, RING - 1);
+    switch (sgm_test_rng_range(&r, 0, 5)) {
+    case 0:
+    case 1:
+    case 2: /* a pair: most are cache hits */
+      sgm_free(j->ctx, ring[i], NULL);
+      ring[i] = sgm_alloc(j->ctx, (size_t)sgm_test_rng_range(&r, 3, 4) * MiB, NULL);
+      break;
+    case 3:
+      sgm_advise(j->ctx, sgm_test_rng_range(&r, 0, 1) ? j->anchor : ring[i] ? ring[i] : j->anchor,
+                 (sgm_priority)sgm_test_rng_range(&r, 0, 4),
+                 (sgm_hint)sgm_test_rng_range(&r, SGM_HINT_NONE, SGM_HINT_COLD));
+      break;
+    default:
+      sgm_prefetch(j->ctx, j->anchor, 4 * MiB, sgm_test_rng_range(&r, 0, 1) ? SGM_TIER_VRAM : SGM_TIER_SHARED,
+                   NULL);
+      break;
+    }
+  }
+  for (int i = 0; i < RING; i++) sgm_free(j->ctx, ring[i], NULL);
+  return NULL;
+}
+
+static void test_threads_pair_and_move(void **state) {
+  (void)state;
+  uint64_t seed = sgm_test_seed("test_managed threads", 1414);
+  sgm_context *ctx = make_ctx("24MiB", "managed");
+  enum { T = 3 };
+  race_job job[T];
+  pthread_t th[T];
+  for (int t = 0; t < T; t++) {
+    job[t] = (race_job){.ctx = ctx, .seed = seed * 31 + (uint64_t)t + 1, .anchor = sgm_alloc(ctx, 4 * MiB, NULL)};
+    assert_non_null(job[t].anchor);
+    fill(job[t].anchor, 4 * MiB, 100 + (uint64_t)t);
+  }
+  for (int t = 0; t < T; t++) assert_int_equal(pthread_create(&th[t], NULL, race_main, &job[t]), 0);
+  for (int t = 0; t < T; t++) assert_int_equal(pthread_join(th[t], NULL), 0);
+  for (int t = 0; t < T; t++) verify(job[t].anchor, 4 * MiB, 100 + (uint64_t)t);
+  check_invariants(ctx);
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.n_managed_live, T);
+  assert_true(st.n_managed_cache_hits > 0);
+  for (int t = 0; t < T; t++) sgm_free(ctx, job[t].anchor, NULL);
+  check_invariants(ctx);
+  sgm_context_destroy(ctx);
+}
+
 /* Cached ranges hold budget (committed, not used) and go back before anything
  * moves or falls back: the budget is never exceeded counting them, and a new
  * block that needs their room gets it without a demotion or a fallback. */
@@ -953,6 +1021,7 @@ int main(void) {
       cmocka_unit_test(test_cache_reuses_a_freed_range),
       cmocka_unit_test(test_steady_pair_takes_no_placement_lock),
       cmocka_unit_test(test_reused_block_is_still_a_victim),
+      cmocka_unit_test(test_threads_pair_and_move),
       cmocka_unit_test(test_cache_yields_before_anything_moves),
       cmocka_unit_test(test_cache_goes_back_to_the_driver),
       cmocka_unit_test(test_policy_orders_promotions),
