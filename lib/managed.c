@@ -510,7 +510,9 @@ static sgm_buffer *managed_best_shared_locked(struct sgm_placement *pl) {
   sgm__lock_take(vram);
   for (size_t k = 0; k < SGM_MANAGED_BUCKETS; k++)
     for (sgm_buffer *b = pl->mhash[k]; b; b = b->mnext) {
-      if (b->mcached || b->tier != SGM_TIER_SHARED || b->cold || sgm__buffer_state(b) != SGM_BUF_RELEASED)
+      /* A mover may be changing the tier of a BUSY one: atomic (placement.h). */
+      if (b->mcached || __atomic_load_n(&b->tier, __ATOMIC_RELAXED) != SGM_TIER_SHARED || b->cold ||
+          sgm__buffer_state(b) != SGM_BUF_RELEASED)
         continue;
       if (!best || managed_promote_before_locked(pl, b, best)) best = b;
     }

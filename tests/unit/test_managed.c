@@ -522,14 +522,14 @@ static void *race_main(void *arg) {
   sgm_test_rng_init(&r, j->seed);
   enum { RING = 3 };
   uint8_t *ring[RING] = {0};
-  for (int step = 0; step < 200; step++) {
+  for (int step = 0; step < 150; step++) {
     int i = (int)sgm_test_rng_range(&r, 0, RING - 1);
     switch (sgm_test_rng_range(&r, 0, 5)) {
     case 0:
     case 1:
     case 2: /* a pair: most are cache hits */
       sgm_free(j->ctx, ring[i], NULL);
-      ring[i] = sgm_alloc(j->ctx, (size_t)sgm_test_rng_range(&r, 3, 4) * MiB, NULL);
+      ring[i] = sgm_alloc(j->ctx, 2 * MiB - (size_t)sgm_test_rng_range(&r, 0, 3) * 64 * 1024, NULL);
       break;
     case 3:
       sgm_advise(j->ctx, sgm_test_rng_range(&r, 0, 1) ? j->anchor : ring[i] ? ring[i] : j->anchor,
@@ -537,7 +537,7 @@ static void *race_main(void *arg) {
                  (sgm_hint)sgm_test_rng_range(&r, SGM_HINT_NONE, SGM_HINT_COLD));
       break;
     default:
-      sgm_prefetch(j->ctx, j->anchor, 4 * MiB, sgm_test_rng_range(&r, 0, 1) ? SGM_TIER_VRAM : SGM_TIER_SHARED,
+      sgm_prefetch(j->ctx, j->anchor, 2 * MiB, sgm_test_rng_range(&r, 0, 1) ? SGM_TIER_VRAM : SGM_TIER_SHARED,
                    NULL);
       break;
     }
@@ -549,18 +549,18 @@ static void *race_main(void *arg) {
 static void test_threads_pair_and_move(void **state) {
   (void)state;
   uint64_t seed = sgm_test_seed("test_managed threads", 1414);
-  sgm_context *ctx = make_ctx("24MiB", "managed");
+  sgm_context *ctx = make_ctx("12MiB", "managed");
   enum { T = 3 };
   race_job job[T];
   pthread_t th[T];
   for (int t = 0; t < T; t++) {
-    job[t] = (race_job){.ctx = ctx, .seed = seed * 31 + (uint64_t)t + 1, .anchor = sgm_alloc(ctx, 4 * MiB, NULL)};
+    job[t] = (race_job){.ctx = ctx, .seed = seed * 31 + (uint64_t)t + 1, .anchor = sgm_alloc(ctx, 2 * MiB, NULL)};
     assert_non_null(job[t].anchor);
-    fill(job[t].anchor, 4 * MiB, 100 + (uint64_t)t);
+    fill(job[t].anchor, 2 * MiB, 100 + (uint64_t)t);
   }
   for (int t = 0; t < T; t++) assert_int_equal(pthread_create(&th[t], NULL, race_main, &job[t]), 0);
   for (int t = 0; t < T; t++) assert_int_equal(pthread_join(th[t], NULL), 0);
-  for (int t = 0; t < T; t++) verify(job[t].anchor, 4 * MiB, 100 + (uint64_t)t);
+  for (int t = 0; t < T; t++) verify(job[t].anchor, 2 * MiB, 100 + (uint64_t)t);
   check_invariants(ctx);
   sgm_stats st;
   assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
