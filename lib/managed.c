@@ -43,8 +43,11 @@
  * the cache are guarded by pl->mlock, the managed lock; pl->lock (the list
  * of every buffer) is taken only when a range is created or given back. A
  * cached range stays in the map (b->mcached: not live) and in pl->all, so a
- * steady-state alloc + free pair of a cached range takes pl->mlock and its
- * tier's residency lock (the policy listing), never pl->lock. A block's
+ * steady-state alloc + free pair of a cached range takes pl->mlock only: a
+ * reused range's listing in its tier's policy is deferred (pl->mpending, BUSY,
+ * owned by that list) and the free that takes it back never meets the
+ * residency lock; sgm__managed_flush lists the pending blocks, oldest first,
+ * before any victim search, promotion or new range. A block's
  * state and listing follow the placement rules (placement.h: its state word,
  * its tier's residency lock); a move marks the block BUSY and runs without
  * locks. A block freed while it moves waits for the move

@@ -38,7 +38,7 @@
  *  - pl->mlock (SGM_LOCK_MANAGED) guards the managed blocks' map, counters,
  *    fields (priority, touch, cold, ...) and the cache of freed ranges
  *    (managed.c): a steady-state alloc + free pair of a cached range takes
- *    it and its tier's residency lock, never pl->lock;
+ *    it alone (the reused range's policy listing is deferred), never pl->lock;
  *  - the migration counters and n_disk_live are atomics.
  * No sgm lock is held across a copy, disk I/O, a pool call or a blocking
  * driver call: a mover takes the buffer BUSY, moves it with no lock held, and
