@@ -527,9 +527,9 @@ static void *race_main(void *arg) {
     switch (sgm_test_rng_range(&r, 0, 5)) {
     case 0:
     case 1:
-    case 2: /* a pair: most are cache hits */
+    case 2: /* a pair of movable blocks: most are cache hits */
       sgm_free(j->ctx, ring[i], NULL);
-      ring[i] = sgm_alloc(j->ctx, 2 * MiB - (size_t)sgm_test_rng_range(&r, 0, 3) * 64 * 1024, NULL);
+      ring[i] = sgm_alloc(j->ctx, 2 * MiB + (size_t)sgm_test_rng_range(&r, 0, 3) * 64 * 1024, NULL);
       break;
     case 3:
       sgm_advise(j->ctx, sgm_test_rng_range(&r, 0, 1) ? j->anchor : ring[i] ? ring[i] : j->anchor,
