@@ -20,18 +20,19 @@
 #include "placement.h"
 #include "tiers/tier.h"
 
-/* Sleep until b's word is no longer w (b BUSY). pl_held: pl->lock is held
- * and dropped meanwhile. Announces the sleeper first (SGM_BUF_WAITERS), so
- * the owner's change of this word, and only that, wakes it. */
-static void buffer_sleep(struct sgm_placement *pl, sgm_buffer *b, uint32_t w, bool pl_held) {
+/* Sleep until b's word is no longer w (b BUSY). held: a lock the caller
+ * holds, dropped meanwhile (NULL: none). Announces the sleeper first
+ * (SGM_BUF_WAITERS), so the owner's change of this word, and only that,
+ * wakes it. */
+static void buffer_sleep(struct sgm_placement *pl, sgm_buffer *b, uint32_t w, sgm_lock *held) {
   if (!(w & SGM_BUF_WAITERS) &&
       !__atomic_compare_exchange_n(&b->state, &w, w | SGM_BUF_WAITERS, false, __ATOMIC_SEQ_CST,
                                    __ATOMIC_RELAXED))
     return; /* changed meanwhile: look again */
-  if (pl_held) sgm__lock_drop(&pl->lock);
+  if (held) sgm__lock_drop(held);
   sgm__word_wait(&b->state, w | SGM_BUF_WAITERS);
   __atomic_fetch_add(&pl->n_busy_wakeups, 1, __ATOMIC_RELAXED);
-  if (pl_held) sgm__lock_take(&pl->lock);
+  if (held) sgm__lock_take(held);
 }
 
 /* What buffer_claim may do besides taking b. */
@@ -53,7 +54,7 @@ static sgm_buf_state buffer_claim(struct sgm_placement *pl, sgm_buffer *b, sgm_t
     uint32_t w = __atomic_load_n(&b->state, __ATOMIC_SEQ_CST);
     sgm_buf_state s = (sgm_buf_state)(w & SGM_BUF_STATE_MASK);
     if (s == SGM_BUF_BUSY && (flags & CLAIM_WAIT)) {
-      buffer_sleep(pl, b, w, (flags & CLAIM_PL_HELD) != 0);
+      buffer_sleep(pl, b, w, (flags & CLAIM_PL_HELD) ? &pl->lock : NULL);
       continue;
     }
     if (!(accept & (1u << s))) return s;
@@ -101,6 +102,15 @@ sgm_buf_state sgm__buffer_take(struct sgm_placement *pl, sgm_buffer *b, sgm_take
 
 sgm_buf_state sgm__buffer_take_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k) {
   return buffer_claim(pl, b, k, CLAIM_ANY, CLAIM_WAIT | CLAIM_PL_HELD, NULL);
+}
+
+sgm_buf_state sgm__buffer_try_take(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k) {
+  return buffer_claim(pl, b, k, CLAIM_ANY, 0, NULL);
+}
+
+void sgm__buffer_wait_busy(struct sgm_placement *pl, sgm_buffer *b, sgm_lock *held) {
+  uint32_t w = __atomic_load_n(&b->state, __ATOMIC_SEQ_CST);
+  if ((w & SGM_BUF_STATE_MASK) == SGM_BUF_BUSY) buffer_sleep(pl, b, w, held);
 }
 
 void sgm__buffer_finish(struct sgm_placement *pl, sgm_buffer *b, sgm_buf_state to, bool used) {

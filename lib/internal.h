@@ -67,18 +67,19 @@ const char *sgm__fmt_bytes(uint64_t bytes, char *buf, size_t len);
 typedef enum sgm_lock_rank {
   SGM_LOCK_HOOKS = 0,   /* hooks.c: creation of the per-device contexts (outermost) */
   SGM_LOCK_CONTEXT = 1, /* context-wide state (callback, clock) */
-  SGM_LOCK_BUFFERS = 2, /* placement.c: the buffer list, the graveyard, the managed map */
-  SGM_LOCK_PREFETCH = 3, /* prefetch.c: the prefetch queue */
-  SGM_LOCK_RES_VRAM = 4, /* residency.c: the VRAM policy and its items (residency.c's top comment) */
-  SGM_LOCK_RES_SHARED = 5, /* residency.c: the shared-memory policy and its items */
-  SGM_LOCK_TIER_VRAM = 6,
-  SGM_LOCK_TIER_SHARED = 7,
-  SGM_LOCK_TIER_DISK = 8,
-  SGM_LOCK_BACKEND = 9,  /* inside a backend only */
-  SGM_LOCK_IDLE = 10,     /* context.c: the idle thread's stop flag (a leaf) */
-  SGM_LOCK_REGISTRY = 11, /* policy.c: the policy registry (a leaf) */
-  SGM_LOCK_NODE = 12,     /* node.c: the writer side of this process's registry slot (a leaf) */
-  SGM_LOCK_SHARE = 13    /* share.c: the node ticker's stop flag and tick counters (a leaf) */
+  SGM_LOCK_BUFFERS = 2, /* placement.c: the buffer list, the graveyard */
+  SGM_LOCK_MANAGED = 3, /* managed.c: the managed blocks' map, counters and cache of freed ranges */
+  SGM_LOCK_PREFETCH = 4, /* prefetch.c: the prefetch queue */
+  SGM_LOCK_RES_VRAM = 5, /* residency.c: the VRAM policy and its items (residency.c's top comment) */
+  SGM_LOCK_RES_SHARED = 6, /* residency.c: the shared-memory policy and its items */
+  SGM_LOCK_TIER_VRAM = 7,
+  SGM_LOCK_TIER_SHARED = 8,
+  SGM_LOCK_TIER_DISK = 9,
+  SGM_LOCK_BACKEND = 10,  /* inside a backend only */
+  SGM_LOCK_IDLE = 11,     /* context.c: the idle thread's stop flag (a leaf) */
+  SGM_LOCK_REGISTRY = 12, /* policy.c: the policy registry (a leaf) */
+  SGM_LOCK_NODE = 13,     /* node.c: the writer side of this process's registry slot (a leaf) */
+  SGM_LOCK_SHARE = 14    /* share.c: the node ticker's stop flag and tick counters (a leaf) */
 } sgm_lock_rank;
 
 typedef struct sgm_lock {
@@ -371,6 +372,10 @@ bool sgm__managed_record_stream(sgm_context *ctx, uint64_t d);
 uint64_t sgm__managed_cache_drop(sgm_context *ctx, sgm_tier t, uint64_t want);
 uint64_t sgm__managed_cache_idle(sgm_context *ctx, uint64_t now_ms, uint64_t idle_ms);
 uint64_t sgm__managed_cache_fit(sgm_context *ctx, sgm_tier t);
+/* List the live managed blocks whose listing in their tier's policy was
+ * deferred (a reused cached range: managed.c), oldest first; before any
+ * victim search or other reading of the policies. No lock held. */
+void sgm__managed_flush(sgm_context *ctx);
 /* The tier of the managed block at d; SGM_TIER_NONE when d is not one. */
 sgm_tier sgm__managed_tier(sgm_context *ctx, uint64_t d);
 /* Promote shared-placed managed blocks into VRAM room that is free now (no

@@ -39,11 +39,19 @@
  * sgm_record_stream named another stream for is never cached: cuMemFree
  * waits for every stream.
  *
- * Threading: the address map and the counters are guarded by pl->lock; a
- * block's state and listing follow the placement rules (placement.h: its
- * state word, its tier's residency lock); a move marks the block BUSY and
- * runs without locks. A block freed while it moves waits for the
- * move (sgm__buffer_take_locked).
+ * Threading: the address map, the counters, the blocks' managed fields and
+ * the cache are guarded by pl->mlock, the managed lock; pl->lock (the list
+ * of every buffer) is taken only when a range is created or given back. A
+ * cached range stays in the map (b->mcached: not live) and in pl->all, so a
+ * steady-state alloc + free pair of a cached range takes pl->mlock only: a
+ * reused range's listing in its tier's policy is deferred (pl->mpending, BUSY,
+ * owned by that list) and the free that takes it back never meets the
+ * residency lock; sgm__managed_flush lists the pending blocks, oldest first,
+ * before any victim search, promotion or new range. A block's
+ * state and listing follow the placement rules (placement.h: its state word,
+ * its tier's residency lock); a move marks the block BUSY and runs without
+ * locks. A block freed while it moves waits for the move
+ * (sgm__buffer_wait_busy), then looks it up again.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +63,13 @@
 /* A free promotes at most this much inline: a bounded delay for the freeing
  * thread (about 3 ms at PCIe 4 speed); the idle thread moves the rest. */
 #define MANAGED_PROMOTE_INLINE_BYTES (UINT64_C(64) << 20)
+/* At most this many reused blocks wait for their policy listing (pending):
+ * then all are listed at once. A framework's steady state frees most of its
+ * blocks within a few dozen allocations, so most never meet the policy lock. */
+#define MANAGED_PENDING_MAX 64
+
+/* A counter written under pl->mlock and read without it. */
+#define MANAGED_BUMP(x, d) __atomic_store_n(&(x), (x) + (d), __ATOMIC_RELAXED)
 
 static size_t managed_bucket(uint64_t d) {
   uint64_t k = d >> 16; /* ranges are page-aligned */
@@ -64,21 +79,112 @@ static size_t managed_bucket(uint64_t d) {
   return (size_t)(k & (SGM_MANAGED_BUCKETS - 1));
 }
 
-/* The live managed block starting at d (pl->lock held); NULL if none. */
+/* The managed block starting at d, live or cached (pl->mlock held); NULL if none. */
 static sgm_buffer *managed_find_locked(struct sgm_placement *pl, uint64_t d) {
   for (sgm_buffer *b = pl->mhash[managed_bucket(d)]; b; b = b->mnext)
     if (b->dptr == d) return b;
   return NULL;
 }
 
-/* The live managed block whose range holds [p, p + n) (pl->lock held). */
+/* The live managed block starting at d (pl->mlock held); NULL if none. */
+static sgm_buffer *managed_live_locked(struct sgm_placement *pl, uint64_t d) {
+  sgm_buffer *b = managed_find_locked(pl, d);
+  return b && !b->mcached ? b : NULL;
+}
+
+/* The live managed block whose range holds [p, p + n) (pl->mlock held): by
+ * its start, else a walk of the map (a pointer inside a block). */
 static sgm_buffer *managed_find_range_locked(struct sgm_placement *pl, uint64_t p, uint64_t n) {
-  sgm_buffer *b = managed_find_locked(pl, p);
-  if (!b) {
-    for (sgm_buffer *x = pl->all; x; x = x->all_next)
-      if (x->managed && p >= x->dptr && p - x->dptr < x->size) b = x;
-  }
+  sgm_buffer *b = managed_live_locked(pl, p);
+  for (size_t k = 0; !b && k < SGM_MANAGED_BUCKETS; k++)
+    for (sgm_buffer *x = pl->mhash[k]; x; x = x->mnext)
+      if (!x->mcached && p >= x->dptr && p - x->dptr < x->size) b = x;
   return b && n <= b->size - (p - b->dptr) ? b : NULL;
+}
+
+/* Out of the address map (pl->mlock held). */
+static void managed_unmap_locked(struct sgm_placement *pl, sgm_buffer *b) {
+  sgm_buffer **pp = &pl->mhash[managed_bucket(b->dptr)];
+  while (*pp != b) pp = &(*pp)->mnext;
+  *pp = b->mnext;
+  b->mnext = NULL;
+}
+
+/* Out of the list of every buffer (takes pl->lock; b BUSY, out of the map). */
+static void managed_unlist_all(struct sgm_placement *pl, sgm_buffer *b) {
+  sgm__lock_take(&pl->lock);
+  if (b->all_prev) b->all_prev->all_next = b->all_next;
+  else pl->all = b->all_next;
+  if (b->all_next) b->all_next->all_prev = b->all_prev;
+  b->all_prev = b->all_next = NULL;
+  sgm__lock_drop(&pl->lock);
+}
+
+/* b (BUSY, freed) enters tier t's cache, newest first (pl->mlock held). */
+static void managed_cache_push_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_tier t) {
+  b->mcached = true;
+  b->mc_prev = NULL;
+  b->mc_next = pl->mcache[t];
+  if (b->mc_next) b->mc_next->mc_prev = b;
+  pl->mcache[t] = b;
+  pl->mcache_bytes[t] += b->size;
+  MANAGED_BUMP(pl->n_mcache, 1);
+}
+
+/* Cached b leaves tier t's cache list (pl->mlock held); b->mcached stays set
+ * until it is live again (managed_enliven_locked) or given back. */
+static void managed_cache_unlink_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_tier t) {
+  if (b->mc_prev) b->mc_prev->mc_next = b->mc_next;
+  else pl->mcache[t] = b->mc_next;
+  if (b->mc_next) b->mc_next->mc_prev = b->mc_prev;
+  b->mc_prev = b->mc_next = NULL;
+  pl->mcache_bytes[t] -= b->size;
+  MANAGED_BUMP(pl->n_mcache, -1);
+}
+
+/* List the pending blocks in their tiers' policies, oldest first, with ids
+ * handed out in one step (pl->mlock held; each residency lock ranks after). */
+static void managed_flush_locked(struct sgm_placement *pl) {
+  if (!pl->mpending_head) return;
+  uint64_t id = __atomic_fetch_add(&pl->next_id, pl->n_mpending, __ATOMIC_RELAXED);
+  while (pl->mpending_head) {
+    sgm_buffer *b = pl->mpending_head;
+    pl->mpending_head = b->mc_next;
+    b->mc_prev = b->mc_next = NULL;
+    b->mpending = false;
+    b->item.id = ++id;
+    sgm__buffer_finish(pl, b, SGM_BUF_RELEASED, false);
+  }
+  pl->mpending_tail = NULL;
+  __atomic_store_n(&pl->n_mpending, 0, __ATOMIC_RELAXED);
+}
+
+void sgm__managed_flush(sgm_context *ctx) {
+  struct sgm_placement *pl = sgm__context_pl(ctx);
+  if (__atomic_load_n(&pl->n_mpending, __ATOMIC_RELAXED) == 0) return;
+  sgm__lock_take(&pl->mlock);
+  managed_flush_locked(pl);
+  sgm__lock_drop(&pl->mlock);
+}
+
+/* Pending b (BUSY, owned by the list) becomes the caller's: still BUSY,
+ * never listed (pl->mlock held). */
+static void managed_pending_take_locked(struct sgm_placement *pl, sgm_buffer *b) {
+  if (b->mc_prev) b->mc_prev->mc_next = b->mc_next;
+  else pl->mpending_head = b->mc_next;
+  if (b->mc_next) b->mc_next->mc_prev = b->mc_prev;
+  else pl->mpending_tail = b->mc_prev;
+  b->mc_prev = b->mc_next = NULL;
+  b->mpending = false;
+  MANAGED_BUMP(pl->n_mpending, -1);
+}
+
+/* Take live b for a move or a free (pl->mlock held): a pending one from its
+ * list, another by its state word; SGM_BUF_BUSY when a mover owns it. */
+static sgm_buf_state managed_try_take_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k) {
+  if (!b->mpending) return sgm__buffer_try_take(pl, b, k);
+  managed_pending_take_locked(pl, b);
+  return SGM_BUF_RELEASED; /* as if taken from its policy */
 }
 
 int sgm__managed_open(sgm_context *ctx) {
@@ -118,86 +224,84 @@ static int managed_charge_where(sgm_context *ctx, sgm_buffer *b, sgm_tier *where
   return rc;
 }
 
-/* b (RELEASED or cached BUSY, placed in tier t, charged there) becomes a live
- * movable block for a request of want page-rounded bytes on stream: listed in
- * its tier's policy, the address map and the live list (pl->lock held). */
-static void managed_list_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_tier t, uint64_t want,
-                                void *stream) {
+/* b (new and RELEASED, or cached BUSY; placed in tier t, charged there, in
+ * the map) becomes a live movable block for a request of want page-rounded
+ * bytes on stream: its fields, the counters, and a listing in its tier's
+ * policy, under that tier's residency lock (pl->mlock held, ranked before);
+ * defer (a cached one): the listing waits in the pending list, b BUSY. */
+static void managed_enliven_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_tier t, uint64_t want,
+                                   void *stream, bool defer) {
   b->magic = SGM_BUFFER_LIVE;
   b->mwant = want;
   b->priority = SGM_PRIORITY_NORMAL;
   b->item.size_bytes = b->size;
   b->item.priority = SGM_PRIORITY_NORMAL;
   b->item.state = pl->state_bytes ? (char *)b + pl->state_offset : NULL;
-  b->item.id = __atomic_add_fetch(&pl->next_id, 1, __ATOMIC_RELAXED);
   b->managed = true;
+  b->mcached = false;
   b->mstream = stream;
   b->cold = false;
   b->mrecorded = false;
   b->tier = t;
-  sgm__buffer_finish(pl, b, SGM_BUF_RELEASED, false); /* listed in tier t's policy, under its lock */
-  b->all_prev = NULL;
-  b->all_next = pl->all;
-  if (pl->all) pl->all->all_prev = b;
-  pl->all = b;
-  size_t k = managed_bucket(b->dptr);
-  b->mnext = pl->mhash[k];
-  pl->mhash[k] = b;
   b->touch = ++pl->managed_clock;
   pl->n_managed_in[t]++;
   pl->mslack_bytes += b->size - want;
-  __atomic_add_fetch(&pl->n_managed, 1, __ATOMIC_RELAXED);
+  MANAGED_BUMP(pl->n_managed, 1);
+  if (!defer) {
+    b->item.id = __atomic_add_fetch(&pl->next_id, 1, __ATOMIC_RELAXED);
+    sgm__buffer_finish(pl, b, SGM_BUF_RELEASED, false); /* listed in tier t's policy, under its lock */
+    return;
+  }
+  b->mpending = true;
+  b->mc_next = NULL;
+  b->mc_prev = pl->mpending_tail;
+  if (pl->mpending_tail) pl->mpending_tail->mc_next = b;
+  else pl->mpending_head = b;
+  pl->mpending_tail = b;
+  MANAGED_BUMP(pl->n_mpending, 1);
+  if (pl->n_mpending > MANAGED_PENDING_MAX) managed_flush_locked(pl);
 }
 
 /* The cached range of tier t that best fits want page-rounded bytes for the
  * stream ref (the smallest of want .. want + want / 8, the stream's own first),
- * out of the cache, ordered for ref and listed as a live block for stream;
- * NULL when none (or the only fit cannot be ordered now: a capture). No lock
- * held. */
+ * out of the cache, ordered for ref and live for stream; NULL when none (or
+ * the only fit cannot be ordered now: a capture). No lock held; takes
+ * pl->mlock only (the range stays in the map and pl->all). */
 static sgm_buffer *managed_cache_take(sgm_context *ctx, sgm_tier t, uint64_t want,
                                       const sgm_stream_ref *ref, void *stream) {
   struct sgm_placement *pl = sgm__context_pl(ctx);
   if (__atomic_load_n(&pl->n_mcache, __ATOMIC_RELAXED) == 0) return NULL;
   uint64_t most = want + want / 8;
   sgm_buffer *best = NULL;
-  sgm__lock_take(&pl->lock);
-  for (sgm_buffer *c = pl->mcache[t]; c; c = c->all_next) {
+  sgm__lock_take(&pl->mlock);
+  for (sgm_buffer *c = pl->mcache[t]; c; c = c->mc_next) {
     if (c->size < want || c->size > most) continue;
     bool mine = c->mref.key == ref->key, best_mine = best && best->mref.key == ref->key;
     if (!best || (mine && !best_mine) || (mine == best_mine && c->size < best->size)) best = c;
   }
   if (best) {
-    if (best->all_prev) best->all_prev->all_next = best->all_next;
-    else pl->mcache[t] = best->all_next;
-    if (best->all_next) best->all_next->all_prev = best->all_prev;
-    best->all_prev = best->all_next = NULL;
-    pl->mcache_bytes[t] -= best->size;
-    __atomic_sub_fetch(&pl->n_mcache, 1, __ATOMIC_RELAXED);
+    managed_cache_unlink_locked(pl, best, t);
     pl->n_mcache_hits++;
   }
   bool ordered = best && (best->mref.key == ref->key || sgm__context_bops(ctx)->synchronous);
-  if (ordered) managed_list_locked(pl, best, t, want, stream); /* one lock for the whole reuse */
-  sgm__lock_drop(&pl->lock);
+  if (ordered) managed_enliven_locked(pl, best, t, want, stream, true); /* one lock for the whole reuse */
+  sgm__lock_drop(&pl->mlock);
   if (!best || ordered) return best;
   /* Freed on another stream: its work there may still use the range. */
   void *ev = NULL;
   int rc = sgm__context_bops(ctx)->event_create(sgm__context_be(ctx), &ev);
   if (rc == SGM_OK) rc = sgm__context_bops(ctx)->stream_transfer(sgm__context_be(ctx), ev, &best->mref, ref);
   sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), ev);
-  sgm__lock_take(&pl->lock);
+  sgm__lock_take(&pl->mlock);
   if (rc == SGM_OK) {
-    managed_list_locked(pl, best, t, want, stream);
-    sgm__lock_drop(&pl->lock);
+    managed_enliven_locked(pl, best, t, want, stream, true);
+    sgm__lock_drop(&pl->mlock);
     return best;
   }
   sgm__error_clear();
   pl->n_mcache_hits--; /* back, newest first: it stays with its stream */
-  best->all_next = pl->mcache[t];
-  if (best->all_next) best->all_next->all_prev = best;
-  pl->mcache[t] = best;
-  pl->mcache_bytes[t] += best->size;
-  __atomic_add_fetch(&pl->n_mcache, 1, __ATOMIC_RELAXED);
-  sgm__lock_drop(&pl->lock);
+  managed_cache_push_locked(pl, best, t);
+  sgm__lock_drop(&pl->mlock);
   return NULL;
 }
 
@@ -233,8 +337,18 @@ int sgm__managed_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *ou
   rc = sgm__migrate_managed_place(ctx, b->dptr, b->size, t, stream);
   if (rc != SGM_OK) goto out_range;
   b->tier = t;
-  sgm__lock_take(&pl->lock);
-  managed_list_locked(pl, b, t, want, stream);
+  sgm__lock_take(&pl->lock); /* a new range: into the list of every buffer and the map */
+  b->all_prev = NULL;
+  b->all_next = pl->all;
+  if (pl->all) pl->all->all_prev = b;
+  pl->all = b;
+  sgm__lock_take(&pl->mlock);
+  size_t k = managed_bucket(b->dptr);
+  b->mnext = pl->mhash[k];
+  pl->mhash[k] = b;
+  managed_flush_locked(pl); /* the policy sees blocks in the order they came */
+  managed_enliven_locked(pl, b, t, want, stream, false);
+  sgm__lock_drop(&pl->mlock);
   sgm__lock_drop(&pl->lock);
 out_done:
   *out = b->dptr;
@@ -255,38 +369,33 @@ int sgm__managed_free(sgm_context *ctx, uint64_t d, void *stream) {
   if (__atomic_load_n(&pl->n_managed, __ATOMIC_RELAXED) == 0) return SGM_ERR_INVALID;
   sgm_stream_ref ref;
   sgm__context_bops(ctx)->stream_ref(sgm__context_be(ctx), stream, &ref);
-  sgm__lock_take(&pl->lock);
-  sgm_buffer *b = managed_find_locked(pl, d);
-  if (!b) {
-    sgm__lock_drop(&pl->lock);
-    return SGM_ERR_INVALID;
+  sgm__lock_take(&pl->mlock);
+  sgm_buffer *b;
+  for (;;) {
+    b = managed_live_locked(pl, d);
+    if (!b) {
+      sgm__lock_drop(&pl->mlock);
+      return SGM_ERR_INVALID;
+    }
+    if (managed_try_take_locked(pl, b, SGM_TAKE_FREE) != SGM_BUF_BUSY) break;
+    sgm__buffer_wait_busy(pl, b, &pl->mlock); /* a move in flight; then look again */
   }
-  sgm__buffer_take_locked(pl, b, SGM_TAKE_FREE); /* waits for a move in flight */
-  sgm_buffer **pp = &pl->mhash[managed_bucket(d)];
-  while (*pp != b) pp = &(*pp)->mnext;
-  *pp = b->mnext;
-  b->mnext = NULL;
-  if (b->all_prev) b->all_prev->all_next = b->all_next;
-  else pl->all = b->all_next;
-  if (b->all_next) b->all_next->all_prev = b->all_prev;
-  b->all_prev = b->all_next = NULL;
   pl->n_managed_in[b->tier]--;
   pl->mslack_bytes -= b->size - b->mwant;
-  __atomic_sub_fetch(&pl->n_managed, 1, __ATOMIC_RELAXED);
+  MANAGED_BUMP(pl->n_managed, -1);
   sgm_tier was = b->tier;
   bool waiting = pl->n_managed_in[SGM_TIER_SHARED] != 0; /* blocks that may want the room */
   bool cache = !b->mrecorded && !b->event;
-  if (cache) { /* stays BUSY, charged where it is placed */
+  if (cache) { /* stays BUSY, charged where it is placed, in the map and pl->all */
     b->mref = ref;
     b->mcached_ms = 0; /* the next idle tick stamps it */
-    b->all_next = pl->mcache[was];
-    if (b->all_next) b->all_next->all_prev = b;
-    pl->mcache[was] = b;
-    pl->mcache_bytes[was] += b->size;
-    __atomic_add_fetch(&pl->n_mcache, 1, __ATOMIC_RELAXED);
+    managed_cache_push_locked(pl, b, was);
+  } else {
+    managed_unmap_locked(pl, b);
   }
-  sgm__lock_drop(&pl->lock);
+  sgm__lock_drop(&pl->mlock);
   if (!cache) {
+    managed_unlist_all(pl, b);
     sgm__buffer_free_storage(ctx, b);
     free(b);
   }
@@ -298,10 +407,10 @@ int sgm__managed_free(sgm_context *ctx, uint64_t d, void *stream) {
 bool sgm__managed_record_stream(sgm_context *ctx, uint64_t d) {
   struct sgm_placement *pl = sgm__context_pl(ctx);
   if (__atomic_load_n(&pl->n_managed, __ATOMIC_RELAXED) == 0) return false;
-  sgm__lock_take(&pl->lock);
-  sgm_buffer *b = managed_find_locked(pl, d);
+  sgm__lock_take(&pl->mlock);
+  sgm_buffer *b = managed_live_locked(pl, d);
   if (b) b->mrecorded = true;
-  sgm__lock_drop(&pl->lock);
+  sgm__lock_drop(&pl->mlock);
   return b != NULL;
 }
 
@@ -314,31 +423,29 @@ static uint64_t managed_cache_release(sgm_context *ctx, int t, uint64_t want, ui
   if (__atomic_load_n(&pl->n_mcache, __ATOMIC_RELAXED) == 0) return 0;
   sgm_buffer *out = NULL;
   uint64_t bytes = 0;
-  sgm__lock_take(&pl->lock);
+  sgm__lock_take(&pl->mlock);
   for (int k = 0; k < SGM_N_RESIDENT && bytes < want; k++) {
     if (t != SGM_TIER_COUNT && k != t) continue;
     sgm_buffer *c = pl->mcache[k];
-    while (c && c->all_next) c = c->all_next; /* the oldest */
+    while (c && c->mc_next) c = c->mc_next; /* the oldest */
     while (c && bytes < want) {
-      sgm_buffer *prev = c->all_prev;
+      sgm_buffer *prev = c->mc_prev;
       if (before_ms == UINT64_MAX || (c->mcached_ms && c->mcached_ms < before_ms)) {
-        if (prev) prev->all_next = c->all_next;
-        else pl->mcache[k] = c->all_next;
-        if (c->all_next) c->all_next->all_prev = prev;
-        pl->mcache_bytes[k] -= c->size;
-        __atomic_sub_fetch(&pl->n_mcache, 1, __ATOMIC_RELAXED);
+        managed_cache_unlink_locked(pl, c, (sgm_tier)k);
+        managed_unmap_locked(pl, c);
         pl->n_mcache_released++;
         bytes += c->size;
-        c->all_next = out;
+        c->mc_next = out;
         out = c;
       }
       c = prev;
     }
   }
-  sgm__lock_drop(&pl->lock);
+  sgm__lock_drop(&pl->mlock);
   while (out) {
     sgm_buffer *c = out;
-    out = c->all_next;
+    out = c->mc_next;
+    managed_unlist_all(pl, c);
     sgm__buffer_free_storage(ctx, c); /* the driver's free waits for the range's work */
     free(c);
   }
@@ -354,11 +461,11 @@ uint64_t sgm__managed_cache_idle(sgm_context *ctx, uint64_t now_ms, uint64_t idl
   if (__atomic_load_n(&pl->n_mcache, __ATOMIC_RELAXED) == 0) return 0;
   /* A free reads no clock: the first tick that sees a range stamps it (the
    * context clock's 0 is "not stamped": a stamp is at least 1). */
-  sgm__lock_take(&pl->lock);
+  sgm__lock_take(&pl->mlock);
   for (int k = 0; k < SGM_N_RESIDENT; k++)
-    for (sgm_buffer *c = pl->mcache[k]; c; c = c->all_next)
+    for (sgm_buffer *c = pl->mcache[k]; c; c = c->mc_next)
       if (!c->mcached_ms) c->mcached_ms = now_ms ? now_ms : 1;
-  sgm__lock_drop(&pl->lock);
+  sgm__lock_drop(&pl->mlock);
   uint64_t before = now_ms >= idle_ms ? now_ms - idle_ms + 1 : 0;
   return managed_cache_release(ctx, SGM_TIER_COUNT, UINT64_MAX, before);
 }
@@ -375,14 +482,14 @@ uint64_t sgm__managed_cache_fit(sgm_context *ctx, sgm_tier t) {
 sgm_tier sgm__managed_tier(sgm_context *ctx, uint64_t d) {
   struct sgm_placement *pl = sgm__context_pl(ctx);
   if (__atomic_load_n(&pl->n_managed, __ATOMIC_RELAXED) == 0) return SGM_TIER_NONE;
-  sgm__lock_take(&pl->lock);
-  sgm_buffer *b = managed_find_locked(pl, d);
+  sgm__lock_take(&pl->mlock);
+  sgm_buffer *b = managed_live_locked(pl, d);
   sgm_tier t = b ? __atomic_load_n(&b->tier, __ATOMIC_RELAXED) : SGM_TIER_NONE;
-  sgm__lock_drop(&pl->lock);
+  sgm__lock_drop(&pl->mlock);
   return t;
 }
 
-/* Should shared-placed b come back before best (pl->lock and the VRAM residency lock held)? The higher
+/* Should shared-placed b come back before best (pl->mlock and the VRAM residency lock held)? The higher
  * priority first; within a level the VRAM policy's promote_before decides,
  * else the most recently touched. */
 static bool managed_promote_before_locked(struct sgm_placement *pl, const sgm_buffer *b,
@@ -395,21 +502,23 @@ static bool managed_promote_before_locked(struct sgm_placement *pl, const sgm_bu
   return r < 0 ? b->touch > best->touch : r == 1;
 }
 
-/* The shared-placed block to promote first (pl->lock held), as
+/* The shared-placed block to promote first (pl->mlock held), as
  * managed_promote_before_locked orders them. NULL when none is idle. The VRAM
  * policy instance is asked under its residency lock (it ranks after
- * pl->lock). */
+ * pl->mlock). */
 static sgm_buffer *managed_best_shared_locked(struct sgm_placement *pl) {
   sgm_buffer *best = NULL;
   if (pl->n_managed_in[SGM_TIER_SHARED] == 0) return NULL;
   sgm_lock *vram = sgm__residency_lock(pl, SGM_TIER_VRAM);
   sgm__lock_take(vram);
-  for (sgm_buffer *b = pl->all; b; b = b->all_next) {
-    if (!b->managed || b->tier != SGM_TIER_SHARED || b->cold ||
-        sgm__buffer_state(b) != SGM_BUF_RELEASED)
-      continue;
-    if (!best || managed_promote_before_locked(pl, b, best)) best = b;
-  }
+  for (size_t k = 0; k < SGM_MANAGED_BUCKETS; k++)
+    for (sgm_buffer *b = pl->mhash[k]; b; b = b->mnext) {
+      /* A mover may be changing the tier of a BUSY one: atomic (placement.h). */
+      if (b->mcached || __atomic_load_n(&b->tier, __ATOMIC_RELAXED) != SGM_TIER_SHARED || b->cold ||
+          sgm__buffer_state(b) != SGM_BUF_RELEASED)
+        continue;
+      if (!best || managed_promote_before_locked(pl, b, best)) best = b;
+    }
   sgm__lock_drop(vram);
   return best;
 }
@@ -419,11 +528,14 @@ uint64_t sgm__managed_promote(sgm_context *ctx, uint64_t max_bytes) {
   uint64_t moved = 0;
   while (moved < max_bytes) {
     if (__atomic_load_n(&pl->n_managed, __ATOMIC_RELAXED) == 0) break;
-    sgm__lock_take(&pl->lock);
+    sgm__lock_take(&pl->mlock);
+    managed_flush_locked(pl); /* pending blocks are candidates too */
     sgm_buffer *b = managed_best_shared_locked(pl);
-    if (b) sgm__buffer_take_locked(pl, b, SGM_TAKE_MOVE);
-    sgm__lock_drop(&pl->lock);
+    /* Idle as seen under the lock; a mover that took it meanwhile wins. */
+    bool lost = b && sgm__buffer_try_take(pl, b, SGM_TAKE_MOVE) == SGM_BUF_BUSY;
+    sgm__lock_drop(&pl->mlock);
     if (!b) break;
+    if (lost) continue;
     /* Only room that is free now: a promotion never demotes. */
     int rc = sgm__tier_charge(sgm__context_tier(ctx, SGM_TIER_VRAM), b->size);
     /* Cached ranges are free memory: a block waiting in shared memory comes first. */
@@ -436,16 +548,17 @@ uint64_t sgm__managed_promote(sgm_context *ctx, uint64_t max_bytes) {
         sgm__log(sgm__context_cfg(ctx)->verbose, 2, "promoting a managed block failed: %s", sgm_last_error());
       }
     }
+    uint64_t size = b->size; /* once given back, b may be freed by its owner */
     sgm__buffer_finish(pl, b, SGM_BUF_RELEASED, false);
     if (rc != SGM_OK) break;
-    moved += b->size;
+    moved += size;
   }
   return moved;
 }
 
 void sgm__managed_stats(sgm_context *ctx, sgm_stats *st) {
   struct sgm_placement *pl = sgm__context_pl(ctx);
-  sgm__lock_take(&pl->lock);
+  sgm__lock_take(&pl->mlock);
   for (int t = 0; t < SGM_N_RESIDENT; t++) st->tier[t].n_live += pl->n_managed_in[t];
   st->n_managed_promotions = pl->n_managed_moves[0];
   st->n_managed_demotions = pl->n_managed_moves[1];
@@ -460,7 +573,7 @@ void sgm__managed_stats(sgm_context *ctx, sgm_stats *st) {
     st->managed_cached_bytes += cached[t];
     st->tier[t].cached_bytes += cached[t];
   }
-  sgm__lock_drop(&pl->lock);
+  sgm__lock_drop(&pl->mlock);
   for (int t = 0; t < SGM_N_RESIDENT; t++) {
     if (!sgm__context_tier(ctx, t)) continue;
     /* Charged while cached too, but not used (a race with a free only shifts
@@ -484,16 +597,20 @@ static int managed_take(sgm_context *ctx, void *ptr, size_t n, const char *fn, s
     return sgm__error_set(SGM_ERR_INVALID, "%s: the context's pointers are fixed (set "
                           "SGM_POINTERS=managed to get pointers sgm can move)", fn);
   struct sgm_placement *pl = sgm__context_pl(ctx);
-  sgm__lock_take(&pl->lock);
-  sgm_buffer *b = managed_find_range_locked(pl, (uint64_t)(uintptr_t)ptr, n);
-  if (!b) {
-    sgm__lock_drop(&pl->lock);
-    return sgm__error_set(SGM_ERR_INVALID, "%s: [%p, +%zu) is not inside one live managed block "
-                          "(blocks under %zu bytes, and fixed pointers, never move)", fn, ptr, n,
-                          SGM_MANAGED_MOVABLE_BYTES);
+  sgm__lock_take(&pl->mlock);
+  sgm_buffer *b;
+  for (;;) {
+    b = managed_find_range_locked(pl, (uint64_t)(uintptr_t)ptr, n);
+    if (!b) {
+      sgm__lock_drop(&pl->mlock);
+      return sgm__error_set(SGM_ERR_INVALID, "%s: [%p, +%zu) is not inside one live managed block "
+                            "(blocks under %zu bytes, and fixed pointers, never move)", fn, ptr, n,
+                            SGM_MANAGED_MOVABLE_BYTES);
+    }
+    if (managed_try_take_locked(pl, b, SGM_TAKE_MOVE) != SGM_BUF_BUSY) break;
+    sgm__buffer_wait_busy(pl, b, &pl->mlock); /* another move in flight; then look again */
   }
-  sgm__buffer_take_locked(pl, b, SGM_TAKE_MOVE);
-  sgm__lock_drop(&pl->lock);
+  sgm__lock_drop(&pl->mlock);
   *out = b;
   return SGM_OK;
 }
@@ -502,7 +619,7 @@ static int managed_take(sgm_context *ctx, void *ptr, size_t n, const char *fn, s
  * until its user says otherwise; a plain prefetch to shared memory changes
  * neither. */
 static void managed_mark(struct sgm_placement *pl, sgm_buffer *b, sgm_tier to, bool cold) {
-  sgm__lock_take(&pl->lock);
+  sgm__lock_take(&pl->mlock);
   if (to == SGM_TIER_VRAM) {
     b->cold = false;
     b->touch = ++pl->managed_clock;
@@ -510,7 +627,7 @@ static void managed_mark(struct sgm_placement *pl, sgm_buffer *b, sgm_tier to, b
     b->cold = true;
     b->touch = 0;
   }
-  sgm__lock_drop(&pl->lock);
+  sgm__lock_drop(&pl->mlock);
 }
 
 /* Move b (taken) to tier `to`: to VRAM demoting colder blocks as the policy
@@ -537,9 +654,9 @@ SGM_API sgm_status sgm_advise(sgm_context *ctx, void *ptr, sgm_priority priority
   int rc = managed_take(ctx, ptr, 1, "sgm_advise", &b);
   if (rc != SGM_OK) return (sgm_status)rc;
   /* Set while BUSY (out of its policy): finish lists it at the new level. */
-  sgm__lock_take(&sgm__context_pl(ctx)->lock);
+  sgm__lock_take(&sgm__context_pl(ctx)->mlock);
   b->priority = priority;
-  sgm__lock_drop(&sgm__context_pl(ctx)->lock);
+  sgm__lock_drop(&sgm__context_pl(ctx)->mlock);
   if (hint != SGM_HINT_NONE) {
     sgm_tier to = hint == SGM_HINT_HOT ? SGM_TIER_VRAM : SGM_TIER_SHARED;
     managed_mark(sgm__context_pl(ctx), b, to, hint == SGM_HINT_COLD);

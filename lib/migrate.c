@@ -26,7 +26,7 @@
  * (victim searches still prefer buffers whose work is done).
  * Threading: the caller owns the buffer (BUSY) and holds no lock; the copies,
  * disk I/O and pool calls here run unlocked. The counters are atomics;
- * pl->lock is taken only for the managed blocks' counters.
+ * pl->mlock is taken only for the managed blocks' counters.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -295,12 +295,12 @@ int sgm__migrate_managed(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evic
   sgm__buffer_set_tier(b, to);
   migrate_count(pl, from, to, b->size, evict);
   int up = to < from ? 0 : 1;
-  sgm__lock_take(&pl->lock);
+  sgm__lock_take(&pl->mlock);
   pl->n_managed_in[from]--;
   pl->n_managed_in[to]++;
   pl->n_managed_moves[up]++;
   pl->managed_moved_bytes[up] += b->size;
-  sgm__lock_drop(&pl->lock);
+  sgm__lock_drop(&pl->mlock);
   return SGM_OK;
 }
 

@@ -125,6 +125,7 @@ static void placement_free(struct sgm_placement *pl) {
   pthread_cond_destroy(&pl->work_cond);
   sgm__lock_destroy(&pl->pf_lock);
   for (int t = 0; t < SGM_N_RESIDENT; t++) sgm__lock_destroy(&pl->res[t]);
+  sgm__lock_destroy(&pl->mlock);
   sgm__lock_destroy(&pl->lock);
   free(pl);
 }
@@ -133,6 +134,7 @@ int sgm__placement_create(sgm_context *ctx) {
   struct sgm_placement *pl = calloc(1, sizeof *pl);
   if (!pl) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory creating the buffer lists");
   sgm__lock_init(&pl->lock, SGM_LOCK_BUFFERS);
+  sgm__lock_init(&pl->mlock, SGM_LOCK_MANAGED);
   sgm__lock_init(&pl->res[SGM_TIER_VRAM], SGM_LOCK_RES_VRAM);
   sgm__lock_init(&pl->res[SGM_TIER_SHARED], SGM_LOCK_RES_SHARED);
   sgm__lock_init(&pl->pf_lock, SGM_LOCK_PREFETCH);

@@ -32,9 +32,13 @@
  *    do listing it and giving it back: under pl->res[t] a listed buffer is
  *    never BUSY, and the victim search owns what it picks;
  *  - pl->pf_lock (SGM_LOCK_PREFETCH) guards the prefetch queue;
- *  - pl->lock (SGM_LOCK_BUFFERS) guards the list of every buffer, the
- *    graveyard and the managed blocks' map and counters (managed.c); the
- *    buffer calls take it only to create and destroy;
+ *  - pl->lock (SGM_LOCK_BUFFERS) guards the list of every buffer and the
+ *    graveyard; the buffer calls take it only to create and destroy, the
+ *    managed blocks only to create and give back a Unified Memory range;
+ *  - pl->mlock (SGM_LOCK_MANAGED) guards the managed blocks' map, counters,
+ *    fields (priority, touch, cold, ...) and the cache of freed ranges
+ *    (managed.c): a steady-state alloc + free pair of a cached range takes
+ *    it alone (the reused range's policy listing is deferred), never pl->lock;
  *  - the migration counters and n_disk_live are atomics.
  * No sgm lock is held across a copy, disk I/O, a pool call or a blocking
  * driver call: a mover takes the buffer BUSY, moves it with no lock held, and
@@ -104,6 +108,11 @@ struct sgm_buffer {
                                 a cached range reused for a smaller request) */
   bool mrecorded;            /* managed: sgm_record_stream named a stream: its free gives the range
                                 back to the driver (which waits for every stream) instead of caching */
+  bool mcached;              /* managed: in the cache of freed ranges (pl->mlock): still in the map
+                                and the list of all buffers, BUSY, not live */
+  bool mpending;             /* managed: live, its policy listing deferred (pl->mpending): BUSY,
+                                owned by that list (pl->mlock) until sgm__managed_flush lists it */
+  sgm_buffer *mc_prev, *mc_next; /* managed, cached or pending: links of that list */
   sgm_stream_ref mref;       /* managed, cached: the stream it was freed on */
   uint64_t mcached_ms;       /* managed, cached: the context clock at the first idle tick that saw
                                 it cached (0: none yet) */
@@ -111,7 +120,8 @@ struct sgm_buffer {
 };
 
 struct sgm_placement {
-  sgm_lock lock;                       /* the buffer list, graveyard, managed map (placement.h top) */
+  sgm_lock lock;                       /* the buffer list, graveyard (placement.h top) */
+  sgm_lock mlock;                      /* the managed map, counters and cache (managed.c) */
   sgm_lock res[SGM_N_RESIDENT];        /* per resident tier: pol[t], n_listed[t], its items */
   sgm_lock pf_lock;                    /* the prefetch queue, stop, work_cond */
   uint64_t n_busy_wakeups;             /* waits for a BUSY buffer that woke (atomic; tests) */
@@ -147,16 +157,23 @@ struct sgm_placement {
   pthread_cond_t work_cond;            /* wakes the worker */
   sgm_buffer *pf_head, *pf_tail;       /* prefetch queue, oldest at the head */
   sgm_buffer *mhash[SGM_MANAGED_BUCKETS]; /* managed blocks by address (managed.c) */
-  uint64_t n_managed;                  /* live managed blocks (atomic: sgm_free reads it unlocked) */
+  uint64_t n_managed;                  /* live managed blocks (written under mlock; atomic: sgm_free
+                                          reads it unlocked) */
   uint64_t n_managed_in[SGM_N_RESIDENT]; /* live managed blocks placed in each tier */
   uint64_t managed_clock;              /* ticks at every managed allocation, hint and prefetch */
   uint64_t n_managed_moves[2];         /* managed blocks promoted [0] and demoted [1] */
   uint64_t managed_moved_bytes[2];     /* their bytes, the same way */
   /* The cache of freed movable ranges (managed.c): each a whole sgm_buffer,
-   * BUSY and in no map or policy, linked by all_prev/all_next. */
+   * BUSY, in no policy, still in the map and pl->all (b->mcached), linked by
+   * mc_prev/mc_next. */
   sgm_buffer *mcache[SGM_N_RESIDENT];  /* cached ranges by where they are placed, newest first */
   uint64_t mcache_bytes[SGM_N_RESIDENT]; /* their bytes: charged to the tier, committed, not used */
-  uint64_t n_mcache;                   /* cached ranges in both tiers (atomic: read unlocked) */
+  uint64_t n_mcache;                   /* cached ranges in both tiers (written under mlock; read
+                                          unlocked: atomic) */
+  /* Live blocks reused from the cache whose policy listing is deferred
+   * (managed.c, "pending"): BUSY, linked by mc_prev/mc_next, oldest first. */
+  sgm_buffer *mpending_head, *mpending_tail; /* the oldest and the newest */
+  uint64_t n_mpending;                 /* how many (written under mlock; read unlocked: atomic) */
   uint64_t n_mcache_hits;              /* movable allocations served from the cache */
   uint64_t n_mcache_released;          /* cached ranges given back to the driver */
   uint64_t mslack_bytes;               /* live movable blocks' bytes beyond their page-rounded requests */
@@ -235,6 +252,13 @@ typedef enum sgm_take_kind {
 sgm_buf_state sgm__buffer_take(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k);
 /* The same with pl->lock held (managed.c, tests); dropped while waiting. */
 sgm_buf_state sgm__buffer_take_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k);
+/* Take b as sgm__buffer_take does if it is not BUSY; else return SGM_BUF_BUSY
+ * with b untouched (managed.c, under pl->mlock: it waits with
+ * sgm__buffer_wait_busy and looks b up again). */
+sgm_buf_state sgm__buffer_try_take(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k);
+/* Sleep until b is no longer BUSY (or was not: return at once), dropping
+ * `held` meanwhile and taking it again. */
+void sgm__buffer_wait_busy(struct sgm_placement *pl, sgm_buffer *b, sgm_lock *held);
 /* Give b (BUSY, owned by the caller; no residency lock held) back in state
  * `to`: a RELEASED resident buffer re-enters its policy (used: the taker
  * used it); one left on disk loses any pin. Wakes its waiters. Also

@@ -54,7 +54,7 @@
  * Locks and their order (ranks in internal.h, checked by the witness in
  * debug builds, lib/prim/lock.c):
  *
- *     pl->lock  <  pl->pf_lock  <  res[VRAM]  <  res[SHARED]  <  tier pools  <  backend
+ *     pl->lock  <  pl->mlock  <  pl->pf_lock  <  res[VRAM]  <  res[SHARED]  <  tier pools  <  backend
  *     (BUFFERS)    (PREFETCH)      (RES_VRAM)    (RES_SHARED)    (TIER_*)
  *
  * Each resident tier's residency has its own lock, pl->res[t]: the policy
@@ -265,6 +265,7 @@ static int residency_alloc_making_room(sgm_context *ctx, sgm_tier t, uint64_t si
     if (!residency_full(rc)) return rc;
     /* Cached movable ranges are free memory: they go before anyone moves. */
     if (sgm__managed_cache_drop(ctx, t, size)) continue;
+    sgm__managed_flush(ctx); /* reused blocks whose listing waits: victims too */
     if (__atomic_load_n(&sgm__context_pl(ctx)->n_listed[t], __ATOMIC_RELAXED) == 0) return rc;
     if (!checked) {
       checked = true;
@@ -298,6 +299,7 @@ uint64_t sgm__residency_trim_to_budget(sgm_context *ctx, sgm_tier t) {
     sgm_tier_stats ts;
     sgm__tier_stats(sgm__context_tier(ctx, t), &ts);
     if (ts.used_bytes <= ts.budget_bytes) break;
+    sgm__managed_flush(ctx);
     if (__atomic_load_n(&sgm__context_pl(ctx)->n_listed[t], __ATOMIC_RELAXED) == 0) break;
     bool refused = false;
     sgm_buffer *v = residency_pick_victim(ctx, t, ts.used_bytes - ts.budget_bytes, NULL, &refused);

@@ -425,6 +425,152 @@ static void test_cache_reuses_a_freed_range(void **state) {
   sgm_context_destroy(ctx); /* gives every cached range back (ASan and the counters' leak check) */
 }
 
+/* A steady-state pair of a cached movable range takes no placement lock
+ * (pl->lock, shared by every buffer and block of the context): the cache
+ * and the managed map have a lock of their own, and a cached range stays in
+ * the map and the list of all buffers, so neither is relinked. Counted with
+ * the lock's take counter; the ranges are reused (same pointers, cache hits)
+ * and their bytes stay the caller's. */
+static void test_steady_pair_takes_no_placement_lock(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("48MiB", "managed");
+  struct sgm_placement *pl = sgm__context_pl(ctx);
+  enum { RING = 4, PAIRS = 64 };
+  uint8_t *ring[RING];
+  for (int i = 0; i < RING; i++) {
+    ring[i] = sgm_alloc(ctx, 4 * MiB, NULL);
+    assert_non_null(ring[i]);
+  }
+  sgm_free(ctx, ring[0], NULL); /* warm: one range cached */
+  ring[0] = sgm_alloc(ctx, 4 * MiB, NULL);
+  assert_non_null(ring[0]);
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  uint64_t hits = st.n_managed_cache_hits;
+  uint64_t takes = sgm__lock_takes(&pl->lock);
+  for (int k = 0; k < PAIRS; k++) {
+    uint8_t *was = ring[k % RING];
+    sgm_free(ctx, was, NULL);
+    ring[k % RING] = sgm_alloc(ctx, 4 * MiB, NULL);
+    assert_ptr_equal(ring[k % RING], was); /* the range it just freed */
+    fill(ring[k % RING], 64 * 1024, (uint8_t)k);
+  }
+  assert_int_equal(sgm__lock_takes(&pl->lock), takes);
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.n_managed_cache_hits, hits + PAIRS);
+  assert_int_equal(st.n_managed_live, RING);
+  for (int k = PAIRS - RING; k < PAIRS; k++) verify(ring[k % RING], 64 * 1024, (uint8_t)k);
+  check_invariants(ctx);
+  for (int i = 0; i < RING; i++) sgm_free(ctx, ring[i], NULL);
+  check_invariants(ctx);
+  sgm_context_destroy(ctx);
+}
+
+/* A reused range's policy listing may wait (pending), but never past a victim
+ * search: the block the policy would pick is still the one demoted when a new
+ * one needs room, even if it just came from the cache (here the only one at
+ * normal priority), and its bytes move with it. */
+static void test_reused_block_is_still_a_victim(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("16MiB", "managed");
+  uint8_t *a = sgm_alloc(ctx, 4 * MiB, NULL);
+  uint8_t *b = sgm_alloc(ctx, 4 * MiB, NULL);
+  uint8_t *c = sgm_alloc(ctx, 4 * MiB, NULL);
+  uint8_t *d = sgm_alloc(ctx, 4 * MiB, NULL);
+  assert_true(a && b && c && d);
+  uint8_t *high[] = {b, c, d};
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(sgm_advise(ctx, high[i], SGM_PRIORITY_HIGH, SGM_HINT_NONE), SGM_OK);
+  sgm_free(ctx, a, NULL);
+  uint8_t *a2 = sgm_alloc(ctx, 4 * MiB, NULL); /* the cached range: its listing deferred */
+  assert_ptr_equal(a2, a);
+  fill(a2, 4 * MiB, 7);
+  uint8_t *e = sgm_alloc(ctx, 4 * MiB, NULL); /* VRAM is full: the normal-priority a2 makes room */
+  assert_non_null(e);
+  assert_int_equal(sgm_pointer_tier(ctx, a2), SGM_TIER_SHARED);
+  for (int i = 0; i < 3; i++) assert_int_equal(sgm_pointer_tier(ctx, high[i]), SGM_TIER_VRAM);
+  assert_int_equal(sgm_pointer_tier(ctx, e), SGM_TIER_VRAM);
+  verify(a2, 4 * MiB, 7);
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.n_managed_demotions, 1);
+  assert_int_equal(st.n_fallbacks, 0);
+  check_invariants(ctx);
+  sgm_free(ctx, a2, NULL);
+  for (int i = 0; i < 3; i++) sgm_free(ctx, high[i], NULL);
+  sgm_free(ctx, e, NULL);
+  check_invariants(ctx);
+  sgm_context_destroy(ctx);
+}
+
+/* Threads pairing allocations and frees of cached ranges, hinting and
+ * prefetching their own blocks while the others' allocations demote and
+ * their frees promote: the managed lock, the deferred listings and the
+ * residency locks together keep every invariant, and the bytes of each
+ * thread's anchor block (written before the threads start, never written
+ * during: the emulated device moves pages by copying, so a write racing a
+ * move could be lost there, not on a GPU) survive every move. TSan runs it. */
+typedef struct race_job {
+  sgm_context *ctx; /* shared */
+  uint64_t seed;    /* this thread's random stream */
+  uint8_t *anchor;  /* this thread's block, verified after the join */
+} race_job;
+
+static void *race_main(void *arg) {
+  race_job *j = arg;
+  sgm_test_rng r;
+  sgm_test_rng_init(&r, j->seed);
+  enum { RING = 3 };
+  uint8_t *ring[RING] = {0};
+  for (int step = 0; step < 150; step++) {
+    int i = (int)sgm_test_rng_range(&r, 0, RING - 1);
+    switch (sgm_test_rng_range(&r, 0, 5)) {
+    case 0:
+    case 1:
+    case 2: /* a pair of movable blocks: most are cache hits */
+      sgm_free(j->ctx, ring[i], NULL);
+      ring[i] = sgm_alloc(j->ctx, 2 * MiB + (size_t)sgm_test_rng_range(&r, 0, 3) * 64 * 1024, NULL);
+      break;
+    case 3:
+      sgm_advise(j->ctx, sgm_test_rng_range(&r, 0, 1) ? j->anchor : ring[i] ? ring[i] : j->anchor,
+                 (sgm_priority)sgm_test_rng_range(&r, 0, 4),
+                 (sgm_hint)sgm_test_rng_range(&r, SGM_HINT_NONE, SGM_HINT_COLD));
+      break;
+    default:
+      sgm_prefetch(j->ctx, j->anchor, 2 * MiB, sgm_test_rng_range(&r, 0, 1) ? SGM_TIER_VRAM : SGM_TIER_SHARED,
+                   NULL);
+      break;
+    }
+  }
+  for (int i = 0; i < RING; i++) sgm_free(j->ctx, ring[i], NULL);
+  return NULL;
+}
+
+static void test_threads_pair_and_move(void **state) {
+  (void)state;
+  uint64_t seed = sgm_test_seed("test_managed threads", 1414);
+  sgm_context *ctx = make_ctx("12MiB", "managed");
+  enum { T = 3 };
+  race_job job[T];
+  pthread_t th[T];
+  for (int t = 0; t < T; t++) {
+    job[t] = (race_job){.ctx = ctx, .seed = seed * 31 + (uint64_t)t + 1, .anchor = sgm_alloc(ctx, 2 * MiB, NULL)};
+    assert_non_null(job[t].anchor);
+    fill(job[t].anchor, 2 * MiB, 100 + (uint64_t)t);
+  }
+  for (int t = 0; t < T; t++) assert_int_equal(pthread_create(&th[t], NULL, race_main, &job[t]), 0);
+  for (int t = 0; t < T; t++) assert_int_equal(pthread_join(th[t], NULL), 0);
+  for (int t = 0; t < T; t++) verify(job[t].anchor, 2 * MiB, 100 + (uint64_t)t);
+  check_invariants(ctx);
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.n_managed_live, T);
+  assert_true(st.n_managed_cache_hits > 0);
+  for (int t = 0; t < T; t++) sgm_free(ctx, job[t].anchor, NULL);
+  check_invariants(ctx);
+  sgm_context_destroy(ctx);
+}
+
 /* Cached ranges hold budget (committed, not used) and go back before anything
  * moves or falls back: the budget is never exceeded counting them, and a new
  * block that needs their room gets it without a demotion or a fallback. */
@@ -873,6 +1019,9 @@ int main(void) {
       cmocka_unit_test(test_refused_or_downgraded),
       cmocka_unit_test(test_every_failure_leaves_things_whole),
       cmocka_unit_test(test_cache_reuses_a_freed_range),
+      cmocka_unit_test(test_steady_pair_takes_no_placement_lock),
+      cmocka_unit_test(test_reused_block_is_still_a_victim),
+      cmocka_unit_test(test_threads_pair_and_move),
       cmocka_unit_test(test_cache_yields_before_anything_moves),
       cmocka_unit_test(test_cache_goes_back_to_the_driver),
       cmocka_unit_test(test_policy_orders_promotions),
