@@ -565,7 +565,11 @@ static void test_threads_pair_and_move(void **state) {
   sgm_stats st;
   assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
   assert_int_equal(st.n_managed_live, T);
-  assert_true(st.n_managed_cache_hits > 0);
+  /* How many pairs hit the cache depends on how the threads interleave (the
+   * cache goes back before every demotion and promotion): printed, not
+   * asserted; test_cache_reuses_a_freed_range checks the hit itself. */
+  printf("# %llu cache hits, %llu demotions, %llu promotions\n", (unsigned long long)st.n_managed_cache_hits,
+         (unsigned long long)st.n_managed_demotions, (unsigned long long)st.n_managed_promotions);
   for (int t = 0; t < T; t++) sgm_free(ctx, job[t].anchor, NULL);
   check_invariants(ctx);
   sgm_context_destroy(ctx);
