@@ -1740,6 +1740,17 @@ out_free:
 }
 
 /* Unmap granules [g0, g1) of v, one cuMemUnmap each (context entered, relaxed). */
+/* Is [offset, offset + bytes) a non-empty run of whole granules inside v?
+ * Its granules are [*g0, *g1) when it is (both 0 when not). */
+static bool cuda_vrange_run(const cuda_vrange *v, uint64_t offset, uint64_t bytes, uint64_t *g0,
+                            uint64_t *g1) {
+  bool ok = v && bytes && offset % v->granule == 0 && bytes % v->granule == 0 &&
+            offset <= v->bytes && bytes <= v->bytes - offset;
+  *g0 = ok ? offset / v->granule : 0;
+  *g1 = ok ? (offset + bytes) / v->granule : 0;
+  return ok;
+}
+
 static void cuda_vmm_unmap_run(sgm_backend *be, cuda_vrange *v, uint64_t g0, uint64_t g1,
                                const char *op) {
   for (uint64_t g = g0; g < g1; g++) {
@@ -1754,8 +1765,8 @@ static int cuda_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t 
   cuda_vrange *v = range;
   char op[96], b[32];
   snprintf(op, sizeof op, "mapping %s of device memory", sgm__fmt_bytes(bytes, b, sizeof b));
-  if (!v || bytes == 0 || offset % v->granule || bytes % v->granule || offset > v->bytes ||
-      bytes > v->bytes - offset)
+  uint64_t g0, g1;
+  if (!cuda_vrange_run(v, offset, bytes, &g0, &g1))
     return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s: [%llu, +%llu) is not a granule-aligned "
                           "run of the range", op, (unsigned long long)offset,
                           (unsigned long long)bytes);
@@ -1764,7 +1775,7 @@ static int cuda_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t 
   if (rc != SGM_OK) return rc;
   CUresult r = CUDA_SUCCESS;
   CUmemAllocationProp prop = cuda_vmm_prop(be);
-  uint64_t g0 = offset / v->granule, g1 = (offset + bytes) / v->granule, g = g0;
+  uint64_t g = g0;
   const char *failed = NULL;
   for (; g < g1; g++) {
     CUmemGenericAllocationHandle h = 0;
@@ -1810,9 +1821,8 @@ static void cuda_vmm_unmap(sgm_backend *be, void *range, uint64_t offset, uint64
   sgm__lock_assert_none_held();
   cuda_vrange *v = range;
   const char *op = "unmapping device memory";
-  bool ok = v && bytes && offset % v->granule == 0 && bytes % v->granule == 0 &&
-            offset <= v->bytes && bytes <= v->bytes - offset;
-  uint64_t g0 = ok ? offset / v->granule : 0, g1 = ok ? (offset + bytes) / v->granule : 0;
+  uint64_t g0, g1;
+  bool ok = cuda_vrange_run(v, offset, bytes, &g0, &g1);
   sgm__lock_take(&be->lock);
   for (uint64_t g = g0; g < g1 && ok; g++) ok = v->mapped[g] == 1;
   if (ok) {
@@ -2049,9 +2059,8 @@ static void cuda_vmm_pool_unmap(sgm_backend *be, void *range, uint64_t offset, u
   sgm__lock_assert_none_held();
   cuda_vrange *v = range;
   const char *op = "unmapping granules of the reserved budget";
-  bool ok = v && bytes && offset % v->granule == 0 && bytes % v->granule == 0 &&
-            offset <= v->bytes && bytes <= v->bytes - offset;
-  uint64_t g0 = ok ? offset / v->granule : 0, g1 = ok ? (offset + bytes) / v->granule : 0;
+  uint64_t g0, g1;
+  bool ok = cuda_vrange_run(v, offset, bytes, &g0, &g1);
   sgm__lock_take(&be->lock);
   for (uint64_t g = g0; g < g1 && ok; g++) ok = v->mapped[g] == 2 && v->pool;
   if (ok) {
