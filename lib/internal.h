@@ -297,7 +297,7 @@ void sgm__context_set_clock(sgm_context *ctx, uint64_t (*clock_ms)(void *user), 
 /* One idle-trim pass over the tiers at the clock's time; bytes returned. */
 uint64_t sgm__context_idle_tick(sgm_context *ctx);
 
-/* placement.c, buffer.c, residency.c, migrate.c, prefetch.c — buffers,
+/* placement.c, buffer*.c, residency*.c, migrate*.c, prefetch.c — buffers,
  * eviction and migration: the only code that touches two tiers (what they
  * share among themselves is in placement.h). */
 /* Build ctx's placement (sgm__context_pl): the two resident tiers' policies (SGM_ERR_INVALID naming the
@@ -345,7 +345,7 @@ int sgm__placement_check(sgm_context *ctx, char *why, size_t why_len);
 /* The name of the policy tier t runs (static storage); NULL for the disk
  * tier or a bad t. */
 const char *sgm__placement_policy_name(sgm_context *ctx, sgm_tier t);
-/* buffer.c, tests: where a disk-resident buffer's extent starts in the spill
+/* buffer_state.c, tests: where a disk-resident buffer's extent starts in the spill
  * file; false (and *offset 0) when it is not on disk or has no extent yet.
  * Waits while another thread moves b. */
 bool sgm__buffer_disk_offset(sgm_buffer *b, uint64_t *offset);
