@@ -154,7 +154,11 @@ int sgm__tier_free_on(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_ref *st
 int sgm__tier_record_stream(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_ref *stream);
 /* Give cached blocks back (see sgm_reclaim_mode); taker is the stream that
  * receives other streams' blocks in TRANSFER mode (NULL otherwise). Returns the
- * number of blocks returned to the sub-allocator or transferred. */
+ * number of blocks returned to the sub-allocator or transferred. Takes the
+ * pool lock (and the magazines'); calls the driver (event record, query,
+ * stream wait) and in WAIT mode blocks until every stream's work is done:
+ * call it with no residency or placement lock held. No status: a block whose
+ * work is not known to be done stays cached. */
 size_t sgm__tier_reclaim(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode);
 /* True when the pool may hold cached blocks (a hint, read without the lock). */
 bool sgm__tier_has_cached(sgm_tier_pool *p);
