@@ -822,26 +822,39 @@ static int emu_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t b
   return SGM_OK;
 }
 
-static void emu_vmm_unmap(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes) {
-  sgm__lock_assert_none_held();
-  emu_range *r = range;
+/* Unmap [offset, +bytes) of r, a run of granules that must all be in
+ * `state` (r->mapped: 1 = vmm_map's own memory, 2 = pool granules): checked
+ * and marked unmapped under be->mu with the counters (own memory leaves
+ * device_live_bytes and the node's reservation too; a pool granule goes back
+ * to its pool, whose memfd keeps the bytes), then the pages unmapped with no
+ * lock held. A run that is not one is a broken contract: asserted, logged
+ * (fn: the operation, what: the state's name) and ignored. */
+static void emu_vmm_unmap_state(sgm_backend *be, emu_range *r, uint64_t offset, uint64_t bytes,
+                                uint8_t state, const char *fn, const char *what) {
   sgm__lock_take(&be->mu);
-  bool ok = r && emu_vmm_run_is(r, offset, bytes, 1);
+  bool ok = r && emu_vmm_run_is(r, offset, bytes, state);
   if (ok) {
-    for (uint64_t g = offset / EMU_VMM_GRANULE; g < (offset + bytes) / EMU_VMM_GRANULE; g++)
+    for (uint64_t g = offset / EMU_VMM_GRANULE; g < (offset + bytes) / EMU_VMM_GRANULE; g++) {
       r->mapped[g] = 0;
-    be->c.device_live_bytes -= bytes;
+      if (state == 2) r->pool->used[r->pidx[g]] = 0;
+    }
+    if (state == 1) be->c.device_live_bytes -= bytes;
     be->c.vmm_mapped_bytes -= bytes;
   }
   sgm__lock_drop(&be->mu);
   sgm_assert(ok);
   if (!ok) {
-    sgm__log(be->verbose, 1, "emulated device: vmm_unmap of [%llu, +%llu), not a run of mapped "
-             "granules; ignored", (unsigned long long)offset, (unsigned long long)bytes);
+    sgm__log(be->verbose, 1, "emulated device: %s of [%llu, +%llu), not a run of %s granules; ignored",
+             fn, (unsigned long long)offset, (unsigned long long)bytes, what);
     return;
   }
   emu_vmm_unmap_pages(r, offset, bytes);
-  if (be->node) sgm__node_device_release(be->node, bytes);
+  if (state == 1 && be->node) sgm__node_device_release(be->node, bytes);
+}
+
+static void emu_vmm_unmap(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes) {
+  sgm__lock_assert_none_held();
+  emu_vmm_unmap_state(be, range, offset, bytes, 1, "vmm_unmap", "mapped");
 }
 
 /* Unlink r (lock held); returns the bytes it still had mapped (now uncounted). */
@@ -1027,24 +1040,7 @@ static int emu_vmm_pool_map(sgm_backend *be, void *range, uint64_t offset, void 
 
 static void emu_vmm_pool_unmap(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes) {
   sgm__lock_assert_none_held();
-  emu_range *r = range;
-  sgm__lock_take(&be->mu);
-  bool ok = r && emu_vmm_run_is(r, offset, bytes, 2);
-  if (ok) {
-    for (uint64_t g = offset / EMU_VMM_GRANULE; g < (offset + bytes) / EMU_VMM_GRANULE; g++) {
-      r->mapped[g] = 0;
-      r->pool->used[r->pidx[g]] = 0;
-    }
-    be->c.vmm_mapped_bytes -= bytes;
-  }
-  sgm__lock_drop(&be->mu);
-  sgm_assert(ok);
-  if (!ok) {
-    sgm__log(be->verbose, 1, "emulated device: vmm_pool_unmap of [%llu, +%llu), not a run of "
-             "pool-mapped granules; ignored", (unsigned long long)offset, (unsigned long long)bytes);
-    return;
-  }
-  emu_vmm_unmap_pages(r, offset, bytes); /* the memfd keeps the bytes */
+  emu_vmm_unmap_state(be, range, offset, bytes, 2, "vmm_pool_unmap", "pool-mapped");
 }
 
 static void emu_vmm_pool_free(sgm_backend *be, void *pool) {
