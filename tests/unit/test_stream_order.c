@@ -505,6 +505,90 @@ static void test_seal_on_transfer_burst(void **state) {
   non_blocking_stream(true, b);
 }
 
+/* Invariant (recent sizes): a transfer hands the taker, beside the blocks
+ * that serve its request, the owner's blocks of the sizes the taker itself
+ * took from its caches lately, and no others: a taker that used 1 MiB takes
+ * the owner's 1 MiB block with its 2 MiB one (its next 1 MiB request makes no
+ * call), and the owner keeps its 768 KiB block (reused with none); the
+ * taker's later work waits for the owner's. */
+static void test_transfer_takes_recent_sizes(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx();
+  void *a = non_blocking_stream(false, NULL), *b = non_blocking_stream(false, NULL);
+  /* 3.75 of the 4 MiB budget: b's 1 MiB request crosses from a's cache;
+   * then a takes it back the same way. */
+  void *x = sgm_alloc(ctx, 2 * MiB, a), *y = sgm_alloc(ctx, MiB, a), *z = sgm_alloc(ctx, 768 << 10, a);
+  assert_true(x && y && z);
+  sgm_free(ctx, y, a);
+  assert_ptr_equal(sgm_alloc(ctx, MiB, b), y);
+  sgm_free(ctx, y, b);
+  assert_ptr_equal(sgm_alloc(ctx, MiB, a), y);
+  fc.fake_cuda_hold_stream(a, 1);
+  put_work(a);
+  sgm_free(ctx, x, a);
+  sgm_free(ctx, y, a);
+  sgm_free(ctx, z, a);
+
+  call_mark m = mark_calls();
+  void *p = sgm_alloc(ctx, 2 * MiB, b);
+  assert_ptr_equal(p, x);
+  assert_calls_since(m, 4, 1, 1);
+  m = mark_calls();
+  void *q = sgm_alloc(ctx, MiB, b); /* came with x: b took 1 MiB lately */
+  assert_ptr_equal(q, y);
+  assert_calls_since(m, 0, 0, 0);
+  m = mark_calls();
+  void *r = sgm_alloc(ctx, 768 << 10, a); /* b never took 768 KiB: still a's */
+  assert_ptr_equal(r, z);
+  assert_calls_since(m, 0, 0, 0);
+  assert_false(stream_done(b));
+  fc.fake_cuda_complete_stream(a);
+  fc.fake_cuda_hold_stream(a, 0);
+  assert_true(stream_done(b));
+  sgm_free(ctx, p, b);
+  sgm_free(ctx, q, b);
+  sgm_free(ctx, r, a);
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  finish_ctx(ctx);
+  non_blocking_stream(true, a);
+  non_blocking_stream(true, b);
+}
+
+/* Invariant (a burst in the steady state): two non-blocking streams that in
+ * turn take the same three sizes from each other's cache move all three at
+ * the first transfer of a round once each has taken them before: 4 calls per
+ * round (the owner's check and record, the taker's check and wait), and
+ * each round's later work waits for the other stream's. */
+static void test_burst_steady_state_four_calls(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx();
+  void *st[2] = {non_blocking_stream(false, NULL), non_blocking_stream(false, NULL)};
+  const uint64_t sizes[3] = {2 * MiB, MiB, 768 << 10};
+  for (int round = 0; round < 6; round++) {
+    void *s = st[round & 1], *o = st[!(round & 1)], *blk[3];
+    call_mark m = mark_calls();
+    for (int i = 0; i < 3; i++) assert_non_null(blk[i] = sgm_alloc(ctx, sizes[i], s));
+    /* Rounds 0-1 carve or cross by size (no sizes known yet); from round 3
+     * on, each taker has taken all three sizes in its previous round. */
+    if (round >= 3) assert_calls_since(m, 4, 1, 1);
+    if (round >= 1) {
+      assert_false(stream_done(s)); /* ordered after o's held work */
+      fc.fake_cuda_complete_stream(o);
+      fc.fake_cuda_hold_stream(o, 0);
+      assert_true(stream_done(s));
+    }
+    fc.fake_cuda_hold_stream(s, 1);
+    put_work(s);
+    for (int i = 0; i < 3; i++) sgm_free(ctx, blk[i], s);
+  }
+  fc.fake_cuda_complete_stream(st[1]); /* the last round's */
+  fc.fake_cuda_hold_stream(st[1], 0);
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  finish_ctx(ctx);
+  non_blocking_stream(true, st[0]);
+  non_blocking_stream(true, st[1]);
+}
+
 /* Invariant: a transfer asks nothing of an owner whose cached blocks cannot
  * serve the request (no driver call for it), and leaves those blocks with
  * their stream. */
@@ -931,6 +1015,8 @@ int main(void) {
       cmocka_unit_test(test_seal_on_transfer_non_blocking),
       cmocka_unit_test(test_transfer_skips_owner_without_fit),
       cmocka_unit_test(test_seal_on_transfer_burst),
+      cmocka_unit_test(test_transfer_takes_recent_sizes),
+      cmocka_unit_test(test_burst_steady_state_four_calls),
       cmocka_unit_test(test_seal_on_transfer_blocking_fence),
       cmocka_unit_test(test_blocking_transfer_ordered),
       cmocka_unit_test(test_per_thread_streams_do_not_alias),
