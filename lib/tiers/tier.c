@@ -203,6 +203,7 @@ typedef struct tier_mag {
 } tier_mag;
 
 struct sgm_tier_pool {
+  sgm_tier_head head;         /* first: what tier.h's inline checks read (room_bytes) */
   sgm_lock lock;              /* guards everything below but the params, atomics and shards */
   sgm_tier_params p;          /* set at create, read-only after (but the budget, under the lock) */
   uint64_t id;                /* unique for the process's life: magazines find their pool by it */
@@ -223,7 +224,7 @@ struct sgm_tier_pool {
   uint64_t n_allocs;          /* blocks handed out, the same way (atomic) */
   uint64_t n_frees;           /* blocks freed, the same way (atomic) */
   uint64_t n_failed;          /* allocations this pool could not serve (atomic) */
-  uint64_t room_bytes;        /* budget - held, read without the lock (atomic; written under it) */
+  uint64_t n_full_checks;     /* sgm__tier_full_for calls (atomic: read by tests) */
   bool budget_lowered;        /* set_budget went below committed: committed may exceed it */
   unsigned n_growing;         /* chunks being taken from the backend right now */
   unsigned n_releasing;       /* chunks detached and being returned right now (still committed) */
@@ -312,7 +313,7 @@ static inline unsigned tier_mag_cap(int cls) {
 static void tier_update_room_locked(sgm_tier_pool *p) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
   uint64_t room = p->p.budget_bytes > p->held_bytes ? p->p.budget_bytes - p->held_bytes : 0;
-  __atomic_store_n(&p->room_bytes, room, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->head.room_bytes, room, __ATOMIC_RELAXED);
 }
 
 /* Count bytes handed out (or back, negative) at the pool level. */
@@ -1284,7 +1285,7 @@ int sgm__tier_create(const sgm_tier_params *params, sgm_tier_pool **out) {
   memset(p, 0, sizeof *p);
   p->p = *params;
   p->id = __atomic_add_fetch(&tier_next_pool_id, 1, __ATOMIC_RELAXED);
-  p->room_bytes = params->budget_bytes;
+  p->head.room_bytes = params->budget_bytes;
   p->span_lo = UINT64_MAX;
   pthread_cond_init(&p->grown, NULL);
   sgm__lock_init(&p->lock, SGM_LOCK_TIER_VRAM + (int)params->tier);
@@ -1525,7 +1526,7 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
    * every fallback allocation. A free racing with this read may leave room a
    * moment later; the block then lands one tier down, as it would have a
    * moment earlier. */
-  if (need > __atomic_load_n(&p->room_bytes, __ATOMIC_RELAXED)) return SGM__ERR_BUDGET;
+  if (need > __atomic_load_n(&p->head.room_bytes, __ATOMIC_RELAXED)) return SGM__ERR_BUDGET;
   bool trimmed = false, reclaimed = false;
   sgm__lock_take(&p->lock);
   for (int round = 0; round < TIER_MAX_GROW_ROUNDS; round++) {
@@ -1778,11 +1779,12 @@ static bool tier_has_cached_for(sgm_tier_pool *p, tier_mag *m) {
 }
 
 bool sgm__tier_full_for(sgm_tier_pool *p, uint64_t size) {
+  __atomic_fetch_add(&p->n_full_checks, 1, __ATOMIC_RELAXED);
   if (size == 0 || size > UINT64_MAX - TIER_CLASS_MAX_BYTES) return false; /* alloc_on says why */
   uint64_t need = sgm__align_up(size, SGM_DEVICE_ALIGN);
   int cls = tier_class(need);
   uint64_t block = cls >= 0 ? tier_class_bytes(cls) : need;
-  if (block <= __atomic_load_n(&p->room_bytes, __ATOMIC_RELAXED)) return false;
+  if (block <= __atomic_load_n(&p->head.room_bytes, __ATOMIC_RELAXED)) return false;
   if (tier_has_cached_for(p, tier_mag_get(p))) return false;
   __atomic_fetch_add(&p->n_failed, 1, __ATOMIC_RELAXED); /* as sgm__tier_alloc_on counts it */
   return true;
@@ -2496,6 +2498,10 @@ uint64_t sgm__tier_charged(sgm_tier_pool *p) {
 /* ---- stats and checks ---- */
 
 uint64_t sgm__tier_lock_takes(const sgm_tier_pool *p) { return sgm__lock_takes(&p->lock); }
+
+uint64_t sgm__tier_full_checks(const sgm_tier_pool *p) {
+  return __atomic_load_n(&p->n_full_checks, __ATOMIC_RELAXED);
+}
 
 uint64_t sgm__tier_map_writes(const sgm_tier_pool *p) {
   uint64_t n = 0;
