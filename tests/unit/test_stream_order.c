@@ -363,6 +363,30 @@ static void assert_calls_since(call_mark m, uint64_t calls, uint64_t records, ui
   assert_int_equal(now.waits - m.waits, waits);
 }
 
+/* The owner's held work completes and is released: the taker's work queued
+ * after its allocation had not completed before, and has now (it was
+ * ordered after the owner's work on the device). */
+static void release_owner_ordered(void *owner, void *taker) {
+  assert_false(stream_done(taker));
+  fc.fake_cuda_complete_stream(owner);
+  fc.fake_cuda_hold_stream(owner, 0);
+  assert_true(stream_done(taker));
+}
+
+/* 2 MiB (large: only a 2 MiB request takes it), 1 MiB and 768 KiB (size
+ * classes): 3.75 of the 4 MiB budget, allocated on a into blk. */
+static void alloc_three(sgm_context *ctx, void *a, void *blk[3]) {
+  const uint64_t sizes[3] = {2 * MiB, MiB, 768 << 10};
+  for (int i = 0; i < 3; i++) assert_non_null(blk[i] = sgm_alloc(ctx, sizes[i], a));
+}
+
+/* blk freed on a after work of a's own that stays pending (a held). */
+static void free_three_held(sgm_context *ctx, void *a, void *blk[3]) {
+  fc.fake_cuda_hold_stream(a, 1);
+  put_work(a);
+  for (int i = 0; i < 3; i++) sgm_free(ctx, blk[i], a);
+}
+
 /* Invariants (seal on transfer, non-blocking streams): a transfer that must
  * record on the owner (4 calls) makes that record the owner's fence over
  * every block the owner holds, and moves only the blocks that serve the
@@ -473,14 +497,10 @@ static void test_seal_on_transfer_blocking_fence(void **state) {
 static void test_seal_on_transfer_burst(void **state) {
   (void)state;
   sgm_context *ctx = make_ctx();
-  void *a = non_blocking_stream(false, NULL), *b = non_blocking_stream(false, NULL);
-  void *x = sgm_alloc(ctx, 2 * MiB, a), *y = sgm_alloc(ctx, MiB, a), *z = sgm_alloc(ctx, 768 << 10, a);
-  assert_true(x && y && z);
-  fc.fake_cuda_hold_stream(a, 1);
-  put_work(a);
-  sgm_free(ctx, x, a);
-  sgm_free(ctx, y, a);
-  sgm_free(ctx, z, a);
+  void *a = non_blocking_stream(false, NULL), *b = non_blocking_stream(false, NULL), *blk[3];
+  alloc_three(ctx, a, blk);
+  free_three_held(ctx, a, blk);
+  void *x = blk[0], *y = blk[1], *z = blk[2];
   call_mark m = mark_calls();
   void *p = sgm_alloc(ctx, 2 * MiB, b);
   assert_ptr_equal(p, x);
@@ -493,10 +513,7 @@ static void test_seal_on_transfer_burst(void **state) {
   void *r = sgm_alloc(ctx, 768 << 10, b); /* z came with y: b's own cache */
   assert_ptr_equal(r, z);
   assert_calls_since(m, 0, 0, 0);
-  assert_false(stream_done(b));
-  fc.fake_cuda_complete_stream(a);
-  fc.fake_cuda_hold_stream(a, 0);
-  assert_true(stream_done(b));
+  release_owner_ordered(a, b);
   sgm_free(ctx, p, b);
   sgm_free(ctx, q, b);
   sgm_free(ctx, r, b);
@@ -515,19 +532,16 @@ static void test_transfer_takes_recent_sizes(void **state) {
   (void)state;
   sgm_context *ctx = make_ctx();
   void *a = non_blocking_stream(false, NULL), *b = non_blocking_stream(false, NULL);
-  /* 3.75 of the 4 MiB budget: b's 1 MiB request crosses from a's cache;
-   * then a takes it back the same way. */
-  void *x = sgm_alloc(ctx, 2 * MiB, a), *y = sgm_alloc(ctx, MiB, a), *z = sgm_alloc(ctx, 768 << 10, a);
-  assert_true(x && y && z);
+  /* The budget nearly full: b's 1 MiB request crosses from a's cache; then
+   * a takes it back the same way. */
+  void *blk[3];
+  alloc_three(ctx, a, blk);
+  void *x = blk[0], *y = blk[1], *z = blk[2];
   sgm_free(ctx, y, a);
   assert_ptr_equal(sgm_alloc(ctx, MiB, b), y);
   sgm_free(ctx, y, b);
   assert_ptr_equal(sgm_alloc(ctx, MiB, a), y);
-  fc.fake_cuda_hold_stream(a, 1);
-  put_work(a);
-  sgm_free(ctx, x, a);
-  sgm_free(ctx, y, a);
-  sgm_free(ctx, z, a);
+  free_three_held(ctx, a, blk);
 
   call_mark m = mark_calls();
   void *p = sgm_alloc(ctx, 2 * MiB, b);
@@ -541,10 +555,7 @@ static void test_transfer_takes_recent_sizes(void **state) {
   void *r = sgm_alloc(ctx, 768 << 10, a); /* b never took 768 KiB: still a's */
   assert_ptr_equal(r, z);
   assert_calls_since(m, 0, 0, 0);
-  assert_false(stream_done(b));
-  fc.fake_cuda_complete_stream(a);
-  fc.fake_cuda_hold_stream(a, 0);
-  assert_true(stream_done(b));
+  release_owner_ordered(a, b);
   sgm_free(ctx, p, b);
   sgm_free(ctx, q, b);
   sgm_free(ctx, r, a);
@@ -563,23 +574,15 @@ static void test_burst_steady_state_four_calls(void **state) {
   (void)state;
   sgm_context *ctx = make_ctx();
   void *st[2] = {non_blocking_stream(false, NULL), non_blocking_stream(false, NULL)};
-  const uint64_t sizes[3] = {2 * MiB, MiB, 768 << 10};
   for (int round = 0; round < 6; round++) {
     void *s = st[round & 1], *o = st[!(round & 1)], *blk[3];
     call_mark m = mark_calls();
-    for (int i = 0; i < 3; i++) assert_non_null(blk[i] = sgm_alloc(ctx, sizes[i], s));
+    alloc_three(ctx, s, blk);
     /* Rounds 0-1 carve or cross by size (no sizes known yet); from round 3
      * on, each taker has taken all three sizes in its previous round. */
     if (round >= 3) assert_calls_since(m, 4, 1, 1);
-    if (round >= 1) {
-      assert_false(stream_done(s)); /* ordered after o's held work */
-      fc.fake_cuda_complete_stream(o);
-      fc.fake_cuda_hold_stream(o, 0);
-      assert_true(stream_done(s));
-    }
-    fc.fake_cuda_hold_stream(s, 1);
-    put_work(s);
-    for (int i = 0; i < 3; i++) sgm_free(ctx, blk[i], s);
+    if (round >= 1) release_owner_ordered(o, s);
+    free_three_held(ctx, s, blk);
   }
   fc.fake_cuda_complete_stream(st[1]); /* the last round's */
   fc.fake_cuda_hold_stream(st[1], 0);
