@@ -344,6 +344,9 @@ struct sgm_backend {
   size_t n_buckets;           /* a power of two */
   size_t n_objs;              /* entries in the table */
   struct cuda_vrange *vranges; /* reserved VMM ranges not yet freed (under lock) */
+  /* the device's UUID, asked once (cuda_device_uuid) */
+  uint8_t uuid[16];           /* the driver's answer, valid once uuid_known */
+  int uuid_known;             /* 1 once uuid is set (atomic: release after uuid is written) */
 };
 
 /* cuda_obj.bytes of an event from event_create: recorded only by
@@ -1612,11 +1615,23 @@ static int cuda_managed_prefetch(sgm_backend *be, sgm_devptr ptr, uint64_t n, sg
  * key is GPU-<UUID>. cuDeviceGetUuid needs no context. ---- */
 static int cuda_device_uuid(sgm_backend *be, uint8_t out[16]) {
   sgm__lock_assert_none_held();
+  /* Asked once per open: the registry key and the segment header both need
+   * it at context create (a failure is not kept: the next call asks again). */
+  if (__atomic_load_n(&be->uuid_known, __ATOMIC_ACQUIRE)) {
+    memcpy(out, be->uuid, 16);
+    return SGM_OK;
+  }
   memset(out, 0, 16);
   CUuuid u;
   CUresult r = CU(cuDeviceGetUuid)(&u, be->dev);
   if (r != CUDA_SUCCESS) return cuda_fail(r, "reading the device's UUID", "cuDeviceGetUuid", CUDA_BLAME_DRIVER);
   memcpy(out, u.bytes, 16);
+  sgm__lock_take(&be->lock);
+  if (!be->uuid_known) {
+    memcpy(be->uuid, u.bytes, 16);
+    __atomic_store_n(&be->uuid_known, 1, __ATOMIC_RELEASE);
+  }
+  sgm__lock_drop(&be->lock);
   return SGM_OK;
 }
 
