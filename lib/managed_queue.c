@@ -125,8 +125,8 @@ void sgm__managed_queue_drop(sgm_context *ctx, sgm_buffer *b) {
 }
 
 /* Run b's queued move to `to` (b BUSY, taken and unlinked by this thread;
- * `to` charged): after ev on the copy stream. True when it moved. */
-static bool mq_run(sgm_context *ctx, sgm_buffer *b, sgm_tier to, void *ev) {
+ * `to` charged): after ev on the copy stream. */
+static void mq_run(sgm_context *ctx, sgm_buffer *b, sgm_tier to, void *ev) {
   struct sgm_placement *pl = sgm__context_pl(ctx);
   const sgm_backend_ops *o = sgm__context_bops(ctx);
   int rc = SGM_OK;
@@ -145,21 +145,24 @@ static bool mq_run(sgm_context *ctx, sgm_buffer *b, sgm_tier to, void *ev) {
   }
   o->event_destroy(sgm__context_be(ctx), ev);
   sgm__buffer_finish(pl, b, SGM_BUF_RELEASED, false); /* the owner may free b from here on */
+  /* The room a demotion left goes to the most valuable shared-placed blocks
+   * (still counted as running: sgm__managed_queue_wait covers them). */
+  if (moved && to == SGM_TIER_SHARED) sgm__managed_promote(ctx, UINT64_MAX);
   sgm__lock_take(&pl->mlock);
   pl->n_mq_running--;
   if (moved) pl->n_mq_done++;
   else pl->n_mq_cancelled++;
   pthread_cond_broadcast(&pl->mq_cond);
   sgm__lock_drop(&pl->mlock);
-  return moved;
 }
 
 /* Run queued moves on this thread until the queue is empty (false) or its
  * head is held by another thread (true). */
 static bool mq_work(sgm_context *ctx) {
   struct sgm_placement *pl = sgm__context_pl(ctx);
-  bool demoted = false, stalled = false;
-  while (__atomic_load_n(&pl->n_mq, __ATOMIC_RELAXED) != 0) {
+  bool stalled = false;
+  /* A destroy stops the worker between two moves (the rest are cancelled). */
+  while (__atomic_load_n(&pl->n_mq, __ATOMIC_RELAXED) != 0 && !__atomic_load_n(&pl->stop, __ATOMIC_RELAXED)) {
     sgm__lock_take(&pl->mlock);
     sgm_buffer *b = pl->mq_head;
     if (b && sgm__managed_try_take_locked(pl, b, SGM_TAKE_MOVE) == SGM_BUF_BUSY) {
@@ -177,10 +180,8 @@ static bool mq_work(sgm_context *ctx) {
     }
     sgm__lock_drop(&pl->mlock);
     if (!b) break;
-    if (mq_run(ctx, b, to, ev) && to == SGM_TIER_SHARED) demoted = true;
+    mq_run(ctx, b, to, ev);
   }
-  /* The room a demotion left goes to the most valuable shared-placed blocks. */
-  if (demoted) sgm__managed_promote(ctx, UINT64_MAX);
   return stalled;
 }
 
@@ -192,10 +193,8 @@ bool sgm__managed_queue_work(sgm_context *ctx) {
 }
 
 void sgm__managed_queue_drain(sgm_context *ctx) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
   mq_work(ctx);
   sgm__managed_queue_wait(ctx, false);
-  (void)pl;
 }
 
 void sgm__managed_queue_wait(sgm_context *ctx, bool queued_too) {

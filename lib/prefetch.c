@@ -106,7 +106,7 @@ static void *prefetch_main(void *arg) {
 void sgm__prefetch_stop(struct sgm_placement *pl) {
   if (!pl->worker_started) return;
   sgm__lock_take(&pl->pf_lock);
-  pl->stop = true;
+  __atomic_store_n(&pl->stop, true, __ATOMIC_RELAXED); /* the managed queue's runs read it unlocked */
   pthread_cond_signal(&pl->work_cond);
   sgm__lock_drop(&pl->pf_lock);
   pthread_join(pl->worker, NULL);

@@ -764,6 +764,166 @@ static void test_every_failure_leaves_things_whole(void **state) {
   sgm_test_clean_env();
 }
 
+/* ---- the copy-stream worker: moves past the inline bound are queued ---- */
+
+/* A managed block's bytes as sgm counts them (whole 64 KiB pages). */
+static uint64_t pages_of(uint64_t n) { return (n + SGM_MANAGED_PAGE - 1) / SGM_MANAGED_PAGE * SGM_MANAGED_PAGE; }
+
+/* The free path's bound: a free moves at most 8 MiB on the freeing thread
+ * (here the 4 MiB block with the highest priority); the two larger blocks
+ * waiting in shared memory are queued, their room charged at once, and the
+ * worker brings them up with their bytes whole (seeded patterns). */
+static void test_free_queues_moves_past_the_bound(void **state) {
+  (void)state;
+  uint64_t seed = sgm_test_seed("test_managed queued promotions", 1414);
+  sgm_context *ctx = make_ctx("48MiB", "managed");
+  const uint64_t size[3] = {4 * MiB + 4321, 16 * MiB, 12 * MiB + 77};
+  uint8_t *p[3];
+  for (int i = 0; i < 3; i++) {
+    p[i] = sgm_alloc(ctx, size[i], NULL);
+    assert_non_null(p[i]);
+    fill(p[i], size[i], seed + (uint64_t)i);
+    assert_int_equal(sgm_prefetch(ctx, p[i], size[i], SGM_TIER_SHARED, NULL), SGM_OK);
+  }
+  assert_int_equal(sgm_advise(ctx, p[0], SGM_PRIORITY_HIGH, SGM_HINT_NONE), SGM_OK);
+  void *f = sgm_alloc(ctx, 48 * MiB, NULL);
+  assert_int_equal(sgm_pointer_tier(ctx, f), SGM_TIER_VRAM);
+  sgm_stats a, b;
+  assert_int_equal(sgm_get_stats(ctx, &a), SGM_OK);
+  sgm_free(ctx, f, NULL);
+  assert_int_equal(sgm_get_stats(ctx, &b), SGM_OK);
+  /* Moved on this thread: the first block only, within the bound. */
+  assert_int_equal(b.managed_inline_moved_bytes - a.managed_inline_moved_bytes, pages_of(size[0]));
+  assert_true(b.managed_inline_moved_bytes - a.managed_inline_moved_bytes <= 8 * MiB);
+  assert_int_equal(sgm_pointer_tier(ctx, p[0]), SGM_TIER_VRAM);
+  assert_int_equal(b.n_managed_moves_queued - a.n_managed_moves_queued, 2);
+  /* Their room is charged while they wait (or already moved). */
+  assert_int_equal(sgm__tier_charged(sgm__context_tier(ctx, SGM_TIER_VRAM)),
+                   pages_of(size[0]) + pages_of(size[1]) + pages_of(size[2]));
+  sgm__managed_queue_wait(ctx, true);
+  assert_int_equal(sgm_get_stats(ctx, &b), SGM_OK);
+  assert_int_equal(b.n_managed_moves_done - a.n_managed_moves_done, 2);
+  assert_int_equal(b.managed_worker_moved_bytes - a.managed_worker_moved_bytes,
+                   pages_of(size[1]) + pages_of(size[2]));
+  assert_int_equal(b.managed_queued_bytes, 0);
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(sgm_pointer_tier(ctx, p[i]), SGM_TIER_VRAM);
+    verify(p[i], size[i], seed + (uint64_t)i);
+  }
+  check_invariants(ctx);
+  for (int i = 0; i < 3; i++) sgm_free(ctx, p[i], NULL);
+  sgm_context_destroy(ctx);
+}
+
+/* A cold hint on a block over the bound queues its demotion (the caller
+ * moves nothing); once done, the worker gives its room to the block waiting
+ * in shared memory. */
+static void test_cold_hint_queues_a_large_demotion(void **state) {
+  (void)state;
+  uint64_t seed = sgm_test_seed("test_managed queued demotion", 1415);
+  sgm_context *ctx = make_ctx("32MiB", "managed");
+  uint8_t *w = sgm_alloc(ctx, 12 * MiB, NULL);
+  fill(w, 12 * MiB, seed);
+  assert_int_equal(sgm_prefetch(ctx, w, 12 * MiB, SGM_TIER_SHARED, NULL), SGM_OK);
+  uint8_t *big = sgm_alloc(ctx, 16 * MiB, NULL), *other = sgm_alloc(ctx, 16 * MiB, NULL);
+  fill(big, 16 * MiB, seed + 1);
+  assert_int_equal(sgm_pointer_tier(ctx, big), SGM_TIER_VRAM);
+  assert_int_equal(sgm_pointer_tier(ctx, other), SGM_TIER_VRAM);
+  sgm_stats a, b;
+  assert_int_equal(sgm_get_stats(ctx, &a), SGM_OK);
+  assert_int_equal(sgm_advise(ctx, big, SGM_PRIORITY_NORMAL, SGM_HINT_COLD), SGM_OK);
+  assert_int_equal(sgm_get_stats(ctx, &b), SGM_OK);
+  assert_int_equal(b.managed_inline_moved_bytes, a.managed_inline_moved_bytes);
+  assert_int_equal(b.n_managed_moves_queued - a.n_managed_moves_queued, 1);
+  sgm__managed_queue_wait(ctx, true);
+  assert_int_equal(sgm_pointer_tier(ctx, big), SGM_TIER_SHARED);
+  assert_int_equal(sgm_pointer_tier(ctx, w), SGM_TIER_VRAM);
+  assert_int_equal(sgm_get_stats(ctx, &b), SGM_OK);
+  assert_int_equal(b.managed_worker_moved_bytes - a.managed_worker_moved_bytes, 28 * MiB);
+  verify(big, 16 * MiB, seed + 1);
+  verify(w, 12 * MiB, seed);
+  check_invariants(ctx);
+  sgm_free(ctx, w, NULL);
+  sgm_free(ctx, big, NULL);
+  sgm_free(ctx, other, NULL);
+  sgm_context_destroy(ctx);
+}
+
+/* Bytes survive any sequence with the worker moving blocks meanwhile (the
+ * test reads them while it runs; it writes only when nothing is queued, as
+ * the emulated device copies between its stores): random, seed printed. */
+static void test_bytes_survive_queued_moves(void **state) {
+  (void)state;
+  uint64_t seed = sgm_test_seed("test_managed queued moves", 1416);
+  sgm_test_rng r;
+  sgm_test_rng_init(&r, seed);
+  sgm_context *ctx = make_ctx("48MiB", "managed");
+  enum { N = 6 };
+  uint8_t *p[N] = {0};
+  uint64_t size[N] = {0}, tag[N] = {0};
+  for (int step = 0; step < 120; step++) {
+    int i = (int)sgm_test_rng_range(&r, 0, N - 1);
+    int op = (int)sgm_test_rng_range(&r, 0, 5);
+    if (!p[i]) op = 0;
+    switch (op) {
+    case 0:
+      if (p[i]) {
+        verify(p[i], size[i], tag[i]);
+        assert_int_equal(sgm_free_ex(ctx, p[i], NULL), SGM_OK); /* may cancel its queued move */
+      }
+      size[i] = sgm_test_rng_range(&r, 2 * MiB, 20 * MiB + 999);
+      tag[i] = sgm_test_rng_next(&r);
+      p[i] = sgm_alloc(ctx, size[i], NULL);
+      if (!p[i]) fail_msg("alloc %llu: %s", (unsigned long long)size[i], sgm_last_error());
+      sgm__managed_queue_wait(ctx, true);
+      fill(p[i], size[i], tag[i]);
+      break;
+    case 1:
+      assert_int_equal(sgm_prefetch(ctx, p[i], size[i], SGM_TIER_SHARED, NULL), SGM_OK);
+      assert_int_equal(sgm_pointer_tier(ctx, p[i]), SGM_TIER_SHARED);
+      break;
+    case 2: {
+      sgm_status s = sgm_prefetch(ctx, p[i], size[i], SGM_TIER_VRAM, NULL);
+      if (s != SGM_OK) assert_int_equal(s, SGM_ERR_NOMEM);
+      break;
+    }
+    case 3:
+      assert_int_equal(sgm_advise(ctx, p[i], (sgm_priority)sgm_test_rng_range(&r, 0, 4), SGM_HINT_HOT), SGM_OK);
+      break;
+    case 4:
+      assert_int_equal(sgm_advise(ctx, p[i], SGM_PRIORITY_NORMAL, SGM_HINT_COLD), SGM_OK);
+      break;
+    case 5:
+      assert_int_equal(sgm_trim(ctx), SGM_OK); /* runs what is queued */
+      assert_int_equal(sgm_pointer_tier(ctx, p[i]) == SGM_TIER_NONE, false);
+      break;
+    }
+    verify(p[i], size[i], tag[i]);
+    if (step % 8 == 7) {
+      sgm__managed_queue_wait(ctx, true);
+      check_invariants(ctx);
+    }
+  }
+  sgm_stats st;
+  sgm__managed_queue_wait(ctx, true);
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  printf("# queued moves: %llu done, %llu cancelled of %llu\n", (unsigned long long)st.n_managed_moves_done,
+         (unsigned long long)st.n_managed_moves_cancelled, (unsigned long long)st.n_managed_moves_queued);
+  assert_true(st.n_managed_moves_queued > 0);
+  assert_int_equal(st.n_managed_moves_queued, st.n_managed_moves_done + st.n_managed_moves_cancelled);
+  assert_int_equal(st.managed_queued_bytes, 0);
+  for (int i = 0; i < N; i++) {
+    verify(p[i], size[i], tag[i]);
+    sgm_free(ctx, p[i], NULL);
+  }
+  check_invariants(ctx);
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
+  sgm_backend_counters c;
+  sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c);
+  assert_int_equal(c.n_managed_live, 0);
+  sgm_context_destroy(ctx);
+}
+
 /* ---- on the CUDA backend over the driver test double ---- */
 
 #if defined(__has_include)
@@ -1039,6 +1199,9 @@ int main(void) {
       cmocka_unit_test(test_cache_yields_before_anything_moves),
       cmocka_unit_test(test_cache_goes_back_to_the_driver),
       cmocka_unit_test(test_policy_orders_promotions),
+      cmocka_unit_test(test_free_queues_moves_past_the_bound),
+      cmocka_unit_test(test_cold_hint_queues_a_large_demotion),
+      cmocka_unit_test(test_bytes_survive_queued_moves),
       DOUBLE_TESTS
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
