@@ -1,139 +1,27 @@
 /*
- * buffer.c — the public movable-buffer API (sgm_buffer_*) and the buffer
- * states: RELEASED, ACQUIRED, BUSY (placement.h).
+ * buffer.c — the public movable-buffer API (sgm_buffer_*): argument checks,
+ * create and destroy, and the order of steps of each call.
  *
- * A public call takes the buffer (waits, asleep on the buffer's own state
- * word, while another thread owns it BUSY; then one compare-and-swap makes it
- * BUSY and, under its tier's residency lock, takes it out of its policy),
- * lets residency.c or migrate.c do the work with no lock held, and gives it
- * back (sgm__buffer_finish, under the residency lock of the tier it is in
- * then). Nothing here decides a tier or moves data; no call takes a lock
- * shared by every buffer but create and destroy (the list of all buffers).
+ * A public call takes the buffer (buffer_state.c: waits, asleep on the
+ * buffer's own state word, while another thread owns it BUSY; then one
+ * compare-and-swap makes it BUSY and, under its tier's residency lock, takes
+ * it out of its policy), lets residency.c or migrate.c do the work with no
+ * lock held, and gives it back (sgm__buffer_finish, under the residency lock
+ * of the tier it is in then). Nothing here decides a tier or moves data; no
+ * call takes a lock shared by every buffer but create and destroy (pl->lock:
+ * the list of all buffers, the graveyard).
  *
  * Threading: every call is safe from any thread; a buffer is used by one
  * thread at a time, but a prefetch or an eviction for another allocation may
- * own it briefly — callers then wait for it.
+ * own it briefly — callers then wait for it. Calls: buffer_state.c,
+ * residency.c, migrate.c, the tier pools (to free) and the backend's event
+ * record, query and destroy (no sgm lock held).
  */
 #include <stdlib.h>
 
 #include "backend/backend.h"
 #include "placement.h"
 #include "tiers/tier.h"
-
-/* Sleep until b's word is no longer w (b BUSY). held: a lock the caller
- * holds, dropped meanwhile (NULL: none). Announces the sleeper first
- * (SGM_BUF_WAITERS), so the owner's change of this word, and only that,
- * wakes it. */
-static void buffer_sleep(struct sgm_placement *pl, sgm_buffer *b, uint32_t w, sgm_lock *held) {
-  if (!(w & SGM_BUF_WAITERS) &&
-      !__atomic_compare_exchange_n(&b->state, &w, w | SGM_BUF_WAITERS, false, __ATOMIC_SEQ_CST,
-                                   __ATOMIC_RELAXED))
-    return; /* changed meanwhile: look again */
-  if (held) sgm__lock_drop(held);
-  sgm__word_wait(&b->state, w | SGM_BUF_WAITERS);
-  __atomic_fetch_add(&pl->n_busy_wakeups, 1, __ATOMIC_RELAXED);
-  if (held) sgm__lock_take(held);
-}
-
-/* What buffer_claim may do besides taking b. */
-enum {
-  CLAIM_WAIT = 1,      /* wait while b is BUSY (else return BUSY unclaimed) */
-  CLAIM_PL_HELD = 2,   /* pl->lock is held: drop it while waiting */
-  CLAIM_FAST_VRAM = 4, /* acquire: a VRAM buffer with nothing pending goes straight to ACQUIRED */
-};
-
-/* Take b if its state is in accept (a mask of 1u << state): one
- * compare-and-swap to BUSY (or, CLAIM_FAST_VRAM, to ACQUIRED) made under the
- * lock of b's tier when b is listed there, with the policy step of kind k in
- * the same critical section, so under that lock a listed buffer is never
- * BUSY. Returns the state b had; b is the caller's iff that state is in
- * accept (*fast: it went straight to ACQUIRED). */
-static sgm_buf_state buffer_claim(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k,
-                                  unsigned accept, unsigned flags, bool *fast) {
-  for (;;) {
-    uint32_t w = __atomic_load_n(&b->state, __ATOMIC_SEQ_CST);
-    sgm_buf_state s = (sgm_buf_state)(w & SGM_BUF_STATE_MASK);
-    if (s == SGM_BUF_BUSY && (flags & CLAIM_WAIT)) {
-      buffer_sleep(pl, b, w, (flags & CLAIM_PL_HELD) ? &pl->lock : NULL);
-      continue;
-    }
-    if (!(accept & (1u << s))) return s;
-    /* Valid if the swap below succeeds: only an owner changes the tier. */
-    sgm_tier t = __atomic_load_n(&b->tier, __ATOMIC_RELAXED);
-    sgm_lock *l = s == SGM_BUF_RELEASED && t < SGM_N_RESIDENT ? sgm__residency_lock(pl, t) : NULL;
-    if (l) {
-      sgm__lock_take(l);
-      /* Still as seen, so listed in t: nobody takes it without l, and its
-       * fields (event) are the lock's to read. */
-      if (__atomic_load_n(&b->state, __ATOMIC_SEQ_CST) != w) {
-        sgm__lock_drop(l);
-        continue;
-      }
-    }
-    bool straight = (flags & CLAIM_FAST_VRAM) && t == SGM_TIER_VRAM && l && !b->event;
-    uint32_t to = straight ? SGM_BUF_ACQUIRED : SGM_BUF_BUSY;
-    if (!__atomic_compare_exchange_n(&b->state, &w, ((w & SGM_BUF_GEN_MASK) + SGM_BUF_GEN_ONE) | to,
-                                     false, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
-      if (l) sgm__lock_drop(l);
-      continue;
-    }
-    if (l) {
-      if (k == SGM_TAKE_USE) sgm__residency_take_for_use(pl, b);
-      else sgm__residency_take(pl, b, k == SGM_TAKE_FREE ? SGM_POLICY_REMOVE_DROP : SGM_POLICY_REMOVE_PIN);
-      sgm__lock_drop(l);
-    }
-    if (k == SGM_TAKE_FREE && b->pinned) {
-      sgm_lock *pin = sgm__residency_lock(pl, b->pin_tier);
-      sgm__lock_take(pin);
-      sgm__residency_unpin(pl, b);
-      sgm__lock_drop(pin);
-    }
-    if (__atomic_load_n(&b->prefetch_queued, __ATOMIC_ACQUIRE)) sgm__prefetch_cancel(pl, b);
-    if (fast) *fast = straight;
-    return s;
-  }
-}
-
-#define CLAIM_ANY ((1u << SGM_BUF_RELEASED) | (1u << SGM_BUF_ACQUIRED))
-
-sgm_buf_state sgm__buffer_take(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k) {
-  return buffer_claim(pl, b, k, CLAIM_ANY, CLAIM_WAIT, NULL);
-}
-
-sgm_buf_state sgm__buffer_take_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k) {
-  return buffer_claim(pl, b, k, CLAIM_ANY, CLAIM_WAIT | CLAIM_PL_HELD, NULL);
-}
-
-sgm_buf_state sgm__buffer_try_take(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k) {
-  return buffer_claim(pl, b, k, CLAIM_ANY, 0, NULL);
-}
-
-void sgm__buffer_wait_busy(struct sgm_placement *pl, sgm_buffer *b, sgm_lock *held) {
-  uint32_t w = __atomic_load_n(&b->state, __ATOMIC_SEQ_CST);
-  if ((w & SGM_BUF_STATE_MASK) == SGM_BUF_BUSY) buffer_sleep(pl, b, w, held);
-}
-
-void sgm__buffer_finish(struct sgm_placement *pl, sgm_buffer *b, sgm_buf_state to, bool used) {
-  if (to == SGM_BUF_RELEASED) {
-    /* A pin held by another tier's policy (b moved) ends under that tier's
-     * lock first: one residency lock at a time. */
-    if (b->pinned && (b->tier >= SGM_N_RESIDENT || b->pin_tier != b->tier)) {
-      sgm_lock *pin = sgm__residency_lock(pl, b->pin_tier);
-      sgm__lock_take(pin);
-      sgm__residency_unpin(pl, b);
-      sgm__lock_drop(pin);
-    }
-    if (b->tier < SGM_N_RESIDENT) {
-      sgm_lock *l = sgm__residency_lock(pl, b->tier);
-      sgm__lock_take(l);
-      sgm__residency_put(pl, b, used);
-      sgm__buffer_set_state(b, to);
-      sgm__lock_drop(l);
-      return;
-    }
-  }
-  sgm__buffer_set_state(b, to);
-}
 
 void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b) {
   uint64_t sz;
@@ -146,31 +34,6 @@ void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b) {
     sgm__tier_free(sgm__context_tier(ctx, b->tier), b->dptr, &sz);
   }
   if (b->event) sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), b->event);
-}
-
-bool sgm__buffer_disk_offset(sgm_buffer *b, uint64_t *offset) {
-  struct sgm_placement *pl = sgm__context_pl(b->ctx);
-  *offset = 0;
-  /* Only a buffer on disk is taken (it is listed nowhere): its mover owns ext. */
-  for (;;) {
-    uint32_t w = __atomic_load_n(&b->state, __ATOMIC_SEQ_CST);
-    if ((w & SGM_BUF_STATE_MASK) == SGM_BUF_BUSY) {
-      buffer_sleep(pl, b, w, false);
-      continue;
-    }
-    if (__atomic_load_n(&b->tier, __ATOMIC_RELAXED) != SGM_TIER_DISK) {
-      if (__atomic_load_n(&b->state, __ATOMIC_SEQ_CST) == w) return false;
-      continue;
-    }
-    sgm_buf_state was = (sgm_buf_state)(w & SGM_BUF_STATE_MASK);
-    if (__atomic_compare_exchange_n(&b->state, &w, ((w & SGM_BUF_GEN_MASK) + SGM_BUF_GEN_ONE) | SGM_BUF_BUSY,
-                                    false, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
-      bool on = b->ext && b->ext[0].bytes != 0;
-      *offset = on ? b->ext[0].offset : 0;
-      sgm__buffer_set_state(b, was);
-      return on;
-    }
-  }
 }
 
 int sgm__buffer_check(const sgm_buffer *b, const char *fn) {
@@ -252,8 +115,8 @@ SGM_API sgm_status sgm_buffer_acquire(sgm_buffer *b, void *stream, void **device
   /* Fast path: resident in VRAM already, nothing pending on it, straight to
    * ACQUIRED under the VRAM residency lock. */
   bool fast = false;
-  if (buffer_claim(pl, b, SGM_TAKE_USE, 1u << SGM_BUF_RELEASED, CLAIM_WAIT | CLAIM_FAST_VRAM, &fast) !=
-      SGM_BUF_RELEASED)
+  if (sgm__buffer_claim(pl, b, SGM_TAKE_USE, 1u << SGM_BUF_RELEASED, SGM_CLAIM_WAIT | SGM_CLAIM_FAST_VRAM,
+                        &fast) != SGM_BUF_RELEASED)
     return (sgm_status)sgm__error_set(SGM_ERR_BUSY, "sgm_buffer_acquire: the buffer is acquired (release it first)");
   if (fast) {
     *device_ptr = (void *)(uintptr_t)b->dptr;
@@ -287,7 +150,7 @@ SGM_API sgm_status sgm_buffer_release(sgm_buffer *b, void *stream) {
    * and given back RELEASED, listed in its tier: acquired buffers are always
    * resident. */
   struct sgm_placement *pl = sgm__context_pl(ctx);
-  if (buffer_claim(pl, b, SGM_TAKE_USE, 1u << SGM_BUF_ACQUIRED, CLAIM_WAIT, NULL) != SGM_BUF_ACQUIRED) {
+  if (sgm__buffer_claim(pl, b, SGM_TAKE_USE, 1u << SGM_BUF_ACQUIRED, SGM_CLAIM_WAIT, NULL) != SGM_BUF_ACQUIRED) {
     if (ev) sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), ev);
     return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_release: the buffer is not acquired");
   }
@@ -340,7 +203,7 @@ SGM_API sgm_status sgm_buffer_evict(sgm_buffer *b, sgm_tier to) {
   struct sgm_placement *pl = sgm__context_pl(ctx);
   /* GPU work queued before the release may still run: the demotion's copies
    * follow it (migrate.c). */
-  if (buffer_claim(pl, b, SGM_TAKE_MOVE, 1u << SGM_BUF_RELEASED, CLAIM_WAIT, NULL) != SGM_BUF_RELEASED)
+  if (sgm__buffer_claim(pl, b, SGM_TAKE_MOVE, 1u << SGM_BUF_RELEASED, SGM_CLAIM_WAIT, NULL) != SGM_BUF_RELEASED)
     return (sgm_status)sgm__error_set(SGM_ERR_BUSY, "sgm_buffer_evict: the buffer is acquired (release it first)");
   int rc = b->tier < to ? sgm__migrate_demote(ctx, b, to, false) : SGM_OK;
   sgm__buffer_finish(pl, b, SGM_BUF_RELEASED, false);
@@ -363,7 +226,7 @@ SGM_API sgm_status sgm_buffer_set_priority(sgm_buffer *b, sgm_priority priority)
     uint32_t w = __atomic_load_n(&b->state, __ATOMIC_SEQ_CST);
     sgm_buf_state s = (sgm_buf_state)(w & SGM_BUF_STATE_MASK);
     if (s == SGM_BUF_BUSY) {
-      buffer_sleep(pl, b, w, false);
+      sgm__buffer_wait_busy(pl, b, NULL);
       continue;
     }
     sgm_tier t = __atomic_load_n(&b->tier, __ATOMIC_RELAXED);

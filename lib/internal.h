@@ -72,14 +72,17 @@ typedef enum sgm_lock_rank {
   SGM_LOCK_PREFETCH = 4, /* prefetch.c: the prefetch queue */
   SGM_LOCK_RES_VRAM = 5, /* residency.c: the VRAM policy and its items (residency.c's top comment) */
   SGM_LOCK_RES_SHARED = 6, /* residency.c: the shared-memory policy and its items */
-  SGM_LOCK_TIER_VRAM = 7,
-  SGM_LOCK_TIER_SHARED = 8,
-  SGM_LOCK_TIER_DISK = 9,
-  SGM_LOCK_BACKEND = 10,  /* inside a backend only */
-  SGM_LOCK_IDLE = 11,     /* context.c: the idle thread's stop flag (a leaf) */
-  SGM_LOCK_REGISTRY = 12, /* policy.c: the policy registry (a leaf) */
-  SGM_LOCK_NODE = 13,     /* node.c: the writer side of this process's registry slot (a leaf) */
-  SGM_LOCK_SHARE = 14    /* share.c: the node ticker's stop flag and tick counters (a leaf) */
+  SGM_LOCK_TIER_MAGS = 7, /* tiers/tier.c: the registry of every thread's magazines (before a pool) */
+  SGM_LOCK_TIER_VRAM = 8, /* tiers/tier.c: a pool (VRAM, shared; the disk tier's own lock) */
+  SGM_LOCK_TIER_SHARED = 9,
+  SGM_LOCK_TIER_DISK = 10,
+  SGM_LOCK_BACKEND = 11,  /* inside a backend only */
+  SGM_LOCK_IDLE = 12,     /* context.c: the idle thread's stop flag (a leaf) */
+  SGM_LOCK_REGISTRY = 13, /* policy.c: the policy registry (a leaf) */
+  SGM_LOCK_NODE_OPEN = 14, /* node.c: this process's list of joined node segments */
+  SGM_LOCK_NODE_TABLE = 15, /* node.c: a node segment's process-shared robust mutex (witness only) */
+  SGM_LOCK_NODE = 16,     /* node.c: the writer side of this process's registry slot (a leaf) */
+  SGM_LOCK_SHARE = 17     /* share.c: the node ticker's stop flag and tick counters (a leaf) */
 } sgm_lock_rank;
 
 typedef struct sgm_lock {
@@ -95,6 +98,16 @@ void sgm__lock_init(sgm_lock *l, int rank);
 void sgm__lock_destroy(sgm_lock *l);
 void sgm__lock_take(sgm_lock *l);
 void sgm__lock_drop(sgm_lock *l);
+/* A lock that is no sgm_lock but is witnessed all the same: a process-shared
+ * robust mutex in shared memory (node.c), taken with a timeout and able to
+ * report a dead holder, so not through sgm__lock_take. Call _enter(rank)
+ * before taking it (debug builds: the order is checked, as for
+ * sgm__lock_take), _note(id, rank) once it is held, and _leave(id) before
+ * giving it back; a failed take calls neither _note nor _leave. No-ops when
+ * SGM_DEBUG < 2. id: the lock's address. */
+void sgm__lock_witness_enter(int rank);
+void sgm__lock_witness_note(const void *id, int rank);
+void sgm__lock_witness_leave(const void *id);
 /* How often l was taken with sgm__lock_take (not counting condition waits). */
 uint64_t sgm__lock_takes(const sgm_lock *l);
 /* True when this thread holds l (tracked only when SGM_DEBUG >= 2; else true). */
@@ -297,7 +310,7 @@ void sgm__context_set_clock(sgm_context *ctx, uint64_t (*clock_ms)(void *user), 
 /* One idle-trim pass over the tiers at the clock's time; bytes returned. */
 uint64_t sgm__context_idle_tick(sgm_context *ctx);
 
-/* placement.c, buffer.c, residency.c, migrate.c, prefetch.c — buffers,
+/* placement.c, buffer*.c, residency*.c, migrate*.c, prefetch.c — buffers,
  * eviction and migration: the only code that touches two tiers (what they
  * share among themselves is in placement.h). */
 /* Build ctx's placement (sgm__context_pl): the two resident tiers' policies (SGM_ERR_INVALID naming the
@@ -345,7 +358,7 @@ int sgm__placement_check(sgm_context *ctx, char *why, size_t why_len);
 /* The name of the policy tier t runs (static storage); NULL for the disk
  * tier or a bad t. */
 const char *sgm__placement_policy_name(sgm_context *ctx, sgm_tier t);
-/* buffer.c, tests: where a disk-resident buffer's extent starts in the spill
+/* buffer_state.c, tests: where a disk-resident buffer's extent starts in the spill
  * file; false (and *offset 0) when it is not on disk or has no extent yet.
  * Waits while another thread moves b. */
 bool sgm__buffer_disk_offset(sgm_buffer *b, uint64_t *offset);

@@ -51,7 +51,9 @@
  * Threading: an sgm_node is used by its members' threads: publish and the
  * emulated device's reservations take node->mu (the seqlock writer side),
  * the mutex is taken outside it; node_open_mu (the process's list of slots,
- * members joining and leaving) is taken outside both. Readers
+ * members joining and leaving) is taken outside both. Ranks, checked by the
+ * witness: SGM_LOCK_NODE_OPEN < SGM_LOCK_NODE_TABLE (the segment's mutex,
+ * witnessed by node_take/node_give) < SGM_LOCK_NODE. Readers
  * (sgm__node_parse) take no lock.
  */
 #include <errno.h>
@@ -144,7 +146,7 @@ static pthread_once_t node_fork_once = PTHREAD_ONCE_INIT;
 
 /* The slots this process holds, one per segment, for sgm__node_member_join
  * (see "One slot per process" below). */
-static pthread_mutex_t node_open_mu = PTHREAD_MUTEX_INITIALIZER;
+static sgm_lock node_open_mu = SGM_LOCK_INITIALIZER(SGM_LOCK_NODE_OPEN);
 static sgm_node *node_open_list;
 
 static void node_atfork_child(void) {
@@ -155,7 +157,7 @@ static void node_atfork_child(void) {
   /* The parent's slots are not the child's: a context the child creates
    * joins afresh (the parent's entries leak in the child, as its contexts). */
   node_open_list = NULL;
-  pthread_mutex_init(&node_open_mu, NULL);
+  sgm__lock_init(&node_open_mu, SGM_LOCK_NODE_OPEN);
 }
 
 static void node_fork_register(void) { pthread_atfork(NULL, NULL, node_atfork_child); }
@@ -498,8 +500,11 @@ static unsigned node_reclaim_locked(sgm_node *n) {
   return freed;
 }
 
-/* Take the mutex (1 s at most); a dead holder's table is repaired first. */
+/* Take the mutex (1 s at most); a dead holder's table is repaired first.
+ * Witnessed (rank SGM_LOCK_NODE_TABLE) though no sgm_lock: it is shared with
+ * other processes and robust. */
 static int node_take(sgm_node *n) {
+  sgm__lock_witness_enter(SGM_LOCK_NODE_TABLE);
   /* trylock first: uncontended is the common case, and a holder that died
    * before we came is reported there (sanitizers see EOWNERDEAD from
    * trylock and lock, not from timedlock). */
@@ -510,6 +515,7 @@ static int node_take(sgm_node *n) {
     until.tv_sec += NODE_MUTEX_TIMEOUT_MS / 1000;
     e = pthread_mutex_timedlock(node_mutex(n), &until);
   }
+  if (e == 0 || e == EOWNERDEAD) sgm__lock_witness_note(node_mutex(n), SGM_LOCK_NODE_TABLE);
   if (e == EOWNERDEAD) {
     /* The holder died inside the critical section: whatever it half did is
      * re-validated slot by slot (its own slot's lock died with it). */
@@ -525,7 +531,10 @@ static int node_take(sgm_node *n) {
   return SGM_OK;
 }
 
-static void node_give(sgm_node *n) { pthread_mutex_unlock(node_mutex(n)); }
+static void node_give(sgm_node *n) {
+  sgm__lock_witness_leave(node_mutex(n));
+  pthread_mutex_unlock(node_mutex(n));
+}
 
 static void node_hook(const char *where) {
   void (*h)(const char *) = __atomic_load_n(&sgm__node_test_hook, __ATOMIC_ACQUIRE);
@@ -891,13 +900,13 @@ int sgm__node_member_join(const sgm_node_params *p, sgm_node_member **out) {
   sgm_node_member *m = calloc(1, sizeof *m);
   if (!m) return node_untracked(p->verbose, SGM_ERR_NOMEM, "out of host memory");
   pthread_once(&node_fork_once, node_fork_register);
-  pthread_mutex_lock(&node_open_mu);
+  sgm__lock_take(&node_open_mu);
   sgm_node *n = node_open_list;
   while (n && strcmp(n->path, path) != 0) n = n->next_open;
   if (!n) {
     rc = sgm__node_join(p, &n);
     if (rc != SGM_OK) {
-      pthread_mutex_unlock(&node_open_mu);
+      sgm__lock_drop(&node_open_mu);
       free(m);
       return rc;
     }
@@ -910,7 +919,7 @@ int sgm__node_member_join(const sgm_node_params *p, sgm_node_member **out) {
   m->next = n->members;
   n->members = m;
   sgm__lock_drop(&n->mu);
-  pthread_mutex_unlock(&node_open_mu);
+  sgm__lock_drop(&node_open_mu);
   *out = m;
   return SGM_OK;
 }
@@ -918,7 +927,7 @@ int sgm__node_member_join(const sgm_node_params *p, sgm_node_member **out) {
 void sgm__node_member_leave(sgm_node_member *m) {
   if (!m) return;
   sgm_node *n = m->node;
-  pthread_mutex_lock(&node_open_mu);
+  sgm__lock_take(&node_open_mu);
   sgm__lock_take(&n->mu);
   for (sgm_node_member **pp = &n->members; *pp; pp = &(*pp)->next) {
     if (*pp == m) {
@@ -938,7 +947,7 @@ void sgm__node_member_leave(sgm_node_member *m) {
     }
     sgm__node_leave(n);
   }
-  pthread_mutex_unlock(&node_open_mu);
+  sgm__lock_drop(&node_open_mu);
   free(m);
 }
 

@@ -1,9 +1,11 @@
 /*
  * placement.c — the placement state of a context: its buffers, the two
  * resident tiers' policies, the spill tier, the migration counters; create,
- * destroy, statistics and the invariant walk. The rules live in residency.c,
- * the moves in migrate.c, the public buffer calls in buffer.c, the prefetch
- * worker in prefetch.c; placement.h says what they share and how they lock.
+ * destroy, statistics and the invariant walk. The rules live in residency.c
+ * (the policy host in residency_host.c), the moves in migrate*.c, the public
+ * buffer calls in buffer.c, the buffer states in buffer_state.c, the prefetch
+ * worker in prefetch.c; placement.h lists the files, what they share and how
+ * they lock.
  *
  * Invariant (checked by placement_check_locked): a buffer is listed in its
  * tier's policy exactly when it is RELEASED and resident, never both listed

@@ -1,14 +1,18 @@
 /*
  * placement.h — what the placement files share, and nothing else sees:
  *
- *   placement.c  the placement state: create, destroy, stats, invariant walk
- *   buffer.c     the public sgm_buffer_* API and the buffer states
- *   residency.c  DESIGN.md §3 in one file: the policy host, the victim
- *                search, and where an allocation or a buffer lands
- *   migrate.c    moving a buffer's data between tiers (demote, promote, spill)
- *   prefetch.c   the prefetch queue and its worker
- *   managed.c    SGM_POINTERS=managed: movable framework blocks
- *   managed_queue.c  the managed moves handed to that worker (copy stream)
+ *   placement.c       the placement state: create, destroy, stats, invariant walk
+ *   buffer.c          the public sgm_buffer_* API
+ *   buffer_state.c    the buffer states: taking a buffer and giving it back
+ *   residency.c       DESIGN.md §3 in one file: the victim search, and where
+ *                     an allocation or a buffer lands
+ *   residency_host.c  the policy host: listing, pins, fresh buffers
+ *   migrate.c         moving a buffer's data between tiers (demote, promote)
+ *   migrate_order.c   the copy discipline: copies after the release's GPU work
+ *   migrate_disk.c    a buffer's chunks on disk, the one-hop VRAM <-> disk moves
+ *   prefetch.c        the prefetch queue and its worker
+ *   managed.c         SGM_POINTERS=managed: movable framework blocks
+ *   managed_queue.c   the managed moves handed to the prefetch worker (copy stream)
  *
  * A buffer's data lives in exactly one tier: a block of the VRAM or shared
  * pool (b->dptr), or extents of the spill file (b->ext, one per
@@ -22,8 +26,8 @@
  *
  * Locking (the order is residency.c's top comment; ranks in internal.h):
  *  - b->state, one atomic word per buffer, says who owns b: a thread takes b
- *    by one compare-and-swap from RELEASED or ACQUIRED to BUSY (buffer.c,
- *    buffer_claim) and gives it back by one store; a thread that finds b
+ *    by one compare-and-swap from RELEASED or ACQUIRED to BUSY (buffer_state.c,
+ *    sgm__buffer_claim) and gives it back by one store; a thread that finds b
  *    BUSY sleeps on that word alone (a futex), so only b's owner wakes it;
  *  - pl->res[t] (ranks SGM_LOCK_RES_VRAM, SGM_LOCK_RES_SHARED), one per
  *    resident tier, guards that tier's policy instance, its items (listed,
@@ -258,7 +262,7 @@ static inline void sgm__buffer_set_tier(sgm_buffer *b, sgm_tier t) {
 bool sgm__placement_valid(struct sgm_placement *pl);
 
 /* ------------------------------------------------------------------------ */
-/* buffer.c — states. */
+/* buffer_state.c — taking a buffer and giving it back (any thread). */
 
 /* What a taker is about to do with a buffer. */
 typedef enum sgm_take_kind {
@@ -267,6 +271,23 @@ typedef enum sgm_take_kind {
   SGM_TAKE_FREE  /* destroy: out of every policy */
 } sgm_take_kind;
 
+/* What sgm__buffer_claim may do besides taking b (flags, or'd). */
+enum {
+  SGM_CLAIM_WAIT = 1,      /* wait while b is BUSY (else return BUSY unclaimed) */
+  SGM_CLAIM_PL_HELD = 2,   /* pl->lock is held: drop it while waiting */
+  SGM_CLAIM_FAST_VRAM = 4, /* acquire: a VRAM buffer with nothing pending goes straight to ACQUIRED */
+};
+
+/* Take b if its state is in accept (a mask of 1u << state): one
+ * compare-and-swap to BUSY (or, SGM_CLAIM_FAST_VRAM, to ACQUIRED) made under
+ * the lock of b's tier when b is listed there, with the policy step of kind k
+ * in the same critical section, so under that lock a listed buffer is never
+ * BUSY; a FREE also ends b's pin, and a queued prefetch of b is cancelled.
+ * Returns the state b had; b is the caller's iff that state is in accept
+ * (*fast, if not NULL: it went straight to ACQUIRED). No residency lock held
+ * on entry; pl->lock only with SGM_CLAIM_PL_HELD. Never fails otherwise. */
+sgm_buf_state sgm__buffer_claim(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k, unsigned accept,
+                                unsigned flags, bool *fast);
 /* Wait until b is not BUSY, then take it: BUSY and owned by the caller, out
  * of its policy (a FREE also loses its pin), a queued prefetch cancelled.
  * Returns the state it had (RELEASED or ACQUIRED). No lock held (a
@@ -286,6 +307,9 @@ void sgm__buffer_wait_busy(struct sgm_placement *pl, sgm_buffer *b, sgm_lock *he
  * used it); one left on disk loses any pin. Wakes its waiters. Also
  * publishes a new buffer (state RELEASED from calloc, placed, not listed). */
 void sgm__buffer_finish(struct sgm_placement *pl, sgm_buffer *b, sgm_buf_state to, bool used);
+/* ------------------------------------------------------------------------ */
+/* buffer.c */
+
 /* The check at every public buffer entry: NULL, a destroyed buffer (debug
  * builds, where destroyed buffers stay recognisable for a while), a context
  * inherited through fork(). SGM_OK or the status with the message set. */
@@ -295,8 +319,9 @@ int sgm__buffer_check(const sgm_buffer *b, const char *fn);
 void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b);
 
 /* ------------------------------------------------------------------------ */
-/* residency.c — the policy host (pl->res[t] held for the first four, t the
- * tier whose policy lists or pins b; _record takes the locks itself). */
+/* residency_host.c — the policy host (pl->res[t] held for the first four, t
+ * the tier whose policy lists or pins b; _record takes the locks itself;
+ * none fails or blocks). */
 
 /* Take a listed b out of its tier's policy; PIN keeps the instance's state
  * for b until the pin ends (sgm__residency_put or _unpin). No-op if unlisted. */
@@ -315,6 +340,9 @@ void sgm__residency_record_slow(struct sgm_placement *pl, const sgm_buffer *b);
 static inline void sgm__residency_record(struct sgm_placement *pl, const sgm_buffer *b) {
   if (sgm_unlikely(pl->any_record)) sgm__residency_record_slow(pl, b);
 }
+/* ------------------------------------------------------------------------ */
+/* residency.c — DESIGN.md §3: where an allocation or a buffer lands. */
+
 /* Allocate size bytes in resident tier t (no lock held), evicting released
  * buffers while it does not fit (rule 2). cand: the newcomer the block is
  * for, which the VRAM policy may refuse (create, promote); NULL for plain
@@ -341,13 +369,11 @@ int sgm__residency_make_resident(sgm_context *ctx, sgm_buffer *b);
 /* migrate.c — moving data (the caller owns b: BUSY; no lock held). */
 
 /* Move b one or more tiers down to `to` (evict: counted as an eviction).
- * On failure b is unchanged. */
+ * On failure b is unchanged. May block on copies and disk I/O. */
 int sgm__migrate_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict);
 /* Move b up into the block dst just allocated in resident tier `to`. On
  * failure b is unchanged and dst freed (a checksum mismatch leaves b on disk). */
 int sgm__migrate_promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, sgm_devptr dst);
-/* Give back b's spill extents (b->ext freed and NULL). */
-void sgm__migrate_disk_drop(sgm_context *ctx, sgm_buffer *b);
 /* Copy n bytes between host memory and b's data at offset, wherever it lives
  * (write: host -> buffer), after the GPU work queued before b's release.
  * A disk-resident buffer rewrites only the chunks
@@ -355,12 +381,58 @@ void sgm__migrate_disk_drop(sgm_context *ctx, sgm_buffer *b);
  * extent, i.e. all of the old contents. */
 int sgm__migrate_host_io(sgm_context *ctx, sgm_buffer *b, size_t offset, void *host, size_t n,
                          bool write);
+
+/* ------------------------------------------------------------------------ */
+/* migrate_order.c — the copy discipline (the caller owns b: BUSY; no lock
+ * held; these block until the copy or the wait is complete). */
+
+/* Copy n bytes of b's data (kind: to or from it; dst and src are device
+ * addresses or host pointers as the kind says) after the GPU work queued
+ * before b's release: on the release's stream while that work is pending,
+ * complete when this returns; b->event is dropped once it is known complete.
+ * SGM_OK or the backend's status (b->event then stays). */
+int sgm__migrate_order_copy(sgm_context *ctx, sgm_buffer *b, sgm_copy_kind kind, uint64_t dst,
+                            uint64_t src, uint64_t n);
 /* A buffer is about to be used on `stream` with *event (recorded on
  * event_stream at its release, NULL = none) maybe pending: make the release's
  * work come first for that stream, then destroy the event (*event = NULL).
- * On failure *event stays. Every copy in this file orders itself; this is for
- * a use that copies nothing (acquire of a buffer that does not move). */
+ * On failure *event stays. Every copy orders itself (sgm__migrate_order_copy);
+ * this is for a use that copies nothing (acquire of a buffer that does not
+ * move) and for the host's own reads (spill from shared memory). */
 int sgm__migrate_order_use(sgm_context *ctx, void **event, void *event_stream, void *stream);
+
+/* ------------------------------------------------------------------------ */
+/* migrate_disk.c — a buffer's chunks on disk (the caller owns b: BUSY; no
+ * sgm lock held; disk I/O and copies block). b->size bytes are stored as
+ * one extent per SGM_DISK_CHUNK. */
+
+/* Give back b's spill extents and the reservation of its never-written
+ * chunks (b->ext freed and NULL). Cannot fail. */
+void sgm__migrate_disk_drop(sgm_context *ctx, sgm_buffer *b);
+/* Write b->size bytes of host memory src as a new set of extents (*out,
+ * malloc'd, the caller's; NULL on failure, when nothing stays allocated).
+ * SGM_ERR_NOMEM (host memory) or the disk tier's status (budget, I/O). */
+int sgm__migrate_disk_store(sgm_context *ctx, const sgm_buffer *b, const void *src, sgm_disk_extent **out);
+/* Read disk-resident b's bytes into host memory dst (b->size bytes; chunks
+ * never written read as zeros). b keeps its extents. The disk tier's status
+ * on failure (a checksum mismatch, I/O), dst then partly written. */
+int sgm__migrate_disk_load(sgm_context *ctx, const sgm_buffer *b, void *dst);
+/* Spill VRAM-resident b to disk in one hop, pipelined through the disk
+ * tier's staging slots: on success b is on disk (b->ext), its VRAM block
+ * freed; on failure b stays in VRAM, untouched. Not counted (the caller). */
+int sgm__migrate_disk_from_vram(sgm_context *ctx, sgm_buffer *b);
+/* Read disk-resident b into the VRAM block dst in one hop (never-written
+ * chunks arrive as zeros). b keeps its extents either way (the caller drops
+ * them on success and frees dst on failure). */
+int sgm__migrate_disk_to_vram(sgm_context *ctx, sgm_buffer *b, sgm_devptr dst);
+/* sgm__migrate_host_io for a disk-resident b, through one staging chunk of
+ * the disk tier. A write replaces the touched chunks' extents only when all
+ * are written. SGM_ERR_NOMEM with no staging memory. */
+int sgm__migrate_disk_host_io(sgm_context *ctx, sgm_buffer *b, size_t offset, void *host, size_t n,
+                              bool write);
+
+/* ------------------------------------------------------------------------ */
+/* migrate.c, managed blocks */
 
 /* Managed blocks (b->managed), the caller owning b (BUSY), no lock held:
  * place the pages of [d, d + n) in tier `to` (advice, then a prefetch on

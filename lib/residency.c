@@ -1,6 +1,7 @@
 /*
  * residency.c — where data lives: every rule of DESIGN.md §3 that decides a
- * tier, the host of the eviction policies, and the victim search.
+ * tier, and the victim search that asks the eviction policies (hosted by
+ * residency_host.c: listing, pins, fresh buffers) whom to move.
  *
  *   rule 1  an allocation or a new buffer goes to VRAM if it fits
  *           (sgm__residency_alloc, sgm__residency_place_buffer)
@@ -11,45 +12,20 @@
  *   rule 5  acquire brings a buffer back up (sgm__residency_make_resident)
  *   rule 6  a victim with GPU work pending is skipped (residency_pick_victim)
  *
- * Eviction policies (include/sgm/policy.h, policies/): each resident tier
- * (VRAM, shared) has a priority layer running the policy the config names
- * (SGM_POLICY, or SGM_POLICY_VRAM / SGM_POLICY_SHARED): one instance per
- * priority level, victims from the lowest level that has one.
+ * Only released resident buffers are listed in a policy (residency_host.c),
+ * so acquired and BUSY buffers are never victims. A victim with GPU work
+ * pending (its release event not complete) is skipped: taken out with PIN,
+ * put back with RESTORE once the search is over.
  *
- *     pol[VRAM]    MINIMUM [lru] LOW [lru] NORMAL [lru] HIGH [lru] MAXIMUM [lru]
- *     pol[SHARED]  the same with its own policy; victims go to disk
- *
- * Invariant: a buffer is an item of pol[b->tier] (b->listed) exactly when it
- * is RELEASED and resident; acquired and BUSY buffers are not, so they are
- * never victims. A victim with GPU work pending (its release event not
- * complete) is skipped: taken out with PIN, put back with RESTORE once the
- * search is over. The policy's per-buffer state lives inline after the buffer
- * struct (pl->state_offset), sized for the larger of the two policies.
- *
- * Pins: taking a listed buffer out for use, a copy or a move is on_remove(PIN);
- * the instance keeps its state until the pin ends with on_access (used),
- * on_insert(RESTORE) (back unused in the same instance) or on_remove(DROP)
- * (destroyed, or back in another tier or priority level). b->pinned and
- * b->pin_tier say which instance holds a pin; b->item.priority is the level
- * that holds or pins the item, b->priority the one the user set.
- *
- * Record and admit (the optional members of ABI 2): every acquire is
- * recorded, before anything moves, with each tier's policy that counts
- * (pl->any_record keeps the check to one branch for those that do not). When
- * VRAM is full and a newcomer — a buffer being created there, or promoted by
- * an acquire or a prefetch — needs room, each victim is offered to the VRAM
- * policy's admit before it leaves; a refusal stops the eviction and the
- * newcomer lands one tier down (sgm__residency_alloc_for returns
- * SGM__ERR_BUDGET, and its callers fall back: create to shared memory,
- * acquire to use in shared memory, prefetch to staying put). Plain
- * allocations and demotions never ask. A request that could not fit even with
- * every released buffer gone evicts nothing (residency_could_fit).
- *
- * Fresh buffers: a buffer that entered its tier without being used (created
- * there, prefetched into it, demoted into it) is fresh. Its first acquire is
- * the reference that brought it in, not a hit: it leaves the policy with DROP
- * and comes back as new. Host reads and writes of a fresh buffer keep it fresh
- * (an upload is not a use); of any other buffer they count as a use.
+ * Admit (an optional member of ABI 2): when VRAM is full and a newcomer — a
+ * buffer being created there, or promoted by an acquire or a prefetch — needs
+ * room, each victim is offered to the VRAM policy's admit before it leaves; a
+ * refusal stops the eviction and the newcomer lands one tier down
+ * (sgm__residency_alloc_for returns SGM__ERR_BUDGET, and its callers fall
+ * back: create to shared memory, acquire to use in shared memory, prefetch to
+ * staying put). Plain allocations and demotions never ask. A request that
+ * could not fit even with every released buffer gone evicts nothing
+ * (residency_could_fit).
  *
  * Locks and their order (ranks in internal.h, checked by the witness in
  * debug builds, lib/prim/lock.c):
@@ -75,9 +51,12 @@
  * lock of the tier it searches and nothing else but the non-blocking event
  * query of the backend.
  *
- * Threading: the policy host functions run under pl->res[t] of the tier whose
- * policy lists or pins the buffer; the allocation functions take the
- * residency locks (and the pools' locks) in turn, never across a move.
+ * Threading: the victim search runs under pl->res[t] of the tier it searches
+ * (and calls the policy host, residency_host.c, there); the allocation
+ * functions take the residency locks (and the pools' locks) in turn, never
+ * across a move. Calls: the tier pools (tiers/), the priority layer
+ * (policy.c), migrate.c to demote and promote, managed.c's cache, and the
+ * backend's event query and destroy.
  */
 #include <stdio.h>
 #include <string.h>
@@ -90,69 +69,6 @@
  * few buffers are listed, and on every 256th search above: the walk is O(n). */
 #define RESIDENCY_CHECK_ALWAYS 256
 #define RESIDENCY_CHECK_EVERY 256
-
-/* ---- the policy host (pl->res[t] held) ---- */
-
-static void residency_count_listed(struct sgm_placement *pl, sgm_tier t, int64_t d) {
-  __atomic_store_n(&pl->n_listed[t], pl->n_listed[t] + (uint64_t)d, __ATOMIC_RELAXED);
-}
-
-void sgm__residency_take(struct sgm_placement *pl, sgm_buffer *b, sgm_policy_remove why) {
-  if (!b->listed) return;
-  sgm_assert_internal(b->tier < SGM_N_RESIDENT && !b->pinned);
-  sgm__prio_remove(pl->pol[b->tier], &b->item, why);
-  b->listed = false;
-  residency_count_listed(pl, b->tier, -1);
-  if (why == SGM_POLICY_REMOVE_PIN) {
-    b->pinned = true;
-    b->pin_tier = b->tier;
-  }
-}
-
-void sgm__residency_take_for_use(struct sgm_placement *pl, sgm_buffer *b) {
-  sgm__residency_take(pl, b, b->fresh ? SGM_POLICY_REMOVE_DROP : SGM_POLICY_REMOVE_PIN);
-}
-
-void sgm__residency_unpin(struct sgm_placement *pl, sgm_buffer *b) {
-  if (!b->pinned) return;
-  sgm__prio_remove(pl->pol[b->pin_tier], &b->item, SGM_POLICY_REMOVE_DROP);
-  b->pinned = false;
-}
-
-void sgm__residency_put(struct sgm_placement *pl, sgm_buffer *b, bool used) {
-  /* A pin of another tier ended before (sgm__buffer_finish): one lock. */
-  sgm_assert_internal(sgm__buffer_state(b) != SGM_BUF_ACQUIRED && b->tier < SGM_N_RESIDENT && !b->listed &&
-                      (!b->pinned || b->pin_tier == b->tier));
-  sgm__prio_layer *l = pl->pol[b->tier];
-  int priority = __atomic_load_n(&b->priority, __ATOMIC_SEQ_CST);
-  bool back = false;
-  if (b->pinned) {
-    back = b->item.priority == priority;
-    if (!back) sgm__prio_remove(pl->pol[b->pin_tier], &b->item, SGM_POLICY_REMOVE_DROP);
-    b->pinned = false;
-  }
-  if (back && used) {
-    sgm__prio_access(l, &b->item);
-  } else if (back) {
-    sgm__prio_insert(l, &b->item, SGM_POLICY_INSERT_RESTORE);
-  } else {
-    b->item.priority = priority;
-    sgm__prio_insert(l, &b->item, SGM_POLICY_INSERT_NEW);
-    b->fresh = !used;
-  }
-  b->listed = true;
-  residency_count_listed(pl, b->tier, +1);
-}
-
-void sgm__residency_record_slow(struct sgm_placement *pl, const sgm_buffer *b) {
-  int priority = __atomic_load_n(&b->priority, __ATOMIC_RELAXED);
-  for (int t = 0; t < SGM_N_RESIDENT; t++) {
-    if (!pl->record[t]) continue;
-    sgm__lock_take(sgm__residency_lock(pl, (sgm_tier)t));
-    sgm__prio_record(pl->pol[t], priority, b->item.id);
-    sgm__lock_drop(sgm__residency_lock(pl, (sgm_tier)t));
-  }
-}
 
 /* ---- the victim search ---- */
 

@@ -4,8 +4,14 @@
  *
  * Invariants: with SGM_DEBUG >= 2 every thread keeps the ranks of the sgm
  * locks it holds and a lock may only be taken above every rank held; every
- * mutex in libsgm is an sgm_lock, so the witness sees them all (condition
- * variables wait through sgm__lock_wait, which keeps the record straight).
+ * mutex in libsgm is an sgm_lock, so the witness sees them all, but one: the
+ * process-shared robust mutex of a node segment (node.c), which is witnessed
+ * through sgm__lock_witness_enter/_note/_leave. A condition variable waits
+ * on the sgm_lock's mutex (pthread_cond_wait(&cond, &l->mu)): the lock is
+ * held again when the wait returns, so the record stays straight; the waiter
+ * holds nothing else that another thread needs to wake it. The one check
+ * outside this file is tests/check_locks.sh: no pthread_mutex_lock in lib/
+ * but here.
  * Threading: the witness is thread-local; nothing here is shared but the
  * locks and words the callers own.
  */
@@ -21,8 +27,36 @@
 
 #define LOCK_MAX_HELD 8
 static _Thread_local int held_ranks[LOCK_MAX_HELD];
-static _Thread_local const sgm_lock *held_locks[LOCK_MAX_HELD];
+static _Thread_local const void *held_locks[LOCK_MAX_HELD]; /* an sgm_lock, or a witnessed mutex */
 static _Thread_local int n_held;
+
+void sgm__lock_witness_enter(int rank) {
+  if (SGM_DEBUG >= 2) {
+    for (int i = 0; i < n_held; i++) sgm_assert_internal(held_ranks[i] < rank);
+  }
+}
+
+void sgm__lock_witness_note(const void *id, int rank) {
+  if (SGM_DEBUG >= 2) {
+    sgm_assert_internal(n_held < LOCK_MAX_HELD);
+    held_ranks[n_held] = rank;
+    held_locks[n_held] = id;
+    n_held++;
+  }
+}
+
+void sgm__lock_witness_leave(const void *id) {
+  if (SGM_DEBUG >= 2) {
+    int i = n_held - 1;
+    while (i >= 0 && held_locks[i] != id) i--;
+    sgm_assert_internal(i >= 0);
+    for (; i + 1 < n_held; i++) {
+      held_locks[i] = held_locks[i + 1];
+      held_ranks[i] = held_ranks[i + 1];
+    }
+    n_held--;
+  }
+}
 
 void sgm__lock_init(sgm_lock *l, int rank) {
   pthread_mutex_init(&l->mu, NULL);
@@ -33,40 +67,24 @@ void sgm__lock_init(sgm_lock *l, int rank) {
 void sgm__lock_destroy(sgm_lock *l) { pthread_mutex_destroy(&l->mu); }
 
 void sgm__lock_take(sgm_lock *l) {
-  if (SGM_DEBUG >= 2) {
-    for (int i = 0; i < n_held; i++) sgm_assert_internal(held_ranks[i] < l->rank);
-  }
+  sgm__lock_witness_enter(l->rank);
   pthread_mutex_lock(&l->mu);
   /* Under the lock, on its cache line: a plain increment made atomic for readers. */
   __atomic_store_n(&l->n_takes, l->n_takes + 1, __ATOMIC_RELAXED);
-  if (SGM_DEBUG >= 2) {
-    sgm_assert_internal(n_held < LOCK_MAX_HELD);
-    held_ranks[n_held] = l->rank;
-    held_locks[n_held] = l;
-    n_held++;
-  }
+  sgm__lock_witness_note(l, l->rank);
 }
 
 uint64_t sgm__lock_takes(const sgm_lock *l) { return __atomic_load_n(&l->n_takes, __ATOMIC_RELAXED); }
 
 void sgm__lock_drop(sgm_lock *l) {
-  if (SGM_DEBUG >= 2) {
-    int i = n_held - 1;
-    while (i >= 0 && held_locks[i] != l) i--;
-    sgm_assert_internal(i >= 0);
-    for (; i + 1 < n_held; i++) {
-      held_locks[i] = held_locks[i + 1];
-      held_ranks[i] = held_ranks[i + 1];
-    }
-    n_held--;
-  }
+  sgm__lock_witness_leave(l);
   pthread_mutex_unlock(&l->mu);
 }
 
 bool sgm__lock_held(const sgm_lock *l) {
   if (SGM_DEBUG < 2) return true;
   for (int i = 0; i < n_held; i++)
-    if (held_locks[i] == l) return true;
+    if (held_locks[i] == (const void *)l) return true;
   return false;
 }
 

@@ -551,32 +551,21 @@ typedef struct disk_xfer {
   uint64_t done;            /* bytes: data moved so far */
 } disk_xfer;
 
-/* Write all len bytes at off; 0, an errno, or DISK_SHORT. */
-static int disk_pwrite_all(const unsigned char *buf, uint64_t len, uint64_t off, disk_xfer *x) {
+/* Move all len bytes at off through the transfer's engine (writing: buf to
+ * the file, else the file to buf; a write only reads buf, whatever its
+ * type); 0, an errno, or DISK_SHORT (a read at end of file, or a write the
+ * file system took none of). Retries EINTR; counts x->done. */
+static int disk_io_all(disk_xfer *x, bool writing, unsigned char *buf, uint64_t len, uint64_t off) {
   while (len) {
     size_t chunk = (size_t)(len > DISK_IO_MAX ? DISK_IO_MAX : len);
-    ssize_t w = x->e->pwrite(x->user, x->fd, buf, chunk, off);
-    if (w < 0) {
+    ssize_t n = writing ? x->e->pwrite(x->user, x->fd, buf, chunk, off)
+                        : x->e->pread(x->user, x->fd, buf, chunk, off);
+    if (n < 0) {
       if (errno == EINTR) continue;
       return errno;
     }
-    if (w == 0) return DISK_SHORT;
-    buf += w, off += (uint64_t)w, len -= (uint64_t)w, x->done += (uint64_t)w;
-  }
-  return 0;
-}
-
-/* Read all len bytes at off; 0, an errno, or DISK_SHORT (end of file). */
-static int disk_pread_all(unsigned char *buf, uint64_t len, uint64_t off, disk_xfer *x) {
-  while (len) {
-    size_t chunk = (size_t)(len > DISK_IO_MAX ? DISK_IO_MAX : len);
-    ssize_t r = x->e->pread(x->user, x->fd, buf, chunk, off);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (r == 0) return DISK_SHORT;
-    buf += r, off += (uint64_t)r, len -= (uint64_t)r, x->done += (uint64_t)r;
+    if (n == 0) return DISK_SHORT;
+    buf += n, off += (uint64_t)n, len -= (uint64_t)n, x->done += (uint64_t)n;
   }
   return 0;
 }
@@ -654,8 +643,7 @@ static int disk_aio_body(sgm_disk *d, aio_context_t ctx, bool writing, unsigned 
       }
       /* Not queued (the kernel said EAGAIN, say): this piece moves
        * synchronously. */
-      s->err = writing ? disk_pwrite_all(buf + pos, c, off + pos, x)
-                       : disk_pread_all(buf + pos, c, off + pos, x);
+      s->err = disk_io_all(x, writing, buf + pos, c, off + pos);
       s->done = true;
     }
     disk_slot *s = &slots[next_done % DISK_AIO_DEPTH];
@@ -671,8 +659,7 @@ static int disk_aio_body(sgm_disk *d, aio_context_t ctx, bool writing, unsigned 
       uint64_t got = (uint64_t)s->res;
       x->done += got;
       if (got < c)
-        err = writing ? disk_pwrite_all(buf + pos + got, c - got, off + pos + got, x)
-                      : disk_pread_all(buf + pos + got, c - got, off + pos + got, x);
+        err = disk_io_all(x, writing, buf + pos + got, c - got, off + pos + got);
     }
     if (!err && !writing) XXH3_64bits_update(hs, buf + pos, (size_t)c);
     next_done++;
@@ -699,7 +686,7 @@ static int disk_direct_body(sgm_disk *d, bool writing, unsigned char *buf, uint6
     return err;
   }
   if (writing) XXH3_64bits_update(hs, buf, (size_t)len);
-  int err = writing ? disk_pwrite_all(buf, len, off, x) : disk_pread_all(buf, len, off, x);
+  int err = disk_io_all(x, writing, buf, len, off);
   if (!err && !writing) XXH3_64bits_update(hs, buf, (size_t)len);
   return err;
 }
@@ -727,7 +714,7 @@ static int disk_write_direct(sgm_disk *d, const unsigned char *src, uint64_t n, 
       memset(bounce + c, 0, (size_t)(padded - c));
       XXH3_64bits_update(&hs, bounce, (size_t)c);
       uint64_t before = x->done;
-      err = disk_pwrite_all(bounce, padded, off + pos, x);
+      err = disk_io_all(x, true, bounce, padded, off + pos);
       if (x->done - before > c) x->done = before + c; /* the padding is not data */
       pos += c;
     }
@@ -743,7 +730,7 @@ static int disk_write_direct(sgm_disk *d, const unsigned char *src, uint64_t n, 
 static int disk_write_buffered(sgm_disk *d, const unsigned char *src, uint64_t n, uint64_t off,
                                disk_xfer *x, uint64_t *sum) {
   *sum = XXH3_64bits(src, (size_t)n);
-  int err = disk_pwrite_all(src, n, off, x);
+  int err = disk_io_all(x, true, (unsigned char *)(uintptr_t)src, n, off); /* only read */
   if (err) return err;
   if (sync_file_range(d->fd, (off_t)off, (off_t)n, SYNC_FILE_RANGE_WAIT_BEFORE |
                       SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) != 0)
@@ -769,7 +756,7 @@ static int disk_read_direct(sgm_disk *d, unsigned char *dst, uint64_t n, uint64_
     if (!bounce) return ENOMEM;
     while (pos < n && !err) {
       uint64_t c = n - pos < DISK_BOUNCE_BYTES ? n - pos : DISK_BOUNCE_BYTES;
-      err = disk_pread_all(bounce, sgm__align_up(c, DISK_ALIGN), off + pos, x);
+      err = disk_io_all(x, false, bounce, sgm__align_up(c, DISK_ALIGN), off + pos);
       if (err) break;
       XXH3_64bits_update(&hs, bounce, (size_t)c);
       memcpy(dst + pos, bounce, (size_t)c);
@@ -787,7 +774,7 @@ static int disk_read_direct(sgm_disk *d, unsigned char *dst, uint64_t n, uint64_
 static int disk_read_buffered(sgm_disk *d, unsigned char *dst, uint64_t n, uint64_t off,
                               disk_xfer *x, uint64_t *sum) {
   posix_fadvise(d->fd, (off_t)off, (off_t)n, POSIX_FADV_WILLNEED);
-  int err = disk_pread_all(dst, n, off, x);
+  int err = disk_io_all(x, false, dst, n, off);
   posix_fadvise(d->fd, (off_t)off, (off_t)n, POSIX_FADV_DONTNEED);
   if (!err) *sum = XXH3_64bits(dst, (size_t)n);
   return err;
@@ -1202,8 +1189,7 @@ static void disk_pipe_start(disk_pipe *p, unsigned s) {
   if (piece > DISK_AIO_CHUNK) piece = DISK_AIO_CHUNK;
   if (!p->ctx || padded < 2 * piece) {
     uint64_t before = p->x.done;
-    sl->err = p->writing ? disk_pwrite_all(sl->buf, padded, sl->off, &p->x)
-                         : disk_pread_all(sl->buf, padded, sl->off, &p->x);
+    sl->err = disk_io_all(&p->x, p->writing, sl->buf, padded, sl->off);
     if (p->x.done - before > sl->len) p->x.done = before + sl->len; /* padding is not data */
     return;
   }
@@ -1228,8 +1214,7 @@ static void disk_pipe_start(disk_pipe *p, unsigned s) {
       p->in_flight++;
       continue;
     }
-    r->err = p->writing ? disk_pwrite_all(sl->buf + pos, c, sl->off + pos, &p->x)
-                        : disk_pread_all(sl->buf + pos, c, sl->off + pos, &p->x);
+    r->err = disk_io_all(&p->x, p->writing, sl->buf + pos, c, sl->off + pos);
     r->done = true;
   }
 }
@@ -1258,8 +1243,7 @@ static int disk_pipe_finish(disk_pipe *p, unsigned s, bool complete) {
       unsigned char *b = (unsigned char *)(uintptr_t)r->cb.aio_buf;
       uint64_t o = (uint64_t)r->cb.aio_offset;
       if (got < c && complete)
-        e = p->writing ? disk_pwrite_all(b + got, c - got, o + got, &p->x)
-                       : disk_pread_all(b + got, c - got, o + got, &p->x);
+        e = disk_io_all(&p->x, p->writing, b + got, c - got, o + got);
       else if (got < c)
         e = DISK_SHORT;
     }

@@ -705,7 +705,9 @@ static void tier_event_put(sgm_tier_pool *p, void *ev) {
 
 /* ---- magazines ---- */
 
-static pthread_mutex_t tier_registry_mu = PTHREAD_MUTEX_INITIALIZER;
+/* The registry of every thread's magazines (rank SGM_LOCK_TIER_MAGS, taken
+ * before a pool's lock): a magazine's pool link and the pools' lists. */
+static sgm_lock tier_registry_mu = SGM_LOCK_INITIALIZER(SGM_LOCK_TIER_MAGS);
 static pthread_once_t tier_tls_once = PTHREAD_ONCE_INIT;
 static pthread_key_t tier_tls_key;
 static uint64_t tier_next_pool_id;
@@ -754,9 +756,9 @@ static void tier_mag_detach_registered(tier_mag *m) {
 }
 
 static void tier_mag_free(tier_mag *m) {
-  pthread_mutex_lock(&tier_registry_mu);
+  sgm__lock_take(&tier_registry_mu);
   tier_mag_detach_registered(m);
-  pthread_mutex_unlock(&tier_registry_mu);
+  sgm__lock_drop(&tier_registry_mu);
   free(m);
 }
 
@@ -791,14 +793,14 @@ static tier_mag *tier_mag_slow(sgm_tier_pool *p) {
   m->pool = p;
   m->pool_id = p->id;
   pthread_setspecific(tier_tls_key, (void *)1); /* so that tier_tls_exit runs */
-  pthread_mutex_lock(&tier_registry_mu);
+  sgm__lock_take(&tier_registry_mu);
   sgm__lock_take(&p->lock);
   m->next = p->mags;
   if (p->mags) p->mags->prev = m;
   p->mags = m;
   __atomic_store_n(&p->n_mags, p->n_mags + 1, __ATOMIC_RELAXED);
   sgm__lock_drop(&p->lock);
-  pthread_mutex_unlock(&tier_registry_mu);
+  sgm__lock_drop(&tier_registry_mu);
   tier_tls[slot].pool_id = p->id;
   tier_tls[slot].mag = m;
   return m;
@@ -1296,9 +1298,9 @@ void sgm__tier_destroy(sgm_tier_pool *p) {
   if (!p) return;
   /* Threads' magazines: their blocks go to the bags; the threads free the
    * magazines themselves (they find them detached). */
-  pthread_mutex_lock(&tier_registry_mu);
+  sgm__lock_take(&tier_registry_mu);
   while (p->mags) tier_mag_detach_registered(p->mags);
-  pthread_mutex_unlock(&tier_registry_mu);
+  sgm__lock_drop(&tier_registry_mu);
   sgm__tier_reclaim(p, NULL, SGM_RECLAIM_WAIT);
   /* Blocks sgm itself still holds (none when the context is clean). */
   for (size_t i = 0; i < TIER_SHARDS; i++) {

@@ -863,6 +863,63 @@ static void test_other_device_key_refused(void **state) {
   teardown_dir();
 }
 
+/* A child joins a segment and reads the device's use, with an sgm lock of
+ * rank SGM_LOCK_NODE (which ranks after the segment's mutex) held when hold;
+ * its stderr goes to err_fd. Returns the child's wait status. */
+static int node_lock_order_child(bool hold, int err_fd) {
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    dup2(err_fd, STDERR_FILENO);
+    sgm_node_params p = {.dir = node_dir, .key = "emu-witness", .name = "me",
+                         .device_total_bytes = 16 * MiB, .shared_cap_bytes = 64 * MiB};
+    sgm_node *n = NULL;
+    if (sgm__node_join(&p, &n) != SGM_OK) _exit(3);
+    sgm_lock l;
+    sgm__lock_init(&l, SGM_LOCK_NODE);
+    if (hold) sgm__lock_take(&l);
+    uint64_t used = 0;
+    int rc = sgm__node_device_used(n, &used); /* takes the segment's mutex */
+    if (hold) sgm__lock_drop(&l);
+    sgm__lock_destroy(&l);
+    sgm__node_leave(n);
+    _exit(rc == SGM_OK ? 0 : 4);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  return status;
+}
+
+/* Invariant (issue 11 item 4, debug builds): the segment's process-shared
+ * mutex, though no sgm_lock, is under the lock witness: taking it while
+ * holding a lock that ranks after it aborts with the witness's assertion;
+ * the same call without that lock succeeds. */
+static void test_segment_mutex_witnessed(void **state) {
+  (void)state;
+  if (SGM_DEBUG < 2) {
+    printf("# SGM_DEBUG=%d: the lock witness is compiled out here; nothing to check\n", SGM_DEBUG);
+    skip();
+  }
+  setup_env("witness", "16MiB");
+  int fds[2];
+  assert_int_equal(pipe(fds), 0);
+  int status = node_lock_order_child(true, fds[1]);
+  close(fds[1]);
+  char out[1024] = "";
+  size_t n = 0;
+  ssize_t r;
+  while (n + 1 < sizeof out && (r = read(fds[0], out + n, sizeof out - 1 - n)) > 0) n += (size_t)r;
+  out[n] = '\0';
+  close(fds[0]);
+  if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGABRT)
+    fail_msg("the child did not abort (status 0x%x); its stderr: %s", status, out);
+  assert_non_null(strstr(out, "sgm: assertion failed: held_ranks[i] < rank"));
+  status = node_lock_order_child(false, STDERR_FILENO);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  teardown_dir();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_one_slot_per_process),
@@ -880,6 +937,7 @@ int main(void) {
       cmocka_unit_test(test_bad_segments_run_untracked),
       cmocka_unit_test(test_unsafe_files_refused),
       cmocka_unit_test(test_full_table_untracked),
+      cmocka_unit_test(test_segment_mutex_witnessed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

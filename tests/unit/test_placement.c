@@ -1,6 +1,6 @@
 /*
- * test_placement.c — placement's own suite (lib/placement.c, buffer.c,
- * residency.c, migrate.c, prefetch.c), white-box through lib/placement.h:
+ * test_placement.c — placement's own suite (lib/placement.c, buffer*.c,
+ * residency*.c, migrate*.c, prefetch.c), white-box through lib/placement.h:
  * the allocation rules of DESIGN.md §3 in one function, the one "both
  * budgets are full" message, the per-buffer state word (a waiter sleeps on
  * its own buffer and wakes for nothing else), sgm_buffer_release on a

@@ -1754,7 +1754,6 @@ out_free:
   return rc;
 }
 
-/* Unmap granules [g0, g1) of v, one cuMemUnmap each (context entered, relaxed). */
 /* Is [offset, offset + bytes) a non-empty run of whole granules inside v?
  * Its granules are [*g0, *g1) when it is (both 0 when not). */
 static bool cuda_vrange_run(const cuda_vrange *v, uint64_t offset, uint64_t bytes, uint64_t *g0,
@@ -1766,6 +1765,7 @@ static bool cuda_vrange_run(const cuda_vrange *v, uint64_t offset, uint64_t byte
   return ok;
 }
 
+/* Unmap granules [g0, g1) of v, one cuMemUnmap each (context entered, relaxed). */
 static void cuda_vmm_unmap_run(sgm_backend *be, cuda_vrange *v, uint64_t g0, uint64_t g1,
                                const char *op) {
   for (uint64_t g = g0; g < g1; g++) {
@@ -1832,30 +1832,43 @@ static int cuda_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t 
   return rc;
 }
 
-static void cuda_vmm_unmap(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes) {
-  sgm__lock_assert_none_held();
-  cuda_vrange *v = range;
-  const char *op = "unmapping device memory";
+/* Unmap [offset, +bytes) of v, a run of granules that must all be in
+ * `state` (v->mapped: 1 = vmm_map's own memory, 2 = pool granules of
+ * vmm_pool_map): checked and marked unmapped under be->lock, with the
+ * counters (own memory leaves device_live_bytes too; a pool granule goes
+ * back to its pool, whose handle keeps the memory), then cuMemUnmap of each
+ * granule with no lock held. A run that is not one is a broken contract:
+ * asserted, logged (what: the state's name) and ignored. */
+static void cuda_vmm_unmap_state(sgm_backend *be, cuda_vrange *v, uint64_t offset, uint64_t bytes,
+                                 uint8_t state, const char *op, const char *what) {
   uint64_t g0, g1;
   bool ok = cuda_vrange_run(v, offset, bytes, &g0, &g1);
   sgm__lock_take(&be->lock);
-  for (uint64_t g = g0; g < g1 && ok; g++) ok = v->mapped[g] == 1;
+  for (uint64_t g = g0; g < g1 && ok; g++) ok = v->mapped[g] == state && (state != 2 || v->pool);
   if (ok) {
-    memset(v->mapped + g0, 0, (size_t)(g1 - g0));
-    be->c.device_live_bytes -= bytes;
+    for (uint64_t g = g0; g < g1; g++) {
+      v->mapped[g] = 0;
+      if (state == 2) v->pool->used[v->pidx[g]] = 0;
+    }
+    if (state == 1) be->c.device_live_bytes -= bytes;
     be->c.vmm_mapped_bytes -= bytes;
   }
   sgm__lock_drop(&be->lock);
   sgm_assert(ok);
   if (!ok) {
-    sgm__log(be->verbose, 1, "CUDA: %s: [%llu, +%llu) is not a run of mapped granules; ignored",
-             op, (unsigned long long)offset, (unsigned long long)bytes);
+    sgm__log(be->verbose, 1, "CUDA: %s: [%llu, +%llu) is not a run of %s granules; ignored", op,
+             (unsigned long long)offset, (unsigned long long)bytes, what);
     return;
   }
   cuda_frame f;
   if (!cuda_frame_open_must(be, op, "", &f)) return;
   cuda_vmm_unmap_run(be, v, g0, g1, op);
   cuda_frame_close(be, &f, op);
+}
+
+static void cuda_vmm_unmap(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes) {
+  sgm__lock_assert_none_held();
+  cuda_vmm_unmap_state(be, range, offset, bytes, 1, "unmapping device memory", "mapped");
 }
 
 /* Unmap what is left of v and free its addresses (context entered, relaxed);
@@ -2072,30 +2085,9 @@ static int cuda_vmm_pool_map(sgm_backend *be, void *range, uint64_t offset, void
 
 static void cuda_vmm_pool_unmap(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes) {
   sgm__lock_assert_none_held();
-  cuda_vrange *v = range;
-  const char *op = "unmapping granules of the reserved budget";
-  uint64_t g0, g1;
-  bool ok = cuda_vrange_run(v, offset, bytes, &g0, &g1);
-  sgm__lock_take(&be->lock);
-  for (uint64_t g = g0; g < g1 && ok; g++) ok = v->mapped[g] == 2 && v->pool;
-  if (ok) {
-    for (uint64_t g = g0; g < g1; g++) {
-      v->mapped[g] = 0;
-      v->pool->used[v->pidx[g]] = 0;
-    }
-    be->c.vmm_mapped_bytes -= bytes;
-  }
-  sgm__lock_drop(&be->lock);
-  sgm_assert(ok);
-  if (!ok) {
-    sgm__log(be->verbose, 1, "CUDA: %s: [%llu, +%llu) is not a run of pool-mapped granules; "
-             "ignored", op, (unsigned long long)offset, (unsigned long long)bytes);
-    return;
-  }
-  cuda_frame f;
-  if (!cuda_frame_open_must(be, op, "", &f)) return;
-  cuda_vmm_unmap_run(be, v, g0, g1, op); /* cuMemUnmap only: the handles keep the memory */
-  cuda_frame_close(be, &f, op);
+  /* cuMemUnmap only: the pool's handles keep the memory. */
+  cuda_vmm_unmap_state(be, range, offset, bytes, 2, "unmapping granules of the reserved budget",
+                       "pool-mapped");
 }
 
 static void cuda_vmm_pool_free(sgm_backend *be, void *pool) {
