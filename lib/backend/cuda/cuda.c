@@ -1355,6 +1355,21 @@ static int cuda_stream_wait_event(sgm_backend *be, const sgm_stream_ref *stream,
   return cuda_stream_event_call(be, event, stream, true);
 }
 
+/* The managed move queue (issue 14): the backend's own copy stream waits on
+ * the device for event (never captures: no capture check). */
+static int cuda_copy_stream_wait_event(sgm_backend *be, void *event) {
+  cuda_count_call(be);
+  const char *op = "ordering sgm's copy stream after an event";
+  if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s: NULL event", op);
+  bool pushed;
+  int rc = cuda_enter(be, op, &pushed);
+  if (rc != SGM_OK) return rc;
+  CUresult r = CU(cuStreamWaitEvent)(be->copy_stream, (CUevent)event, 0);
+  if (r != CUDA_SUCCESS) rc = cuda_fail(r, op, "cuStreamWaitEvent", CUDA_BLAME_CALLER);
+  cuda_leave(be, pushed, op);
+  return rc;
+}
+
 /*
  * Cross-stream transfers (stream_transfer): order all work queued on `taker`
  * from now on after all work queued on `owner` so far, with as few driver
@@ -2170,6 +2185,7 @@ const sgm_backend_ops sgm__backend_cuda_ops = {
     .vmm_pool_map = cuda_vmm_pool_map,
     .vmm_pool_unmap = cuda_vmm_pool_unmap,
     .vmm_pool_free = cuda_vmm_pool_free,
+    .copy_stream_wait_event = cuda_copy_stream_wait_event,
 };
 
 #else /* !CUDA_BACKEND_BUILT */
