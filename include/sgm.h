@@ -269,6 +269,17 @@ typedef struct sgm_stats {
                                       tiers' cached_bytes and committed_bytes, not in used_bytes) */
   uint64_t managed_slack_bytes;    /* live movable blocks' bytes beyond their requests rounded to
                                       64 KiB pages (a cached range reused for up to 1/8 less) */
+  /* managed mode: moves handed to the copy-stream worker (docs/managed.md) */
+  uint64_t n_managed_moves_queued;    /* moves queued: promotions past a free's or a cold hint's
+                                         inline bound, cold-hint demotions of blocks above it */
+  uint64_t n_managed_moves_done;      /* of those, run (by the worker, or by sgm_trim) */
+  uint64_t n_managed_moves_cancelled; /* of those, dropped: the block freed or moved first by another
+                                         call, the move failed, or the context destroyed */
+  uint64_t managed_queued_bytes;      /* bytes of the moves waiting now (their target tier's budget
+                                         is charged already) */
+  uint64_t managed_inline_moved_bytes; /* managed bytes moved on the threads calling sgm (alloc, free,
+                                          hints, sgm_prefetch, sgm_trim, the idle tick) */
+  uint64_t managed_worker_moved_bytes; /* managed bytes moved by the worker on the copy stream */
 } sgm_stats;
 
 /* Fill *out with the context's counters. Fast, any thread. On failure *out is zeroed. */

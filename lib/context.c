@@ -629,6 +629,7 @@ SGM_API sgm_status sgm_trim(sgm_context *ctx) {
     if (ctx->tiers[t]) returned += sgm__tier_trim(ctx->tiers[t]);
   returned += sgm__placement_trim(ctx);
   if (ctx->managed) {
+    sgm__managed_queue_drain(ctx); /* queued moves run now, before the ranges go back */
     returned += sgm__managed_cache_drop(ctx, SGM_TIER_COUNT, UINT64_MAX);
     sgm__managed_promote(ctx, UINT64_MAX); /* into the room trimming left */
   }

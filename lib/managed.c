@@ -24,7 +24,7 @@
  * the idle tick, a hint), the shared-placed blocks with the highest priority,
  * then the most recently touched, come back first, as long as they fit in the
  * room that is free (no demotion for a promotion). The free path promotes at
- * most MANAGED_PROMOTE_INLINE_BYTES; the idle thread does the rest.
+ * most MANAGED_INLINE_BYTES; the idle thread does the rest.
  *
  * The cache of freed ranges: a free keeps the block's range (and its charge:
  * committed but not used, as free chunk memory in fixed mode) in the cache of
@@ -60,9 +60,10 @@
 #include "placement.h"
 #include "tiers/tier.h"
 
-/* A free promotes at most this much inline: a bounded delay for the freeing
- * thread (about 3 ms at PCIe 4 speed); the idle thread moves the rest. */
-#define MANAGED_PROMOTE_INLINE_BYTES (UINT64_C(64) << 20)
+/* A free or a cold hint moves at most this much on the calling thread (about
+ * 0.4 ms at PCIe 4 speed); the worker moves the rest on the copy stream
+ * (managed_queue.c). A cold hint's demotion of a larger block is queued. */
+#define MANAGED_INLINE_BYTES (UINT64_C(8) << 20)
 /* At most this many reused blocks wait for their policy listing (pending):
  * then all are listed at once. A framework's steady state frees most of its
  * blocks within a few dozen allocations, so most never meet the policy lock. */
@@ -179,9 +180,7 @@ static void managed_pending_take_locked(struct sgm_placement *pl, sgm_buffer *b)
   MANAGED_BUMP(pl->n_mpending, -1);
 }
 
-/* Take live b for a move or a free (pl->mlock held): a pending one from its
- * list, another by its state word; SGM_BUF_BUSY when a mover owns it. */
-static sgm_buf_state managed_try_take_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k) {
+sgm_buf_state sgm__managed_try_take_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k) {
   if (!b->mpending) return sgm__buffer_try_take(pl, b, k);
   managed_pending_take_locked(pl, b);
   return SGM_BUF_RELEASED; /* as if taken from its policy */
@@ -377,9 +376,11 @@ int sgm__managed_free(sgm_context *ctx, uint64_t d, void *stream) {
       sgm__lock_drop(&pl->mlock);
       return SGM_ERR_INVALID;
     }
-    if (managed_try_take_locked(pl, b, SGM_TAKE_FREE) != SGM_BUF_BUSY) break;
+    if (sgm__managed_try_take_locked(pl, b, SGM_TAKE_FREE) != SGM_BUF_BUSY) break;
     sgm__buffer_wait_busy(pl, b, &pl->mlock); /* a move in flight; then look again */
   }
+  sgm_mq_undo undo; /* a queued move of it ends here */
+  sgm__managed_queue_cancel_locked(pl, b, &undo);
   pl->n_managed_in[b->tier]--;
   pl->mslack_bytes -= b->size - b->mwant;
   MANAGED_BUMP(pl->n_managed, -1);
@@ -394,13 +395,14 @@ int sgm__managed_free(sgm_context *ctx, uint64_t d, void *stream) {
     managed_unmap_locked(pl, b);
   }
   sgm__lock_drop(&pl->mlock);
+  sgm__managed_queue_undo(ctx, &undo);
   if (!cache) {
     managed_unlist_all(pl, b);
     sgm__buffer_free_storage(ctx, b);
     free(b);
   }
   /* Room (the cache gives its ranges to promotions: sgm__managed_promote). */
-  if (was == SGM_TIER_VRAM && waiting) sgm__managed_promote(ctx, MANAGED_PROMOTE_INLINE_BYTES);
+  if (was == SGM_TIER_VRAM && waiting) sgm__managed_promote(ctx, MANAGED_INLINE_BYTES);
   return SGM_OK;
 }
 
@@ -514,7 +516,7 @@ static sgm_buffer *managed_best_shared_locked(struct sgm_placement *pl) {
   for (size_t k = 0; k < SGM_MANAGED_BUCKETS; k++)
     for (sgm_buffer *b = pl->mhash[k]; b; b = b->mnext) {
       /* A mover may be changing the tier of a BUSY one: atomic (placement.h). */
-      if (b->mcached || __atomic_load_n(&b->tier, __ATOMIC_RELAXED) != SGM_TIER_SHARED || b->cold ||
+      if (b->mcached || b->mqueued || __atomic_load_n(&b->tier, __ATOMIC_RELAXED) != SGM_TIER_SHARED || b->cold ||
           sgm__buffer_state(b) != SGM_BUF_RELEASED)
         continue;
       if (!best || managed_promote_before_locked(pl, b, best)) best = b;
@@ -523,10 +525,11 @@ static sgm_buffer *managed_best_shared_locked(struct sgm_placement *pl) {
   return best;
 }
 
-uint64_t sgm__managed_promote(sgm_context *ctx, uint64_t max_bytes) {
+uint64_t sgm__managed_promote(sgm_context *ctx, uint64_t inline_bytes) {
   struct sgm_placement *pl = sgm__context_pl(ctx);
-  uint64_t moved = 0;
-  while (moved < max_bytes) {
+  uint64_t moved = 0, here = 0;
+  bool kick = false;
+  for (;;) {
     if (__atomic_load_n(&pl->n_managed, __ATOMIC_RELAXED) == 0) break;
     sgm__lock_take(&pl->mlock);
     managed_flush_locked(pl); /* pending blocks are candidates too */
@@ -541,8 +544,13 @@ uint64_t sgm__managed_promote(sgm_context *ctx, uint64_t max_bytes) {
     /* Cached ranges are free memory: a block waiting in shared memory comes first. */
     if (rc == SGM__ERR_BUDGET && sgm__managed_cache_drop(ctx, SGM_TIER_VRAM, b->size))
       rc = sgm__tier_charge(sgm__context_tier(ctx, SGM_TIER_VRAM), b->size);
-    if (rc == SGM_OK) {
+    /* Past this thread's bound: the worker moves it, its room charged now. */
+    bool queued = rc == SGM_OK && b->size > inline_bytes - here &&
+                  sgm__managed_queue(ctx, b, SGM_TIER_VRAM) == SGM_OK;
+    kick |= queued;
+    if (rc == SGM_OK && !queued) {
       rc = sgm__migrate_managed(ctx, b, SGM_TIER_VRAM, false);
+      if (rc == SGM_OK) here += b->size;
       if (rc != SGM_OK) {
         sgm__tier_uncharge(sgm__context_tier(ctx, SGM_TIER_VRAM), b->size);
         sgm__log(sgm__context_cfg(ctx)->verbose, 2, "promoting a managed block failed: %s", sgm_last_error());
@@ -553,6 +561,7 @@ uint64_t sgm__managed_promote(sgm_context *ctx, uint64_t max_bytes) {
     if (rc != SGM_OK) break;
     moved += size;
   }
+  if (kick) sgm__managed_queue_kick(ctx); /* once the blocks are given back */
   return moved;
 }
 
@@ -583,6 +592,7 @@ void sgm__managed_stats(sgm_context *ctx, sgm_stats *st) {
     if (st->tier[t].used_bytes > st->tier[t].peak_used_bytes)
       st->tier[t].peak_used_bytes = st->tier[t].used_bytes;
   }
+  sgm__managed_queue_stats(ctx, st);
 }
 
 /* ---- the public calls ---- */
@@ -607,7 +617,7 @@ static int managed_take(sgm_context *ctx, void *ptr, size_t n, const char *fn, s
                             "(blocks under %zu bytes, and fixed pointers, never move)", fn, ptr, n,
                             SGM_MANAGED_MOVABLE_BYTES);
     }
-    if (managed_try_take_locked(pl, b, SGM_TAKE_MOVE) != SGM_BUF_BUSY) break;
+    if (sgm__managed_try_take_locked(pl, b, SGM_TAKE_MOVE) != SGM_BUF_BUSY) break;
     sgm__buffer_wait_busy(pl, b, &pl->mlock); /* another move in flight; then look again */
   }
   sgm__lock_drop(&pl->mlock);
@@ -631,9 +641,24 @@ static void managed_mark(struct sgm_placement *pl, sgm_buffer *b, sgm_tier to, b
 }
 
 /* Move b (taken) to tier `to`: to VRAM demoting colder blocks as the policy
- * allows, to shared memory as a demotion. */
-static int managed_move(sgm_context *ctx, sgm_buffer *b, sgm_tier to) {
+ * allows, to shared memory as a demotion; a queued move of b gives way (the
+ * caller's word is newer). A cold hint's demotion of a block over the inline
+ * bound is queued (*queued: kick the worker once b is given back). */
+static int managed_move(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool cold, bool *queued) {
+  *queued = false;
+  sgm__managed_queue_drop(ctx, b);
   if (b->tier == to) return SGM_OK;
+  if (to == SGM_TIER_SHARED && cold && b->size > MANAGED_INLINE_BYTES) {
+    int rc = sgm__residency_charge_for(ctx, SGM_TIER_SHARED, b->size, NULL);
+    if (rc == SGM__ERR_BUDGET) return sgm__tier_explain_budget(sgm__context_tier(ctx, SGM_TIER_SHARED), b->size);
+    if (rc != SGM_OK) return rc;
+    *queued = sgm__managed_queue(ctx, b, SGM_TIER_SHARED) == SGM_OK;
+    if (*queued) return SGM_OK;
+    sgm__error_clear(); /* not queued: moved here */
+    rc = sgm__migrate_managed(ctx, b, SGM_TIER_SHARED, false);
+    if (rc != SGM_OK) sgm__tier_uncharge(sgm__context_tier(ctx, SGM_TIER_SHARED), b->size);
+    return rc;
+  }
   if (to == SGM_TIER_SHARED) return sgm__migrate_demote(ctx, b, SGM_TIER_SHARED, false);
   int rc = sgm__residency_charge_for(ctx, SGM_TIER_VRAM, b->size, b);
   if (rc == SGM__ERR_BUDGET) rc = sgm__tier_explain_budget(sgm__context_tier(ctx, SGM_TIER_VRAM), b->size);
@@ -657,10 +682,11 @@ SGM_API sgm_status sgm_advise(sgm_context *ctx, void *ptr, sgm_priority priority
   sgm__lock_take(&sgm__context_pl(ctx)->mlock);
   b->priority = priority;
   sgm__lock_drop(&sgm__context_pl(ctx)->mlock);
+  bool queued = false;
   if (hint != SGM_HINT_NONE) {
     sgm_tier to = hint == SGM_HINT_HOT ? SGM_TIER_VRAM : SGM_TIER_SHARED;
     managed_mark(sgm__context_pl(ctx), b, to, hint == SGM_HINT_COLD);
-    rc = managed_move(ctx, b, to);
+    rc = managed_move(ctx, b, to, hint == SGM_HINT_COLD, &queued);
   }
   /* A hot block that could not come up stays where it is: still a use. */
   if (hint == SGM_HINT_HOT && rc == SGM_ERR_NOMEM) {
@@ -668,8 +694,10 @@ SGM_API sgm_status sgm_advise(sgm_context *ctx, void *ptr, sgm_priority priority
     rc = SGM_OK;
   }
   sgm__buffer_finish(sgm__context_pl(ctx), b, SGM_BUF_RELEASED, hint == SGM_HINT_HOT);
-  /* Room a cold block left goes to the most valuable others. */
-  if (rc == SGM_OK && hint == SGM_HINT_COLD) sgm__managed_promote(ctx, MANAGED_PROMOTE_INLINE_BYTES);
+  /* Room a cold block left goes to the most valuable others (the worker
+   * gives them the room of a queued demotion once it is done). */
+  if (queued) sgm__managed_queue_kick(ctx);
+  else if (rc == SGM_OK && hint == SGM_HINT_COLD) sgm__managed_promote(ctx, MANAGED_INLINE_BYTES);
   return (sgm_status)rc;
 }
 
@@ -682,7 +710,8 @@ SGM_API sgm_status sgm_prefetch(sgm_context *ctx, void *ptr, size_t size, sgm_ti
   if (rc != SGM_OK) return (sgm_status)rc;
   b->mstream = stream; /* later moves are ordered after this caller's work too */
   managed_mark(sgm__context_pl(ctx), b, tier, false);
-  rc = managed_move(ctx, b, tier);
+  bool queued; /* never: no cold hint */
+  rc = managed_move(ctx, b, tier, false, &queued);
   sgm__buffer_finish(sgm__context_pl(ctx), b, SGM_BUF_RELEASED, tier == SGM_TIER_VRAM);
   return (sgm_status)rc;
 }

@@ -63,13 +63,18 @@ int sgm__migrate_managed_place(sgm_context *ctx, sgm_devptr d, uint64_t n, sgm_t
 }
 
 int sgm__migrate_managed(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict) {
+  return sgm__migrate_managed_on(ctx, b, to, evict, b->mstream);
+}
+
+int sgm__migrate_managed_on(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict, void *stream) {
   struct sgm_placement *pl = sgm__context_pl(ctx);
   sgm_tier from = b->tier;
   sgm_assert(b->managed && from < SGM_N_RESIDENT && to < SGM_N_RESIDENT && from != to);
-  int rc = sgm__migrate_managed_place(ctx, b->dptr, b->size, to, b->mstream);
+  sgm__managed_queue_drop(ctx, b); /* this move supersedes a queued one */
+  int rc = sgm__migrate_managed_place(ctx, b->dptr, b->size, to, stream);
   if (rc != SGM_OK) {
     /* Advice may have changed; put it back so the pages stay where counted. */
-    if (sgm__migrate_managed_place(ctx, b->dptr, b->size, from, b->mstream) != SGM_OK)
+    if (sgm__migrate_managed_place(ctx, b->dptr, b->size, from, stream) != SGM_OK)
       sgm__log(sgm__context_cfg(ctx)->verbose, 1, "a managed block's advice could not be restored after a "
                "failed move: %s", sgm_last_error());
     return rc;
@@ -83,6 +88,7 @@ int sgm__migrate_managed(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evic
   pl->n_managed_in[to]++;
   pl->n_managed_moves[up]++;
   pl->managed_moved_bytes[up] += b->size;
+  pl->mq_moved_bytes[sgm__managed_queue_on_worker()] += b->size;
   sgm__lock_drop(&pl->mlock);
   return SGM_OK;
 }

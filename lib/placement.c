@@ -125,6 +125,7 @@ static void placement_free(struct sgm_placement *pl) {
   for (int t = 0; t < SGM_N_RESIDENT; t++) sgm__prio_destroy(pl->pol[t]);
   if (pl->disk) sgm__disk_close(pl->disk);
   pthread_cond_destroy(&pl->work_cond);
+  pthread_cond_destroy(&pl->mq_cond);
   sgm__lock_destroy(&pl->pf_lock);
   for (int t = 0; t < SGM_N_RESIDENT; t++) sgm__lock_destroy(&pl->res[t]);
   sgm__lock_destroy(&pl->mlock);
@@ -141,6 +142,7 @@ int sgm__placement_create(sgm_context *ctx) {
   sgm__lock_init(&pl->res[SGM_TIER_SHARED], SGM_LOCK_RES_SHARED);
   sgm__lock_init(&pl->pf_lock, SGM_LOCK_PREFETCH);
   pthread_cond_init(&pl->work_cond, NULL);
+  pthread_cond_init(&pl->mq_cond, NULL);
   pl->clock_ns = placement_monotonic_ns;
   pl->disk_seen_ms = UINT64_MAX;
   int rc = SGM_OK;
@@ -206,6 +208,7 @@ void sgm__placement_destroy(sgm_context *ctx) {
   struct sgm_placement *pl = sgm__context_pl(ctx);
   if (!pl) return;
   sgm__prefetch_stop(pl);
+  sgm__managed_queue_cancel_all(ctx); /* the worker is gone: its queue's charges and events go back */
   sgm__managed_cache_drop(ctx, SGM_TIER_COUNT, UINT64_MAX);
   /* The policies are destroyed after the buffers without being told about
    * them: the contract says destroy must not touch items. */

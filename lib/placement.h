@@ -11,6 +11,8 @@
  *   migrate_order.c   the copy discipline: copies after the release's GPU work
  *   migrate_disk.c    a buffer's chunks on disk, the one-hop VRAM <-> disk moves
  *   prefetch.c        the prefetch queue and its worker
+ *   managed.c         SGM_POINTERS=managed: movable framework blocks
+ *   managed_queue.c   the managed moves handed to the prefetch worker (copy stream)
  *
  * A buffer's data lives in exactly one tier: a block of the VRAM or shared
  * pool (b->dptr), or extents of the spill file (b->ext, one per
@@ -120,6 +122,12 @@ struct sgm_buffer {
   sgm_stream_ref mref;       /* managed, cached: the stream it was freed on */
   uint64_t mcached_ms;       /* managed, cached: the context clock at the first idle tick that saw
                                 it cached (0: none yet) */
+  bool mqueued;              /* managed: a move of it waits in pl's move queue (managed_queue.c;
+                                pl->mlock), its target's budget charged */
+  sgm_tier mq_to;            /* managed, queued: the tier that move takes it to */
+  void *mq_event;            /* managed, queued: recorded on its stream when queued; the copy
+                                stream waits for it on the device before the move */
+  sgm_buffer *mq_prev, *mq_next; /* managed, queued: links of the move queue, oldest first */
   /* then, at pl->state_offset: pl->state_bytes of policy state (item.state) */
 };
 
@@ -159,6 +167,8 @@ struct sgm_placement {
   bool worker_started;                 /* the worker runs */
   bool stop;                           /* asks the worker to end */
   pthread_cond_t work_cond;            /* wakes the worker */
+  bool mq_wake;                        /* managed moves were queued since the worker last looked
+                                          (pl->pf_lock) */
   sgm_buffer *pf_head, *pf_tail;       /* prefetch queue, oldest at the head */
   sgm_buffer *mhash[SGM_MANAGED_BUCKETS]; /* managed blocks by address (managed.c) */
   uint64_t n_managed;                  /* live managed blocks (written under mlock; atomic: sgm_free
@@ -181,6 +191,18 @@ struct sgm_placement {
   uint64_t n_mcache_hits;              /* movable allocations served from the cache */
   uint64_t n_mcache_released;          /* cached ranges given back to the driver */
   uint64_t mslack_bytes;               /* live movable blocks' bytes beyond their page-rounded requests */
+  /* The managed move queue (managed_queue.c; pl->mlock): moves the free,
+   * trim and hint paths hand to the worker (prefetch.c's thread). */
+  sgm_buffer *mq_head, *mq_tail;       /* queued blocks, oldest first */
+  uint64_t n_mq;                       /* how many (written under mlock; read unlocked: atomic) */
+  uint64_t mq_bytes;                   /* their bytes (charged to their targets already) */
+  uint64_t n_mq_running;               /* queued moves taken off the queue and running now */
+  pthread_cond_t mq_cond;              /* with pl->mlock: a queued move ended (done or cancelled) */
+  uint64_t n_mq_queued;                /* moves queued since create */
+  uint64_t n_mq_done;                  /* of those, done */
+  uint64_t n_mq_cancelled;             /* of those, dropped (freed, superseded, failed, destroy) */
+  uint64_t mq_moved_bytes[2];          /* managed bytes moved [0] on the calling threads, [1] by the
+                                          worker */
 };
 
 /* b->state is a word of its own: the state in the low bits, SGM_BUF_WAITERS
@@ -422,6 +444,10 @@ int sgm__migrate_managed_place(sgm_context *ctx, sgm_devptr d, uint64_t n, sgm_t
  * charge of `to`. */
 int sgm__migrate_managed(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict);
 
+/* The same on `stream` (NULL: the backend's own copy stream), for the move
+ * queue's runs (managed_queue.c). */
+int sgm__migrate_managed_on(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict, void *stream);
+
 /* residency.c: charge size bytes to resident tier t's budget for a managed
  * block (sgm__tier_charge), demoting released buffers and colder managed
  * blocks while it does not fit (rule 2; cand as in sgm__residency_alloc_for). */
@@ -435,5 +461,56 @@ int sgm__residency_charge_for(sgm_context *ctx, sgm_tier t, uint64_t size, const
 void sgm__prefetch_cancel(struct sgm_placement *pl, sgm_buffer *b);
 /* Stop and join the worker if it runs (no lock held). */
 void sgm__prefetch_stop(struct sgm_placement *pl);
+/* The worker has managed moves to run (managed_queue.c): start it if it
+ * does not run yet, and wake it. SGM_OK, or the status when it cannot start
+ * (the caller then runs the move itself). No lock held, or pl->mlock. */
+int sgm__prefetch_wake(sgm_context *ctx);
+
+/* ------------------------------------------------------------------------ */
+/* managed_queue.c — the managed move queue and its runs on the copy stream. */
+
+/* Queue b's move to tier `to` (b BUSY, owned by the caller, who gives it back
+ * after, then calls sgm__managed_queue_kick; `to`'s budget charged with
+ * b->size, which the queue now holds): an event recorded on b's stream now,
+ * waited for on the copy stream before the move. SGM_OK, or a status when it
+ * cannot be queued (the caller keeps the charge and moves b itself). No lock
+ * held. */
+int sgm__managed_queue(sgm_context *ctx, sgm_buffer *b, sgm_tier to);
+/* Wake the worker for what was queued (started on first use); where no
+ * thread can start, run the queue on this thread. No lock held. */
+void sgm__managed_queue_kick(sgm_context *ctx);
+/* b (owned by the caller: a free, a move) leaves the queue if it is there,
+ * its target's charge given back (pl->mlock held: the charge and the event
+ * go back through *undo, given to sgm__managed_queue_undo once the lock is
+ * dropped). */
+typedef struct sgm_mq_undo {
+  sgm_tier tier;  /* the charged target; SGM_TIER_NONE: nothing */
+  uint64_t bytes; /* its charge */
+  void *event;    /* the queued move's event (or NULL) */
+} sgm_mq_undo;
+void sgm__managed_queue_cancel_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_mq_undo *undo);
+void sgm__managed_queue_undo(sgm_context *ctx, const sgm_mq_undo *undo);
+/* The same for b's owner with no lock held: a queued move of b ends. */
+void sgm__managed_queue_drop(sgm_context *ctx, sgm_buffer *b);
+/* The worker runs the queued moves: until the queue is empty (false) or its
+ * head is held by another thread (true: look again later). No lock held. */
+bool sgm__managed_queue_work(sgm_context *ctx);
+/* True on the worker's thread while it runs moves (their bytes are counted
+ * apart: sgm_stats.managed_worker_moved_bytes). */
+bool sgm__managed_queue_on_worker(void);
+/* sgm__managed_queue_drain (internal.h): every queued move run on the
+ * calling thread, then a wait for those the worker runs. */
+/* Wait until no queued move runs (queued_too: and none is queued; tests).
+ * No lock held. */
+void sgm__managed_queue_wait(sgm_context *ctx, bool queued_too);
+/* The queue's counters into *st. */
+void sgm__managed_queue_stats(sgm_context *ctx, sgm_stats *st);
+/* managed.c: take live b for a move or a free (pl->mlock held): a pending
+ * one from its list, another by its state word; SGM_BUF_BUSY when another
+ * thread owns it (b untouched). */
+sgm_buf_state sgm__managed_try_take_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k);
+/* Drop every queued move, charges and events given back (destroy, after
+ * the worker stopped). No lock held. */
+void sgm__managed_queue_cancel_all(sgm_context *ctx);
 
 #endif /* SGM_PLACEMENT_H */

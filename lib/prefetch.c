@@ -11,9 +11,12 @@
  * the lock, cannot free it first), taking the residency lock of its tier
  * inside (pf_lock ranks below the residency locks), then drops both and
  * moves the buffer, which it owns (BUSY) meanwhile.
+ * The same thread runs the managed move queue (managed_queue.c) when woken
+ * for it (pl->mq_wake): one worker per context, one idle loop.
  */
 #include <pthread.h>
 #include <string.h>
+#include <time.h>
 
 #include "placement.h"
 
@@ -50,13 +53,39 @@ static bool prefetch_take(struct sgm_placement *pl, sgm_buffer *b) {
   }
 }
 
+/* The managed moves queued (managed_queue.c): run them with pf_lock dropped.
+ * A queue whose head another thread holds is looked at again in
+ * PREFETCH_RETRY_MS, or at the next wake (that thread may free the block,
+ * so the worker never sleeps on its state word). */
+#define PREFETCH_RETRY_MS 1
+static void prefetch_managed(sgm_context *ctx, struct sgm_placement *pl) {
+  pl->mq_wake = false;
+  sgm__lock_drop(&pl->pf_lock);
+  bool stalled = sgm__managed_queue_work(ctx);
+  sgm__lock_take(&pl->pf_lock);
+  if (!stalled || pl->stop || pl->mq_wake || pl->pf_head) return;
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_nsec += PREFETCH_RETRY_MS * 1000000L;
+  if (until.tv_nsec >= 1000000000L) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000L;
+  }
+  pthread_cond_timedwait(&pl->work_cond, &pl->pf_lock.mu, &until);
+  pl->mq_wake = true; /* look again either way */
+}
+
 static void *prefetch_main(void *arg) {
   sgm_context *ctx = arg;
   struct sgm_placement *pl = sgm__context_pl(ctx);
   sgm__lock_take(&pl->pf_lock);
   for (;;) {
-    while (!pl->stop && !pl->pf_head) pthread_cond_wait(&pl->work_cond, &pl->pf_lock.mu);
+    while (!pl->stop && !pl->pf_head && !pl->mq_wake) pthread_cond_wait(&pl->work_cond, &pl->pf_lock.mu);
     if (pl->stop) break;
+    if (!pl->pf_head) {
+      prefetch_managed(ctx, pl);
+      continue;
+    }
     sgm_buffer *b = pl->pf_head;
     prefetch_unlink(pl, b);
     bool mine = prefetch_take(pl, b); /* else acquired meanwhile: nothing to do */
@@ -77,11 +106,33 @@ static void *prefetch_main(void *arg) {
 void sgm__prefetch_stop(struct sgm_placement *pl) {
   if (!pl->worker_started) return;
   sgm__lock_take(&pl->pf_lock);
-  pl->stop = true;
+  __atomic_store_n(&pl->stop, true, __ATOMIC_RELAXED); /* the managed queue's runs read it unlocked */
   pthread_cond_signal(&pl->work_cond);
   sgm__lock_drop(&pl->pf_lock);
   pthread_join(pl->worker, NULL);
   pl->worker_started = false;
+}
+
+/* Start the worker if it does not run (pl->pf_lock held). */
+static int prefetch_start_locked(sgm_context *ctx, struct sgm_placement *pl) {
+  if (pl->worker_started) return SGM_OK;
+  int e = pthread_create(&pl->worker, NULL, prefetch_main, ctx);
+  if (e != 0) return sgm__error_set(SGM_ERR_NOMEM, "cannot start the prefetch thread: %s", strerror(e));
+  pl->worker_started = true;
+  return SGM_OK;
+}
+
+int sgm__prefetch_wake(sgm_context *ctx) {
+  struct sgm_placement *pl = sgm__context_pl(ctx);
+  sgm__lock_take(&pl->pf_lock);
+  int rc = pl->stop ? sgm__error_set(SGM_ERR_INVALID, "the context is being destroyed")
+                    : prefetch_start_locked(ctx, pl);
+  if (rc == SGM_OK) {
+    pl->mq_wake = true;
+    pthread_cond_signal(&pl->work_cond);
+  }
+  sgm__lock_drop(&pl->pf_lock);
+  return rc;
 }
 
 SGM_API sgm_status sgm_buffer_prefetch(sgm_buffer *b, void *stream) {
@@ -94,11 +145,7 @@ SGM_API sgm_status sgm_buffer_prefetch(sgm_buffer *b, void *stream) {
   sgm__lock_take(&pl->pf_lock);
   if (sgm__buffer_state(b) == SGM_BUF_RELEASED && __atomic_load_n(&b->tier, __ATOMIC_RELAXED) != SGM_TIER_VRAM &&
       !b->prefetch_queued) {
-    if (!pl->worker_started) {
-      int e = pthread_create(&pl->worker, NULL, prefetch_main, ctx);
-      if (e == 0) pl->worker_started = true;
-      else rc = sgm__error_set(SGM_ERR_NOMEM, "cannot start the prefetch thread: %s", strerror(e));
-    }
+    rc = prefetch_start_locked(ctx, pl);
     if (rc == SGM_OK) {
       __atomic_store_n(&b->prefetch_queued, true, __ATOMIC_RELEASE);
       b->pf_prev = pl->pf_tail;

@@ -86,7 +86,7 @@ SGM_API sgm_status sgm_stats_json(sgm_context *ctx, char **out) {
   sgm__strbuf_printf(&b, "\"driver_calls\":%llu,", (unsigned long long)st.driver_calls);
   sgm__strbuf_printf(&b, "\"pointers\":\"%s\",\"managed\":{\"n_live\":%llu,\"n_promotions\":%llu,"
                      "\"n_demotions\":%llu,\"promoted_bytes\":%llu,\"demoted_bytes\":%llu,"
-                     "\"n_cache_hits\":%llu,\"cached_bytes\":%llu,\"slack_bytes\":%llu},\"tiers\":{",
+                     "\"n_cache_hits\":%llu,\"cached_bytes\":%llu,\"slack_bytes\":%llu,",
                      sgm__context_managed(ctx) ? "managed" : "fixed", (unsigned long long)st.n_managed_live,
                      (unsigned long long)st.n_managed_promotions,
                      (unsigned long long)st.n_managed_demotions,
@@ -95,6 +95,15 @@ SGM_API sgm_status sgm_stats_json(sgm_context *ctx, char **out) {
                      (unsigned long long)st.n_managed_cache_hits,
                      (unsigned long long)st.managed_cached_bytes,
                      (unsigned long long)st.managed_slack_bytes);
+  /* the copy-stream worker's queue (issue 14) */
+  sgm__strbuf_printf(&b, "\"n_moves_queued\":%llu,\"n_moves_done\":%llu,\"n_moves_cancelled\":%llu,"
+                     "\"queued_bytes\":%llu,\"inline_moved_bytes\":%llu,\"worker_moved_bytes\":%llu},"
+                     "\"tiers\":{",
+                     (unsigned long long)st.n_managed_moves_queued, (unsigned long long)st.n_managed_moves_done,
+                     (unsigned long long)st.n_managed_moves_cancelled,
+                     (unsigned long long)st.managed_queued_bytes,
+                     (unsigned long long)st.managed_inline_moved_bytes,
+                     (unsigned long long)st.managed_worker_moved_bytes);
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
     const sgm_tier_stats *s = &st.tier[t];
     sgm__strbuf_printf(&b,

@@ -347,6 +347,13 @@ typedef struct sgm_backend_ops {
                       const uint32_t *idx, uint64_t n);
   void (*vmm_pool_unmap)(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes);
   void (*vmm_pool_free)(sgm_backend *be, void *pool);
+  /* ---- the managed move queue (issue 14, lib/managed_queue.c) ----
+   * copy_stream_wait_event: work queued from now on on the backend's own
+   * copy stream (the NULL stream of copy() and managed_prefetch()) waits, on
+   * the device, for the event's last recording; the host never waits (CUDA:
+   * cuStreamWaitEvent on that stream). NULL op: sgm waits on the host
+   * (event_wait) instead. */
+  int (*copy_stream_wait_event)(sgm_backend *be, void *event);
 } sgm_backend_ops;
 
 /* backend.c: pick the ops for a kind; SGM_BACKEND_AUTO is resolved by open. */

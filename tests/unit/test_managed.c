@@ -764,6 +764,166 @@ static void test_every_failure_leaves_things_whole(void **state) {
   sgm_test_clean_env();
 }
 
+/* ---- the copy-stream worker: moves past the inline bound are queued ---- */
+
+/* A managed block's bytes as sgm counts them (whole 64 KiB pages). */
+static uint64_t pages_of(uint64_t n) { return (n + SGM_MANAGED_PAGE - 1) / SGM_MANAGED_PAGE * SGM_MANAGED_PAGE; }
+
+/* The free path's bound: a free moves at most 8 MiB on the freeing thread
+ * (here the 4 MiB block with the highest priority); the two larger blocks
+ * waiting in shared memory are queued, their room charged at once, and the
+ * worker brings them up with their bytes whole (seeded patterns). */
+static void test_free_queues_moves_past_the_bound(void **state) {
+  (void)state;
+  uint64_t seed = sgm_test_seed("test_managed queued promotions", 1414);
+  sgm_context *ctx = make_ctx("48MiB", "managed");
+  const uint64_t size[3] = {4 * MiB + 4321, 16 * MiB, 12 * MiB + 77};
+  uint8_t *p[3];
+  for (int i = 0; i < 3; i++) {
+    p[i] = sgm_alloc(ctx, size[i], NULL);
+    assert_non_null(p[i]);
+    fill(p[i], size[i], seed + (uint64_t)i);
+    assert_int_equal(sgm_prefetch(ctx, p[i], size[i], SGM_TIER_SHARED, NULL), SGM_OK);
+  }
+  assert_int_equal(sgm_advise(ctx, p[0], SGM_PRIORITY_HIGH, SGM_HINT_NONE), SGM_OK);
+  void *f = sgm_alloc(ctx, 48 * MiB, NULL);
+  assert_int_equal(sgm_pointer_tier(ctx, f), SGM_TIER_VRAM);
+  sgm_stats a, b;
+  assert_int_equal(sgm_get_stats(ctx, &a), SGM_OK);
+  sgm_free(ctx, f, NULL);
+  assert_int_equal(sgm_get_stats(ctx, &b), SGM_OK);
+  /* Moved on this thread: the first block only, within the bound. */
+  assert_int_equal(b.managed_inline_moved_bytes - a.managed_inline_moved_bytes, pages_of(size[0]));
+  assert_true(b.managed_inline_moved_bytes - a.managed_inline_moved_bytes <= 8 * MiB);
+  assert_int_equal(sgm_pointer_tier(ctx, p[0]), SGM_TIER_VRAM);
+  assert_int_equal(b.n_managed_moves_queued - a.n_managed_moves_queued, 2);
+  /* Their room is charged while they wait (or already moved). */
+  assert_int_equal(sgm__tier_charged(sgm__context_tier(ctx, SGM_TIER_VRAM)),
+                   pages_of(size[0]) + pages_of(size[1]) + pages_of(size[2]));
+  sgm__managed_queue_wait(ctx, true);
+  assert_int_equal(sgm_get_stats(ctx, &b), SGM_OK);
+  assert_int_equal(b.n_managed_moves_done - a.n_managed_moves_done, 2);
+  assert_int_equal(b.managed_worker_moved_bytes - a.managed_worker_moved_bytes,
+                   pages_of(size[1]) + pages_of(size[2]));
+  assert_int_equal(b.managed_queued_bytes, 0);
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(sgm_pointer_tier(ctx, p[i]), SGM_TIER_VRAM);
+    verify(p[i], size[i], seed + (uint64_t)i);
+  }
+  check_invariants(ctx);
+  for (int i = 0; i < 3; i++) sgm_free(ctx, p[i], NULL);
+  sgm_context_destroy(ctx);
+}
+
+/* A cold hint on a block over the bound queues its demotion (the caller
+ * moves nothing); once done, the worker gives its room to the block waiting
+ * in shared memory. */
+static void test_cold_hint_queues_a_large_demotion(void **state) {
+  (void)state;
+  uint64_t seed = sgm_test_seed("test_managed queued demotion", 1415);
+  sgm_context *ctx = make_ctx("32MiB", "managed");
+  uint8_t *w = sgm_alloc(ctx, 12 * MiB, NULL);
+  fill(w, 12 * MiB, seed);
+  assert_int_equal(sgm_prefetch(ctx, w, 12 * MiB, SGM_TIER_SHARED, NULL), SGM_OK);
+  uint8_t *big = sgm_alloc(ctx, 16 * MiB, NULL), *other = sgm_alloc(ctx, 16 * MiB, NULL);
+  fill(big, 16 * MiB, seed + 1);
+  assert_int_equal(sgm_pointer_tier(ctx, big), SGM_TIER_VRAM);
+  assert_int_equal(sgm_pointer_tier(ctx, other), SGM_TIER_VRAM);
+  sgm_stats a, b;
+  assert_int_equal(sgm_get_stats(ctx, &a), SGM_OK);
+  assert_int_equal(sgm_advise(ctx, big, SGM_PRIORITY_NORMAL, SGM_HINT_COLD), SGM_OK);
+  assert_int_equal(sgm_get_stats(ctx, &b), SGM_OK);
+  assert_int_equal(b.managed_inline_moved_bytes, a.managed_inline_moved_bytes);
+  assert_int_equal(b.n_managed_moves_queued - a.n_managed_moves_queued, 1);
+  sgm__managed_queue_wait(ctx, true);
+  assert_int_equal(sgm_pointer_tier(ctx, big), SGM_TIER_SHARED);
+  assert_int_equal(sgm_pointer_tier(ctx, w), SGM_TIER_VRAM);
+  assert_int_equal(sgm_get_stats(ctx, &b), SGM_OK);
+  assert_int_equal(b.managed_worker_moved_bytes - a.managed_worker_moved_bytes, 28 * MiB);
+  verify(big, 16 * MiB, seed + 1);
+  verify(w, 12 * MiB, seed);
+  check_invariants(ctx);
+  sgm_free(ctx, w, NULL);
+  sgm_free(ctx, big, NULL);
+  sgm_free(ctx, other, NULL);
+  sgm_context_destroy(ctx);
+}
+
+/* Bytes survive any sequence with the worker moving blocks meanwhile (the
+ * test reads them while it runs; it writes only when nothing is queued, as
+ * the emulated device copies between its stores): random, seed printed. */
+static void test_bytes_survive_queued_moves(void **state) {
+  (void)state;
+  uint64_t seed = sgm_test_seed("test_managed queued moves", 1416);
+  sgm_test_rng r;
+  sgm_test_rng_init(&r, seed);
+  sgm_context *ctx = make_ctx("48MiB", "managed");
+  enum { N = 6 };
+  uint8_t *p[N] = {0};
+  uint64_t size[N] = {0}, tag[N] = {0};
+  for (int step = 0; step < 120; step++) {
+    int i = (int)sgm_test_rng_range(&r, 0, N - 1);
+    int op = (int)sgm_test_rng_range(&r, 0, 5);
+    if (!p[i]) op = 0;
+    switch (op) {
+    case 0:
+      if (p[i]) {
+        verify(p[i], size[i], tag[i]);
+        assert_int_equal(sgm_free_ex(ctx, p[i], NULL), SGM_OK); /* may cancel its queued move */
+      }
+      size[i] = sgm_test_rng_range(&r, 2 * MiB, 20 * MiB + 999);
+      tag[i] = sgm_test_rng_next(&r);
+      p[i] = sgm_alloc(ctx, size[i], NULL);
+      if (!p[i]) fail_msg("alloc %llu: %s", (unsigned long long)size[i], sgm_last_error());
+      sgm__managed_queue_wait(ctx, true);
+      fill(p[i], size[i], tag[i]);
+      break;
+    case 1:
+      assert_int_equal(sgm_prefetch(ctx, p[i], size[i], SGM_TIER_SHARED, NULL), SGM_OK);
+      assert_int_equal(sgm_pointer_tier(ctx, p[i]), SGM_TIER_SHARED);
+      break;
+    case 2: {
+      sgm_status s = sgm_prefetch(ctx, p[i], size[i], SGM_TIER_VRAM, NULL);
+      if (s != SGM_OK) assert_int_equal(s, SGM_ERR_NOMEM);
+      break;
+    }
+    case 3:
+      assert_int_equal(sgm_advise(ctx, p[i], (sgm_priority)sgm_test_rng_range(&r, 0, 4), SGM_HINT_HOT), SGM_OK);
+      break;
+    case 4:
+      assert_int_equal(sgm_advise(ctx, p[i], SGM_PRIORITY_NORMAL, SGM_HINT_COLD), SGM_OK);
+      break;
+    case 5:
+      assert_int_equal(sgm_trim(ctx), SGM_OK); /* runs what is queued */
+      assert_int_equal(sgm_pointer_tier(ctx, p[i]) == SGM_TIER_NONE, false);
+      break;
+    }
+    verify(p[i], size[i], tag[i]);
+    if (step % 8 == 7) {
+      sgm__managed_queue_wait(ctx, true);
+      check_invariants(ctx);
+    }
+  }
+  sgm_stats st;
+  sgm__managed_queue_wait(ctx, true);
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  printf("# queued moves: %llu done, %llu cancelled of %llu\n", (unsigned long long)st.n_managed_moves_done,
+         (unsigned long long)st.n_managed_moves_cancelled, (unsigned long long)st.n_managed_moves_queued);
+  assert_true(st.n_managed_moves_queued > 0);
+  assert_int_equal(st.n_managed_moves_queued, st.n_managed_moves_done + st.n_managed_moves_cancelled);
+  assert_int_equal(st.managed_queued_bytes, 0);
+  for (int i = 0; i < N; i++) {
+    verify(p[i], size[i], tag[i]);
+    sgm_free(ctx, p[i], NULL);
+  }
+  check_invariants(ctx);
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
+  sgm_backend_counters c;
+  sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c);
+  assert_int_equal(c.n_managed_live, 0);
+  sgm_context_destroy(ctx);
+}
+
 /* ---- on the CUDA backend over the driver test double ---- */
 
 #if defined(__has_include)
@@ -804,12 +964,12 @@ static void load_double(void) {
   if (!have_double) printf("# managed: the driver test double is not on LD_LIBRARY_PATH: its cases skip\n");
 }
 
-static sgm_context *make_cuda_ctx(const char *pointers) {
+static sgm_context *make_cuda_ctx_vram(const char *pointers, const char *vram_limit) {
   sgm_test_clean_env();
   unsetenv("FAKE_CUDA_CONCURRENT_MANAGED");
   setenv("SGM_BACKEND", "cuda", 1);
   setenv("FAKE_CUDA_TOTAL_MEM", "256MiB", 1);
-  setenv("SGM_VRAM_LIMIT", "16MiB", 1);
+  setenv("SGM_VRAM_LIMIT", vram_limit, 1);
   setenv("SGM_SHARED_LIMIT", "64MiB", 1);
   setenv("SGM_IDLE_TRIM_MS", "0", 1);
   setenv("SGM_POINTERS", pointers, 1);
@@ -818,6 +978,8 @@ static sgm_context *make_cuda_ctx(const char *pointers) {
   if (sgm_context_create(NULL, &ctx) != SGM_OK) fail_msg("create: %s", sgm_last_error());
   return ctx;
 }
+
+static sgm_context *make_cuda_ctx(const char *pointers) { return make_cuda_ctx_vram(pointers, "16MiB"); }
 
 static int page_at(const void *p, int *preferred, int *accessed_by) {
   return fc.fake_cuda_managed_page(p, preferred, accessed_by);
@@ -973,6 +1135,122 @@ static void test_double_cache_orders_other_streams(void **state) {
   fc.fake_cuda_stream_destroy(s2);
 }
 
+/* A move the free queued runs on sgm's copy stream after the caller's work:
+ * the copy stream waits on the device for an event recorded on the block's
+ * stream when the move was queued, so the pages stay in host memory until
+ * the caller's kernel is done; the freeing thread moved nothing. */
+static void test_double_queued_move_waits_for_the_callers_work(void **state) {
+  (void)state;
+  if (!have_double || old_driver()) skip();
+  sgm_context *ctx = make_cuda_ctx("managed");
+  void *s = fc.fake_cuda_stream_create();
+  uint8_t *a = sgm_alloc(ctx, 12 * MiB, s);
+  assert_non_null(a);
+  fill(a, 12 * MiB, 21);
+  assert_int_equal(sgm_prefetch(ctx, a, 12 * MiB, SGM_TIER_SHARED, s), SGM_OK);
+  void *f = sgm_alloc(ctx, 16 * MiB, s);
+  assert_int_equal(sgm_pointer_tier(ctx, f), SGM_TIER_VRAM);
+  fc.fake_cuda_hold_stream(s, 1);
+  void *ev = NULL; /* stands for a kernel on s still using a */
+  assert_int_equal(sgm__context_bops(ctx)->event_record(sgm__context_be(ctx), s, &ev), SGM_OK);
+  uint64_t waits = fc.fake_cuda_calls("cuStreamWaitEvent");
+  uint64_t before = fc.fake_cuda_calls("cuMemPrefetchAsync");
+  sgm_stats st0, st;
+  assert_int_equal(sgm_get_stats(ctx, &st0), SGM_OK);
+  sgm_free(ctx, f, s); /* room: a's promotion is queued */
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.n_managed_moves_queued - st0.n_managed_moves_queued, 1);
+  assert_int_equal(st.managed_inline_moved_bytes, st0.managed_inline_moved_bytes);
+  while (fc.fake_cuda_calls("cuMemPrefetchAsync") == before) sched_yield(); /* issued, not slept */
+  fc.fake_cuda_settle();
+  assert_int_equal(fc.fake_cuda_calls("cuStreamWaitEvent"), waits + 1); /* the copy stream's wait */
+  assert_int_equal(page_at(a, NULL, NULL), 2); /* still in host memory: s's work is not done */
+  fc.fake_cuda_complete_stream(s);
+  sgm__managed_queue_wait(ctx, true);
+  fc.fake_cuda_hold_stream(s, 0);
+  assert_int_equal(page_at(a, NULL, NULL), 1);
+  assert_int_equal(sgm_pointer_tier(ctx, a), SGM_TIER_VRAM);
+  verify(a, 12 * MiB, 21);
+  assert_driver_never_evicted();
+  assert_counted_as_charged(ctx, 12 * MiB, 0);
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.managed_worker_moved_bytes - st0.managed_worker_moved_bytes, 12 * MiB);
+  sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), ev);
+  sgm_free(ctx, a, s);
+  sgm_context_destroy(ctx);
+  fc.fake_cuda_stream_destroy(s);
+}
+
+static void *destroy_main(void *arg) {
+  sgm_context_destroy(arg);
+  return NULL;
+}
+
+/* While the worker's first move waits for the caller's kernel: a block
+ * freed with its move still queued drops the move (its room given back), a
+ * block whose move runs is freed after it; a destroy with a move queued
+ * stops the worker after the running one and drops the rest, leaking
+ * nothing. */
+static void test_double_freed_or_destroyed_while_queued(void **state) {
+  (void)state;
+  if (!have_double || old_driver()) skip();
+  sgm_context *ctx = make_cuda_ctx_vram("managed", "48MiB");
+  void *s = fc.fake_cuda_stream_create();
+  uint8_t *p[4];
+  for (int i = 0; i < 4; i++) {
+    p[i] = sgm_alloc(ctx, 12 * MiB, s);
+    assert_non_null(p[i]);
+    fill(p[i], 12 * MiB, 30 + (uint64_t)i);
+    assert_int_equal(sgm_prefetch(ctx, p[i], 12 * MiB, SGM_TIER_SHARED, s), SGM_OK);
+  }
+  /* The order they come back in: p[0] first (it runs), then p[1], p[2], p[3]. */
+  for (int i = 0; i < 4; i++)
+    assert_int_equal(sgm_advise(ctx, p[i], (sgm_priority)(SGM_PRIORITY_MAXIMUM - i), SGM_HINT_NONE), SGM_OK);
+  void *f = sgm_alloc(ctx, 48 * MiB, s);
+  assert_int_equal(sgm_pointer_tier(ctx, f), SGM_TIER_VRAM);
+  fc.fake_cuda_hold_stream(s, 1);
+  void *ev = NULL;
+  assert_int_equal(sgm__context_bops(ctx)->event_record(sgm__context_be(ctx), s, &ev), SGM_OK);
+  uint64_t before = fc.fake_cuda_calls("cuMemPrefetchAsync");
+  sgm_free(ctx, f, s);
+  while (fc.fake_cuda_calls("cuMemPrefetchAsync") == before) sched_yield(); /* p[0]'s move runs */
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.n_managed_moves_queued, 4);
+  assert_int_equal(st.managed_queued_bytes, 36 * MiB);
+  assert_int_equal(sgm__tier_charged(sgm__context_tier(ctx, SGM_TIER_VRAM)), 48 * MiB);
+  /* Freed while queued: its move is dropped and its room given back. */
+  assert_int_equal(sgm_free_ex(ctx, p[1], s), SGM_OK);
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.n_managed_moves_cancelled, 1);
+  assert_int_equal(st.managed_queued_bytes, 24 * MiB);
+  assert_int_equal(sgm__tier_charged(sgm__context_tier(ctx, SGM_TIER_VRAM)), 36 * MiB);
+  /* A prefetch of a queued block supersedes its queued move. */
+  assert_int_equal(sgm_prefetch(ctx, p[2], 12 * MiB, SGM_TIER_SHARED, s), SGM_OK);
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.n_managed_moves_cancelled, 2);
+  assert_int_equal(sgm__tier_charged(sgm__context_tier(ctx, SGM_TIER_VRAM)), 24 * MiB);
+  verify(p[2], 12 * MiB, 32);
+  verify(p[3], 12 * MiB, 33);
+  assert_int_equal(st.managed_queued_bytes, 12 * MiB); /* p[3]'s */
+  /* Destroy with p[3]'s move queued, p[0]'s running: the destroy waits for
+   * the worker, which stops after p[0]. */
+  sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), ev); /* the kernel's work stays held */
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, destroy_main, ctx), 0);
+  while (!__atomic_load_n(&sgm__context_pl(ctx)->stop, __ATOMIC_RELAXED)) sched_yield();
+  fc.fake_cuda_complete_stream(s);
+  pthread_join(t, NULL);
+  fc.fake_cuda_hold_stream(s, 0);
+  sgm_test_clean_env();
+  fake_cuda_stats fs;
+  fc.fake_cuda_get_stats(&fs);
+  assert_int_equal(fs.managed_allocs, 0);
+  assert_int_equal(fs.managed_evicted_bytes, 0);
+  assert_int_equal(fs.events, 0); /* the queued moves' events went back */
+  fc.fake_cuda_stream_destroy(s);
+}
+
 /* No concurrent managed access (or a driver before 12.2): refused, with why. */
 static void test_double_refuses_without_unified_memory(void **state) {
   (void)state;
@@ -1004,6 +1282,8 @@ static void test_double_refuses_without_unified_memory(void **state) {
   cmocka_unit_test(test_double_places_with_advice_and_prefetch),  \
   cmocka_unit_test(test_double_moves_after_the_callers_work),     \
   cmocka_unit_test(test_double_cache_orders_other_streams),       \
+  cmocka_unit_test(test_double_queued_move_waits_for_the_callers_work), \
+  cmocka_unit_test(test_double_freed_or_destroyed_while_queued),  \
   cmocka_unit_test(test_double_refuses_without_unified_memory),
 #else
 static void load_double(void) { printf("# managed: built without cuda.h: the double's cases skip\n"); }
@@ -1039,6 +1319,9 @@ int main(void) {
       cmocka_unit_test(test_cache_yields_before_anything_moves),
       cmocka_unit_test(test_cache_goes_back_to_the_driver),
       cmocka_unit_test(test_policy_orders_promotions),
+      cmocka_unit_test(test_free_queues_moves_past_the_bound),
+      cmocka_unit_test(test_cold_hint_queues_a_large_demotion),
+      cmocka_unit_test(test_bytes_survive_queued_moves),
       DOUBLE_TESTS
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -344,6 +344,9 @@ struct sgm_backend {
   size_t n_buckets;           /* a power of two */
   size_t n_objs;              /* entries in the table */
   struct cuda_vrange *vranges; /* reserved VMM ranges not yet freed (under lock) */
+  /* the device's UUID, asked once (cuda_device_uuid) */
+  uint8_t uuid[16];           /* the driver's answer, valid once uuid_known */
+  int uuid_known;             /* 1 once uuid is set (atomic: release after uuid is written) */
 };
 
 /* cuda_obj.bytes of an event from event_create: recorded only by
@@ -1352,6 +1355,21 @@ static int cuda_stream_wait_event(sgm_backend *be, const sgm_stream_ref *stream,
   return cuda_stream_event_call(be, event, stream, true);
 }
 
+/* The managed move queue (issue 14): the backend's own copy stream waits on
+ * the device for event (never captures: no capture check). */
+static int cuda_copy_stream_wait_event(sgm_backend *be, void *event) {
+  cuda_count_call(be);
+  const char *op = "ordering sgm's copy stream after an event";
+  if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s: NULL event", op);
+  bool pushed;
+  int rc = cuda_enter(be, op, &pushed);
+  if (rc != SGM_OK) return rc;
+  CUresult r = CU(cuStreamWaitEvent)(be->copy_stream, (CUevent)event, 0);
+  if (r != CUDA_SUCCESS) rc = cuda_fail(r, op, "cuStreamWaitEvent", CUDA_BLAME_CALLER);
+  cuda_leave(be, pushed, op);
+  return rc;
+}
+
 /*
  * Cross-stream transfers (stream_transfer): order all work queued on `taker`
  * from now on after all work queued on `owner` so far, with as few driver
@@ -1612,11 +1630,23 @@ static int cuda_managed_prefetch(sgm_backend *be, sgm_devptr ptr, uint64_t n, sg
  * key is GPU-<UUID>. cuDeviceGetUuid needs no context. ---- */
 static int cuda_device_uuid(sgm_backend *be, uint8_t out[16]) {
   sgm__lock_assert_none_held();
+  /* Asked once per open: the registry key and the segment header both need
+   * it at context create (a failure is not kept: the next call asks again). */
+  if (__atomic_load_n(&be->uuid_known, __ATOMIC_ACQUIRE)) {
+    memcpy(out, be->uuid, 16);
+    return SGM_OK;
+  }
   memset(out, 0, 16);
   CUuuid u;
   CUresult r = CU(cuDeviceGetUuid)(&u, be->dev);
   if (r != CUDA_SUCCESS) return cuda_fail(r, "reading the device's UUID", "cuDeviceGetUuid", CUDA_BLAME_DRIVER);
   memcpy(out, u.bytes, 16);
+  sgm__lock_take(&be->lock);
+  if (!be->uuid_known) {
+    memcpy(be->uuid, u.bytes, 16);
+    __atomic_store_n(&be->uuid_known, 1, __ATOMIC_RELEASE);
+  }
+  sgm__lock_drop(&be->lock);
   return SGM_OK;
 }
 
@@ -2155,6 +2185,7 @@ const sgm_backend_ops sgm__backend_cuda_ops = {
     .vmm_pool_map = cuda_vmm_pool_map,
     .vmm_pool_unmap = cuda_vmm_pool_unmap,
     .vmm_pool_free = cuda_vmm_pool_free,
+    .copy_stream_wait_event = cuda_copy_stream_wait_event,
 };
 
 #else /* !CUDA_BACKEND_BUILT */

@@ -402,6 +402,14 @@ static int emu_stream_wait_event(sgm_backend *be, const sgm_stream_ref *stream, 
   return SGM_OK;
 }
 
+/* The managed move queue (issue 14): the emulated device's work is done when
+ * a call returns, so the copy stream has nothing to wait for. */
+static int emu_copy_stream_wait_event(sgm_backend *be, void *event) {
+  if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (copy_stream_wait_event)");
+  if (!event) return sgm__error_set(SGM_ERR_INVALID, "emulated device: copy_stream_wait_event on a NULL event");
+  return SGM_OK;
+}
+
 static int emu_stream_transfer(sgm_backend *be, void *event, const sgm_stream_ref *owner,
                                const sgm_stream_ref *taker) {
   sgm__lock_assert_none_held();
@@ -1104,4 +1112,5 @@ const sgm_backend_ops sgm__backend_emu_ops = {
     .vmm_pool_map = emu_vmm_pool_map,
     .vmm_pool_unmap = emu_vmm_pool_unmap,
     .vmm_pool_free = emu_vmm_pool_free,
+    .copy_stream_wait_event = emu_copy_stream_wait_event,
 };
