@@ -1358,6 +1358,7 @@ static int cuda_stream_wait_event(sgm_backend *be, const sgm_stream_ref *stream,
 /* The managed move queue (issue 14): the backend's own copy stream waits on
  * the device for event (never captures: no capture check). */
 static int cuda_copy_stream_wait_event(sgm_backend *be, void *event) {
+  sgm__lock_assert_none_held();
   cuda_count_call(be);
   const char *op = "ordering sgm's copy stream after an event";
   if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s: NULL event", op);

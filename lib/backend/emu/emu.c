@@ -405,6 +405,7 @@ static int emu_stream_wait_event(sgm_backend *be, const sgm_stream_ref *stream, 
 /* The managed move queue (issue 14): the emulated device's work is done when
  * a call returns, so the copy stream has nothing to wait for. */
 static int emu_copy_stream_wait_event(sgm_backend *be, void *event) {
+  sgm__lock_assert_none_held();
   if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (copy_stream_wait_event)");
   if (!event) return sgm__error_set(SGM_ERR_INVALID, "emulated device: copy_stream_wait_event on a NULL event");
   return SGM_OK;
