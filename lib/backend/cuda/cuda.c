@@ -779,14 +779,21 @@ static void cuda_close(sgm_backend *be) {
   free(be);
 }
 
-static int cuda_mem_info(sgm_backend *be, uint64_t *free_bytes, uint64_t *total_bytes) {
+/* The opening of an op that enters the context at once: no sgm lock held
+ * (backend.h's rule), the call counted, the context entered (*pushed for
+ * cuda_leave). */
+static int cuda_op_enter(sgm_backend *be, const char *op, bool *pushed) {
   sgm__lock_assert_none_held();
+  cuda_count_call(be);
+  return cuda_enter(be, op, pushed);
+}
+
+static int cuda_mem_info(sgm_backend *be, uint64_t *free_bytes, uint64_t *total_bytes) {
   *free_bytes = 0;
   *total_bytes = 0;
-  cuda_count_call(be);
   const char *op = "reading device memory info";
   bool pushed;
-  int rc = cuda_enter(be, op, &pushed);
+  int rc = cuda_op_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
   size_t f = 0, t = 0;
   CUresult r = CU(cuMemGetInfo)(&f, &t);
@@ -863,22 +870,44 @@ static void cuda_free_tracked(sgm_backend *be, int kind, sgm_devptr ptr, uint64_
   if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemFree");
 }
 
-static int cuda_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
+static int cuda_managed_support(sgm_backend *be);
+
+/* device_alloc and managed_alloc: the op's checks, then cuda_alloc_tracked.
+ * A managed range is whole pages (SGM_MANAGED_PAGE). */
+static int cuda_alloc_op(sgm_backend *be, int kind, uint64_t bytes, sgm_devptr *out) {
   sgm__lock_assert_none_held();
   *out = 0;
   cuda_count_call(be);
-  if (bytes == 0) return sgm__error_set(SGM_ERR_INVALID, "CUDA: device_alloc of 0 bytes");
-  char op[64];
-  char b[32];
-  snprintf(op, sizeof op, "allocating %s of device memory", sgm__fmt_bytes(bytes, b, sizeof b));
-  return cuda_alloc_tracked(be, CUDA_OBJ_DEVICE, bytes, op, out);
+  bool device = kind == CUDA_OBJ_DEVICE;
+  if (bytes == 0)
+    return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s of 0 bytes", device ? "device_alloc" : "managed_alloc");
+  if (!device) {
+    if (be->no_managed[0]) return cuda_managed_support(be);
+    bytes = sgm__align_up(bytes, SGM_MANAGED_PAGE);
+  }
+  char op[64], b[32];
+  snprintf(op, sizeof op, "allocating %s of %s memory", sgm__fmt_bytes(bytes, b, sizeof b),
+           device ? "device" : "managed");
+  return cuda_alloc_tracked(be, kind, bytes, op, out);
+}
+
+static int cuda_device_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
+  return cuda_alloc_op(be, CUDA_OBJ_DEVICE, bytes, out);
+}
+
+/* device_free and managed_free: cuda_free_tracked of the op's range. */
+static void cuda_free_op(sgm_backend *be, int kind, sgm_devptr ptr, uint64_t bytes) {
+  sgm__lock_assert_none_held();
+  if (!ptr) return;
+  if (kind == CUDA_OBJ_DEVICE)
+    cuda_free_tracked(be, kind, ptr, bytes, "freeing device memory", "device_free");
+  else
+    cuda_free_tracked(be, kind, ptr, sgm__align_up(bytes, SGM_MANAGED_PAGE), "freeing managed memory",
+                      "managed_free");
 }
 
 static void cuda_device_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
-  sgm__lock_assert_none_held();
-  if (!ptr) return;
-  const char *op = "freeing device memory";
-  cuda_free_tracked(be, CUDA_OBJ_DEVICE, ptr, bytes, op, "device_free");
+  cuda_free_op(be, CUDA_OBJ_DEVICE, ptr, bytes);
 }
 
 /* The message for a device without pinned host memory: what the device or
@@ -1143,12 +1172,10 @@ static void cuda_event_drop_new(sgm_backend *be, CUevent ev, const char *op) {
 }
 
 static int cuda_event_record(sgm_backend *be, void *stream, void **event_out) {
-  sgm__lock_assert_none_held();
   *event_out = NULL;
-  cuda_count_call(be);
   const char *op = "recording an event";
   bool pushed;
-  int rc = cuda_enter(be, op, &pushed);
+  int rc = cuda_op_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
   CUevent ev = NULL;
   rc = cuda_event_new(be, (uint64_t)(uintptr_t)stream, op, &ev);
@@ -1278,12 +1305,10 @@ static bool cuda_context_error(CUresult r) {
 }
 
 static int cuda_event_create(sgm_backend *be, void **event_out) {
-  sgm__lock_assert_none_held();
   *event_out = NULL;
-  cuda_count_call(be);
   const char *op = "creating an event";
   bool pushed;
-  int rc = cuda_enter(be, op, &pushed);
+  int rc = cuda_op_enter(be, op, &pushed);
   if (rc != SGM_OK) return rc;
   CUevent ev = NULL;
   rc = cuda_event_new(be, CUDA_EVENT_POOLED, op, &ev);
@@ -1540,23 +1565,11 @@ static int cuda_managed_support(sgm_backend *be) {
 }
 
 static int cuda_managed_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
-  sgm__lock_assert_none_held();
-  *out = 0;
-  cuda_count_call(be);
-  if (bytes == 0) return sgm__error_set(SGM_ERR_INVALID, "CUDA: managed_alloc of 0 bytes");
-  if (be->no_managed[0]) return cuda_managed_support(be);
-  bytes = sgm__align_up(bytes, SGM_MANAGED_PAGE);
-  char op[64], b[32];
-  snprintf(op, sizeof op, "allocating %s of managed memory", sgm__fmt_bytes(bytes, b, sizeof b));
-  return cuda_alloc_tracked(be, CUDA_OBJ_MANAGED, bytes, op, out);
+  return cuda_alloc_op(be, CUDA_OBJ_MANAGED, bytes, out);
 }
 
 static void cuda_managed_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
-  sgm__lock_assert_none_held();
-  if (!ptr) return;
-  const char *op = "freeing managed memory";
-  cuda_free_tracked(be, CUDA_OBJ_MANAGED, ptr, sgm__align_up(bytes, SGM_MANAGED_PAGE), op,
-                    "managed_free");
+  cuda_free_op(be, CUDA_OBJ_MANAGED, ptr, bytes);
 }
 
 /* Where host-placed managed pages go: the GPU's NUMA node when known
@@ -1803,6 +1816,16 @@ static void cuda_vmm_unmap_run(sgm_backend *be, cuda_vrange *v, uint64_t g0, uin
   }
 }
 
+/* Let the device read and write [p, +bytes), mapped just now (cuMemSetAccess). */
+static CUresult cuda_vmm_set_access(sgm_backend *be, CUdeviceptr p, uint64_t bytes) {
+  CUmemAccessDesc desc;
+  memset(&desc, 0, sizeof desc);
+  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc.location.id = be->dev;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return CU(cuMemSetAccess)(p, (size_t)bytes, &desc, 1);
+}
+
 static int cuda_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes) {
   sgm__lock_assert_none_held();
   cuda_count_call(be);
@@ -1838,12 +1861,7 @@ static int cuda_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t 
     if (rr != CUDA_SUCCESS) cuda_log_failure(be, rr, op, "cuMemRelease");
   }
   if (!failed) {
-    CUmemAccessDesc desc;
-    memset(&desc, 0, sizeof desc);
-    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    desc.location.id = be->dev;
-    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    r = CU(cuMemSetAccess)(v->base + offset, (size_t)bytes, &desc, 1);
+    r = cuda_vmm_set_access(be, v->base + offset, bytes);
     if (r != CUDA_SUCCESS) failed = "cuMemSetAccess";
   }
   if (failed) {
@@ -2086,12 +2104,7 @@ static int cuda_vmm_pool_map(sgm_backend *be, void *range, uint64_t offset, void
       }
     }
     if (!failed) {
-      CUmemAccessDesc desc;
-      memset(&desc, 0, sizeof desc);
-      desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-      desc.location.id = be->dev;
-      desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-      r = CU(cuMemSetAccess)(v->base + offset, (size_t)(n * v->granule), &desc, 1);
+      r = cuda_vmm_set_access(be, v->base + offset, n * v->granule);
       if (r != CUDA_SUCCESS) failed = "cuMemSetAccess";
     }
     if (failed) {
