@@ -270,9 +270,13 @@ void BM_CrossStreamOwnSizes(benchmark::State &state) {
 
 // A burst: per round one of two non-blocking streams (alternating) takes
 // blocks of all three sizes and frees them, so each round takes the other
-// stream's whole cache. Moving every block at the first transfer costs 4
-// calls per round; sgm moves what the first request takes (4 calls) and the
-// rest at the same taker's next request under that fence (2 calls): 6.
+// stream's whole cache. The first transfer of a round (4 calls: the owner's
+// check and record, the taker's check and wait) moves the block asked for
+// and the owner's blocks of the sizes the taker took from its own caches in
+// its last two periods (docs/streams.md "Why two calls" item 6): all three
+// once each stream has had one round as taker, so 4 calls per round in the
+// steady state. A taker with no such record (its first burst) moves the rest
+// at its next request under the same fence: 4 + 2 = 6 calls, worst case.
 void BM_CrossStreamBurst(benchmark::State &state) {
   sgm_context *ctx = MakeContext("4MiB", false);
   void *streams[2] = {MakeNonBlockingStream(), MakeNonBlockingStream()};

@@ -287,9 +287,13 @@ SGM_API sgm_status sgm_get_stats(sgm_context *ctx, sgm_stats *out);
 
 /*
  * The context's state as one JSON object (shape: docs/stats.md). *out is a
- * NUL-terminated string to free with sgm_string_free; NULL on failure.
+ * NUL-terminated string the caller owns, to free with sgm_string_free; NULL
+ * on failure: SGM_ERR_INVALID (ctx or out NULL), SGM_ERR_UNSUPPORTED (a
+ * context inherited through fork()), SGM_ERR_NOMEM. Slow (walks every chunk);
+ * any thread.
  */
 SGM_API sgm_status sgm_stats_json(sgm_context *ctx, char **out);
+/* Free a string sgm handed out (sgm_stats_json). NULL is a no-op. */
 SGM_API void sgm_string_free(char *s);
 
 /*
@@ -354,7 +358,14 @@ SGM_API sgm_status sgm_buffer_release(sgm_buffer *b, void *stream);
  * bytes inside hold old or new data (a device copy may have run before its
  * completion failed), except on a disk-resident buffer, which keeps all its old
  * contents. A write covering the whole buffer succeeds even when its contents
- * were lost (SGM_ERR_CORRUPT): it replaces them. */
+ * were lost (SGM_ERR_CORRUPT): it replaces them. Failures: SGM_ERR_INVALID
+ * (b or the host pointer NULL with n > 0, a range past the buffer, a
+ * destroyed buffer in debug builds), SGM_ERR_UNSUPPORTED (a context
+ * inherited through fork()), SGM_ERR_NOMEM (no host memory to stage a
+ * disk-resident buffer), SGM_ERR_CORRUPT (a read of a chunk whose checksum
+ * does not match), or the backend's or the disk's status. n == 0 does
+ * nothing. Thread-safe; a buffer is used by one thread at a time, and the
+ * call waits while sgm moves the buffer (a prefetch, an eviction). */
 SGM_API sgm_status sgm_buffer_write(sgm_buffer *b, size_t offset, const void *src, size_t n);
 SGM_API sgm_status sgm_buffer_read(sgm_buffer *b, size_t offset, void *dst, size_t n);
 
@@ -374,8 +385,9 @@ SGM_API sgm_status sgm_buffer_prefetch(sgm_buffer *b, void *stream);
 
 /* Set the buffer's residency priority (default SGM_PRIORITY_NORMAL): at once
  * for a released resident buffer, at its release for an acquired one.
- * SGM_ERR_INVALID for NULL or a value outside SGM_PRIORITY_MINIMUM..MAXIMUM
- * (nothing changes). */
+ * SGM_ERR_INVALID for NULL, a destroyed buffer (debug builds) or a value
+ * outside SGM_PRIORITY_MINIMUM..MAXIMUM (nothing changes). Thread-safe: may
+ * be called while another thread uses the buffer; waits while sgm moves it. */
 SGM_API sgm_status sgm_buffer_set_priority(sgm_buffer *b, sgm_priority priority);
 /* The tier holding the buffer's data now (a buffer being moved reports
  * either end); SGM_TIER_NONE for NULL. Any thread. */
@@ -420,6 +432,7 @@ SGM_API sgm_status sgm_advise(sgm_context *ctx, void *ptr, sgm_priority priority
  * To VRAM, colder blocks are demoted to make room as far as the policy
  * allows; SGM_ERR_NOMEM (the block stays) when it cannot fit.
  * SGM_ERR_INVALID when the range is not inside one live managed block.
+ * Thread-safe; waits while another thread moves the same block.
  */
 SGM_API sgm_status sgm_prefetch(sgm_context *ctx, void *ptr, size_t size, sgm_tier tier, void *stream);
 
@@ -427,6 +440,9 @@ SGM_API sgm_status sgm_prefetch(sgm_context *ctx, void *ptr, size_t size, sgm_ti
  * Fallback notification: called (on the allocating thread, without sgm locks
  * held) for every allocation that wanted VRAM and landed in shared memory.
  * It must not call back into the same context. NULL unregisters.
+ * SGM_ERR_INVALID (ctx NULL) or SGM_ERR_UNSUPPORTED (a context inherited
+ * through fork()); nothing changes then. Thread-safe: an allocation racing
+ * with the change calls the old or the new callback.
  */
 typedef void (*sgm_fallback_fn)(void *user, void *ptr, size_t size);
 SGM_API sgm_status sgm_set_fallback_callback(sgm_context *ctx, sgm_fallback_fn fn, void *user);

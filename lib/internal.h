@@ -52,9 +52,16 @@ static inline bool sgm__is_pow2(uint64_t x) { return x && !(x & (x - 1)); }
 /* ------------------------------------------------------------------------ */
 /* error.c */
 
+/* A broken contract (sgm_assert*): write "sgm: assertion failed: <cond>
+ * (<file>:<line>)" to stderr and abort(). Allocates and locks nothing, so it
+ * is safe under any lock and from any thread. Never returns. */
 SGM_NORETURN void sgm__assert_fail(const char *cond, const char *file, int line);
-/* Set this thread's error message; returns status so callers can `return sgm__error_set(...)`. */
+/* Set this thread's error message (thread-local: sgm_last_error; no lock);
+ * returns status so callers can `return sgm__error_set(...)`. The message is
+ * cut to 1023 bytes; fmt's arguments may point into the current message.
+ * Cannot fail. */
 int sgm__error_set(int status, const char *fmt, ...) SGM_PRINTF(2, 3);
+/* Empty this thread's message. */
 void sgm__error_clear(void);
 /* Write one line "sgm: <level>: <msg>" to stderr when verbose >= level. */
 void sgm__log(int verbose, int level, const char *fmt, ...) SGM_PRINTF(3, 4);
@@ -94,6 +101,10 @@ typedef struct sgm_lock {
 /* A statically initialised lock of that rank (process-wide locks). */
 #define SGM_LOCK_INITIALIZER(rank) {PTHREAD_MUTEX_INITIALIZER, (rank), 0}
 
+/* Init a lock of that rank (sgm_lock_rank) / destroy it (not held). Take
+ * blocks until l is free; debug builds abort when the thread holds a lock of
+ * the same or a higher rank (the order) or more than eight locks. Drop: l
+ * must be held by this thread. None fails. */
 void sgm__lock_init(sgm_lock *l, int rank);
 void sgm__lock_destroy(sgm_lock *l);
 void sgm__lock_take(sgm_lock *l);
@@ -114,10 +125,10 @@ uint64_t sgm__lock_takes(const sgm_lock *l);
 bool sgm__lock_held(const sgm_lock *l);
 /* Debug builds (SGM_DEBUG >= 2): abort unless this thread holds no sgm lock
  * (but the outermost hooks lock, held while a context is brought up). Called
- * at the top of the backend operations that may block (mem_info, allocations,
- * frees, copies, event record and wait): no sgm lock is held across such a
- * driver call (STYLE.md, Threads). event_query and event_destroy do not block
- * and are called under the placement lock while choosing victims. */
+ * at the top of every backend operation of cuda.c and emu.c: no sgm lock is
+ * held across a driver call (STYLE.md, Threads). The two exceptions,
+ * event_query and event_destroy, do not block and are called under a
+ * residency lock while choosing victims. */
 void sgm__lock_assert_none_held(void);
 /* Sleep while *word == expected (returns at once if it differs; may return
  * spuriously: callers loop). Wake every thread sleeping on word. Private to
@@ -153,6 +164,8 @@ typedef struct sgm_option {
   uint64_t granule_bytes;    /* BYTES: the value must be a multiple of this; 0 = any */
 } sgm_option;
 
+/* THE option table: a static array (never freed, never written; any thread)
+ * of *n_out rows, one per SGM_* variable. */
 const sgm_option *sgm__options_table(size_t *n_out);
 /* Parse value for opt into cfg; on failure fill err (naming variable and value) and return SGM_ERR_INVALID. */
 int sgm__options_parse(const sgm_option *opt, const char *value, sgm_config *cfg, char *err,
@@ -218,6 +231,8 @@ typedef struct sgm_suballoc_stats {
 
 /* An empty allocator; align_bytes (a power of two) is every block's offset and size granule. */
 int sgm__suballoc_create(uint64_t align_bytes, sgm_suballoc **out);
+/* Free sa and all its metadata, live blocks or not (the memory it carves is
+ * its owner's). NULL is a no-op. */
 void sgm__suballoc_destroy(sgm_suballoc *sa);
 /* Add [offset, offset+size) as free space; aligned, not overlapping another range.
  * Blocks never span two ranges, even adjacent ones. */
@@ -235,6 +250,7 @@ bool sgm__suballoc_try_alloc(sgm_suballoc *sa, uint64_t size, uint64_t *offset_o
 int sgm__suballoc_free(sgm_suballoc *sa, uint64_t offset, uint64_t *size_out);
 /* Size of the live block starting at offset; 0 if none. */
 uint64_t sgm__suballoc_block_size(const sgm_suballoc *sa, uint64_t offset);
+/* Fill *out (O(1): kept up to date by every call). */
 void sgm__suballoc_stats(const sgm_suballoc *sa, sgm_suballoc_stats *out);
 /* Walk everything and check every invariant; false (and a message via
  * sgm__error_set) on the first broken one. O(n). */

@@ -268,9 +268,12 @@ int sgm__residency_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *
   sgm__context_bops(ctx)->stream_ref(sgm__context_be(ctx), stream, &ref);
   /* VRAM full with nothing to reclaim or demote (no cached block, no
    * released buffer, no cached movable range): rules 1 and 2 cannot place the
-   * block, and the steady-state fallback takes no VRAM lock to learn it. */
+   * block, and the steady-state fallback takes no VRAM lock to learn it. A
+   * budget with room for the block (an inline look at one counter) answers
+   * first, so a pair that does not fall back makes no call for this. */
   struct sgm_placement *pl = sgm__context_pl(ctx);
-  bool full = __atomic_load_n(&pl->n_listed[SGM_TIER_VRAM], __ATOMIC_RELAXED) == 0 &&
+  bool full = !sgm__tier_room_for(sgm__context_tier(ctx, SGM_TIER_VRAM), size) && /* room: no call */
+              __atomic_load_n(&pl->n_listed[SGM_TIER_VRAM], __ATOMIC_RELAXED) == 0 &&
               __atomic_load_n(&pl->n_mcache, __ATOMIC_RELAXED) == 0 &&
               sgm__tier_full_for(sgm__context_tier(ctx, SGM_TIER_VRAM), size);
   int rc = full ? SGM__ERR_BUDGET : residency_alloc_in(ctx, SGM_TIER_VRAM, size, &ref, out); /* rules 1, 2 */

@@ -123,7 +123,9 @@ static inline bool pol_list_valid(const pol_node *h, size_t *n) {
 /* Ghosts: ids of evicted buffers (the buffers live on in lower tiers). Found
  * by id through a chained hash table; kept in lists of the policy's choosing
  * through `link`. Entries come from chunks of 64 and are recycled; a failed
- * allocation just means the ghost is not recorded. */
+ * allocation just means the ghost is not recorded. A policy that keeps more
+ * per ghost (LIRS: its place in the stack S) makes each entry a struct that
+ * starts with a pol_ghost and says its size to pol_ghosts_init_ex. */
 
 typedef struct pol_ghost {
   uint64_t id;              /* the buffer's sgm_policy_item.id */
@@ -139,7 +141,7 @@ enum { POL_GHOST_CHUNK = 64 };
 
 typedef struct pol_ghost_chunk {
   struct pol_ghost_chunk *next;      /* all chunks, freed at fini */
-  pol_ghost e[POL_GHOST_CHUNK];      /* the entries */
+  pol_ghost e[];                     /* POL_GHOST_CHUNK entries of entry_bytes each */
 } pol_ghost_chunk;
 
 typedef struct pol_ghosts {
@@ -148,18 +150,25 @@ typedef struct pol_ghosts {
   size_t n;                /* entries in the table */
   pol_ghost *free_list;    /* recycled entries */
   pol_ghost_chunk *chunks; /* every chunk allocated */
+  size_t entry_bytes;      /* one entry: sizeof(pol_ghost), or the policy's struct that starts
+                              with one (a multiple of pol_ghost's alignment) */
 } pol_ghosts;
 
 static inline size_t pol_ghost_hash(const pol_ghosts *g, uint64_t id) {
   return (size_t)((id * UINT64_C(0x9E3779B97F4A7C15)) >> (64 - g->shift));
 }
 
-static inline bool pol_ghosts_init(pol_ghosts *g) {
+/* An empty table whose entries are entry_bytes long, each starting with a
+ * pol_ghost; false when out of memory. */
+static inline bool pol_ghosts_init_ex(pol_ghosts *g, size_t entry_bytes) {
   memset(g, 0, sizeof *g);
   g->shift = 6;
+  g->entry_bytes = entry_bytes;
   g->bucket = (pol_ghost **)calloc((size_t)1 << g->shift, sizeof *g->bucket);
   return g->bucket != NULL;
 }
+
+static inline bool pol_ghosts_init(pol_ghosts *g) { return pol_ghosts_init_ex(g, sizeof(pol_ghost)); }
 
 static inline void pol_ghosts_fini(pol_ghosts *g) {
   while (g->chunks) {
@@ -204,13 +213,14 @@ static inline void pol_ghosts_grow(pol_ghosts *g) {
  * out of memory. */
 static inline pol_ghost *pol_ghosts_add(pol_ghosts *g, uint64_t id, uint64_t size_bytes, int tag) {
   if (!g->free_list) {
-    pol_ghost_chunk *c = (pol_ghost_chunk *)malloc(sizeof *c);
+    pol_ghost_chunk *c = (pol_ghost_chunk *)malloc(sizeof *c + POL_GHOST_CHUNK * g->entry_bytes);
     if (!c) return NULL;
     c->next = g->chunks;
     g->chunks = c;
     for (int i = POL_GHOST_CHUNK - 1; i >= 0; i--) {
-      c->e[i].hnext = g->free_list;
-      g->free_list = &c->e[i];
+      pol_ghost *e = (pol_ghost *)(void *)((char *)c->e + (size_t)i * g->entry_bytes);
+      e->hnext = g->free_list;
+      g->free_list = e;
     }
   }
   pol_ghosts_grow(g);

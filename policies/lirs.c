@@ -83,18 +83,9 @@ typedef struct lirs_state {
 } lirs_state;
 
 typedef struct lirs_ghost {
-  lirs_hdr h;               /* in S (a ghost is always in S) */
-  pol_node age;             /* in the ghost FIFO, head = newest */
-  uint64_t id;              /* the buffer's item id */
-  uint64_t size_bytes;      /* its size when evicted */
-  struct lirs_ghost *hnext; /* hash chain; on the free list, next free */
+  pol_ghost g; /* id, size when evicted, hash chain; g.link: in the ghost FIFO, head = newest */
+  lirs_hdr h;  /* in S (a ghost is always in S) */
 } lirs_ghost;
-
-enum { LIRS_GHOST_CHUNK = 64 };
-typedef struct lirs_chunk {
-  struct lirs_chunk *next;
-  lirs_ghost e[LIRS_GHOST_CHUNK];
-} lirs_chunk;
 
 typedef struct lirs_policy {
   pol_node s;              /* stack S: head = top (newest), tail = bottom */
@@ -104,74 +95,32 @@ typedef struct lirs_policy {
   uint64_t hir_bytes, hir_n;   /* resident HIR (pinned ones included) */
   uint64_t pinned_bytes;       /* of the above, pinned */
   uint64_t q_n;                /* entries of Q */
-  uint64_t ghost_bytes, ghost_n;
+  uint64_t ghost_bytes;     /* of the ghosts (ghosts.n of them) */
   uint64_t c;              /* cache size: the most bytes held, at most the budget */
   uint64_t capacity_bytes; /* the tier's budget */
   uint32_t hir_ppm;        /* Lhirs */
   uint32_t ghost_mult;     /* ghosts' bound in multiples of c */
-  lirs_ghost **bucket;     /* 2^shift chains */
-  unsigned shift;
-  lirs_ghost *free_list;
-  lirs_chunk *chunks;
+  pol_ghosts ghosts;       /* every ghost by id (entries: lirs_ghost) */
 } lirs_policy;
 
-/* ---- ghost table ---- */
+/* ---- ghosts (common.h's table, each entry a lirs_ghost) ---- */
 
-static size_t lirs_hash(const lirs_policy *p, uint64_t id) {
-  return (size_t)((id * UINT64_C(0x9E3779B97F4A7C15)) >> (64 - p->shift));
+static lirs_ghost *lirs_ghost_of(const lirs_hdr *h) {
+  return (lirs_ghost *)(void *)((char *)(uintptr_t)h - offsetof(lirs_ghost, h));
 }
 
 static lirs_ghost *lirs_ghost_find(const lirs_policy *p, uint64_t id) {
-  for (lirs_ghost *g = p->bucket[lirs_hash(p, id)]; g; g = g->hnext)
-    if (g->id == id) return g;
-  return NULL;
-}
-
-static void lirs_table_grow(lirs_policy *p) {
-  if (p->ghost_n < ((uint64_t)1 << p->shift) || p->shift >= 40) return;
-  unsigned shift = p->shift + 1;
-  lirs_ghost **nb = (lirs_ghost **)calloc((size_t)1 << shift, sizeof *nb);
-  if (!nb) return; /* longer chains, still correct */
-  size_t old_n = (size_t)1 << p->shift;
-  lirs_ghost **ob = p->bucket;
-  p->bucket = nb;
-  p->shift = shift;
-  for (size_t i = 0; i < old_n; i++) {
-    for (lirs_ghost *g = ob[i], *nx; g; g = nx) {
-      nx = g->hnext;
-      size_t h = lirs_hash(p, g->id);
-      g->hnext = nb[h];
-      nb[h] = g;
-    }
-  }
-  free(ob);
+  return (lirs_ghost *)(void *)pol_ghosts_find(&p->ghosts, id);
 }
 
 /* A new ghost for id, in the table and the age FIFO but not in S; NULL when
  * out of memory. */
 static lirs_ghost *lirs_ghost_new(lirs_policy *p, uint64_t id, uint64_t size) {
-  if (!p->free_list) {
-    lirs_chunk *c = (lirs_chunk *)malloc(sizeof *c);
-    if (!c) return NULL;
-    c->next = p->chunks;
-    p->chunks = c;
-    for (int i = LIRS_GHOST_CHUNK - 1; i >= 0; i--) {
-      c->e[i].hnext = p->free_list;
-      p->free_list = &c->e[i];
-    }
-  }
-  lirs_table_grow(p);
-  lirs_ghost *g = p->free_list;
-  p->free_list = g->hnext;
+  lirs_ghost *g = (lirs_ghost *)(void *)pol_ghosts_add(&p->ghosts, id, size, LIRS_GHOST);
+  if (!g) return NULL;
   g->h.kind = LIRS_GHOST;
   g->h.s.prev = g->h.s.next = NULL;
-  g->id = id;
-  g->size_bytes = size;
-  size_t h = lirs_hash(p, id);
-  g->hnext = p->bucket[h];
-  p->bucket[h] = g;
-  pol_push_head(&p->ages, &g->age);
-  p->ghost_n++;
+  pol_push_head(&p->ages, &g->g.link);
   p->ghost_bytes += size;
   return g;
 }
@@ -179,14 +128,9 @@ static lirs_ghost *lirs_ghost_new(lirs_policy *p, uint64_t id, uint64_t size) {
 /* Forget a ghost: out of S, the FIFO and the table. */
 static void lirs_ghost_del(lirs_policy *p, lirs_ghost *g) {
   if (pol_linked(&g->h.s)) pol_unlink(&g->h.s);
-  pol_unlink(&g->age);
-  lirs_ghost **pp = &p->bucket[lirs_hash(p, g->id)];
-  while (*pp != g) pp = &(*pp)->hnext;
-  *pp = g->hnext;
-  g->hnext = p->free_list;
-  p->free_list = g;
-  p->ghost_n--;
-  p->ghost_bytes -= g->size_bytes;
+  pol_unlink(&g->g.link);
+  p->ghost_bytes -= g->g.size_bytes;
+  pol_ghosts_del(&p->ghosts, &g->g);
 }
 
 /* Keep the ghosts under ghost_mult · c bytes, oldest first. */
@@ -195,7 +139,7 @@ static void lirs_ghost_trim(lirs_policy *p) {
   while (p->ghost_bytes > limit) {
     pol_node *t = pol_list_tail(&p->ages);
     if (!t) break;
-    lirs_ghost_del(p, (lirs_ghost *)(void *)((char *)t - offsetof(lirs_ghost, age)));
+    lirs_ghost_del(p, (lirs_ghost *)(void *)pol_ghost_of(t));
   }
 }
 
@@ -215,7 +159,7 @@ static void lirs_prune(lirs_policy *p) {
     if (!b) return;
     lirs_hdr *h = (lirs_hdr *)(void *)b;
     if (h->kind == LIRS_GHOST) {
-      lirs_ghost_del(p, (lirs_ghost *)(void *)h);
+      lirs_ghost_del(p, lirs_ghost_of(h));
       continue;
     }
     if (lirs_res(b)->status == LIRS_LIR) return;
@@ -284,9 +228,7 @@ static sgm_status lirs_create(const sgm_policy_params *params, sgm_policy **out)
   lirs_policy *p = (lirs_policy *)calloc(1, sizeof *p);
   *out = NULL;
   if (!p) return SGM_ERR_NOMEM;
-  p->shift = 6;
-  p->bucket = (lirs_ghost **)calloc((size_t)1 << p->shift, sizeof *p->bucket);
-  if (!p->bucket) {
+  if (!pol_ghosts_init_ex(&p->ghosts, sizeof(lirs_ghost))) {
     free(p);
     return SGM_ERR_NOMEM;
   }
@@ -309,12 +251,7 @@ static sgm_status lirs_create(const sgm_policy_params *params, sgm_policy **out)
 
 static void lirs_destroy(sgm_policy *pp) {
   lirs_policy *p = (lirs_policy *)pp;
-  while (p->chunks) {
-    lirs_chunk *c = p->chunks;
-    p->chunks = c->next;
-    free(c);
-  }
-  free(p->bucket);
+  pol_ghosts_fini(&p->ghosts);
   free(p);
 }
 
@@ -447,8 +384,8 @@ static sgm_status lirs_check(const sgm_policy *pp, char *why, size_t len) {
   if (!pol_list_valid(&p->q, &n)) return pol_fail(why, len, "lirs: Q broken");
   if (n != p->q_n) return pol_fail(why, len, "lirs: Q holds %zu, counter %llu", n, (unsigned long long)p->q_n);
   if (!pol_list_valid(&p->ages, &n)) return pol_fail(why, len, "lirs: ghost FIFO broken");
-  if (n != p->ghost_n) return pol_fail(why, len, "lirs: %zu ghosts listed, counter %llu", n,
-                                       (unsigned long long)p->ghost_n);
+  if (n != p->ghosts.n) return pol_fail(why, len, "lirs: %zu ghosts listed, counter %llu", n,
+                                       (unsigned long long)p->ghosts.n);
   uint64_t lir_n = 0, lir_b = 0, gn = 0, gb = 0;
   const pol_node *bottom = p->s.prev;
   if (bottom != &p->s) {
@@ -459,10 +396,10 @@ static sgm_status lirs_check(const sgm_policy *pp, char *why, size_t len) {
   for (const pol_node *x = p->s.next; x != &p->s; x = x->next) {
     const lirs_hdr *h = (const lirs_hdr *)(const void *)x;
     if (h->kind == LIRS_GHOST) {
-      const lirs_ghost *g = (const lirs_ghost *)(const void *)h;
-      if (lirs_ghost_find(p, g->id) != g) return pol_fail(why, len, "lirs: ghost not in the table");
+      const lirs_ghost *g = lirs_ghost_of(h);
+      if (lirs_ghost_find(p, g->g.id) != g) return pol_fail(why, len, "lirs: ghost not in the table");
       gn++;
-      gb += g->size_bytes;
+      gb += g->g.size_bytes;
       continue;
     }
     if (h->kind != LIRS_RES) return pol_fail(why, len, "lirs: bad entry kind %d in S", h->kind);
@@ -484,9 +421,9 @@ static sgm_status lirs_check(const sgm_policy *pp, char *why, size_t len) {
     return pol_fail(why, len, "lirs: S holds %llu LIR buffers (%llu bytes), counters say %llu (%llu)",
                     (unsigned long long)lir_n, (unsigned long long)lir_b, (unsigned long long)p->lir_n,
                     (unsigned long long)p->lir_bytes);
-  if (gn != p->ghost_n || gb != p->ghost_bytes)
+  if (gn != p->ghosts.n || gb != p->ghost_bytes)
     return pol_fail(why, len, "lirs: S holds %llu ghosts (%llu bytes), counters say %llu (%llu)",
-                    (unsigned long long)gn, (unsigned long long)gb, (unsigned long long)p->ghost_n,
+                    (unsigned long long)gn, (unsigned long long)gb, (unsigned long long)p->ghosts.n,
                     (unsigned long long)p->ghost_bytes);
   uint64_t qb = 0;
   for (const pol_node *x = p->q.next; x != &p->q; x = x->next) {

@@ -936,19 +936,45 @@ void BM_DriverPair(benchmark::State &state, std::string key) {
   RecordCalls(state, key, Seconds(t0, t1), before);
 }
 
+// The sizes of a burst round (pair 3): 2 MiB (exact), 1 MiB, 768 KiB; 3.75
+// of the 4 MiB budget, so that a round takes the other stream's whole cache.
+constexpr size_t kBurstSizes[3] = {2 * kMiB, kMiB, 768 * 1024};
+
+// One burst round on stream s: the three sizes allocated, then freed.
+bool BurstRound(benchmark::State &state, const std::string &key, sgm_context *ctx, void *s) {
+  void *p[3];
+  for (int i = 0; i < 3; i++)
+    if (!(p[i] = sgm_alloc(ctx, kBurstSizes[i], s))) {
+      Fail(state, key, std::string("sgm_alloc failed: ") + sgm_last_error());
+      return false;
+    }
+  for (void *q : p) sgm_free(ctx, q, s);
+  return true;
+}
+
 // One iteration = one allocation that takes the only block from the other
 // stream's cache (ordered on the device), and its free. pair: 0 = a created
 // stream and the NULL stream, 1 = two created streams, 2 = two non-blocking
-// streams (PyTorch's side streams: the 4-call case, docs/streams.md).
+// streams (PyTorch's side streams: the 4-call case, docs/streams.md); 3 = a
+// burst round on two non-blocking streams in turn: one takes blocks of three
+// sizes from the other's cache and frees them (docs/streams.md "Why two
+// calls" item 6: 4 calls per round once each stream has had a round).
 void BM_Transfer(benchmark::State &state, std::string key, int pair) {
   Stream a, b;
-  const unsigned flags = pair == 2 ? CU_STREAM_NON_BLOCKING : CU_STREAM_DEFAULT;
+  const unsigned flags = pair >= 2 ? CU_STREAM_NON_BLOCKING : CU_STREAM_DEFAULT;
   if (!CuOk(state, key, CU(cuStreamCreate)(&a.s, flags), "cuStreamCreate")) return;
   if (pair && !CuOk(state, key, CU(cuStreamCreate)(&b.s, flags), "cuStreamCreate")) return;
   SgmContext ctx;
   if (!MakePoolContext(state, key, 4 * kMiB, ctx)) return;
   void *streams[2] = {a.s, b.s};
-  for (void *s : streams) {  // warm: the event pool, each stream's flags
+  uint64_t k = 0;
+  if (pair == 3) {
+    // Warm: two rounds each, so each stream has taken the three sizes once.
+    for (int r = 0; r < 4; r++)
+      if (!BurstRound(state, key, ctx.c, streams[k++ & 1])) return;
+  }
+  for (void *s : pair == 3 ? std::vector<void *>{} : std::vector<void *>{a.s, b.s}) {
+    // warm: the event pool, each stream's flags
     void *p = sgm_alloc(ctx.c, 4 * kMiB, s);
     if (!p) {
       Fail(state, key, std::string("sgm_alloc failed: ") + sgm_last_error());
@@ -957,10 +983,13 @@ void BM_Transfer(benchmark::State &state, std::string key, int pair) {
     sgm_free(ctx.c, p, s);
   }
   const uint64_t before = SgmDriverCalls(ctx.c);
-  uint64_t k = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
     void *s = streams[k++ & 1];
+    if (pair == 3) {
+      if (!BurstRound(state, key, ctx.c, s)) break;
+      continue;
+    }
     void *p = sgm_alloc(ctx.c, 4 * kMiB, s);
     if (!p) {
       Fail(state, key, std::string("sgm_alloc failed: ") + sgm_last_error());

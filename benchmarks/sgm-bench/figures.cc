@@ -490,7 +490,8 @@ SGM_BENCH_GPU_PAIR_CALLS(null_stream, kCudaNullStream, "the legacy NULL stream")
 SGM_BENCH_GPU_PAIR_CALLS(per_thread_stream, kCudaPerThreadStream, "the per-thread default stream");
 SGM_BENCH_GPU_PAIR_CALLS(created_stream, kCudaCreatedStream, "a created stream");
 
-// pair: BM_CudaTransfer's (1 = two created blocking streams, 2 = two non-blocking).
+// pair: BM_CudaTransfer's (1 = two created blocking streams, 2 = two non-blocking,
+// 3 = burst rounds of three sizes on two non-blocking streams).
 Measure GpuTransferCalls(int pair) {
   const std::string key = "gpu/calls/transfer/" + std::to_string(pair);
   return Gpu(key, 4 << 20, 2000, 200, "driver_calls_per_call",
@@ -509,6 +510,14 @@ SGM_BENCH_FIGURE({"gpu.calls.transfer.non_blocking",
                   "driver calls per cross-stream transfer: a block freed on one non-blocking stream taken by another",
                   kCountUnit, "cuEventRecord + cuStreamWaitEvent, a hand-written hand-off without capture checks: 2",
                   Better::kLower, Target::None(), kQuick, GpuTransferCalls(2), Calls(2), 1, "gpu"});
+// A burst: each round one non-blocking stream takes blocks of three sizes
+// from the other's cache. The first transfer of a round moves all three (the
+// sizes the taker took in its last rounds, docs/streams.md "Why two calls"
+// item 6): the non-blocking transfer's 4 calls per round, not 4 + 2.
+SGM_BENCH_FIGURE({"gpu.calls.transfer.burst",
+                  "driver calls per round: one non-blocking stream takes blocks of 3 sizes from another's cache",
+                  kCountUnit, "cuEventRecord + cuStreamWaitEvent, a hand-written hand-off of the 3 blocks: 2",
+                  Better::kLower, Target::Value(kAtMost, 4), kQuick, GpuTransferCalls(3), Calls(2), 1, "gpu"});
 
 }  // namespace
 

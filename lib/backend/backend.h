@@ -33,8 +33,12 @@
  *    waiting for that work on the host first. A copy on a stream that is
  *    capturing a CUDA graph would be captured instead of run: it is refused
  *    with SGM_ERR_BUSY (nothing copied).
- *  - Every function is safe to call from any thread at once; sgm never holds one
- *    of its tier locks across a backend call.
+ *  - Every function is safe to call from any thread at once; sgm holds none of
+ *    its locks across a backend call (but the outermost hooks lock while a
+ *    context opens its backend), except event_query() and event_destroy(),
+ *    which never block and are called under a residency lock while choosing
+ *    victims. Debug builds check it: every other operation of cuda.c and
+ *    emu.c starts with sgm__lock_assert_none_held().
  *  - The backend counts its live allocations; close() with allocations still
  *    live frees them and reports the leak at SGM_VERBOSE >= 1.
  *

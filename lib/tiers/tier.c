@@ -54,6 +54,7 @@
  * blocks as small; larger blocks are cached at their exact size. */
 #define TIER_CLASS_MAX_BYTES (UINT64_C(1) << 20)
 #define TIER_N_CLASSES 44
+_Static_assert(TIER_N_CLASSES <= 64, "a stream's recent classes are one 64-bit mask");
 /* Magazine slots per class, and the bytes one class may hold per thread
  * (so big classes get fewer slots: at most 4 MiB cached per class per thread). */
 #define TIER_MAG_SLOTS 16
@@ -152,6 +153,14 @@ typedef struct tier_bag {
   size_t n;                    /* blocks in the bag */
 } tier_bag;
 
+/* Large sizes a stream remembers having taken from its caches, and the
+ * record of one (recent sizes, issue 10). */
+#define TIER_RECENT_LARGE 4
+typedef struct tier_recent_large {
+  uint64_t need;               /* bytes asked, aligned; 0: empty */
+  uint64_t period;             /* the stream's period when last taken */
+} tier_recent_large;
+
 /* One stream's bags (kept until the pool goes: a handful per program). */
 typedef struct tier_stream {
   sgm_stream_ref ref;          /* the stream (key, handle of its last free) */
@@ -163,6 +172,10 @@ typedef struct tier_stream {
   /* (xfer, issue 10) */
   void *crossed_fence;         /* the fence a transfer to crossed_to recorded or waited on */
   uint64_t crossed_to;         /* that taker's key: its next transfer under it takes all */
+  /* (recent sizes, issue 10) */
+  uint64_t recent_cls[2];      /* bit c: class c taken from this stream's bags, this period / the last */
+  tier_recent_large recent_large[TIER_RECENT_LARGE]; /* large sizes taken so, with their periods */
+  uint64_t period;             /* transfers this stream has taken from others (ages the above) */
 } tier_stream;
 
 /* A free that waits for streams named by sgm_record_stream. */
@@ -190,6 +203,7 @@ typedef struct tier_mag {
 } tier_mag;
 
 struct sgm_tier_pool {
+  sgm_tier_head head;         /* first: what tier.h's inline checks read (room_bytes) */
   sgm_lock lock;              /* guards everything below but the params, atomics and shards */
   sgm_tier_params p;          /* set at create, read-only after (but the budget, under the lock) */
   uint64_t id;                /* unique for the process's life: magazines find their pool by it */
@@ -210,7 +224,7 @@ struct sgm_tier_pool {
   uint64_t n_allocs;          /* blocks handed out, the same way (atomic) */
   uint64_t n_frees;           /* blocks freed, the same way (atomic) */
   uint64_t n_failed;          /* allocations this pool could not serve (atomic) */
-  uint64_t room_bytes;        /* budget - held, read without the lock (atomic; written under it) */
+  uint64_t n_full_checks;     /* sgm__tier_full_for calls (atomic: read by tests) */
   bool budget_lowered;        /* set_budget went below committed: committed may exceed it */
   unsigned n_growing;         /* chunks being taken from the backend right now */
   unsigned n_releasing;       /* chunks detached and being returned right now (still committed) */
@@ -299,7 +313,7 @@ static inline unsigned tier_mag_cap(int cls) {
 static void tier_update_room_locked(sgm_tier_pool *p) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
   uint64_t room = p->p.budget_bytes > p->held_bytes ? p->p.budget_bytes - p->held_bytes : 0;
-  __atomic_store_n(&p->room_bytes, room, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->head.room_bytes, room, __ATOMIC_RELAXED);
 }
 
 /* Count bytes handed out (or back, negative) at the pool level. */
@@ -495,6 +509,8 @@ static size_t tier_reclaim_ex(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm
 typedef struct tier_want {
   int cls;                     /* size class of the request, < 0 for a large one */
   uint64_t need;               /* bytes asked, aligned (large requests) */
+  uint64_t also_cls;           /* moved too, not asked for: bit c = every block of class c */
+  uint64_t also_large[TIER_RECENT_LARGE]; /* moved too: large blocks fitting these sizes; 0 = none */
 } tier_want;
 static size_t tier_reclaim_settle(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode,
                                   const tier_want *w);
@@ -623,6 +639,30 @@ static tier_stream *tier_stream_get_locked(sgm_tier_pool *p, const sgm_stream_re
   s->next = p->streams;
   p->streams = s;
   return s;
+}
+
+/* Recent sizes (issue 10): s took a block of class cls (a large one of need
+ * bytes for cls < 0) from its own caches (pool lock held). Not counted on
+ * the magazine's path, which makes no shared write: a class served there
+ * is one s holds itself. A transfer to s takes the owner's blocks of the
+ * sizes s took in this period and the last (tier_want_recent_locked), so a
+ * burst of sizes crosses at once; the periods age sizes s no longer uses. */
+static void tier_stream_note_locked(tier_stream *s, int cls, uint64_t need) {
+  if (cls >= 0) {
+    s->recent_cls[0] |= UINT64_C(1) << cls;
+    return;
+  }
+  tier_recent_large *slot = &s->recent_large[0];
+  for (int i = 0; i < TIER_RECENT_LARGE; i++) {
+    tier_recent_large *r = &s->recent_large[i];
+    if (r->need == need) {
+      slot = r;
+      break;
+    }
+    if (r->need == 0 || r->period < slot->period) slot = r; /* empty, else the oldest */
+  }
+  slot->need = need;
+  slot->period = s->period;
 }
 
 static void tier_bagged_add_locked(sgm_tier_pool *p, int64_t n, int64_t bytes) {
@@ -1247,7 +1287,7 @@ int sgm__tier_create(const sgm_tier_params *params, sgm_tier_pool **out) {
   memset(p, 0, sizeof *p);
   p->p = *params;
   p->id = __atomic_add_fetch(&tier_next_pool_id, 1, __ATOMIC_RELAXED);
-  p->room_bytes = params->budget_bytes;
+  p->head.room_bytes = params->budget_bytes;
   p->span_lo = UINT64_MAX;
   pthread_cond_init(&p->grown, NULL);
   sgm__lock_init(&p->lock, SGM_LOCK_TIER_VRAM + (int)params->tier);
@@ -1488,7 +1528,7 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
    * every fallback allocation. A free racing with this read may leave room a
    * moment later; the block then lands one tier down, as it would have a
    * moment earlier. */
-  if (need > __atomic_load_n(&p->room_bytes, __ATOMIC_RELAXED)) return SGM__ERR_BUDGET;
+  if (need > __atomic_load_n(&p->head.room_bytes, __ATOMIC_RELAXED)) return SGM__ERR_BUDGET;
   bool trimmed = false, reclaimed = false;
   sgm__lock_take(&p->lock);
   for (int round = 0; round < TIER_MAX_GROW_ROUNDS; round++) {
@@ -1685,7 +1725,10 @@ static tier_block *tier_take_cached(sgm_tier_pool *p, tier_mag *m, int cls, uint
   if (s) {
     b = tier_bag_take(&s->open, cls, need);
     if (!b) b = tier_bag_take(&s->sealed, cls, need);
-    if (b) tier_bagged_add_locked(p, -1, -(int64_t)b->bytes);
+    if (b) {
+      tier_bagged_add_locked(p, -1, -(int64_t)b->bytes);
+      tier_stream_note_locked(s, cls, need);
+    }
     /* Refill half the magazine from the open bag: the next allocations of
      * this class on this stream then take no lock. */
     if (b && m && cls >= 0) {
@@ -1738,11 +1781,12 @@ static bool tier_has_cached_for(sgm_tier_pool *p, tier_mag *m) {
 }
 
 bool sgm__tier_full_for(sgm_tier_pool *p, uint64_t size) {
+  __atomic_fetch_add(&p->n_full_checks, 1, __ATOMIC_RELAXED);
   if (size == 0 || size > UINT64_MAX - TIER_CLASS_MAX_BYTES) return false; /* alloc_on says why */
   uint64_t need = sgm__align_up(size, SGM_DEVICE_ALIGN);
   int cls = tier_class(need);
   uint64_t block = cls >= 0 ? tier_class_bytes(cls) : need;
-  if (block <= __atomic_load_n(&p->room_bytes, __ATOMIC_RELAXED)) return false;
+  if (block <= __atomic_load_n(&p->head.room_bytes, __ATOMIC_RELAXED)) return false;
   if (tier_has_cached_for(p, tier_mag_get(p))) return false;
   __atomic_fetch_add(&p->n_failed, 1, __ATOMIC_RELAXED); /* as sgm__tier_alloc_on counts it */
   return true;
@@ -1775,7 +1819,7 @@ int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *re
    * first other streams' caches through a device-side wait (one or two calls, no
    * host wait), then what the device has finished with (fences queried). */
   static const sgm_reclaim_mode order[] = {SGM_RECLAIM_TRANSFER, SGM_RECLAIM_QUERY};
-  const tier_want want = {cls, need};
+  const tier_want want = {.cls = cls, .need = need};
   for (int k = 0; rc != SGM_OK && k < 2; k++) {
     if (rc != SGM__ERR_BUDGET && rc != SGM_ERR_NOMEM) break;
     if (!tier_has_cached_for(p, m)) break;
@@ -2119,7 +2163,8 @@ static bool tier_bag_fits(const tier_bag *g, const tier_want *w) {
   return false;
 }
 
-/* Move the blocks of src that w takes (all when w is NULL) into dst; how many. */
+/* Move the blocks of src that w takes (all when w is NULL) into dst: those
+ * serving the request, and every block of w's other sizes; how many. */
 static size_t tier_bag_move_fits(tier_bag *src, tier_bag *dst, const tier_want *w) {
   size_t n = 0;
   if (!w) {
@@ -2128,7 +2173,32 @@ static size_t tier_bag_move_fits(tier_bag *src, tier_bag *dst, const tier_want *
     return n;
   }
   for (tier_block *b; (b = tier_bag_take(src, w->cls, w->need)) != NULL; n++) tier_bag_push(dst, b);
+  for (uint64_t bits = w->also_cls; bits; bits &= bits - 1)
+    for (int c = __builtin_ctzll(bits); src->cls[c]; n++) tier_bag_push(dst, tier_bag_take(src, c, 0));
+  for (int i = 0; i < TIER_RECENT_LARGE; i++)
+    for (tier_block *b; w->also_large[i] && (b = tier_bag_take(src, -1, w->also_large[i])) != NULL; n++)
+      tier_bag_push(dst, b);
   return n;
+}
+
+/* What a transfer to taker moves (written to *out, returned): w, and the
+ * sizes the taker took from its own caches in its current and last period
+ * (tier_stream_note_locked); a taker with no record, or w NULL (everything),
+ * as it is. Starts the taker's next period. Pool lock held. */
+static const tier_want *tier_want_recent_locked(sgm_tier_pool *p, const sgm_stream_ref *taker,
+                                                const tier_want *w, tier_want *out) {
+  tier_stream *t = tier_stream_find_locked(p, taker->key);
+  if (!w || !t) return w;
+  *out = *w;
+  out->also_cls = t->recent_cls[0] | t->recent_cls[1];
+  for (int i = 0; i < TIER_RECENT_LARGE; i++) {
+    const tier_recent_large *r = &t->recent_large[i];
+    out->also_large[i] = r->need && t->period - r->period <= 1 ? r->need : 0;
+  }
+  t->recent_cls[1] = t->recent_cls[0];
+  t->recent_cls[0] = 0;
+  t->period++;
+  return out;
 }
 
 /*
@@ -2158,6 +2228,8 @@ static size_t tier_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *take
     n_jobs += s->ref.key != taker->key && (tier_bag_fits(&s->open, w) || tier_bag_fits(&s->sealed, w));
   tier_job *jobs = tier_jobs_alloc_locked(p, n_jobs);
   if (!jobs) return 0;
+  tier_want recent;
+  w = tier_want_recent_locked(p, taker, w, &recent);
   size_t k = 0;
   for (tier_stream *s = p->streams; s && k < n_jobs; s = s->next) {
     if (s->ref.key == taker->key) continue;
@@ -2428,6 +2500,10 @@ uint64_t sgm__tier_charged(sgm_tier_pool *p) {
 /* ---- stats and checks ---- */
 
 uint64_t sgm__tier_lock_takes(const sgm_tier_pool *p) { return sgm__lock_takes(&p->lock); }
+
+uint64_t sgm__tier_full_checks(const sgm_tier_pool *p) {
+  return __atomic_load_n(&p->n_full_checks, __ATOMIC_RELAXED);
+}
 
 uint64_t sgm__tier_map_writes(const sgm_tier_pool *p) {
   uint64_t n = 0;

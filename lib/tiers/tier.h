@@ -69,6 +69,11 @@
 
 typedef struct sgm_tier_pool sgm_tier_pool; /* opaque: defined in tier.c */
 
+/* A pool's first member: what the inline check below reads without a call. */
+typedef struct sgm_tier_head {
+  uint64_t room_bytes;        /* budget - held, read without the lock (atomic; written under it) */
+} sgm_tier_head;
+
 typedef struct sgm_chunk {
   sgm_devptr base; /* device address of the first byte; the range's offset */
   void *host;      /* host address of the first byte (shared tier), NULL for VRAM */
@@ -135,6 +140,18 @@ int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *st
  * free racing with it may leave room a moment later, and the block then lands
  * one tier down, as it would have a moment earlier. */
 bool sgm__tier_full_for(sgm_tier_pool *p, uint64_t size);
+/* Does the budget leave room for a block of size bytes, whatever its size
+ * class rounds it to (+25% at most, after SGM_DEVICE_ALIGN)? Inline, one
+ * load: the allocation path asks it before sgm__tier_full_for, so that with
+ * room it pays nothing for the fallback's fast path. false says nothing
+ * (ask sgm__tier_full_for); true, like it, is a hint. */
+static inline bool sgm__tier_room_for(const sgm_tier_pool *p, uint64_t size) {
+  uint64_t room = __atomic_load_n(&((const sgm_tier_head *)(const void *)p)->room_bytes, __ATOMIC_RELAXED);
+  uint64_t bound = size + SGM_DEVICE_ALIGN; /* no overflow: size < room */
+  return size < room && bound + (bound >> 2) <= room;
+}
+/* sgm__tier_full_for calls so far (tests: the path with room makes none). */
+uint64_t sgm__tier_full_checks(const sgm_tier_pool *p);
 /* Set the thread's message for a full budget: the budget, the use, the largest
  * free block and the variables that raise it; returns SGM_ERR_NOMEM. */
 int sgm__tier_explain_budget(sgm_tier_pool *p, uint64_t size);
@@ -154,7 +171,11 @@ int sgm__tier_free_on(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_ref *st
 int sgm__tier_record_stream(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_ref *stream);
 /* Give cached blocks back (see sgm_reclaim_mode); taker is the stream that
  * receives other streams' blocks in TRANSFER mode (NULL otherwise). Returns the
- * number of blocks returned to the sub-allocator or transferred. */
+ * number of blocks returned to the sub-allocator or transferred. Takes the
+ * pool lock (and the magazines'); calls the driver (event record, query,
+ * stream wait) and in WAIT mode blocks until every stream's work is done:
+ * call it with no residency or placement lock held. No status: a block whose
+ * work is not known to be done stays cached. */
 size_t sgm__tier_reclaim(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode);
 /* True when the pool may hold cached blocks (a hint, read without the lock). */
 bool sgm__tier_has_cached(sgm_tier_pool *p);

@@ -2,9 +2,12 @@
 #include "test_util.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 extern char **environ;
 
@@ -71,4 +74,36 @@ void sgm_test_clean_env(void) {
    * registry (the driver double's GPUs have one PCI bus id in every
    * process); the node suite turns it on with its own SGM_NODE_DIR. */
   setenv("SGM_NODE", "off", 1);
+}
+
+int sgm_test_fork_capture(void (*child)(void *arg), void *arg, char *out, size_t len) {
+  int fds[2];
+  assert_int_equal(pipe(fds), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    child(arg);
+    _exit(5); /* child() must not return */
+  }
+  close(fds[1]);
+  /* Read to the end before waiting: a child blocked on a full pipe never ends. */
+  size_t n = 0;
+  char sink[256];
+  ssize_t r;
+  while ((r = read(fds[0], n + 1 < len ? out + n : sink, n + 1 < len ? len - 1 - n : sizeof sink)) > 0)
+    if (n + 1 < len) n += (size_t)r;
+  if (len) out[n] = '\0';
+  close(fds[0]);
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  return status;
+}
+
+void sgm_test_assert_aborted(int status, const char *out, const char *needle) {
+  if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGABRT)
+    fail_msg("the child did not abort (status 0x%x); its stderr: %s", status, out);
+  if (!strstr(out, needle)) fail_msg("the child's stderr lacks \"%s\": %s", needle, out);
 }

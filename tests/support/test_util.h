@@ -30,4 +30,13 @@ uint64_t sgm_test_rng_log_range(sgm_test_rng *r, uint64_t lo, uint64_t hi);
  * SGM_BACKEND=emu, SGM_VERBOSE=0 and SGM_NODE=off. */
 void sgm_test_clean_env(void);
 
+/* Fork; the child runs child(arg), which must end the process (_exit, or an
+ * abort for a death test), with its stderr going into out (the parent reads
+ * all of it: NUL-terminated, cut to len - 1 bytes). Returns the child's wait
+ * status. */
+int sgm_test_fork_capture(void (*child)(void *arg), void *arg, char *out, size_t len);
+/* The death test's check: the status says SIGABRT and out holds needle
+ * (fails the test with out shown otherwise). */
+void sgm_test_assert_aborted(int status, const char *out, const char *needle);
+
 #endif

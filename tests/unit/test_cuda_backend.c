@@ -891,7 +891,8 @@ static void test_numa_node_from_pci(void **state) {
  * the double's UUID reaches the segment's name and header with the PCI bus
  * id beside it, and sgm-smi (TEST_SGM_SMI) shows both. A registry an older
  * sgm left under the old key (gpu-<PCI bus id>, version 1) is another file:
- * left alone, never joined, and reported by sgm-smi as an older version. */
+ * left alone, never joined, and reported by sgm-smi as an older version.
+ * The driver is asked for the UUID once per context create. */
 static void test_node_key_is_the_device_uuid(void **state) {
   (void)state;
   char dir[64] = "/tmp/sgm-cuda-node-XXXXXX";
@@ -918,7 +919,10 @@ static void test_node_key_is_the_device_uuid(void **state) {
   assert_int_equal(chmod(old_path, 0600), 0);
 
   sgm_context *ctx = NULL;
+  uint64_t uuid_calls = fc.fake_cuda_calls("cuDeviceGetUuid");
   assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+  /* Asked once: the registry key and the segment header share the answer. */
+  assert_int_equal(fc.fake_cuda_calls("cuDeviceGetUuid") - uuid_calls, 1);
   sgm_node *n = sgm__share_node(ctx);
   assert_non_null(n); /* tracked */
   snprintf(path, sizeof path, "%s/sgm-node-GPU-0123abcd-4567-89ef-0011-2233445566ff", dir);

@@ -306,6 +306,33 @@ static void test_fallback_pair_takes_no_lock(void **state) {
   assert_true(fb[1] <= plain[0]);
 }
 
+/* Invariant: the fallback's fast path (sgm__tier_full_for: is VRAM full
+ * with nothing to reclaim?) costs a pair that has room in VRAM nothing: such
+ * pairs never call it (an inline look at the pool's room answers); a pair
+ * that falls back because VRAM is full calls it once. Fixed seed. */
+static void test_pair_with_room_skips_the_full_check(void **state) {
+  (void)state;
+  uint64_t seed = 0x5eed;
+  print_message("# seed %llu\n", (unsigned long long)seed);
+  for (int full = 0; full < 2; full++) {
+    sgm_context *ctx = fb_context(full ? 2 * MiB : 256 * MiB);
+    void *fill = full ? sgm_alloc(ctx, 2 * MiB, NULL) : NULL;
+    void *ring[FB_RING];
+    for (int i = 0; i < FB_RING; i++) assert_non_null(ring[i] = sgm_alloc(ctx, 256, NULL));
+    fb_pairs(ctx, ring, 1024, &seed);
+    struct sgm_tier_pool *vram = sgm__context_tier(ctx, SGM_TIER_VRAM);
+    uint64_t c0 = sgm__tier_full_checks(vram);
+    fb_pairs(ctx, ring, 256, &seed);
+    uint64_t checks = sgm__tier_full_checks(vram) - c0;
+    print_message("# VRAM %s: %llu full checks in 256 pairs\n", full ? "full" : "with room",
+                  (unsigned long long)checks);
+    assert_int_equal(checks, full ? 256 : 0);
+    for (int i = 0; i < FB_RING; i++) sgm_free(ctx, ring[i], NULL);
+    if (fill) sgm_free(ctx, fill, NULL);
+    sgm_context_destroy(ctx);
+  }
+}
+
 int main(void) {
   void *probe = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   fake_lib = probe;
@@ -322,6 +349,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_emu_pinned_not_inherited, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cuda_pinned_not_inherited, setup, teardown),
       cmocka_unit_test_setup_teardown(test_fallback_pair_takes_no_lock, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_pair_with_room_skips_the_full_check, setup, teardown),
   };
   int rc = cmocka_run_group_tests_name("fallback", tests, NULL, NULL);
   if (fake_lib) dlclose(fake_lib);

@@ -863,31 +863,23 @@ static void test_other_device_key_refused(void **state) {
   teardown_dir();
 }
 
-/* A child joins a segment and reads the device's use, with an sgm lock of
- * rank SGM_LOCK_NODE (which ranks after the segment's mutex) held when hold;
- * its stderr goes to err_fd. Returns the child's wait status. */
-static int node_lock_order_child(bool hold, int err_fd) {
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    dup2(err_fd, STDERR_FILENO);
-    sgm_node_params p = {.dir = node_dir, .key = "emu-witness", .name = "me",
-                         .device_total_bytes = 16 * MiB, .shared_cap_bytes = 64 * MiB};
-    sgm_node *n = NULL;
-    if (sgm__node_join(&p, &n) != SGM_OK) _exit(3);
-    sgm_lock l;
-    sgm__lock_init(&l, SGM_LOCK_NODE);
-    if (hold) sgm__lock_take(&l);
-    uint64_t used = 0;
-    int rc = sgm__node_device_used(n, &used); /* takes the segment's mutex */
-    if (hold) sgm__lock_drop(&l);
-    sgm__lock_destroy(&l);
-    sgm__node_leave(n);
-    _exit(rc == SGM_OK ? 0 : 4);
-  }
-  int status = 0;
-  assert_int_equal(waitpid(pid, &status, 0), pid);
-  return status;
+/* In a forked child: join a segment and read the device's use, with an sgm
+ * lock of rank SGM_LOCK_NODE (which ranks after the segment's mutex) held
+ * when *(bool *)hold; exits 0 when the read worked. */
+static void node_lock_order_child(void *hold) {
+  sgm_node_params p = {.dir = node_dir, .key = "emu-witness", .name = "me",
+                       .device_total_bytes = 16 * MiB, .shared_cap_bytes = 64 * MiB};
+  sgm_node *n = NULL;
+  if (sgm__node_join(&p, &n) != SGM_OK) _exit(3);
+  sgm_lock l;
+  sgm__lock_init(&l, SGM_LOCK_NODE);
+  if (*(bool *)hold) sgm__lock_take(&l);
+  uint64_t used = 0;
+  int rc = sgm__node_device_used(n, &used); /* takes the segment's mutex */
+  if (*(bool *)hold) sgm__lock_drop(&l);
+  sgm__lock_destroy(&l);
+  sgm__node_leave(n);
+  _exit(rc == SGM_OK ? 0 : 4);
 }
 
 /* Invariant (issue 11 item 4, debug builds): the segment's process-shared
@@ -901,20 +893,12 @@ static void test_segment_mutex_witnessed(void **state) {
     skip();
   }
   setup_env("witness", "16MiB");
-  int fds[2];
-  assert_int_equal(pipe(fds), 0);
-  int status = node_lock_order_child(true, fds[1]);
-  close(fds[1]);
-  char out[1024] = "";
-  size_t n = 0;
-  ssize_t r;
-  while (n + 1 < sizeof out && (r = read(fds[0], out + n, sizeof out - 1 - n)) > 0) n += (size_t)r;
-  out[n] = '\0';
-  close(fds[0]);
-  if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGABRT)
-    fail_msg("the child did not abort (status 0x%x); its stderr: %s", status, out);
-  assert_non_null(strstr(out, "sgm: assertion failed: held_ranks[i] < rank"));
-  status = node_lock_order_child(false, STDERR_FILENO);
+  char out[1024];
+  bool hold = true;
+  int status = sgm_test_fork_capture(node_lock_order_child, &hold, out, sizeof out);
+  sgm_test_assert_aborted(status, out, "sgm: assertion failed: held_ranks[i] < rank");
+  hold = false;
+  status = sgm_test_fork_capture(node_lock_order_child, &hold, out, sizeof out);
   assert_true(WIFEXITED(status));
   assert_int_equal(WEXITSTATUS(status), 0);
   teardown_dir();

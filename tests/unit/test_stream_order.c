@@ -363,6 +363,30 @@ static void assert_calls_since(call_mark m, uint64_t calls, uint64_t records, ui
   assert_int_equal(now.waits - m.waits, waits);
 }
 
+/* The owner's held work completes and is released: the taker's work queued
+ * after its allocation had not completed before, and has now (it was
+ * ordered after the owner's work on the device). */
+static void release_owner_ordered(void *owner, void *taker) {
+  assert_false(stream_done(taker));
+  fc.fake_cuda_complete_stream(owner);
+  fc.fake_cuda_hold_stream(owner, 0);
+  assert_true(stream_done(taker));
+}
+
+/* 2 MiB (large: only a 2 MiB request takes it), 1 MiB and 768 KiB (size
+ * classes): 3.75 of the 4 MiB budget, allocated on a into blk. */
+static void alloc_three(sgm_context *ctx, void *a, void *blk[3]) {
+  const uint64_t sizes[3] = {2 * MiB, MiB, 768 << 10};
+  for (int i = 0; i < 3; i++) assert_non_null(blk[i] = sgm_alloc(ctx, sizes[i], a));
+}
+
+/* blk freed on a after work of a's own that stays pending (a held). */
+static void free_three_held(sgm_context *ctx, void *a, void *blk[3]) {
+  fc.fake_cuda_hold_stream(a, 1);
+  put_work(a);
+  for (int i = 0; i < 3; i++) sgm_free(ctx, blk[i], a);
+}
+
 /* Invariants (seal on transfer, non-blocking streams): a transfer that must
  * record on the owner (4 calls) makes that record the owner's fence over
  * every block the owner holds, and moves only the blocks that serve the
@@ -473,14 +497,10 @@ static void test_seal_on_transfer_blocking_fence(void **state) {
 static void test_seal_on_transfer_burst(void **state) {
   (void)state;
   sgm_context *ctx = make_ctx();
-  void *a = non_blocking_stream(false, NULL), *b = non_blocking_stream(false, NULL);
-  void *x = sgm_alloc(ctx, 2 * MiB, a), *y = sgm_alloc(ctx, MiB, a), *z = sgm_alloc(ctx, 768 << 10, a);
-  assert_true(x && y && z);
-  fc.fake_cuda_hold_stream(a, 1);
-  put_work(a);
-  sgm_free(ctx, x, a);
-  sgm_free(ctx, y, a);
-  sgm_free(ctx, z, a);
+  void *a = non_blocking_stream(false, NULL), *b = non_blocking_stream(false, NULL), *blk[3];
+  alloc_three(ctx, a, blk);
+  free_three_held(ctx, a, blk);
+  void *x = blk[0], *y = blk[1], *z = blk[2];
   call_mark m = mark_calls();
   void *p = sgm_alloc(ctx, 2 * MiB, b);
   assert_ptr_equal(p, x);
@@ -493,16 +513,83 @@ static void test_seal_on_transfer_burst(void **state) {
   void *r = sgm_alloc(ctx, 768 << 10, b); /* z came with y: b's own cache */
   assert_ptr_equal(r, z);
   assert_calls_since(m, 0, 0, 0);
-  assert_false(stream_done(b));
-  fc.fake_cuda_complete_stream(a);
-  fc.fake_cuda_hold_stream(a, 0);
-  assert_true(stream_done(b));
+  release_owner_ordered(a, b);
   sgm_free(ctx, p, b);
   sgm_free(ctx, q, b);
   sgm_free(ctx, r, b);
   finish_ctx(ctx);
   non_blocking_stream(true, a);
   non_blocking_stream(true, b);
+}
+
+/* Invariant (recent sizes): a transfer hands the taker, beside the blocks
+ * that serve its request, the owner's blocks of the sizes the taker itself
+ * took from its caches lately, and no others: a taker that used 1 MiB takes
+ * the owner's 1 MiB block with its 2 MiB one (its next 1 MiB request makes no
+ * call), and the owner keeps its 768 KiB block (reused with none); the
+ * taker's later work waits for the owner's. */
+static void test_transfer_takes_recent_sizes(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx();
+  void *a = non_blocking_stream(false, NULL), *b = non_blocking_stream(false, NULL);
+  /* The budget nearly full: b's 1 MiB request crosses from a's cache; then
+   * a takes it back the same way. */
+  void *blk[3];
+  alloc_three(ctx, a, blk);
+  void *x = blk[0], *y = blk[1], *z = blk[2];
+  sgm_free(ctx, y, a);
+  assert_ptr_equal(sgm_alloc(ctx, MiB, b), y);
+  sgm_free(ctx, y, b);
+  assert_ptr_equal(sgm_alloc(ctx, MiB, a), y);
+  free_three_held(ctx, a, blk);
+
+  call_mark m = mark_calls();
+  void *p = sgm_alloc(ctx, 2 * MiB, b);
+  assert_ptr_equal(p, x);
+  assert_calls_since(m, 4, 1, 1);
+  m = mark_calls();
+  void *q = sgm_alloc(ctx, MiB, b); /* came with x: b took 1 MiB lately */
+  assert_ptr_equal(q, y);
+  assert_calls_since(m, 0, 0, 0);
+  m = mark_calls();
+  void *r = sgm_alloc(ctx, 768 << 10, a); /* b never took 768 KiB: still a's */
+  assert_ptr_equal(r, z);
+  assert_calls_since(m, 0, 0, 0);
+  release_owner_ordered(a, b);
+  sgm_free(ctx, p, b);
+  sgm_free(ctx, q, b);
+  sgm_free(ctx, r, a);
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  finish_ctx(ctx);
+  non_blocking_stream(true, a);
+  non_blocking_stream(true, b);
+}
+
+/* Invariant (a burst in the steady state): two non-blocking streams that in
+ * turn take the same three sizes from each other's cache move all three at
+ * the first transfer of a round once each has taken them before: 4 calls per
+ * round (the owner's check and record, the taker's check and wait), and
+ * each round's later work waits for the other stream's. */
+static void test_burst_steady_state_four_calls(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx();
+  void *st[2] = {non_blocking_stream(false, NULL), non_blocking_stream(false, NULL)};
+  for (int round = 0; round < 6; round++) {
+    void *s = st[round & 1], *o = st[!(round & 1)], *blk[3];
+    call_mark m = mark_calls();
+    alloc_three(ctx, s, blk);
+    /* Rounds 0-1 carve or cross by size (no sizes known yet); from round 3
+     * on, each taker has taken all three sizes in its previous round. */
+    if (round >= 3) assert_calls_since(m, 4, 1, 1);
+    if (round >= 1) release_owner_ordered(o, s);
+    free_three_held(ctx, s, blk);
+  }
+  fc.fake_cuda_complete_stream(st[1]); /* the last round's */
+  fc.fake_cuda_hold_stream(st[1], 0);
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  finish_ctx(ctx);
+  non_blocking_stream(true, st[0]);
+  non_blocking_stream(true, st[1]);
 }
 
 /* Invariant: a transfer asks nothing of an owner whose cached blocks cannot
@@ -931,6 +1018,8 @@ int main(void) {
       cmocka_unit_test(test_seal_on_transfer_non_blocking),
       cmocka_unit_test(test_transfer_skips_owner_without_fit),
       cmocka_unit_test(test_seal_on_transfer_burst),
+      cmocka_unit_test(test_transfer_takes_recent_sizes),
+      cmocka_unit_test(test_burst_steady_state_four_calls),
       cmocka_unit_test(test_seal_on_transfer_blocking_fence),
       cmocka_unit_test(test_blocking_transfer_ordered),
       cmocka_unit_test(test_per_thread_streams_do_not_alias),

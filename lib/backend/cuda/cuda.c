@@ -344,6 +344,9 @@ struct sgm_backend {
   size_t n_buckets;           /* a power of two */
   size_t n_objs;              /* entries in the table */
   struct cuda_vrange *vranges; /* reserved VMM ranges not yet freed (under lock) */
+  /* the device's UUID, asked once (cuda_device_uuid) */
+  uint8_t uuid[16];           /* the driver's answer, valid once uuid_known */
+  int uuid_known;             /* 1 once uuid is set (atomic: release after uuid is written) */
 };
 
 /* cuda_obj.bytes of an event from event_create: recorded only by
@@ -604,6 +607,7 @@ static CUresult cuda_rerecord_captured(sgm_backend *be, void *event, CUstream st
 static int cuda_managed_probe(sgm_backend *be);
 
 static int cuda_open(const sgm_config *cfg, sgm_backend **out) {
+  sgm__lock_assert_none_held();
   *out = NULL;
   pthread_once(&cuda_drv_once, cuda_load);
   if (cuda_drv.status != SGM_OK) return sgm__error_set(cuda_drv.status, "%s", cuda_drv.error);
@@ -723,6 +727,7 @@ out_free:
 static void cuda_vmm_close(sgm_backend *be, bool entered);
 
 static void cuda_close(sgm_backend *be) {
+  sgm__lock_assert_none_held();
   if (!be) return;
   const char *op = "closing the device";
   bool pushed = false;
@@ -1084,6 +1089,7 @@ static int cuda_copy(sgm_backend *be, sgm_copy_kind kind, uint64_t dst, uint64_t
 }
 
 static void cuda_counters(sgm_backend *be, sgm_backend_counters *out) {
+  sgm__lock_assert_none_held();
   sgm__lock_take(&be->lock);
   uint64_t n_device_live = be->c.n_device_live, n_host_live = be->c.n_host_live;
   out->device_live_bytes = be->c.device_live_bytes;
@@ -1247,6 +1253,7 @@ static uint64_t cuda_thread_key(void) {
 }
 
 static void cuda_stream_ref(sgm_backend *be, void *stream, sgm_stream_ref *out) {
+  sgm__lock_assert_none_held();
   (void)be;
   out->handle = stream;
   if (stream == NULL || (CUstream)stream == CU_STREAM_LEGACY) out->key = 0;
@@ -1271,6 +1278,7 @@ static bool cuda_context_error(CUresult r) {
 }
 
 static int cuda_event_create(sgm_backend *be, void **event_out) {
+  sgm__lock_assert_none_held();
   *event_out = NULL;
   cuda_count_call(be);
   const char *op = "creating an event";
@@ -1335,6 +1343,7 @@ static void cuda_event_recorded_on(sgm_backend *be, void *event, CUstream s) {
 }
 
 static int cuda_event_record_on(sgm_backend *be, void *event, const sgm_stream_ref *stream) {
+  sgm__lock_assert_none_held();
   int rc = cuda_stream_event_call(be, event, stream, false);
   if (rc != SGM_OK) return rc;
   cuda_event_recorded_on(be, event, cuda_stream_handle(stream));
@@ -1342,6 +1351,7 @@ static int cuda_event_record_on(sgm_backend *be, void *event, const sgm_stream_r
 }
 
 static int cuda_stream_wait_event(sgm_backend *be, const sgm_stream_ref *stream, void *event) {
+  sgm__lock_assert_none_held();
   return cuda_stream_event_call(be, event, stream, true);
 }
 
@@ -1470,6 +1480,7 @@ static int cuda_stream_transfer_fence(sgm_backend *be, void *event, const sgm_st
 
 static int cuda_stream_transfer(sgm_backend *be, void *event, const sgm_stream_ref *owner,
                                 const sgm_stream_ref *taker) {
+  sgm__lock_assert_none_held();
   bool fenced;
   return cuda_stream_transfer_fence(be, event, owner, taker, &fenced);
 }
@@ -1522,6 +1533,7 @@ static int cuda_managed_probe(sgm_backend *be) {
 }
 
 static int cuda_managed_support(sgm_backend *be) {
+  sgm__lock_assert_none_held();
   if (!be->no_managed[0]) return SGM_OK;
   return sgm__error_set(SGM_ERR_UNSUPPORTED, "CUDA: %s", be->no_managed);
 }
@@ -1565,6 +1577,7 @@ static CUmemLocation cuda_managed_device(const sgm_backend *be) {
 }
 
 static int cuda_managed_advise(sgm_backend *be, sgm_devptr ptr, uint64_t n, sgm_managed_advice advice) {
+  sgm__lock_assert_none_held();
   cuda_count_call(be);
   if (be->no_managed[0]) return cuda_managed_support(be);
   CUmem_advise a;
@@ -1616,19 +1629,34 @@ static int cuda_managed_prefetch(sgm_backend *be, sgm_devptr ptr, uint64_t n, sg
  * does to the ordinals, and is what nvidia-smi -L prints, so the registry's
  * key is GPU-<UUID>. cuDeviceGetUuid needs no context. ---- */
 static int cuda_device_uuid(sgm_backend *be, uint8_t out[16]) {
+  sgm__lock_assert_none_held();
+  /* Asked once per open: the registry key and the segment header both need
+   * it at context create (a failure is not kept: the next call asks again). */
+  if (__atomic_load_n(&be->uuid_known, __ATOMIC_ACQUIRE)) {
+    memcpy(out, be->uuid, 16);
+    return SGM_OK;
+  }
   memset(out, 0, 16);
   CUuuid u;
   CUresult r = CU(cuDeviceGetUuid)(&u, be->dev);
   if (r != CUDA_SUCCESS) return cuda_fail(r, "reading the device's UUID", "cuDeviceGetUuid", CUDA_BLAME_DRIVER);
   memcpy(out, u.bytes, 16);
+  sgm__lock_take(&be->lock);
+  if (!be->uuid_known) {
+    memcpy(be->uuid, u.bytes, 16);
+    __atomic_store_n(&be->uuid_known, 1, __ATOMIC_RELEASE);
+  }
+  sgm__lock_drop(&be->lock);
   return SGM_OK;
 }
 
 static void cuda_device_pci_bus_id(sgm_backend *be, char *out, size_t len) {
+  sgm__lock_assert_none_held();
   snprintf(out, len, "%s", be->pci_bus_id);
 }
 
 static void cuda_device_key(sgm_backend *be, char *out, size_t len) {
+  sgm__lock_assert_none_held();
   uint8_t u[16];
   if (len) out[0] = '\0';
   if (cuda_device_uuid(be, u) != SGM_OK) {

@@ -120,6 +120,7 @@ static bool emu_inject(sgm_backend *be) {
 static void emu_managed_close(sgm_backend *be);
 
 static int emu_open(const sgm_config *cfg, sgm_backend **out) {
+  sgm__lock_assert_none_held();
   *out = NULL;
   /* open() is call number 1 for the fault knob. */
   if (cfg->emu_fail_at == 1)
@@ -142,6 +143,7 @@ static int emu_open(const sgm_config *cfg, sgm_backend **out) {
 }
 
 static void emu_close(sgm_backend *be) {
+  sgm__lock_assert_none_held();
   if (!be) return;
   if (be->c.n_device_live || be->c.n_host_live || be->c.n_events_live || be->c.n_managed_live)
     sgm__log(be->verbose, 1,
@@ -373,16 +375,19 @@ static void emu_event_destroy(sgm_backend *be, void *event) {
 /* Every stream is one here: work on any of them is finished before the call
  * that queued it returns, so nothing is ever ordered behind anything. */
 static void emu_stream_ref(sgm_backend *be, void *stream, sgm_stream_ref *out) {
+  sgm__lock_assert_none_held();
   (void)be;
   out->key = 0;
   out->handle = stream;
 }
 
 static int emu_event_create(sgm_backend *be, void **event_out) {
+  sgm__lock_assert_none_held();
   return emu_event_record(be, NULL, event_out);
 }
 
 static int emu_event_record_on(sgm_backend *be, void *event, const sgm_stream_ref *stream) {
+  sgm__lock_assert_none_held();
   if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (event_record_on)");
   if (!event) return sgm__error_set(SGM_ERR_INVALID, "emulated device: event_record_on of a NULL event");
   ((emu_event *)event)->stream = stream->handle;
@@ -390,6 +395,7 @@ static int emu_event_record_on(sgm_backend *be, void *event, const sgm_stream_re
 }
 
 static int emu_stream_wait_event(sgm_backend *be, const sgm_stream_ref *stream, void *event) {
+  sgm__lock_assert_none_held();
   (void)stream;
   if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (stream_wait_event)");
   if (!event) return sgm__error_set(SGM_ERR_INVALID, "emulated device: stream_wait_event on a NULL event");
@@ -406,6 +412,7 @@ static int emu_copy_stream_wait_event(sgm_backend *be, void *event) {
 
 static int emu_stream_transfer(sgm_backend *be, void *event, const sgm_stream_ref *owner,
                                const sgm_stream_ref *taker) {
+  sgm__lock_assert_none_held();
   (void)owner;
   (void)taker;
   if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (stream_transfer)");
@@ -481,6 +488,7 @@ static emu_managed *emu_managed_find_locked(sgm_backend *be, uint64_t ptr, uint6
 }
 
 static int emu_managed_support(sgm_backend *be) {
+  sgm__lock_assert_none_held();
   if (be->has_managed) return SGM_OK;
   return sgm__error_set(SGM_ERR_UNSUPPORTED, "the emulated device has no concurrent managed access "
                         "(SGM_EMU_MANAGED=off), as a GPU before Pascal or a driver without Unified "
@@ -564,6 +572,7 @@ static void emu_managed_free(sgm_backend *be, sgm_devptr ptr, uint64_t bytes) {
 }
 
 static int emu_managed_advise(sgm_backend *be, sgm_devptr ptr, uint64_t n, sgm_managed_advice advice) {
+  sgm__lock_assert_none_held();
   if (emu_inject(be)) return sgm__error_set(SGM_ERR_BACKEND, "emulated device: injected failure (managed_advise)");
   if (advice > SGM_ADVISE_UNSET_ACCESSED_BY)
     return sgm__error_set(SGM_ERR_INVALID, "emulated device: bad advice %d", (int)advice);
@@ -661,6 +670,7 @@ out:
 }
 
 static void emu_counters(sgm_backend *be, sgm_backend_counters *out) {
+  sgm__lock_assert_none_held();
   sgm__lock_take(&be->mu);
   *out = be->c;
   sgm__lock_drop(&be->mu);
@@ -668,11 +678,13 @@ static void emu_counters(sgm_backend *be, sgm_backend_counters *out) {
 
 /* ---- The node registry: a named emulated device is shared by processes. ---- */
 static void emu_device_key(sgm_backend *be, char *out, size_t len) {
+  sgm__lock_assert_none_held();
   if (be->name[0]) snprintf(out, len, "emu-%s", be->name);
   else if (len) out[0] = '\0';
 }
 
 static void emu_node_attach(sgm_backend *be, struct sgm_node *node) {
+  sgm__lock_assert_none_held();
   sgm_assert(be->c.n_device_live == 0);
   uint64_t total = sgm__node_device_total(node);
   if (total != be->total_bytes)
@@ -689,11 +701,13 @@ static void emu_node_attach(sgm_backend *be, struct sgm_node *node) {
 #define EMU_DEFAULT_NAME "sgm-emulated-device"
 
 static int emu_device_uuid(sgm_backend *be, uint8_t out[16]) {
+  sgm__lock_assert_none_held();
   sgm__node_uuid_derive(be->name[0] ? be->name : EMU_DEFAULT_NAME, out);
   return SGM_OK;
 }
 
 static void emu_device_pci_bus_id(sgm_backend *be, char *out, size_t len) {
+  sgm__lock_assert_none_held();
   (void)be;
   if (len) out[0] = '\0';
 }
@@ -701,6 +715,7 @@ static void emu_device_pci_bus_id(sgm_backend *be, char *out, size_t len) {
 /* ---- expandable VRAM (issue 17) ---- */
 
 static int emu_vmm_granularity(sgm_backend *be, uint64_t *bytes_out) {
+  sgm__lock_assert_none_held();
   (void)be;
   *bytes_out = EMU_VMM_GRANULE;
   return SGM_OK;
