@@ -111,9 +111,12 @@ def run_sgm(mode, p):
     tensors = [torch.arange(n, dtype=torch.int32, device="cuda").remainder_(1024) for _ in range(COUNT)]
     dt = job(torch, tensors, n)
     st = sgm.torch.stats(0)
+    # sgm.torch.stats flattens sgm_stats_json: the managed counters are under "managed".
     print(f"{mode}: fallbacks {st.get('sgm.n_fallbacks', '?')}, "
-          f"promotions {st.get('sgm.n_managed_promotions', '?')}, "
-          f"demotions {st.get('sgm.n_managed_demotions', '?')}")
+          f"promotions {st.get('sgm.managed.n_promotions', '?')}, "
+          f"demotions {st.get('sgm.managed.n_demotions', '?')}, "
+          f"moves queued to the copy-stream worker {st.get('sgm.managed.n_moves_queued', '?')} "
+          f"(done {st.get('sgm.managed.n_moves_done', '?')})")
     return dt
 
 

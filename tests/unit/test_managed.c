@@ -849,28 +849,43 @@ static void test_cold_hint_queues_a_large_demotion(void **state) {
   sgm_context_destroy(ctx);
 }
 
+/* One word of every 4 KiB and the last word: a page moved to a wrong offset
+ * shows (cheap enough to run after every step under the sanitizers). */
+static void verify_sparse(const uint8_t *p, uint64_t n, uint64_t seed) {
+  for (uint64_t w = 0; w < n / 8; w += 512) {
+    uint64_t v = pattern(seed, w), got;
+    memcpy(&got, p + 8 * w, 8);
+    if (got != v) fail_msg("bytes %llu..%llu of a %llu-byte block (seed %llu) changed", (unsigned long long)(8 * w),
+                           (unsigned long long)(8 * w + 7), (unsigned long long)n, (unsigned long long)seed);
+  }
+  if (n >= 8) {
+    uint64_t w = n / 8 - 1, v = pattern(seed, w), got;
+    memcpy(&got, p + 8 * w, 8);
+    if (got != v) fail_msg("the last word of a %llu-byte block (seed %llu) changed", (unsigned long long)n,
+                           (unsigned long long)seed);
+  }
+}
+
 /* Bytes survive any sequence with the worker moving blocks meanwhile (the
  * test reads them while it runs; it writes only when nothing is queued, as
- * the emulated device copies between its stores): random, seed printed. */
+ * the emulated device copies between its stores): random, seed printed;
+ * every byte checked every 10 steps, a word per 4 KiB after each. */
 static void test_bytes_survive_queued_moves(void **state) {
   (void)state;
   uint64_t seed = sgm_test_seed("test_managed queued moves", 1416);
   sgm_test_rng r;
   sgm_test_rng_init(&r, seed);
-  sgm_context *ctx = make_ctx("48MiB", "managed");
-  enum { N = 6 };
+  sgm_context *ctx = make_ctx("32MiB", "managed");
+  enum { N = 5 };
   uint8_t *p[N] = {0};
   uint64_t size[N] = {0}, tag[N] = {0};
-  for (int step = 0; step < 120; step++) {
+  for (int step = 0; step < 60; step++) {
     int i = (int)sgm_test_rng_range(&r, 0, N - 1);
     int op = (int)sgm_test_rng_range(&r, 0, 5);
     if (!p[i]) op = 0;
     switch (op) {
     case 0:
-      if (p[i]) {
-        verify(p[i], size[i], tag[i]);
-        assert_int_equal(sgm_free_ex(ctx, p[i], NULL), SGM_OK); /* may cancel its queued move */
-      }
+      if (p[i]) assert_int_equal(sgm_free_ex(ctx, p[i], NULL), SGM_OK); /* may cancel its queued move */
       size[i] = sgm_test_rng_range(&r, 2 * MiB, 20 * MiB + 999);
       tag[i] = sgm_test_rng_next(&r);
       p[i] = sgm_alloc(ctx, size[i], NULL);
@@ -898,10 +913,12 @@ static void test_bytes_survive_queued_moves(void **state) {
       assert_int_equal(sgm_pointer_tier(ctx, p[i]) == SGM_TIER_NONE, false);
       break;
     }
-    verify(p[i], size[i], tag[i]);
-    if (step % 8 == 7) {
+    verify_sparse(p[i], size[i], tag[i]);
+    if (step % 10 == 9) {
       sgm__managed_queue_wait(ctx, true);
       check_invariants(ctx);
+      for (int k = 0; k < N; k++)
+        if (p[k]) verify(p[k], size[k], tag[k]);
     }
   }
   sgm_stats st;
@@ -922,6 +939,62 @@ static void test_bytes_survive_queued_moves(void **state) {
   sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c);
   assert_int_equal(c.n_managed_live, 0);
   sgm_context_destroy(ctx);
+}
+
+/* One run of the queue's fault test: a 9 MiB block waiting in shared memory
+ * whose promotion a free queues, with the fail_at-th device call failing
+ * (0 = none; the worker's calls included: the test makes none while it
+ * runs, so the count is the same every run). Returns the calls made. */
+static uint64_t run_queue_with_failure(int fail_at, uint64_t *calls_before_free) {
+  char at[16];
+  snprintf(at, sizeof at, "%d", fail_at);
+  sgm_test_clean_env();
+  setenv("SGM_EMU_VRAM", "64MiB", 1);
+  setenv("SGM_VRAM_LIMIT", "12MiB", 1);
+  setenv("SGM_SHARED_LIMIT", "64MiB", 1);
+  setenv("SGM_IDLE_TRIM_MS", "0", 1);
+  setenv("SGM_POINTERS", "managed", 1);
+  setenv("SGM_EMU_FAIL_AT", at, 1);
+  sgm_context *ctx = NULL;
+  if (sgm_context_create(NULL, &ctx) != SGM_OK) return 0;
+  uint8_t *a = sgm_alloc(ctx, 9 * MiB, NULL);
+  if (a) {
+    fill(a, 9 * MiB, 41);
+    (void)sgm_prefetch(ctx, a, 9 * MiB, SGM_TIER_SHARED, NULL);
+  }
+  void *f = sgm_alloc(ctx, 12 * MiB, NULL);
+  sgm_backend_counters c;
+  sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c);
+  *calls_before_free = c.n_calls;
+  sgm_free(ctx, f, NULL); /* a's promotion is queued (or refused on the way) */
+  sgm__managed_queue_wait(ctx, true);
+  if (a) verify(a, 9 * MiB, 41);
+  check_invariants(ctx);
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.n_managed_moves_queued, st.n_managed_moves_done + st.n_managed_moves_cancelled);
+  assert_int_equal(st.managed_queued_bytes, 0);
+  sgm_free(ctx, a, NULL);
+  (void)sgm_trim(ctx);
+  sgm__context_bops(ctx)->counters(sgm__context_be(ctx), &c);
+  assert_int_equal(c.n_managed_live, 0);
+  assert_int_equal(c.n_events_live, 0);
+  if (fail_at == 0) assert_int_equal(st.n_managed_moves_done, 1);
+  sgm_context_destroy(ctx);
+  return c.n_calls;
+}
+
+/* Every device call from the free on (queuing the move, the copy stream's
+ * wait, the worker's advice and prefetch, the frees) may fail, in turn: each
+ * run ends whole, the move done or dropped with its room given back, nothing
+ * leaked (the calls before the free are test_every_failure_leaves_things_whole's). */
+static void test_queue_failures_leave_things_whole(void **state) {
+  (void)state;
+  uint64_t before = 0, unused = 0;
+  uint64_t n_calls = run_queue_with_failure(0, &before);
+  assert_true(n_calls > before + 4);
+  for (uint64_t n = before + 1; n <= n_calls; n++) run_queue_with_failure((int)n, &unused);
+  sgm_test_clean_env();
 }
 
 /* ---- on the CUDA backend over the driver test double ---- */
@@ -1322,6 +1395,7 @@ int main(void) {
       cmocka_unit_test(test_free_queues_moves_past_the_bound),
       cmocka_unit_test(test_cold_hint_queues_a_large_demotion),
       cmocka_unit_test(test_bytes_survive_queued_moves),
+      cmocka_unit_test(test_queue_failures_leave_things_whole),
       DOUBLE_TESTS
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
