@@ -224,7 +224,6 @@ struct sgm_tier_pool {
   uint64_t n_allocs;          /* blocks handed out, the same way (atomic) */
   uint64_t n_frees;           /* blocks freed, the same way (atomic) */
   uint64_t n_failed;          /* allocations this pool could not serve (atomic) */
-  uint64_t n_full_checks;     /* sgm__tier_full_for calls (atomic: read by tests) */
   bool budget_lowered;        /* set_budget went below committed: committed may exceed it */
   unsigned n_growing;         /* chunks being taken from the backend right now */
   unsigned n_releasing;       /* chunks detached and being returned right now (still committed) */
@@ -1780,8 +1779,12 @@ static bool tier_has_cached_for(sgm_tier_pool *p, tier_mag *m) {
   return sgm__tier_has_cached(p);
 }
 
+/* sgm__tier_full_for calls made by this thread, any pool (tests): a
+ * thread-local count, so that the fallback path writes no shared line for it. */
+static _Thread_local uint64_t tier_full_checks;
+
 bool sgm__tier_full_for(sgm_tier_pool *p, uint64_t size) {
-  __atomic_fetch_add(&p->n_full_checks, 1, __ATOMIC_RELAXED);
+  tier_full_checks++;
   if (size == 0 || size > UINT64_MAX - TIER_CLASS_MAX_BYTES) return false; /* alloc_on says why */
   uint64_t need = sgm__align_up(size, SGM_DEVICE_ALIGN);
   int cls = tier_class(need);
@@ -2501,9 +2504,7 @@ uint64_t sgm__tier_charged(sgm_tier_pool *p) {
 
 uint64_t sgm__tier_lock_takes(const sgm_tier_pool *p) { return sgm__lock_takes(&p->lock); }
 
-uint64_t sgm__tier_full_checks(const sgm_tier_pool *p) {
-  return __atomic_load_n(&p->n_full_checks, __ATOMIC_RELAXED);
-}
+uint64_t sgm__tier_full_checks(void) { return tier_full_checks; }
 
 uint64_t sgm__tier_map_writes(const sgm_tier_pool *p) {
   uint64_t n = 0;

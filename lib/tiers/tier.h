@@ -150,8 +150,9 @@ static inline bool sgm__tier_room_for(const sgm_tier_pool *p, uint64_t size) {
   uint64_t bound = size + SGM_DEVICE_ALIGN; /* no overflow: size < room */
   return size < room && bound + (bound >> 2) <= room;
 }
-/* sgm__tier_full_for calls so far (tests: the path with room makes none). */
-uint64_t sgm__tier_full_checks(const sgm_tier_pool *p);
+/* sgm__tier_full_for calls the calling thread has made so far, on any pool
+ * (tests: the path with room makes none). */
+uint64_t sgm__tier_full_checks(void);
 /* Set the thread's message for a full budget: the budget, the use, the largest
  * free block and the variables that raise it; returns SGM_ERR_NOMEM. */
 int sgm__tier_explain_budget(sgm_tier_pool *p, uint64_t size);
