@@ -141,7 +141,7 @@ int sgm__placement_create(sgm_context *ctx) {
   sgm__lock_init(&pl->res[SGM_TIER_VRAM], SGM_LOCK_RES_VRAM);
   sgm__lock_init(&pl->res[SGM_TIER_SHARED], SGM_LOCK_RES_SHARED);
   sgm__lock_init(&pl->pf_lock, SGM_LOCK_PREFETCH);
-  pthread_cond_init(&pl->work_cond, NULL);
+  sgm__clock_cond_init(&pl->work_cond); /* monotonic: the managed queue's retry waits on it */
   pthread_cond_init(&pl->mq_cond, NULL);
   pl->clock_ns = placement_monotonic_ns;
   pl->disk_seen_ms = UINT64_MAX;

@@ -16,7 +16,6 @@
  */
 #include <pthread.h>
 #include <string.h>
-#include <time.h>
 
 #include "placement.h"
 
@@ -64,13 +63,7 @@ static void prefetch_managed(sgm_context *ctx, struct sgm_placement *pl) {
   bool stalled = sgm__managed_queue_work(ctx);
   sgm__lock_take(&pl->pf_lock);
   if (!stalled || pl->stop || pl->mq_wake || pl->pf_head) return;
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_nsec += PREFETCH_RETRY_MS * 1000000L;
-  if (until.tv_nsec >= 1000000000L) {
-    until.tv_sec++;
-    until.tv_nsec -= 1000000000L;
-  }
+  struct timespec until = sgm__clock_deadline(PREFETCH_RETRY_MS);
   pthread_cond_timedwait(&pl->work_cond, &pl->pf_lock.mu, &until);
   pl->mq_wake = true; /* look again either way */
 }
