@@ -217,6 +217,9 @@ uint64_t sgm__tier_map_writes(const sgm_tier_pool *p);
 /* Expandable growth: the granule size when the pool grows on one reserved
  * range (0 when it grows in chunks or reserves), and the range's bytes. */
 void sgm__tier_vmm_info(sgm_tier_pool *p, uint64_t *granule_bytes, uint64_t *reserved_bytes);
+/* Expandable growth: backend calls that mapped or unmapped granules so far
+ * (any thread, no lock: an atomic counter). */
+uint64_t sgm__tier_vmm_calls(const sgm_tier_pool *p);
 /* Reserve mode on the virtual-memory API: the budget was taken at create as a
  * pool of granules, mapped into the range where blocks land (issue 17). */
 bool sgm__tier_vmm_pooled(const sgm_tier_pool *p);

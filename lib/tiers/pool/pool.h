@@ -255,6 +255,7 @@ struct sgm_tier_pool {
   sgm_devptr span_hi;         /* past the highest one (atomic): sgm__tier_may_own's span, never shrinks */
   tier_granule *gran;         /* one per granule of the range */
   uint64_t vmm_free_mapped;   /* granules mapped, not busy, touched by no block (atomic read) */
+  uint64_t vmm_calls;         /* backend map / unmap calls so far (atomic) */
   tier_block *spare;          /* records out of the map, reused by carves: a record once
                                  in the map is freed only with the pool (lock-free readers) */
   /* reserve mode on the virtual-memory API (issue 17); vmm_pool NULL = none */

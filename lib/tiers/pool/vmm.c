@@ -72,6 +72,7 @@ uint64_t sgm__pool_vmm_unmapped_locked(const sgm_tier_pool *p, uint64_t off, uin
  * (growth) or stays in the pool (reserve mode). No lock held. */
 static void tier_vmm_unmap_run(sgm_tier_pool *p, size_t g, size_t e) {
   uint64_t off = (uint64_t)g << p->vmm_shift, bytes = (uint64_t)(e - g) << p->vmm_shift;
+  __atomic_fetch_add(&p->vmm_calls, 1, __ATOMIC_RELAXED);
   if (p->vmm_pool) p->p.bops->vmm_pool_unmap(p->p.be, p->vmm_range, off, bytes);
   else p->p.bops->vmm_unmap(p->p.be, p->vmm_range, off, bytes);
 }
@@ -79,6 +80,7 @@ static void tier_vmm_unmap_run(sgm_tier_pool *p, size_t g, size_t e) {
 /* Map the claimed granules [g, e) (busy 2; their pool granules in phys):
  * the backend's call, in pieces of at most 64 granules in reserve mode. */
 static int tier_vmm_map_run(sgm_tier_pool *p, size_t g, size_t e) {
+  __atomic_fetch_add(&p->vmm_calls, 1, __ATOMIC_RELAXED);
   if (!p->vmm_pool)
     return p->p.bops->vmm_map(p->p.be, p->vmm_range, (uint64_t)g << p->vmm_shift,
                               (uint64_t)(e - g) << p->vmm_shift);
@@ -403,6 +405,10 @@ void sgm__pool_vmm_teardown(sgm_tier_pool *p) {
 void sgm__tier_vmm_info(sgm_tier_pool *p, uint64_t *granule_bytes, uint64_t *reserved_bytes) {
   *granule_bytes = p->vmm_range ? tier_vmm_granule(p) : 0;
   *reserved_bytes = p->vmm_range ? p->vmm_bytes : 0;
+}
+
+uint64_t sgm__tier_vmm_calls(const sgm_tier_pool *p) {
+  return __atomic_load_n(&p->vmm_calls, __ATOMIC_RELAXED);
 }
 
 bool sgm__tier_vmm_pooled(const sgm_tier_pool *p) { return p->vmm_pool != NULL; }
