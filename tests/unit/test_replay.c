@@ -625,8 +625,9 @@ static void test_alloc_replay(void **state) {
  * event names a block made before it, no block is freed twice, the same seed
  * gives the same stream; a step's peak is above the weights it keeps. Replayed
  * twice in one context on the emulated device, both passes make the same
- * events, and the warm second pass maps no new granule (the first left the
- * memory it needs mapped, the trace repeating every step).
+ * events, and the warm second pass makes at most 0.01 mapping calls per
+ * event (free granules stay mapped while the program is busy: the trace
+ * repeats every step).
  */
 static void test_synthetic_transformer(void **state) {
   (void)state;
@@ -663,7 +664,9 @@ static void test_synthetic_transformer(void **state) {
   assert_int_equal(r.events, r.pass[0].events + r.pass[1].events);
   assert_true(r.peak_committed_bytes >= a.peak_live_bytes);
   assert_true(r.pass[0].map_calls > 0);
-  assert_int_equal(r.pass[1].map_calls, 0);
+  /* Issue 26's target: at most 0.01 mapping calls per event once warm (911
+   * on 5,526 events before hysteresis, 3 after). */
+  assert_true(r.pass[1].map_calls * 100 <= r.pass[1].events);
   replay_trace_free(&a);
   replay_trace_free(&b);
 }
