@@ -3,11 +3,14 @@
  * lirs and arc run in (policy ABI 4's on_hint; docs/policies.md "Residency
  * hints").
  *
- * Design note. A hinted item leaves the inner policy (on_remove DROP: its
- * history there ends, as a buffer's would when the application takes it over)
- * and lives in one of the shell's lists; an item without hints is the inner
- * policy's, untouched, so with no hints the shell is one branch per call
- * around the policy it wraps.
+ * Design note. A hinted item lives in one of the shell's lists, and the
+ * inner policy holds it pinned meanwhile (on_remove PIN: its history, LIR
+ * status or frequency, stays); its hints ending give it back as the pin would
+ * end (used: on_access, a hit; cancelled: on_insert RESTORE), and its
+ * eviction from the shell ends the pin with DROP. An item hinted before the
+ * inner policy ever saw it enters there as new when its hints end. An item
+ * without hints is the inner policy's, untouched, so with no hints the shell
+ * is one branch per call around the policy it wraps.
  *
  *     done    first out: oldest done first (FIFO)
  *     inner   the policy's own order (LRU, S3-FIFO, LIRS, ARC)
@@ -15,10 +18,9 @@
  *             bucket first, and in a bucket the newest hint first (hints of
  *             one bucket given earlier are nearer by now)
  *
- * A use ends will-use and done (sgm clears them before on_access); the item
- * then goes back to the inner policy as new there. A pinned item stays where
- * it was pinned (inner or shell) and is placed by its hints when it comes
- * back. Every operation is O(1): the highest non-empty bucket is one bit scan.
+ * A use ends will-use and done (sgm clears them before on_access). An item
+ * pinned by sgm stays where it was pinned (inner or shell) and is placed by
+ * its hints when it comes back. Every operation is O(1): the highest non-empty bucket is one bit scan.
  *
  * Per-item state: the inner policy's state, then (16-byte aligned) a list
  * node and where the item is. Locks and contract: sgm/policy.h (the shell
@@ -31,10 +33,10 @@
 enum {
   HINT_NONE = 0,     /* in no list: not an item, or dropped */
   HINT_INNER,        /* the inner policy's item */
-  HINT_INNER_PINNED, /* pinned by the inner policy */
+  HINT_INNER_PINNED, /* the inner policy's item, pinned by sgm */
   HINT_DONE,         /* in the done list */
   HINT_WILL,         /* in a will bucket */
-  HINT_PINNED        /* pinned while in a shell list (unlinked) */
+  HINT_PINNED        /* pinned by sgm while in done or will (unlinked) */
 };
 
 #define HINT_BUCKETS 33 /* log2 of a uint32_t distance, + 1 */
@@ -44,6 +46,7 @@ typedef struct hint_state {
   pol_node node;  /* in done or a will bucket */
   uint8_t where;  /* HINT_* */
   uint8_t bucket; /* its will bucket */
+  bool inner_pin; /* in done or will (or pinned from there): the inner policy holds a pin on it */
 } hint_state;
 
 typedef struct pol_hinted {
@@ -137,43 +140,63 @@ static bool hinted(const sgm_policy_item *it) {
   return (it->hint & (SGM_POLICY_HINT_WILL_USE | SGM_POLICY_HINT_DONE)) != 0;
 }
 
-void pol_hinted_insert(sgm_policy *pp, sgm_policy_item *it, sgm_policy_insert how) {
-  pol_hinted *h = (pol_hinted *)pp;
+/* Take it (hinted, not in a list, not pinned by sgm) into done or will. An
+ * item the inner policy knows (inner_pin) stays pinned there meanwhile: its
+ * history (LIR status, frequency, ghosts) waits for it. */
+static void hint_take(pol_hinted *h, sgm_policy_item *it, bool inner_knows) {
+  hint_state *s = hint_of(h, it);
+  if (inner_knows) h->inner->on_remove(h->in, it, SGM_POLICY_REMOVE_PIN);
+  s->inner_pin = inner_knows;
+  hint_link(h, it);
+}
+
+/* Give it (hints gone, in no list, not pinned by sgm) back to the inner
+ * policy: used (a hit there) or not (restored, or new if it never knew it). */
+static void hint_give_back(pol_hinted *h, sgm_policy_item *it, bool used) {
+  hint_state *s = hint_of(h, it);
+  if (!s->inner_pin) h->inner->on_insert(h->in, it, SGM_POLICY_INSERT_NEW);
+  else if (used) h->inner->on_access(h->in, it);
+  else h->inner->on_insert(h->in, it, SGM_POLICY_INSERT_RESTORE);
+  s->inner_pin = false;
+  s->where = HINT_INNER;
+}
+
+/* it comes back from sgm (new, restored, or used), hinted or not. */
+static void hint_back(pol_hinted *h, sgm_policy_item *it, sgm_policy_insert how, bool used) {
   hint_state *s = hint_of(h, it);
   hint_filter_parent(h, it);
-  if (how == SGM_POLICY_INSERT_NEW) s->where = HINT_NONE;
-  if (s->where == HINT_INNER_PINNED && hinted(it)) {
-    h->inner->on_remove(h->in, it, SGM_POLICY_REMOVE_DROP); /* its pin ends: the shell takes it */
+  if (how == SGM_POLICY_INSERT_NEW && !used) {
     s->where = HINT_NONE;
+    s->inner_pin = false;
   }
-  if (s->where == HINT_INNER_PINNED) {
-    h->inner->on_insert(h->in, it, how);
-    s->where = HINT_INNER;
-  } else if (hinted(it)) {
-    hint_link(h, it);
-  } else {
-    /* New, or restored from a shell list with its hints gone: new to the inner policy. */
-    h->inner->on_insert(h->in, it, SGM_POLICY_INSERT_NEW);
-    s->where = HINT_INNER;
+  switch (s->where) {
+    case HINT_INNER_PINNED: /* the inner policy's pin ends as sgm's did */
+      if (used) h->inner->on_access(h->in, it);
+      else h->inner->on_insert(h->in, it, how);
+      s->where = HINT_INNER;
+      if (hinted(it)) hint_take(h, it, true);
+      break;
+    case HINT_PINNED: /* a shell item back */
+      if (hinted(it)) hint_link(h, it);
+      else hint_give_back(h, it, used);
+      break;
+    default: /* new */
+      if (hinted(it)) {
+        hint_take(h, it, false);
+      } else {
+        h->inner->on_insert(h->in, it, SGM_POLICY_INSERT_NEW);
+        s->where = HINT_INNER;
+      }
+      break;
   }
 }
 
+void pol_hinted_insert(sgm_policy *pp, sgm_policy_item *it, sgm_policy_insert how) {
+  hint_back((pol_hinted *)pp, it, how, false);
+}
+
 void pol_hinted_access(sgm_policy *pp, sgm_policy_item *it) {
-  pol_hinted *h = (pol_hinted *)pp;
-  hint_state *s = hint_of(h, it);
-  hint_filter_parent(h, it);
-  if (s->where == HINT_INNER_PINNED && !hinted(it)) {
-    h->inner->on_access(h->in, it);
-    s->where = HINT_INNER;
-    return;
-  }
-  if (s->where == HINT_INNER_PINNED) h->inner->on_remove(h->in, it, SGM_POLICY_REMOVE_DROP);
-  if (hinted(it)) {
-    hint_link(h, it);
-  } else {
-    h->inner->on_insert(h->in, it, SGM_POLICY_INSERT_NEW);
-    s->where = HINT_INNER;
-  }
+  hint_back((pol_hinted *)pp, it, SGM_POLICY_INSERT_RESTORE, true);
 }
 
 void pol_hinted_remove(sgm_policy *pp, sgm_policy_item *it, sgm_policy_remove why) {
@@ -183,20 +206,26 @@ void pol_hinted_remove(sgm_policy *pp, sgm_policy_item *it, sgm_policy_remove wh
     case HINT_INNER:
       h->inner->on_remove(h->in, it, why);
       s->where = why == SGM_POLICY_REMOVE_PIN ? HINT_INNER_PINNED : HINT_NONE;
-      break;
+      return;
     case HINT_INNER_PINNED:
       h->inner->on_remove(h->in, it, why); /* DROP of a pinned item */
       s->where = HINT_NONE;
-      break;
+      return;
     case HINT_DONE:
     case HINT_WILL:
       hint_unlink(h, it);
-      s->where = why == SGM_POLICY_REMOVE_PIN ? HINT_PINNED : HINT_NONE;
+      if (why == SGM_POLICY_REMOVE_PIN) {
+        s->where = HINT_PINNED; /* the inner pin stays: sgm's pin decides */
+        return;
+      }
       break;
     default:
-      s->where = HINT_NONE; /* a pin of a shell item dropped */
-      break;
+      break; /* HINT_PINNED dropped */
   }
+  /* Gone (evicted or dropped): the inner policy's pin ends too. */
+  if (s->inner_pin) h->inner->on_remove(h->in, it, SGM_POLICY_REMOVE_DROP);
+  s->inner_pin = false;
+  s->where = HINT_NONE;
 }
 
 void pol_hinted_hint(sgm_policy *pp, sgm_policy_item *it) {
@@ -204,16 +233,11 @@ void pol_hinted_hint(sgm_policy *pp, sgm_policy_item *it) {
   hint_state *s = hint_of(h, it);
   hint_filter_parent(h, it);
   if (s->where == HINT_INNER && hinted(it)) {
-    h->inner->on_remove(h->in, it, SGM_POLICY_REMOVE_DROP);
-    hint_link(h, it);
+    hint_take(h, it, true);
   } else if (s->where == HINT_DONE || s->where == HINT_WILL) {
     hint_unlink(h, it);
-    if (hinted(it)) {
-      hint_link(h, it);
-    } else {
-      h->inner->on_insert(h->in, it, SGM_POLICY_INSERT_NEW);
-      s->where = HINT_INNER;
-    }
+    if (hinted(it)) hint_link(h, it);
+    else hint_give_back(h, it, false); /* cancelled: as if it had never left */
   } else if (s->where == HINT_INNER && it->parent && h->inner->on_hint) {
     h->inner->on_hint(h->in, it); /* structure: the inner policy's business */
   }
