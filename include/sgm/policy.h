@@ -143,8 +143,8 @@ typedef struct sgm_policy_params {
 
 /*
  * The vtable. Every member must be set except the optional `summary`,
- * `check`, `record`, `admit` and `promote_before`; sgm_policy_register names
- * the first required one missing.
+ * `check`, `record`, `admit`, `promote_before` and `on_hint`;
+ * sgm_policy_register names the first required one missing.
  */
 typedef struct sgm_policy_ops {
   uint32_t abi_version; /* the SGM_POLICY_ABI_VERSION it was built with (1 up to this one) */
