@@ -19,6 +19,18 @@
 const void *sgm_test_policy_abi1_fifo(void);
 size_t sgm_test_policy_abi1_ops_bytes(void);
 
+/* 8 MiB of VRAM, 16 MiB of shared memory; `var` (a policy variable) = policy. */
+static sgm_context *abi_ctx(const char *var, const char *policy) {
+  sgm_test_clean_env();
+  setenv("SGM_EMU_VRAM", "64MiB", 1);
+  setenv("SGM_VRAM_LIMIT", "8MiB", 1);
+  setenv("SGM_SHARED_LIMIT", "16MiB", 1);
+  setenv(var, policy, 1);
+  sgm_context *ctx = NULL;
+  if (sgm_context_create(NULL, &ctx) != SGM_OK) fail_msg("create: %s", sgm_last_error());
+  return ctx;
+}
+
 /* Invariant: an ABI-1 vtable (shorter than today's: no record, no admit)
  * registers; the registry's entry reads record and admit as NULL and keeps
  * every ABI-1 member; a context whose VRAM tier runs it evicts in its order
@@ -44,14 +56,7 @@ static void test_abi1_policy_loads(void **state) {
   assert_int_equal(ops->abi_version, SGM_POLICY_ABI_VERSION);
   assert_ptr_equal(sgm_policy_at(sgm_policy_count() - 1), ops);
 
-  sgm_test_clean_env();
-  setenv("SGM_EMU_VRAM", "64MiB", 1);
-  setenv("SGM_VRAM_LIMIT", "8MiB", 1);
-  setenv("SGM_SHARED_LIMIT", "16MiB", 1);
-  setenv("SGM_POLICY_VRAM", "fifo_abi1", 1);
-  sgm_context *ctx = NULL;
-  rc = sgm_context_create(NULL, &ctx);
-  if (rc != SGM_OK) fail_msg("create: %s", sgm_last_error());
+  sgm_context *ctx = abi_ctx("SGM_POLICY_VRAM", "fifo_abi1");
   assert_string_equal(sgm__placement_policy_name(ctx, SGM_TIER_VRAM), "fifo_abi1");
   sgm_buffer *b[10];
   for (int i = 0; i < 8; i++) {
@@ -95,14 +100,7 @@ static void test_abi3_policy_ignores_hints(void **state) {
   assert_non_null(got);
   assert_null(got->on_hint);
 
-  sgm_test_clean_env();
-  setenv("SGM_EMU_VRAM", "64MiB", 1);
-  setenv("SGM_VRAM_LIMIT", "8MiB", 1);
-  setenv("SGM_SHARED_LIMIT", "16MiB", 1);
-  setenv("SGM_POLICY", "fifo_abi3", 1);
-  sgm_context *ctx = NULL;
-  rc = sgm_context_create(NULL, &ctx);
-  if (rc != SGM_OK) fail_msg("create: %s", sgm_last_error());
+  sgm_context *ctx = abi_ctx("SGM_POLICY", "fifo_abi3");
   sgm_buffer *b[10];
   for (int i = 0; i < 8; i++) assert_int_equal(sgm_buffer_create(ctx, MiB, &b[i]), SGM_OK);
   assert_int_equal(sgm_will_use(ctx, &b[0], 2, 1), SGM_OK);
