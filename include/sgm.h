@@ -230,9 +230,10 @@ SGM_API sgm_status sgm_record_stream(sgm_context *ctx, void *ptr, void *stream);
  * own until the framework says the graph is gone. pool_id: any non-zero value
  * the caller chooses; a pool exists from its first begin to its release.
  *  - begin: from now, sgm_alloc by the calling thread on `stream`
- *    (SGM_CAPTURE_ANY_STREAM: on any stream) allocates into the pool. Several
- *    scopes (threads, streams, begins) may feed one pool; the latest begun
- *    scope of a thread wins. SGM_ERR_INVALID for pool_id 0.
+ *    (SGM_CAPTURE_ANY_STREAM: on any stream) allocates into the pool, which
+ *    gains a reference. Several scopes (threads, streams, begins) may feed
+ *    one pool; the latest begun scope of a thread wins. SGM_ERR_INVALID for
+ *    pool_id 0.
  *  - A pool's block that is freed stays live in its tier, *parked*: it is
  *    never handed to another allocation, trimmed (sgm_trim, the idle trim,
  *    pressure) or unmapped; only a later allocation under the same pool on
@@ -240,9 +241,11 @@ SGM_API sgm_status sgm_record_stream(sgm_context *ctx, void *ptr, void *stream);
  *    that sgm_record_stream named is never taken again before the release.
  *  - end: every scope of the pool ends (any thread); the pool and its blocks
  *    stay. SGM_ERR_INVALID when it has no open scope.
- *  - release: the pool's scopes end, its parked blocks are freed as by
- *    sgm_free on the stream they were freed on, and its live blocks become
- *    ordinary allocations. SGM_ERR_INVALID when the pool does not exist.
+ *  - release: drops a reference (each begin holds one, as PyTorch's graphs
+ *    sharing a pool each release it). The last one ends the pool's scopes,
+ *    frees its parked blocks as sgm_free on the stream they were freed on,
+ *    and makes its live blocks ordinary allocations. SGM_ERR_INVALID when
+ *    the pool does not exist. sgm_context_destroy releases every pool.
  * All thread-safe. Without pools sgm_alloc and sgm_free pay one load.
  */
 #define SGM_CAPTURE_ANY_STREAM ((void *)~(uintptr_t)0)

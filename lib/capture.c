@@ -20,7 +20,8 @@
  * 2.3+ passes a filter sgm cannot call, so its hook scopes by thread, see
  * hooks.c); end(pool) ends every scope of the pool, of any thread; a pool
  * exists from its first begin until its release (begin again on a pool not
- * yet released adds a scope to it: PyTorch shares one pool between graphs).
+ * yet released adds a scope and a reference to it: PyTorch shares one pool
+ * between graphs, and each graph releases it once); the last release frees.
  *
  * Layering: called by context.c's sgm_alloc / sgm_free_ex / sgm_record_stream
  * and by the public sgm_capture_pool_* calls below; calls sgm_free_ex down
@@ -56,6 +57,7 @@ typedef struct capture_scope {
 
 typedef struct capture_pool {
   uint64_t id;
+  uint64_t refs;                     /* begins not yet matched by a release */
   uint64_t live_bytes, parked_bytes; /* members' bytes by state */
   uint64_t n_live, n_parked;
 } capture_pool;
@@ -250,6 +252,8 @@ void sgm__capture_release_all(sgm_context *ctx) {
   while (__atomic_load_n(&c->n_pools, __ATOMIC_RELAXED)) {
     sgm__lock_take(&c->lock);
     uint64_t id = c->pools[0].id;
+    capture_pool *p = capture_pool_find(c, id);
+    if (p) p->refs = 1; /* the context goes: whatever still holds the pool */
     sgm__lock_drop(&c->lock);
     if (sgm_capture_pool_release(ctx, id) != SGM_OK) break; /* out of host memory: leave it */
   }
@@ -312,6 +316,7 @@ SGM_API sgm_status sgm_capture_pool_begin(sgm_context *ctx, void *stream, uint64
   }
   c->scopes[c->n_scopes++] = (capture_scope){.pool = pool_id, .thread = pthread_self(), .stream = stream};
   if (is_new) __atomic_store_n(&c->n_pools, n + 1, __ATOMIC_RELAXED);
+  capture_pool_find(c, pool_id)->refs++;
 out:
   sgm__lock_drop(&c->lock);
   return (sgm_status)rc;
@@ -348,6 +353,10 @@ SGM_API sgm_status sgm_capture_pool_release(sgm_context *ctx, uint64_t pool_id) 
     rc = sgm__error_set(SGM_ERR_INVALID, "sgm_capture_pool_release: pool %llu does not exist "
                         "(never begun, or released already); nothing changed",
                         (unsigned long long)pool_id);
+    goto out;
+  }
+  if (p->refs > 1) { /* another begin still holds it (graphs sharing a pool) */
+    p->refs--;
     goto out;
   }
   if (p->n_parked && !(parked = malloc(p->n_parked * sizeof *parked))) {

@@ -96,14 +96,20 @@ static void test_pool_survives_idle_trim(void **state) {
   assert_int_equal(v.used_bytes, 32 * MiB);
   assert_int_equal(sgm_pointer_tier(ctx, tmp), SGM_TIER_VRAM);
 
-  /* Replay: the graph's order takes its temporary back under the pool. */
+  /* A second capture into the same pool (PyTorch: pool=g1.pool()) takes the
+   * parked temporary back. */
   assert_int_equal(sgm_capture_pool_begin(ctx, STREAM_A, pool), SGM_OK);
   void *again = sgm_alloc(ctx, 24 * MiB, STREAM_A);
   assert_ptr_equal(again, tmp);
   sgm_free(ctx, again, STREAM_A);
   assert_int_equal(sgm_capture_pool_end(ctx, pool), SGM_OK);
 
-  /* Release: the parked block is freed, the live one becomes ordinary. */
+  /* Two begins (two graphs sharing the pool): the first release keeps it. */
+  assert_int_equal(sgm_capture_pool_release(ctx, pool), SGM_OK);
+  assert_int_equal(sgm_capture_pool_info(ctx, pool, &ps), SGM_OK);
+  assert_int_equal(ps.parked_bytes, 24 * MiB);
+  assert_int_equal(vram(ctx).used_bytes, 32 * MiB);
+  /* The last release: the parked block is freed, the live one becomes ordinary. */
   assert_int_equal(sgm_capture_pool_release(ctx, pool), SGM_OK);
   assert_int_equal(sgm_capture_pool_info(ctx, pool, &ps), SGM_ERR_INVALID);
   assert_int_equal(sgm_trim(ctx), SGM_OK);
