@@ -177,6 +177,7 @@ class NativeAllocator:
         self.bufs = {}         # ptr -> (buffer, size, pool or None)
         self.oom_pools = []    # MemPools with use_on_oom, in creation order
         self.thread_pool = threading.local()
+        self.graph_kept = []   # buffers freed during a capture (kept: no release here)
 
     def init(self, device_count):
         self.initialized = True
@@ -219,6 +220,8 @@ class NativeAllocator:
 
     def raw_delete(self, ptr):
         buf, size, pool = self.bufs.pop(ptr)
+        if getattr(self.thread_pool, "graph", False):
+            self.graph_kept.append(buf)  # a graph's private pool keeps it
         if pool is not None:
             # cached in the pool; empty_cache does not return it (#145168)
             pool._free_segments.append((ptr, pool._live.pop(ptr)))
@@ -236,9 +239,11 @@ class NativeAllocator:
 
     def begin_allocate_to_pool(self, device, pool_id, stream):
         self.thread_pool.pool = _pools.get(tuple(pool_id))
+        self.thread_pool.graph = stream is not None
 
     def end_allocate_to_pool(self, device, pool_id, stream):
         self.thread_pool.pool = None
+        self.thread_pool.graph = False
 
     def release_pool(self, device, pool_id):
         pass

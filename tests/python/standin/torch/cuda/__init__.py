@@ -7,9 +7,12 @@ import threading
 
 from .. import _C
 from . import memory
-from .memory import (MemPool, change_current_allocator, empty_cache, memory_stats,  # noqa: F401
-                     memory_summary, set_per_process_memory_fraction, use_mem_pool,
+from .memory import (change_current_allocator, empty_cache, memory_stats,  # noqa: F401
+                     memory_summary, set_per_process_memory_fraction,
                      memory_allocated, memory_reserved, max_memory_allocated)
+
+if hasattr(memory, "MemPool"):
+    from .memory import MemPool, use_mem_pool  # noqa: F401
 
 _local = threading.local()
 _handles = itertools.count(0x5000, 0x100)

@@ -84,14 +84,23 @@ def _get_current_allocator():
 
 
 class MemPool(_C._MemPool):
+    # torch.cuda.MemPool: (allocator) from 2.5, use_on_oom from 2.8, no_split after
     def __init__(self, allocator=None, use_on_oom=False, no_split=False):
-        if _C.VERSION < (2, 8) and use_on_oom:
-            raise TypeError("MemPool.__init__() got an unexpected keyword argument 'use_on_oom'")
         super().__init__(allocator, True, use_on_oom, no_split)
 
     @property
     def id(self):
         return super().id
+
+
+if _C.VERSION < (2, 8):
+    class MemPool(_C._MemPool):  # noqa: F811
+        def __init__(self, allocator=None):
+            super().__init__(allocator, True)
+
+        @property
+        def id(self):
+            return super().id
 
 
 @contextlib.contextmanager
@@ -104,3 +113,7 @@ def use_mem_pool(pool, device=None):
     finally:
         _C._cuda_endAllocateToPool(device_index, pool.id)
         _C._cuda_releasePool(device_index, pool.id)
+
+
+if _C.VERSION < (2, 5):
+    del MemPool, use_mem_pool
