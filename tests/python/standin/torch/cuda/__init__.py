@@ -55,6 +55,10 @@ def synchronize(device=None):
     pass
 
 
+def _sleep(cycles):
+    pass  # synchronous streams: nothing can race
+
+
 class Stream:
     def __init__(self, device=None, priority=0, _handle=None):
         self.cuda_stream = next(_handles) if _handle is None else _handle
