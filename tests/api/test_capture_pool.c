@@ -194,6 +194,61 @@ static void test_other_thread_and_destroy(void **state) {
   sgm_context_destroy(ctx);
 }
 
+typedef struct {
+  sgm_context *ctx;
+  uint64_t pool;
+  unsigned seed;
+  int bad;
+} worker_arg;
+
+static void *pool_worker(void *arg) {
+  worker_arg *w = arg;
+  void *live[8] = {0};
+  size_t size[8] = {0};
+  if (sgm_capture_pool_begin(w->ctx, SGM_CAPTURE_ANY_STREAM, w->pool) != SGM_OK) w->bad++;
+  for (int i = 0; i < 400; i++) {
+    int k = (int)(rand_r(&w->seed) % 8);
+    if (live[k]) {
+      sgm_free(w->ctx, live[k], STREAM_A);
+      live[k] = NULL;
+    } else {
+      size[k] = (size_t)(1 + rand_r(&w->seed) % 4) * (256 << 10);
+      live[k] = sgm_alloc(w->ctx, size[k], STREAM_A);
+      if (!live[k]) w->bad++;
+    }
+  }
+  if (sgm_capture_pool_end(w->ctx, w->pool) != SGM_OK) w->bad++;
+  for (int k = 0; k < 8; k++) sgm_free(w->ctx, live[k], STREAM_A);
+  if (sgm_capture_pool_release(w->ctx, w->pool) != SGM_OK) w->bad++;
+  return NULL;
+}
+
+/* Invariant: threads feeding their own pools at once while another trims
+ * leave nothing used once every pool is released (seeded; TSan runs it). */
+static void test_threads(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx();
+  enum { N = 4 };
+  pthread_t t[N];
+  worker_arg w[N];
+  unsigned seed = (unsigned)time(NULL);
+  printf("# test_threads seed %u\n", seed);
+  for (int i = 0; i < N; i++) {
+    w[i] = (worker_arg){ctx, (uint64_t)(100 + i), seed + (unsigned)i, 0};
+    assert_int_equal(pthread_create(&t[i], NULL, pool_worker, &w[i]), 0);
+  }
+  for (int r = 0; r < 20; r++) assert_int_equal(sgm_trim(ctx), SGM_OK);
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(pthread_join(t[i], NULL), 0);
+    assert_int_equal(w[i].bad, 0);
+  }
+  sgm_capture_pool_stats ps;
+  assert_int_equal(sgm_capture_pool_info(ctx, 0, &ps), SGM_OK);
+  assert_int_equal(ps.n_pools, 0);
+  assert_int_equal(vram(ctx).used_bytes, 0);
+  sgm_context_destroy(ctx);
+}
+
 int main(void) {
   const char *b = getenv("SGM_BACKEND");
   if (b && *b) snprintf(backend_env, sizeof backend_env, "%s", b);
@@ -202,6 +257,7 @@ int main(void) {
       cmocka_unit_test(test_pool_survives_idle_trim),
       cmocka_unit_test(test_scope_stream_and_record),
       cmocka_unit_test(test_other_thread_and_destroy),
+      cmocka_unit_test(test_threads),
   };
   return cmocka_run_group_tests_name("capture_pool", tests, NULL, NULL);
 }
