@@ -147,6 +147,27 @@ static void capture_count(sgm_capture *c, const capture_member *m, int sign) {
   *n += sign > 0 ? 1 : (uint64_t)0 - 1;
 }
 
+/* Room for one more element in an array of n (growing *cap by doubling);
+ * false when out of host memory. Lock held. */
+static bool capture_room(void **arr, size_t *cap, size_t n, size_t elem) {
+  if (n < *cap) return true;
+  size_t grown = *cap ? *cap * 2 : 4;
+  void *p = realloc(*arr, grown * elem);
+  if (!p) return false;
+  *arr = p;
+  *cap = grown;
+  return true;
+}
+
+/* End every scope of a pool; how many there were. Lock held. */
+static size_t capture_end_scopes(sgm_capture *c, uint64_t pool_id) {
+  size_t kept = 0, before = c->n_scopes;
+  for (size_t i = 0; i < c->n_scopes; i++)
+    if (c->scopes[i].pool != pool_id) c->scopes[kept++] = c->scopes[i];
+  c->n_scopes = kept;
+  return before - kept;
+}
+
 /* ---- called by context.c ---- */
 
 sgm_capture *sgm__capture_create(void) {
@@ -211,14 +232,22 @@ void *sgm__capture_reuse(sgm_capture *c, uint64_t pool, size_t size, void *strea
 void sgm__capture_adopt(sgm_capture *c, uint64_t pool, void *ptr, size_t size, void *stream) {
   capture_member m = {.ptr = (uint64_t)(uintptr_t)ptr, .bytes = size, .pool = pool,
                       .stream = stream, .state = CAPTURE_LIVE};
+  bool lost = false;
   sgm__lock_take(&c->lock);
   /* Released between the scope check and now: the block is an ordinary one. */
-  if (capture_pool_find(c, pool) && capture_insert(c, &m)) capture_count(c, &m, +1);
+  if (capture_pool_find(c, pool)) {
+    if (capture_insert(c, &m)) capture_count(c, &m, +1);
+    else lost = true;
+  }
   sgm__lock_drop(&c->lock);
+  if (lost)
+    sgm__log(1, 1, "capture pool %llu: out of host memory recording %p (%zu bytes); the block is "
+             "an ordinary allocation and may be reused once freed",
+             (unsigned long long)pool, ptr, size);
 }
 
-bool sgm__capture_park(sgm_capture *c, uint64_t ptr, void *stream) {
-  bool parked = false;
+int sgm__capture_park(sgm_capture *c, uint64_t ptr, void *stream) {
+  int rc = 0;
   sgm__lock_take(&c->lock);
   capture_member *m = capture_find(c, ptr);
   if (m && m->state == CAPTURE_LIVE) {
@@ -226,10 +255,12 @@ bool sgm__capture_park(sgm_capture *c, uint64_t ptr, void *stream) {
     m->state = CAPTURE_PARKED;
     m->stream = stream;
     capture_count(c, m, +1);
-    parked = true;
+    rc = 1;
+  } else if (m) {
+    rc = -1; /* parked already: a double free */
   }
   sgm__lock_drop(&c->lock);
-  return parked;
+  return rc;
 }
 
 bool sgm__capture_parked(sgm_capture *c, uint64_t ptr) {
@@ -291,29 +322,12 @@ SGM_API sgm_status sgm_capture_pool_begin(sgm_context *ctx, void *stream, uint64
   sgm__lock_take(&c->lock);
   size_t n = c->n_pools;
   bool is_new = !capture_pool_find(c, pool_id);
-  if (is_new) {
-    if (n == c->cap_pools) {
-      size_t cap = c->cap_pools ? c->cap_pools * 2 : 4;
-      capture_pool *np = realloc(c->pools, cap * sizeof *np);
-      if (!np) {
-        rc = sgm__error_set(SGM_ERR_NOMEM, "sgm_capture_pool_begin: out of host memory");
-        goto out;
-      }
-      c->pools = np;
-      c->cap_pools = cap;
-    }
-    c->pools[n] = (capture_pool){.id = pool_id};
+  if ((is_new && !capture_room((void **)&c->pools, &c->cap_pools, n, sizeof *c->pools)) ||
+      !capture_room((void **)&c->scopes, &c->cap_scopes, c->n_scopes, sizeof *c->scopes)) {
+    rc = sgm__error_set(SGM_ERR_NOMEM, "sgm_capture_pool_begin: out of host memory");
+    goto out;
   }
-  if (c->n_scopes == c->cap_scopes) {
-    size_t cap = c->cap_scopes ? c->cap_scopes * 2 : 4;
-    capture_scope *ns = realloc(c->scopes, cap * sizeof *ns);
-    if (!ns) {
-      rc = sgm__error_set(SGM_ERR_NOMEM, "sgm_capture_pool_begin: out of host memory");
-      goto out;
-    }
-    c->scopes = ns;
-    c->cap_scopes = cap;
-  }
+  if (is_new) c->pools[n] = (capture_pool){.id = pool_id};
   c->scopes[c->n_scopes++] = (capture_scope){.pool = pool_id, .thread = pthread_self(), .stream = stream};
   if (is_new) __atomic_store_n(&c->n_pools, n + 1, __ATOMIC_RELAXED);
   capture_pool_find(c, pool_id)->refs++;
@@ -326,14 +340,10 @@ SGM_API sgm_status sgm_capture_pool_end(sgm_context *ctx, uint64_t pool_id) {
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_capture_pool_end: context is NULL");
   if (sgm__context_forked(ctx)) return (sgm_status)sgm__context_fork_error(ctx, "sgm_capture_pool_end");
   sgm_capture *c = sgm__context_capture(ctx);
-  size_t kept = 0, before;
   sgm__lock_take(&c->lock);
-  before = c->n_scopes;
-  for (size_t i = 0; i < c->n_scopes; i++)
-    if (c->scopes[i].pool != pool_id) c->scopes[kept++] = c->scopes[i];
-  c->n_scopes = kept;
+  size_t ended = capture_end_scopes(c, pool_id);
   sgm__lock_drop(&c->lock);
-  if (kept == before)
+  if (!ended)
     return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_capture_pool_end: pool %llu has no "
                                       "open scope (never begun, or ended already); nothing changed",
                                       (unsigned long long)pool_id);
@@ -365,10 +375,7 @@ SGM_API sgm_status sgm_capture_pool_release(sgm_context *ctx, uint64_t pool_id) 
     goto out;
   }
   /* Its scopes end; its members leave the map (parked ones to be freed). */
-  size_t kept = 0;
-  for (size_t i = 0; i < c->n_scopes; i++)
-    if (c->scopes[i].pool != pool_id) c->scopes[kept++] = c->scopes[i];
-  c->n_scopes = kept;
+  (void)capture_end_scopes(c, pool_id);
   for (size_t i = 0; c->map && i <= c->mask;) {
     capture_member *m = &c->map[i];
     if (m->ptr && m->pool == pool_id) {

@@ -593,8 +593,11 @@ SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream) {
   if (sgm__context_forked(ctx)) return (sgm_status)sgm__context_fork_error(ctx, "sgm_free");
   sgm_devptr d = (sgm_devptr)(uintptr_t)ptr;
   /* A capture pool's block is parked in its pool, live in its tier. */
-  if (sgm_unlikely(sgm__capture_active(ctx->capture)) && sgm__capture_park(ctx->capture, d, stream))
-    return SGM_OK;
+  if (sgm_unlikely(sgm__capture_active(ctx->capture))) {
+    int parked = sgm__capture_park(ctx->capture, d, stream);
+    if (parked > 0) return SGM_OK;
+    if (parked < 0) return context_bad_free(ctx, ptr);
+  }
   /* Stream-ordered free (the rule RMM and PyTorch follow): work already queued
    * on `stream` may still use the block, so it is cached for that stream —
    * reusable by its later work at once, with no driver call — and reaches

@@ -455,9 +455,10 @@ void *sgm__capture_reuse(sgm_capture *c, uint64_t pool, size_t size, void *strea
 /* ptr (size bytes, just allocated on stream) joins the pool, unless it was
  * released meanwhile. */
 void sgm__capture_adopt(sgm_capture *c, uint64_t pool, void *ptr, size_t size, void *stream);
-/* A free of ptr on stream: true when ptr is a live pool member, now parked
- * (the caller frees nothing); false when it is no pool's. */
-bool sgm__capture_park(sgm_capture *c, uint64_t ptr, void *stream);
+/* A free of ptr on stream: 1 when ptr was a live pool member, now parked (the
+ * caller frees nothing); -1 when it is parked already (a double free: the
+ * caller refuses it); 0 when it is no pool's. */
+int sgm__capture_park(sgm_capture *c, uint64_t ptr, void *stream);
 /* Whether ptr is a parked pool member (freed, waiting for its release). */
 bool sgm__capture_parked(sgm_capture *c, uint64_t ptr);
 /* sgm_record_stream named ptr: if a pool member, the pool never reuses it. */

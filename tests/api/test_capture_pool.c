@@ -144,6 +144,11 @@ static void test_scope_stream_and_record(void **state) {
   assert_ptr_not_equal(c, a);
   assert_int_equal(sgm_record_stream(ctx, a, STREAM_B), SGM_ERR_INVALID); /* a was freed */
   sgm_free(ctx, c, STREAM_A);
+  /* A parked block freed again is a double free: refused, counted. */
+  assert_int_equal(sgm_free_ex(ctx, c, STREAM_A), SGM_ERR_INVALID);
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.n_bad_frees, 1);
   /* Size rule: a parked block serves at most 1/8 more than asked. */
   void *d = sgm_alloc(ctx, 2 * MiB, STREAM_A);
   assert_ptr_not_equal(d, c);
