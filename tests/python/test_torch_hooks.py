@@ -374,3 +374,28 @@ def test_use_after_cuda_init_is_refused():
             assert "before any tensor" in str(e)
         assert not sgm.torch.active()
     """)
+
+
+def test_base_alloc_names_the_driver_allocation():
+    """Invariant: the base-allocation hook answers the chunk holding a tensor
+    where VRAM grows in driver allocations (SGM_VRAM_VMM=off): base <= ptr <
+    base + size; on a VMM range (the default) the tensor's own address and the
+    size untouched, as PyTorch's default."""
+    run("""
+        sgm.torch.use()
+        a = torch.empty(256 << 10, device="cuda")   # small blocks share a growth chunk
+        b = torch.empty(256 << 10, device="cuda")
+        alloc = torch._C.state["current"]
+        for t in (a, b):
+            base, size = alloc.base_allocation(t.data_ptr())
+            assert base <= t.data_ptr() < base + size, (hex(base), size, hex(t.data_ptr()))
+            assert size >= t.numel()
+        assert alloc.base_allocation(a.data_ptr()) == alloc.base_allocation(b.data_ptr())
+        assert alloc.base_allocation(b.data_ptr())[0] != b.data_ptr() or \
+            alloc.base_allocation(a.data_ptr())[0] != a.data_ptr()
+    """, SGM_VRAM_VMM="off")
+    run("""
+        sgm.torch.use()
+        a = torch.empty(3 * MiB, device="cuda")
+        assert torch._C.state["current"].base_allocation(a.data_ptr()) == (a.data_ptr(), 0)
+    """)
