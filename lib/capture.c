@@ -28,7 +28,8 @@
  * (context.c) only without its own lock. The tiers know nothing of pools.
  *
  * Threading: one lock (SGM_LOCK_CAPTURE, a leaf: nothing is called while it
- * is held) guards scopes, pools and the member map. The steady allocation
+ * is held) guards scopes, pools and the member map. A pool indexes its
+ * reusable parked blocks, so an allocation under a pool looks at those only. The steady allocation
  * path pays one relaxed load of n_pools (zero without pools) and nothing else.
  */
 #include <pthread.h>
@@ -60,6 +61,9 @@ typedef struct capture_pool {
   uint64_t refs;                     /* begins not yet matched by a release */
   uint64_t live_bytes, parked_bytes; /* members' bytes by state */
   uint64_t n_live, n_parked;
+  uint64_t *reuse;                   /* addresses of its parked members a later
+                                        allocation may take (not recorded ones) */
+  size_t n_reuse, cap_reuse;
 } capture_pool;
 
 struct sgm_capture {
@@ -179,6 +183,7 @@ sgm_capture *sgm__capture_create(void) {
 void sgm__capture_destroy(sgm_capture *c) {
   if (!c) return;
   sgm__lock_destroy(&c->lock);
+  for (size_t i = 0; i < c->n_pools; i++) free(c->pools[i].reuse);
   free(c->map);
   free(c->pools);
   free(c->scopes);
@@ -207,19 +212,22 @@ uint64_t sgm__capture_scope(sgm_capture *c, void *stream) {
 
 void *sgm__capture_reuse(sgm_capture *c, uint64_t pool, size_t size, void *stream) {
   capture_member *best = NULL;
+  size_t best_at = 0;
   sgm__lock_take(&c->lock);
-  const capture_pool *rec = capture_pool_find(c, pool);
-  if (c->map && rec && rec->n_parked) {
-    for (size_t i = 0; i <= c->mask; i++) {
-      capture_member *m = &c->map[i];
-      if (!m->ptr || m->pool != pool || m->state != CAPTURE_PARKED || m->recorded) continue;
-      if (m->bytes < size || m->bytes - size > (size >> 3)) continue; /* the tier's 1/8 slack */
-      if (!capture_same_stream(m->stream, stream)) continue;
-      if (!best || m->bytes < best->bytes) best = m;
+  capture_pool *rec = capture_pool_find(c, pool);
+  for (size_t i = 0; rec && i < rec->n_reuse; i++) {
+    capture_member *m = capture_find(c, rec->reuse[i]);
+    if (!m || m->state != CAPTURE_PARKED) continue;
+    if (m->bytes < size || m->bytes - size > (size >> 3)) continue; /* the tier's 1/8 slack */
+    if (!capture_same_stream(m->stream, stream)) continue;
+    if (!best || m->bytes < best->bytes) {
+      best = m;
+      best_at = i;
     }
   }
   void *p = NULL;
   if (best) {
+    rec->reuse[best_at] = rec->reuse[--rec->n_reuse];
     capture_count(c, best, -1);
     best->state = CAPTURE_LIVE;
     capture_count(c, best, +1);
@@ -255,6 +263,11 @@ int sgm__capture_park(sgm_capture *c, uint64_t ptr, void *stream) {
     m->state = CAPTURE_PARKED;
     m->stream = stream;
     capture_count(c, m, +1);
+    /* Reusable unless another stream may still use it; without room in the
+     * index it simply waits for the release. */
+    capture_pool *p = capture_pool_find(c, m->pool);
+    if (p && !m->recorded && capture_room((void **)&p->reuse, &p->cap_reuse, p->n_reuse, sizeof *p->reuse))
+      p->reuse[p->n_reuse++] = ptr;
     rc = 1;
   } else if (m) {
     rc = -1; /* parked already: a double free */
@@ -386,6 +399,7 @@ SGM_API sgm_status sgm_capture_pool_release(sgm_context *ctx, uint64_t pool_id) 
     i++;
   }
   size_t n = c->n_pools;
+  free(p->reuse);
   *p = c->pools[n - 1];
   __atomic_store_n(&c->n_pools, n - 1, __ATOMIC_RELAXED);
 out:
