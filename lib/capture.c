@@ -72,7 +72,7 @@ struct sgm_capture {
   capture_pool *pools;       /* n_pools of them */
   size_t cap_pools;
   capture_scope *scopes;
-  size_t n_scopes, cap_scopes;
+  size_t n_scopes, cap_scopes; /* n_scopes: written under the lock, read without it (atomic) */
   capture_member *map;       /* open addressing by address, linear probing; mask + 1 slots */
   size_t mask, n_members;
 };
@@ -168,7 +168,7 @@ static size_t capture_end_scopes(sgm_capture *c, uint64_t pool_id) {
   size_t kept = 0, before = c->n_scopes;
   for (size_t i = 0; i < c->n_scopes; i++)
     if (c->scopes[i].pool != pool_id) c->scopes[kept++] = c->scopes[i];
-  c->n_scopes = kept;
+  __atomic_store_n(&c->n_scopes, kept, __ATOMIC_RELAXED);
   return before - kept;
 }
 
@@ -195,6 +195,10 @@ bool sgm__capture_active(const sgm_capture *c) {
 }
 
 uint64_t sgm__capture_scope(sgm_capture *c, void *stream) {
+  /* Between captures (a graph's pool lives on, no scope is open) allocating
+   * costs this one load. A scope begun by another thread meanwhile is not
+   * this thread's: missing it is what the lock would answer too. */
+  if (__atomic_load_n(&c->n_scopes, __ATOMIC_RELAXED) == 0) return 0;
   pthread_t self = pthread_self();
   uint64_t pool = 0;
   sgm__lock_take(&c->lock);
@@ -314,7 +318,7 @@ int sgm__capture_end_stream(sgm_capture *c, void *stream) {
                 capture_same_stream(s->stream, stream);
     if (!ends) c->scopes[kept++] = *s;
   }
-  c->n_scopes = kept;
+  __atomic_store_n(&c->n_scopes, kept, __ATOMIC_RELAXED);
   sgm__lock_drop(&c->lock);
   if (kept == before)
     return sgm__error_set(SGM_ERR_INVALID, "no capture pool scope of this thread is open on "
@@ -341,7 +345,8 @@ SGM_API sgm_status sgm_capture_pool_begin(sgm_context *ctx, void *stream, uint64
     goto out;
   }
   if (is_new) c->pools[n] = (capture_pool){.id = pool_id};
-  c->scopes[c->n_scopes++] = (capture_scope){.pool = pool_id, .thread = pthread_self(), .stream = stream};
+  c->scopes[c->n_scopes] = (capture_scope){.pool = pool_id, .thread = pthread_self(), .stream = stream};
+  __atomic_store_n(&c->n_scopes, c->n_scopes + 1, __ATOMIC_RELAXED);
   if (is_new) __atomic_store_n(&c->n_pools, n + 1, __ATOMIC_RELAXED);
   capture_pool_find(c, pool_id)->refs++;
 out:
