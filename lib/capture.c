@@ -29,8 +29,10 @@
  *
  * Threading: one lock (SGM_LOCK_CAPTURE, a leaf: nothing is called while it
  * is held) guards scopes, pools and the member map. A pool indexes its
- * reusable parked blocks, so an allocation under a pool looks at those only. The steady allocation
- * path pays one relaxed load of n_pools (zero without pools) and nothing else.
+ * reusable parked blocks, so an allocation under a pool looks at those only.
+ * Without pools sgm_alloc and sgm_free pay one relaxed load of n_pools;
+ * while pools exist, outside any scope, sgm_alloc also reads n_scopes and
+ * sgm_free one filter word, both without the lock.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -39,6 +41,8 @@
 #include "internal.h"
 
 enum { CAPTURE_LIVE = 1, CAPTURE_PARKED = 2 };
+/* 65,536 filter bits (8 KiB): with 4096 members 6 % of other frees look up. */
+#define CAPTURE_FILTER_WORDS 1024
 
 /* A block allocated under a pool. */
 typedef struct capture_member {
@@ -75,6 +79,11 @@ struct sgm_capture {
   size_t n_scopes, cap_scopes; /* n_scopes: written under the lock, read without it (atomic) */
   capture_member *map;       /* open addressing by address, linear probing; mask + 1 slots */
   size_t mask, n_members;
+  /* A Bloom-style filter of members' addresses (one bit each, atomic words):
+   * a free whose bit is clear is no member's and takes no lock. Bits are set
+   * under the lock when a block joins a pool and cleared only when no member
+   * is left, so a member's bit is never clear while it is a member. */
+  uint64_t filter[CAPTURE_FILTER_WORDS];
 };
 
 /* NULL and CU_STREAM_LEGACY (0x1) both name the legacy stream. */
@@ -87,6 +96,16 @@ static bool capture_same_stream(void *a, void *b) {
 
 static size_t capture_hash(const sgm_capture *c, uint64_t ptr) {
   return (size_t)((ptr >> 8) * UINT64_C(0x9E3779B97F4A7C15) >> 20) & c->mask;
+}
+
+static size_t capture_filter_bit(uint64_t ptr) {
+  return (size_t)((ptr >> 8) * UINT64_C(0x9E3779B97F4A7C15) >> 48); /* 16 bits */
+}
+
+/* False when ptr is certainly no member (no lock); true when it may be. */
+static bool capture_maybe_member(sgm_capture *c, uint64_t ptr) {
+  size_t bit = capture_filter_bit(ptr);
+  return (__atomic_load_n(&c->filter[bit / 64], __ATOMIC_RELAXED) >> (bit % 64)) & 1;
 }
 
 /* The member slot of ptr, or NULL. Lock held. */
@@ -248,8 +267,13 @@ void sgm__capture_adopt(sgm_capture *c, uint64_t pool, void *ptr, size_t size, v
   sgm__lock_take(&c->lock);
   /* Released between the scope check and now: the block is an ordinary one. */
   if (capture_pool_find(c, pool)) {
-    if (capture_insert(c, &m)) capture_count(c, &m, +1);
-    else lost = true;
+    if (capture_insert(c, &m)) {
+      capture_count(c, &m, +1);
+      size_t bit = capture_filter_bit(m.ptr);
+      __atomic_fetch_or(&c->filter[bit / 64], UINT64_C(1) << (bit % 64), __ATOMIC_RELAXED);
+    } else {
+      lost = true;
+    }
   }
   sgm__lock_drop(&c->lock);
   if (lost)
@@ -259,6 +283,7 @@ void sgm__capture_adopt(sgm_capture *c, uint64_t pool, void *ptr, size_t size, v
 }
 
 int sgm__capture_park(sgm_capture *c, uint64_t ptr, void *stream) {
+  if (!capture_maybe_member(c, ptr)) return 0;
   int rc = 0;
   sgm__lock_take(&c->lock);
   capture_member *m = capture_find(c, ptr);
@@ -281,6 +306,7 @@ int sgm__capture_park(sgm_capture *c, uint64_t ptr, void *stream) {
 }
 
 bool sgm__capture_parked(sgm_capture *c, uint64_t ptr) {
+  if (!capture_maybe_member(c, ptr)) return false;
   sgm__lock_take(&c->lock);
   capture_member *m = capture_find(c, ptr);
   bool parked = m && m->state == CAPTURE_PARKED;
@@ -289,6 +315,7 @@ bool sgm__capture_parked(sgm_capture *c, uint64_t ptr) {
 }
 
 void sgm__capture_recorded(sgm_capture *c, uint64_t ptr) {
+  if (!capture_maybe_member(c, ptr)) return;
   sgm__lock_take(&c->lock);
   capture_member *m = capture_find(c, ptr);
   if (m) m->recorded = 1;
@@ -403,6 +430,8 @@ SGM_API sgm_status sgm_capture_pool_release(sgm_context *ctx, uint64_t pool_id) 
     }
     i++;
   }
+  if (c->n_members == 0) /* nobody can hold a member's address now */
+    for (size_t w = 0; w < CAPTURE_FILTER_WORDS; w++) __atomic_store_n(&c->filter[w], 0, __ATOMIC_RELAXED);
   size_t n = c->n_pools;
   free(p->reuse);
   *p = c->pools[n - 1];
