@@ -43,50 +43,40 @@ typedef struct syn {
   uint64_t rng; /* xorshift64 state */
 } syn;
 
+/* Room for one more element in *arr (used of *cap, elem bytes each, doubling
+ * from first); false (s->failed) when out of memory. */
+static bool syn_reserve(syn *s, void **arr, size_t *cap, size_t used, size_t elem, size_t first) {
+  if (s->failed) return false;
+  if (used < *cap) return true;
+  size_t n = *cap ? *cap * 2 : first;
+  void *a = realloc(*arr, n * elem);
+  if (!a) {
+    s->failed = true;
+    return false;
+  }
+  *arr = a;
+  *cap = n;
+  return true;
+}
+
+static void syn_event(syn *s, uint32_t e) {
+  replay_trace *t = s->t;
+  if (syn_reserve(s, (void **)&t->ev, &t->cap_ev, t->n_ev, sizeof *t->ev, 4096)) t->ev[t->n_ev++] = e;
+}
+
 static uint32_t syn_alloc(syn *s, uint64_t bytes) {
   replay_trace *t = s->t;
-  if (s->failed) return 0;
-  if (t->n_blocks == t->cap_blocks) {
-    uint32_t cap = t->cap_blocks ? t->cap_blocks * 2 : 1024;
-    uint64_t *n = realloc(t->size, cap * sizeof *n);
-    if (!n) {
-      s->failed = true;
-      return 0;
-    }
-    t->size = n;
-    t->cap_blocks = cap;
-  }
-  if (t->n_ev == t->cap_ev) {
-    size_t cap = t->cap_ev ? t->cap_ev * 2 : 4096;
-    uint32_t *n = realloc(t->ev, cap * sizeof *n);
-    if (!n) {
-      s->failed = true;
-      return 0;
-    }
-    t->ev = n;
-    t->cap_ev = cap;
-  }
+  size_t cap = t->cap_blocks;
+  bool ok = syn_reserve(s, (void **)&t->size, &cap, t->n_blocks, sizeof *t->size, 1024);
+  t->cap_blocks = (uint32_t)cap;
+  if (!ok) return 0;
   uint32_t id = t->n_blocks++;
   t->size[id] = bytes;
-  t->ev[t->n_ev++] = id;
+  syn_event(s, id);
   return id;
 }
 
-static void syn_free(syn *s, uint32_t id) {
-  replay_trace *t = s->t;
-  if (s->failed) return;
-  if (t->n_ev == t->cap_ev) {
-    size_t cap = t->cap_ev * 2;
-    uint32_t *n = realloc(t->ev, cap * sizeof *n);
-    if (!n) {
-      s->failed = true;
-      return;
-    }
-    t->ev = n;
-    t->cap_ev = cap;
-  }
-  t->ev[t->n_ev++] = id | REPLAY_EV_FREE;
-}
+static void syn_free(syn *s, uint32_t id) { syn_event(s, id | REPLAY_EV_FREE); }
 
 static uint64_t syn_rand(syn *s, uint64_t lo, uint64_t hi) {
   uint64_t x = s->rng;
