@@ -1,7 +1,8 @@
 /*
  * test_model.c — the model-based random test in CI (tests/model/model.h says
  * what it checks): random sequences of every public call on 1, 2 and 4
- * threads on the emulated device with a disk tier in a temporary folder,
+ * threads on the emulated device with a disk tier in a temporary folder, with
+ * fixed pointers and again with managed pointers that sgm moves (issue 29),
  * checked byte for byte, for overlap and for each tier's used bytes against a
  * shadow model.
  *
@@ -30,22 +31,25 @@
 static uint64_t model_seed = 20261201;
 static uint64_t model_ops = 3000;
 
-static void run_model(int n_threads, uint64_t idle_trim_ms) {
+static void run_model_ex(int n_threads, uint64_t idle_trim_ms, bool managed) {
   char dir[] = "/tmp/sgm-model-XXXXXX";
   assert_non_null(mkdtemp(dir));
   model_params p = {.seed = model_seed, .n_ops = model_ops, .n_threads = n_threads,
                     .spill_dir = dir, .idle_trim_ms = idle_trim_ms,
-                    .free_buffer_pointers = true};
+                    .free_buffer_pointers = true, .managed = managed};
   model_result r;
   char err[MODEL_ERR_MAX] = "";
   int rc = model_run(&p, &r, err, sizeof err);
-  printf("# model: %d thread(s), seed %llu: %llu ops, %llu checkpoints, %llu refused for room, "
-         "%llu I/O, buffers found in vram/shared/disk %llu/%llu/%llu, %llu device writes\n",
-         n_threads, (unsigned long long)model_seed, (unsigned long long)r.n_ops,
+  printf("# model%s: %d thread(s), seed %llu: %llu ops, %llu checkpoints, %llu refused for room, "
+         "%llu I/O, buffers found in vram/shared/disk %llu/%llu/%llu, %llu device writes, "
+         "%llu movable allocations, %llu rewrites through pointers\n",
+         managed ? " (managed pointers)" : "", n_threads, (unsigned long long)model_seed,
+         (unsigned long long)r.n_ops,
          (unsigned long long)r.n_checkpoints, (unsigned long long)r.n_nomem,
          (unsigned long long)r.n_io, (unsigned long long)r.n_tier_seen[0],
          (unsigned long long)r.n_tier_seen[1], (unsigned long long)r.n_tier_seen[2],
-         (unsigned long long)r.n_device_writes);
+         (unsigned long long)r.n_device_writes, (unsigned long long)r.n_movable,
+         (unsigned long long)r.n_alloc_writes);
   /* The spill file is O_TMPFILE: the folder must be empty again. */
   int gone = rmdir(dir);
   if (rc != 0) fail_msg("%s (replay: SGM_MODEL_SEED=%llu)", err, (unsigned long long)model_seed);
@@ -54,7 +58,10 @@ static void run_model(int n_threads, uint64_t idle_trim_ms) {
   assert_true(r.n_tier_seen[SGM_TIER_VRAM] > 0);
   assert_true(r.n_tier_seen[SGM_TIER_SHARED] > 0);
   assert_true(r.n_tier_seen[SGM_TIER_DISK] > 0);
+  if (managed) assert_true(r.n_movable > 0 && r.n_alloc_writes > 0);
 }
+
+static void run_model(int n_threads, uint64_t idle_trim_ms) { run_model_ex(n_threads, idle_trim_ms, false); }
 
 /* Invariant: alone, every call sequence keeps every byte, no overlap, and the
  * tiers' used bytes equal the model's at every checkpoint. */
@@ -75,6 +82,24 @@ static void test_model_four_threads(void **state) {
   run_model(4, 0);
 }
 
+/* The same three configurations with SGM_POINTERS=managed (issue 29): movable
+ * blocks move between VRAM and shared memory while their owners rewrite them
+ * through their pointers; every byte must survive every move. */
+static void test_model_managed_one_thread(void **state) {
+  (void)state;
+  run_model_ex(1, 0, true);
+}
+
+static void test_model_managed_two_threads_idle_trim(void **state) {
+  (void)state;
+  run_model_ex(2, 1, true);
+}
+
+static void test_model_managed_four_threads(void **state) {
+  (void)state;
+  run_model_ex(4, 0, true);
+}
+
 int main(void) {
   const char *s = getenv("SGM_MODEL_SEED");
   if (s && *s) model_seed = strtoull(s, NULL, 0);
@@ -87,6 +112,9 @@ int main(void) {
       cmocka_unit_test(test_model_one_thread),
       cmocka_unit_test(test_model_two_threads_idle_trim),
       cmocka_unit_test(test_model_four_threads),
+      cmocka_unit_test(test_model_managed_one_thread),
+      cmocka_unit_test(test_model_managed_two_threads_idle_trim),
+      cmocka_unit_test(test_model_managed_four_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
