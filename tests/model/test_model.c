@@ -10,7 +10,8 @@
  * (issue 12, defect 2: sgm_free must refuse them; fixed, so always on).
  *
  * SGM_MODEL_SEED sets the seed (printed either way), SGM_MODEL_OPS the
- * operations per thread (default 3000: a few seconds under ASan and TSan).
+ * operations per thread (default 3000: a few seconds under ASan and TSan),
+ * SGM_MODEL_ONLY a glob of the tests to run.
  * A failure names the thread, the operation number and the seed; rerun with
  * SGM_MODEL_SEED=<seed> to replay it (exactly so with one thread).
  */
@@ -108,6 +109,10 @@ int main(void) {
   printf("# test_model: seed %llu, %llu operations per thread (SGM_MODEL_SEED, SGM_MODEL_OPS)\n",
          (unsigned long long)model_seed, (unsigned long long)model_ops);
   sgm_test_clean_env();
+  /* SGM_MODEL_ONLY=test_model_managed_four_threads (a glob) runs one
+   * configuration: the 20-seed runs under the sanitizers (docs/testing.md). */
+  const char *only = getenv("SGM_MODEL_ONLY");
+  if (only && *only) cmocka_set_test_filter(only);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_model_one_thread),
       cmocka_unit_test(test_model_two_threads_idle_trim),
