@@ -89,7 +89,7 @@ static const sgm_option option_rows[] = {
     {.env = "SGM_SHARED_LIMIT", FIELD(shared_limit), .kind = SGM_OPT_SIZE,
      .default_value = "auto", .names = keyword_auto,
      .help = "cap on the shared (pinned host) tier: bytes or % of physical RAM; "
-             "auto = max(RAM/2, 64 MiB) as Windows"},
+             "auto = max(RAM/2, 64 MiB) as Windows, which is also the most it may be"},
     /* No disk tier unless asked: spilling writes the user's data to a disk. */
     {.env = "SGM_SPILL_DIR", FIELD(spill_dir), .kind = SGM_OPT_STRING, .default_value = "",
      .help = "directory for the spill file of the disk tier; empty = no disk tier"},
