@@ -96,9 +96,9 @@ int replay_args_parse(int argc, char *const *argv, replay_args *a, char *err, si
       continue;
     }
     static const char *const flags[] = {"--policy", "--vram", "--vram-blocks", "--shared",
-                                        "--block-size", "--spill"};
+                                        "--block-size", "--spill", "--hints"};
     const char **dst[] = {&a->policy_arg, &a->vram_arg, &a->blocks_arg, &shared_arg, &block_arg,
-                          &a->spill_dir};
+                          &a->spill_dir, &a->hints_arg};
     bool matched = false;
     for (size_t k = 0; k < sizeof flags / sizeof *flags; k++) {
       size_t fl = strlen(flags[k]);

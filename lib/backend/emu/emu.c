@@ -25,8 +25,8 @@
  * Managed memory (see "Managed memory" in backend.h and emu_managed_* below):
  * every managed range is one memfd under one stable address, each page placed
  * on the device or the host (counted against the device's size when on the
- * device); a move re-maps the same pages in place, so a host write racing it
- * is kept, as CUDA Unified Memory keeps it (issue 29).
+ * device); a move changes where its pages are counted and never copies, so a
+ * host write racing it is kept, as CUDA Unified Memory keeps it (issue 29).
  *
  * Expandable VRAM (vmm_*): a range is a PROT_NONE reservation of address
  * space; mapping a granule maps fresh anonymous read-write memory over it
@@ -432,13 +432,15 @@ static int emu_stream_transfer(sgm_backend *be, void *event, const sgm_stream_re
  *   view   [dev][dev][host][host][dev]...   one address, what users touch
  *   store  [ 0 ][ 1 ][ 2  ][ 3  ][ 4 ]      the same bytes, wherever placed
  *
- * A move re-maps its run of pages over themselves (MAP_FIXED, same file
- * offset): the page-table entries go, as a real migration drops them, and the
- * next host touch faults the same pages back in. It never copies, so a host
- * write that races a move of its block lands in the only copy there is and
- * is kept — Unified Memory's promise. (Until issue 29 a move copied between
- * two stores, then re-mapped: a write between the copy and the re-map went
- * to the old store and was lost.) Everything here runs under be->mu.
+ * A move changes the placement of its pages (and what the device has free)
+ * and touches neither the bytes nor the mapping: a host write that races a
+ * move of its block lands in the only copy there is and is kept — Unified
+ * Memory's promise. (Until issue 29 a move copied between two stores, then
+ * re-mapped: a write between the copy and the re-map went to the old store
+ * and was lost. Re-mapping the same pages in place keeps the writes too, but
+ * an mmap over a range is a write of all of it to ThreadSanitizer, which
+ * then reports the owner's concurrent accesses as races with the mover.)
+ * Everything here runs under be->mu.
  */
 
 enum { EMU_AT_DEVICE = 0, EMU_AT_HOST = 1, EMU_AT_NONE = 2 };
@@ -594,8 +596,8 @@ static int emu_managed_advise(sgm_backend *be, sgm_devptr ptr, uint64_t n, sgm_m
 }
 
 /* Place pages [p0, p1) of m at `to` (EMU_AT_DEVICE / _HOST), a run of
- * neighbours placed alike at a time, each re-mapped over itself (see
- * "Managed memory" above: nothing is copied, no write is lost; be->mu held). */
+ * neighbours placed alike at a time (see "Managed memory" above: nothing is
+ * copied or re-mapped, no write is lost; be->mu held). */
 static int emu_managed_move_locked(sgm_backend *be, emu_managed *m, uint64_t p0, uint64_t p1, int to) {
   uint64_t i = p0;
   bool moved = false;
@@ -606,11 +608,7 @@ static int emu_managed_move_locked(sgm_backend *be, emu_managed *m, uint64_t p0,
     }
     uint64_t j = i + 1;
     while (j < p1 && m->at[j] != to && m->at[j] == m->at[i]) j++;
-    uint64_t off = i * SGM_MANAGED_PAGE, len = (j - i) * SGM_MANAGED_PAGE;
-    if (mmap((void *)(m->base + off), len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, m->fd,
-             (off_t)off) == MAP_FAILED)
-      return sgm__error_set(SGM_ERR_BACKEND, "emulated device: re-mapping managed pages failed: %s",
-                            strerror(errno));
+    uint64_t len = (j - i) * SGM_MANAGED_PAGE;
     for (uint64_t k = i; k < j; k++) {
       if (m->at[k] == EMU_AT_DEVICE) be->c.managed_device_bytes -= SGM_MANAGED_PAGE;
       if (m->at[k] == EMU_AT_HOST) be->c.managed_host_bytes -= SGM_MANAGED_PAGE;
