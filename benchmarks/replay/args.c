@@ -69,6 +69,24 @@ const char *replay_fmt_bytes(uint64_t b, char *buf, size_t n) {
   return buf;
 }
 
+/* An argument as a message may show it: printable ASCII as is, anything else
+ * (a newline, an escape, a byte of broken UTF-8) as \xNN, cut at 80 bytes, so
+ * that a message stays one line and a terminal gets no control codes. */
+static const char *args_show(const char *v, char *buf, size_t n) {
+  size_t o = 0;
+  for (size_t i = 0; v[i] && o + 5 < n; i++) {
+    unsigned char c = (unsigned char)v[i];
+    if (i == 80) {
+      o += (size_t)snprintf(buf + o, n - o, "...");
+      break;
+    }
+    if (c >= 0x20 && c < 0x7f) buf[o++] = (char)c;
+    else o += (size_t)snprintf(buf + o, n - o, "\\x%02x", c);
+  }
+  buf[o < n ? o : n - 1] = '\0';
+  return buf;
+}
+
 static int args_fail(char *err, size_t err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int args_fail(char *err, size_t err_len, const char *fmt, ...) {
   va_list ap;
@@ -84,6 +102,7 @@ int replay_args_parse(int argc, char *const *argv, replay_args *a, char *err, si
   a->spill_dir = "";
   if (err_len) err[0] = '\0';
   const char *block_arg = NULL, *shared_arg = NULL;
+  char v1[512], v2[512];
   for (int i = 1; i < argc; i++) {
     const char *s = argv[i];
     if (strcmp(s, "-h") == 0 || strcmp(s, "--help") == 0) return 1;
@@ -115,27 +134,31 @@ int replay_args_parse(int argc, char *const *argv, replay_args *a, char *err, si
       break;
     }
     if (matched) continue;
-    if (s[0] == '-' && s[1]) return args_fail(err, err_len, "unknown option %s", s);
-    if (a->path) return args_fail(err, err_len, "one trace at a time (got %s and %s)", a->path, s);
+    if (s[0] == '-' && s[1]) return args_fail(err, err_len, "unknown option %s", args_show(s, v1, sizeof v1));
+    if (a->path) return args_fail(err, err_len, "one trace at a time (got %s and %s)",
+                                 args_show(a->path, v1, sizeof v1), args_show(s, v2, sizeof v2));
     a->path = s;
   }
   if (!a->path) return args_fail(err, err_len, "no trace given");
   if (a->vram_arg && a->blocks_arg) return args_fail(err, err_len, "give --vram or --vram-blocks, not both");
   a->block_given = block_arg != NULL;
   if (block_arg && (!replay_parse_size(block_arg, &a->block_bytes, NULL) || a->block_bytes == 0))
-    return args_fail(err, err_len, "--block-size %s: expected a positive size such as 4096 or 4KiB", block_arg);
+    return args_fail(err, err_len, "--block-size %s: expected a positive size such as 4096 or 4KiB",
+                     args_show(block_arg, v1, sizeof v1));
   if (shared_arg && (!replay_parse_size(shared_arg, &a->shared_bytes, NULL) || a->shared_bytes == 0))
-    return args_fail(err, err_len, "--shared %s: expected a positive size such as 1GiB", shared_arg);
+    return args_fail(err, err_len, "--shared %s: expected a positive size such as 1GiB",
+                     args_show(shared_arg, v1, sizeof v1));
   if (a->vram_arg && (!replay_parse_size(a->vram_arg, &a->vram_bytes, &a->vram_pct) ||
                       (a->vram_bytes == 0 && a->vram_pct == 0)))
     return args_fail(err, err_len, "--vram %s: expected a positive size such as 64MiB, or a percentage "
-                     "of the footprint such as 10%%", a->vram_arg);
+                     "of the footprint such as 10%%", args_show(a->vram_arg, v1, sizeof v1));
   if (a->blocks_arg) {
     char *end;
     errno = 0;
     unsigned long long v = strtoull(a->blocks_arg, &end, 10);
     if (errno || *end || end == a->blocks_arg || v == 0 || a->blocks_arg[0] == '-')
-      return args_fail(err, err_len, "--vram-blocks %s: expected a positive whole number", a->blocks_arg);
+      return args_fail(err, err_len, "--vram-blocks %s: expected a positive whole number",
+                       args_show(a->blocks_arg, v1, sizeof v1));
     a->n_blocks = v;
   }
   return 0;
