@@ -254,6 +254,11 @@ static int context_vram_budget(const sgm_context *ctx, double fraction, const ch
     b = cap;
     why = "SGM_VRAM_LIMIT";
   }
+  uint64_t admin = sgm__admin_vram_cap(sgm__admin_current(), (uint32_t)geteuid(), true, total);
+  if (admin < b) {
+    b = admin;
+    why = "the admin policy's vram_cap";
+  }
   if (ctx->cuda_memory_limit_bytes && ctx->cuda_memory_limit_bytes < b) {
     b = ctx->cuda_memory_limit_bytes;
     why = "CUDA_DEVICE_MEMORY_LIMIT";
@@ -313,6 +318,12 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   sgm_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_NOMEM, "out of host memory creating a context");
   ctx->cfg = *cfg_in;
+  /* The admin's policy wins over the environment and the program's code. */
+  rc = sgm__admin_apply(sgm__admin_current(), &ctx->cfg);
+  if (rc != SGM_OK) {
+    free(ctx);
+    return (sgm_status)rc;
+  }
   /* First: the node registry's first tick (before the tiers) reads the clock. */
   sgm__lock_init(&ctx->lock, SGM_LOCK_CONTEXT);
   ctx->clock_ms = context_monotonic_ms;

@@ -51,6 +51,8 @@ struct sgm_share {
   uint64_t reserve_bytes;      /* SGM_VRAM_RESERVE, resolved */
   uint64_t hold_bytes;         /* demand held at its recent peak (see the opening comment) */
   uint64_t hold_since_ms;      /* when hold_bytes was last raised */
+  uint64_t device_used_bytes;  /* the device's used memory, last asked of the driver (ticker only) */
+  uint64_t device_used_ms;     /* when (0: never) */
   sgm_lock mu;                 /* guards the fields below (rank SGM_LOCK_SHARE) */
   pthread_cond_t cond;         /* wakes the ticker (stop, poke) and tick waiters */
   pthread_t thread;            /* the ticker */
@@ -173,10 +175,32 @@ static void share_usage(sgm_context *ctx, sgm_node_usage *u) {
   u->w[SGM_NODE_F_FALLBACKS] = st.n_fallbacks;
   u->w[SGM_NODE_F_HEARTBEAT] = sgm__clock_monotonic_ns();
   u->w[SGM_NODE_F_FLAGS] = sgm__context_cfg(ctx)->share_mode == SGM_SHARE_SOLO ? SGM_NODE_FLAG_SOLO : 0;
+  /* The device's used memory, everyone's (sgm-smi shows what is not sgm's):
+   * asked of the driver once a second, not every tick. */
+  if (!sh->device_used_ms || now - sh->device_used_ms >= 1000) {
+    uint64_t fr = 0, tot = 0;
+    if (sgm__context_bops(ctx)->mem_info(sgm__context_be(ctx), &fr, &tot) == SGM_OK && fr <= tot)
+      sh->device_used_bytes = tot - fr;
+    else
+      sgm__error_clear();
+    sh->device_used_ms = now ? now : 1;
+  }
+  u->w[SGM_NODE_F_DEVICE_USED] = sh->device_used_bytes;
 }
 
 /* A published slot as a claim on tier t (VRAM or shared); values from other
  * processes are untrusted and only ever bound what they get, never ours. */
+/* Another process's VRAM claim, bounded by what the admin policy gives its
+ * owner (records are untrusted: a user who writes a huge reservation into
+ * their own record gets no more than the admin granted them). */
+static void share_admin_clamp(uint32_t uid, uint64_t total, sgm_share_claim *c) {
+  const sgm_admin_policy *pol = sgm__admin_current();
+  uint64_t res = sgm__admin_vram_reserve(pol, uid, total), cap = sgm__admin_vram_cap(pol, uid, false, total);
+  if (c->reserve_bytes > res) c->reserve_bytes = res;
+  if (c->cap_bytes > cap) c->cap_bytes = cap;
+  if (c->reserve_bytes > c->cap_bytes) c->reserve_bytes = c->cap_bytes;
+}
+
 static void share_claim_of(const sgm_node_usage *u, sgm_tier t, sgm_share_claim *c) {
   bool solo = (u->w[SGM_NODE_F_FLAGS] & SGM_NODE_FLAG_SOLO) != 0;
   uint64_t w = u->w[SGM_NODE_F_WEIGHT];
@@ -226,7 +250,11 @@ static bool share_compute(sgm_context *ctx, const sgm_node_view *v, const sgm_no
     for (int t = 0; t < 2; t++) {
       size_t n = 0;
       for (size_t i = 0; i < v->n_procs; i++)
-        if (!v->procs[i].self) share_claim_of(&v->procs[i].u, (sgm_tier)t, &c[n++]);
+        if (!v->procs[i].self) {
+          share_claim_of(&v->procs[i].u, (sgm_tier)t, &c[n]);
+          if (t == SGM_TIER_VRAM) share_admin_clamp(v->procs[i].uid, sh->pool_bytes, &c[n]);
+          n++;
+        }
       share_claim_of(&proc, (sgm_tier)t, &c[n]);
       sgm__share_fair(totals[t], c, n + 1, out);
       uint64_t process_part = out[n];
@@ -362,6 +390,7 @@ int sgm__share_join(sgm_context *ctx, uint64_t *vram_budget, uint64_t *shared_bu
   uint64_t shared_cap = ram / 2 > 64 * SGM_MiB ? ram / 2 : 64 * SGM_MiB;
   sgm_node_params p = {.dir = sgm__context_cfg(ctx)->node_dir, .key = key, .name = name,
                        .pci_bus_id = pci, .group = sgm__context_cfg(ctx)->node_group != 0,
+                       .group_gid = sgm__admin_gid(sgm__admin_current()),
                        .device_total_bytes = sgm__context_device_total(ctx),
                        .shared_cap_bytes = shared_cap, .verbose = sgm__context_cfg(ctx)->verbose};
   memcpy(p.uuid, uuid, sizeof uuid);
