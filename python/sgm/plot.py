@@ -11,6 +11,7 @@ draws with the Agg backend, no display needed. The PNG is exactly
 """
 import argparse
 import csv
+import math
 import sys
 
 COLUMNS = ["time_s", "device", "pid", "name", "vram_used", "vram_budget", "shared_used",
@@ -23,36 +24,50 @@ class RecordError(ValueError):
     """The file is not a record in docs/record-format.md's format."""
 
 
+def _utf8_lines(path):
+    """The file's lines decoded as UTF-8, one at a time, so that a byte that
+    is not UTF-8 is reported with its line (RecordError), not as a traceback."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise RecordError(f"{path}:{number}: not UTF-8 (byte 0x{raw[e.start]:02x} at column "
+                                  f"{e.start + 1}); a record is UTF-8 text "
+                                  f"(docs/record-format.md)") from None
+
+
 def read_record(path):
     """The rows of a record as dicts (time_s float, pid and the byte/count
     columns int, device and name str). RecordError names the line at fault."""
     rows = []
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None:
-            raise RecordError(f"{path}: empty file (expected the header line "
-                              f"{','.join(COLUMNS)})")
-        if [h.strip() for h in header] != COLUMNS:
-            raise RecordError(f"{path}:1: the header is {','.join(header)!r}, expected "
-                              f"{','.join(COLUMNS)} (docs/record-format.md)")
-        for line, fields in enumerate(reader, start=2):
-            if not fields:
-                continue
-            if len(fields) != len(COLUMNS):
-                raise RecordError(f"{path}:{line}: {len(fields)} fields, expected "
-                                  f"{len(COLUMNS)}")
-            row = dict(zip(COLUMNS, fields))
-            try:
-                row["time_s"] = float(row["time_s"])
-                row["pid"] = int(row["pid"])
-                for k in _INTS:
-                    row[k] = int(row[k])
-                    if row[k] < 0:
-                        raise ValueError(f"{k} is negative")
-            except ValueError as e:
-                raise RecordError(f"{path}:{line}: {e}") from None
-            rows.append(row)
+    reader = csv.reader(_utf8_lines(path))
+    header = next(reader, None)
+    if header is None:
+        raise RecordError(f"{path}: empty file (expected the header line "
+                          f"{','.join(COLUMNS)})")
+    if [h.strip() for h in header] != COLUMNS:
+        raise RecordError(f"{path}:1: the header is {','.join(header)!r}, expected "
+                          f"{','.join(COLUMNS)} (docs/record-format.md)")
+    for line, fields in enumerate(reader, start=2):
+        if not fields:
+            continue
+        if len(fields) != len(COLUMNS):
+            raise RecordError(f"{path}:{line}: {len(fields)} fields, expected "
+                              f"{len(COLUMNS)}")
+        row = dict(zip(COLUMNS, fields))
+        try:
+            row["time_s"] = float(row["time_s"])
+            if not math.isfinite(row["time_s"]) or row["time_s"] < 0:
+                raise ValueError(f"time_s is {fields[0]!r}, not a finite number of seconds >= 0")
+            row["pid"] = int(row["pid"])
+            for k in _INTS:
+                row[k] = int(row[k])
+                if row[k] < 0:
+                    raise ValueError(f"{k} is negative")
+        except ValueError as e:
+            raise RecordError(f"{path}:{line}: {e}") from None
+        rows.append(row)
     if not rows:
         raise RecordError(f"{path}: a header but no samples")
     return rows

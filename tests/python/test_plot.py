@@ -87,14 +87,32 @@ def test_series_fill_absent_processes_with_zero():
     (",".join(plot.COLUMNS) + "\n0.1,d,1,n,1,2,3\n", ":2: 7 fields"),
     (",".join(plot.COLUMNS) + "\n0.1,d,1,n,1,2,3,4,5,6,7,-8,9,10\n", ":2: evictions is negative"),
     (",".join(plot.COLUMNS) + "\n0.1,d,1,n,1,2,3,4,5,6,7,8,9,ten\n", ":2: invalid literal"),
+    # issue 29 item 6: the line at fault, never a traceback
+    (",".join(plot.COLUMNS) + "\n0.1,d,1,n,1,2,3,4,5,6,7,8,9,10\nnan,d,1,n,1,2,3,4,5,6,7,8,9,10\n",
+     ":3: time_s is 'nan'"),
+    (",".join(plot.COLUMNS) + "\ninf,d,1,n,1,2,3,4,5,6,7,8,9,10\n", ":2: time_s is 'inf'"),
+    (",".join(plot.COLUMNS) + "\n0.1,d,1,n\xff\xfe,1,2,3,4,5,6,7,8,9,10\n", ":2: not UTF-8"),
 ])
 def test_bad_records_are_refused_naming_the_line(tmp_path, capsys, text, why):
     src = tmp_path / "bad.csv"
-    src.write_text(text)
+    src.write_bytes(text.encode("utf-8", "surrogateescape") if "\xff" not in text
+                    else text.encode("latin-1"))
     assert plot.main([str(src), "-o", str(tmp_path / "bad.png")]) == 1
     err = capsys.readouterr().err
     assert why in err, err
     assert not (tmp_path / "bad.png").exists()
+
+
+@pytest.mark.parametrize("tail,why", [(b"nan,d,1,n,1,2,3,4,5,6,7,8,9,10\n", ":2: time_s"),
+                                      (b"0.1,d,1,n\xff,1,2,3,4,5,6,7,8,9,10\n", ":2: not UTF-8")])
+def test_command_reports_the_line_not_a_traceback(tmp_path, tail, why):
+    """Issue 29 item 6: the command itself (python3 -m sgm.plot) exits 1 with
+    the line at fault on stderr, for a nan time and a non-UTF-8 byte."""
+    src = tmp_path / "bad.csv"
+    src.write_bytes(",".join(plot.COLUMNS).encode() + b"\n" + tail)
+    r = run_plot(str(src), "-o", str(tmp_path / "bad.png"))
+    assert r.returncode == 1, r.stderr
+    assert why in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_sizes_out_of_range_are_refused(capsys):
