@@ -259,21 +259,20 @@ int sgm__admin_parse(const char *path, sgm_admin_policy *pol) {
   return SGM_OK;
 }
 
+const char *sgm__admin_choose(const char *installed, const char *env, char *why, size_t why_len) {
+  if (why_len) why[0] = '\0';
+  if (!env || !*env || strcmp(env, installed) == 0) return installed;
+  struct stat st;
+  bool present = stat(installed, &st) == 0;
+  if ((getuid() == 0 && geteuid() == 0) || (!present && admin_root_only(env))) return env;
+  snprintf(why, why_len, "SGM_ADMIN_CONF=%.200s is ignored: only root may name another policy file than "
+           "%.200s (or, where that does not exist, a file and folder writable by root alone)", env, installed);
+  return installed;
+}
+
 static void admin_load(void) {
-  const char *path = SGM_ADMIN_CONF_PATH;
-  const char *env = getenv("SGM_ADMIN_CONF");
-  admin_ignored[0] = '\0';
-  if (env && *env && strcmp(env, path) != 0) {
-    struct stat st;
-    bool installed = stat(path, &st) == 0;
-    if ((getuid() == 0 && geteuid() == 0) || (!installed && admin_root_only(env))) {
-      path = env;
-    } else {
-      snprintf(admin_ignored, sizeof admin_ignored, "SGM_ADMIN_CONF=%.300s is ignored: only root may "
-               "name another policy file than %s (or, where that does not exist, a file and folder "
-               "writable by root alone)", env, SGM_ADMIN_CONF_PATH);
-    }
-  }
+  const char *path = sgm__admin_choose(SGM_ADMIN_CONF_PATH, getenv("SGM_ADMIN_CONF"), admin_ignored,
+                                       sizeof admin_ignored);
   sgm__admin_parse(path, &admin_policy);
 }
 
@@ -378,3 +377,5 @@ int64_t sgm__admin_gid(const sgm_admin_policy *pol) { return pol->present && !po
 const char *sgm__admin_registry_dir(const sgm_admin_policy *pol) {
   return pol->present && !pol->error[0] && pol->registry_dir[0] ? pol->registry_dir : NULL;
 }
+
+size_t sgm__admin_policy_bytes(void) { return sizeof(sgm_admin_policy); }

@@ -648,9 +648,16 @@ typedef struct sgm_admin_policy sgm_admin_policy;
 const char *sgm__policy_path(void);
 /* The policy in force for this process (loaded once; present = false: none). */
 const sgm_admin_policy *sgm__admin_current(void);
+/* The size of a policy (tests allocate one for sgm__admin_parse). */
+size_t sgm__admin_policy_bytes(void);
 /* Parse path into pol (tests): SGM_OK also when it does not exist (no
  * policy); otherwise the status, and the message kept for apply. */
 int sgm__admin_parse(const char *path, sgm_admin_policy *pol);
+/* Which policy file holds, given the installed path and SGM_ADMIN_CONF
+ * (env, may be NULL): env only for root, or when installed does not exist
+ * and env and its folder are writable by root alone; otherwise installed,
+ * with why the variable was ignored in why ("" when it was not). */
+const char *sgm__admin_choose(const char *installed, const char *env, char *why, size_t why_len);
 /* Tests: load the policy again (SGM_ADMIN_CONF may have changed). */
 void sgm__admin_reset_for_tests(void);
 /* At create, on the context's copy of the configuration (after the

@@ -949,9 +949,9 @@ static void test_node_key_is_the_device_uuid(void **state) {
   int st = pclose(p);
   print_message("%s", out);
   assert_int_equal(WEXITSTATUS(st), 2); /* the old registry is unreadable to this sgm */
-  assert_non_null(strstr(out, "\"key\": \"GPU-0123abcd-4567-89ef-0011-2233445566ff\", \"uuid\": "
-                              "\"GPU-0123abcd-4567-89ef-0011-2233445566ff\", \"pci_bus_id\": \"0000:65:00.0\", "
-                              "\"version\": 3"));
+  assert_non_null(strstr(out, "\"key\": \"GPU-0123abcd-4567-89ef-0011-2233445566ff\", \"outside_sgm_bytes\": "));
+  assert_non_null(strstr(out, "\"uuid\": \"GPU-0123abcd-4567-89ef-0011-2233445566ff\", \"pci_bus_id\": "
+                              "\"0000:65:00.0\", \"version\": 3"));
   assert_non_null(strstr(out, "sgm-node-gpu-0000_65_00.0\", \"error\": \"layout 1, written by an older sgm"));
   sgm_context_destroy(ctx);
 

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
@@ -221,6 +222,29 @@ static kid kid_start_on(int go) {
   return k;
 }
 static kid kid_start(void) { return kid_start_on(-1); }
+
+/* Fork a child that drops root for uid, primary gid and one supplementary
+ * group (as a lab user of the GPU group would run), then obeys commands. */
+static kid kid_start_as(uid_t uid, gid_t gid, gid_t group) {
+  int a[2], b[2];
+  assert_int_equal(pipe(a), 0);
+  assert_int_equal(pipe(b), 0);
+  kid k = {.pid = fork()};
+  assert_true(k.pid >= 0);
+  if (k.pid == 0) {
+    close(a[1]);
+    close(b[0]);
+    gid_t groups[1] = {group};
+    if (setgroups(1, groups) != 0 || setgid(gid) != 0 || setuid(uid) != 0) _exit(6);
+    kid_main(a[0], b[1]);
+  }
+  close(a[0]);
+  close(b[1]);
+  k.to = a[1];
+  k.from = b[0];
+  return k;
+}
+
 
 static rsp kid_do(kid *k, int op, uint64_t arg, const char *where) {
   cmd c = {.op = op, .arg = arg};
@@ -983,6 +1007,158 @@ static void test_other_device_key_refused(void **state) {
   teardown_dir();
 }
 
+/* ------------------------------------------------------------------------ */
+/* Several users (issue 28): test accounts are plain ids (61001, 61002,
+ * 61003 in group 61000), which the kernel needs no passwd entry for; the
+ * test runs them as root and skips, saying so, otherwise. */
+
+#define LAB_GROUP 61000
+#define LAB_A 61001
+#define LAB_B 61002
+#define LAB_C 61003
+
+/* A root-owned policy file in a root-owned folder that users can read. */
+static void lab_policy(char *path, size_t len, const char *reg, const char *extra) {
+  char pdir[64] = "/tmp/sgm-admin-XXXXXX";
+  assert_non_null(mkdtemp(pdir));
+  assert_int_equal(chmod(pdir, 0755), 0);
+  snprintf(path, len, "%s/node.conf", pdir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fprintf(f, "# a lab server's policy (docs/admin.md)\nregistry_dir = %s\ngroup = %d\nSGM_NODE = on\n"
+          "SGM_SHARE_MODE = fair\n%s", reg, LAB_GROUP, extra);
+  fclose(f);
+  assert_int_equal(chmod(path, 0644), 0);
+}
+
+static void lab_policy_remove(const char *path) {
+  unlink(path);
+  char d[256];
+  snprintf(d, sizeof d, "%s", path);
+  *strrchr(d, '/') = '\0';
+  rmdir(d);
+}
+
+/* Two users share one emulated device under the admin's policy: both are
+ * tracked (though each asked for SGM_NODE=off and SGM_SHARE_MODE=solo in
+ * its environment, and B for SGM_VRAM_LIMIT=100%, above the admin's 25%),
+ * their budgets sum to at most the device, the emulated device's capacity
+ * is shared between them, and root reads both (what sgm-smi shows). A third
+ * user's FIFO, junk and a live record of garbage in the folder opt nobody
+ * out. */
+static void test_two_users_share_one_device(void **state) {
+  (void)state;
+  if (geteuid() != 0) {
+    print_message("# not root: two users need setuid (CI runs as root); skipped\n");
+    skip();
+  }
+  setup_env("lab", "64MiB");
+  setenv("SGM_NODE", "off", 1);        /* the users' own wishes, overridden by the policy */
+  setenv("SGM_SHARE_MODE", "solo", 1);
+  setenv("SGM_VRAM_LIMIT", "100%", 1);
+  char reg[64] = "/tmp/sgm-lab-XXXXXX", policy[128];
+  assert_non_null(mkdtemp(reg));
+  assert_int_equal(chown(reg, 0, LAB_GROUP), 0);
+  assert_int_equal(chmod(reg, 03770), 0); /* setgid + sticky, the group writes */
+  char extra[128];
+  snprintf(extra, sizeof extra, "vram_cap.user.%d = 25%%\n", LAB_B);
+  lab_policy(policy, sizeof policy, reg, extra);
+  setenv("SGM_ADMIN_CONF", policy, 1);
+  /* The third user's hostile names: a FIFO, junk, a live record of garbage. */
+  char p[300];
+  snprintf(p, sizeof p, "%s/sgm-node-emu-lab@fifo", reg);
+  assert_int_equal(mkfifo(p, 0640), 0);
+  assert_int_equal(chown(p, LAB_C, LAB_GROUP), 0);
+  snprintf(p, sizeof p, "%s/sgm-node-emu-lab@garbage", reg);
+  int gfd = open(p, O_RDWR | O_CREAT, 0640);
+  assert_true(gfd >= 0);
+  unsigned char junk[SGM_NODE_RECORD_BYTES];
+  memset(junk, 0xa5, sizeof junk);
+  assert_int_equal(write(gfd, junk, sizeof junk), (ssize_t)sizeof junk);
+  assert_int_equal(fchown(gfd, LAB_C, LAB_GROUP), 0);
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+  assert_int_equal(fcntl(gfd, F_OFD_SETLK, &fl), 0);
+
+  kid a = kid_start_as(LAB_A, LAB_A, LAB_GROUP), b = kid_start_as(LAB_B, LAB_B, LAB_GROUP);
+  rsp ra = kid_do(&a, OP_CREATE, 0, NULL), rb = kid_do(&b, OP_CREATE, 0, NULL);
+  assert_int_equal(ra.rc, SGM_OK);
+  assert_int_equal(rb.rc, SGM_OK);
+  assert_int_equal(ra.v[V_TRACKED], 1);
+  assert_int_equal(rb.v[V_TRACKED], 1);
+  assert_true(rb.v[V_VRAM_BUDGET] <= 16 * MiB); /* the admin's cap, not the user's 100% */
+  assert_int_equal(kid_do(&a, OP_ALLOC, 40 * MiB, NULL).tier, SGM_TIER_VRAM);
+  rb = kid_do(&b, OP_ALLOC, 8 * MiB, NULL);
+  assert_int_equal(rb.rc, 0);
+  assert_true(rb.v[V_DEVICE_FREE] <= 64 * MiB - 48 * MiB); /* B sees A's 40 MiB on the device */
+  for (int i = 0; i < 2; i++) {
+    ra = kid_do(&a, OP_TICK, 0, NULL);
+    rb = kid_do(&b, OP_TICK, 0, NULL);
+  }
+  print_message("# budgets: A %llu MiB, B %llu MiB of 64 MiB\n", (unsigned long long)(ra.v[V_VRAM_BUDGET] / MiB),
+                (unsigned long long)(rb.v[V_VRAM_BUDGET] / MiB));
+  assert_true(ra.v[V_VRAM_BUDGET] + rb.v[V_VRAM_BUDGET] <= 64 * MiB);
+  assert_true(ra.v[V_VRAM_BUDGET] < 64 * MiB); /* fair, not solo: A yields B's part */
+  assert_true(rb.v[V_VRAM_BUDGET] <= 16 * MiB);
+
+  /* Root sees both users (sgm-smi's read); the garbage and the FIFO are refused. */
+  char name[128];
+  snprintf(name, sizeof name, "%s/sgm-node-emu-lab", reg);
+  sgm_node_device dev = {.struct_size = sizeof dev};
+  sgm_node_process procs[4];
+  procs[0].struct_size = sizeof procs[0];
+  assert_int_equal(sgm_node_read(name, SGM_NODE_READ_ALL_USERS, &dev, procs, 4), SGM_OK);
+  assert_int_equal(dev.n_processes, 2);
+  assert_true(dev.n_refused >= 2);
+  bool seen_a = false, seen_b = false;
+  for (int i = 0; i < 2; i++) {
+    seen_a |= procs[i].uid == LAB_A && procs[i].pid == a.pid;
+    seen_b |= procs[i].uid == LAB_B && procs[i].pid == b.pid;
+  }
+  assert_true(seen_a && seen_b);
+  /* Without the flag root reads its own records only, and says how many it hid. */
+  assert_int_equal(sgm_node_read(name, 0, &dev, procs, 4), SGM_OK);
+  assert_int_equal(dev.n_processes, 0);
+  assert_int_equal(dev.n_hidden, 3); /* A's, B's and the third user's record: not opened */
+  kid_quit(&a);
+  kid_quit(&b);
+  close(gfd);
+  unsetenv("SGM_ADMIN_CONF");
+  unsetenv("SGM_VRAM_LIMIT");
+  lab_policy_remove(policy);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", reg);
+  assert_int_equal(system(cmd), 0);
+  teardown_dir();
+}
+
+/* A user cannot bring their own policy: SGM_ADMIN_CONF naming a file the
+ * user owns is ignored (here: its "SGM_NODE = off" has no effect). Root's
+ * naming one is honoured (the test above). */
+static void test_user_policy_ignored(void **state) {
+  (void)state;
+  if (geteuid() != 0) {
+    print_message("# not root: needs a second user; skipped\n");
+    skip();
+  }
+  setup_env("own", "16MiB");
+  assert_int_equal(chmod(node_dir, 01777), 0);
+  char mine[128];
+  snprintf(mine, sizeof mine, "%s/mine.conf", node_dir);
+  FILE *f = fopen(mine, "w");
+  assert_non_null(f);
+  fprintf(f, "SGM_NODE = off\n");
+  fclose(f);
+  assert_int_equal(chown(mine, LAB_A, LAB_A), 0);
+  setenv("SGM_ADMIN_CONF", mine, 1);
+  kid a = kid_start_as(LAB_A, LAB_A, LAB_A);
+  rsp r = kid_do(&a, OP_CREATE, 0, NULL);
+  assert_int_equal(r.rc, SGM_OK);
+  assert_int_equal(r.v[V_TRACKED], 1); /* the user's "policy" did not turn the registry off */
+  kid_quit(&a);
+  unsetenv("SGM_ADMIN_CONF");
+  teardown_dir();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_one_slot_per_process),
@@ -1002,6 +1178,8 @@ int main(void) {
       cmocka_unit_test(test_fork_child_does_not_keep_parent),
       cmocka_unit_test(test_unsafe_folder_and_records),
       cmocka_unit_test(test_full_table_untracked),
+      cmocka_unit_test(test_two_users_share_one_device),
+      cmocka_unit_test(test_user_policy_ignored),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
