@@ -389,6 +389,36 @@ SGM_API sgm_status sgm_buffer_prefetch(sgm_buffer *b, void *stream);
  * outside SGM_PRIORITY_MINIMUM..MAXIMUM (nothing changes). Thread-safe: may
  * be called while another thread uses the buffer; waits while sgm moves it. */
 SGM_API sgm_status sgm_buffer_set_priority(sgm_buffer *b, sgm_priority priority);
+/* ---- Residency hints (docs/policies.md "Residency hints"). Advisory: the
+ * eviction policies that read them (lru, s3fifo, lirs, arc, and plug-ins of
+ * policy ABI 4 with on_hint) keep what will be used and give up what is done
+ * first; others ignore them. Each hint lasts until the buffer's next use
+ * (acquire, host read or write) or the next hint of the same kind replaces it.
+ * Thread-safe; O(1) per buffer; never moves data. */
+
+/* sgm_will_use: no longer expected (cancels a will-use hint). */
+#define SGM_WILL_USE_CANCEL UINT32_MAX
+/* The n buffers of bufs (a residency set, D3D12's EnqueueMakeResident but
+ * advisory) will be used after about `distance` more steps (requests, batches:
+ * the application's unit; 0 = next): the policies keep them resident, and give
+ * up the furthest first when they must. A buffer's newest call replaces its
+ * earlier one (a nearer or further distance); distance SGM_WILL_USE_CANCEL
+ * cancels it. SGM_ERR_INVALID (nothing changed) when ctx is NULL, bufs is NULL
+ * with n > 0, or a buffer is NULL, destroyed (debug builds) or of another
+ * context. */
+SGM_API sgm_status sgm_will_use(sgm_context *ctx, sgm_buffer *const *bufs, size_t n, uint32_t distance);
+/* The application will not read b again soon (a finished request's last
+ * block, a discarded speculative branch): among its priority level, it leaves
+ * its tier first. Cancelled by a will-use hint. SGM_ERR_INVALID for NULL or a
+ * destroyed buffer (debug builds). */
+SGM_API sgm_status sgm_buffer_done(sgm_buffer *b);
+/* b extends parent (a KV-cache block and the prefix block before it; a radix
+ * tree's child and its parent): a policy that reads structure keeps prefixes
+ * and gives up leaves first. parent NULL removes the link. The link ends when
+ * either buffer is destroyed. SGM_ERR_INVALID for b NULL, parent == b, a
+ * parent of another context or one that descends from b (a cycle), or a
+ * destroyed buffer (debug builds). */
+SGM_API sgm_status sgm_buffer_set_parent(sgm_buffer *b, sgm_buffer *parent);
 /* The tier holding the buffer's data now (a buffer being moved reports
  * either end); SGM_TIER_NONE for NULL. Any thread. */
 SGM_API sgm_tier sgm_buffer_tier(const sgm_buffer *b);
