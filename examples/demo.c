@@ -151,16 +151,24 @@ static int plot_check(void) {
     setenv("PYTHONPATH", buf, 1);
   }
 #endif
-  char *probe[] = {(char *)py, "-c", "import sgm.plot, matplotlib", NULL};
-  int rc = run_command(probe, 1);
+  /* One import at a time, so the message names the one that is missing. */
+  char *probe_mpl[] = {(char *)py, "-c", "import matplotlib", NULL};
+  int rc = run_command(probe_mpl, 1);
   if (rc == 127) {
     fprintf(stderr, "demo: --plot: cannot run %s (install python3, or name an interpreter in "
             "SGM_PYTHON)\n", py);
-  } else if (rc != 0) {
-    fprintf(stderr, "demo: --plot: %s cannot import the sgm package and matplotlib (matplotlib: "
-            "apt-get install python3-matplotlib; the package: cmake --install, or "
-            "PYTHONPATH=<sgm source>/python)\n", py);
+    return rc;
   }
+  if (rc != 0) {
+    fprintf(stderr, "demo: --plot: %s cannot import matplotlib (apt-get install python3-matplotlib, "
+            "or pip install matplotlib for that interpreter)\n", py);
+    return rc;
+  }
+  char *probe_sgm[] = {(char *)py, "-c", "import sgm.plot", NULL};
+  rc = run_command(probe_sgm, 1);
+  if (rc != 0)
+    fprintf(stderr, "demo: --plot: %s cannot import the sgm package (cmake --install it, or "
+            "PYTHONPATH=<sgm source>/python)\n", py);
   return rc;
 }
 

@@ -269,11 +269,23 @@ static bool share_compute(sgm_context *ctx, const sgm_node_view *v, const sgm_no
   return ok;
 }
 
-/* Set tier t's budget; over it, demote released buffers and return chunks. */
-static void share_apply(sgm_context *ctx, sgm_tier t, uint64_t budget) {
+/* Set tier t's budget; over it, demote released buffers and return chunks.
+ * others: the other processes counted in the split (for the message that
+ * says why an allocation fell back: the budget is a fair share, not the
+ * options, when it is below what the process would have alone). */
+static void share_apply(sgm_context *ctx, sgm_tier t, uint64_t budget, size_t others) {
   sgm_tier_stats ts;
   sgm__tier_stats(sgm__context_tier(ctx, t), &ts);
-  if (ts.budget_bytes != budget) sgm__tier_set_budget(sgm__context_tier(ctx, t), budget);
+  uint64_t cap[2];
+  sgm__context_budgets(ctx, &cap[SGM_TIER_VRAM], &cap[SGM_TIER_SHARED]);
+  char why[400] = "", c[32];
+  if (others && budget < cap[t])
+    snprintf(why, sizeof why, "this process's fair share of a device it shares with %zu other sgm "
+             "process%s (alone it would have %s): they hold the rest. Wait for them, or give this "
+             "process a larger share (SGM_SHARE_WEIGHT, SGM_VRAM_RESERVE, or the admin's "
+             "policy); sgm-smi shows who holds what", others, others == 1 ? "" : "es",
+             sgm__fmt_bytes(cap[t], c, sizeof c));
+  if (ts.budget_bytes != budget || why[0]) sgm__tier_set_budget_why(sgm__context_tier(ctx, t), budget, why);
   if (sgm__context_managed(ctx)) sgm__managed_cache_fit(ctx, t); /* cached ranges over it go back */
   if (ts.used_bytes <= budget) return;
   if (t == SGM_TIER_SHARED && !sgm__placement_disk(ctx)) return; /* nowhere to demote to */
@@ -288,8 +300,9 @@ static void share_tick(sgm_context *ctx) {
   if (sgm__context_cfg(ctx)->share_mode == SGM_SHARE_FAIR && sgm__node_view(sh->node, sh->view) == SGM_OK) {
     uint64_t vb, sb;
     if (share_compute(ctx, sh->view, &u, &vb, &sb)) {
-      share_apply(ctx, SGM_TIER_VRAM, vb);
-      share_apply(ctx, SGM_TIER_SHARED, sb);
+      size_t others = sh->view->n_procs ? sh->view->n_procs - 1 : 0;
+      share_apply(ctx, SGM_TIER_VRAM, vb, others);
+      share_apply(ctx, SGM_TIER_SHARED, sb, others);
       u.w[SGM_NODE_F_BUDGET + SGM_TIER_VRAM] = vb;
       u.w[SGM_NODE_F_BUDGET + SGM_TIER_SHARED] = sb;
     }

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "tiers/tier.h"
 #include "internal.h"
 #include "sgm.h"
 #include "sgm/node.h"
@@ -83,7 +84,9 @@ enum { OP_CREATE = 1, OP_ALLOC, OP_BUFFER, OP_FREE_ALL, OP_TICK, OP_DIE_AT, OP_Q
        /* the child's second context on the same device (one slot per process) */
        OP_CREATE2, OP_BUFFER2, OP_TICK2, OP_DESTROY2,
        /* fork a child that lives on (until killed); its pid in rsp.tier */
-       OP_FORK_CHILD };
+       OP_FORK_CHILD,
+       /* the VRAM budget-exhausted message for arg bytes, in rsp.msg */
+       OP_EXPLAIN };
 
 typedef struct cmd {
   int op;
@@ -99,6 +102,7 @@ typedef struct rsp {
   int tier;     /* where an allocation or buffer landed */
   uint64_t v[V_N];  /* the first context's figures */
   uint64_t v2[V_N]; /* the second context's (OP_CREATE2 to OP_DESTROY2) */
+  char msg[1024];   /* OP_EXPLAIN's message */
 } rsp;
 
 typedef struct kid {
@@ -171,6 +175,10 @@ static void kid_main(int in, int out) {
         sgm__node_test_hook = die_hook;
         break;
       case OP_CREATE2: r.rc = sgm_context_create(NULL, &ctx2); break;
+      case OP_EXPLAIN:
+        r.rc = sgm__tier_explain_budget(sgm__context_tier(ctx, SGM_TIER_VRAM), c.arg);
+        snprintf(r.msg, sizeof r.msg, "%s", sgm_last_error());
+        break;
       case OP_FORK_CHILD: {
         pid_t g = fork();
         if (g == 0)
@@ -1009,6 +1017,37 @@ static void test_other_device_key_refused(void **state) {
   teardown_dir();
 }
 
+/* Issue 28 item 9: an allocation that falls back because other processes
+ * hold the device says so: the budget is this process's fair share of a
+ * shared device (with what it would have alone and what to do), not "raise
+ * SGM_VRAM_LIMIT", and the largest free block it names fits in the budget. */
+static void test_fallback_names_the_fair_share(void **state) {
+  (void)state;
+  setup_env("why", "64MiB");
+  kid a = kid_start(), b = kid_start();
+  assert_int_equal(kid_do(&a, OP_CREATE, 0, NULL).rc, SGM_OK);
+  assert_int_equal(kid_do(&a, OP_BUFFER, 40 * MiB, NULL).tier, SGM_TIER_VRAM);
+  assert_int_equal(kid_do(&b, OP_CREATE, 0, NULL).rc, SGM_OK);
+  for (int i = 0; i < 2; i++) {
+    kid_do(&a, OP_TICK, 0, NULL);
+    kid_do(&b, OP_TICK, 0, NULL);
+  }
+  rsp r = kid_do(&b, OP_EXPLAIN, 48 * MiB, NULL);
+  print_message("# %s\n", r.msg);
+  assert_non_null(strstr(r.msg, "fair share of a device it shares with 1 other sgm process"));
+  assert_non_null(strstr(r.msg, "alone it would have 64.00 MiB"));
+  assert_null(strstr(r.msg, "raise SGM_VRAM_LIMIT"));
+  /* Alone again, the options are the reason once more. */
+  kid_quit(&a);
+  kid_do(&b, OP_TICK, 0, NULL);
+  r = kid_do(&b, OP_EXPLAIN, 128 * MiB, NULL);
+  print_message("# %s\n", r.msg);
+  assert_null(strstr(r.msg, "fair share"));
+  assert_non_null(strstr(r.msg, "raise SGM_VRAM_LIMIT"));
+  kid_quit(&b);
+  teardown_dir();
+}
+
 /* ------------------------------------------------------------------------ */
 /* Several users (issue 28): test accounts are plain ids (61001, 61002,
  * 61003 in group 61000), which the kernel needs no passwd entry for; the
@@ -1180,6 +1219,7 @@ int main(void) {
       cmocka_unit_test(test_fork_child_does_not_keep_parent),
       cmocka_unit_test(test_unsafe_folder_and_records),
       cmocka_unit_test(test_full_table_untracked),
+      cmocka_unit_test(test_fallback_names_the_fair_share),
       cmocka_unit_test(test_two_users_share_one_device),
       cmocka_unit_test(test_user_policy_ignored),
   };
