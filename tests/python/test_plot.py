@@ -80,6 +80,53 @@ def test_series_fill_absent_processes_with_zero():
     assert plot._marks(times, procs[(101, "trainer")]["evictions"]) == [(3, 3), (4, 6)]
 
 
+def test_budget_lines_sit_on_their_own_band_with_gaps():
+    """Issue 28 item 13: a process's budget is drawn against its own band (the
+    bands below it plus its budget), so it is above its band exactly when the
+    process is within budget; where the process was absent the line has a gap
+    (NaN), not a plunge to 0."""
+    rows = plot.read_record(os.path.join(FIXTURES, "two-processes.csv"))
+    times, procs = plot.series(rows, "GPU-5f3c0d2e-emu")
+    keys = sorted(procs)
+    lines = plot.band_budgets(times, procs, keys, "vram_used", "vram_budget")
+    for i_k, k in enumerate(keys):
+        for i in range(len(times)):
+            if not procs[k]["live"][i]:
+                assert lines[k][i] != lines[k][i], (k, i)  # NaN: a gap
+                continue
+            base = sum(procs[j]["vram_used"][i] for j in keys[:i_k])
+            assert lines[k][i] == base + procs[k]["vram_budget"][i]
+            top = base + procs[k]["vram_used"][i]
+            assert (lines[k][i] >= top) == (procs[k]["vram_used"][i] <= procs[k]["vram_budget"][i])
+    assert any(v != v for v in lines[(202, "notebook")])  # it came and went
+
+
+def test_legends_beside_the_data_and_fallbacks_marked(tmp_path):
+    """Issue 28 item 13: no legend overlaps a plot's data area, and the
+    fallbacks entry comes with markers inside the picture."""
+    rows = plot.read_record(os.path.join(FIXTURES, "two-processes.csv"))
+    seen = {}
+
+    def inspect(fig):
+        renderer = fig.canvas.get_renderer()
+        axes = [ax.get_window_extent(renderer) for ax in fig.axes]
+        for ax in fig.axes:
+            leg = ax.get_legend()
+            if leg is None:
+                continue
+            box = leg.get_window_extent(renderer)
+            for a in axes:
+                assert not box.overlaps(a), "a legend covers a plot"
+            seen["legends"] = seen.get("legends", 0) + 1
+            for coll in ax.collections:
+                if str(coll.get_label()).startswith("fallbacks"):
+                    seen["fallback_marks"] = len(coll.get_offsets())
+
+    plot.draw(rows, str(tmp_path / "p.png"), inspect=inspect)
+    assert seen.get("legends", 0) >= 2
+    assert seen.get("fallback_marks", 0) >= 1
+
+
 @pytest.mark.parametrize("text,why", [
     ("", "empty file"),
     ("time_s,device,pid\n1,a,2\n", "the header is"),
