@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -281,6 +282,28 @@ static int context_vram_budget(const sgm_context *ctx, double fraction, const ch
 /* Shared budget = SGM_SHARED_LIMIT (bytes or % of RAM), else max(RAM / 2,
  * 64 MiB). It is a cap: above physical RAM (when known) it is clamped to RAM
  * with a warning, since no more can ever be pinned. */
+/* The locked-memory limit left to this process: RLIMIT_MEMLOCK minus what it
+ * has locked (VmLck); UINT64_MAX when unlimited or when it may lock past it
+ * (CAP_IPC_LOCK, bit 14 of CapEff). */
+static uint64_t context_memlock_left(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
+  FILE *f = fopen("/proc/self/status", "re");
+  uint64_t locked = 0;
+  unsigned long long cap = 0;
+  if (f) {
+    char line[256];
+    while (fgets(line, sizeof line, f)) {
+      unsigned long long v;
+      if (sscanf(line, "VmLck: %llu kB", &v) == 1) locked = (uint64_t)v * 1024u;
+      else if (sscanf(line, "CapEff: %llx", &v) == 1) cap = v;
+    }
+    fclose(f);
+  }
+  if (cap & (1ull << 14)) return UINT64_MAX; /* CAP_IPC_LOCK: the limit does not apply */
+  return (uint64_t)rl.rlim_cur > locked ? (uint64_t)rl.rlim_cur - locked : 0;
+}
+
 static int context_shared_budget(const sgm_context *ctx, uint64_t *out) {
   uint64_t ram = ctx->physical_ram_bytes;
   uint64_t dflt = ram / 2 > CONTEXT_SHARED_MIN_BYTES ? ram / 2 : CONTEXT_SHARED_MIN_BYTES;
@@ -291,6 +314,20 @@ static int context_shared_budget(const sgm_context *ctx, uint64_t *out) {
              "shared budget is clamped to %s", sgm__fmt_bytes(b, l, sizeof l),
              sgm__fmt_bytes(ram, r, sizeof r), r);
     b = ram;
+  }
+  /* Issue 28 item 10: under a small `ulimit -l` (8 MiB by default for users),
+   * the shared tier keeps within it (what does not fit goes to disk or
+   * fails with a message) instead of failing at the first pin. */
+  uint64_t memlock = ctx->bops->pins_with_mlock ? context_memlock_left() : UINT64_MAX;
+  if (memlock < b) {
+    char m[32];
+    uint64_t clamped = memlock > SGM_DEVICE_ALIGN ? memlock : SGM_DEVICE_ALIGN;
+    sgm__log(ctx->cfg.verbose, 1, "the locked-memory limit (ulimit -l) leaves %s to pin: the shared "
+             "GPU memory budget is %s instead of %s (raise it: ulimit -l unlimited, a memlock line "
+             "in /etc/security/limits.d, or docker run --ulimit memlock=-1; docs/admin.md)",
+             sgm__fmt_bytes(memlock, m, sizeof m), sgm__fmt_bytes(clamped, l, sizeof l),
+             sgm__fmt_bytes(b, r, sizeof r));
+    b = clamped;
   }
   *out = b & ~(uint64_t)(SGM_DEVICE_ALIGN - 1);
   if (*out < SGM_DEVICE_ALIGN)

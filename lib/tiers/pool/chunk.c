@@ -176,12 +176,15 @@ int sgm__pool_backend_nomem_locked(sgm_tier_pool *p, uint64_t size) {
   char a[32], b[32], u[32], c[32];
   __atomic_fetch_add(&p->n_failed, 1, __ATOMIC_RELAXED);
   const char *name = sgm_tier_name(p->p.tier);
+  /* VRAM refused within the budget: the device is full because of others. */
+  bool vram = p->p.tier == SGM_TIER_VRAM;
   return sgm__error_set(SGM_ERR_NOMEM,
-                          "%s: cannot allocate %s: the device gave no new chunk (%s): the device "
-                          "is full, its memory held by other processes, sgm's or not (sgm-smi "
-                          "shows them), though this process is within its budget %s, holding %s "
-                          "in %llu blocks, committed %s",
+                          "%s: cannot allocate %s: the device gave no new chunk (%s)%s; "
+                          "budget %s, holding %s in %llu blocks, committed %s",
                           name, sgm__fmt_bytes(size, a, sizeof a), sgm_last_error(),
+                          vram ? ": the device is full, its memory held by other processes, sgm's "
+                                 "or not (sgm-smi shows them), though this process is within its "
+                                 "budget" : "",
                           sgm__fmt_bytes(p->p.budget_bytes, b, sizeof b),
                           sgm__fmt_bytes(p->held_bytes, u, sizeof u), (unsigned long long)p->n_blocks,
                           sgm__fmt_bytes(tier_committed(p), c, sizeof c));
