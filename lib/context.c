@@ -304,7 +304,8 @@ static uint64_t context_memlock_left(void) {
   return (uint64_t)rl.rlim_cur > locked ? (uint64_t)rl.rlim_cur - locked : 0;
 }
 
-static int context_shared_budget(const sgm_context *ctx, uint64_t *out) {
+static int context_shared_budget(const sgm_context *ctx, uint64_t *out, char *why, size_t why_len) {
+  if (why_len) why[0] = '\0';
   uint64_t ram = ctx->physical_ram_bytes;
   uint64_t dflt = ram / 2 > CONTEXT_SHARED_MIN_BYTES ? ram / 2 : CONTEXT_SHARED_MIN_BYTES;
   uint64_t b = sgm__size_resolve(ctx->cfg.shared_limit, ram, dflt);
@@ -327,6 +328,9 @@ static int context_shared_budget(const sgm_context *ctx, uint64_t *out) {
              "in /etc/security/limits.d, or docker run --ulimit memlock=-1; docs/admin.md)",
              sgm__fmt_bytes(memlock, m, sizeof m), sgm__fmt_bytes(clamped, l, sizeof l),
              sgm__fmt_bytes(b, r, sizeof r));
+    snprintf(why, why_len, "bounded by the locked-memory limit: RLIMIT_MEMLOCK (ulimit -l) leaves %s to "
+             "pin; raise it (ulimit -l unlimited, a memlock line in /etc/security/limits.d, or docker "
+             "run --ulimit memlock=-1)", m);
     b = clamped;
   }
   *out = b & ~(uint64_t)(SGM_DEVICE_ALIGN - 1);
@@ -383,7 +387,9 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
 
   rc = context_vram_budget(ctx, ctx->vram_fraction, "SGM_VRAM_FRACTION",
                            &ctx->budget_bytes[SGM_TIER_VRAM]);
-  if (rc == SGM_OK) rc = context_shared_budget(ctx, &ctx->budget_bytes[SGM_TIER_SHARED]);
+  char shared_why[256] = "";
+  if (rc == SGM_OK) rc = context_shared_budget(ctx, &ctx->budget_bytes[SGM_TIER_SHARED], shared_why,
+                                               sizeof shared_why);
   if (rc != SGM_OK) goto out_close;
   /* The disk tier's budget is resolved by placement when it opens the spill
    * file (SGM_SPILL_LIMIT against the free space there); 0 = no disk tier. */
@@ -432,6 +438,8 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   sp.limit_hint = "SGM_SHARED_LIMIT";
   rc = sgm__tier_create(&sp, &ctx->tiers[SGM_TIER_SHARED]);
   if (rc != SGM_OK) goto out_tiers;
+  if (shared_why[0]) /* the budget-exhausted message then names the limit, not SGM_SHARED_LIMIT */
+    sgm__tier_set_budget_why(ctx->tiers[SGM_TIER_SHARED], sp.budget_bytes, shared_why);
 
   rc = sgm__placement_create(ctx);
   if (rc != SGM_OK) goto out_tiers;
