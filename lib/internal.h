@@ -109,9 +109,10 @@ void sgm__lock_init(sgm_lock *l, int rank);
 void sgm__lock_destroy(sgm_lock *l);
 void sgm__lock_take(sgm_lock *l);
 void sgm__lock_drop(sgm_lock *l);
-/* A lock that is no sgm_lock but is witnessed all the same: a process-shared
- * robust mutex in shared memory (node.c), taken with a timeout and able to
- * report a dead holder, so not through sgm__lock_take. Call _enter(rank)
+/* A lock that is no sgm_lock but is witnessed all the same (such as a
+ * process-shared robust mutex, taken with a timeout and able to report a
+ * dead holder; node.c's layout-2 registry had one, layout 3 shares no lock
+ * between processes and no caller remains), so not through sgm__lock_take. Call _enter(rank)
  * before taking it (debug builds: the order is checked, as for
  * sgm__lock_take), _note(id, rank) once it is held, and _leave(id) before
  * giving it back; a failed take calls neither _note nor _leave. No-ops when

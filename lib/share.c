@@ -296,7 +296,6 @@ static void share_tick(sgm_context *ctx) {
   sgm_share *sh = sgm__context_share(ctx);
   sgm_node_usage u;
   share_usage(ctx, &u);
-  sgm__node_reclaim(sh->node);
   if (sgm__context_cfg(ctx)->share_mode == SGM_SHARE_FAIR && sgm__node_view(sh->node, sh->view) == SGM_OK) {
     uint64_t vb, sb;
     if (share_compute(ctx, sh->view, &u, &vb, &sb)) {
@@ -308,6 +307,9 @@ static void share_tick(sgm_context *ctx) {
     }
   }
   sgm__node_member_publish(sh->member, &u);
+  /* After the view: dead records of this user that it met are unlinked in
+   * the same tick (they stopped counting the moment their owner died). */
+  sgm__node_reclaim(sh->node);
 }
 
 /* ------------------------------------------------------------------------ */
