@@ -606,6 +606,11 @@ int sgm__node_prefix(const char *key, char *out, size_t len);
  * order. SGM_ERR_INVALID / SGM_ERR_IO when the folder cannot be read. */
 int sgm__node_scan(const char *dir, const char *prefix, const char *key, const sgm_node_accept *acc,
                    bool dead_too, sgm_node_view *out);
+/* The same, keeping records open between scans in cache (a writer's view
+ * every period; NULL = none). The caller serialises scans of one cache. */
+typedef struct sgm_node_peers sgm_node_peers;
+int sgm__node_scan_cached(const char *dir, const char *prefix, const char *key, const sgm_node_accept *acc,
+                          bool dead_too, sgm_node_peers *cache, sgm_node_view *out);
 /* True unless nobody holds the record's write lock (on doubt: true). */
 bool sgm__node_record_alive(int fd);
 /* This process's start time in clock ticks after boot (0 when unknown). */

@@ -51,7 +51,8 @@
  *
  * Threading: an sgm_node is used by its members' threads: publish, the
  * emulated device's reservations and leave take node->mu (the seqlock writer
- * side; held across a folder scan in reserve, which takes no other lock);
+ * side; held across folder scans, which take no other lock, and guarding
+ * the scans' cache of open records);
  * node_open_mu (the process's list of records, members joining and leaving)
  * is taken outside it. Ranks, checked by the witness: SGM_LOCK_NODE_OPEN <
  * SGM_LOCK_NODE. Readers (sgm__node_scan, sgm__node_record_parse) take no lock.
@@ -129,6 +130,7 @@ struct sgm_node {
   uint64_t device_total;    /* adopted at join: the first live process's */
   uint64_t shared_cap;
   bool saw_dead;            /* a scan met a dead record of ours to unlink (relaxed atomic) */
+  sgm_node_peers *peers;    /* the records our scans keep open (under mu; NULL until the first) */
   sgm_lock mu;              /* the seqlock writer side of our slot (rank SGM_LOCK_NODE); also
                                guards members' figures */
   int verbose;              /* log level */
@@ -330,8 +332,12 @@ static bool node_accepts(const sgm_node_accept *acc, const struct stat *st) {
 /* Read one record name of dirfd: its owner, liveness and a consistent copy.
  * NODE_SCAN_* says what it was. */
 enum { NODE_SCAN_OK, NODE_SCAN_DEAD, NODE_SCAN_FOREIGN, NODE_SCAN_REFUSED, NODE_SCAN_UNSTABLE };
-static int node_record_load(int dirfd, const char *name, const sgm_node_accept *acc, sgm_node_proc *p,
-                            sgm_node_devinfo *d, struct stat *st_out) {
+
+/* Open a record name for reading: NODE_SCAN_OK with *fd_out and *st_out, or
+ * why not (nothing left open). */
+static int node_record_open(int dirfd, const char *name, const sgm_node_accept *acc, int *fd_out,
+                            struct stat *st_out) {
+  *fd_out = -1;
   struct stat st;
   /* lstat first: a FIFO, a device or a link at a record's name is never opened. */
   if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
@@ -340,33 +346,72 @@ static int node_record_load(int dirfd, const char *name, const sgm_node_accept *
   if (!node_accepts(acc, &st)) return NODE_SCAN_FOREIGN;
   int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
   if (fd < 0) return errno == EACCES ? NODE_SCAN_FOREIGN : NODE_SCAN_REFUSED;
-  int rc = NODE_SCAN_REFUSED;
   struct stat st2;
   if (fstat(fd, &st2) != 0 || st2.st_ino != st.st_ino || st2.st_dev != st.st_dev ||
       !S_ISREG(st2.st_mode) || st2.st_size != SGM_NODE_RECORD_BYTES ||
-      (st2.st_mode & (S_IWGRP | S_IWOTH)) || !node_accepts(acc, &st2))
-    goto out;
+      (st2.st_mode & (S_IWGRP | S_IWOTH)) || !node_accepts(acc, &st2)) {
+    close(fd);
+    return NODE_SCAN_REFUSED;
+  }
+  *fd_out = fd;
   *st_out = st2;
+  return NODE_SCAN_OK;
+}
+
+/* A consistent copy of an open record (pread, the sequence read again
+ * after it), parsed, and its liveness. With prev_seq (a cached record), a
+ * sequence that moved since the last scan means its writer published within
+ * a period: alive without asking the kernel; an unmoved one is asked (a dead
+ * writer's never moves). *seq_out: the sequence read. */
+static int node_record_read(int fd, uint32_t uid, uint64_t ino, const uint64_t *prev_seq, sgm_node_proc *p,
+                            sgm_node_devinfo *d, uint64_t *seq_out) {
   unsigned char buf[SGM_NODE_RECORD_BYTES];
   char why[128];
   for (int tries = 0; tries < NODE_READ_TRIES; tries++) {
     uint64_t seq2;
-    if (pread(fd, buf, sizeof buf, 0) != (ssize_t)sizeof buf) goto out;
-    if (pread(fd, &seq2, 8, node_w(NODE_W_SEQ)) != 8) goto out;
+    if (pread(fd, buf, sizeof buf, 0) != (ssize_t)sizeof buf) return NODE_SCAN_REFUSED; /* cut short */
+    if (pread(fd, &seq2, 8, node_w(NODE_W_SEQ)) != 8) return NODE_SCAN_REFUSED;
     if (seq2 != node_get64(buf, node_w(NODE_W_SEQ))) continue; /* moved while we read */
     int prc = sgm__node_record_parse(buf, sizeof buf, p, d, why, sizeof why);
     if (prc == SGM_ERR_BUSY && (seq2 & 1u)) continue; /* mid-write */
-    if (prc != SGM_OK) goto out;
-    rc = sgm__node_record_alive(fd) ? NODE_SCAN_OK : NODE_SCAN_DEAD;
-    p->alive = rc == NODE_SCAN_OK;
-    p->uid = (uint32_t)st2.st_uid;
-    p->ino = (uint64_t)st2.st_ino;
-    goto out;
+    if (prc != SGM_OK) return NODE_SCAN_REFUSED;
+    *seq_out = seq2;
+    bool alive = (prev_seq && *prev_seq != seq2) || sgm__node_record_alive(fd);
+    p->alive = alive;
+    p->uid = uid;
+    p->ino = ino;
+    return alive ? NODE_SCAN_OK : NODE_SCAN_DEAD;
   }
-  rc = NODE_SCAN_UNSTABLE;
-out:
-  close(fd);
-  return rc;
+  return NODE_SCAN_UNSTABLE;
+}
+
+/* The records a writer's scans keep open between ticks (its view every
+ * period): a cached record costs two preads (and a lock query only when its
+ * sequence did not move), not seven calls. Keyed by the directory entry's
+ * inode; entries not met in a scan are closed. Bounded, so that descriptors
+ * stay few; past the bound records are read the uncached way. */
+#define NODE_MAX_PEERS 256
+typedef struct node_peer {
+  uint64_t ino;
+  int fd;
+  uint32_t uid;
+  uint64_t seq;
+  bool seen;
+} node_peer;
+struct sgm_node_peers {
+  size_t n;
+  node_peer e[NODE_MAX_PEERS];
+};
+
+static void node_peers_close(sgm_node_peers *c) {
+  if (!c) return;
+  for (size_t i = 0; i < c->n; i++) close(c->e[i].fd);
+  c->n = 0;
+}
+
+int sgm__node_scan(const char *dir, const char *prefix, const char *key, const sgm_node_accept *acc,
+                   bool dead_too, sgm_node_view *out) {
+  return sgm__node_scan_cached(dir, prefix, key, acc, dead_too, NULL, out);
 }
 
 int sgm__node_prefix(const char *key, char *out, size_t len) {
@@ -397,8 +442,8 @@ static int node_proc_cmp(const void *a, const void *b) {
   return x->ino < y->ino ? -1 : x->ino > y->ino;
 }
 
-int sgm__node_scan(const char *dir, const char *prefix, const char *key, const sgm_node_accept *acc,
-                   bool dead_too, sgm_node_view *out) {
+int sgm__node_scan_cached(const char *dir, const char *prefix, const char *key, const sgm_node_accept *acc,
+                          bool dead_too, sgm_node_peers *cache, sgm_node_view *out) {
   memset(out, 0, offsetof(sgm_node_view, procs));
   out->version = SGM_NODE_VERSION;
   out->n_slots = SGM_NODE_DEFAULT_SLOTS;
@@ -418,7 +463,35 @@ int sgm__node_scan(const char *dir, const char *prefix, const char *key, const s
     sgm_node_proc p;
     sgm_node_devinfo d;
     struct stat st;
-    int r = node_record_load(dirfd(dp), e->d_name, acc, &p, &d, &st);
+    node_peer *peer = NULL;
+    for (size_t i = 0; cache && i < cache->n && !peer; i++)
+      if (cache->e[i].ino == (uint64_t)e->d_ino && !cache->e[i].seen) peer = &cache->e[i];
+    int fd = -1, r;
+    uint64_t seq = 0;
+    if (peer) {
+      fd = peer->fd;
+      st.st_uid = peer->uid;
+      st.st_ino = (ino_t)peer->ino;
+      r = node_record_read(fd, peer->uid, peer->ino, &peer->seq, &p, &d, &seq);
+      peer->seen = true;
+      if (r == NODE_SCAN_REFUSED) { /* cut short or rewritten: read it afresh next time */
+        close(fd);
+        *peer = cache->e[--cache->n];
+        peer = NULL;
+      } else {
+        peer->seq = seq;
+      }
+    } else {
+      r = node_record_open(dirfd(dp), e->d_name, acc, &fd, &st);
+      if (r == NODE_SCAN_OK) {
+        r = node_record_read(fd, (uint32_t)st.st_uid, (uint64_t)st.st_ino, NULL, &p, &d, &seq);
+        if (cache && r != NODE_SCAN_REFUSED && cache->n < NODE_MAX_PEERS)
+          cache->e[cache->n++] = (node_peer){.ino = (uint64_t)st.st_ino, .fd = fd, .uid = (uint32_t)st.st_uid,
+                                             .seq = seq, .seen = true};
+        else
+          close(fd);
+      }
+    }
     if (r == NODE_SCAN_FOREIGN) {
       out->n_foreign++;
       if (out->foreign_uid == 0) {
@@ -462,6 +535,16 @@ int sgm__node_scan(const char *dir, const char *prefix, const char *key, const s
     }
   }
   closedir(dp);
+  if (cache) { /* records gone from the folder are closed */
+    for (size_t i = 0; i < cache->n;) {
+      if (cache->e[i].seen) {
+        cache->e[i++].seen = false;
+        continue;
+      }
+      close(cache->e[i].fd);
+      cache->e[i] = cache->e[--cache->n];
+    }
+  }
   qsort(out->procs, out->n_procs, sizeof out->procs[0], node_proc_cmp);
   for (size_t i = 0; i < out->n_procs; i++) {
     const sgm_node_proc *p = &out->procs[i];
@@ -668,6 +751,9 @@ fail:
 }
 
 static void node_close(sgm_node *n) {
+  node_peers_close(n->peers);
+  free(n->peers);
+  n->peers = NULL;
   if (n->mem) munmap(n->mem, SGM_NODE_RECORD_BYTES);
   n->mem = NULL;
   if (n->fd > 0) node_fd_track(n->fd, false);
@@ -806,10 +892,12 @@ void sgm__node_publish(sgm_node *n, const sgm_node_usage *u) {
   sgm__lock_drop(&n->mu);
 }
 
-static int node_view_scan(sgm_node *n, sgm_node_view *out) {
+/* Under n->mu: this node's view, through its cache of open records. */
+static int node_view_scan_locked(sgm_node *n, sgm_node_view *out) {
   char prefix[SGM_NODE_KEY_MAX + 16];
   sgm__node_prefix(n->key, prefix, sizeof prefix);
-  int rc = sgm__node_scan(n->dir, prefix, n->key, &n->acc, false, out);
+  if (!n->peers) n->peers = calloc(1, sizeof *n->peers); /* NULL: uncached reads */
+  int rc = sgm__node_scan_cached(n->dir, prefix, n->key, &n->acc, false, n->peers, out);
   if (rc != SGM_OK) return rc;
   if (out->n_dead_own) __atomic_store_n(&n->saw_dead, true, __ATOMIC_RELAXED);
   for (size_t i = 0; i < out->n_procs; i++) out->procs[i].self = out->procs[i].ino == (uint64_t)n->ino;
@@ -817,7 +905,9 @@ static int node_view_scan(sgm_node *n, sgm_node_view *out) {
 }
 
 int sgm__node_view(sgm_node *n, sgm_node_view *out) {
-  int rc = node_view_scan(n, out);
+  sgm__lock_take(&n->mu);
+  int rc = node_view_scan_locked(n, out);
+  sgm__lock_drop(&n->mu);
   if (rc == SGM_OK) node_warn_foreign(n, out);
   return rc;
 }
@@ -843,7 +933,7 @@ static void node_set_own_device_locked(sgm_node *n, uint64_t bytes) {
 /* Under n->mu: bytes the other live processes hold (or announce) on the device. */
 static int node_others_device_locked(sgm_node *n, sgm_node_view *v, uint64_t *sum_out) {
   *sum_out = 0;
-  int rc = node_view_scan(n, v);
+  int rc = node_view_scan_locked(n, v);
   if (rc != SGM_OK) return rc;
   uint64_t sum = 0;
   for (size_t i = 0; i < v->n_procs; i++) {
