@@ -674,8 +674,14 @@ static int node_create(sgm_node *n, const sgm_node_params *p, const char *prefix
     snprintf(why, why_len, "cannot lock %.300s: %s", tmp, strerror(errno));
     goto fail;
   }
-  if (fchmod(fd, mode) != 0 ||
-      (n->acc.group && n->acc.gid >= 0 && fchown(fd, (uid_t)-1, (gid_t)n->acc.gid) != 0)) {
+  /* The record's group: the policy's; else (SGM_NODE_GROUP) the folder's
+   * when this process is in it (a shared supplementary group works without
+   * a setgid folder); else the process's own. */
+  int64_t gid = n->acc.group ? n->acc.gid : -1;
+  struct stat dst;
+  if (n->acc.group && gid < 0 && stat(n->dir, &dst) == 0 && dst.st_gid != getegid() && node_in_group(dst.st_gid))
+    gid = dst.st_gid;
+  if (fchmod(fd, mode) != 0 || (gid >= 0 && fchown(fd, (uid_t)-1, (gid_t)gid) != 0)) {
     snprintf(why, why_len, "cannot set the mode or group of %.300s: %s", tmp, strerror(errno));
     goto fail;
   }

@@ -1191,6 +1191,36 @@ static void test_two_users_share_one_device(void **state) {
   teardown_dir();
 }
 
+/* SGM_NODE_GROUP=on without a policy: two users whose primary groups
+ * differ and who share a supplementary group (the folder's, not setgid) are
+ * both tracked and count each other (issue 28 item 1: a shared
+ * supplementary group was refused). */
+static void test_node_group_supplementary(void **state) {
+  (void)state;
+  if (geteuid() != 0) {
+    print_message("# not root: two users need setuid (CI runs as root); skipped\n");
+    skip();
+  }
+  setup_env("supp", "64MiB");
+  setenv("SGM_NODE_GROUP", "on", 1);
+  assert_int_equal(chown(node_dir, 0, LAB_GROUP), 0);
+  assert_int_equal(chmod(node_dir, 01770), 0); /* sticky, group-writable, not setgid */
+  kid a = kid_start_as(LAB_A, LAB_A, LAB_GROUP), b = kid_start_as(LAB_B, LAB_B, LAB_GROUP);
+  assert_int_equal(kid_do(&a, OP_CREATE, 0, NULL).v[V_TRACKED], 1);
+  assert_int_equal(kid_do(&b, OP_CREATE, 0, NULL).v[V_TRACKED], 1);
+  assert_int_equal(kid_do(&a, OP_ALLOC, 40 * MiB, NULL).tier, SGM_TIER_VRAM);
+  rsp rb = kid_do(&b, OP_TICK, 0, NULL);
+  assert_true(rb.v[V_DEVICE_FREE] <= 24 * MiB); /* B counts A's 40 MiB */
+  rsp ra = kid_do(&a, OP_TICK, 0, NULL);
+  rb = kid_do(&b, OP_TICK, 0, NULL);
+  assert_true(ra.v[V_VRAM_BUDGET] + rb.v[V_VRAM_BUDGET] <= 64 * MiB);
+  kid_quit(&a);
+  kid_quit(&b);
+  unsetenv("SGM_NODE_GROUP");
+  assert_int_equal(chmod(node_dir, 0700), 0);
+  teardown_dir();
+}
+
 /* A user cannot bring their own policy: SGM_ADMIN_CONF naming a file the
  * user owns is ignored (here: its "SGM_NODE = off" has no effect). Root's
  * naming one is honoured (the test above). */
@@ -1241,6 +1271,7 @@ int main(void) {
       cmocka_unit_test(test_fallback_names_the_fair_share),
       cmocka_unit_test(test_two_users_share_one_device),
       cmocka_unit_test(test_user_policy_ignored),
+      cmocka_unit_test(test_node_group_supplementary),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
