@@ -244,6 +244,7 @@ static kid kid_start_as(uid_t uid, gid_t gid, gid_t group) {
     close(b[0]);
     gid_t groups[1] = {group};
     if (setgroups(1, groups) != 0 || setgid(gid) != 0 || setuid(uid) != 0) _exit(6);
+    sgm__admin_reset_for_tests(); /* the policy as this user finds it, not the parent's copy */
     kid_main(a[0], b[1]);
   }
   close(a[0]);
