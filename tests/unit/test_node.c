@@ -1222,6 +1222,49 @@ static void test_node_group_supplementary(void **state) {
   teardown_dir();
 }
 
+/* Without a policy, another user's records are not counted, and the first
+ * join that meets them says so, naming the policy file to set up (issue 28
+ * item 2: "a warning that names what to do"). A live record of uid 61001 is
+ * planted (chowned, its lock held); the join runs in a child at verbose 1. */
+static void foreign_join_child(void *arg) {
+  (void)arg;
+  sgm_node_params p = {.dir = node_dir, .key = "emu-foreign", .name = "me", .device_total_bytes = 16 * MiB,
+                       .shared_cap_bytes = 64 * MiB, .verbose = 1};
+  sgm_node *n = NULL;
+  if (sgm__node_join(&p, &n) != SGM_OK) _exit(3);
+  sgm_node_view *v = malloc(sizeof *v);
+  if (!v || sgm__node_view(n, v) != SGM_OK) _exit(4);
+  int only_self = v->n_procs == 1 && v->procs[0].self && v->n_foreign == 1;
+  free(v);
+  sgm__node_leave(n);
+  _exit(only_self ? 0 : 5);
+}
+
+static void test_other_users_records_warned(void **state) {
+  (void)state;
+  if (geteuid() != 0) {
+    print_message("# not root: a record of another user needs chown; skipped\n");
+    skip();
+  }
+  setup_env("foreign", "16MiB");
+  sgm_node_params p = {.dir = node_dir, .key = "emu-foreign", .name = "other", .device_total_bytes = 16 * MiB,
+                       .shared_cap_bytes = 64 * MiB};
+  sgm_node *other = NULL;
+  assert_int_equal(sgm__node_join(&p, &other), SGM_OK); /* a live record, then given away */
+  assert_int_equal(chown(sgm__node_file(other), LAB_A, LAB_A), 0);
+  char out[4096];
+  int st = sgm_test_fork_capture(foreign_join_child, NULL, out, sizeof out);
+  print_message("# %s", out);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 0);
+  assert_non_null(strstr(out, "of other users (uid 61001"));
+  assert_non_null(strstr(out, "are not counted"));
+  assert_non_null(strstr(out, sgm__policy_path()));
+  assert_non_null(strstr(out, "docs/admin.md"));
+  sgm__node_leave(other);
+  teardown_dir();
+}
+
 /* A user cannot bring their own policy: SGM_ADMIN_CONF naming a file the
  * user owns is ignored (here: its "SGM_NODE = off" has no effect). Root's
  * naming one is honoured (the test above). */
@@ -1273,6 +1316,7 @@ int main(void) {
       cmocka_unit_test(test_two_users_share_one_device),
       cmocka_unit_test(test_user_policy_ignored),
       cmocka_unit_test(test_node_group_supplementary),
+      cmocka_unit_test(test_other_users_records_warned),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
