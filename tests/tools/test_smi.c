@@ -43,6 +43,11 @@ static int run_smi(const char *args, char *out, size_t len) {
   return WEXITSTATUS(st);
 }
 
+/* The device's used memory every joined process publishes (the driver's
+ * figure, everyone's): known_registry's processes hold 8 GiB of it, the
+ * rest is outside sgm. 0 = not published. */
+static uint64_t device_used;
+
 static sgm_node *join_as(const char *name, uint64_t vram_used, uint64_t vram_budget,
                          uint64_t shared_used, uint64_t fallbacks) {
   sgm_node_params p = {.dir = dir, .key = "emu-smi", .name = name, .device_total_bytes = 8 * GiB,
@@ -62,6 +67,8 @@ static sgm_node *join_as(const char *name, uint64_t vram_used, uint64_t vram_bud
   u.w[SGM_NODE_F_FALLBACKS] = fallbacks;
   u.w[SGM_NODE_F_WEIGHT] = 1;
   u.w[SGM_NODE_F_HEARTBEAT] = sgm__clock_monotonic_ns();
+  u.w[SGM_NODE_F_COMMITTED + SGM_TIER_VRAM] = vram_used; /* held from the driver */
+  u.w[SGM_NODE_F_DEVICE_USED] = device_used;
   sgm__node_publish(n, &u);
   return n;
 }
@@ -100,8 +107,10 @@ static void test_no_process(void **state) {
 }
 
 static void known_registry(void) {
+  device_used = 8 * GiB + 512 * MiB; /* 512 MiB outside sgm */
   train = join_as("train", 7 * GiB, 6 * GiB, 512 * MiB, 3); /* over its budget: giving back */
   serve = join_as("serve", 1 * GiB, 2 * GiB, 0, 0);
+  device_used = 0;
 }
 
 static void leave_known(void) {
@@ -128,6 +137,8 @@ static void test_table(void **state) {
   assert_non_null(strstr(out, line));
   assert_non_null(strstr(out, "TOTAL           8.00G/8.00G  512M/16.0G")); /* totals / device, cap */
   assert_non_null(strstr(out, "! over its budget"));
+  snprintf(line, sizeof line, "%7s %-8s %-12s %-15s %11s\n", "-", "-", "-", "(not sgm)", "512M");
+  assert_non_null(strstr(out, line)); /* the device's used 8.5 GiB less sgm's 8 GiB */
   for (char *l = out; *l;) { /* 80 columns */
     char *nl = strchr(l, '\n');
     size_t w = nl ? (size_t)(nl - l) : strlen(l);
@@ -154,7 +165,7 @@ static void test_json(void **state) {
   print_message("%s", out);
   assert_non_null(strstr(out, "{\"schema\": \"sgm-smi/1\""));
   char dev[512];
-  snprintf(dev, sizeof dev, "\"key\": \"emu-smi\", \"outside_sgm_bytes\": null, \"uuid\": \"%s\", \"pci_bus_id\": \"0000:65:00.0\", "
+  snprintf(dev, sizeof dev, "\"key\": \"emu-smi\", \"outside_sgm_bytes\": 536870912, \"uuid\": \"%s\", \"pci_bus_id\": \"0000:65:00.0\", "
            "\"version\": %u, \"n_slots\": 128, \"device_total_bytes\": 8589934592, "
            "\"shared_cap_bytes\": 17179869184, \"n_processes\": 2", uuid_text, SGM_NODE_VERSION);
   assert_non_null(strstr(out, dev));
@@ -169,7 +180,7 @@ static void test_json(void **state) {
   snprintf(frag, sizeof frag, "\"start_ticks\": %llu, \"name\": \"train\", \"mode\": \"fair\"",
            (unsigned long long)sgm__node_start_ticks_of_self());
   assert_non_null(strstr(out, frag));
-  assert_non_null(strstr(out, "\"vram\": {\"used_bytes\": 7516192768, \"committed_bytes\": 0, "
+  assert_non_null(strstr(out, "\"vram\": {\"used_bytes\": 7516192768, \"committed_bytes\": 7516192768, "
                               "\"budget_bytes\": 6442450944, \"peak_bytes\": 7516192768}"));
   assert_non_null(strstr(out, "\"fallbacks\": 3, \"evictions\": 0"));
   assert_non_null(strstr(out, "\"errors\": []"));
