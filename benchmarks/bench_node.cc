@@ -8,8 +8,9 @@
 //    SGM_NODE_PERIOD_MS, default 50 ms; set it in the environment to try
 //    others). Run with --benchmark_enable_random_interleaving so the
 //    machine's load falls on both alike. Target: on <= 1.05x off.
-//  - BM_NodeJoinLeave beside BM_NodeOpenMap (open + mmap + munmap + close of
-//    the same file). Target <= 1 ms.
+//  - BM_NodeJoinLeave beside BM_NodeOpenMap (a 1 KiB record file's creation
+//    and removal in the registry folder: the floor of a join and a leave).
+//    Target <= 1 ms.
 //  - BM_NodeReclaim: SIGKILL of a joined process to its slot's reclaim by a
 //    live context's ticker (50 ms period), mean of 10. Target <= 1 s.
 //  - BM_SmiJson64 beside BM_True: `sgm-smi --json` with 64 processes joined,

@@ -10,9 +10,10 @@ landed and sgm's statistics.
 
 The sgm package: installed (cmake --install), or PYTHONPATH=<source>/python.
 libsgm.so: argv[1], else as the package finds it (docs/python.md). Needs an
-NVIDIA GPU and CuPy; without them it prints "no GPU: skipping" and exits 0.
+NVIDIA GPU and CuPy; without CuPy it prints "CuPy is not installed: skipping", without a GPU "no GPU: skipping", and exits 0.
 Unlike PyTorch, CuPy sees a failed allocation: sgm.NoMemoryError (a MemoryError).
 """
+import importlib.util
 import os
 import sys
 
@@ -24,6 +25,9 @@ import sgm.cupy  # noqa: E402
 
 
 def main():
+    if importlib.util.find_spec("cupy") is None:
+        print("CuPy is not installed: skipping (pip install cupy, or your distribution's package)")
+        return 0
     try:
         sgm.cupy.use(vram_limit=os.environ.get("SGM_VRAM_LIMIT", "1GiB"))
     except sgm.UnsupportedError as e:

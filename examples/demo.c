@@ -151,16 +151,24 @@ static int plot_check(void) {
     setenv("PYTHONPATH", buf, 1);
   }
 #endif
-  char *probe[] = {(char *)py, "-c", "import sgm.plot, matplotlib", NULL};
-  int rc = run_command(probe, 1);
+  /* One import at a time, so the message names the one that is missing. */
+  char *probe_mpl[] = {(char *)py, "-c", "import matplotlib", NULL};
+  int rc = run_command(probe_mpl, 1);
   if (rc == 127) {
     fprintf(stderr, "demo: --plot: cannot run %s (install python3, or name an interpreter in "
             "SGM_PYTHON)\n", py);
-  } else if (rc != 0) {
-    fprintf(stderr, "demo: --plot: %s cannot import the sgm package and matplotlib (matplotlib: "
-            "apt-get install python3-matplotlib; the package: cmake --install, or "
-            "PYTHONPATH=<sgm source>/python)\n", py);
+    return rc;
   }
+  if (rc != 0) {
+    fprintf(stderr, "demo: --plot: %s cannot import matplotlib (apt-get install python3-matplotlib, "
+            "or pip install matplotlib for that interpreter)\n", py);
+    return rc;
+  }
+  char *probe_sgm[] = {(char *)py, "-c", "import sgm.plot", NULL};
+  rc = run_command(probe_sgm, 1);
+  if (rc != 0)
+    fprintf(stderr, "demo: --plot: %s cannot import the sgm package (cmake --install it, or "
+            "PYTHONPATH=<sgm source>/python)\n", py);
   return rc;
 }
 
@@ -247,7 +255,20 @@ static int run(const char *mode, int growth) {
   task_manager(ctx, "all freed + trim");
   if (failed) printf("  (%d activation allocations did not fit the budget)\n", failed);
 
-  /* Past the VRAM budget, the block lands in shared GPU memory (rule 3). */
+  /* Past the VRAM budget, the block lands in shared GPU memory (rule 3),
+   * when the shared budget can hold it: under a small `ulimit -l` it cannot
+   * (sgm keeps the shared tier within the locked-memory limit), and the demo
+   * says so rather than fail. */
+  sgm_get_stats(ctx, &st);
+  if (st.tier[SGM_TIER_SHARED].budget_bytes <= budget) {
+    char sb[32];
+    fmt(st.tier[SGM_TIER_SHARED].budget_bytes, sb, sizeof sb);
+    printf("  asking for more than the VRAM budget: skipped: the shared GPU memory budget (%s) cannot "
+           "hold it; it is bounded by the locked-memory limit (ulimit -l): raise it to see the block "
+           "land in shared memory (README: Locked memory)\n", sb);
+    destroy_recorded(ctx);
+    return 0;
+  }
   void *big = sgm_alloc(ctx, budget + 1, NULL);
   printf("  asking for more than the VRAM budget: %s\n", big ? sgm_tier_name(sgm_pointer_tier(ctx, big))
                                                              : sgm_last_error());

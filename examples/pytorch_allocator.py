@@ -15,10 +15,11 @@ back, and after half are freed the others come back into VRAM.
 
 The sgm package: installed (cmake --install), or PYTHONPATH=<source>/python.
 libsgm.so: argv[1], else as the package finds it (docs/python.md). Needs an
-NVIDIA GPU and PyTorch 2.0 or newer; without them it prints "no GPU: skipping"
+NVIDIA GPU and PyTorch 2.0 or newer; without PyTorch it prints "PyTorch is not installed: skipping", without a GPU "no GPU: skipping",
 and exits 0. PyTorch does not check the allocator's result for NULL: when sgm
 cannot allocate, it prints one line to stderr saying why (docs/frameworks.md).
 """
+import importlib.util
 import os
 import sys
 
@@ -34,6 +35,9 @@ import sgm.torch  # noqa: E402
 
 
 def main():
+    if importlib.util.find_spec("torch") is None:
+        print("PyTorch is not installed: skipping (pip install torch, or your distribution's package)")
+        return 0
     try:
         sgm.torch.use(vram_limit=os.environ.get("SGM_VRAM_LIMIT", "1GiB"))
     except sgm.UnsupportedError as e:

@@ -140,6 +140,11 @@ typedef struct sgm_config {
 /* A short constant name for a status ("SGM_ERR_NOMEM"); never NULL. */
 SGM_API const char *sgm_status_string(sgm_status s);
 
+/* The running library's version, "MAJOR.MINOR.PATCH" (static storage, never
+ * NULL): the libsgm.so actually loaded, which may be newer than the
+ * SGM_VERSION_* this program was compiled with. Thread-safe. */
+SGM_API const char *sgm_version(void);
+
 /*
  * The calling thread's last detailed error message; "" when none. Valid until
  * this thread's next sgm call. Never NULL.

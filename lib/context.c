@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -260,6 +261,11 @@ static int context_vram_budget(const sgm_context *ctx, double fraction, const ch
     b = cap;
     why = "SGM_VRAM_LIMIT";
   }
+  uint64_t admin = sgm__admin_vram_cap(sgm__admin_current(), (uint32_t)geteuid(), true, total);
+  if (admin < b) {
+    b = admin;
+    why = "the admin policy's vram_cap";
+  }
   if (ctx->cuda_memory_limit_bytes && ctx->cuda_memory_limit_bytes < b) {
     b = ctx->cuda_memory_limit_bytes;
     why = ctx->cuda_memory_limit_name;
@@ -281,12 +287,35 @@ static int context_vram_budget(const sgm_context *ctx, double fraction, const ch
   return SGM_OK;
 }
 
+/* The locked-memory limit left to this process: RLIMIT_MEMLOCK minus what it
+ * has locked (VmLck); UINT64_MAX when unlimited or when it may lock past it
+ * (CAP_IPC_LOCK, bit 14 of CapEff). */
+static uint64_t context_memlock_left(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
+  FILE *f = fopen("/proc/self/status", "re");
+  uint64_t locked = 0;
+  unsigned long long cap = 0;
+  if (f) {
+    char line[256];
+    while (fgets(line, sizeof line, f)) {
+      unsigned long long v;
+      if (sscanf(line, "VmLck: %llu kB", &v) == 1) locked = (uint64_t)v * 1024u;
+      else if (sscanf(line, "CapEff: %llx", &v) == 1) cap = v;
+    }
+    fclose(f);
+  }
+  if (cap & (1ull << 14)) return UINT64_MAX; /* CAP_IPC_LOCK: the limit does not apply */
+  return (uint64_t)rl.rlim_cur > locked ? (uint64_t)rl.rlim_cur - locked : 0;
+}
+
 /* Shared budget = SGM_SHARED_LIMIT (bytes or % of RAM), else max(RAM / 2,
  * 64 MiB). The shared tier's rule is also its ceiling (issue 29: a limit of
  * all of RAM let one process pin all of it): an explicit limit above
  * max(RAM / 2, 64 MiB) (when RAM is known) is clamped to it with a warning,
  * as Windows caps shared GPU memory at half of RAM. */
-static int context_shared_budget(const sgm_context *ctx, uint64_t *out) {
+static int context_shared_budget(const sgm_context *ctx, uint64_t *out, char *why, size_t why_len) {
+  if (why_len) why[0] = '\0';
   uint64_t ram = ctx->physical_ram_bytes;
   uint64_t dflt = ram / 2 > CONTEXT_SHARED_MIN_BYTES ? ram / 2 : CONTEXT_SHARED_MIN_BYTES;
   uint64_t b = sgm__size_resolve(ctx->cfg.shared_limit, ram, dflt);
@@ -297,6 +326,23 @@ static int context_shared_budget(const sgm_context *ctx, uint64_t *out) {
              sgm__fmt_bytes(b, l, sizeof l), sgm__fmt_bytes(ram, r, sizeof r),
              sgm__fmt_bytes(dflt, c, sizeof c));
     b = dflt;
+  }
+  /* Issue 28 item 10: under a small `ulimit -l` (8 MiB by default for users),
+   * the shared tier keeps within it (what does not fit goes to disk or
+   * fails with a message) instead of failing at the first pin. */
+  uint64_t memlock = ctx->bops->pins_with_mlock ? context_memlock_left() : UINT64_MAX;
+  if (memlock < b) {
+    char m[32];
+    uint64_t clamped = memlock > SGM_DEVICE_ALIGN ? memlock : SGM_DEVICE_ALIGN;
+    sgm__log(ctx->cfg.verbose, 1, "the locked-memory limit (ulimit -l) leaves %s to pin: the shared "
+             "GPU memory budget is %s instead of %s (raise it: ulimit -l unlimited, a memlock line "
+             "in /etc/security/limits.d, or docker run --ulimit memlock=-1; docs/admin.md)",
+             sgm__fmt_bytes(memlock, m, sizeof m), sgm__fmt_bytes(clamped, l, sizeof l),
+             sgm__fmt_bytes(b, r, sizeof r));
+    snprintf(why, why_len, "bounded by the locked-memory limit: RLIMIT_MEMLOCK (ulimit -l) leaves %s to "
+             "pin; raise it (ulimit -l unlimited, a memlock line in /etc/security/limits.d, or docker "
+             "run --ulimit memlock=-1)", m);
+    b = clamped;
   }
   *out = b & ~(uint64_t)(SGM_DEVICE_ALIGN - 1);
   if (*out < SGM_DEVICE_ALIGN)
@@ -324,6 +370,12 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   sgm_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_NOMEM, "out of host memory creating a context");
   ctx->cfg = *cfg_in;
+  /* The admin's policy wins over the environment and the program's code. */
+  rc = sgm__admin_apply(sgm__admin_current(), &ctx->cfg);
+  if (rc != SGM_OK) {
+    free(ctx);
+    return (sgm_status)rc;
+  }
   /* First: the node registry's first tick (before the tiers) reads the clock. */
   sgm__lock_init(&ctx->lock, SGM_LOCK_CONTEXT);
   ctx->clock_ms = context_monotonic_ms;
@@ -352,7 +404,9 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
 
   rc = context_vram_budget(ctx, ctx->vram_fraction, "SGM_VRAM_FRACTION",
                            &ctx->budget_bytes[SGM_TIER_VRAM]);
-  if (rc == SGM_OK) rc = context_shared_budget(ctx, &ctx->budget_bytes[SGM_TIER_SHARED]);
+  char shared_why[256] = "";
+  if (rc == SGM_OK) rc = context_shared_budget(ctx, &ctx->budget_bytes[SGM_TIER_SHARED], shared_why,
+                                               sizeof shared_why);
   if (rc != SGM_OK) goto out_close;
   /* The disk tier's budget is resolved by placement when it opens the spill
    * file (SGM_SPILL_LIMIT against the free space there); 0 = no disk tier. */
@@ -401,6 +455,8 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   sp.limit_hint = "SGM_SHARED_LIMIT";
   rc = sgm__tier_create(&sp, &ctx->tiers[SGM_TIER_SHARED]);
   if (rc != SGM_OK) goto out_tiers;
+  if (shared_why[0]) /* the budget-exhausted message then names the limit, not SGM_SHARED_LIMIT */
+    sgm__tier_set_budget_why(ctx->tiers[SGM_TIER_SHARED], sp.budget_bytes, shared_why);
 
   rc = sgm__placement_create(ctx);
   if (rc != SGM_OK) goto out_tiers;

@@ -15,6 +15,13 @@
 
 static _Thread_local char error_message[1024];
 
+#define ERROR_STR_(x) #x
+#define ERROR_STR(x) ERROR_STR_(x)
+
+SGM_API const char *sgm_version(void) {
+  return ERROR_STR(SGM_VERSION_MAJOR) "." ERROR_STR(SGM_VERSION_MINOR) "." ERROR_STR(SGM_VERSION_PATCH);
+}
+
 SGM_API const char *sgm_status_string(sgm_status s) {
   switch (s) {
     case SGM_OK: return "SGM_OK";

@@ -87,7 +87,7 @@ typedef enum sgm_lock_rank {
   SGM_LOCK_IDLE = 12,     /* context.c: the idle thread's stop flag (a leaf) */
   SGM_LOCK_REGISTRY = 13, /* policy.c: the policy registry (a leaf) */
   SGM_LOCK_NODE_OPEN = 14, /* node.c: this process's list of joined node segments */
-  SGM_LOCK_NODE_TABLE = 15, /* node.c: a node segment's process-shared robust mutex (witness only) */
+  SGM_LOCK_NODE_TABLE = 15, /* unused since layout 3 (no lock is shared between processes) */
   SGM_LOCK_NODE = 16,     /* node.c: the writer side of this process's registry slot (a leaf) */
   SGM_LOCK_SHARE = 17,    /* share.c: the node ticker's stop flag and tick counters (a leaf) */
   SGM_LOCK_CAPTURE = 18   /* capture.c: capture pools' scopes, pools and members (a leaf) */
@@ -110,9 +110,10 @@ void sgm__lock_init(sgm_lock *l, int rank);
 void sgm__lock_destroy(sgm_lock *l);
 void sgm__lock_take(sgm_lock *l);
 void sgm__lock_drop(sgm_lock *l);
-/* A lock that is no sgm_lock but is witnessed all the same: a process-shared
- * robust mutex in shared memory (node.c), taken with a timeout and able to
- * report a dead holder, so not through sgm__lock_take. Call _enter(rank)
+/* A lock that is no sgm_lock but is witnessed all the same (such as a
+ * process-shared robust mutex, taken with a timeout and able to report a
+ * dead holder; node.c's layout-2 registry had one, layout 3 shares no lock
+ * between processes and no caller remains), so not through sgm__lock_take. Call _enter(rank)
  * before taking it (debug builds: the order is checked, as for
  * sgm__lock_take), _note(id, rank) once it is held, and _leave(id) before
  * giving it back; a failed take calls neither _note nor _leave. No-ops when
@@ -486,9 +487,11 @@ uint64_t sgm__hooks_n_created(void);
 /* node.c — the node registry: one shared-memory table per device, a slot per
  * process (see the file's opening comment for the layout and its rules). */
 
-#define SGM_NODE_VERSION 2u        /* the segment layout this sgm reads and writes (2: UUID, PCI id) */
-#define SGM_NODE_MAX_SLOTS 1024u   /* the most slots a reader accepts */
-#define SGM_NODE_DEFAULT_SLOTS 128u /* slots of a new segment: processes sharing one device */
+#define SGM_NODE_VERSION 3u        /* the record layout this sgm reads and writes (3: a file per process) */
+#define SGM_NODE_RECORD_BYTES 1024u
+#define SGM_NODE_K8S_MAX 64          /* a Kubernetes namespace / pod / container name kept, NUL included */ /* one process's record file */
+#define SGM_NODE_MAX_SLOTS 1024u   /* the most records a view holds (more are counted) */
+#define SGM_NODE_DEFAULT_SLOTS 128u /* the most processes that join one device */
 #define SGM_NODE_KEY_MAX 64        /* device key bytes, NUL included */
 #define SGM_NODE_NAME_MAX 32       /* process name bytes, NUL included */
 #define SGM_NODE_PCI_MAX 32        /* PCI bus id bytes, NUL included */
@@ -511,37 +514,73 @@ enum {
   SGM_NODE_F_MOVED = 20,        /* bytes migrated between tiers (cumulative) */
   SGM_NODE_F_HEARTBEAT = 21,    /* CLOCK_MONOTONIC ns of the last publish */
   SGM_NODE_F_FLAGS = 22,        /* SGM_NODE_FLAG_* */
-  SGM_NODE_F_EMU_DEVICE = 23,   /* bytes held on the shared emulated device (under the mutex) */
-  SGM_NODE_N_FIELDS = 24
+  SGM_NODE_F_EMU_DEVICE = 23,   /* bytes held on the shared emulated device (announce, check) */
+  SGM_NODE_F_DEVICE_USED = 24,  /* the device's used memory as the driver told this process (all
+                                   processes, sgm's or not; sampled once a second; 0 = unknown) */
+  SGM_NODE_N_FIELDS = 25
 };
 #define SGM_NODE_FLAG_SOLO UINT64_C(1) /* SGM_SHARE_MODE=solo: takes its budget as if alone */
+/* Bits 1..15 of SGM_NODE_F_FLAGS are free for further marks (an interposed
+ * process, ...); readers pass unknown bits through (sgm_node_process.flags). */
 
 typedef struct sgm_node_usage {
   uint64_t w[SGM_NODE_N_FIELDS]; /* indexed by SGM_NODE_F_* */
 } sgm_node_usage;
 
 typedef struct sgm_node_proc {
-  uint32_t slot;                   /* its slot index */
+  uint32_t slot;                   /* an id: its record's inode number, low 32 bits */
   int pid;                         /* as published (-1 when out of range) */
   uint64_t start_ticks;            /* its start time, clock ticks after boot (/proc/PID/stat) */
   char name[SGM_NODE_NAME_MAX];    /* short name, printable, no comma or quote */
-  bool self;                       /* the calling process's own slot (sgm__node_view) */
+  bool self;                       /* the calling process's own record (sgm__node_view) */
+  bool alive;                      /* its owner holds the record's liveness lock */
+  uint32_t uid;                    /* the record's owner (the kernel's word, not the record's) */
+  uint64_t ino;                    /* the record's inode number */
+  uint64_t pid_ns;                 /* the writer's PID namespace inode (0: unknown) */
+  uint64_t join_ns;                /* CLOCK_REALTIME ns when it joined (as it wrote it) */
+  char k8s_namespace[SGM_NODE_K8S_MAX]; /* POD_NAMESPACE, POD_NAME, CONTAINER_NAME of its */
+  char k8s_pod[SGM_NODE_K8S_MAX];       /* environment (the downward API's usual names); */
+  char k8s_container[SGM_NODE_K8S_MAX]; /* [A-Za-z0-9._-] only; "" when unset */
   sgm_node_usage u;                /* what it published */
 } sgm_node_proc;
 
+/* A record's device figures, as its writer saw them. */
+typedef struct sgm_node_devinfo {
+  uint64_t device_total_bytes;
+  uint64_t shared_cap_bytes;
+  uint64_t join_ns;
+  char key[SGM_NODE_KEY_MAX];
+  uint8_t uuid[16];
+  char uuid_text[SGM_NODE_UUID_TEXT];
+  char pci_bus_id[SGM_NODE_PCI_MAX];
+} sgm_node_devinfo;
+
+/* Whose records count (for budgets) or show (for readers). */
+typedef struct sgm_node_accept {
+  bool group;      /* also group-readable records of a group ... */
+  int64_t gid;     /* ... this one (>= 0), else any group of this process */
+  bool all_users;  /* every owner's (readers: root's sgm-smi) */
+} sgm_node_accept;
+
 typedef struct sgm_node_view {
   uint32_t version;                /* SGM_NODE_VERSION */
-  uint32_t n_slots;                /* slots in the table */
-  uint64_t device_total_bytes;     /* device memory, as the segment's creator saw it */
+  uint32_t n_slots;                /* the most processes that join (SGM_NODE_DEFAULT_SLOTS) */
+  uint64_t device_total_bytes;     /* device memory, as the first live process saw it */
   uint64_t shared_cap_bytes;       /* the node's shared-memory cap: max(RAM / 2, 64 MiB) */
-  uint64_t generation;             /* bumped by every join, leave and reclaim */
+  uint64_t generation;             /* a hash of the live records: changes at every join and leave */
   char key[SGM_NODE_KEY_MAX];      /* the device key */
   uint8_t uuid[16];                /* the device's UUID (all zero: unknown) */
   char uuid_text[SGM_NODE_UUID_TEXT]; /* uuid in 8-4-4-4-12 hex; "" when unknown */
   char pci_bus_id[SGM_NODE_PCI_MAX]; /* its PCI bus id, [0-9a-fA-F:.] only; "" when unknown */
-  size_t n_procs;                  /* live slots copied into procs */
-  size_t n_unstable;               /* slots skipped: a writer never finished (died mid-write) */
-  sgm_node_proc procs[SGM_NODE_MAX_SLOTS]; /* live slots, in slot order */
+  size_t n_procs;                  /* records copied into procs */
+  size_t n_unstable;               /* records skipped: a writer never finished (died mid-write) */
+  size_t n_refused;                /* names skipped: not a regular file, wrong size, writable by
+                                      others, corrupt, another key (n_unstable included) */
+  size_t n_foreign;                /* records of other users not counted */
+  uint32_t foreign_uid;            /* the owner of one of them */
+  size_t n_dead_own;               /* dead records of this user (to unlink) */
+  size_t n_more;                   /* records past SGM_NODE_MAX_SLOTS */
+  sgm_node_proc procs[SGM_NODE_MAX_SLOTS]; /* in join order */
 } sgm_node_view;
 
 typedef struct sgm_node_params {
@@ -550,7 +589,8 @@ typedef struct sgm_node_params {
   const char *name;            /* this process's short name */
   uint8_t uuid[16];            /* written into a new segment: the device's UUID (zero: unknown) */
   const char *pci_bus_id;      /* written into a new segment: its PCI bus id (NULL: unknown) */
-  bool group;                  /* SGM_NODE_GROUP: share with the group (0660) */
+  bool group;                  /* share with a group: records 0640, group members' counted */
+  int64_t group_gid;           /* that group (>= 0: the policy's; -1: any of this process's) */
   uint64_t device_total_bytes; /* written into a new segment */
   uint64_t shared_cap_bytes;   /* written into a new segment */
   uint32_t n_slots;            /* a new segment's slots; 0 = SGM_NODE_DEFAULT_SLOTS (tests) */
@@ -559,24 +599,24 @@ typedef struct sgm_node_params {
 
 typedef struct sgm_node sgm_node;
 
-/* Tests: called at named points inside the registry's critical sections
- * ("join-locked", "join-writing", "leave-locked", "reserve-locked"), so a
- * child can die there. NULL = none. */
+/* Tests: called at named points ("join-locked": before our record exists,
+ * "join-writing": written but not in place, "leave-locked",
+ * "reserve-locked": announced, not checked), so a child can die there. */
 extern void (*sgm__node_test_hook)(const char *where);
-/* Open (creating it if needed) the segment for p->key and claim a slot. On
- * any failure (unsafe file, corrupt or future segment, full table, stuck
- * lock) *out = NULL, the status says why, and one warning per process says
- * the program runs untracked: callers go on without a registry. */
+/* Create this process's record for p->key. On any failure (unsafe folder,
+ * full filesystem, too many processes) *out = NULL, nothing is left in the
+ * folder, the status says why, and one warning per process says the
+ * program runs untracked: callers go on without a registry. */
 int sgm__node_join(const sgm_node_params *p, sgm_node **out);
-/* Free the slot and close. NULL is a no-op. */
+/* Remove our record and close. NULL is a no-op. */
 void sgm__node_leave(sgm_node *n);
 /* Publish this process's figures (seqlock; never blocks on other processes). */
 void sgm__node_publish(sgm_node *n, const sgm_node_usage *u);
-/* Snapshot of every live process (dead owners' slots left out). */
+/* Snapshot of every live process whose record counts (ours marked self). */
 int sgm__node_view(sgm_node *n, sgm_node_view *out);
-/* Reclaim the slots of dead processes; how many were freed. */
+/* Unlink this user's dead records of the device (when a view saw one); how many. */
 unsigned sgm__node_reclaim(sgm_node *n);
-/* The header's device total and shared cap; the segment's path; our slot. */
+/* The device total and shared cap adopted at join; our record's path and id. */
 uint64_t sgm__node_device_total(const sgm_node *n);
 uint64_t sgm__node_shared_cap(const sgm_node *n);
 const char *sgm__node_file(const sgm_node *n);
@@ -587,20 +627,31 @@ uint32_t sgm__node_slot(const sgm_node *n);
 int sgm__node_device_reserve(sgm_node *n, uint64_t bytes, uint64_t total, uint64_t *free_out);
 void sgm__node_device_release(sgm_node *n, uint64_t bytes);
 int sgm__node_device_used(sgm_node *n, uint64_t *used_out);
-/* Readers (sgm-smi, the fuzz target): parse a segment's bytes; every index,
- * size and string is checked. SGM_OK, or a status with why filled. */
-int sgm__node_parse(const void *mem, size_t len, sgm_node_view *out, char *why, size_t why_len);
-/* Fuzzing and tests: write the header's check word of a hand-made segment
- * (len >= 512; the magic, version and geometry as they are). */
-void sgm__node_header_seal(void *mem, size_t len);
-/* dir/sgm-node-<key with unsafe characters as '_'>. */
+/* Readers (sgm-smi, the fuzz target): parse one record's bytes (len must be
+ * SGM_NODE_RECORD_BYTES); every size and string is checked. SGM_OK, or a
+ * status with why filled (SGM_ERR_BUSY: mid-write or leaving). */
+int sgm__node_record_parse(const void *buf, size_t len, sgm_node_proc *p, sgm_node_devinfo *d,
+                           char *why, size_t why_len);
+/* Fuzzing and tests: write the header's check word of a hand-made record. */
+void sgm__node_record_seal(void *buf, size_t len);
+/* dir/sgm-node-<key with unsafe characters as '_'>: the registry's name;
+ * its records are that name + "@<pid>-<nonce>". */
 int sgm__node_path(const char *dir, const char *key, char *out, size_t len);
-/* Open and map a segment file (O_NOFOLLOW; owner and mode checked). SGM_ERR_INVALID
- * when it does not exist; another status and why on a refusal. */
-int sgm__node_map(const char *path, bool writable, bool group, int *fd_out, unsigned char **mem_out,
-                  size_t *len_out, char *why, size_t why_len);
-/* True unless the slot's liveness lock is free (on doubt: true). */
-bool sgm__node_slot_alive(int fd, uint32_t slot);
+/* "sgm-node-<sanitised key>@": the records' name prefix. */
+int sgm__node_prefix(const char *key, char *out, size_t len);
+/* Read every record of dir named prefix* whose key is key (NULL: any key
+ * that sanitises to prefix) and whose owner
+ * acc accepts (live ones; dead ones too with dead_too) into out, in join
+ * order. SGM_ERR_INVALID / SGM_ERR_IO when the folder cannot be read. */
+int sgm__node_scan(const char *dir, const char *prefix, const char *key, const sgm_node_accept *acc,
+                   bool dead_too, sgm_node_view *out);
+/* The same, keeping records open between scans in cache (a writer's view
+ * every period; NULL = none). The caller serialises scans of one cache. */
+typedef struct sgm_node_peers sgm_node_peers;
+int sgm__node_scan_cached(const char *dir, const char *prefix, const char *key, const sgm_node_accept *acc,
+                          bool dead_too, sgm_node_peers *cache, sgm_node_view *out);
+/* True unless nobody holds the record's write lock (on doubt: true). */
+bool sgm__node_record_alive(int fd);
 /* This process's start time in clock ticks after boot (0 when unknown). */
 uint64_t sgm__node_start_ticks_of_self(void);
 /* Tests: warn again on the next untracked join. */
@@ -633,6 +684,45 @@ size_t sgm__node_member_usages(sgm_node_member *m, const sgm_node_usage *mine, s
                                size_t max, size_t *self_out);
 /* The process's figures from its members': what its slot publishes. */
 void sgm__node_usage_sum(const sgm_node_usage *u, size_t n, sgm_node_usage *out);
+
+/* ------------------------------------------------------------------------ */
+/* admin.c — the admin policy file (see the file's opening comment). */
+
+typedef struct sgm_admin_policy sgm_admin_policy;
+/* The build-time path of the policy file (SGM_ADMIN_CONF_PATH). */
+const char *sgm__policy_path(void);
+/* The policy in force for this process (loaded once; present = false: none). */
+const sgm_admin_policy *sgm__admin_current(void);
+/* The size of a policy (tests allocate one for sgm__admin_parse). */
+size_t sgm__admin_policy_bytes(void);
+/* Parse path into pol (tests): SGM_OK also when it does not exist (no
+ * policy); otherwise the status, and the message kept for apply. */
+int sgm__admin_parse(const char *path, sgm_admin_policy *pol);
+/* Which policy file holds, given the installed path and SGM_ADMIN_CONF
+ * (env, may be NULL): env only for root, or when installed does not exist
+ * and env and its folder are writable by root alone; otherwise installed,
+ * with why the variable was ignored in why ("" when it was not). */
+const char *sgm__admin_choose(const char *installed, const char *env, char *why, size_t why_len);
+/* Tests: load the policy again (SGM_ADMIN_CONF may have changed). */
+void sgm__admin_reset_for_tests(void);
+/* At create, on the context's copy of the configuration (after the
+ * environment and the program's code): forced options, the registry folder
+ * and group, this user's reservation. SGM_ERR_INVALID when the policy file
+ * exists but cannot be used (the message names its line). */
+int sgm__admin_apply(const sgm_admin_policy *pol, sgm_config *cfg);
+/* The VRAM cap of uid's processes (self: this process, whose supplementary
+ * groups count), resolved against total; UINT64_MAX: none. */
+uint64_t sgm__admin_vram_cap(const sgm_admin_policy *pol, uint32_t uid, bool self, uint64_t total);
+/* The most VRAM a record of uid may reserve; UINT64_MAX when the policy
+ * grants no reservations (users' own, as without one). */
+uint64_t sgm__admin_vram_reserve(const sgm_admin_policy *pol, uint32_t uid, uint64_t total);
+/* The policy's registry folder; NULL none. */
+const char *sgm__admin_registry_dir(const sgm_admin_policy *pol);
+/* The registry's group from the policy; -1 none. */
+int64_t sgm__admin_gid(const sgm_admin_policy *pol);
+/* The policy's cap and reservation for uid: true when it names either. */
+bool sgm__admin_limits(const sgm_admin_policy *pol, uint32_t uid, bool self, sgm_size *cap,
+                       sgm_size *reserve);
 
 /* ------------------------------------------------------------------------ */
 /* share.c — a context in its device's node registry: fair budgets. */

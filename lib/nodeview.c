@@ -1,8 +1,9 @@
 /*
  * nodeview.c — the public reader of the node registry (include/sgm/node.h):
  * list a folder's registries and copy one registry's snapshot into the
- * caller's versioned records. The parsing is node.c's (sgm__node_map,
- * sgm__node_parse, sgm__node_slot_alive: bounds-checked, seqlock-consistent);
+ * caller's versioned records. The reading is node.c's (sgm__node_scan:
+ * regular files only, pread into private memory, bounds-checked,
+ * seqlock-consistent, liveness by each record's lock);
  * this file turns its view into the public records and its reasons into
  * sgm_last_error() messages. sgm-smi and the benchmarks read through here.
  *
@@ -19,7 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -33,9 +35,51 @@ _Static_assert(SGM_NODE_KEY_BYTES == SGM_NODE_KEY_MAX, "public and internal key 
 _Static_assert(SGM_NODE_NAME_BYTES == SGM_NODE_NAME_MAX, "public and internal name sizes differ");
 _Static_assert(SGM_NODE_PCI_BYTES == SGM_NODE_PCI_MAX, "public and internal PCI id sizes differ");
 _Static_assert(SGM_NODE_UUID_TEXT_BYTES == SGM_NODE_UUID_TEXT, "public and internal UUID sizes differ");
+_Static_assert(SGM_NODE_K8S_BYTES == SGM_NODE_K8S_MAX, "public and internal label sizes differ");
 
 static int nodeview_name_cmp(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* A registry name for the list: the record name's part before its last '@'
+ * when the name is a record's (sgm-node-<key>@...), a regular file of a
+ * record's size (lstat: nothing is opened). Junk names, FIFOs and files of
+ * other sizes are not registries and cannot crowd the list. */
+static bool nodeview_registry_of(int dfd, const char *name, char *out, size_t len) {
+  size_t l = strlen(name);
+  if (strncmp(name, "sgm-node-", 9) != 0 || (l > 4 && strcmp(name + l - 4, ".tmp") == 0)) return false;
+  const char *at = strrchr(name, '@');
+  if (!at && l < len) { /* an older layout's shared segment: listed so that reading it says so */
+    struct stat st;
+    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) || st.st_size < 16)
+      return false;
+    int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) return false;
+    unsigned char h[16] = {0};
+    bool old = pread(fd, h, sizeof h, 0) == (ssize_t)sizeof h && memcmp(h, "SGMNODE", 8) == 0 &&
+               h[8] < SGM_NODE_VERSION;
+    close(fd);
+    if (old) memcpy(out, name, l + 1);
+    return old;
+  }
+  if (!at || at == name + 9 || (size_t)(at - name) >= len) return false;
+  struct stat st;
+  if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+      st.st_size != SGM_NODE_RECORD_BYTES)
+    return false;
+  memcpy(out, name, (size_t)(at - name));
+  out[at - name] = '\0';
+  return true;
+}
+
+static const char *nodeview_dir(const char *dir) {
+  if (!dir || !*dir) {
+    const sgm_admin_policy *pol = sgm__admin_current();
+    dir = sgm__admin_registry_dir(pol);
+  }
+  if (!dir || !*dir) dir = getenv("SGM_NODE_DIR");
+  if (!dir || !*dir) dir = "/dev/shm";
+  return dir;
 }
 
 sgm_status sgm_node_list(const char *dir, sgm_node_entry *out, size_t max, size_t *n_out) {
@@ -43,8 +87,7 @@ sgm_status sgm_node_list(const char *dir, sgm_node_entry *out, size_t max, size_
   *n_out = 0;
   if (!out && max)
     return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_node_list: out is NULL, max %zu", max);
-  if (!dir || !*dir) dir = getenv("SGM_NODE_DIR");
-  if (!dir || !*dir) dir = "/dev/shm";
+  dir = nodeview_dir(dir);
   DIR *dp = opendir(dir);
   if (!dp) {
     int e = errno;
@@ -60,16 +103,18 @@ sgm_status sgm_node_list(const char *dir, sgm_node_entry *out, size_t max, size_
   size_t n = 0, cap = 0;
   struct dirent *e;
   while ((e = readdir(dp)) != NULL) {
-    size_t l = strlen(e->d_name);
-    if (strncmp(e->d_name, "sgm-node-", 9) != 0) continue;
-    if (l > 4 && strcmp(e->d_name + l - 4, ".tmp") == 0) continue; /* being created */
+    char reg[256];
+    if (!nodeview_registry_of(dirfd(dp), e->d_name, reg, sizeof reg)) continue;
+    bool seen = false;
+    for (size_t i = 0; i < n && !seen; i++) seen = strcmp(names[i], reg) == 0;
+    if (seen) continue;
     if (n == cap) {
       cap = cap ? 2 * cap : 16;
       char **grown = realloc(names, cap * sizeof *names);
       if (!grown) goto out_nomem;
       names = grown;
     }
-    if (!(names[n] = strdup(e->d_name))) goto out_nomem;
+    if (!(names[n] = strdup(reg))) goto out_nomem;
     n++;
   }
   if (n) qsort(names, n, sizeof *names, nodeview_name_cmp);
@@ -115,6 +160,37 @@ static void nodeview_process(const sgm_node_proc *p, bool alive, sgm_node_proces
   r->n_evictions = p->u.w[SGM_NODE_F_EVICTIONS];
   r->moved_bytes = p->u.w[SGM_NODE_F_MOVED];
   r->heartbeat_ns = p->u.w[SGM_NODE_F_HEARTBEAT];
+  r->uid = p->uid;
+  r->pid_ns = p->pid_ns;
+  r->flags = p->u.w[SGM_NODE_F_FLAGS];
+  r->cap_bytes = p->u.w[SGM_NODE_F_CAP];
+  r->demand_bytes = p->u.w[SGM_NODE_F_DEMAND];
+  r->emu_device_bytes = p->u.w[SGM_NODE_F_EMU_DEVICE];
+  r->device_used_bytes = p->u.w[SGM_NODE_F_DEVICE_USED];
+  memcpy(r->k8s_namespace, p->k8s_namespace, sizeof r->k8s_namespace);
+  memcpy(r->k8s_pod, p->k8s_pod, sizeof r->k8s_pod);
+  memcpy(r->k8s_container, p->k8s_container, sizeof r->k8s_container);
+}
+
+/* path names a file of an older layout (one shared segment)? Then the
+ * message says so. Opened only when it is a regular file (lstat), never
+ * blocking (O_NONBLOCK), read with pread. */
+static int nodeview_old_segment(const char *path, char *why, size_t len) {
+  struct stat st;
+  if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode)) return SGM_OK;
+  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return SGM_OK;
+  unsigned char h[16] = {0};
+  ssize_t r = pread(fd, h, sizeof h, 0);
+  close(fd);
+  uint32_t version;
+  memcpy(&version, h + 8, 4);
+  if (r == (ssize_t)sizeof h && memcmp(h, "SGMNODE", 7) == 0 && version < SGM_NODE_VERSION) {
+    snprintf(why, len, "layout %u, written by an older sgm: end its processes, or remove the file "
+             "once none runs", version);
+    return SGM_ERR_UNSUPPORTED;
+  }
+  return SGM_OK;
 }
 
 sgm_status sgm_node_read(const char *path, unsigned flags, sgm_node_device *dev, sgm_node_process *procs,
@@ -136,26 +212,40 @@ sgm_status sgm_node_read(const char *path, unsigned flags, sgm_node_device *dev,
                                       (size_t)NODEVIEW_PROCESS_V1);
   if (max_procs) memset((char *)procs + sizeof(size_t), 0, max_procs * proc_size - sizeof(size_t));
   if (!path) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_node_read: path is NULL");
-  int fd;
-  unsigned char *mem;
-  size_t len;
-  char why[SGM_ERROR_MAX];
-  int rc = sgm__node_map(path, false, (flags & SGM_NODE_READ_GROUP) != 0, &fd, &mem, &len, why, sizeof why);
-  if (rc != SGM_OK) {
-    /* "sgm_node_read: <path>: <why>", whether or not the opener named the path. */
-    bool named = strncmp(why, path, strlen(path)) == 0 && why[strlen(path)] == ':';
-    return (sgm_status)sgm__error_set(rc, "sgm_node_read: %.300s%s%s%s", named ? "" : path, named ? "" : ": ",
-                                      why, rc == SGM_ERR_INVALID ? " (no such registry: list "
-                                                                 "them with sgm_node_list)" : "");
-  }
+  /* path = dir/sgm-node-<key>: the records are dir/sgm-node-<key>@... */
+  char dir[SGM_PATH_MAX], prefix[SGM_PATH_MAX];
+  const char *slash = strrchr(path, '/');
+  const char *base = slash ? slash + 1 : path;
+  if (slash) snprintf(dir, sizeof dir, "%.*s", (int)(slash - path) ? (int)(slash - path) : 1, path);
+  else snprintf(dir, sizeof dir, ".");
+  if (strncmp(base, "sgm-node-", 9) != 0 || strchr(base, '@') || strlen(base) + 2 > SGM_NODE_KEY_MAX + 9)
+    return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_node_read: %.300s is not a registry name "
+                                      "(dir/sgm-node-<key>, as sgm_node_list gives)", path);
+  snprintf(prefix, sizeof prefix, "%s@", base);
   sgm_node_view *v = malloc(sizeof *v);
-  if (!v) {
-    rc = sgm__error_set(SGM_ERR_NOMEM, "sgm_node_read: out of memory reading %.300s", path);
-    goto out_unmap;
+  if (!v) return (sgm_status)sgm__error_set(SGM_ERR_NOMEM, "sgm_node_read: out of memory reading %.300s", path);
+  sgm_node_accept acc = {.group = (flags & SGM_NODE_READ_GROUP) != 0, .gid = -1,
+                         .all_users = (flags & SGM_NODE_READ_ALL_USERS) != 0};
+  /* The key is the records' own: read them with the name's (sanitised) key
+   * first, then keep those whose key sanitises to the name. */
+  int rc = sgm__node_scan(dir, prefix, NULL, &acc, (flags & SGM_NODE_READ_DEAD) != 0, v);
+  char why[SGM_ERROR_MAX];
+  if (rc == SGM_ERR_INVALID) {
+    rc = sgm__error_set(rc, "sgm_node_read: %.300s: no such registry (its folder %.300s does not exist: "
+                        "list them with sgm_node_list)", path, dir);
+    goto out_free;
   }
-  rc = sgm__node_parse(mem, len, v, why, sizeof why);
   if (rc != SGM_OK) {
-    rc = sgm__error_set(rc, "sgm_node_read: %.300s: %s", path, why);
+    rc = sgm__error_set(rc, "sgm_node_read: %.300s: %s", path, sgm_last_error());
+    goto out_free;
+  }
+  if (v->n_procs == 0 && v->n_foreign == 0 && nodeview_old_segment(path, why, sizeof why) != SGM_OK) {
+    rc = sgm__error_set(SGM_ERR_UNSUPPORTED, "sgm_node_read: %.300s: %s", path, why);
+    goto out_free;
+  }
+  if (v->n_procs == 0 && v->n_foreign == 0 && v->n_refused == 0 && v->n_dead_own == 0) {
+    rc = sgm__error_set(SGM_ERR_INVALID, "sgm_node_read: %.300s: no such registry (no process "
+                        "record in %.300s: list them with sgm_node_list)", path, dir);
     goto out_free;
   }
   sgm_node_device d = {.struct_size = sizeof d};
@@ -169,21 +259,19 @@ sgm_status sgm_node_read(const char *path, unsigned flags, sgm_node_device *dev,
   d.shared_cap_bytes = v->shared_cap_bytes;
   d.generation = v->generation;
   d.n_unstable = v->n_unstable;
+  d.n_refused = v->n_refused;
+  d.n_hidden = v->n_foreign;
   for (size_t i = 0; i < v->n_procs; i++) {
-    bool alive = sgm__node_slot_alive(fd, v->procs[i].slot);
-    if (!alive && !(flags & SGM_NODE_READ_DEAD)) continue;
     if (d.n_processes < max_procs) {
       sgm_node_process r;
-      nodeview_process(&v->procs[i], alive, &r);
+      nodeview_process(&v->procs[i], v->procs[i].alive, &r);
       nodeview_copy_out((char *)procs + d.n_processes * proc_size, proc_size, &r, sizeof r);
     }
     d.n_processes++;
   }
+  d.n_processes += v->n_more;
   nodeview_copy_out(dev, dev_size, &d, sizeof d);
 out_free:
   free(v);
-out_unmap:
-  munmap(mem, len);
-  close(fd);
   return (sgm_status)rc;
 }

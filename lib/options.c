@@ -160,10 +160,11 @@ static const sgm_option option_rows[] = {
     /* /dev/shm: memory-backed and per machine; containers that share a host
      * path name it here to see each other. */
     {.env = "SGM_NODE_DIR", FIELD(node_dir), .kind = SGM_OPT_STRING, .default_value = "",
-     .help = "directory of the node registry files; empty = /dev/shm"},
+     .help = "directory of the node registry's record files; empty = /dev/shm"},
     /* Off: the registry is private to its user unless sharing is asked for. */
     {.env = "SGM_NODE_GROUP", FIELD(node_group), .kind = SGM_OPT_BOOL, .default_value = "off",
-     .help = "share the registry with this user's group (mode 0660) instead of the user alone (0600)"},
+     .help = "share this process's record with its group (0640) and count its groups' records, "
+             "instead of this user's alone (0600)"},
     /* Fair: the Windows model, each process a share of the device. */
     {.env = "SGM_SHARE_MODE", FIELD(share_mode), .kind = SGM_OPT_ENUM, .default_value = "fair",
      .names = share_mode_names,
@@ -839,6 +840,7 @@ static const char *const tool_variables[] = {
     "SGM_TEST_SEED", /* the test suites' seed */
     "SGM_LIBRARY",   /* the Python package: which libsgm.so to load (docs/python.md) */
     "SGM_PYTHON",    /* sgm-demo --plot: the interpreter that runs sgm.plot */
+    "SGM_ADMIN_CONF", /* the admin policy file, root's to point elsewhere (lib/admin.c, docs/admin.md) */
     NULL};
 
 static bool not_an_option(const char *name) {

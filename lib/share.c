@@ -51,6 +51,8 @@ struct sgm_share {
   uint64_t reserve_bytes;      /* SGM_VRAM_RESERVE, resolved */
   uint64_t hold_bytes;         /* demand held at its recent peak (see the opening comment) */
   uint64_t hold_since_ms;      /* when hold_bytes was last raised */
+  uint64_t device_used_bytes;  /* the device's used memory, last asked of the driver (ticker only) */
+  uint64_t device_used_ms;     /* when (0: never) */
   sgm_lock mu;                 /* guards the fields below (rank SGM_LOCK_SHARE) */
   pthread_cond_t cond;         /* wakes the ticker (stop, poke) and tick waiters */
   pthread_t thread;            /* the ticker */
@@ -173,10 +175,32 @@ static void share_usage(sgm_context *ctx, sgm_node_usage *u) {
   u->w[SGM_NODE_F_FALLBACKS] = st.n_fallbacks;
   u->w[SGM_NODE_F_HEARTBEAT] = sgm__clock_monotonic_ns();
   u->w[SGM_NODE_F_FLAGS] = sgm__context_cfg(ctx)->share_mode == SGM_SHARE_SOLO ? SGM_NODE_FLAG_SOLO : 0;
+  /* The device's used memory, everyone's (sgm-smi shows what is not sgm's):
+   * asked of the driver once a second, not every tick. */
+  if (!sh->device_used_ms || now - sh->device_used_ms >= 1000) {
+    uint64_t fr = 0, tot = 0;
+    if (sgm__context_bops(ctx)->mem_info(sgm__context_be(ctx), &fr, &tot) == SGM_OK && fr <= tot)
+      sh->device_used_bytes = tot - fr;
+    else
+      sgm__error_clear();
+    sh->device_used_ms = now ? now : 1;
+  }
+  u->w[SGM_NODE_F_DEVICE_USED] = sh->device_used_bytes;
 }
 
 /* A published slot as a claim on tier t (VRAM or shared); values from other
  * processes are untrusted and only ever bound what they get, never ours. */
+/* Another process's VRAM claim, bounded by what the admin policy gives its
+ * owner (records are untrusted: a user who writes a huge reservation into
+ * their own record gets no more than the admin granted them). */
+static void share_admin_clamp(uint32_t uid, uint64_t total, sgm_share_claim *c) {
+  const sgm_admin_policy *pol = sgm__admin_current();
+  uint64_t res = sgm__admin_vram_reserve(pol, uid, total), cap = sgm__admin_vram_cap(pol, uid, false, total);
+  if (c->reserve_bytes > res) c->reserve_bytes = res;
+  if (c->cap_bytes > cap) c->cap_bytes = cap;
+  if (c->reserve_bytes > c->cap_bytes) c->reserve_bytes = c->cap_bytes;
+}
+
 static void share_claim_of(const sgm_node_usage *u, sgm_tier t, sgm_share_claim *c) {
   bool solo = (u->w[SGM_NODE_F_FLAGS] & SGM_NODE_FLAG_SOLO) != 0;
   uint64_t w = u->w[SGM_NODE_F_WEIGHT];
@@ -226,7 +250,11 @@ static bool share_compute(sgm_context *ctx, const sgm_node_view *v, const sgm_no
     for (int t = 0; t < 2; t++) {
       size_t n = 0;
       for (size_t i = 0; i < v->n_procs; i++)
-        if (!v->procs[i].self) share_claim_of(&v->procs[i].u, (sgm_tier)t, &c[n++]);
+        if (!v->procs[i].self) {
+          share_claim_of(&v->procs[i].u, (sgm_tier)t, &c[n]);
+          if (t == SGM_TIER_VRAM) share_admin_clamp(v->procs[i].uid, sh->pool_bytes, &c[n]);
+          n++;
+        }
       share_claim_of(&proc, (sgm_tier)t, &c[n]);
       sgm__share_fair(totals[t], c, n + 1, out);
       uint64_t process_part = out[n];
@@ -241,11 +269,23 @@ static bool share_compute(sgm_context *ctx, const sgm_node_view *v, const sgm_no
   return ok;
 }
 
-/* Set tier t's budget; over it, demote released buffers and return chunks. */
-static void share_apply(sgm_context *ctx, sgm_tier t, uint64_t budget) {
+/* Set tier t's budget; over it, demote released buffers and return chunks.
+ * others: the other processes counted in the split (for the message that
+ * says why an allocation fell back: the budget is a fair share, not the
+ * options, when it is below what the process would have alone). */
+static void share_apply(sgm_context *ctx, sgm_tier t, uint64_t budget, size_t others) {
   sgm_tier_stats ts;
   sgm__tier_stats(sgm__context_tier(ctx, t), &ts);
-  if (ts.budget_bytes != budget) sgm__tier_set_budget(sgm__context_tier(ctx, t), budget);
+  uint64_t cap[2];
+  sgm__context_budgets(ctx, &cap[SGM_TIER_VRAM], &cap[SGM_TIER_SHARED]);
+  char why[400] = "", c[32];
+  if (others && budget < cap[t])
+    snprintf(why, sizeof why, "this process's fair share of a device it shares with %zu other sgm "
+             "process%s (alone it would have %s): they hold the rest. Wait for them, or give this "
+             "process a larger share (SGM_SHARE_WEIGHT, SGM_VRAM_RESERVE, or the admin's "
+             "policy); sgm-smi shows who holds what", others, others == 1 ? "" : "es",
+             sgm__fmt_bytes(cap[t], c, sizeof c));
+  if (ts.budget_bytes != budget || why[0]) sgm__tier_set_budget_why(sgm__context_tier(ctx, t), budget, why);
   if (sgm__context_managed(ctx)) sgm__managed_cache_fit(ctx, t); /* cached ranges over it go back */
   if (ts.used_bytes <= budget) return;
   if (t == SGM_TIER_SHARED && !sgm__placement_disk(ctx)) return; /* nowhere to demote to */
@@ -256,17 +296,20 @@ static void share_tick(sgm_context *ctx) {
   sgm_share *sh = sgm__context_share(ctx);
   sgm_node_usage u;
   share_usage(ctx, &u);
-  sgm__node_reclaim(sh->node);
   if (sgm__context_cfg(ctx)->share_mode == SGM_SHARE_FAIR && sgm__node_view(sh->node, sh->view) == SGM_OK) {
     uint64_t vb, sb;
     if (share_compute(ctx, sh->view, &u, &vb, &sb)) {
-      share_apply(ctx, SGM_TIER_VRAM, vb);
-      share_apply(ctx, SGM_TIER_SHARED, sb);
+      size_t others = sh->view->n_procs ? sh->view->n_procs - 1 : 0;
+      share_apply(ctx, SGM_TIER_VRAM, vb, others);
+      share_apply(ctx, SGM_TIER_SHARED, sb, others);
       u.w[SGM_NODE_F_BUDGET + SGM_TIER_VRAM] = vb;
       u.w[SGM_NODE_F_BUDGET + SGM_TIER_SHARED] = sb;
     }
   }
   sgm__node_member_publish(sh->member, &u);
+  /* After the view: dead records of this user that it met are unlinked in
+   * the same tick (they stopped counting the moment their owner died). */
+  sgm__node_reclaim(sh->node);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -362,6 +405,7 @@ int sgm__share_join(sgm_context *ctx, uint64_t *vram_budget, uint64_t *shared_bu
   uint64_t shared_cap = ram / 2 > 64 * SGM_MiB ? ram / 2 : 64 * SGM_MiB;
   sgm_node_params p = {.dir = sgm__context_cfg(ctx)->node_dir, .key = key, .name = name,
                        .pci_bus_id = pci, .group = sgm__context_cfg(ctx)->node_group != 0,
+                       .group_gid = sgm__admin_gid(sgm__admin_current()),
                        .device_total_bytes = sgm__context_device_total(ctx),
                        .shared_cap_bytes = shared_cap, .verbose = sgm__context_cfg(ctx)->verbose};
   memcpy(p.uuid, uuid, sizeof uuid);

@@ -51,4 +51,13 @@ for p in "${answer[@]}"; do
   [ -e "$p" ] || fail "find_package answered $p, which does not exist"
   case "$(realpath "$p")" in "$moved"/*) ;; *) fail "find_package answered $p (not under $moved)";; esac
 done
-echo "relocatable install: pkg-config and find_package answer $moved"
+# The installed programs that link libsgm find the moved one (RUNPATH
+# $ORIGIN/../lib), with no LD_LIBRARY_PATH (issue 28 item 11).
+for prog in sgm-demo sgm-fallback; do
+  exe="$moved/bin/$prog"
+  [ -x "$exe" ] || fail "$prog is not installed in $moved/bin"
+  got=$(env -u LD_LIBRARY_PATH ldd "$exe" | sed -n 's/.*libsgm\.so[^ ]* => \([^ ]*\).*/\1/p')
+  [ -n "$got" ] || fail "$prog: ldd finds no libsgm (no RUNPATH?): $(ldd "$exe" | grep sgm)"
+  case "$(realpath "$got")" in "$moved"/*) ;; *) fail "$prog loads $got (not under $moved)";; esac
+done
+echo "relocatable install: pkg-config, find_package and the installed programs answer $moved"

@@ -3,9 +3,9 @@
 # witness (lib/prim/lock.c). A mutex is an sgm_lock (taken with
 # sgm__lock_take), so no file in lib/ but prim/lock.c (and the
 # SGM_LOCK_INITIALIZER macro in internal.h) locks or statically initialises a
-# pthread mutex itself; a file that takes a pthread mutex another way (node.c:
-# a process-shared robust mutex, trylock/timedlock) reports it to the witness
-# (sgm__lock_witness_note). Prints each offending line; exits 1 on any.
+# pthread mutex itself; a file that takes a pthread mutex another way (a
+# process-shared robust mutex with trylock/timedlock, as node.c's layout 2
+# had) reports it to the witness (sgm__lock_witness_note). Prints each offending line; exits 1 on any.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"

@@ -9,3 +9,11 @@ if(TARGET unit_test_replay)
   target_compile_definitions(unit_test_replay PRIVATE
     SGM_TEST_TRACES="${PROJECT_SOURCE_DIR}/tests/bench/traces")
 endif()
+
+# sgm-replay --help prints its text as it is (fputs): a "%" is one "%"
+# (issue 28 item 14: it printed "10%%").
+if(TARGET sgm-replay)
+  add_test(NAME replay_help COMMAND sgm-replay --help)
+  set_tests_properties(replay_help PROPERTIES LABELS "tools" TIMEOUT 30
+    PASS_REGULAR_EXPRESSION "10% of the footprint" FAIL_REGULAR_EXPRESSION "%%")
+endif()

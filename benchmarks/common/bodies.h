@@ -195,7 +195,8 @@ const std::string &NodeDir();
 // range(0) = 0: sgm_alloc + sgm_free pairs with the registry off; 1: on.
 void BM_NodeAllocFree(benchmark::State &state);
 // One join + leave of a registry another member holds open; and the floor:
-// open + mmap + munmap + close of the same file.
+// a 1 KiB record file created, allocated, written, locked, mapped, renamed,
+// then unlinked, unmapped and closed in the same folder.
 void BM_NodeJoinLeave(benchmark::State &state);
 void BM_NodeOpenMap(benchmark::State &state);
 // Mean ms from SIGKILL of a joined process to its slot's reclaim by a live

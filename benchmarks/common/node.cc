@@ -5,10 +5,11 @@
 //    ticker publishing every SGM_NODE_PERIOD_MS) against registry off;
 //  - one join + leave of a registry another context holds open, timed as
 //    sgm_context_create + sgm_context_destroy with the registry on, against
-//    open + mmap + touch every page + munmap + close of the same file (the
-//    floor of any mapping that is read);
-//  - the time from a SIGKILL to the reclaim of the dead process's slot by a
-//    live context's ticker, against the ticker's period;
+//    the file-system floor of a layout-3 join and leave (create a 1 KiB
+//    record, fallocate, write, lock, map, rename; unlink, unmap, close);
+//  - the time from a SIGKILL to the removal of the dead process's record by
+//    a live context's ticker, against the ticker's period (it stops counting
+//    at once: its lock dies with it);
 //  - `sgm-smi --json` (fork + exec) with 64 processes in the registry,
 //    against fork + exec of /bin/true.
 // Public API only: contexts join and leave, include/sgm/node.h reads the
@@ -188,19 +189,30 @@ void BM_NodeJoinLeave(benchmark::State &state) {
 }
 
 void BM_NodeOpenMap(benchmark::State &state) {
+  // The file-system floor of a layout-3 join and leave (issue 28): create a
+  // record of its size in the same folder, allocate its space, write it,
+  // lock it, map it, rename it into place; then unlink, unmap and close.
   sgm_context *holder = NodeContext(true, "join");
-  std::string path = RegistryPath("join");
+  std::string tmp = NodeDir() + "/floor.tmp", name = NodeDir() + "/floor";
+  constexpr size_t kRecord = 1024;
+  unsigned char rec[kRecord] = {1};
   for (auto _ : state) {
-    int fd = open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-    size_t len = 512 + 128 * 256;
-    auto *m = static_cast<volatile unsigned char *>(
-        mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-    // Touch every page, as a join reads every slot: munmap then pays the
-    // same TLB flush (a join's largest cost on a virtual machine).
-    unsigned sum = 0;
-    for (size_t off = 0; off < len; off += 4096) sum += m[off];
-    benchmark::DoNotOptimize(sum);
-    munmap(const_cast<unsigned char *>(m), len);
+    int fd = open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      state.SkipWithError("cannot create a file in the registry folder");
+      break;
+    }
+    struct flock fl = {};
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_len = 1;
+    fcntl(fd, F_OFD_SETLK, &fl);
+    posix_fallocate(fd, 0, kRecord);
+    benchmark::DoNotOptimize(pwrite(fd, rec, kRecord, 0));
+    void *m = mmap(nullptr, kRecord, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    benchmark::DoNotOptimize(rename(tmp.c_str(), name.c_str()));
+    unlink(name.c_str());
+    if (m != MAP_FAILED) munmap(m, kRecord);
     close(fd);
   }
   sgm_context_destroy(holder);

@@ -4,7 +4,8 @@
 //                            off: ratio <= 1.05 (the hot path touches no
 //                            shared cache line)
 //  node.join_leave           join + leave <= 1 ms (sgm_context_create + destroy,
-//                            registry on), against open+mmap+munmap+close
+//                            registry on), against the file-system floor of
+//                            a record's creation and removal
 //  node.reclaim              SIGKILL to reclaimed <= 1 s, against the period
 //  node.smi_json.64          `sgm-smi --json` with 64 processes <= 50 ms,
 //                            against fork + exec of /bin/true
@@ -23,14 +24,15 @@ SGM_BENCH_FIGURE({"node.alloc_pair.registry", "sgm_alloc+sgm_free pair with the 
 SGM_BENCH_FIGURE({"node.join_leave",
                   "join + leave the node registry: sgm_context_create + destroy (another context holds it open)",
                   "us",
-                  "open + mmap + munmap + close of the registry file", Better::kLower,
+                  "create + fallocate + write + lock + mmap + rename, unlink + munmap + close of a 1 KiB "
+                  "record file in the registry folder", Better::kLower,
                   Target::Value(kAtMost, 1000),
                   kQuick, GbMeasure({"node/join_leave", BM_NodeJoinLeave, {}, 1, false, "", 1e-3, 0}),
                   GbMeasure({"node/open_map", BM_NodeOpenMap, {}, 1, false, "", 1e-3, 0})});
 
 double Reclaim(const RunContext &, std::string *) { return NodeReclaimMs(5); }
 double Period(const RunContext &, std::string *) { return 50; }
-SGM_BENCH_FIGURE({"node.reclaim", "SIGKILL of a registered process to its slot reclaimed (ticker every 50 ms)",
+SGM_BENCH_FIGURE({"node.reclaim", "SIGKILL of a registered process to its record removed (ticker every 50 ms)",
                   "ms", "the ticker's period (SGM_NODE_PERIOD_MS)", Better::kLower,
                   Target::Value(kAtMost, 1000), kQuick, Reclaim, Period, 1});
 

@@ -279,6 +279,10 @@ typedef struct sgm_backend_ops {
   /* true when all device work is finished before a call returns (the emulated
    * device): a block freed on a stream is then reusable by anyone at once. */
   bool synchronous;
+  /* true when host_alloc page-locks with mlock(2), which RLIMIT_MEMLOCK
+   * (ulimit -l) bounds for a process without CAP_IPC_LOCK: the context then
+   * keeps the shared budget within the limit (the emulated device). */
+  bool pins_with_mlock;
   int (*open)(const sgm_config *cfg, sgm_backend **out);
   void (*close)(sgm_backend *be);
   /* Device memory as the driver reports it now. */

@@ -197,6 +197,9 @@ uint64_t sgm__tier_trim(sgm_tier_pool *p);
 /* Change the budget; when it drops below what is committed, free chunks are
  * returned at once and further growth waits until use falls below it. */
 void sgm__tier_set_budget(sgm_tier_pool *p, uint64_t budget_bytes);
+/* The same, with why the budget is what it is for the budget-exhausted
+ * message (NULL or "": the options in limit_hint). */
+void sgm__tier_set_budget_why(sgm_tier_pool *p, uint64_t budget_bytes, const char *why);
 /* Idle trim (growth mode): return chunks seen wholly free for at least
  * idle_ms, judged by now_ms from the context's clock; bytes returned. A chunk
  * is first "seen free" by one call and returned by a later one, so calls

@@ -29,10 +29,19 @@ from ._guard import INT_MAX, INT_MIN, Guard, address, whole
 from ._lib import (BackendError, BusyError, CorruptError, DiskIOError, Error,  # noqa: F401
                    InvalidError, NoMemoryError, UnsupportedError)
 
-__all__ = ["Context", "Buffer", "Tier", "Priority", "stats", "pointer_tier", "option_names",
+__all__ = ["Context", "Buffer", "Tier", "Priority", "stats", "pointer_tier", "option_names", "version",
            "options_env", "library_path", "Error", "InvalidError", "NoMemoryError", "BackendError",
            "DiskIOError", "CorruptError", "BusyError", "UnsupportedError"]
 __version__ = "0.1.0"
+
+
+def version():
+    """The version of the libsgm.so this package loaded ("MAJOR.MINOR.PATCH"),
+    which may differ from the package's __version__."""
+    h = _lib.lib()
+    if not hasattr(h, "sgm_version"):
+        raise UnsupportedError("this libsgm.so predates sgm_version(); rebuild it", call="sgm_version")
+    return h.sgm_version().decode("ascii", "replace")
 
 
 class Tier(enum.IntEnum):
@@ -41,6 +50,9 @@ class Tier(enum.IntEnum):
     VRAM = 0    # dedicated GPU memory
     SHARED = 1  # page-locked, device-mapped host RAM
     DISK = 2    # the spill file
+
+    def __str__(self):
+        return f"Tier.{self.name}"  # print(buf.tier) says Tier.VRAM, not 0
 
     @classmethod
     def of(cls, value):

@@ -56,7 +56,8 @@ class Error(Exception):
         return STATUS_NAMES.get(self.status, "SGM_ERR_UNKNOWN")
 
     def __str__(self):
-        head = f"{self.call}: " if self.call else ""
+        # sgm's messages often start with the call already ("sgm_free: ..."): said once.
+        head = f"{self.call}: " if self.call and not str(self.message).startswith(f"{self.call}:") else ""
         return f"{head}{self.message} [{self.status_name}]"
 
 
@@ -201,6 +202,8 @@ def _declare(h):
     vp, st, i, sz = c.c_void_p, c.c_int, c.c_int, c.c_size_t
     _sig(h, "sgm_status_string", c.c_char_p, i)
     _sig(h, "sgm_last_error", c.c_char_p)
+    if hasattr(h, "sgm_version"):  # libsgm 0.1.0 from before it had one: sgm.version() says so
+        _sig(h, "sgm_version", c.c_char_p)
     _sig(h, "sgm_tier_name", c.c_char_p, i)
     _sig(h, "sgm_context_create", st, vp, c.POINTER(vp))
     _sig(h, "sgm_context_destroy", None, vp)

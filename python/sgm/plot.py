@@ -1,6 +1,8 @@
 """sgm.plot — a picture of where the memory went, as Task Manager's GPU page
 draws it: dedicated and shared GPU memory (and disk) over time, one stacked
-band per process, the budgets as lines, fallbacks and evictions marked.
+band per process, each process's budget as a line on its own band (gaps where
+it was absent), fallbacks and evictions marked on the band they happened to,
+the legends beside the data.
 
     python3 -m sgm.plot FILE.csv -o out.png [--width PX] [--height PX] [--title T]
 
@@ -11,6 +13,7 @@ draws with the Agg backend, no display needed. The PNG is exactly
 """
 import argparse
 import csv
+import math
 import sys
 
 COLUMNS = ["time_s", "device", "pid", "name", "vram_used", "vram_budget", "shared_used",
@@ -23,36 +26,50 @@ class RecordError(ValueError):
     """The file is not a record in docs/record-format.md's format."""
 
 
+def _utf8_lines(path):
+    """The file's lines decoded as UTF-8, one at a time, so that a byte that
+    is not UTF-8 is reported with its line (RecordError), not as a traceback."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise RecordError(f"{path}:{number}: not UTF-8 (byte 0x{raw[e.start]:02x} at column "
+                                  f"{e.start + 1}); a record is UTF-8 text "
+                                  f"(docs/record-format.md)") from None
+
+
 def read_record(path):
     """The rows of a record as dicts (time_s float, pid and the byte/count
     columns int, device and name str). RecordError names the line at fault."""
     rows = []
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None:
-            raise RecordError(f"{path}: empty file (expected the header line "
-                              f"{','.join(COLUMNS)})")
-        if [h.strip() for h in header] != COLUMNS:
-            raise RecordError(f"{path}:1: the header is {','.join(header)!r}, expected "
-                              f"{','.join(COLUMNS)} (docs/record-format.md)")
-        for line, fields in enumerate(reader, start=2):
-            if not fields:
-                continue
-            if len(fields) != len(COLUMNS):
-                raise RecordError(f"{path}:{line}: {len(fields)} fields, expected "
-                                  f"{len(COLUMNS)}")
-            row = dict(zip(COLUMNS, fields))
-            try:
-                row["time_s"] = float(row["time_s"])
-                row["pid"] = int(row["pid"])
-                for k in _INTS:
-                    row[k] = int(row[k])
-                    if row[k] < 0:
-                        raise ValueError(f"{k} is negative")
-            except ValueError as e:
-                raise RecordError(f"{path}:{line}: {e}") from None
-            rows.append(row)
+    reader = csv.reader(_utf8_lines(path))
+    header = next(reader, None)
+    if header is None:
+        raise RecordError(f"{path}: empty file (expected the header line "
+                          f"{','.join(COLUMNS)})")
+    if [h.strip() for h in header] != COLUMNS:
+        raise RecordError(f"{path}:1: the header is {','.join(header)!r}, expected "
+                          f"{','.join(COLUMNS)} (docs/record-format.md)")
+    for line, fields in enumerate(reader, start=2):
+        if not fields:
+            continue
+        if len(fields) != len(COLUMNS):
+            raise RecordError(f"{path}:{line}: {len(fields)} fields, expected "
+                              f"{len(COLUMNS)}")
+        row = dict(zip(COLUMNS, fields))
+        try:
+            row["time_s"] = float(row["time_s"])
+            if not math.isfinite(row["time_s"]) or row["time_s"] < 0:
+                raise ValueError(f"time_s is {fields[0]!r}, not a finite number of seconds >= 0")
+            row["pid"] = int(row["pid"])
+            for k in _INTS:
+                row[k] = int(row[k])
+                if row[k] < 0:
+                    raise ValueError(f"{k} is negative")
+        except ValueError as e:
+            raise RecordError(f"{path}:{line}: {e}") from None
+        rows.append(row)
     if not rows:
         raise RecordError(f"{path}: a header but no samples")
     return rows
@@ -61,7 +78,7 @@ def read_record(path):
 def series(rows, device):
     """One device's record as aligned series: (times, processes) where
     processes maps (pid, name) to {column: [value per time]}, 0 where the
-    process was not live in that sample."""
+    process was not live in that sample, and "live": [bool per time]."""
     mine = [r for r in rows if r["device"] == device]
     times = sorted({r["time_s"] for r in mine})
     index = {t: i for i, t in enumerate(times)}
@@ -69,9 +86,30 @@ def series(rows, device):
     for r in mine:
         key = (r["pid"], r["name"])
         p = procs.setdefault(key, {k: [0] * len(times) for k in _INTS})
+        p.setdefault("live", [False] * len(times))
         for k in _INTS:
             p[k][index[r["time_s"]]] = r[k]
+        p["live"][index[r["time_s"]]] = True
     return times, procs
+
+
+def band_budgets(times, procs, keys, column, budget_of):
+    """Each process's budget drawn against its own band: for process k (in
+    stacking order), the band's base (the bands below it) plus its budget, so
+    the line sits above its band exactly when it is within budget; NaN where
+    the process was absent, so the line has a gap instead of plunging to 0.
+    Returns {key: [value per time]}."""
+    out = {}
+    for i_k, k in enumerate(keys):
+        line = []
+        for i in range(len(times)):
+            if not procs[k]["live"][i]:
+                line.append(float("nan"))
+                continue
+            base = sum(procs[j][column][i] for j in keys[:i_k])
+            line.append(base + procs[k][budget_of][i])
+        out[k] = line
+    return out
 
 
 def _held(times, values):
@@ -101,8 +139,9 @@ def _marks(times, counts):
     return out
 
 
-def draw(rows, out, width=1200, height=800, title=None, dpi=100):
-    """Draw the record's rows into a PNG of width x height pixels."""
+def draw(rows, out, width=1200, height=800, title=None, dpi=100, inspect=None):
+    """Draw the record's rows into a PNG of width x height pixels. inspect
+    (tests): called with the figure once it is drawn."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -131,16 +170,17 @@ def draw(rows, out, width=1200, height=800, title=None, dpi=100):
             used_top = max(stacked + [0])
             lines = []  # (label, colour, style, values)
             if budget_of:
-                for k in keys:
-                    lines.append((f"budget {k[1]} ({k[0]})", colour[k], "--", procs[k][budget_of]))
+                for k, values in band_budgets(times, procs, keys, column, budget_of).items():
+                    lines.append((f"budget {k[1]} ({k[0]}), on its band", colour[k], "--", values))
             if cap_of:
                 cap = [max(procs[k][cap_of][i] for k in keys) for i in range(len(times))]
                 if max(cap):
                     lines.append((cap_label, "black", "-", cap))
             top = used_top
             for _, _, _, values in lines:
-                if used_top == 0 or max(values) <= 3 * used_top:
-                    top = max(top, max(values))
+                finite = [v for v in values if v == v]
+                if finite and (used_top == 0 or max(finite) <= 3 * used_top):
+                    top = max(top, max(finite))
             top = max(top, 1)
             unit, scale = _unit(top)
             xs = _held(times, times)[0]
@@ -148,28 +188,31 @@ def draw(rows, out, width=1200, height=800, title=None, dpi=100):
             ax.stackplot(xs, stacks, colors=[colour[k] for k in keys], alpha=0.75,
                          labels=[f"{name} ({pid})" for pid, name in keys], step="post")
             for label_, colour_, style, values in lines:
-                if max(values) > 1.08 * top:
-                    label_ += f" (up to {max(values) / scale:,.0f} {unit}: off scale)"
+                finite = [v for v in values if v == v]
+                if finite and max(finite) > 1.08 * top:
+                    label_ += f" (up to {max(finite) / scale:,.0f} {unit}: off scale)"
                 ax.step(xs, _held(times, [v / scale for v in values])[1], where="post",
                         color=colour_, linestyle=style, label=label_,
                         linewidth=1.2 if style == "--" else 1.0)
             # Fallbacks land in shared memory; evictions leave VRAM: mark them there,
-            # at most one mark per 1/60 of the time axis (a busy run makes thousands).
+            # on the top of the band of the process they happened to, at most one
+            # mark per process per 1/60 of the time axis (a busy run makes thousands).
             marker_of = {"shared_used": ("fallbacks", "v", "tab:red"),
                          "vram_used": ("evictions", "x", "tab:purple")}
             if column in marker_of:
                 counter, marker, mcolour = marker_of[column]
                 total_marks, bins = 0, {}
                 span = (times[-1] - times[0]) or 1.0
-                for k in keys:
+                for i_k, k in enumerate(keys):
                     for i, n in _marks(times, procs[k][counter]):
                         total_marks += n
-                        bins.setdefault(int(60 * (times[i] - times[0]) / span), i)
+                        y = sum(procs[j][column][i] for j in keys[:i_k + 1])
+                        bins.setdefault((k, int(60 * (times[i] - times[0]) / span)), (times[i], y))
                 if bins:
-                    xs = [times[i] for i in bins.values()]
-                    ys = [stacked[i] / scale for i in bins.values()]
-                    ax.scatter(xs, ys, marker=marker, color=mcolour, s=28, zorder=5,
-                               label=f"{counter} ({total_marks})")
+                    xs_m = [x for x, _ in bins.values()]
+                    ys_m = [min(y / scale, 1.04 * top / scale) for _, y in bins.values()]
+                    ax.scatter(xs_m, ys_m, marker=marker, color=mcolour, s=36, zorder=5,
+                               clip_on=False, label=f"{counter} ({total_marks})")
             ax.set_ylim(0, 1.08 * top / scale)
             ax.set_ylabel(f"{label}\n[{unit}]")
             ax.grid(True, alpha=0.3)
@@ -178,10 +221,14 @@ def draw(rows, out, width=1200, height=800, title=None, dpi=100):
             if row == len(panels) - 1:
                 ax.set_xlabel("time [s]")
             if col == len(devices) - 1:
-                ax.legend(loc="upper left", fontsize="small", framealpha=0.8)
+                # Outside the data, to the right of the last column.
+                ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+                          fontsize="small", framealpha=0.8)
     fig.suptitle(title or "sgm: where the GPU memory went")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.74, 0.97))
     fig.savefig(out, dpi=dpi, format="png")
+    if inspect:
+        inspect(fig)
     plt.close(fig)
 
 

@@ -40,9 +40,14 @@ static sgm_context *create_or_fail(void) {
   return ctx;
 }
 
-/* Invariant: every status has a distinct constant name; tiers have names. */
+/* Invariant: every status has a distinct constant name; tiers have names;
+ * the run-time version is the header's (this test links the library it
+ * was built with). */
 static void test_names(void **state) {
   (void)state;
+  char want[32];
+  snprintf(want, sizeof want, "%d.%d.%d", SGM_VERSION_MAJOR, SGM_VERSION_MINOR, SGM_VERSION_PATCH);
+  assert_string_equal(sgm_version(), want);
   assert_string_equal(sgm_status_string(SGM_OK), "SGM_OK");
   assert_string_equal(sgm_status_string(SGM_ERR_NOMEM), "SGM_ERR_NOMEM");
   assert_string_equal(sgm_status_string(SGM_ERR_UNSUPPORTED), "SGM_ERR_UNSUPPORTED");

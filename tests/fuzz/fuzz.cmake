@@ -45,7 +45,7 @@ foreach(fmt ${_sgm_fuzz_trace_formats})
     DEFS FUZZ_TRACE_FORMAT=REPLAY_FMT_${FMT})
 endforeach()
 
-# The node registry's reader (lib/node.c), on hand-made and sealed segments.
+# The node registry's record reader (lib/node.c), on hand-made and sealed records.
 sgm_add_fuzz(fuzz_node SOURCES ${_sgm_fuzz_dir}/fuzz_node.c LIBS sgm_internal)
 
 # sgm-replay's command line (benchmarks/replay/args.c; issue 29).

@@ -80,6 +80,53 @@ def test_series_fill_absent_processes_with_zero():
     assert plot._marks(times, procs[(101, "trainer")]["evictions"]) == [(3, 3), (4, 6)]
 
 
+def test_budget_lines_sit_on_their_own_band_with_gaps():
+    """Issue 28 item 13: a process's budget is drawn against its own band (the
+    bands below it plus its budget), so it is above its band exactly when the
+    process is within budget; where the process was absent the line has a gap
+    (NaN), not a plunge to 0."""
+    rows = plot.read_record(os.path.join(FIXTURES, "two-processes.csv"))
+    times, procs = plot.series(rows, "GPU-5f3c0d2e-emu")
+    keys = sorted(procs)
+    lines = plot.band_budgets(times, procs, keys, "vram_used", "vram_budget")
+    for i_k, k in enumerate(keys):
+        for i in range(len(times)):
+            if not procs[k]["live"][i]:
+                assert lines[k][i] != lines[k][i], (k, i)  # NaN: a gap
+                continue
+            base = sum(procs[j]["vram_used"][i] for j in keys[:i_k])
+            assert lines[k][i] == base + procs[k]["vram_budget"][i]
+            top = base + procs[k]["vram_used"][i]
+            assert (lines[k][i] >= top) == (procs[k]["vram_used"][i] <= procs[k]["vram_budget"][i])
+    assert any(v != v for v in lines[(202, "notebook")])  # it came and went
+
+
+def test_legends_beside_the_data_and_fallbacks_marked(tmp_path):
+    """Issue 28 item 13: no legend overlaps a plot's data area, and the
+    fallbacks entry comes with markers inside the picture."""
+    rows = plot.read_record(os.path.join(FIXTURES, "two-processes.csv"))
+    seen = {}
+
+    def inspect(fig):
+        renderer = fig.canvas.get_renderer()
+        axes = [ax.get_window_extent(renderer) for ax in fig.axes]
+        for ax in fig.axes:
+            leg = ax.get_legend()
+            if leg is None:
+                continue
+            box = leg.get_window_extent(renderer)
+            for a in axes:
+                assert not box.overlaps(a), "a legend covers a plot"
+            seen["legends"] = seen.get("legends", 0) + 1
+            for coll in ax.collections:
+                if str(coll.get_label()).startswith("fallbacks"):
+                    seen["fallback_marks"] = len(coll.get_offsets())
+
+    plot.draw(rows, str(tmp_path / "p.png"), inspect=inspect)
+    assert seen.get("legends", 0) >= 2
+    assert seen.get("fallback_marks", 0) >= 1
+
+
 @pytest.mark.parametrize("text,why", [
     ("", "empty file"),
     ("time_s,device,pid\n1,a,2\n", "the header is"),
@@ -87,14 +134,32 @@ def test_series_fill_absent_processes_with_zero():
     (",".join(plot.COLUMNS) + "\n0.1,d,1,n,1,2,3\n", ":2: 7 fields"),
     (",".join(plot.COLUMNS) + "\n0.1,d,1,n,1,2,3,4,5,6,7,-8,9,10\n", ":2: evictions is negative"),
     (",".join(plot.COLUMNS) + "\n0.1,d,1,n,1,2,3,4,5,6,7,8,9,ten\n", ":2: invalid literal"),
+    # issue 29 item 6: the line at fault, never a traceback
+    (",".join(plot.COLUMNS) + "\n0.1,d,1,n,1,2,3,4,5,6,7,8,9,10\nnan,d,1,n,1,2,3,4,5,6,7,8,9,10\n",
+     ":3: time_s is 'nan'"),
+    (",".join(plot.COLUMNS) + "\ninf,d,1,n,1,2,3,4,5,6,7,8,9,10\n", ":2: time_s is 'inf'"),
+    (",".join(plot.COLUMNS) + "\n0.1,d,1,n\xff\xfe,1,2,3,4,5,6,7,8,9,10\n", ":2: not UTF-8"),
 ])
 def test_bad_records_are_refused_naming_the_line(tmp_path, capsys, text, why):
     src = tmp_path / "bad.csv"
-    src.write_text(text)
+    src.write_bytes(text.encode("utf-8", "surrogateescape") if "\xff" not in text
+                    else text.encode("latin-1"))
     assert plot.main([str(src), "-o", str(tmp_path / "bad.png")]) == 1
     err = capsys.readouterr().err
     assert why in err, err
     assert not (tmp_path / "bad.png").exists()
+
+
+@pytest.mark.parametrize("tail,why", [(b"nan,d,1,n,1,2,3,4,5,6,7,8,9,10\n", ":2: time_s"),
+                                      (b"0.1,d,1,n\xff,1,2,3,4,5,6,7,8,9,10\n", ":2: not UTF-8")])
+def test_command_reports_the_line_not_a_traceback(tmp_path, tail, why):
+    """Issue 29 item 6: the command itself (python3 -m sgm.plot) exits 1 with
+    the line at fault on stderr, for a nan time and a non-UTF-8 byte."""
+    src = tmp_path / "bad.csv"
+    src.write_bytes(",".join(plot.COLUMNS).encode() + b"\n" + tail)
+    r = run_plot(str(src), "-o", str(tmp_path / "bad.png"))
+    assert r.returncode == 1, r.stderr
+    assert why in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_sizes_out_of_range_are_refused(capsys):

@@ -909,7 +909,6 @@ static void test_node_key_is_the_device_uuid(void **state) {
   uint32_t geo[4] = {1, 512, 256, 1}; /* version, header bytes, slot bytes, slots */
   memcpy(old + 8, geo, sizeof geo);
   snprintf((char *)old + 64, 64, "gpu-0000:65:00.0");
-  sgm__node_header_seal(old, sizeof old);
   char old_path[256], path[256];
   snprintf(old_path, sizeof old_path, "%s/sgm-node-gpu-0000_65_00.0", dir);
   FILE *f = fopen(old_path, "wb");
@@ -925,23 +924,19 @@ static void test_node_key_is_the_device_uuid(void **state) {
   assert_int_equal(fc.fake_cuda_calls("cuDeviceGetUuid") - uuid_calls, 1);
   sgm_node *n = sgm__share_node(ctx);
   assert_non_null(n); /* tracked */
-  snprintf(path, sizeof path, "%s/sgm-node-GPU-0123abcd-4567-89ef-0011-2233445566ff", dir);
-  assert_string_equal(sgm__node_file(n), path);
-  int fd;
-  unsigned char *mem;
-  size_t len;
-  char why[256];
-  assert_int_equal(sgm__node_map(path, false, false, &fd, &mem, &len, why, sizeof why), SGM_OK);
+  snprintf(path, sizeof path, "%s/sgm-node-GPU-0123abcd-4567-89ef-0011-2233445566ff@", dir);
+  assert_int_equal(strncmp(sgm__node_file(n), path, strlen(path)), 0); /* our record */
+  char rec[300];
+  snprintf(rec, sizeof rec, "%s", sgm__node_file(n));
+  path[strlen(path) - 1] = '\0'; /* the registry's name */
   sgm_node_view *v = malloc(sizeof *v);
   assert_non_null(v);
-  assert_int_equal(sgm__node_parse(mem, len, v, why, sizeof why), SGM_OK);
+  assert_int_equal(sgm__node_view(n, v), SGM_OK);
   assert_string_equal(v->key, "GPU-0123abcd-4567-89ef-0011-2233445566ff");
   assert_string_equal(v->uuid_text, "0123abcd-4567-89ef-0011-2233445566ff");
   assert_string_equal(v->pci_bus_id, "0000:65:00.0");
   assert_int_equal(v->n_procs, 1);
   free(v);
-  munmap(mem, len);
-  close(fd);
 
   const char *smi = getenv("TEST_SGM_SMI");
   assert_non_null(smi);
@@ -954,11 +949,10 @@ static void test_node_key_is_the_device_uuid(void **state) {
   int st = pclose(p);
   print_message("%s", out);
   assert_int_equal(WEXITSTATUS(st), 2); /* the old registry is unreadable to this sgm */
-  assert_non_null(strstr(out, "\"key\": \"GPU-0123abcd-4567-89ef-0011-2233445566ff\", \"uuid\": "
-                              "\"GPU-0123abcd-4567-89ef-0011-2233445566ff\", \"pci_bus_id\": \"0000:65:00.0\", "
-                              "\"version\": 2"));
-  assert_non_null(strstr(out, "sgm-node-gpu-0000_65_00.0\", \"error\": \"version 1, this sgm reads version 2 "
-                              "(written by an older sgm"));
+  assert_non_null(strstr(out, "\"key\": \"GPU-0123abcd-4567-89ef-0011-2233445566ff\", \"outside_sgm_bytes\": "));
+  assert_non_null(strstr(out, "\"uuid\": \"GPU-0123abcd-4567-89ef-0011-2233445566ff\", \"pci_bus_id\": "
+                              "\"0000:65:00.0\", \"version\": 3"));
+  assert_non_null(strstr(out, "sgm-node-gpu-0000_65_00.0\", \"error\": \"layout 1, written by an older sgm"));
   sgm_context_destroy(ctx);
 
   /* The old file is as it was; ours went with its last process. */
@@ -968,7 +962,7 @@ static void test_node_key_is_the_device_uuid(void **state) {
   assert_int_equal(fread(again, 1, sizeof again, f), sizeof again);
   fclose(f);
   assert_memory_equal(again, old, sizeof old);
-  assert_int_equal(access(path, F_OK), -1);
+  assert_int_equal(access(rec, F_OK), -1);
   unlink(old_path);
   rmdir(dir);
   unsetenv("FAKE_CUDA_UUID");

@@ -14,14 +14,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "tiers/tier.h"
 #include "internal.h"
 #include "sgm.h"
+#include "sgm/node.h"
 #include "test_util.h"
 
 #define MiB (UINT64_C(1) << 20)
@@ -76,7 +82,11 @@ static void teardown_dir(void) {
 
 enum { OP_CREATE = 1, OP_ALLOC, OP_BUFFER, OP_FREE_ALL, OP_TICK, OP_DIE_AT, OP_QUIT,
        /* the child's second context on the same device (one slot per process) */
-       OP_CREATE2, OP_BUFFER2, OP_TICK2, OP_DESTROY2 };
+       OP_CREATE2, OP_BUFFER2, OP_TICK2, OP_DESTROY2,
+       /* fork a child that lives on (until killed); its pid in rsp.tier */
+       OP_FORK_CHILD,
+       /* the VRAM budget-exhausted message for arg bytes, in rsp.msg */
+       OP_EXPLAIN };
 
 typedef struct cmd {
   int op;
@@ -92,6 +102,7 @@ typedef struct rsp {
   int tier;     /* where an allocation or buffer landed */
   uint64_t v[V_N];  /* the first context's figures */
   uint64_t v2[V_N]; /* the second context's (OP_CREATE2 to OP_DESTROY2) */
+  char msg[1024];   /* OP_EXPLAIN's message */
 } rsp;
 
 typedef struct kid {
@@ -164,6 +175,17 @@ static void kid_main(int in, int out) {
         sgm__node_test_hook = die_hook;
         break;
       case OP_CREATE2: r.rc = sgm_context_create(NULL, &ctx2); break;
+      case OP_EXPLAIN:
+        r.rc = sgm__tier_explain_budget(sgm__context_tier(ctx, SGM_TIER_VRAM), c.arg);
+        snprintf(r.msg, sizeof r.msg, "%s", sgm_last_error());
+        break;
+      case OP_FORK_CHILD: {
+        pid_t g = fork();
+        if (g == 0)
+          for (;;) pause(); /* lives on after its parent, as a DataLoader worker; the test kills it */
+        r.tier = (int)g;
+        break;
+      }
       case OP_BUFFER2: kid_buffer(ctx2, c.arg, bufs2, &n_bufs2, &r); break;
       case OP_TICK2: r.rc = sgm__share_tick_sync(ctx2) ? 0 : -1; break;
       case OP_DESTROY2:
@@ -209,6 +231,30 @@ static kid kid_start_on(int go) {
 }
 static kid kid_start(void) { return kid_start_on(-1); }
 
+/* Fork a child that drops root for uid, primary gid and one supplementary
+ * group (as a lab user of the GPU group would run), then obeys commands. */
+static kid kid_start_as(uid_t uid, gid_t gid, gid_t group) {
+  int a[2], b[2];
+  assert_int_equal(pipe(a), 0);
+  assert_int_equal(pipe(b), 0);
+  kid k = {.pid = fork()};
+  assert_true(k.pid >= 0);
+  if (k.pid == 0) {
+    close(a[1]);
+    close(b[0]);
+    gid_t groups[1] = {group};
+    if (setgroups(1, groups) != 0 || setgid(gid) != 0 || setuid(uid) != 0) _exit(6);
+    sgm__admin_reset_for_tests(); /* the policy as this user finds it, not the parent's copy */
+    kid_main(a[0], b[1]);
+  }
+  close(a[0]);
+  close(b[1]);
+  k.to = a[1];
+  k.from = b[0];
+  return k;
+}
+
+
 static rsp kid_do(kid *k, int op, uint64_t arg, const char *where) {
   cmd c = {.op = op, .arg = arg};
   if (where) snprintf(c.where, sizeof c.where, "%s", where);
@@ -243,49 +289,36 @@ static void kid_kill(kid *k) {
   assert_true(WIFSIGNALED(st));
 }
 
-/* The registry as a reader sees it (live owners only), via a join of ours
- * that we leave at once. */
-static size_t live_procs(const char *key) {
-  char path[256];
-  sgm__node_path(node_dir, key, path, sizeof path);
-  int fd;
-  unsigned char *mem;
-  size_t len;
-  char why[256];
-  if (sgm__node_map(path, false, false, &fd, &mem, &len, why, sizeof why) != SGM_OK) return 0;
+/* The registry as a reader sees it: this user's live records of key. */
+static sgm_node_view *scan_key(const char *key) {
+  char prefix[128];
+  sgm__node_prefix(key, prefix, sizeof prefix);
   sgm_node_view *v = malloc(sizeof *v);
   assert_non_null(v);
-  assert_int_equal(sgm__node_parse(mem, len, v, why, sizeof why), SGM_OK);
-  size_t live = 0;
-  for (size_t i = 0; i < v->n_procs; i++) live += sgm__node_slot_alive(fd, v->procs[i].slot);
-  free(v);
-  munmap(mem, len);
-  close(fd);
-  return live;
+  sgm_node_accept acc = {.gid = -1};
+  assert_int_equal(sgm__node_scan(node_dir, prefix, key, &acc, false, v), SGM_OK);
+  return v;
 }
 
-/* The live slots a process holds (a reader's view) and their published VRAM
- * use, summed. */
+static size_t live_procs(const char *key) {
+  sgm_node_view *v = scan_key(key);
+  size_t n = v->n_procs;
+  free(v);
+  return n;
+}
+
+/* The live records a process holds (a reader's view) and their published
+ * VRAM use, summed. */
 static size_t slots_of(const char *key, pid_t pid, uint64_t *vram_used) {
-  char path[256], why[256];
-  sgm__node_path(node_dir, key, path, sizeof path);
-  int fd;
-  unsigned char *mem;
-  size_t len;
-  *vram_used = 0;
-  if (sgm__node_map(path, false, false, &fd, &mem, &len, why, sizeof why) != SGM_OK) return 0;
-  sgm_node_view *v = malloc(sizeof *v);
-  assert_non_null(v);
-  assert_int_equal(sgm__node_parse(mem, len, v, why, sizeof why), SGM_OK);
+  sgm_node_view *v = scan_key(key);
   size_t n = 0;
+  *vram_used = 0;
   for (size_t i = 0; i < v->n_procs; i++) {
-    if (v->procs[i].pid != pid || !sgm__node_slot_alive(fd, v->procs[i].slot)) continue;
+    if (v->procs[i].pid != pid) continue;
     n++;
     *vram_used += v->procs[i].u.w[SGM_NODE_F_USED + SGM_TIER_VRAM];
   }
   free(v);
-  munmap(mem, len);
-  close(fd);
   return n;
 }
 
@@ -370,7 +403,6 @@ static void test_eight_race_to_join(void **state) {
   kid k[8];
   for (int i = 0; i < 8; i++) k[i] = kid_start_on(go[0]);
   assert_int_equal(write(go[1], "xxxxxxxx", 8), 8); /* all at once */
-  bool seen[SGM_NODE_DEFAULT_SLOTS] = {false};
   rsp r[8];
   for (int i = 0; i < 8; i++) {
     cmd c = {.op = OP_CREATE};
@@ -380,9 +412,7 @@ static void test_eight_race_to_join(void **state) {
     assert_int_equal(read(k[i].from, &r[i], sizeof r[i]), (ssize_t)sizeof r[i]);
     assert_int_equal(r[i].rc, SGM_OK);
     assert_int_equal(r[i].v[V_TRACKED], 1);
-    assert_true(r[i].v[V_SLOT] < SGM_NODE_DEFAULT_SLOTS);
-    assert_false(seen[r[i].v[V_SLOT]]);
-    seen[r[i].v[V_SLOT]] = true;
+    for (int j = 0; j < i; j++) assert_int_not_equal(r[i].v[V_SLOT], r[j].v[V_SLOT]); /* a record each */
   }
   assert_int_equal(live_procs("emu-race"), 8);
   for (int i = 0; i < 8; i++) kid_quit(&k[i]);
@@ -549,9 +579,10 @@ static void test_sigkill_reclaims(void **state) {
   teardown_dir();
 }
 
-/* SIGKILL inside the critical section (holding the robust mutex, in the
- * middle of writing a slot, or of reserving device memory): nobody blocks;
- * the next locker repairs the table and a new process joins. */
+/* SIGKILL anywhere in joining, reserving or leaving: nobody blocks (there
+ * is no lock shared between processes), the dead one's device bytes come
+ * back, its leftovers are unlinked by the next joiner of the same user, and
+ * a new process joins. */
 static void test_sigkill_inside_critical_section(void **state) {
   (void)state;
   static const char *const wheres[] = {"join-locked", "join-writing", "reserve-locked",
@@ -576,7 +607,7 @@ static void test_sigkill_inside_critical_section(void **state) {
     int st = kid_reap(&b);
     assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
     print_message("# died at %s\n", wheres[w]);
-    rsp r = kid_do(&a, OP_TICK, 0, NULL); /* takes the dead owner's mutex */
+    rsp r = kid_do(&a, OP_TICK, 0, NULL);
     assert_int_equal(r.rc, 0);
     assert_int_equal(r.v[V_DEVICE_FREE], 16 * MiB);
     assert_int_equal(live_procs("emu-crit"), 1);
@@ -587,13 +618,15 @@ static void test_sigkill_inside_critical_section(void **state) {
     assert_int_equal(live_procs("emu-crit"), 2);
     kid_quit(&c);
     kid_quit(&a);
+    if (strcmp(wheres[w], "join-writing") != 0) /* a dead .tmp waits out its grace period */
+      assert_int_equal(count_files(node_dir), 0);
     teardown_dir();
   }
 }
 
-/* A slot marked live whose pid is alive (ours: as a reused pid would be) but
- * whose liveness lock nobody holds is dead: it is not shown and is
- * reclaimed. Pids are shown, never trusted. */
+/* A record whose pid is alive (ours: as a reused pid would be) but whose
+ * liveness lock nobody holds is dead: it is not counted, and this user's
+ * next process unlinks it. Pids are shown, never trusted. */
 static void test_pid_reuse_not_trusted(void **state) {
   (void)state;
   setup_env("pid", "16MiB");
@@ -601,145 +634,267 @@ static void test_pid_reuse_not_trusted(void **state) {
                        .shared_cap_bytes = 64 * MiB};
   sgm_node *n = NULL;
   assert_int_equal(sgm__node_join(&p, &n), SGM_OK);
-  /* Forge: copy our live slot into the next one, lock-less. */
-  int fd;
-  unsigned char *mem;
-  size_t len;
-  char why[256];
-  assert_int_equal(sgm__node_map(sgm__node_file(n), true, false, &fd, &mem, &len, why, sizeof why), SGM_OK);
-  uint32_t s = sgm__node_slot(n);
-  memcpy(mem + 512 + (s + 1) * 256, mem + 512 + s * 256, 256);
+  /* Forge: a copy of our live record under another record name, lock-less. */
+  unsigned char rec[SGM_NODE_RECORD_BYTES];
+  int fd = open(sgm__node_file(n), O_RDONLY);
+  assert_int_equal(read(fd, rec, sizeof rec), (ssize_t)sizeof rec);
+  close(fd);
+  char forged[300];
+  snprintf(forged, sizeof forged, "%s/sgm-node-emu-pid@%d-forged", node_dir, (int)getpid());
+  fd = open(forged, O_WRONLY | O_CREAT | O_EXCL, 0600);
+  assert_int_equal(write(fd, rec, sizeof rec), (ssize_t)sizeof rec);
+  close(fd);
+  char prefix[64];
+  sgm__node_prefix("emu-pid", prefix, sizeof prefix);
   sgm_node_view *v = malloc(sizeof *v);
   assert_non_null(v);
-  assert_int_equal(sgm__node_parse(mem, len, v, why, sizeof why), SGM_OK);
-  assert_int_equal(v->n_procs, 2); /* the raw table holds the forgery */
+  sgm_node_accept acc = {.gid = -1};
+  assert_int_equal(sgm__node_scan(node_dir, prefix, "emu-pid", &acc, true, v), SGM_OK);
+  assert_int_equal(v->n_procs, 2); /* with the dead: the forgery is there */
+  assert_int_equal(v->procs[0].pid, getpid());
   assert_int_equal(v->procs[1].pid, getpid());
   assert_int_equal(sgm__node_view(n, v), SGM_OK);
-  assert_int_equal(v->n_procs, 1); /* a live pid does not make a live slot */
+  assert_int_equal(v->n_procs, 1); /* a live pid does not make a live record */
+  assert_true(v->procs[0].self);
   assert_int_equal(sgm__node_reclaim(n), 1);
-  assert_int_equal(sgm__node_parse(mem, len, v, why, sizeof why), SGM_OK);
-  assert_int_equal(v->n_procs, 1);
+  assert_int_equal(access(forged, F_OK), -1);
   free(v);
-  munmap(mem, len);
-  close(fd);
   sgm__node_leave(n);
+  assert_int_equal(count_files(node_dir), 0);
   teardown_dir();
 }
 
-/* Write a segment file by hand at the registry's path for key. */
-static void write_file(const char *key, const void *data, size_t len, mode_t mode) {
-  char path[256];
-  sgm__node_path(node_dir, key, path, sizeof path);
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, mode);
+/* A live hostile record: a file of ours at a record's name whose write lock
+ * this test holds (as its hostile writer would), so that only its bytes can
+ * keep it out. */
+static int hostile_record(const char *key, const char *tag, const void *data, size_t len, mode_t mode) {
+  char path[300], prefix[64];
+  sgm__node_prefix(key, prefix, sizeof prefix);
+  snprintf(path, sizeof path, "%s/%s%s", node_dir, prefix, tag);
+  int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, mode);
   assert_true(fd >= 0);
   assert_int_equal(write(fd, data, len), (ssize_t)len);
-  fchmod(fd, mode);
-  close(fd);
+  assert_int_equal(fchmod(fd, mode), 0);
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+  assert_int_equal(fcntl(fd, F_OFD_SETLK, &fl), 0);
+  return fd;
 }
 
-/* A corrupt, truncated or future-version segment makes sgm run untracked
- * with a message that says what is wrong; the program works on. */
-static void test_bad_segments_run_untracked(void **state) {
+/* Garbage in every byte of a live record, a truncated one, one that
+ * others may write, a FIFO, a symbolic link and a device node at records'
+ * names, and 64 junk names that sort first: none hangs, crashes or opts
+ * anyone out. The good processes stay tracked and see each other; readers
+ * (sgm_node_list / sgm_node_read, what sgm-smi runs) list the registry and
+ * count the rest as refused. Each hostile byte is checked on its own: the
+ * record as it was but for one byte, at all 1024 offsets. */
+static void test_hostile_records(void **state) {
   (void)state;
-  setup_env("bad", "16MiB");
-  /* A good segment to start from. */
-  sgm_node_params p = {.dir = node_dir, .key = "emu-bad", .name = "t", .device_total_bytes = 16 * MiB,
-                       .shared_cap_bytes = 64 * MiB, .n_slots = 4};
-  sgm_node *n = NULL;
-  assert_int_equal(sgm__node_join(&p, &n), SGM_OK);
-  unsigned char good[512 + 4 * 256];
-  int fd = open(sgm__node_file(n), O_RDONLY);
-  assert_int_equal(read(fd, good, sizeof good), (ssize_t)sizeof good);
-  close(fd);
-  sgm__node_leave(n);
-  struct {
-    const char *what;
-    size_t off, len;
-    uint8_t value;
-    int status;
-    const char *says;
-  } cases[] = {
-      {"garbage", 0, 8, 0x5a, SGM_ERR_CORRUPT, "bad magic"},
-      {"truncated", 0, 0, 0, SGM_ERR_CORRUPT, "truncated"},
-      {"future version", 8, 1, SGM_NODE_VERSION + 1, SGM_ERR_UNSUPPORTED, "newer sgm"},
-      {"older version", 8, 1, SGM_NODE_VERSION - 1, SGM_ERR_UNSUPPORTED, "older sgm"},
-      {"device UUID", 128, 1, 0x77, SGM_ERR_CORRUPT, "check word"},
-      {"slot count", 20, 4, 0xff, SGM_ERR_CORRUPT, "geometry"},
-      {"device total", 24, 1, 0x77, SGM_ERR_CORRUPT, "check word"},
-  };
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    unsigned char bad[sizeof good];
-    memcpy(bad, good, sizeof bad);
-    memset(bad + cases[i].off, cases[i].value, cases[i].len);
-    size_t len = strcmp(cases[i].what, "truncated") == 0 ? 512 + 256 : sizeof bad;
-    write_file("emu-bad", bad, len, 0600);
-    sgm__node_reset_warning();
-    int rc = sgm__node_join(&p, &n);
-    print_message("# %s: %s\n", cases[i].what, sgm_last_error());
-    assert_int_equal(rc, cases[i].status);
-    assert_null(n);
-    assert_non_null(strstr(sgm_last_error(), cases[i].says));
-    /* A context on it: untracked, working. */
-    kid a = kid_start();
-    rsp r = kid_do(&a, OP_CREATE, 0, NULL);
-    assert_int_equal(r.rc, SGM_OK);
-    assert_int_equal(r.v[V_TRACKED], 0);
-    assert_int_equal(kid_do(&a, OP_ALLOC, MiB, NULL).tier, SGM_TIER_VRAM);
-    kid_quit(&a);
+  setup_env("host", "16MiB");
+  alarm(60); /* a hang fails the test rather than the suite's timeout */
+  kid a = kid_start();
+  rsp r = kid_do(&a, OP_CREATE, 0, NULL);
+  assert_int_equal(r.rc, SGM_OK);
+  assert_int_equal(r.v[V_TRACKED], 1);
+  /* A good record to mutate: the kid's. */
+  char prefix[64];
+  sgm__node_prefix("emu-host", prefix, sizeof prefix);
+  unsigned char good[SGM_NODE_RECORD_BYTES];
+  {
+    DIR *d = opendir(node_dir);
+    struct dirent *e;
+    bool found = false;
+    while ((e = readdir(d)) != NULL && !found) {
+      if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+      char p[300];
+      snprintf(p, sizeof p, "%s/%.200s", node_dir, e->d_name);
+      int fd = open(p, O_RDONLY);
+      found = read(fd, good, sizeof good) == (ssize_t)sizeof good;
+      close(fd);
+    }
+    closedir(d);
+    assert_true(found);
   }
+  /* Hostile names (a reader must not open them, or not block in them). */
+  char path[300];
+  snprintf(path, sizeof path, "%s/%sfifo", node_dir, prefix);
+  assert_int_equal(mkfifo(path, 0600), 0);
+  snprintf(path, sizeof path, "%s/sgm-node-emu-host", node_dir); /* the old layout's name */
+  assert_int_equal(mkfifo(path, 0600), 0);
+  snprintf(path, sizeof path, "%s/%slink", node_dir, prefix);
+  assert_int_equal(symlink("/dev/zero", path), 0);
+  for (int i = 0; i < 64; i++) {
+    snprintf(path, sizeof path, "%s/sgm-node-%02d-junk@x", node_dir, i);
+    int fd = open(path, O_WRONLY | O_CREAT, 0600);
+    assert_true(fd >= 0);
+    close(fd);
+  }
+  int trunc_fd = hostile_record("emu-host", "trunc", good, 100, 0600);
+  int wide_fd = hostile_record("emu-host", "wide", good, sizeof good, 0666);
+  int fd = hostile_record("emu-host", "garbage", good, sizeof good, 0600);
+  unsigned seed = (unsigned)time(NULL);
+  print_message("# seed %u\n", seed);
+  srand(seed);
+  sgm_node_view *v = malloc(sizeof *v);
+  assert_non_null(v);
+  sgm_node_accept acc = {.gid = -1};
+  size_t counted_garbage = 0;
+  for (size_t off = 0; off < sizeof good; off++) {
+    unsigned char bad[SGM_NODE_RECORD_BYTES];
+    memcpy(bad, good, sizeof bad);
+    bad[off] = (unsigned char)(bad[off] ^ (1 + rand() % 255));
+    assert_int_equal(pwrite(fd, bad, sizeof bad, 0), (ssize_t)sizeof bad);
+    assert_int_equal(sgm__node_scan(node_dir, prefix, "emu-host", &acc, false, v), SGM_OK);
+    bool kid_seen = false;
+    for (size_t i = 0; i < v->n_procs; i++) {
+      kid_seen |= v->procs[i].pid == a.pid && v->procs[i].ino != 0 && v->procs[i].alive;
+      for (const char *c = v->procs[i].name; *c; c++) assert_true(*c > 0x20 && *c < 0x7f);
+    }
+    assert_true(kid_seen);
+    counted_garbage += v->n_procs - 1;
+    assert_true(v->n_refused >= 3); /* trunc, wide, fifo/link (never opened) */
+  }
+  /* Most flips are caught (check word, magic, sizes); those in the published
+   * figures are a live record's own business: counted, bounded by the split. */
+  print_message("# %zu of %zu one-byte corruptions still parse as a record\n", counted_garbage, sizeof good);
+  /* Truncated to nothing under a reader: no SIGBUS (records are read, not mapped). */
+  assert_int_equal(ftruncate(fd, 0), 0);
+  r = kid_do(&a, OP_TICK, 0, NULL);
+  assert_int_equal(r.rc, 0);
+  assert_int_equal(r.v[V_TRACKED], 1);
+  /* A second process joins, tracked, and both see each other. */
+  kid b = kid_start();
+  r = kid_do(&b, OP_CREATE, 0, NULL);
+  assert_int_equal(r.rc, SGM_OK);
+  assert_int_equal(r.v[V_TRACKED], 1);
+  assert_int_equal(live_procs("emu-host"), 2);
+  /* The public reader: the registry is listed (junk is not), read, refused names counted. */
+  sgm_node_entry e[4];
+  size_t n = 0;
+  assert_int_equal(sgm_node_list(node_dir, e, 4, &n), SGM_OK);
+  assert_int_equal(n, 1);
+  sgm_node_device dev = {.struct_size = sizeof dev};
+  sgm_node_process procs[4];
+  procs[0].struct_size = sizeof procs[0];
+  assert_int_equal(sgm_node_read(e[0].path, 0, &dev, procs, 4), SGM_OK);
+  assert_int_equal(dev.n_processes, 2);
+  assert_true(dev.n_refused >= 3);
+  free(v);
+  close(fd);
+  close(trunc_fd);
+  close(wide_fd);
+  kid_quit(&b);
+  kid_quit(&a);
+  alarm(0);
   teardown_dir();
 }
 
-/* The file must be the user's own regular file, 0600: a symbolic link, a
- * file other users may read or one owned by another user is refused; with
- * SGM_NODE_GROUP, 0660 is taken, and still nothing for others. */
-static void test_unsafe_files_refused(void **state) {
+/* A full registry folder (a container's 64 MiB /dev/shm filled by data
+ * loaders; here a 16 KiB tmpfs, full): the join fails with a message that
+ * says the folder is full and what to do, nothing is left behind, and a
+ * context runs untracked (no SIGBUS). Needs a mount of its own (a mount
+ * namespace, root): skipped with a message otherwise. */
+static void full_folder_child(void *arg) {
+  (void)arg;
+  if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+      mount("tmpfs", node_dir, "tmpfs", 0, "size=16k,mode=1777") != 0)
+    _exit(77);
+  char p[300];
+  snprintf(p, sizeof p, "%s/filler", node_dir);
+  int fd = open(p, O_WRONLY | O_CREAT, 0600);
+  char block[4096] = {0};
+  while (write(fd, block, sizeof block) > 0) {
+  }
+  close(fd);
+  sgm_node_params np = {.dir = node_dir, .key = "emu-fullfs", .name = "t", .device_total_bytes = 16 * MiB,
+                        .shared_cap_bytes = 64 * MiB};
+  sgm_node *n = NULL;
+  int rc = sgm__node_join(&np, &n);
+  printf("join: %d: %s\n", rc, sgm_last_error());
+  if (rc == SGM_OK || !strstr(sgm_last_error(), "full") || !strstr(sgm_last_error(), "--shm-size")) _exit(3);
+  if (count_files(node_dir) != 1) _exit(4); /* the filler alone: no .tmp left */
+  sgm_context *ctx = NULL;
+  if (sgm_context_create(NULL, &ctx) != SGM_OK) _exit(5);
+  if (sgm__share_node(ctx) != NULL) _exit(6); /* untracked */
+  void *q = sgm_alloc(ctx, MiB, NULL);
+  if (!q) _exit(7);
+  sgm_free(ctx, q, NULL);
+  sgm_context_destroy(ctx);
+  if (count_files(node_dir) != 1) _exit(8);
+  _exit(0);
+}
+
+static void test_full_folder(void **state) {
+  (void)state;
+  setup_env("fullfs", "16MiB");
+  char out[2048];
+  int st = sgm_test_fork_capture(full_folder_child, NULL, out, sizeof out);
+  print_message("# %s", out);
+  assert_true(WIFEXITED(st));
+  if (WEXITSTATUS(st) == 77) {
+    print_message("# cannot mount a small tmpfs here (needs root and a mount namespace): skipped\n");
+    teardown_dir();
+    skip();
+  }
+  assert_int_equal(WEXITSTATUS(st), 0);
+  teardown_dir();
+}
+
+/* A killed parent with a live fork child is dead at once: the child holds
+ * neither the record's mapping (MADV_DONTFORK) nor its descriptor, so the
+ * liveness lock goes with the parent. Readers see it gone within one
+ * second (polled every 10 ms; it is at once in practice). */
+static void test_fork_child_does_not_keep_parent(void **state) {
+  (void)state;
+  setup_env("forkkid", "16MiB");
+  kid a = kid_start();
+  assert_int_equal(kid_do(&a, OP_CREATE, 0, NULL).rc, SGM_OK);
+  rsp r = kid_do(&a, OP_FORK_CHILD, 0, NULL);
+  pid_t grandchild = (pid_t)r.tier;
+  assert_true(grandchild > 0);
+  assert_int_equal(live_procs("emu-forkkid"), 1);
+  uint64_t t0 = sgm__clock_monotonic_ns();
+  kid_kill(&a);
+  uint64_t waited = 0;
+  while (live_procs("emu-forkkid") != 0 && (waited = sgm__clock_monotonic_ns() - t0) < UINT64_C(1000000000)) {
+    struct timespec ts = {0, 10000000};
+    nanosleep(&ts, NULL);
+  }
+  print_message("# parent gone from the registry %.1f ms after SIGKILL, its child alive\n", (double)waited / 1e6);
+  int child_alive = kill(grandchild, 0) == 0;
+  size_t left = live_procs("emu-forkkid");
+  kill(grandchild, SIGKILL); /* before asserting: an orphan must not outlive a failed test */
+  assert_true(child_alive);
+  assert_int_equal(left, 0);
+  teardown_dir();
+}
+
+/* The folder must not let others remove our record: one writable by others
+ * without the sticky bit is refused (untracked, with what to do). A record
+ * writable by others is not counted. */
+static void test_unsafe_folder_and_records(void **state) {
   (void)state;
   setup_env("unsafe", "16MiB");
-  char path[256];
-  sgm__node_path(node_dir, "emu-unsafe", path, sizeof path);
   sgm_node_params p = {.dir = node_dir, .key = "emu-unsafe", .name = "t", .device_total_bytes = 16 * MiB,
                        .shared_cap_bytes = 64 * MiB};
   sgm_node *n = NULL;
-  assert_int_equal(symlink("/tmp/elsewhere", path), 0);
+  assert_int_equal(chmod(node_dir, 0777), 0);
+  sgm__node_reset_warning();
   assert_int_not_equal(sgm__node_join(&p, &n), SGM_OK);
-  assert_non_null(strstr(sgm_last_error(), "symbolic link"));
-  unlink(path);
-  /* A good one, then loosened. */
+  print_message("# %s\n", sgm_last_error());
+  assert_non_null(strstr(sgm_last_error(), "sticky"));
+  assert_int_equal(chmod(node_dir, 01777), 0);
   assert_int_equal(sgm__node_join(&p, &n), SGM_OK);
-  sgm__node_leave(n); /* the last one out removes it: make it again and keep it */
-  sgm_node *keep = NULL;
-  assert_int_equal(sgm__node_join(&p, &keep), SGM_OK);
-  assert_int_equal(chmod(path, 0644), 0);
-  assert_int_not_equal(sgm__node_join(&p, &n), SGM_OK);
-  assert_non_null(strstr(sgm_last_error(), "grants more"));
-  assert_int_equal(chmod(path, 0600), 0);
-  if (geteuid() == 0) {
-    assert_int_equal(chown(path, 65534, 65534), 0);
-    assert_int_not_equal(sgm__node_join(&p, &n), SGM_OK);
-    assert_non_null(strstr(sgm_last_error(), "owned by uid 65534"));
-    assert_int_equal(chown(path, 0, 0), 0);
-  } else {
-    print_message("# not root: the wrong-owner case needs a file of another user; skipped\n");
-  }
-  assert_int_equal(sgm__node_join(&p, &n), SGM_OK);
+  assert_int_equal(live_procs("emu-unsafe"), 1);
+  assert_int_equal(chmod(sgm__node_file(n), 0620), 0); /* group-writable: anyone there could scribble */
+  assert_int_equal(live_procs("emu-unsafe"), 0);
+  assert_int_equal(chmod(sgm__node_file(n), 0600), 0);
+  assert_int_equal(live_procs("emu-unsafe"), 1);
   sgm__node_leave(n);
-  /* Group sharing is opt-in: 0660 is refused without it, taken with it;
-   * others' bits never. */
-  assert_int_equal(chmod(path, 0660), 0);
-  assert_int_not_equal(sgm__node_join(&p, &n), SGM_OK);
-  p.group = true;
-  assert_int_equal(sgm__node_join(&p, &n), SGM_OK);
-  sgm__node_leave(n);
-  assert_int_equal(chmod(path, 0664), 0);
-  assert_int_not_equal(sgm__node_join(&p, &n), SGM_OK);
-  assert_non_null(strstr(sgm_last_error(), "grants more than 0660"));
-  assert_int_equal(chmod(path, 0600), 0);
-  sgm__node_leave(keep);
+  assert_int_equal(chmod(node_dir, 0700), 0);
   teardown_dir();
 }
 
-/* A full table: the next process runs untracked, never fails. */
+/* Too many processes: the next one runs untracked, never fails. */
 static void test_full_table_untracked(void **state) {
   (void)state;
   setup_env("full", "16MiB");
@@ -749,15 +904,9 @@ static void test_full_table_untracked(void **state) {
   assert_int_equal(sgm__node_join(&p, &n1), SGM_OK);
   assert_int_equal(sgm__node_join(&p, &n2), SGM_OK);
   assert_int_equal(sgm__node_join(&p, &n3), SGM_ERR_BUSY);
-  assert_non_null(strstr(sgm_last_error(), "all 2 slots"));
-  kid a = kid_start();
-  rsp r = kid_do(&a, OP_CREATE, 0, NULL);
-  assert_int_equal(r.rc, SGM_OK);
-  assert_int_equal(r.v[V_TRACKED], 0);
-  assert_int_equal(kid_do(&a, OP_ALLOC, MiB, NULL).rc, 0);
-  kid_quit(&a);
+  assert_non_null(strstr(sgm_last_error(), "the most is 2"));
   sgm__node_leave(n2);
-  assert_int_equal(sgm__node_join(&p, &n3), SGM_OK); /* a freed slot is reused */
+  assert_int_equal(sgm__node_join(&p, &n3), SGM_OK); /* room again */
   sgm__node_leave(n3);
   sgm__node_leave(n1);
   teardown_dir();
@@ -843,9 +992,8 @@ static void test_uuid_format_and_derive(void **state) {
   assert_string_equal(text, "");
 }
 
-/* Two keys that sanitise to one file name are not confused: the header says
- * whose device the segment is, and a process of the other is refused (and
- * runs untracked) instead of sharing budgets with a stranger. */
+/* Two keys that sanitise to one file name are not confused: each record
+ * carries its key, and a process counts only records of its own. */
 static void test_other_device_key_refused(void **state) {
   (void)state;
   setup_env("keys", "16MiB");
@@ -854,53 +1002,294 @@ static void test_other_device_key_refused(void **state) {
   sgm_node *n = NULL, *m = NULL;
   assert_int_equal(sgm__node_join(&p, &n), SGM_OK);
   p.key = "emu-a_b"; /* the same file name */
-  sgm__node_reset_warning();
-  assert_int_equal(sgm__node_join(&p, &m), SGM_ERR_CORRUPT);
-  assert_null(m);
-  print_message("# %s\n", sgm_last_error());
-  assert_non_null(strstr(sgm_last_error(), "belongs to device emu-a:b, not to emu-a_b"));
+  assert_int_equal(sgm__node_join(&p, &m), SGM_OK);
+  sgm_node_view *v = malloc(sizeof *v);
+  assert_non_null(v);
+  assert_int_equal(sgm__node_view(n, v), SGM_OK);
+  assert_int_equal(v->n_procs, 1);
+  assert_true(v->procs[0].self);
+  assert_int_equal(v->n_refused, 1);
+  assert_int_equal(sgm__node_view(m, v), SGM_OK);
+  assert_int_equal(v->n_procs, 1);
+  assert_true(v->procs[0].self);
+  free(v);
+  sgm__node_leave(m);
   sgm__node_leave(n);
   teardown_dir();
 }
 
-/* In a forked child: join a segment and read the device's use, with an sgm
- * lock of rank SGM_LOCK_NODE (which ranks after the segment's mutex) held
- * when *(bool *)hold; exits 0 when the read worked. */
-static void node_lock_order_child(void *hold) {
-  sgm_node_params p = {.dir = node_dir, .key = "emu-witness", .name = "me",
-                       .device_total_bytes = 16 * MiB, .shared_cap_bytes = 64 * MiB};
-  sgm_node *n = NULL;
-  if (sgm__node_join(&p, &n) != SGM_OK) _exit(3);
-  sgm_lock l;
-  sgm__lock_init(&l, SGM_LOCK_NODE);
-  if (*(bool *)hold) sgm__lock_take(&l);
-  uint64_t used = 0;
-  int rc = sgm__node_device_used(n, &used); /* takes the segment's mutex */
-  if (*(bool *)hold) sgm__lock_drop(&l);
-  sgm__lock_destroy(&l);
-  sgm__node_leave(n);
-  _exit(rc == SGM_OK ? 0 : 4);
+/* Issue 28 item 9: an allocation that falls back because other processes
+ * hold the device says so: the budget is this process's fair share of a
+ * shared device (with what it would have alone and what to do), not "raise
+ * SGM_VRAM_LIMIT", and the largest free block it names fits in the budget. */
+static void test_fallback_names_the_fair_share(void **state) {
+  (void)state;
+  setup_env("why", "64MiB");
+  kid a = kid_start(), b = kid_start();
+  assert_int_equal(kid_do(&a, OP_CREATE, 0, NULL).rc, SGM_OK);
+  assert_int_equal(kid_do(&a, OP_BUFFER, 40 * MiB, NULL).tier, SGM_TIER_VRAM);
+  assert_int_equal(kid_do(&b, OP_CREATE, 0, NULL).rc, SGM_OK);
+  for (int i = 0; i < 2; i++) {
+    kid_do(&a, OP_TICK, 0, NULL);
+    kid_do(&b, OP_TICK, 0, NULL);
+  }
+  rsp r = kid_do(&b, OP_EXPLAIN, 48 * MiB, NULL);
+  print_message("# %s\n", r.msg);
+  assert_non_null(strstr(r.msg, "fair share of a device it shares with 1 other sgm process"));
+  assert_non_null(strstr(r.msg, "alone it would have 64.00 MiB"));
+  assert_null(strstr(r.msg, "raise SGM_VRAM_LIMIT"));
+  /* Alone again, the options are the reason once more. */
+  kid_quit(&a);
+  kid_do(&b, OP_TICK, 0, NULL);
+  r = kid_do(&b, OP_EXPLAIN, 128 * MiB, NULL);
+  print_message("# %s\n", r.msg);
+  assert_null(strstr(r.msg, "fair share"));
+  assert_non_null(strstr(r.msg, "raise SGM_VRAM_LIMIT"));
+  kid_quit(&b);
+  teardown_dir();
 }
 
-/* Invariant (issue 11 item 4, debug builds): the segment's process-shared
- * mutex, though no sgm_lock, is under the lock witness: taking it while
- * holding a lock that ranks after it aborts with the witness's assertion;
- * the same call without that lock succeeds. */
-static void test_segment_mutex_witnessed(void **state) {
+/* ------------------------------------------------------------------------ */
+/* Several users (issue 28): test accounts are plain ids (61001, 61002,
+ * 61003 in group 61000), which the kernel needs no passwd entry for; the
+ * test runs them as root and skips, saying so, otherwise. */
+
+#define LAB_GROUP 61000
+#define LAB_A 61001
+#define LAB_B 61002
+#define LAB_C 61003
+
+/* A root-owned policy file in a root-owned folder that users can read. */
+static void lab_policy(char *path, size_t len, const char *reg, const char *extra) {
+  char pdir[64] = "/tmp/sgm-admin-XXXXXX";
+  assert_non_null(mkdtemp(pdir));
+  assert_int_equal(chmod(pdir, 0755), 0);
+  snprintf(path, len, "%s/node.conf", pdir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fprintf(f, "# a lab server's policy (docs/admin.md)\nregistry_dir = %s\ngroup = %d\nSGM_NODE = on\n"
+          "SGM_SHARE_MODE = fair\n%s", reg, LAB_GROUP, extra);
+  fclose(f);
+  assert_int_equal(chmod(path, 0644), 0);
+}
+
+static void lab_policy_remove(const char *path) {
+  unlink(path);
+  char d[256];
+  snprintf(d, sizeof d, "%s", path);
+  *strrchr(d, '/') = '\0';
+  rmdir(d);
+}
+
+/* Two users share one emulated device under the admin's policy: both are
+ * tracked (though each asked for SGM_NODE=off and SGM_SHARE_MODE=solo in
+ * its environment, and B for SGM_VRAM_LIMIT=100%, above the admin's 25%),
+ * their budgets sum to at most the device, the emulated device's capacity
+ * is shared between them, and root reads both (what sgm-smi shows). A third
+ * user's FIFO, junk and a live record of garbage in the folder opt nobody
+ * out. */
+static void test_two_users_share_one_device(void **state) {
   (void)state;
-  if (SGM_DEBUG < 2) {
-    printf("# SGM_DEBUG=%d: the lock witness is compiled out here; nothing to check\n", SGM_DEBUG);
+  if (geteuid() != 0) {
+    print_message("# not root: two users need setuid (CI runs as root); skipped\n");
     skip();
   }
-  setup_env("witness", "16MiB");
-  char out[1024];
-  bool hold = true;
-  int status = sgm_test_fork_capture(node_lock_order_child, &hold, out, sizeof out);
-  sgm_test_assert_aborted(status, out, "sgm: assertion failed: held_ranks[i] < rank");
-  hold = false;
-  status = sgm_test_fork_capture(node_lock_order_child, &hold, out, sizeof out);
-  assert_true(WIFEXITED(status));
-  assert_int_equal(WEXITSTATUS(status), 0);
+  setup_env("lab", "64MiB");
+  setenv("SGM_NODE", "off", 1);        /* the users' own wishes, overridden by the policy */
+  setenv("SGM_SHARE_MODE", "solo", 1);
+  setenv("SGM_VRAM_LIMIT", "100%", 1);
+  char reg[64] = "/tmp/sgm-lab-XXXXXX", policy[128];
+  assert_non_null(mkdtemp(reg));
+  assert_int_equal(chown(reg, 0, LAB_GROUP), 0);
+  assert_int_equal(chmod(reg, 03770), 0); /* setgid + sticky, the group writes */
+  char extra[128];
+  snprintf(extra, sizeof extra, "vram_cap.user.%d = 25%%\n", LAB_B);
+  lab_policy(policy, sizeof policy, reg, extra);
+  setenv("SGM_ADMIN_CONF", policy, 1);
+  /* The third user's hostile names: a FIFO, junk, a live record of garbage. */
+  char p[300];
+  snprintf(p, sizeof p, "%s/sgm-node-emu-lab@fifo", reg);
+  assert_int_equal(mkfifo(p, 0640), 0);
+  assert_int_equal(chown(p, LAB_C, LAB_GROUP), 0);
+  snprintf(p, sizeof p, "%s/sgm-node-emu-lab@garbage", reg);
+  int gfd = open(p, O_RDWR | O_CREAT, 0640);
+  assert_true(gfd >= 0);
+  unsigned char junk[SGM_NODE_RECORD_BYTES];
+  memset(junk, 0xa5, sizeof junk);
+  assert_int_equal(write(gfd, junk, sizeof junk), (ssize_t)sizeof junk);
+  assert_int_equal(fchown(gfd, LAB_C, LAB_GROUP), 0);
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+  assert_int_equal(fcntl(gfd, F_OFD_SETLK, &fl), 0);
+
+  kid a = kid_start_as(LAB_A, LAB_A, LAB_GROUP), b = kid_start_as(LAB_B, LAB_B, LAB_GROUP);
+  rsp ra = kid_do(&a, OP_CREATE, 0, NULL), rb = kid_do(&b, OP_CREATE, 0, NULL);
+  assert_int_equal(ra.rc, SGM_OK);
+  assert_int_equal(rb.rc, SGM_OK);
+  assert_int_equal(ra.v[V_TRACKED], 1);
+  assert_int_equal(rb.v[V_TRACKED], 1);
+  assert_true(rb.v[V_VRAM_BUDGET] <= 16 * MiB); /* the admin's cap, not the user's 100% */
+  assert_int_equal(kid_do(&a, OP_ALLOC, 40 * MiB, NULL).tier, SGM_TIER_VRAM);
+  rb = kid_do(&b, OP_ALLOC, 8 * MiB, NULL);
+  assert_int_equal(rb.rc, 0);
+  assert_true(rb.v[V_DEVICE_FREE] <= 64 * MiB - 48 * MiB); /* B sees A's 40 MiB on the device */
+  for (int i = 0; i < 2; i++) {
+    ra = kid_do(&a, OP_TICK, 0, NULL);
+    rb = kid_do(&b, OP_TICK, 0, NULL);
+  }
+  print_message("# budgets: A %llu MiB, B %llu MiB of 64 MiB\n", (unsigned long long)(ra.v[V_VRAM_BUDGET] / MiB),
+                (unsigned long long)(rb.v[V_VRAM_BUDGET] / MiB));
+  assert_true(ra.v[V_VRAM_BUDGET] + rb.v[V_VRAM_BUDGET] <= 64 * MiB);
+  assert_true(ra.v[V_VRAM_BUDGET] < 64 * MiB); /* fair, not solo: A yields B's part */
+  assert_true(rb.v[V_VRAM_BUDGET] <= 16 * MiB);
+
+  /* Root sees both users (sgm-smi's read); the garbage and the FIFO are refused. */
+  char name[128];
+  snprintf(name, sizeof name, "%s/sgm-node-emu-lab", reg);
+  sgm_node_device dev = {.struct_size = sizeof dev};
+  sgm_node_process procs[4];
+  procs[0].struct_size = sizeof procs[0];
+  assert_int_equal(sgm_node_read(name, SGM_NODE_READ_ALL_USERS, &dev, procs, 4), SGM_OK);
+  assert_int_equal(dev.n_processes, 2);
+  assert_true(dev.n_refused >= 2);
+  bool seen_a = false, seen_b = false;
+  for (int i = 0; i < 2; i++) {
+    seen_a |= procs[i].uid == LAB_A && procs[i].pid == a.pid;
+    seen_b |= procs[i].uid == LAB_B && procs[i].pid == b.pid;
+  }
+  assert_true(seen_a && seen_b);
+  /* sgm-smi as root shows both users (when the test runs under ctest, which names it). */
+  const char *smi = getenv("TEST_SGM_SMI");
+  if (smi) {
+    char cmd[512], out[16384];
+    snprintf(cmd, sizeof cmd, "timeout 20 '%s' --json --dir '%s'", smi, reg);
+    FILE *sp = popen(cmd, "r");
+    assert_non_null(sp);
+    size_t got = fread(out, 1, sizeof out - 1, sp);
+    out[got] = '\0';
+    int st = pclose(sp);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    char want[64];
+    snprintf(want, sizeof want, "\"uid\": %d, ", LAB_A);
+    assert_non_null(strstr(out, want));
+    snprintf(want, sizeof want, "\"uid\": %d, ", LAB_B);
+    assert_non_null(strstr(out, want));
+  } else {
+    print_message("# TEST_SGM_SMI unset (run outside ctest): sgm-smi not run\n");
+  }
+  /* Without the flag root reads its own records only, and says how many it hid. */
+  assert_int_equal(sgm_node_read(name, 0, &dev, procs, 4), SGM_OK);
+  assert_int_equal(dev.n_processes, 0);
+  assert_int_equal(dev.n_hidden, 3); /* A's, B's and the third user's record: not opened */
+  kid_quit(&a);
+  kid_quit(&b);
+  close(gfd);
+  unsetenv("SGM_ADMIN_CONF");
+  unsetenv("SGM_VRAM_LIMIT");
+  lab_policy_remove(policy);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", reg);
+  assert_int_equal(system(cmd), 0);
+  teardown_dir();
+}
+
+/* SGM_NODE_GROUP=on without a policy: two users whose primary groups
+ * differ and who share a supplementary group (the folder's, not setgid) are
+ * both tracked and count each other (issue 28 item 1: a shared
+ * supplementary group was refused). */
+static void test_node_group_supplementary(void **state) {
+  (void)state;
+  if (geteuid() != 0) {
+    print_message("# not root: two users need setuid (CI runs as root); skipped\n");
+    skip();
+  }
+  setup_env("supp", "64MiB");
+  setenv("SGM_NODE_GROUP", "on", 1);
+  assert_int_equal(chown(node_dir, 0, LAB_GROUP), 0);
+  assert_int_equal(chmod(node_dir, 01770), 0); /* sticky, group-writable, not setgid */
+  kid a = kid_start_as(LAB_A, LAB_A, LAB_GROUP), b = kid_start_as(LAB_B, LAB_B, LAB_GROUP);
+  assert_int_equal(kid_do(&a, OP_CREATE, 0, NULL).v[V_TRACKED], 1);
+  assert_int_equal(kid_do(&b, OP_CREATE, 0, NULL).v[V_TRACKED], 1);
+  assert_int_equal(kid_do(&a, OP_ALLOC, 40 * MiB, NULL).tier, SGM_TIER_VRAM);
+  rsp rb = kid_do(&b, OP_TICK, 0, NULL);
+  assert_true(rb.v[V_DEVICE_FREE] <= 24 * MiB); /* B counts A's 40 MiB */
+  rsp ra = kid_do(&a, OP_TICK, 0, NULL);
+  rb = kid_do(&b, OP_TICK, 0, NULL);
+  assert_true(ra.v[V_VRAM_BUDGET] + rb.v[V_VRAM_BUDGET] <= 64 * MiB);
+  kid_quit(&a);
+  kid_quit(&b);
+  unsetenv("SGM_NODE_GROUP");
+  assert_int_equal(chmod(node_dir, 0700), 0);
+  teardown_dir();
+}
+
+/* Without a policy, another user's records are not counted, and the first
+ * join that meets them says so, naming the policy file to set up (issue 28
+ * item 2: "a warning that names what to do"). A live record of uid 61001 is
+ * planted (chowned, its lock held); the join runs in a child at verbose 1. */
+static void foreign_join_child(void *arg) {
+  (void)arg;
+  sgm_node_params p = {.dir = node_dir, .key = "emu-foreign", .name = "me", .device_total_bytes = 16 * MiB,
+                       .shared_cap_bytes = 64 * MiB, .verbose = 1};
+  sgm_node *n = NULL;
+  if (sgm__node_join(&p, &n) != SGM_OK) _exit(3);
+  sgm_node_view *v = malloc(sizeof *v);
+  if (!v || sgm__node_view(n, v) != SGM_OK) _exit(4);
+  int only_self = v->n_procs == 1 && v->procs[0].self && v->n_foreign == 1;
+  free(v);
+  sgm__node_leave(n);
+  _exit(only_self ? 0 : 5);
+}
+
+static void test_other_users_records_warned(void **state) {
+  (void)state;
+  if (geteuid() != 0) {
+    print_message("# not root: a record of another user needs chown; skipped\n");
+    skip();
+  }
+  setup_env("foreign", "16MiB");
+  sgm_node_params p = {.dir = node_dir, .key = "emu-foreign", .name = "other", .device_total_bytes = 16 * MiB,
+                       .shared_cap_bytes = 64 * MiB};
+  sgm_node *other = NULL;
+  assert_int_equal(sgm__node_join(&p, &other), SGM_OK); /* a live record, then given away */
+  assert_int_equal(chown(sgm__node_file(other), LAB_A, LAB_A), 0);
+  char out[4096];
+  int st = sgm_test_fork_capture(foreign_join_child, NULL, out, sizeof out);
+  print_message("# %s", out);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 0);
+  assert_non_null(strstr(out, "of other users (uid 61001"));
+  assert_non_null(strstr(out, "are not counted"));
+  assert_non_null(strstr(out, sgm__policy_path()));
+  assert_non_null(strstr(out, "docs/admin.md"));
+  sgm__node_leave(other);
+  teardown_dir();
+}
+
+/* A user cannot bring their own policy: SGM_ADMIN_CONF naming a file the
+ * user owns is ignored (here: its "SGM_NODE = off" has no effect). Root's
+ * naming one is honoured (the test above). */
+static void test_user_policy_ignored(void **state) {
+  (void)state;
+  if (geteuid() != 0) {
+    print_message("# not root: needs a second user; skipped\n");
+    skip();
+  }
+  setup_env("own", "16MiB");
+  assert_int_equal(chmod(node_dir, 01777), 0);
+  char mine[128];
+  snprintf(mine, sizeof mine, "%s/mine.conf", node_dir);
+  FILE *f = fopen(mine, "w");
+  assert_non_null(f);
+  fprintf(f, "SGM_NODE = off\n");
+  fclose(f);
+  assert_int_equal(chown(mine, LAB_A, LAB_A), 0);
+  setenv("SGM_ADMIN_CONF", mine, 1);
+  kid a = kid_start_as(LAB_A, LAB_A, LAB_A);
+  rsp r = kid_do(&a, OP_CREATE, 0, NULL);
+  assert_int_equal(r.rc, SGM_OK);
+  assert_int_equal(r.v[V_TRACKED], 1); /* the user's "policy" did not turn the registry off */
+  kid_quit(&a);
+  unsetenv("SGM_ADMIN_CONF");
   teardown_dir();
 }
 
@@ -918,10 +1307,16 @@ int main(void) {
       cmocka_unit_test(test_sigkill_reclaims),
       cmocka_unit_test(test_sigkill_inside_critical_section),
       cmocka_unit_test(test_pid_reuse_not_trusted),
-      cmocka_unit_test(test_bad_segments_run_untracked),
-      cmocka_unit_test(test_unsafe_files_refused),
+      cmocka_unit_test(test_hostile_records),
+      cmocka_unit_test(test_full_folder),
+      cmocka_unit_test(test_fork_child_does_not_keep_parent),
+      cmocka_unit_test(test_unsafe_folder_and_records),
       cmocka_unit_test(test_full_table_untracked),
-      cmocka_unit_test(test_segment_mutex_witnessed),
+      cmocka_unit_test(test_fallback_names_the_fair_share),
+      cmocka_unit_test(test_two_users_share_one_device),
+      cmocka_unit_test(test_user_policy_ignored),
+      cmocka_unit_test(test_node_group_supplementary),
+      cmocka_unit_test(test_other_users_records_warned),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1067,6 +1067,7 @@ static void emu_vmm_pool_free(sgm_backend *be, void *pool) {
 const sgm_backend_ops sgm__backend_emu_ops = {
     .name = "emu",
     .synchronous = true,
+    .pins_with_mlock = true,
     .open = emu_open,
     .close = emu_close,
     .mem_info = emu_mem_info,

@@ -176,10 +176,15 @@ int sgm__pool_backend_nomem_locked(sgm_tier_pool *p, uint64_t size) {
   char a[32], b[32], u[32], c[32];
   __atomic_fetch_add(&p->n_failed, 1, __ATOMIC_RELAXED);
   const char *name = sgm_tier_name(p->p.tier);
+  /* VRAM refused within the budget: the device is full because of others. */
+  bool vram = p->p.tier == SGM_TIER_VRAM;
   return sgm__error_set(SGM_ERR_NOMEM,
-                          "%s: cannot allocate %s: the device gave no new chunk (%s); "
+                          "%s: cannot allocate %s: the device gave no new chunk (%s)%s; "
                           "budget %s, holding %s in %llu blocks, committed %s",
                           name, sgm__fmt_bytes(size, a, sizeof a), sgm_last_error(),
+                          vram ? ": the device is full, its memory held by other processes, sgm's "
+                                 "or not (sgm-smi shows them), though this process is within its "
+                                 "budget" : "",
                           sgm__fmt_bytes(p->p.budget_bytes, b, sizeof b),
                           sgm__fmt_bytes(p->held_bytes, u, sizeof u), (unsigned long long)p->n_blocks,
                           sgm__fmt_bytes(tier_committed(p), c, sizeof c));
@@ -194,16 +199,25 @@ int sgm__tier_explain_budget(sgm_tier_pool *p, uint64_t size) {
   uint64_t cached = p->bag_bytes;
   for (tier_mag *m = p->mags; m; m = m->next) cached += __atomic_load_n(&m->cached_bytes, __ATOMIC_RELAXED);
   uint64_t in_use = p->held_bytes > cached ? p->held_bytes - cached : 0;
+  /* The sub-allocator may span more than the budget (a reserved range):
+   * only the part of a free block inside the budget can be had. */
+  uint64_t room = p->p.budget_bytes > p->held_bytes ? p->p.budget_bytes - p->held_bytes : 0;
+  uint64_t largest = st.largest_free_bytes < room ? st.largest_free_bytes : room;
+  char why[448];
+  if (p->budget_why[0])
+    snprintf(why, sizeof why, "the budget is %s", p->budget_why); /* another process's doing */
+  else
+    snprintf(why, sizeof why, "free memory, or raise %s", p->p.limit_hint);
   sgm__error_set(SGM_ERR_NOMEM,
                         "%s budget exhausted: cannot allocate %s; budget %s, in use %s in %llu "
                         "blocks (and %s cached for streams whose work is still pending), "
-                        "committed %s, largest free block %s (free memory, or raise %s)",
+                        "committed %s, largest free block within the budget %s (%s)",
                         name, sgm__fmt_bytes(size, a, sizeof a),
                         sgm__fmt_bytes(p->p.budget_bytes, b, sizeof b),
                         sgm__fmt_bytes(in_use, u, sizeof u), (unsigned long long)p->n_blocks,
                         sgm__fmt_bytes(cached, k, sizeof k),
                         sgm__fmt_bytes(tier_committed(p), c, sizeof c),
-                        sgm__fmt_bytes(st.largest_free_bytes, l, sizeof l), p->p.limit_hint);
+                        sgm__fmt_bytes(largest, l, sizeof l), why);
   sgm__lock_drop(&p->lock);
   return SGM_ERR_NOMEM;
 }
@@ -253,7 +267,12 @@ uint64_t sgm__tier_idle_trim(sgm_tier_pool *p, uint64_t now_ms, uint64_t idle_ms
 }
 
 void sgm__tier_set_budget(sgm_tier_pool *p, uint64_t budget_bytes) {
+  sgm__tier_set_budget_why(p, budget_bytes, NULL);
+}
+
+void sgm__tier_set_budget_why(sgm_tier_pool *p, uint64_t budget_bytes, const char *why) {
   sgm__lock_take(&p->lock);
+  snprintf(p->budget_why, sizeof p->budget_why, "%s", why ? why : "");
   p->p.budget_bytes = budget_bytes;
   tier_update_room_locked(p);
   bool over = p->committed_bytes > budget_bytes;

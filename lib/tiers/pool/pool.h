@@ -236,6 +236,8 @@ struct sgm_tier_pool {
   uint64_t n_frees;           /* blocks freed, the same way (atomic) */
   uint64_t n_failed;          /* allocations this pool could not serve (atomic) */
   bool budget_lowered;        /* set_budget went below committed: committed may exceed it */
+  char budget_why[400];       /* why the budget is what it is, when not limit_hint's options
+                                 ("" = theirs): a fair share of a shared device (issue 28) */
   unsigned n_growing;         /* chunks being taken from the backend right now */
   unsigned n_releasing;       /* chunks detached and being returned right now (still committed) */
   pthread_cond_t grown;       /* broadcast when a chunk taking finishes or a release ends */
