@@ -49,6 +49,9 @@ struct sgm_context {
   long owner_pid;                          /* the process that created it (messages only) */
   struct sgm_share *share;                 /* share.c: the node registry and fair budgets; NULL = untracked */
   bool managed;                            /* SGM_POINTERS resolved to managed (managed.c) */
+  uint64_t interposed_vram_bytes;          /* device memory the program took from the driver itself,
+                                              as an interposer reports it (sgm_interpose_vram; atomic) */
+  bool interposed;                         /* an interposer (libsgm-preload.so) drives this context */
 };
 
 const sgm_config *sgm__context_cfg(const sgm_context *ctx) { return &ctx->cfg; }
@@ -535,6 +538,49 @@ SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
   }
   if (sgm_likely(where == SGM_TIER_VRAM)) return (void *)(uintptr_t)d;
   return context_fallback(ctx, d, size);
+}
+
+SGM_API void *sgm_alloc_shared(sgm_context *ctx, size_t size, void *stream) {
+  if (sgm_unlikely(!ctx)) {
+    sgm__error_set(SGM_ERR_INVALID, "sgm_alloc_shared: context is NULL");
+    return NULL;
+  }
+  if (sgm__context_forked(ctx)) {
+    sgm__context_fork_error(ctx, "sgm_alloc_shared");
+    return NULL;
+  }
+  if (sgm_unlikely(size == 0)) {
+    sgm__error_set(SGM_ERR_INVALID, "sgm_alloc_shared: size is 0 (ask for at least one byte)");
+    return NULL;
+  }
+  sgm_devptr d = 0;
+  if (sgm__residency_alloc_shared(ctx, size, stream, &d) != SGM_OK) return NULL;
+  return context_fallback(ctx, d, size);
+}
+
+SGM_API sgm_status sgm_interpose_vram(sgm_context *ctx, int64_t delta_bytes) {
+  if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_interpose_vram: context is NULL");
+  if (sgm__context_forked(ctx)) return sgm__context_fork_error(ctx, "sgm_interpose_vram");
+  __atomic_store_n(&ctx->interposed, true, __ATOMIC_RELAXED);
+  if (delta_bytes >= 0) {
+    __atomic_add_fetch(&ctx->interposed_vram_bytes, (uint64_t)delta_bytes, __ATOMIC_RELAXED);
+    return SGM_OK;
+  }
+  uint64_t take = (uint64_t)0 - (uint64_t)delta_bytes;
+  uint64_t cur = __atomic_load_n(&ctx->interposed_vram_bytes, __ATOMIC_RELAXED);
+  do {
+    if (take > cur)
+      return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_interpose_vram: giving back %llu bytes "
+                                        "but only %llu are accounted; nothing changed",
+                                        (unsigned long long)take, (unsigned long long)cur);
+  } while (!__atomic_compare_exchange_n(&ctx->interposed_vram_bytes, &cur, cur - take, true,
+                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+  return SGM_OK;
+}
+
+bool sgm__context_interposed(sgm_context *ctx, uint64_t *vram_bytes) {
+  *vram_bytes = __atomic_load_n(&ctx->interposed_vram_bytes, __ATOMIC_RELAXED);
+  return __atomic_load_n(&ctx->interposed, __ATOMIC_RELAXED);
 }
 
 /* sgm_free of a pointer an acquired buffer handed out: the block is the

@@ -115,6 +115,7 @@ static void nodeview_process(const sgm_node_proc *p, bool alive, sgm_node_proces
   r->n_evictions = p->u.w[SGM_NODE_F_EVICTIONS];
   r->moved_bytes = p->u.w[SGM_NODE_F_MOVED];
   r->heartbeat_ns = p->u.w[SGM_NODE_F_HEARTBEAT];
+  r->interposed = (p->u.w[SGM_NODE_F_FLAGS] & SGM_NODE_FLAG_INTERPOSED) != 0;
 }
 
 sgm_status sgm_node_read(const char *path, unsigned flags, sgm_node_device *dev, sgm_node_process *procs,

@@ -148,9 +148,14 @@ static void share_usage(sgm_context *ctx, sgm_node_usage *u) {
     u->w[SGM_NODE_F_EVICTIONS] += st.tier[t].n_evictions;
     u->w[SGM_NODE_F_MOVED] += st.tier[t].bytes_in;
   }
+  /* An interposed program's own driver allocations are VRAM it uses and holds. */
+  uint64_t ext = 0;
+  bool interposed = sgm__context_interposed(ctx, &ext);
+  u->w[SGM_NODE_F_USED + SGM_TIER_VRAM] = share_sat_add(u->w[SGM_NODE_F_USED + SGM_TIER_VRAM], ext);
+  u->w[SGM_NODE_F_COMMITTED + SGM_TIER_VRAM] = share_sat_add(u->w[SGM_NODE_F_COMMITTED + SGM_TIER_VRAM], ext);
   uint64_t vcap = 0, scap = 0;
   sgm__context_budgets(ctx, &vcap, &scap);
-  uint64_t vused = st.tier[SGM_TIER_VRAM].used_bytes, sused = st.tier[SGM_TIER_SHARED].used_bytes;
+  uint64_t vused = u->w[SGM_NODE_F_USED + SGM_TIER_VRAM], sused = st.tier[SGM_TIER_SHARED].used_bytes;
   uint64_t resident = share_sat_add(vused, sused);
   uint64_t head = resident / 8 > sgm__context_cfg(ctx)->growth_chunk_bytes ? resident / 8 : sgm__context_cfg(ctx)->growth_chunk_bytes;
   uint64_t demand = share_sat_add(resident, head);
@@ -172,7 +177,8 @@ static void share_usage(sgm_context *ctx, sgm_node_usage *u) {
   u->w[SGM_NODE_F_WEIGHT] = (uint64_t)sgm__context_cfg(ctx)->share_weight;
   u->w[SGM_NODE_F_FALLBACKS] = st.n_fallbacks;
   u->w[SGM_NODE_F_HEARTBEAT] = sgm__clock_monotonic_ns();
-  u->w[SGM_NODE_F_FLAGS] = sgm__context_cfg(ctx)->share_mode == SGM_SHARE_SOLO ? SGM_NODE_FLAG_SOLO : 0;
+  u->w[SGM_NODE_F_FLAGS] = (sgm__context_cfg(ctx)->share_mode == SGM_SHARE_SOLO ? SGM_NODE_FLAG_SOLO : 0) |
+                           (interposed ? SGM_NODE_FLAG_INTERPOSED : 0);
 }
 
 /* A published slot as a claim on tier t (VRAM or shared); values from other

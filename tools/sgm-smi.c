@@ -178,11 +178,11 @@ static void smi_print_table(FILE *f, const char *dir, const smi_node *nd) {
                smi_b(p->budget_bytes[SGM_TIER_SHARED], b));
       (void)vb;
       (void)sb;
-      fprintf(f, "%8d  %-16.16s %23s  %23s  %11s  %11s  %9llu%s\n", p->pid, p->name, vu, su,
+      fprintf(f, "%8d  %-16.16s %23s  %23s  %11s  %11s  %9llu%s%s\n", p->pid, p->name, vu, su,
               smi_b(p->used_bytes[SGM_TIER_DISK], c),
               smi_b(p->peak_bytes[SGM_TIER_VRAM], e),
               (unsigned long long)p->n_fallbacks,
-              p->solo ? "  (solo)" : "");
+              p->solo ? "  (solo)" : "", p->interposed ? "  (interposed)" : "");
       tv += p->used_bytes[SGM_TIER_VRAM];
       ts += p->used_bytes[SGM_TIER_SHARED];
       td += p->used_bytes[SGM_TIER_DISK];
@@ -254,9 +254,9 @@ static void smi_print_json(FILE *f, const char *dir, const smi_node *nd) {
       const sgm_node_process *p = &procs[k];
       uint64_t hb = p->heartbeat_ns;
       fprintf(f, "%s\n    {\"pid\": %d, \"start_ticks\": %llu, \"name\": \"%s\", \"mode\": \"%s\", "
-              "\"weight\": %llu, \"reserve_bytes\": %llu, ",
+              "\"interposed\": %s, \"weight\": %llu, \"reserve_bytes\": %llu, ",
               k ? "," : "", p->pid, (unsigned long long)p->start_ticks, p->name,
-              p->solo ? "solo" : "fair",
+              p->solo ? "solo" : "fair", p->interposed ? "true" : "false",
               (unsigned long long)p->weight,
               (unsigned long long)p->reserve_bytes);
       smi_json_tier(f, "vram", p, SGM_TIER_VRAM, false);

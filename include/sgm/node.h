@@ -64,6 +64,9 @@ typedef struct sgm_node_process {
   uint64_t n_evictions;                    /* buffers moved down a tier to make room (cumulative) */
   uint64_t moved_bytes;                    /* bytes migrated between tiers (cumulative) */
   uint64_t heartbeat_ns;                   /* CLOCK_MONOTONIC ns of its last publish (0: never) */
+  int interposed;                          /* 1: an unmodified program under libsgm-preload.so (its
+                                              VRAM bytes include its own driver allocations; its
+                                              shared bytes are its fallbacks) */
 } sgm_node_process;
 
 /* One device's registry. Grows only at the end. */
