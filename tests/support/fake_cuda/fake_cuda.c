@@ -211,7 +211,7 @@
   /* issue 27 (the preload's programs): */                                                     \
   X(cuCtxSetCurrent) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemAllocAsync) X(cuMemFreeAsync)      \
   X(cuMemAllocFromPoolAsync) X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuDeviceGetDefaultMemPool) \
-  X(cuPointerGetAttribute) X(cuIpcGetMemHandle)
+  X(cuPointerGetAttribute) X(cuIpcGetMemHandle) X(cuCtxGetDevice)
 
 enum {
 #define FAKE_ID_ROW(name) FAKE_ID_##name,
@@ -2625,6 +2625,7 @@ static CUresult fake_stream_flags_ptsz(CUstream h, unsigned int *f) {
  *  - cuCtxSetCurrent: replaces the top of the calling thread's context stack
  *    (pushes when it is empty); NULL pops (no-op on an empty stack); a context
  *    that is not a retained primary context: INVALID_CONTEXT.
+ *  - cuCtxGetDevice: the current context's device (INVALID_CONTEXT without one).
  *  - cuMemcpyHtoD_v2 / cuMemcpyDtoH_v2: synchronous copies on the legacy
  *    stream of the current context: they return once the copy (and the work
  *    queued before it there) is done; ranges checked as the async copies.
@@ -2686,6 +2687,17 @@ FAKE_API CUresult cuCtxSetCurrent(CUcontext ctx) {
     tls_ctx[tls_depth - 1] = ctx;
   }
   return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuCtxGetDevice(CUdevice *device) {
+  FAKE_COUNT(cuCtxGetDevice);
+  if (!device) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&F.mu);
+  struct CUctx_st *c = NULL;
+  CUresult r = fake_need_ctx_locked(&c);
+  if (r == CUDA_SUCCESS) *device = c->device;
+  pthread_mutex_unlock(&F.mu);
+  return r;
 }
 
 /* A synchronous copy: queued on the legacy stream, waited for. */
@@ -2997,7 +3009,8 @@ static CUresult fake_get_proc_address_v1(const char *symbol, void **pfn, int cud
   X(cuMemPoolDestroy, 11020, 11020, cuMemPoolDestroy, NULL)                                     \
   X(cuDeviceGetDefaultMemPool, 11020, 11020, cuDeviceGetDefaultMemPool, NULL)                   \
   X(cuPointerGetAttribute, 4000, 4000, cuPointerGetAttribute, NULL)                             \
-  X(cuIpcGetMemHandle, 4010, 4010, cuIpcGetMemHandle, NULL)
+  X(cuIpcGetMemHandle, 4010, 4010, cuIpcGetMemHandle, NULL)                                     \
+  X(cuCtxGetDevice, 2000, 2000, cuCtxGetDevice, NULL)
 
 static const struct {
   const char *name; /* base name, as cuGetProcAddress is asked */
