@@ -100,6 +100,16 @@ static inline void prog_check_smi(void) {
       unsigned long long vu = vr ? strtoull(vr + strlen("\"vram\": {\"used_bytes\": "), NULL, 10) : 0;
       if (strstr(rec, "\"interposed\": true") && su > 0 && vu > 0) {
         printf("sgm-smi: interposed, vram %llu bytes, shared (fallback) %llu bytes\n", vu, su);
+        /* the text view marks the process's line */
+        FILE *t = popen(smi, "r");
+        if (!t) PROG_FAIL("cannot run %s", smi);
+        char line[512], pid[32];
+        int marked = 0;
+        snprintf(pid, sizeof pid, " %d ", (int)getpid());
+        while (fgets(line, sizeof line, t))
+          if (strstr(line, pid) && strstr(line, "(interposed)")) marked = 1;
+        pclose(t);
+        if (!marked) PROG_FAIL("sgm-smi's text view does not mark pid %d (interposed)", (int)getpid());
         return;
       }
     }
