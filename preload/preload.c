@@ -86,11 +86,16 @@ typedef void *(*pre_dlvsym_fn)(void *, const char *, const char *);
 extern void *pre_libc_dlvsym(void *, const char *, const char *);
 __asm__(".symver pre_libc_dlvsym, dlvsym@GLIBC_2.2.5");
 
+/* The dlsym path runs before a sanitizer runtime has finished starting (ASan
+ * and TSan resolve their interceptors with dlsym from their own init): no
+ * instrumentation there. */
+#define PRE_EARLY __attribute__((no_sanitize("address", "thread", "undefined")))
+
 static pre_dlsym_fn pre_real_dlsym_p;
 static pre_dlvsym_fn pre_real_dlvsym_p;
 static _Thread_local int pre_guard; /* > 0: inside the preload or libsgm loading the driver */
 
-static pre_dlsym_fn pre_real_dlsym(void) {
+PRE_EARLY static pre_dlsym_fn pre_real_dlsym(void) {
   pre_dlsym_fn f = __atomic_load_n(&pre_real_dlsym_p, __ATOMIC_ACQUIRE);
   if (!f) {
     f = (pre_dlsym_fn)pre_libc_dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
@@ -816,7 +821,7 @@ PRE_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersio
 /* ------------------------------------------------------------------------ */
 /* dlsym and dlvsym. */
 
-static bool pre_cu_name(const char *name) {
+PRE_EARLY static bool pre_cu_name(const char *name) {
   return name && name[0] == 'c' && name[1] == 'u' && name[2] >= 'A' && name[2] <= 'Z';
 }
 
@@ -843,8 +848,8 @@ __attribute__((visibility("hidden"))) void *sgm_preload_dlsym_hooked(void *handl
  * address intact, so RTLD_NEXT stays relative to the caller) or ours. */
 __attribute__((visibility("hidden"))) void *sgm_preload_dlsym_route(void *handle, const char *name,
                                                                      const void *caller);
-__attribute__((visibility("hidden"))) void *sgm_preload_dlsym_route(void *handle, const char *name,
-                                                                     const void *caller) {
+PRE_EARLY __attribute__((visibility("hidden"))) void *sgm_preload_dlsym_route(void *handle, const char *name,
+                                                                               const void *caller) {
   (void)handle;
   pre_dlsym_fn real = pre_real_dlsym();
   if (!pre_cu_name(name) || pre_caller_exempt(caller)) return (void *)real;
