@@ -105,7 +105,7 @@ PRE_EARLY static pre_dlsym_fn pre_real_dlsym(void) {
   return f;
 }
 
-static pre_dlvsym_fn pre_real_dlvsym(void) {
+PRE_EARLY static pre_dlvsym_fn pre_real_dlvsym(void) {
   pre_dlvsym_fn f = __atomic_load_n(&pre_real_dlvsym_p, __ATOMIC_ACQUIRE);
   if (!f) {
     f = (pre_dlvsym_fn)pre_libc_dlvsym(RTLD_NEXT, "dlvsym", "GLIBC_2.34");
@@ -439,8 +439,12 @@ static void pre_init(void) {
   pre_guard--;
 }
 
+/* Initialised; PRE_PASS also for a call libsgm makes while the preload is
+ * inside it on this thread (a driver that does not bind its own references
+ * could hand libsgm a hook: it must reach the driver, not the preload again). */
 static pre_mode pre_ready(void) {
   pthread_once(&P.once, pre_init);
+  if (pre_guard) return PRE_PASS;
   return (pre_mode)atomic_load_explicit(&P.mode, memory_order_acquire);
 }
 
@@ -894,8 +898,8 @@ __asm__(".symver sgm_preload_dlsym_c, dlsym@GLIBC_2.17\n");
 /* dlvsym@@GLIBC_2.34: the driver has no versioned cu* names, but a loader
  * may ask with a version anyway. */
 void *sgm_preload_dlvsym(void *handle, const char *name, const char *version);
-__attribute__((visibility("default"))) void *sgm_preload_dlvsym(void *handle, const char *name,
-                                                                 const char *version) {
+PRE_EARLY __attribute__((visibility("default"))) void *sgm_preload_dlvsym(void *handle, const char *name,
+                                                                           const char *version) {
   void *p = pre_real_dlvsym()(handle, name, version);
   if (!p || !pre_cu_name(name) || pre_caller_exempt(__builtin_return_address(0))) return p;
   pre_ready();
