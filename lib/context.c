@@ -550,37 +550,33 @@ static void *context_alloc_pooled(sgm_context *ctx, size_t size, void *stream) {
   return p;
 }
 
-SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
+/* The argument checks of sgm_alloc and sgm_alloc_shared (fn names the call
+ * in the message): true when the call may go on. */
+static bool context_alloc_args(sgm_context *ctx, size_t size, const char *fn) {
   if (sgm_unlikely(!ctx)) {
-    sgm__error_set(SGM_ERR_INVALID, "sgm_alloc: context is NULL");
-    return NULL;
+    sgm__error_set(SGM_ERR_INVALID, "%s: context is NULL", fn);
+    return false;
   }
   if (sgm__context_forked(ctx)) {
-    sgm__context_fork_error(ctx, "sgm_alloc");
-    return NULL;
+    sgm__context_fork_error(ctx, fn);
+    return false;
   }
   if (sgm_unlikely(size == 0)) {
-    sgm__error_set(SGM_ERR_INVALID, "sgm_alloc: size is 0 (ask for at least one byte)");
-    return NULL;
+    sgm__error_set(SGM_ERR_INVALID, "%s: size is 0 (ask for at least one byte)", fn);
+    return false;
   }
+  return true;
+}
+
+SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
+  if (!context_alloc_args(ctx, size, "sgm_alloc")) return NULL;
   /* Capture pools (capture.c): one relaxed load when there are none. */
   if (sgm_unlikely(sgm__capture_active(ctx->capture))) return context_alloc_pooled(ctx, size, stream);
   return context_alloc(ctx, size, stream);
 }
 
 SGM_API void *sgm_alloc_shared(sgm_context *ctx, size_t size, void *stream) {
-  if (sgm_unlikely(!ctx)) {
-    sgm__error_set(SGM_ERR_INVALID, "sgm_alloc_shared: context is NULL");
-    return NULL;
-  }
-  if (sgm__context_forked(ctx)) {
-    sgm__context_fork_error(ctx, "sgm_alloc_shared");
-    return NULL;
-  }
-  if (sgm_unlikely(size == 0)) {
-    sgm__error_set(SGM_ERR_INVALID, "sgm_alloc_shared: size is 0 (ask for at least one byte)");
-    return NULL;
-  }
+  if (!context_alloc_args(ctx, size, "sgm_alloc_shared")) return NULL;
   sgm_devptr d = 0;
   if (sgm__residency_alloc_shared(ctx, size, stream, &d) != SGM_OK) return NULL;
   return context_fallback(ctx, d, size);

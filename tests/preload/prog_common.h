@@ -65,6 +65,18 @@ static inline void prog_verify(const unsigned char *buf, size_t n, size_t i) {
                 (unsigned)((j * 131u + i * 7u + (j >> 12)) & 0xff));
 }
 
+/* Read every block back (dtoh), check its bytes, free it (free_fn). */
+static inline void prog_read_back(size_t n, const CUdeviceptr *d, unsigned char *buf,
+                                  CUresult (*dtoh)(void *, CUdeviceptr, size_t),
+                                  CUresult (*free_fn)(CUdeviceptr)) {
+  for (size_t i = 0; i < n; i++) {
+    memset(buf, 0, PROG_BLOCK);
+    PROG_CHECK(dtoh(buf, d[i], PROG_BLOCK));
+    prog_verify(buf, PROG_BLOCK, i);
+    PROG_CHECK(free_fn(d[i]));
+  }
+}
+
 /* The OOM exit, for the run without the preload. */
 static inline void prog_oom(const char *what, size_t i) {
   printf("OOM at block %zu (%s)\n", i, what);

@@ -105,12 +105,7 @@ int main(void) {
                                                           "its cuInit and resume after (status %d)", st);
     printf("fork: the child's hooks passed through until its cuInit\n");
   }
-  for (size_t i = 0; i < n; i++) {
-    memset(buf, 0, PROG_BLOCK);
-    PROG_CHECK(cuMemcpyDtoH(buf, d[i], PROG_BLOCK));
-    prog_verify(buf, PROG_BLOCK, i);
-    PROG_CHECK(cuMemFree(d[i]));
-  }
+  prog_read_back(n, d, buf, cuMemcpyDtoH, cuMemFree);
   prog_check_no_leak();
   free(buf);
   PROG_CHECK(cuDevicePrimaryCtxRelease(0));

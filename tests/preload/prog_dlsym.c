@@ -59,12 +59,7 @@ int main(void) {
     PROG_CHECK(htod(d[i], buf, PROG_BLOCK));
   }
   prog_check_smi();
-  for (size_t i = 0; i < n; i++) {
-    memset(buf, 0, PROG_BLOCK);
-    PROG_CHECK(dtoh(buf, d[i], PROG_BLOCK));
-    prog_verify(buf, PROG_BLOCK, i);
-    PROG_CHECK(free_(d[i]));
-  }
+  prog_read_back(n, d, buf, dtoh, free_);
   prog_check_no_leak();
   free(buf);
   PROG_CHECK(setcur(NULL));
