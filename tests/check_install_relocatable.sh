@@ -51,4 +51,10 @@ for p in "${answer[@]}"; do
   [ -e "$p" ] || fail "find_package answered $p, which does not exist"
   case "$(realpath "$p")" in "$moved"/*) ;; *) fail "find_package answered $p (not under $moved)";; esac
 done
-echo "relocatable install: pkg-config and find_package answer $moved"
+# libsgm-preload.so (built with the CUDA headers) finds libsgm.so beside it ($ORIGIN).
+pre=$(find "$moved" -name libsgm-preload.so -print -quit)
+if [ -n "$pre" ]; then
+  dep=$(env -u LD_LIBRARY_PATH ldd "$pre" | awk '/libsgm\.so/ {print $3; exit}')
+  case "$(realpath -m "${dep:-none}")" in "$moved"/*) ;; *) fail "libsgm-preload.so resolves libsgm.so to ${dep:-nothing} (not under $moved)";; esac
+fi
+echo "relocatable install: pkg-config and find_package answer $moved${pre:+; libsgm-preload.so finds libsgm.so beside it}"

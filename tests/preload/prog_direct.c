@@ -9,6 +9,8 @@
  *  - fork (TEST_FORK=1): a child's hooks pass through until it calls cuInit;
  *  - clear errors: cuPointerGetAttribute and cuIpcGetMemHandle on a fallback
  *    block answer NOT_SUPPORTED (and the driver's answer on its own blocks);
+ *  - VMM: cuMemCreate/cuMemRelease of a device location accounted and given
+ *    back, a host location answered by the driver itself;
  *  - TEST_COUNT=K: K alloc/free pairs that fit, counting the driver calls
  *    they make (the figure in docs/benchmarks.md).
  */
@@ -69,6 +71,22 @@ int main(void) {
     pthread_join(t[i], &rv);
     if (rv) PROG_FAIL("thread %d failed", i);
   }
+  /* VMM: a device-located handle is accounted and given back (the preload's
+   * report must end with no accounted byte); a host-located request gets the
+   * driver's own answer, never a refusal or a crash from the hook. */
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  size_t gran = 0;
+  PROG_CHECK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  CUmemGenericAllocationHandle hnd = 0;
+  PROG_CHECK(cuMemCreate(&hnd, gran, &prop, 0));
+  PROG_CHECK(cuMemRelease(hnd));
+  prop.location.type = CU_MEM_LOCATION_TYPE_HOST;
+  CUresult rh = cuMemCreate(&hnd, gran, &prop, 0);
+  if (rh != CUDA_ERROR_INVALID_VALUE) /* the double's answer for a host location */
+    PROG_FAIL("cuMemCreate on a host location answered %d, not the driver's INVALID_VALUE", (int)rh);
   uint64_t k = prog_env_u64("TEST_COUNT", 0);
   if (k) {
     prog_count(k);
