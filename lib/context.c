@@ -51,6 +51,7 @@ struct sgm_context {
   bool managed;                            /* SGM_POINTERS resolved to managed (managed.c) */
   uint64_t interposed_vram_bytes;          /* device memory the program took from the driver itself,
                                               as an interposer reports it (sgm_interpose_vram; atomic) */
+  uint64_t interposed_vram_peak;           /* the highest interposed_vram_bytes seen (atomic) */
   bool interposed;                         /* an interposer (libsgm-preload.so) drives this context */
   struct sgm_capture *capture;             /* capture.c: capture pools (made at create) */
 };
@@ -587,7 +588,11 @@ SGM_API sgm_status sgm_interpose_vram(sgm_context *ctx, int64_t delta_bytes) {
   if (sgm__context_forked(ctx)) return sgm__context_fork_error(ctx, "sgm_interpose_vram");
   __atomic_store_n(&ctx->interposed, true, __ATOMIC_RELAXED);
   if (delta_bytes >= 0) {
-    __atomic_add_fetch(&ctx->interposed_vram_bytes, (uint64_t)delta_bytes, __ATOMIC_RELAXED);
+    uint64_t now = __atomic_add_fetch(&ctx->interposed_vram_bytes, (uint64_t)delta_bytes, __ATOMIC_RELAXED);
+    uint64_t peak = __atomic_load_n(&ctx->interposed_vram_peak, __ATOMIC_RELAXED);
+    while (now > peak && !__atomic_compare_exchange_n(&ctx->interposed_vram_peak, &peak, now, true,
+                                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
     return SGM_OK;
   }
   uint64_t take = (uint64_t)0 - (uint64_t)delta_bytes;
@@ -602,8 +607,9 @@ SGM_API sgm_status sgm_interpose_vram(sgm_context *ctx, int64_t delta_bytes) {
   return SGM_OK;
 }
 
-bool sgm__context_interposed(sgm_context *ctx, uint64_t *vram_bytes) {
+bool sgm__context_interposed(sgm_context *ctx, uint64_t *vram_bytes, uint64_t *peak_bytes) {
   *vram_bytes = __atomic_load_n(&ctx->interposed_vram_bytes, __ATOMIC_RELAXED);
+  *peak_bytes = __atomic_load_n(&ctx->interposed_vram_peak, __ATOMIC_RELAXED);
   return __atomic_load_n(&ctx->interposed, __ATOMIC_RELAXED);
 }
 

@@ -313,8 +313,9 @@ void sgm__context_set_managed(sgm_context *ctx, bool on);
  * n_bad_frees (relaxed atomic loads), device_total_bytes, physical_ram_bytes. */
 void sgm__context_counters(const sgm_context *ctx, sgm_stats *out);
 /* True once an interposer called sgm_interpose_vram on ctx; *vram_bytes: the
- * device memory it accounts now (relaxed atomic loads). */
-bool sgm__context_interposed(sgm_context *ctx, uint64_t *vram_bytes);
+ * device memory it accounts now, *peak_bytes: the most it accounted (relaxed
+ * atomic loads). */
+bool sgm__context_interposed(sgm_context *ctx, uint64_t *vram_bytes, uint64_t *peak_bytes);
 
 /* fork(): bumped in every child by a pthread_atfork handler (atomic). */
 extern unsigned sgm__fork_generation;

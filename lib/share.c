@@ -149,10 +149,12 @@ static void share_usage(sgm_context *ctx, sgm_node_usage *u) {
     u->w[SGM_NODE_F_MOVED] += st.tier[t].bytes_in;
   }
   /* An interposed program's own driver allocations are VRAM it uses and holds. */
-  uint64_t ext = 0;
-  bool interposed = sgm__context_interposed(ctx, &ext);
+  uint64_t ext = 0, ext_peak = 0;
+  bool interposed = sgm__context_interposed(ctx, &ext, &ext_peak);
   u->w[SGM_NODE_F_USED + SGM_TIER_VRAM] = share_sat_add(u->w[SGM_NODE_F_USED + SGM_TIER_VRAM], ext);
   u->w[SGM_NODE_F_COMMITTED + SGM_TIER_VRAM] = share_sat_add(u->w[SGM_NODE_F_COMMITTED + SGM_TIER_VRAM], ext);
+  /* Peak: sgm's own peak plus the interposer's (an upper bound of their sum's peak). */
+  u->w[SGM_NODE_F_PEAK + SGM_TIER_VRAM] = share_sat_add(u->w[SGM_NODE_F_PEAK + SGM_TIER_VRAM], ext_peak);
   uint64_t vcap = 0, scap = 0;
   sgm__context_budgets(ctx, &vcap, &scap);
   uint64_t vused = u->w[SGM_NODE_F_USED + SGM_TIER_VRAM], sused = st.tier[SGM_TIER_SHARED].used_bytes;

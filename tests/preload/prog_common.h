@@ -119,7 +119,10 @@ static inline void prog_check_smi(void) {
         int marked = 0;
         snprintf(pid, sizeof pid, " %d ", (int)getpid());
         while (fgets(line, sizeof line, t))
-          if (strstr(line, pid) && strstr(line, "(interposed)")) marked = 1;
+          if (strstr(line, pid) && strstr(line, "(interposed)")) {
+            marked = 1;
+            printf("sgm-smi line: %s", line);
+          }
         pclose(t);
         if (!marked) PROG_FAIL("sgm-smi's text view does not mark pid %d (interposed)", (int)getpid());
         return;

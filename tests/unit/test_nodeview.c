@@ -388,6 +388,7 @@ static void test_interposed_process(void **state) {
   nv_self(ctx, &me);
   assert_int_equal(me.interposed, 1);
   assert_int_equal(me.used_bytes[SGM_TIER_VRAM], vram0 + 3 * MiB);
+  assert_true(me.peak_bytes[SGM_TIER_VRAM] >= 3 * MiB);
   assert_true(me.committed_bytes[SGM_TIER_VRAM] >= 3 * MiB);
   assert_true(me.used_bytes[SGM_TIER_SHARED] >= MiB);
   assert_int_equal(me.n_fallbacks, 1);
@@ -398,6 +399,7 @@ static void test_interposed_process(void **state) {
   assert_int_equal(me.interposed, 1); /* once interposed, always shown so */
   assert_int_equal(me.used_bytes[SGM_TIER_VRAM], vram0);
   assert_int_equal(me.used_bytes[SGM_TIER_SHARED], 0);
+  assert_true(me.peak_bytes[SGM_TIER_VRAM] >= 3 * MiB); /* a peak stays */
   sgm_context_destroy(ctx);
   nv_teardown();
 }
