@@ -40,6 +40,17 @@ int main(void) {
   if (prog_expect_preload() && !dlsym(RTLD_NEXT, "sgm_preload_dlvsym"))
     PROG_FAIL("dlsym(RTLD_NEXT) from the program resolved relative to the preload, not the program");
   if (dlsym(RTLD_DEFAULT, "cudnnNoSuchFunction")) PROG_FAIL("a cudnn name resolved");
+  /* A hook whose driver entry does not exist (the double has no
+   * cuMemAllocPitch_v2) answers NOT_SUPPORTED: a NULL entry is never called. */
+  CUresult (*pitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned) =
+      (CUresult(*)(CUdeviceptr *, size_t *, size_t, size_t, unsigned))dlsym(RTLD_DEFAULT, "cuMemAllocPitch_v2");
+  if (prog_expect_preload()) {
+    CUdeviceptr pp = 0;
+    size_t pitch_bytes = 0;
+    if (!pitch) PROG_FAIL("the preload does not export cuMemAllocPitch_v2");
+    CUresult rp = pitch(&pp, &pitch_bytes, 1000, 10, 4);
+    if (rp != CUDA_ERROR_NOT_SUPPORTED) PROG_FAIL("a hook without a driver entry answered %d", (int)rp);
+  }
   PROG_CHECK(init(0));
   CUcontext ctx;
   PROG_CHECK(retain(&ctx, 0));
