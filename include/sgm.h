@@ -531,6 +531,31 @@ SGM_API sgm_status sgm_prefetch(sgm_context *ctx, void *ptr, size_t size, sgm_ti
 typedef void (*sgm_fallback_fn)(void *user, void *ptr, size_t size);
 SGM_API sgm_status sgm_set_fallback_callback(sgm_context *ctx, sgm_fallback_fn fn, void *user);
 
+/* ---- Interposition: what libsgm-preload.so (docs/preload.md) uses to run
+ * unmodified CUDA programs on a context; any layer that keeps VRAM itself
+ * (the program's own driver allocations) may use it. ---- */
+
+/*
+ * Allocate size bytes of shared GPU memory (pinned, device-mapped host RAM)
+ * straight away, without trying VRAM: Windows' sysmem fallback served on
+ * demand. Aligned to 256 bytes; freed with sgm_free (stream-ordered as
+ * there); counted as a fallback (sgm_stats n_fallbacks, fallback_bytes; the
+ * fallback callback runs). stream as sgm_alloc. NULL on failure: size 0,
+ * SGM_ERR_NOMEM when the shared budget is full (the message names it), a
+ * backend status. Thread-safe.
+ */
+SGM_API void *sgm_alloc_shared(sgm_context *ctx, size_t size, void *stream);
+
+/*
+ * Account device memory the program holds outside sgm (its own driver
+ * allocations, seen by an interposer): delta_bytes is added to (or, when
+ * negative, taken from) the VRAM this process publishes in the node registry
+ * (used and committed; fair shares count it as demand), and the process is
+ * marked "interposed" there (sgm-smi shows it so). Taking back more than is
+ * accounted is SGM_ERR_INVALID and changes nothing. Lock-free; thread-safe.
+ */
+SGM_API sgm_status sgm_interpose_vram(sgm_context *ctx, int64_t delta_bytes);
+
 /* ---- Framework hooks: one lazily created context per device, configured
  * from the environment; thread-safe first use. ---- */
 

@@ -51,6 +51,10 @@ struct sgm_context {
   long owner_pid;                          /* the process that created it (messages only) */
   struct sgm_share *share;                 /* share.c: the node registry and fair budgets; NULL = untracked */
   bool managed;                            /* SGM_POINTERS resolved to managed (managed.c) */
+  uint64_t interposed_vram_bytes;          /* device memory the program took from the driver itself,
+                                              as an interposer reports it (sgm_interpose_vram; atomic) */
+  uint64_t interposed_vram_peak;           /* the highest interposed_vram_bytes seen (atomic) */
+  bool interposed;                         /* an interposer (libsgm-preload.so) drives this context */
   struct sgm_capture *capture;             /* capture.c: capture pools (made at create) */
 };
 
@@ -613,22 +617,66 @@ static void *context_alloc_pooled(sgm_context *ctx, size_t size, void *stream) {
   return p;
 }
 
-SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
+/* The argument checks of sgm_alloc and sgm_alloc_shared (fn names the call
+ * in the message): true when the call may go on. */
+static bool context_alloc_args(sgm_context *ctx, size_t size, const char *fn) {
   if (sgm_unlikely(!ctx)) {
-    sgm__error_set(SGM_ERR_INVALID, "sgm_alloc: context is NULL");
-    return NULL;
+    sgm__error_set(SGM_ERR_INVALID, "%s: context is NULL", fn);
+    return false;
   }
   if (sgm__context_forked(ctx)) {
-    sgm__context_fork_error(ctx, "sgm_alloc");
-    return NULL;
+    sgm__context_fork_error(ctx, fn);
+    return false;
   }
   if (sgm_unlikely(size == 0)) {
-    sgm__error_set(SGM_ERR_INVALID, "sgm_alloc: size is 0 (ask for at least one byte)");
-    return NULL;
+    sgm__error_set(SGM_ERR_INVALID, "%s: size is 0 (ask for at least one byte)", fn);
+    return false;
   }
+  return true;
+}
+
+SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
+  if (!context_alloc_args(ctx, size, "sgm_alloc")) return NULL;
   /* Capture pools (capture.c): one relaxed load when there are none. */
   if (sgm_unlikely(sgm__capture_active(ctx->capture))) return context_alloc_pooled(ctx, size, stream);
   return context_alloc(ctx, size, stream);
+}
+
+SGM_API void *sgm_alloc_shared(sgm_context *ctx, size_t size, void *stream) {
+  if (!context_alloc_args(ctx, size, "sgm_alloc_shared")) return NULL;
+  sgm_devptr d = 0;
+  if (sgm__residency_alloc_shared(ctx, size, stream, &d) != SGM_OK) return NULL;
+  return context_fallback(ctx, d, size);
+}
+
+SGM_API sgm_status sgm_interpose_vram(sgm_context *ctx, int64_t delta_bytes) {
+  if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_interpose_vram: context is NULL");
+  if (sgm__context_forked(ctx)) return sgm__context_fork_error(ctx, "sgm_interpose_vram");
+  __atomic_store_n(&ctx->interposed, true, __ATOMIC_RELAXED);
+  if (delta_bytes >= 0) {
+    uint64_t now = __atomic_add_fetch(&ctx->interposed_vram_bytes, (uint64_t)delta_bytes, __ATOMIC_RELAXED);
+    uint64_t peak = __atomic_load_n(&ctx->interposed_vram_peak, __ATOMIC_RELAXED);
+    while (now > peak && !__atomic_compare_exchange_n(&ctx->interposed_vram_peak, &peak, now, true,
+                                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+    return SGM_OK;
+  }
+  uint64_t take = (uint64_t)0 - (uint64_t)delta_bytes;
+  uint64_t cur = __atomic_load_n(&ctx->interposed_vram_bytes, __ATOMIC_RELAXED);
+  do {
+    if (take > cur)
+      return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_interpose_vram: giving back %llu bytes "
+                                        "but only %llu are accounted; nothing changed",
+                                        (unsigned long long)take, (unsigned long long)cur);
+  } while (!__atomic_compare_exchange_n(&ctx->interposed_vram_bytes, &cur, cur - take, true,
+                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+  return SGM_OK;
+}
+
+bool sgm__context_interposed(sgm_context *ctx, uint64_t *vram_bytes, uint64_t *peak_bytes) {
+  *vram_bytes = __atomic_load_n(&ctx->interposed_vram_bytes, __ATOMIC_RELAXED);
+  *peak_bytes = __atomic_load_n(&ctx->interposed_vram_peak, __ATOMIC_RELAXED);
+  return __atomic_load_n(&ctx->interposed, __ATOMIC_RELAXED);
 }
 
 /* sgm_free of a pointer an acquired buffer handed out: the block is the

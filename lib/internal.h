@@ -317,6 +317,10 @@ void sgm__context_set_managed(sgm_context *ctx, bool on);
 /* The context's own figures of sgm_stats: n_fallbacks, fallback_bytes,
  * n_bad_frees (relaxed atomic loads), device_total_bytes, physical_ram_bytes. */
 void sgm__context_counters(const sgm_context *ctx, sgm_stats *out);
+/* True once an interposer called sgm_interpose_vram on ctx; *vram_bytes: the
+ * device memory it accounts now, *peak_bytes: the most it accounted (relaxed
+ * atomic loads). */
+bool sgm__context_interposed(sgm_context *ctx, uint64_t *vram_bytes, uint64_t *peak_bytes);
 
 /* fork(): bumped in every child by a pthread_atfork handler (atomic). */
 extern unsigned sgm__fork_generation;
@@ -362,6 +366,11 @@ void sgm__placement_destroy(sgm_context *ctx);
  * naming the budgets, or a backend status. No lock held; may block on copies
  * and driver calls. */
 int sgm__residency_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *out, sgm_tier *where);
+/* residency.c, rule 3 alone for sgm_alloc_shared: a block in shared memory
+ * (stream: the caller's), reclaiming cached blocks and demoting released
+ * buffers to disk as rule 2 does. SGM_ERR_NOMEM naming the shared budget, or
+ * a backend status; *out 0 on failure. No lock held. */
+int sgm__residency_alloc_shared(sgm_context *ctx, size_t size, void *stream, uint64_t *out);
 /* residency.c: demote released buffers of resident tier t (VRAM or shared)
  * until its used bytes fit its budget (lowered by fair sharing); buffers
  * moved. No lock held; may block on copies. */
@@ -520,8 +529,10 @@ enum {
   SGM_NODE_N_FIELDS = 25
 };
 #define SGM_NODE_FLAG_SOLO UINT64_C(1) /* SGM_SHARE_MODE=solo: takes its budget as if alone */
-/* Bits 1..15 of SGM_NODE_F_FLAGS are free for further marks (an interposed
- * process, ...); readers pass unknown bits through (sgm_node_process.flags). */
+/* Bits 2..15 of SGM_NODE_F_FLAGS are free for further marks; readers pass
+ * unknown bits through (sgm_node_process.flags). */
+#define SGM_NODE_FLAG_INTERPOSED UINT64_C(2) /* driven by libsgm-preload.so: its VRAM words count
+                                                the program's own driver allocations too */
 
 typedef struct sgm_node_usage {
   uint64_t w[SGM_NODE_N_FIELDS]; /* indexed by SGM_NODE_F_* */

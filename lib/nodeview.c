@@ -170,6 +170,7 @@ static void nodeview_process(const sgm_node_proc *p, bool alive, sgm_node_proces
   memcpy(r->k8s_namespace, p->k8s_namespace, sizeof r->k8s_namespace);
   memcpy(r->k8s_pod, p->k8s_pod, sizeof r->k8s_pod);
   memcpy(r->k8s_container, p->k8s_container, sizeof r->k8s_container);
+  r->interposed = (p->u.w[SGM_NODE_F_FLAGS] & SGM_NODE_FLAG_INTERPOSED) != 0;
 }
 
 /* path names a file of an older layout (one shared segment)? Then the

@@ -841,6 +841,8 @@ static const char *const tool_variables[] = {
     "SGM_LIBRARY",   /* the Python package: which libsgm.so to load (docs/python.md) */
     "SGM_PYTHON",    /* sgm-demo --plot: the interpreter that runs sgm.plot */
     "SGM_ADMIN_CONF", /* the admin policy file, root's to point elsewhere (lib/admin.c, docs/admin.md) */
+    "SGM_PRELOAD_FALLBACK", /* libsgm-preload.so: off = accounting and quotas only (docs/preload.md) */
+    "SGM_PRELOAD_REPORT",   /* libsgm-preload.so: a file its counters are appended to at exit */
     NULL};
 
 static bool not_an_option(const char *name) {

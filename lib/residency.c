@@ -296,6 +296,17 @@ int sgm__residency_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *
   return sgm__residency_both_full(ctx, size, rc == SGM__ERR_BUDGET, "sgm_alloc", "");
 }
 
+int sgm__residency_alloc_shared(sgm_context *ctx, size_t size, void *stream, uint64_t *out) {
+  sgm_stream_ref ref;
+  sgm__context_bops(ctx)->stream_ref(sgm__context_be(ctx), stream, &ref);
+  int rc = residency_alloc_in(ctx, SGM_TIER_SHARED, size, &ref, out); /* rule 3 only */
+  if (rc == SGM_OK) return rc;
+  *out = 0;
+  if (!residency_full(rc)) return rc;
+  if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(sgm__context_tier(ctx, SGM_TIER_SHARED), size);
+  return sgm__error_set(SGM_ERR_NOMEM, "sgm_alloc_shared: shared GPU memory is full: %s", sgm_last_error());
+}
+
 int sgm__residency_place_buffer(sgm_context *ctx, sgm_buffer *b) {
   struct sgm_placement *pl = sgm__context_pl(ctx);
   int rc = sgm__residency_alloc_for(ctx, SGM_TIER_VRAM, b->size, b, &b->dptr);

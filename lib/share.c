@@ -150,9 +150,16 @@ static void share_usage(sgm_context *ctx, sgm_node_usage *u) {
     u->w[SGM_NODE_F_EVICTIONS] += st.tier[t].n_evictions;
     u->w[SGM_NODE_F_MOVED] += st.tier[t].bytes_in;
   }
+  /* An interposed program's own driver allocations are VRAM it uses and holds. */
+  uint64_t ext = 0, ext_peak = 0;
+  bool interposed = sgm__context_interposed(ctx, &ext, &ext_peak);
+  u->w[SGM_NODE_F_USED + SGM_TIER_VRAM] = share_sat_add(u->w[SGM_NODE_F_USED + SGM_TIER_VRAM], ext);
+  u->w[SGM_NODE_F_COMMITTED + SGM_TIER_VRAM] = share_sat_add(u->w[SGM_NODE_F_COMMITTED + SGM_TIER_VRAM], ext);
+  /* Peak: sgm's own peak plus the interposer's (an upper bound of their sum's peak). */
+  u->w[SGM_NODE_F_PEAK + SGM_TIER_VRAM] = share_sat_add(u->w[SGM_NODE_F_PEAK + SGM_TIER_VRAM], ext_peak);
   uint64_t vcap = 0, scap = 0;
   sgm__context_budgets(ctx, &vcap, &scap);
-  uint64_t vused = st.tier[SGM_TIER_VRAM].used_bytes, sused = st.tier[SGM_TIER_SHARED].used_bytes;
+  uint64_t vused = u->w[SGM_NODE_F_USED + SGM_TIER_VRAM], sused = st.tier[SGM_TIER_SHARED].used_bytes;
   uint64_t resident = share_sat_add(vused, sused);
   uint64_t head = resident / 8 > sgm__context_cfg(ctx)->growth_chunk_bytes ? resident / 8 : sgm__context_cfg(ctx)->growth_chunk_bytes;
   uint64_t demand = share_sat_add(resident, head);
@@ -174,7 +181,8 @@ static void share_usage(sgm_context *ctx, sgm_node_usage *u) {
   u->w[SGM_NODE_F_WEIGHT] = (uint64_t)sgm__context_cfg(ctx)->share_weight;
   u->w[SGM_NODE_F_FALLBACKS] = st.n_fallbacks;
   u->w[SGM_NODE_F_HEARTBEAT] = sgm__clock_monotonic_ns();
-  u->w[SGM_NODE_F_FLAGS] = sgm__context_cfg(ctx)->share_mode == SGM_SHARE_SOLO ? SGM_NODE_FLAG_SOLO : 0;
+  u->w[SGM_NODE_F_FLAGS] = (sgm__context_cfg(ctx)->share_mode == SGM_SHARE_SOLO ? SGM_NODE_FLAG_SOLO : 0) |
+                           (interposed ? SGM_NODE_FLAG_INTERPOSED : 0);
   /* The device's used memory, everyone's (sgm-smi shows what is not sgm's):
    * asked of the driver once a second, not every tick. */
   if (!sh->device_used_ms || now - sh->device_used_ms >= 1000) {

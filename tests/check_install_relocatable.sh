@@ -60,4 +60,10 @@ for prog in sgm-demo sgm-fallback; do
   [ -n "$got" ] || fail "$prog: ldd finds no libsgm (no RUNPATH?): $(ldd "$exe" | grep sgm)"
   case "$(realpath "$got")" in "$moved"/*) ;; *) fail "$prog loads $got (not under $moved)";; esac
 done
-echo "relocatable install: pkg-config, find_package and the installed programs answer $moved"
+# libsgm-preload.so (built with the CUDA headers) finds libsgm.so beside it ($ORIGIN).
+pre=$(find "$moved" -name libsgm-preload.so -print -quit)
+if [ -n "$pre" ]; then
+  dep=$(env -u LD_LIBRARY_PATH ldd "$pre" | awk '/libsgm\.so/ {print $3; exit}')
+  case "$(realpath -m "${dep:-none}")" in "$moved"/*) ;; *) fail "libsgm-preload.so resolves libsgm.so to ${dep:-nothing} (not under $moved)";; esac
+fi
+echo "relocatable install: pkg-config, find_package and the installed programs answer $moved${pre:+; libsgm-preload.so finds libsgm.so beside it}"

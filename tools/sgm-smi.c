@@ -251,7 +251,7 @@ static void smi_print_table(FILE *f, const char *dir, const smi_node *nd, bool v
   strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime(&now));
   fprintf(f, "sgm-smi  %s  registry %s\n", when, smi_safe(dir, sdir, sizeof sdir));
   if (nd->n_procs == 0 && nd->n_errors == 0) fprintf(f, "No sgm process on this node.\n");
-  bool any_over = false, any_solo = false;
+  bool any_over = false, any_solo = false, any_interposed = false;
   for (size_t i = 0; i < nd->n; i++) {
     const smi_device *d = &nd->dev[i];
     char safe[SGM_PATH_MAX], why[SGM_ERROR_MAX];
@@ -284,10 +284,11 @@ static void smi_print_table(FILE *f, const char *dir, const smi_node *nd, bool v
       bool over = smi_over(p);
       any_over |= over;
       any_solo |= p->solo != 0;
-      fprintf(f, "%7d %-8.8s %-12.12s %-15.15s %11s %11s %6llu%s%s\n", p->pid, smi_user(p->uid, user, sizeof user),
+      any_interposed |= p->interposed != 0;
+      fprintf(f, "%7d %-8.8s %-12.12s %-15.15s %11s %11s %6llu%s%s%s\n", p->pid, smi_user(p->uid, user, sizeof user),
               smi_container(p, cont, sizeof cont), p->name, vu, su,
               p->n_fallbacks > 999999 ? 999999ULL : (unsigned long long)p->n_fallbacks, over ? " !" : "",
-              p->solo ? " s" : "");
+              p->solo ? " s" : "", p->interposed ? " i" : "");
       if (verbose)
         fprintf(f, "        uid %u  pid_ns %llu  disk %s  peak %s  committed %s\n"
                 "        reserve %s  weight %llu%s%s%s%s%s%s\n",
@@ -313,9 +314,10 @@ static void smi_print_table(FILE *f, const char *dir, const smi_node *nd, bool v
       fprintf(f, "  %zu process%s of other users not shown (run as root to see them)\n", v->n_hidden,
               v->n_hidden == 1 ? "" : "es");
   }
-  if (any_over || any_solo)
-    fprintf(f, "\n%s%s%s\n", any_over ? "! over its budget: returning memory, new allocations fall back" : "",
-            any_over && any_solo ? "; " : "", any_solo ? "s SGM_SHARE_MODE=solo" : "");
+  if (any_over || any_solo || any_interposed) fputc('\n', f);
+  if (any_over) fprintf(f, "! over its budget: returning memory, new allocations fall back\n");
+  if (any_solo) fprintf(f, "s SGM_SHARE_MODE=solo\n");
+  if (any_interposed) fprintf(f, "i interposed: an unmodified program under libsgm-preload.so\n");
 }
 
 /* ------------------------------------------------------------------------ */
@@ -390,9 +392,9 @@ static void smi_print_json(FILE *f, const char *dir, const smi_node *nd) {
       fprintf(f, "\", \"over_budget\": %s, \"flags\": %llu, ", smi_over(p) ? "true" : "false",
               (unsigned long long)p->flags);
       fprintf(f, "\"start_ticks\": %llu, \"name\": \"%s\", \"mode\": \"%s\", "
-              "\"weight\": %llu, \"reserve_bytes\": %llu, ",
+              "\"interposed\": %s, \"weight\": %llu, \"reserve_bytes\": %llu, ",
               (unsigned long long)p->start_ticks, p->name,
-              p->solo ? "solo" : "fair",
+              p->solo ? "solo" : "fair", p->interposed ? "true" : "false",
               (unsigned long long)p->weight,
               (unsigned long long)p->reserve_bytes);
       smi_json_tier(f, "vram", p, SGM_TIER_VRAM, false);

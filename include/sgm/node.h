@@ -83,6 +83,9 @@ typedef struct sgm_node_process {
   char k8s_namespace[SGM_NODE_K8S_BYTES];  /* its POD_NAMESPACE, POD_NAME and CONTAINER_NAME */
   char k8s_pod[SGM_NODE_K8S_BYTES];        /* (Kubernetes downward API), [A-Za-z0-9._-] */
   char k8s_container[SGM_NODE_K8S_BYTES];  /* only; "" when unset */
+  int interposed;                          /* 1: an unmodified program under libsgm-preload.so (its
+                                              VRAM bytes include its own driver allocations; its
+                                              shared bytes are its fallbacks) */
 } sgm_node_process;
 
 #define SGM_NODE_PROCESS_SOLO 1u /* sgm_node_process.flags: SGM_SHARE_MODE=solo (bit values are internal.h's SGM_NODE_FLAG_*) */

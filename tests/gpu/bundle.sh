@@ -60,7 +60,7 @@ if [ -z "$FROM" ]; then
   echo "bundle.sh: configuring a Release build in $FROM"
   cmake -S "$REPO" -B "$FROM" -DCMAKE_BUILD_TYPE=Release -DSGM_BUILD_TESTS=ON \
     -DSGM_BUILD_BENCHMARKS=ON -DSGM_BUILD_EXAMPLES=ON -DSGM_CUDA_INCLUDE_DIR="$CUDA_INC" >/dev/null
-  targets=(sgm sgm-demo sgm-fallback bench_cuda sgm-bench sgm-alloc-replay)
+  targets=(sgm sgm-preload sgm-demo sgm-fallback bench_cuda sgm-bench sgm-alloc-replay)
   for src in "$REPO"/tests/api/test_*.c; do
     n=$(basename "$src" .c)
     targets+=("api_$n")
@@ -91,6 +91,18 @@ for b in "${bins[@]}"; do
 done
 # libsgm.so under its file name, plus the names binaries and scripts ask for.
 cp "$LIBSGM" "$OUTDIR/lib/"
+# Issue 27: libsgm-preload.so beside libsgm.so (it finds it through $ORIGIN),
+# and the unmodified nvcc-built program of the preload step (bin/preload-nvcc;
+# only where this machine has nvcc: preload_nvcc.sh says so on the GPU).
+PRELOAD_SO=$FROM/preload/libsgm-preload.so
+[ -f "$PRELOAD_SO" ] || die "no $PRELOAD_SO: build the sgm-preload target"
+cp "$PRELOAD_SO" "$OUTDIR/lib/"
+NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
+if [ -x "$NVCC" ]; then
+  "$NVCC" -O2 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+    -gencode arch=compute_90,code=compute_90 -o "$OUTDIR/bin/preload-nvcc" "$REPO/tests/gpu/preload_nvcc.cu" ||
+    die "nvcc could not build tests/gpu/preload_nvcc.cu"
+fi
 soname=$(objdump -p "$LIBSGM" | awk '/SONAME/ {print $2}')
 for name in "$soname" libsgm.so; do
   [ -n "$name" ] && [ "$name" != "$(basename "$LIBSGM")" ] && ln -sf "$(basename "$LIBSGM")" "$OUTDIR/lib/$name"
@@ -110,13 +122,14 @@ copy_deps() { # file
     fi
   done
 }
-for f in "$OUTDIR"/bin/* "$LIBSGM"; do copy_deps "$f"; done
+for f in "$OUTDIR"/bin/* "$LIBSGM" "$OUTDIR/lib/libsgm-preload.so"; do copy_deps "$f"; done
 
 for f in "$REPO"/examples/*.py "$REPO"/tests/gpu/*.py; do cp "$f" "$OUTDIR/py/"; done
 # The sgm package next to the scripts (Python puts a script's folder on sys.path).
 mkdir -p "$OUTDIR/py/sgm"
 cp "$REPO"/python/sgm/*.py "$OUTDIR/py/sgm/"
 cp "$REPO/tests/gpu/run.sh" "$OUTDIR/run.sh"
+cp "$REPO/tests/gpu/preload_nvcc.sh" "$OUTDIR/preload_nvcc.sh"
 chmod +x "$OUTDIR/run.sh"
 strip --strip-unneeded "$OUTDIR"/bin/* "$OUTDIR"/lib/*.so* 2>/dev/null || true
 if [ -n "$(find "$OUTDIR" -name 'libcuda.so*')" ]; then die "a libcuda.so was packed: never ship the driver or its double"; fi

@@ -17,7 +17,7 @@ fi
 bash "$HERE/bundle.sh" --from "$BUILD" "$TMP/bundle"
 bytes=$(du -sb "$TMP/bundle" | cut -f1)
 echo "gpu_bundle: bundle is $bytes bytes ($((bytes / 1024 / 1024)) MiB of 64)"
-for need in run.sh lib/libsgm.so py/probe.py py/pytorch_allocator.py py/cupy_allocator.py \
+for need in run.sh preload_nvcc.sh lib/libsgm-preload.so py/preload_torch.py lib/libsgm.so py/probe.py py/pytorch_allocator.py py/cupy_allocator.py \
             py/graph_capture.py py/two_stream_stress.py py/torch_steps.py py/gpu_common.py py/managed_oversub.py py/sgm/__init__.py py/sgm/torch.py bin/bench_cuda bin/sgm-bench bin/sgm-demo; do
   [ -e "$TMP/bundle/$need" ] || { echo "gpu_bundle: $need missing from the bundle"; exit 1; }
 done

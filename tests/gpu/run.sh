@@ -29,6 +29,10 @@
 #                  VRAM and cuMemAlloc, as a table and $OUT/sgm-bench.json
 #   vmm-granule    one VRAM granule mapped + unmapped through sgm, beside a chunk
 #                  (cuMemAlloc + cuMemFree) and mmap + munmap (sgm-alloc-replay)
+#   preload-nvcc   an unmodified nvcc-built program under libsgm-preload.so at
+#                  1.5x SGM_VRAM_LIMIT, timed against cudaMallocManaged
+#                  oversubscription (issue 27, preload_nvcc.sh)
+#   preload-torch  an unmodified PyTorch job the same way (preload_torch.py)
 # writes each step's log to $OUT/<step>.log and a summary table (step, status,
 # seconds, key figure) to stdout and $OUT/summary.txt. Exit status: 0 when
 # every step passed, 1 when any failed, timed out or skipped itself (a step
@@ -150,6 +154,8 @@ step sgm-bench 60 '^gpu\.(copy|kernel)' env BENCH_CUDA_MAX_MIB=256 \
 grep -E '^(figure|gpu\.|skipped)' "$OUT/sgm-bench.log" 2>/dev/null | sed 's/^/   | /'
 step vmm-granule 30 '^granule cuda: [0-9]* bytes' "$BUNDLE/bin/sgm-alloc-replay" --granule --backend cuda
 grep -E '^granule ' "$OUT/vmm-granule.log" 2>/dev/null | sed 's/^/   | /'
+step preload-nvcc 60 '^key:' bash "$BUNDLE/preload_nvcc.sh" "$BUNDLE" "$LIMIT"
+step preload-torch 90 '^key:' "$PY" preload_torch.py "$BUNDLE/lib/libsgm-preload.so"
 
 # ---- summary ----
 n_pass=0 n_other=0

@@ -1331,6 +1331,131 @@ static void test_device_uuid_needs_a_valid_device_and_an_out(void **state) {
   assert_non_null(v2);
 }
 
+/* ======================================================================== */
+/* Issue 27's entry points (the preload's test programs use them). */
+
+static void test_ctx_set_current_replaces_the_top_of_the_stack(void **state) {
+  (void)state;
+  CUcontext cur = NULL;
+  CU_OK(cuCtxSetCurrent(NULL)); /* pops setup's push */
+  CU_OK(cuCtxGetCurrent(&cur));
+  assert_null(cur);
+  CU_OK(cuCtxSetCurrent(NULL)); /* empty stack: a no-op */
+  assert_int_equal(cuCtxSetCurrent((CUcontext)(uintptr_t)0x1000), CUDA_ERROR_INVALID_CONTEXT);
+  CU_OK(cuCtxSetCurrent(ctx0)); /* empty stack: pushed */
+  CU_OK(cuCtxGetCurrent(&cur));
+  assert_ptr_equal(cur, ctx0);
+  CU_OK(cuCtxSetCurrent(ctx0)); /* replaces the top: still one deep (teardown pops it) */
+  CUdevice dev = -1;
+  CU_OK(cuCtxGetDevice(&dev));
+  assert_int_equal(dev, 0);
+}
+
+static void test_sync_copies_return_with_the_data(void **state) {
+  (void)state;
+  fake_cuda_set_lazy(1); /* work runs only while someone waits: a sync copy must wait */
+  fake_cuda_set_delay_us(2000);
+  CUdeviceptr d = dev_alloc(64 * KiB);
+  unsigned char src[4096], dst[4096];
+  for (size_t i = 0; i < sizeof src; i++) src[i] = (unsigned char)(i * 7);
+  CU_OK(cuMemcpyHtoD(d + 1000, src, sizeof src));
+  memset(dst, 0, sizeof dst);
+  CU_OK(cuMemcpyDtoH(dst, d + 1000, sizeof dst));
+  assert_memory_equal(src, dst, sizeof src);
+  assert_int_equal(cuMemcpyHtoD(d + 64 * KiB - 10, src, 100), CUDA_ERROR_INVALID_VALUE); /* past the end */
+  CU_OK(cuMemFree(d));
+}
+
+static void test_stream_ordered_allocations_charge_the_device(void **state) {
+  (void)state;
+  CUstream s = NULL;
+  CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  size_t f0, t;
+  CU_OK(cuMemGetInfo(&f0, &t));
+  CUdeviceptr a = 0, b = 0, m = dev_alloc(4096);
+  CU_OK(cuMemAllocAsync(&a, 1 * MiB, s));
+  size_t f1;
+  CU_OK(cuMemGetInfo(&f1, &t));
+  assert_int_equal(f0 - f1, 1 * MiB + 4096);
+  assert_int_equal(cuMemAllocAsync(&b, f1 + 1, s), CUDA_ERROR_OUT_OF_MEMORY);
+  assert_int_equal(b, 0);
+  assert_int_equal(cuMemAllocAsync(&b, 0, s), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(cuMemFreeAsync(m, s), CUDA_ERROR_INVALID_VALUE); /* not stream-ordered */
+  /* The free follows the stream's queued work: the copy is done when it returns. */
+  fake_cuda_set_delay_us(20000);
+  unsigned char src[256] = {1};
+  CU_OK(cuMemcpyHtoDAsync(a, src, sizeof src, s));
+  CU_OK(cuMemFreeAsync(a, s));
+  fake_cuda_stats st;
+  fake_cuda_get_stats(&st);
+  assert_int_equal(st.pending_ops, base.pending_ops);
+  assert_int_equal(cuMemFreeAsync(a, s), CUDA_ERROR_INVALID_VALUE); /* twice */
+  size_t f2;
+  CU_OK(cuMemGetInfo(&f2, &t));
+  assert_int_equal(f0 - f2, 4096);
+  CU_OK(cuMemFree(m));
+  CU_OK(cuStreamDestroy(s));
+}
+
+static void test_pools_take_device_props_and_outlive_their_destroy(void **state) {
+  (void)state;
+  CUmemPoolProps props;
+  memset(&props, 0, sizeof props);
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_HOST;
+  CUmemoryPool pool = NULL, dflt = NULL;
+  assert_int_equal(cuMemPoolCreate(&pool, &props), CUDA_ERROR_INVALID_VALUE);
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = 5; /* one device */
+  assert_int_equal(cuMemPoolCreate(&pool, &props), CUDA_ERROR_INVALID_VALUE);
+  props.location.id = 0;
+  CU_OK(cuMemPoolCreate(&pool, &props));
+  CUdeviceptr a = 0;
+  CU_OK(cuMemAllocFromPoolAsync(&a, 8192, pool, NULL));
+  CU_OK(cuMemPoolDestroy(pool)); /* returns at once; the pool lives while a does */
+  CUdeviceptr b = 0;
+  assert_int_equal(cuMemAllocFromPoolAsync(&b, 8192, pool, NULL), CUDA_ERROR_INVALID_VALUE);
+  CU_OK(cuMemFree(a)); /* cuMemFree of a stream-ordered block: allowed; the pool goes */
+  CU_OK(cuDeviceGetDefaultMemPool(&dflt, 0));
+  assert_int_equal(cuMemPoolDestroy(dflt), CUDA_ERROR_INVALID_VALUE);
+  /* per-thread variants through cuGetProcAddress differ from the legacy ones */
+  void *legacy = NULL, *pt = NULL;
+  CUdriverProcAddressQueryResult q;
+  CU_OK(cuGetProcAddress("cuMemAllocAsync", &legacy, 12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &q));
+  CU_OK(cuGetProcAddress("cuMemAllocAsync", &pt, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q));
+  assert_non_null(legacy);
+  assert_non_null(pt);
+  assert_ptr_not_equal(legacy, pt);
+  CU_OK(cuGetProcAddress("cuMemAllocAsync", &legacy, 11010, 0, &q)); /* before 11.2 */
+  assert_null(legacy);
+  assert_int_equal(q, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+}
+
+static void test_pointer_attributes_and_ipc_handles_know_the_memory(void **state) {
+  (void)state;
+  CUdeviceptr d = dev_alloc(4096), a = 0;
+  CU_OK(cuMemAllocAsync(&a, 4096, NULL));
+  unsigned char *h = pinned_alloc(PAGE);
+  unsigned type = 0;
+  int ord = -1;
+  CU_OK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, d + 100));
+  assert_int_equal(type, CU_MEMORYTYPE_DEVICE);
+  CU_OK(cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, d));
+  assert_int_equal(ord, 0);
+  CU_OK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)h));
+  assert_int_equal(type, CU_MEMORYTYPE_HOST);
+  assert_int_equal(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)&type),
+                   CUDA_ERROR_INVALID_VALUE);
+  CUipcMemHandle ih;
+  CU_OK(cuIpcGetMemHandle(&ih, d));
+  assert_int_equal(cuIpcGetMemHandle(&ih, a), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(cuIpcGetMemHandle(&ih, (CUdeviceptr)(uintptr_t)h), CUDA_ERROR_INVALID_VALUE);
+  pinned_free(h, PAGE);
+  CU_OK(cuMemFreeAsync(a, NULL));
+  CU_OK(cuMemFree(d));
+}
+/* ======================== end of issue 27's block ======================== */
+
 int main(void) {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
   const struct CMUnitTest tests[] = {
@@ -1384,6 +1509,12 @@ int main(void) {
       T(test_vmm_unmap_under_queued_work_is_counted),
       T(test_vmm_unsupported_device_refuses_the_calls),
       T(test_device_uuid_needs_a_valid_device_and_an_out),
+      /* issue 27 */
+      T(test_ctx_set_current_replaces_the_top_of_the_stack),
+      T(test_sync_copies_return_with_the_data),
+      T(test_stream_ordered_allocations_charge_the_device),
+      T(test_pools_take_device_props_and_outlive_their_destroy),
+      T(test_pointer_attributes_and_ipc_handles_know_the_memory),
   };
 #undef T
   return cmocka_run_group_tests_name("fake_cuda", tests, NULL, NULL);

@@ -346,12 +346,77 @@ static void test_missing(void **state) {
   assert_non_null(strstr(sgm_last_error(), "procs is NULL"));
 }
 
+/* Read this process's record from the environment's registry (a tick first). */
+static void nv_self(sgm_context *ctx, sgm_node_process *me) {
+  assert_true(sgm__share_tick_sync(ctx));
+  sgm_node_entry list[2];
+  size_t n = 0;
+  assert_int_equal(sgm_node_list(NULL, list, 2, &n), SGM_OK);
+  assert_int_equal(n, 1);
+  sgm_node_device d = nv_device();
+  sgm_node_process p[2];
+  memset(p, 0, sizeof p);
+  p[0].struct_size = sizeof p[0];
+  assert_int_equal(sgm_node_read(list[0].path, 0, &d, p, 2), SGM_OK);
+  assert_int_equal(d.n_processes, 1);
+  *me = p[0];
+}
+
+/* Invariant (issue 27): an interposer's own driver VRAM (sgm_interpose_vram)
+ * is published as the process's VRAM used and committed, with the
+ * "interposed" mark, and comes off again; taking back more than is accounted
+ * changes nothing. sgm_alloc_shared serves shared memory at once, counted as
+ * a fallback and published as shared bytes. A context nobody interposes is
+ * not marked. */
+static void test_interposed_process(void **state) {
+  (void)state;
+  nv_setup("nvint");
+  sgm_context *ctx = NULL;
+  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+  sgm_node_process me;
+  nv_self(ctx, &me);
+  assert_int_equal(me.interposed, 0);
+  uint64_t vram0 = me.used_bytes[SGM_TIER_VRAM];
+
+  assert_int_equal(sgm_interpose_vram(ctx, (int64_t)(3 * MiB)), SGM_OK);
+  assert_int_equal(sgm_interpose_vram(ctx, -(int64_t)(4 * MiB)), SGM_ERR_INVALID);
+  assert_non_null(strstr(sgm_last_error(), "nothing changed"));
+  assert_null(sgm_alloc_shared(ctx, 0, NULL));
+  assert_null(sgm_alloc_shared(NULL, 1, NULL));
+  void *p = sgm_alloc_shared(ctx, MiB, NULL);
+  assert_non_null(p);
+  assert_int_equal(sgm_pointer_tier(ctx, p), SGM_TIER_SHARED);
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.n_fallbacks, 1);
+  assert_int_equal(st.fallback_bytes, MiB);
+  assert_int_equal(st.tier[SGM_TIER_VRAM].used_bytes, vram0); /* the interposed bytes are not sgm's */
+  nv_self(ctx, &me);
+  assert_int_equal(me.interposed, 1);
+  assert_int_equal(me.used_bytes[SGM_TIER_VRAM], vram0 + 3 * MiB);
+  assert_true(me.peak_bytes[SGM_TIER_VRAM] >= 3 * MiB);
+  assert_true(me.committed_bytes[SGM_TIER_VRAM] >= 3 * MiB);
+  assert_true(me.used_bytes[SGM_TIER_SHARED] >= MiB);
+  assert_int_equal(me.n_fallbacks, 1);
+
+  sgm_free(ctx, p, NULL);
+  assert_int_equal(sgm_interpose_vram(ctx, -(int64_t)(3 * MiB)), SGM_OK);
+  nv_self(ctx, &me);
+  assert_int_equal(me.interposed, 1); /* once interposed, always shown so */
+  assert_int_equal(me.used_bytes[SGM_TIER_VRAM], vram0);
+  assert_int_equal(me.used_bytes[SGM_TIER_SHARED], 0);
+  assert_true(me.peak_bytes[SGM_TIER_VRAM] >= 3 * MiB); /* a peak stays */
+  sgm_context_destroy(ctx);
+  nv_teardown();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_two_processes),
       cmocka_unit_test(test_dead_process),
       cmocka_unit_test(test_bad_records),
       cmocka_unit_test(test_missing),
+      cmocka_unit_test(test_interposed_process),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -207,7 +207,11 @@
   X(cuMemAllocManaged) X(cuMemAdvise) X(cuMemPrefetchAsync)                                   \
   X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate)  \
   X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)                                  \
-  X(cuDeviceGetUuid)
+  X(cuDeviceGetUuid)                                                                           \
+  /* issue 27 (the preload's programs): */                                                     \
+  X(cuCtxSetCurrent) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemAllocAsync) X(cuMemFreeAsync)      \
+  X(cuMemAllocFromPoolAsync) X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuDeviceGetDefaultMemPool) \
+  X(cuPointerGetAttribute) X(cuIpcGetMemHandle) X(cuCtxGetDevice)
 
 enum {
 #define FAKE_ID_ROW(name) FAKE_ID_##name,
@@ -311,7 +315,10 @@ typedef struct fake_dalloc {
   uint64_t accounted;       /* bytes charged to the device (rounded to 256) */
   int device;               /* which device's memory */
   struct fake_dalloc *next; /* list of live allocations */
+  struct CUmemPoolHandle_st *pool; /* the pool of a stream-ordered allocation; NULL: cuMemAlloc's */
 } fake_dalloc;
+/* Issue 27's block: one allocation of pool freed (under F.mu). */
+static void fake_pool_unref_locked(struct CUmemPoolHandle_st *pool);
 
 /* Where a managed page is (fake_managed.at). */
 enum { FAKE_AT_NONE = 0, FAKE_AT_DEVICE = 1, FAKE_AT_HOST = 2 };
@@ -1310,7 +1317,7 @@ FAKE_API CUresult cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
     F.used_mem[c->device] -= acc;
     r = CUDA_ERROR_OUT_OF_MEMORY;
   } else {
-    *a = (fake_dalloc){(uintptr_t)p, bytesize, mapped, acc, c->device, F.dallocs};
+    *a = (fake_dalloc){(uintptr_t)p, bytesize, mapped, acc, c->device, F.dallocs, NULL};
     F.dallocs = a;
     *dptr = (CUdeviceptr)(uintptr_t)p;
   }
@@ -1343,6 +1350,7 @@ FAKE_API CUresult cuMemFree(CUdeviceptr dptr) {
         break;
       }
     F.used_mem[found->device] -= found->accounted;
+    if (found->pool) fake_pool_unref_locked(found->pool); /* issue 27: stream-ordered */
   }
   pthread_mutex_unlock(&F.mu);
   if (found) {
@@ -2609,6 +2617,308 @@ static CUresult fake_stream_flags_ptsz(CUstream h, unsigned int *f) {
   return cuStreamGetFlags(fake_ptsz(h), f);
 }
 
+/* ======================================================================== */
+/* Issue 27: the entry points of the preload's test programs (a runtime-style
+ * loader, a direct link, dlsym of _v2 names, cudaMallocAsync-style pools).
+ * Kept in one block so that other branches growing the double merge easily.
+ *
+ *  - cuCtxSetCurrent: replaces the top of the calling thread's context stack
+ *    (pushes when it is empty); NULL pops (no-op on an empty stack); a context
+ *    that is not a retained primary context: INVALID_CONTEXT.
+ *  - cuCtxGetDevice: the current context's device (INVALID_CONTEXT without one).
+ *  - cuMemcpyHtoD_v2 / cuMemcpyDtoH_v2: synchronous copies on the legacy
+ *    stream of the current context: they return once the copy (and the work
+ *    queued before it there) is done; ranges checked as the async copies.
+ *  - Stream-ordered allocation: cuMemAllocAsync takes from the current
+ *    device's default pool (cuDeviceGetDefaultMemPool), cuMemAllocFromPoolAsync
+ *    from a pool of cuMemPoolCreate (pinned, device-located, a valid ordinal:
+ *    else INVALID_VALUE). Both charge the device like cuMemAlloc (OUT_OF_MEMORY
+ *    past its free memory), check the stream (a stream of the current
+ *    context), and need size > 0. cuMemFreeAsync frees only a stream-ordered
+ *    allocation (else INVALID_VALUE): the memory goes back once the work
+ *    queued on the stream before the free is done (the double waits for it
+ *    on the host). cuMemFree of a stream-ordered allocation is allowed (the
+ *    driver synchronises). cuMemPoolDestroy of a pool with live allocations
+ *    returns at once; the pool goes when its last allocation is freed. The
+ *    default pool cannot be destroyed (INVALID_VALUE). Pools keep nothing
+ *    cached (release threshold 0).
+ *  - cuPointerGetAttribute: MEMORY_TYPE (DEVICE for device and managed
+ *    memory, HOST for registered host memory) and DEVICE_ORDINAL; a pointer
+ *    the double does not know: INVALID_VALUE; other attributes: NOT_SUPPORTED
+ *    (not modelled).
+ *  - cuIpcGetMemHandle: the base of a cuMemAlloc allocation (else
+ *    INVALID_VALUE: the driver refuses stream-ordered and host memory too).
+ */
+
+struct CUmemPoolHandle_st {
+  uint32_t magic;        /* FAKE_OBJ_MAGIC while live */
+  int device;            /* where its memory lives */
+  bool is_default;       /* a device's default pool (never destroyed) */
+  bool dying;            /* cuMemPoolDestroy called: freed with its last allocation */
+  uint64_t n_live;       /* live allocations from it */
+};
+static struct CUmemPoolHandle_st fake_default_pools[FAKE_MAX_DEVICES];
+
+static void fake_pool_unref_locked(struct CUmemPoolHandle_st *pool) {
+  if (--pool->n_live == 0 && pool->dying) {
+    pool->magic = 0;
+    free(pool);
+  }
+}
+
+static bool fake_ctx_known_locked(CUcontext ctx) {
+  for (int d = 0; d < FAKE_MAX_DEVICES; d++)
+    if (ctx == &F.ctx[d]) return ctx->retains > 0;
+  return false;
+}
+
+FAKE_API CUresult cuCtxSetCurrent(CUcontext ctx) {
+  FAKE_COUNT(cuCtxSetCurrent);
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_need_init_locked();
+  if (r == CUDA_SUCCESS && ctx && !fake_ctx_known_locked(ctx)) r = CUDA_ERROR_INVALID_CONTEXT;
+  pthread_mutex_unlock(&F.mu);
+  if (r != CUDA_SUCCESS) return r;
+  if (!ctx) {
+    if (tls_depth > 0) tls_depth--;
+  } else if (tls_depth == 0) {
+    tls_ctx[tls_depth++] = ctx;
+  } else {
+    tls_ctx[tls_depth - 1] = ctx;
+  }
+  return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuCtxGetDevice(CUdevice *device) {
+  FAKE_COUNT(cuCtxGetDevice);
+  if (!device) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&F.mu);
+  struct CUctx_st *c = NULL;
+  CUresult r = fake_need_ctx_locked(&c);
+  if (r == CUDA_SUCCESS) *device = c->device;
+  pthread_mutex_unlock(&F.mu);
+  return r;
+}
+
+/* A synchronous copy: queued on the legacy stream, waited for. */
+static CUresult fake_copy_sync(uintptr_t dst, bool dst_dev, uintptr_t src, bool src_dev, size_t n) {
+  CUresult r = fake_copy(dst, dst_dev, src, src_dev, n, NULL);
+  if (r != CUDA_SUCCESS) return r;
+  pthread_mutex_lock(&F.mu);
+  struct CUctx_st *c = NULL;
+  fake_op *m = NULL;
+  r = fake_stream_sync_marker_locked(NULL, &c, &m);
+  if (r == CUDA_SUCCESS) {
+    fake_wait_marker_locked(m);
+    r = c->sticky;
+  }
+  pthread_mutex_unlock(&F.mu);
+  return r;
+}
+
+FAKE_API CUresult cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) {
+  FAKE_COUNT(cuMemcpyHtoD);
+  return fake_copy_sync((uintptr_t)dstDevice, true, (uintptr_t)srcHost, false, ByteCount);
+}
+
+FAKE_API CUresult cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
+  FAKE_COUNT(cuMemcpyDtoH);
+  return fake_copy_sync((uintptr_t)dstHost, false, (uintptr_t)srcDevice, true, ByteCount);
+}
+
+/* A stream-ordered allocation from pool (NULL: the current device's default). */
+static CUresult fake_alloc_async(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream h) {
+  if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+  *dptr = 0;
+  if (bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t acc = ((uint64_t)bytesize + 255) & ~(uint64_t)255;
+  size_t mapped = (bytesize + FAKE_PAGE - 1) & ~(size_t)(FAKE_PAGE - 1);
+  pthread_mutex_lock(&F.mu);
+  struct CUctx_st *c = NULL;
+  struct CUstream_st *s = NULL;
+  CUresult r = fake_target_locked(h, &c, &s);
+  if (r == CUDA_SUCCESS && !pool) {
+    pool = &fake_default_pools[c->device];
+    if (pool->magic != FAKE_OBJ_MAGIC)
+      *pool = (struct CUmemPoolHandle_st){FAKE_OBJ_MAGIC, c->device, true, false, 0};
+  }
+  if (r == CUDA_SUCCESS && (pool->magic != FAKE_OBJ_MAGIC || pool->dying)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && acc > fake_free_mem_locked(pool->device)) r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (r == CUDA_SUCCESS) {
+    F.used_mem[pool->device] += acc;
+    pool->n_live++;
+  }
+  pthread_mutex_unlock(&F.mu);
+  if (r != CUDA_SUCCESS) return r;
+  void *p = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  fake_dalloc *a = p == MAP_FAILED ? NULL : malloc(sizeof *a);
+  pthread_mutex_lock(&F.mu);
+  if (!a) {
+    F.used_mem[pool->device] -= acc;
+    pool->n_live--;
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  } else {
+    *a = (fake_dalloc){(uintptr_t)p, bytesize, mapped, acc, pool->device, F.dallocs, pool};
+    F.dallocs = a;
+    *dptr = (CUdeviceptr)(uintptr_t)p;
+  }
+  pthread_mutex_unlock(&F.mu);
+  if (!a && p != MAP_FAILED) munmap(p, mapped);
+  return r;
+}
+
+FAKE_API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+  FAKE_COUNT(cuMemAllocAsync);
+  return fake_alloc_async(dptr, bytesize, NULL, hStream);
+}
+
+FAKE_API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                          CUstream hStream) {
+  FAKE_COUNT(cuMemAllocFromPoolAsync);
+  if (!pool) return CUDA_ERROR_INVALID_VALUE;
+  return fake_alloc_async(dptr, bytesize, pool, hStream);
+}
+
+FAKE_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+  FAKE_COUNT(cuMemFreeAsync);
+  pthread_mutex_lock(&F.mu);
+  struct CUctx_st *c = NULL;
+  struct CUstream_st *s = NULL;
+  fake_dalloc *found = NULL;
+  CUresult r = fake_target_locked(hStream, &c, &s);
+  if (r == CUDA_SUCCESS) {
+    for (fake_dalloc **pp = &F.dallocs; *pp; pp = &(*pp)->next)
+      if ((*pp)->base == (uintptr_t)dptr && (*pp)->pool) {
+        found = *pp;
+        *pp = found->next; /* unlisted now: nothing new may be queued on it */
+        break;
+      }
+    if (!found) r = CUDA_ERROR_INVALID_VALUE;
+  }
+  fake_op *m = NULL;
+  if (r == CUDA_SUCCESS) r = fake_stream_marker_locked(s, &m);
+  if (r == CUDA_SUCCESS && m) fake_wait_marker_locked(m); /* the stream's earlier work first */
+  if (found && r != CUDA_SUCCESS) { /* nothing freed: listed again */
+    found->next = F.dallocs;
+    F.dallocs = found;
+    found = NULL;
+  }
+  if (found) {
+    F.used_mem[found->device] -= found->accounted;
+    fake_pool_unref_locked(found->pool);
+  }
+  pthread_mutex_unlock(&F.mu);
+  if (found) {
+    munmap((void *)found->base, found->mapped);
+    free(found);
+  }
+  return r;
+}
+
+static CUresult fake_alloc_async_ptsz(CUdeviceptr *d, size_t n, CUstream h) {
+  return cuMemAllocAsync(d, n, fake_ptsz(h));
+}
+static CUresult fake_alloc_pool_ptsz(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream h) {
+  return cuMemAllocFromPoolAsync(d, n, p, fake_ptsz(h));
+}
+static CUresult fake_free_async_ptsz(CUdeviceptr d, CUstream h) { return cuMemFreeAsync(d, fake_ptsz(h)); }
+
+FAKE_API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps) {
+  FAKE_COUNT(cuMemPoolCreate);
+  if (!pool) return CUDA_ERROR_INVALID_VALUE;
+  *pool = NULL;
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_need_init_locked();
+  if (r == CUDA_SUCCESS &&
+      (!poolProps || poolProps->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+       poolProps->location.type != CU_MEM_LOCATION_TYPE_DEVICE || poolProps->location.id < 0 ||
+       poolProps->location.id >= F.device_count))
+    r = CUDA_ERROR_INVALID_VALUE;
+  struct CUmemPoolHandle_st *p = r == CUDA_SUCCESS ? calloc(1, sizeof *p) : NULL;
+  if (r == CUDA_SUCCESS && !p) r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (p) {
+    *p = (struct CUmemPoolHandle_st){FAKE_OBJ_MAGIC, poolProps->location.id, false, false, 0};
+    *pool = p;
+  }
+  pthread_mutex_unlock(&F.mu);
+  return r;
+}
+
+FAKE_API CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+  FAKE_COUNT(cuMemPoolDestroy);
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_need_init_locked();
+  if (r == CUDA_SUCCESS && (!pool || pool->magic != FAKE_OBJ_MAGIC || pool->dying || pool->is_default))
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    pool->dying = true;
+    if (pool->n_live == 0) {
+      pool->magic = 0;
+      free(pool);
+    }
+  }
+  pthread_mutex_unlock(&F.mu);
+  return r;
+}
+
+FAKE_API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
+  FAKE_COUNT(cuDeviceGetDefaultMemPool);
+  if (!pool_out) return CUDA_ERROR_INVALID_VALUE;
+  *pool_out = NULL;
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_need_device_locked(dev);
+  if (r == CUDA_SUCCESS) {
+    struct CUmemPoolHandle_st *p = &fake_default_pools[dev];
+    if (p->magic != FAKE_OBJ_MAGIC) *p = (struct CUmemPoolHandle_st){FAKE_OBJ_MAGIC, dev, true, false, 0};
+    *pool_out = p;
+  }
+  pthread_mutex_unlock(&F.mu);
+  return r;
+}
+
+FAKE_API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  FAKE_COUNT(cuPointerGetAttribute);
+  if (!data) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_need_init_locked();
+  int type = 0, device = 0;
+  if (r == CUDA_SUCCESS) {
+    for (fake_dalloc *a = F.dallocs; a && !type; a = a->next)
+      if ((uintptr_t)ptr >= a->base && (uintptr_t)ptr - a->base < a->size) {
+        type = CU_MEMORYTYPE_DEVICE;
+        device = a->device;
+      }
+    if (!type && fake_managed_of_locked((uintptr_t)ptr, 1)) type = CU_MEMORYTYPE_DEVICE;
+    if (!type && fake_pinned_range_locked((uintptr_t)ptr, 1)) type = CU_MEMORYTYPE_HOST;
+    if (!type) r = CUDA_ERROR_INVALID_VALUE;
+  }
+  pthread_mutex_unlock(&F.mu);
+  if (r != CUDA_SUCCESS) return r;
+  switch (attribute) {
+  case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned int *)data = (unsigned int)type; return CUDA_SUCCESS;
+  case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = device; return CUDA_SUCCESS;
+  default: return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+
+FAKE_API CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
+  FAKE_COUNT(cuIpcGetMemHandle);
+  if (!pHandle) return CUDA_ERROR_INVALID_VALUE;
+  memset(pHandle, 0, sizeof *pHandle);
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_need_ctx_locked(NULL);
+  bool ok = false;
+  for (fake_dalloc *a = F.dallocs; r == CUDA_SUCCESS && a && !ok; a = a->next)
+    ok = a->base == (uintptr_t)dptr && !a->pool;
+  pthread_mutex_unlock(&F.mu);
+  if (r != CUDA_SUCCESS) return r;
+  if (!ok) return CUDA_ERROR_INVALID_VALUE;
+  memcpy(pHandle->reserved, &dptr, sizeof dptr);
+  return CUDA_SUCCESS;
+}
+/* ======================== end of issue 27's block ======================== */
+
 /* ---- cuGetProcAddress: base name and version -> an implementation ---- */
 
 FAKE_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
@@ -2688,7 +2998,19 @@ static CUresult fake_get_proc_address_v1(const char *symbol, void **pfn, int cud
   X(cuMemUnmap, 10020, 10020, cuMemUnmap, NULL)                                                 \
   X(cuMemSetAccess, 10020, 10020, cuMemSetAccess, NULL)                                         \
   X(cuDeviceGetUuid, 9020, 9020, cuDeviceGetUuid, NULL)                                         \
-  X(cuDeviceGetUuid, 9020, 11040, cuDeviceGetUuid, NULL)
+  X(cuDeviceGetUuid, 9020, 11040, cuDeviceGetUuid, NULL)                                       \
+  X(cuCtxSetCurrent, 4000, 4000, cuCtxSetCurrent, NULL)                                         \
+  X(cuMemcpyHtoD, 2000, 3020, cuMemcpyHtoD, NULL)                                               \
+  X(cuMemcpyDtoH, 2000, 3020, cuMemcpyDtoH, NULL)                                               \
+  X(cuMemAllocAsync, 11020, 11020, cuMemAllocAsync, fake_alloc_async_ptsz)                      \
+  X(cuMemFreeAsync, 11020, 11020, cuMemFreeAsync, fake_free_async_ptsz)                         \
+  X(cuMemAllocFromPoolAsync, 11020, 11020, cuMemAllocFromPoolAsync, fake_alloc_pool_ptsz)       \
+  X(cuMemPoolCreate, 11020, 11020, cuMemPoolCreate, NULL)                                       \
+  X(cuMemPoolDestroy, 11020, 11020, cuMemPoolDestroy, NULL)                                     \
+  X(cuDeviceGetDefaultMemPool, 11020, 11020, cuDeviceGetDefaultMemPool, NULL)                   \
+  X(cuPointerGetAttribute, 4000, 4000, cuPointerGetAttribute, NULL)                             \
+  X(cuIpcGetMemHandle, 4010, 4010, cuIpcGetMemHandle, NULL)                                     \
+  X(cuCtxGetDevice, 2000, 2000, cuCtxGetDevice, NULL)
 
 static const struct {
   const char *name; /* base name, as cuGetProcAddress is asked */
