@@ -78,11 +78,20 @@
  *    RELAXED: else WRONG_THREAD; only on the origin stream: else UNMATCHED;
  *    forked streams must be joined back: else UNJOINED), cuStreamIsCapturing,
  *    cuStreamGetCaptureInfo (v1, v2, v3), cuThreadExchangeStreamCaptureMode.
- *    Captured work is not executed. Potentially unsafe calls (cuMemAlloc,
- *    cuMemFree, cuMemHostRegister, cuMemHostUnregister, cuCtxSynchronize) fail
- *    with STREAM_CAPTURE_UNSUPPORTED and invalidate the capture when the
- *    calling thread's mode forbids them (its own non-relaxed capture; in GLOBAL
- *    mode, any other thread's GLOBAL capture). cuStreamSynchronize and
+ *    Captured work is not executed. Potentially unsafe calls fail with
+ *    STREAM_CAPTURE_UNSUPPORTED and invalidate the captures that forbid them
+ *    when the calling thread's mode (cuThreadExchangeStreamCaptureMode) says
+ *    so: its own non-relaxed capture; in GLOBAL mode, also any other thread's
+ *    GLOBAL capture; RELAXED: never. The unsafe calls (issue 24): cuMemAlloc,
+ *    cuMemAllocManaged, cuMemFree, cuMemHostRegister, cuMemHostUnregister,
+ *    cuMemCreate, cuMemRelease, cuMemMap, cuMemUnmap, cuCtxSynchronize,
+ *    cuStreamSynchronize, cuStreamQuery, cuEventSynchronize, cuEventQuery (on
+ *    any stream or event, not only capturing ones). cuda.h names only
+ *    cudaMalloc as an example; the rest of the list is the CUDA programming
+ *    guide's (synchronising or querying is illegal during a capture) and what
+ *    PyTorch meets in practice (its allocator skips event queries while any
+ *    capture is under way); docs/cuda.md, "Capture contract", says where the
+ *    headers are silent. cuStreamSynchronize and
  *    cuStreamQuery on a capturing stream: UNSUPPORTED, capture invalidated.
  *    cuEventQuery/cuEventSynchronize on an event last recorded in a capture:
  *    CUDA_ERROR_CAPTURED_EVENT. Work on the legacy stream while a blocking
@@ -140,6 +149,14 @@
  *    freed when the handle is released and its mapping unmapped (in either
  *    order, as the driver documents). One mapping per handle (aliasing one
  *    allocation at two addresses is not modelled: NOT_SUPPORTED).
+ *  - Contexts (issue 24): cuCtxSetCurrent replaces the top of the thread's
+ *    stack (NULL pops it), cuCtxPushCurrent/PopCurrent push and pop; every
+ *    call is charged to the context current then: cuMemAlloc and cuMemGetInfo
+ *    to its device, NULL to its legacy stream, cuEventCreate's event to it.
+ *  - Kernels (issue 24): fake_cuda_kernel queues an operation that reads or
+ *    writes a device range for a chosen device time; frees wait for it,
+ *    cuMemUnmap counts it (vmm_unmaps_in_use) and a block reused under it is
+ *    overwritten when it ends, as a GPU kernel would.
  *  - Every entry point counts its calls (fake_cuda_calls(name)).
  *
  * The control API (fake_cuda.h) has the prefix fake_cuda_; tests hold work
@@ -196,6 +213,7 @@
   X(cuInit) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetAttribute) X(cuDeviceGetName)      \
   X(cuDeviceGetPCIBusId) X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain)                       \
   X(cuDevicePrimaryCtxRelease) X(cuCtxGetCurrent) X(cuCtxPushCurrent) X(cuCtxPopCurrent)       \
+  X(cuCtxSetCurrent)                                                                           \
   X(cuCtxSynchronize) X(cuCtxGetStreamPriorityRange) X(cuMemGetInfo) X(cuMemAlloc)             \
   X(cuMemFree) X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemHostGetDevicePointer)        \
   X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemsetD8Async)            \
@@ -235,6 +253,8 @@ typedef enum fake_op_kind {
   FAKE_OP_RECORD, /* an event record: nothing to do but complete */
   FAKE_OP_WAIT,   /* a cuStreamWaitEvent / implicit-sync marker: only its deps */
   FAKE_OP_PREFETCH, /* move managed pages of [dst, dst + n) to value (FAKE_AT_*) */
+  FAKE_OP_KERNEL, /* fake_cuda_kernel: run_us of device time on [dst, dst + n), then write
+                     value there (write) or read it (issue 24) */
 } fake_op_kind;
 
 /* One queued operation. Operations are reference counted: the queue holds
@@ -253,6 +273,8 @@ typedef struct fake_op {
   int running;              /* the worker is executing it */
   int done;                 /* completed */
   int refs;                 /* references (see above) */
+  uint64_t run_us;          /* KERNEL: its own device time */
+  int write;                /* KERNEL: 1 writes value over the range, 0 reads it */
   struct CUstream_st *stream; /* queue it is in (valid until done) */
   struct fake_op *next;     /* next in its stream's queue */
 } fake_op;
@@ -771,12 +793,15 @@ static bool fake_ranges_overlap(uintptr_t a, size_t an, uintptr_t b, size_t bn) 
   return an > 0 && bn > 0 && a < b + bn && b < a + an;
 }
 
+static void fake_kernel_read(const fake_op *op);
 static void fake_execute(fake_op *op, int poisoned) {
   if (poisoned || op->n == 0) return;
   if (op->kind == FAKE_OP_COPY)
     memmove((void *)op->dst, op->staged ? op->staged : (const void *)op->src, op->n);
-  else if (op->kind == FAKE_OP_MEMSET)
+  else if (op->kind == FAKE_OP_MEMSET || (op->kind == FAKE_OP_KERNEL && op->write))
     memset((void *)op->dst, op->value, op->n);
+  else if (op->kind == FAKE_OP_KERNEL)
+    fake_kernel_read(op);
 }
 
 static void fake_managed_move_locked(uintptr_t addr, size_t n, int to);
@@ -786,7 +811,7 @@ static CUresult fake_target_locked(CUstream h, struct CUctx_st **c, struct CUstr
 /* Run op (runnable, taken by the caller): drops F.mu while it works. */
 static void fake_run_locked(fake_op *op) {
   op->running = 1;
-  uint64_t delay = F.delay_us;
+  uint64_t delay = F.delay_us + op->run_us;
   int poisoned = op->stream->ctx->sticky != CUDA_SUCCESS;
   pthread_mutex_unlock(&F.mu);
   if (delay > 0) {
@@ -946,15 +971,24 @@ static void fake_wait_marker_locked(fake_op *m) {
   fake_op_unref_locked(m);
 }
 
+/* op reads or writes device memory in [base, base + n) when it runs (a copy,
+ * a memset, a kernel; not done yet). */
+static bool fake_op_touches(const fake_op *op, uintptr_t base, size_t n) {
+  if (op->done || op->n == 0) return false;
+  if (op->kind != FAKE_OP_COPY && op->kind != FAKE_OP_MEMSET && op->kind != FAKE_OP_KERNEL)
+    return false;
+  return fake_ranges_overlap(op->dst, op->n, base, n) ||
+         (op->kind == FAKE_OP_COPY && !op->staged && fake_ranges_overlap(op->src, op->n, base, n));
+}
+
 /* Wait until no queued op touches [base, base + n). */
 static void fake_wait_range_locked(uintptr_t base, size_t n) {
   for (;;) {
     fake_op *busy = NULL;
     for (struct CUstream_st *s = F.streams; s && !busy; s = s->next)
       for (fake_op *op = s->head; op && !busy; op = op->next)
-        if ((op->kind == FAKE_OP_COPY || op->kind == FAKE_OP_MEMSET || op->kind == FAKE_OP_PREFETCH) &&
-            (fake_ranges_overlap(op->dst, op->n, base, n) ||
-             (op->kind == FAKE_OP_COPY && !op->staged && fake_ranges_overlap(op->src, op->n, base, n))))
+        if (fake_op_touches(op, base, n) ||
+            (op->kind == FAKE_OP_PREFETCH && fake_ranges_overlap(op->dst, op->n, base, n)))
           busy = op;
     if (!busy) return;
     fake_op_ref(busy);
@@ -1677,6 +1711,7 @@ FAKE_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
   CUresult r = fake_vmm_prop_locked(prop);
   if (r == CUDA_SUCCESS && (size == 0 || size % fake_vmm_granule() || flags))
     r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked(); /* issue 24 */
   int dev = prop ? prop->location.id : 0;
   if (r == CUDA_SUCCESS && size > fake_free_mem_locked(dev)) r = CUDA_ERROR_OUT_OF_MEMORY;
   fake_vphys *ph = r == CUDA_SUCCESS ? calloc(1, sizeof *ph) : NULL;
@@ -1713,6 +1748,7 @@ FAKE_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   FAKE_COUNT(cuMemRelease);
   pthread_mutex_lock(&F.mu);
   CUresult r = fake_vmm_ready_locked();
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked(); /* issue 24 */
   fake_vphys *ph = r == CUDA_SUCCESS ? fake_vphys_of_locked(handle) : NULL;
   if (r == CUDA_SUCCESS && !ph) r = CUDA_ERROR_INVALID_VALUE;
   if (ph) {
@@ -1732,6 +1768,7 @@ FAKE_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
   if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
   pthread_mutex_lock(&F.mu);
   CUresult r = fake_vmm_ready_locked();
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked(); /* issue 24 */
   fake_vphys *ph = r == CUDA_SUCCESS ? fake_vphys_of_locked(handle) : NULL;
   if (r == CUDA_SUCCESS && (!ph || size > ph->size || !fake_vres_of_locked((uintptr_t)ptr, size)))
     r = CUDA_ERROR_INVALID_VALUE;
@@ -1798,6 +1835,7 @@ FAKE_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   pthread_mutex_lock(&F.mu);
   CUresult r = fake_vmm_ready_locked();
   if (r == CUDA_SUCCESS && !fake_vmaps_tile_locked((uintptr_t)ptr, size)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked(); /* issue 24 */
   if (r == CUDA_SUCCESS) {
     /* The driver does not wait: queued work on this range is a caller's bug
      * (on a GPU it faults). Counted; work not started yet is dropped (it
@@ -1806,12 +1844,7 @@ FAKE_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
       fake_op *running = NULL;
       for (struct CUstream_st *st = F.streams; st && !running; st = st->next)
         for (fake_op *op = st->head; op && !running; op = op->next) {
-          bool hit = (op->kind == FAKE_OP_COPY || op->kind == FAKE_OP_MEMSET) && !op->done &&
-                     op->n > 0 &&
-                     (fake_ranges_overlap(op->dst, op->n, (uintptr_t)ptr, size) ||
-                      (op->kind == FAKE_OP_COPY && !op->staged &&
-                       fake_ranges_overlap(op->src, op->n, (uintptr_t)ptr, size)));
-          if (!hit) continue;
+          if (!fake_op_touches(op, (uintptr_t)ptr, size)) continue;
           if (op->running) {
             running = op;
           } else {
@@ -2123,6 +2156,7 @@ static CUresult fake_stream_sync_marker_locked(CUstream hStream, struct CUctx_st
   CUresult r = fake_need_ctx_locked(c);
   if (r == CUDA_SUCCESS) r = fake_stream_locked(hStream, *c, &s);
   if (r == CUDA_SUCCESS) r = fake_stream_check_sync_locked(s);
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked(); /* issue 24 */
   if (r == CUDA_SUCCESS) r = fake_stream_marker_locked(s, m);
   return r;
 }
@@ -2268,6 +2302,7 @@ FAKE_API CUresult cuEventQuery(CUevent hEvent) {
   pthread_mutex_lock(&F.mu);
   struct CUevent_st *e = NULL;
   CUresult r = fake_event_check_locked(hEvent, &e);
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked(); /* issue 24 */
   if (r == CUDA_SUCCESS && e->last && !e->last->done) r = CUDA_ERROR_NOT_READY;
   if (r == CUDA_SUCCESS) r = e->ctx->sticky;
   pthread_mutex_unlock(&F.mu);
@@ -2279,6 +2314,7 @@ FAKE_API CUresult cuEventSynchronize(CUevent hEvent) {
   pthread_mutex_lock(&F.mu);
   struct CUevent_st *e = NULL;
   CUresult r = fake_event_check_locked(hEvent, &e);
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked(); /* issue 24 */
   if (r == CUDA_SUCCESS) {
     struct CUctx_st *c = e->ctx;
     fake_wait_op_locked(fake_op_ref(e->last)); /* the event may be destroyed meanwhile */
@@ -2640,6 +2676,7 @@ static CUresult fake_get_proc_address_v1(const char *symbol, void **pfn, int cud
   X(cuCtxGetCurrent, 4000, 4000, cuCtxGetCurrent, NULL)                                         \
   X(cuCtxPushCurrent, 2000, 4000, cuCtxPushCurrent, NULL)                                       \
   X(cuCtxPopCurrent, 2000, 4000, cuCtxPopCurrent, NULL)                                         \
+  X(cuCtxSetCurrent, 4000, 4000, cuCtxSetCurrent, NULL)                                         \
   X(cuCtxSynchronize, 2000, 2000, cuCtxSynchronize, NULL)                                       \
   X(cuCtxGetStreamPriorityRange, 5050, 5050, cuCtxGetStreamPriorityRange, NULL)                 \
   X(cuMemGetInfo, 2000, 3020, cuMemGetInfo, NULL)                                               \
@@ -2970,4 +3007,65 @@ FAKE_API uint64_t fake_cuda_calls(const char *name) {
   }
   pthread_mutex_unlock(&F.mu);
   return n;
+}
+
+/* ==== issue 24 (first contact): the current context set, kernels ====
+ * Kept in one block (other branches grow the double too). */
+
+/* cuCtxSetCurrent: replaces the top of the thread's context stack (pushes
+ * onto an empty one); NULL pops the top (nothing when the stack is empty),
+ * as cuda.h documents. The context must be a retained primary context. Every
+ * later call that needs a context is charged to the one current then (its
+ * device's memory, its legacy stream). */
+FAKE_API CUresult cuCtxSetCurrent(CUcontext ctx) {
+  FAKE_COUNT(cuCtxSetCurrent);
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_need_init_locked();
+  if (r == CUDA_SUCCESS && ctx) {
+    bool known = false;
+    for (int d = 0; d < FAKE_MAX_DEVICES; d++) known |= ctx == &F.ctx[d];
+    if (!known || ctx->retains <= 0) r = CUDA_ERROR_INVALID_CONTEXT;
+  }
+  pthread_mutex_unlock(&F.mu);
+  if (r != CUDA_SUCCESS) return r;
+  if (!ctx) {
+    if (tls_depth > 0) tls_depth--;
+  } else if (tls_depth == 0) {
+    tls_ctx[tls_depth++] = ctx;
+  } else {
+    tls_ctx[tls_depth - 1] = ctx;
+  }
+  return CUDA_SUCCESS;
+}
+
+/* A read kernel's work: every byte of its range is loaded (a faulting range
+ * would crash here, as a GPU would fault; cuMemUnmap drops or waits for it
+ * first, and counts it). */
+static void fake_kernel_read(const fake_op *op) {
+  volatile const unsigned char *p = (volatile const unsigned char *)op->dst;
+  unsigned sum = 0;
+  for (size_t i = 0; i < op->n; i += 64) sum += p[i];
+  (void)sum;
+}
+
+FAKE_API int fake_cuda_kernel(void *stream, void *ptr, uint64_t n, int value, uint64_t us) {
+  if (n == 0 || !ptr || value > 255) return CUDA_ERROR_INVALID_VALUE;
+  fake_op *op = calloc(1, sizeof *op);
+  if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+  *op = (fake_op){.kind = FAKE_OP_KERNEL, .dst = (uintptr_t)ptr, .n = (size_t)n,
+                  .value = (unsigned char)(value < 0 ? 0 : value), .write = value >= 0,
+                  .run_us = us};
+  pthread_mutex_lock(&F.mu);
+  struct CUctx_st *c = NULL;
+  struct CUstream_st *s = NULL;
+  CUresult r = fake_target_locked((CUstream)stream, &c, &s);
+  if (r == CUDA_SUCCESS && !fake_device_range_locked((uintptr_t)ptr, (size_t)n))
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    r = fake_enqueue_locked(s, op, NULL);
+    op = NULL;
+  }
+  pthread_mutex_unlock(&F.mu);
+  free(op);
+  return (int)r;
 }
