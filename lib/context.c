@@ -567,7 +567,7 @@ SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream) {
   /* Stream-ordered free (the rule RMM and PyTorch follow): work already queued
    * on `stream` may still use the block, so it is cached for that stream —
    * reusable by its later work at once, with no driver call — and reaches
-   * other streams only through a device-side wait (tier.c). */
+   * other streams only through a device-side wait (lib/tiers/pool/xfer.c). */
   if (ctx->managed && sgm__managed_free(ctx, d, stream) == SGM_OK) return SGM_OK;
   sgm_stream_ref ref;
   ctx->bops->stream_ref(ctx->be, stream, &ref);

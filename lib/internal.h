@@ -79,8 +79,8 @@ typedef enum sgm_lock_rank {
   SGM_LOCK_PREFETCH = 4, /* prefetch.c: the prefetch queue */
   SGM_LOCK_RES_VRAM = 5, /* residency.c: the VRAM policy and its items (residency.c's top comment) */
   SGM_LOCK_RES_SHARED = 6, /* residency.c: the shared-memory policy and its items */
-  SGM_LOCK_TIER_MAGS = 7, /* tiers/tier.c: the registry of every thread's magazines (before a pool) */
-  SGM_LOCK_TIER_VRAM = 8, /* tiers/tier.c: a pool (VRAM, shared; the disk tier's own lock) */
+  SGM_LOCK_TIER_MAGS = 7, /* tiers/pool/mag.c: the registry of every thread's magazines (before a pool) */
+  SGM_LOCK_TIER_VRAM = 8, /* tiers/pool: a pool (VRAM, shared; the disk tier's own lock) */
   SGM_LOCK_TIER_SHARED = 9,
   SGM_LOCK_TIER_DISK = 10,
   SGM_LOCK_BACKEND = 11,  /* inside a backend only */

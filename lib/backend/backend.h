@@ -68,7 +68,7 @@
  *  - Tokens live in the backend: close() destroys those still live (and
  *    reports them as a leak at SGM_VERBOSE >= 1).
  *
- * Streams and pooled events (the stream-ordered caches of tier.c):
+ * Streams and pooled events (the stream-ordered caches of lib/tiers/pool):
  *  - stream_ref() names the caller's stream: a key equal for two handles
  *    exactly when they are the same stream, and the handle to pass back. It
  *    makes no driver call and cannot fail. NULL and CU_STREAM_LEGACY (0x1) are

@@ -1,7 +1,7 @@
 /*
  * shared.c — the shared GPU memory tier: page-locked host RAM that the device
  * addresses over the bus, taken in chunks through the backend and carved by
- * the chunk pool (tier.c). The pool always runs in growth mode here: nothing is
+ * the chunk pool (lib/tiers/pool). The pool always runs in growth mode here: nothing is
  * pinned at create, chunks are pinned as allocations need them (committed
  * lazily, as Windows commits shared memory), and wholly free chunks go back on
  * sgm_trim and after the idle delay.

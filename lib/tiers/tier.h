@@ -67,7 +67,7 @@
 #include "backend/backend.h"
 #include "internal.h"
 
-typedef struct sgm_tier_pool sgm_tier_pool; /* opaque: defined in tier.c */
+typedef struct sgm_tier_pool sgm_tier_pool; /* opaque: defined in pool/pool.h */
 
 /* A pool's first member: what the inline check below reads without a call. */
 typedef struct sgm_tier_head {
@@ -112,7 +112,7 @@ typedef enum sgm_reclaim_mode {
   SGM_RECLAIM_WAIT = 2      /* wait on the host for every stream's work, return everything */
 } sgm_reclaim_mode;
 
-/* tier.c */
+/* lib/tiers/pool (one job a file: see pool/pool.h) */
 
 /* Create a pool; in reserve mode this takes the whole budget (as a pool of
  * granules on the virtual-memory API, else as one chunk). */

@@ -1,6 +1,6 @@
 /*
  * vram.c — the dedicated-memory tier: chunks of device memory from the
- * backend, carved by the shared chunk pool (tier.c).
+ * backend, carved by the shared chunk pool (lib/tiers/pool).
  *
  * Invariant: every chunk is one backend device allocation, freed exactly once.
  * Threading: called by the pool without its lock held.

@@ -1,6 +1,6 @@
 /*
  * test_gpu_path.c — the user's allocation path through the stream-ordered
- * caches of tier.c, on the emulated device (synchronous: every stream is one):
+ * caches of the tier pool (lib/tiers/pool), on the emulated device (synchronous: every stream is one):
  * what is counted where (used vs cached), size classes, magazines of other
  * threads reclaimed before anything falls back, exact counters after threads
  * exit, and sgm_record_stream's contract. The same rules on an asynchronous

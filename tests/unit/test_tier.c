@@ -1,6 +1,6 @@
 /*
  * test_tier.c — the tier pool's live-block map and the user's free path
- * (lib/tiers/tier.c), on the emulated device.
+ * (lib/tiers/pool/map.c, alloc.c), on the emulated device.
  *
  * Invariants checked: a free of a block the freeing thread holds writes
  * nothing to the live map's shared lines, on any number of threads (only

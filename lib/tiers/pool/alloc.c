@@ -1,0 +1,511 @@
+/*
+ * alloc.c — the user's path: allocate and free on a stream, record a stream,
+ * and sgm's own allocations.
+ *
+ * Job: serve an allocation from the thread's magazine, then the stream's bag,
+ * then a carve from the sub-allocator (growing the pool), then other streams'
+ * caches (transfer, then query); put a free in the magazine (or a deferred
+ * free when sgm_record_stream named other streams); answer ownership and the
+ * fallback path's "is this tier full" hint.
+ *
+ * Locks: a warm alloc or free takes only its own magazine's spin lock and, on
+ * free, a lock-free lookup in the live map plus one compare-and-swap on the
+ * block's record; carving and bag work take the pool lock, never across a
+ * backend call.
+ *
+ * Calls: map.c, mag.c, bag.c (bags, events, reclaim), chunk.c (growth),
+ * vmm.c (mapping the granules of a carve).
+ */
+#include "tiers/pool/pool.h"
+
+static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm_stream_ref *ref,
+                      tier_block **out) {
+  *out = NULL;
+  /* A full budget is answered without the lock: this is the first step of
+   * every fallback allocation. A free racing with this read may leave room a
+   * moment later; the block then lands one tier down, as it would have a
+   * moment earlier. */
+  if (need > __atomic_load_n(&p->head.room_bytes, __ATOMIC_RELAXED)) return SGM__ERR_BUDGET;
+  bool trimmed = false, reclaimed = false;
+  sgm__lock_take(&p->lock);
+  for (int round = 0; round < TIER_MAX_GROW_ROUNDS; round++) {
+    uint64_t off = 0, got = 0;
+    /* Blocks never pass the budget, also when a lowered budget left more
+     * committed than it allows. */
+    if (need > p->p.budget_bytes - (p->held_bytes < p->p.budget_bytes ? p->held_bytes : p->p.budget_bytes))
+      break;
+    if (sgm__suballoc_try_alloc(p->sa, need, &off, &got)) {
+      uint64_t unmapped = p->vmm_range ? sgm__pool_vmm_unmapped_locked(p, off, got) : 0;
+      if (unmapped && !reclaimed && p->bag_bytes >= unmapped) {
+        /* Expandable growth maps memory only when cached blocks the device
+         * is done with could not cover it: give the streams' bags back (they
+         * coalesce) and place the block again. Not the threads' magazines:
+         * emptying them here, about once every 400 pairs, made every thread
+         * carve under the pool lock again (a quarter of all pairs; two
+         * threads ran at 0.16x the pairs/s of one, issue 10). A magazine
+         * holds at most TIER_MAG_CLASS_BYTES per class and goes back at
+         * sgm_trim, at thread exit, and when the budget is full. */
+        uint64_t sz;
+        sgm__suballoc_free(p->sa, off, &sz);
+        reclaimed = true;
+        sgm__lock_drop(&p->lock);
+        sgm__pool_reclaim_some(p, false, SGM_RECLAIM_QUERY);
+        sgm__lock_take(&p->lock);
+        round--;
+        continue;
+      }
+      /* A spare record, else a new one (only while the pool holds more
+       * blocks than ever before). Lock-free readers may still be reading a
+       * spare's tag and chain link: those two are written atomically. */
+      tier_block *b = sgm__pool_spare_take_locked(p);
+      if (!b) b = sgm__pool_block_new();
+      if (b) {
+        b->ptr = off;
+        b->bytes = got;
+        b->asked = asked;
+        b->key = ref ? ref->key : 0;
+        b->handle = ref ? ref->handle : NULL;
+        b->cls = tier_class_exact(got);
+        b->rec = NULL;
+        b->n_rec = 0;
+        b->next = NULL;
+        __atomic_store_n(&b->tag, off | TIER_LIVE | (ref ? 0 : TIER_OWN), __ATOMIC_RELEASE);
+      }
+      if (!b || !sgm__pool_map_insert(p, b)) {
+        uint64_t sz;
+        sgm__suballoc_free(p->sa, off, &sz);
+        if (b) sgm__pool_spare_put_locked(p, b);
+        sgm__lock_drop(&p->lock);
+        return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for block metadata");
+      }
+      p->held_bytes += got;
+      p->n_blocks++;
+      tier_update_room_locked(p);
+      int vrc = p->vmm_range ? sgm__pool_vmm_back_locked(p, off, got) : SGM_OK;
+      if (vrc != SGM_OK) {
+        sgm__pool_release_block_locked(p, b); /* frees b and drops its granule references */
+        tier_update_room_locked(p);
+        sgm__lock_drop(&p->lock);
+        sgm__pool_vmm_settle(p, true);
+        return vrc;
+      }
+      sgm__lock_drop(&p->lock);
+      if (reclaimed) sgm__pool_vmm_settle(p, true);
+      *out = b;
+      return SGM_OK;
+    }
+    /* One reserved range holds the whole budget: nothing to grow. */
+    if (!p->p.growth || p->vmm_range) break;
+    bool dedicated = false;
+    uint64_t chunk = sgm__pool_next_chunk_locked(p, need, &dedicated);
+    if (chunk == 0 && (p->n_growing > 0 || p->n_releasing > 0)) {
+      /* The budget is held by chunks other threads are taking right now (one
+       * of them may have room for this block) or giving back (a trim: their
+       * bytes are committed until the backend has them). Wait, look again. */
+      pthread_cond_wait(&p->grown, &p->lock.mu);
+      round--;
+      continue;
+    }
+    if (chunk == 0) {
+      if (trimmed) break;
+      /* No room in the budget for a new chunk: free chunks may be what holds
+       * it (fragmentation across chunks); give them back and try once more. */
+      trimmed = true;
+      sgm_chunk *list;
+      size_t n = sgm__pool_detach_free_locked(p, 0, UINT64_MAX, &list);
+      if (n == 0) break;
+      sgm__lock_drop(&p->lock);
+      sgm__pool_release_chunks(p, list, n);
+      sgm__lock_take(&p->lock);
+      continue;
+    }
+    p->committed_bytes += chunk;
+    if (!dedicated) p->n_geometric++;
+    p->n_growing++;
+    sgm__lock_drop(&p->lock);
+    sgm_chunk c = {0};
+    int rc = sgm__pool_take_chunk(p, chunk, need, &c);
+    if (rc == SGM_OK) c.dedicated = dedicated;
+    sgm__lock_take(&p->lock);
+    p->n_growing--;
+    pthread_cond_broadcast(&p->grown);
+    if (rc == SGM_OK && c.bytes < chunk) {
+      /* Got a smaller chunk: give back the budget reserved for the rest, and
+       * do not let the geometric series climb while the device is short. */
+      p->committed_bytes -= chunk - c.bytes;
+      if (!dedicated && p->n_geometric > 0) p->n_geometric--;
+      chunk = c.bytes;
+    }
+    if (rc == SGM_OK) {
+      rc = sgm__pool_add_chunk_locked(p, &c);
+      if (rc != SGM_OK) {
+        p->committed_bytes -= chunk;
+        if (!dedicated && p->n_geometric > 0) p->n_geometric--;
+        sgm__lock_drop(&p->lock);
+        p->p.ops->chunk_free(p, &c);
+        return rc;
+      }
+      continue;
+    }
+    p->committed_bytes -= chunk;
+    if (!dedicated && p->n_geometric > 0) p->n_geometric--;
+    /* The message names the budget; the status stays the backend's. */
+    if (rc == SGM_ERR_NOMEM) sgm__pool_backend_nomem_locked(p, need);
+    sgm__lock_drop(&p->lock);
+    return rc;
+  }
+  /* The budget is full. The message is composed only if the caller needs it
+   * (sgm__tier_explain_budget): on the fallback path it does not, and
+   * formatting it would cost more than the fallback allocation itself. */
+  sgm__lock_drop(&p->lock);
+  return SGM__ERR_BUDGET;
+}
+
+int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
+  *out = 0;
+  if (size == 0) return sgm__error_set(SGM_ERR_INVALID, "allocation of 0 bytes");
+  if (size > UINT64_MAX - SGM_DEVICE_ALIGN)
+    return sgm__error_set(SGM_ERR_INVALID, "allocation of %llu bytes overflows",
+                          (unsigned long long)size);
+  uint64_t need = sgm__align_up(size, SGM_DEVICE_ALIGN);
+  tier_block *b = NULL;
+  int rc = tier_carve(p, need, need, NULL, &b);
+  /* Memory the device has finished with comes back before anyone is demoted. */
+  if ((rc == SGM__ERR_BUDGET || rc == SGM_ERR_NOMEM) && sgm__tier_has_cached(p) &&
+      sgm__tier_reclaim(p, NULL, SGM_RECLAIM_QUERY))
+    rc = tier_carve(p, need, need, NULL, &b);
+  if (rc != SGM_OK) {
+    __atomic_fetch_add(&p->n_failed, 1, __ATOMIC_RELAXED);
+    return rc;
+  }
+  tier_count_used(p, (int64_t)need, 1, 1, 0);
+  *out = b->ptr;
+  return SGM_OK;
+}
+
+/* ---- the user's path ---- */
+
+/* Hand a cached block out on stream ref (its state becomes LIVE). */
+static inline sgm_devptr tier_hand_out(sgm_tier_pool *p, tier_mag *m, tier_block *b, uint64_t asked,
+                                       const sgm_stream_ref *ref) {
+  b->asked = asked;
+  b->key = ref->key;
+  b->handle = ref->handle;
+  tier_block_set_state(b, TIER_LIVE);
+  if (m) tier_mag_count(p, m, (int64_t)asked);
+  else tier_count_used(p, (int64_t)asked, 1, 1, 0);
+  return b->ptr;
+}
+
+/* A cached block of class cls (or exact size need for cls < 0) for stream ref:
+ * the magazine, then the stream's bags (refilling the magazine). NULL when none. */
+static tier_block *tier_take_cached(sgm_tier_pool *p, tier_mag *m, int cls, uint64_t need,
+                                    const sgm_stream_ref *ref) {
+  if (m && cls >= 0) {
+    tier_spin_lock(&m->lock);
+    unsigned n = m->n[cls];
+    for (unsigned i = n; i-- > 0;) {
+      tier_block *b = m->slot[cls][i];
+      if (b->key != ref->key) continue;
+      m->slot[cls][i] = m->slot[cls][n - 1];
+      m->n[cls] = (uint8_t)(n - 1);
+      __atomic_store_n(&m->cached_bytes, m->cached_bytes - b->bytes, __ATOMIC_RELAXED);
+      tier_spin_unlock(&m->lock);
+      return b;
+    }
+    tier_spin_unlock(&m->lock);
+  }
+  if (__atomic_load_n(&p->n_bagged, __ATOMIC_RELAXED) == 0) return NULL;
+  sgm__lock_take(&p->lock);
+  tier_stream *s = sgm__pool_stream_find_locked(p, ref->key);
+  tier_block *b = NULL;
+  if (s) {
+    b = sgm__pool_bag_take(&s->open, cls, need);
+    if (!b) b = sgm__pool_bag_take(&s->sealed, cls, need);
+    if (b) {
+      sgm__pool_bagged_add_locked(p, -1, -(int64_t)b->bytes);
+      sgm__pool_stream_note_locked(s, cls, need);
+    }
+    /* Refill half the magazine from the open bag: the next allocations of
+     * this class on this stream then take no lock. */
+    if (b && m && cls >= 0) {
+      unsigned want = tier_mag_cap(cls) / 2;
+      tier_spin_lock(&m->lock);
+      while (m->n[cls] < want && s->open.cls[cls]) {
+        tier_block *x = sgm__pool_bag_take(&s->open, cls, 0);
+        sgm__pool_bagged_add_locked(p, -1, -(int64_t)x->bytes);
+        m->slot[cls][m->n[cls]++] = x;
+        __atomic_store_n(&m->cached_bytes, m->cached_bytes + x->bytes, __ATOMIC_RELAXED);
+      }
+      tier_spin_unlock(&m->lock);
+    }
+  }
+  sgm__lock_drop(&p->lock);
+  return b;
+}
+
+/*
+ * Placement of large blocks (issue 17, reserve mode): a cached block is a
+ * hole the sub-allocator cannot see, so a block carved while the bags hold
+ * memory goes elsewhere, the holes never coalesce with their free
+ * neighbours, and the range fragments: on the idealloc traces the smallest
+ * reserve budget was up to 1.67 x the peak live bytes, against 1.20 for the
+ * bare sub-allocator. On a synchronous backend (the emulated device) nothing
+ * is pending, so before a large block that no cached block fits is carved,
+ * the bags go back to the sub-allocator (they coalesce); the threads'
+ * magazines (small blocks) stay with their owners. Not on other backends:
+ * there it would cost driver calls (a fence to record or query) on every
+ * such allocation and take the blocks from the device-side transfer to other
+ * streams, which comes first (DESIGN.md §8). Reserve mode on the
+ * virtual-memory API (the budget a pool of granules in a range of twice its
+ * size) does not depend on this: addresses no longer decide the budget, only
+ * the granules blocks touch; as one chunk on CUDA the fragmentation stays
+ * (docs/vmm.md).
+ */
+/* sgm__tier_has_cached, asked by the allocating thread whose magazine is m:
+ * when m is the pool's only magazine, its own counter answers without the
+ * pool lock. This is the second step of every fallback allocation (the
+ * budget is full; is there cached memory to reclaim first?), which took the
+ * lock each time to walk one empty magazine. A thread that registers a
+ * magazine racing with this read makes it answer as a moment earlier. */
+static bool tier_has_cached_for(sgm_tier_pool *p, tier_mag *m) {
+  if (__atomic_load_n(&p->n_bagged, __ATOMIC_RELAXED)) return true;
+  size_t n_mags = __atomic_load_n(&p->n_mags, __ATOMIC_RELAXED);
+  if (n_mags == 0) return false;
+  if (n_mags == 1 && m && __atomic_load_n(&m->pool, __ATOMIC_RELAXED) == p)
+    return __atomic_load_n(&m->cached_bytes, __ATOMIC_RELAXED) != 0;
+  return sgm__tier_has_cached(p);
+}
+
+/* sgm__tier_full_for calls made by this thread, any pool (tests): a
+ * thread-local count, so that the fallback path writes no shared line for it. */
+static _Thread_local uint64_t tier_full_checks;
+
+bool sgm__tier_full_for(sgm_tier_pool *p, uint64_t size) {
+  tier_full_checks++;
+  if (size == 0 || size > UINT64_MAX - TIER_CLASS_MAX_BYTES) return false; /* alloc_on says why */
+  uint64_t need = sgm__align_up(size, SGM_DEVICE_ALIGN);
+  int cls = tier_class(need);
+  uint64_t block = cls >= 0 ? tier_class_bytes(cls) : need;
+  if (block <= __atomic_load_n(&p->head.room_bytes, __ATOMIC_RELAXED)) return false;
+  if (tier_has_cached_for(p, sgm__pool_mag_get(p))) return false;
+  __atomic_fetch_add(&p->n_failed, 1, __ATOMIC_RELAXED); /* as sgm__tier_alloc_on counts it */
+  return true;
+}
+
+int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *ref, sgm_devptr *out) {
+  *out = 0;
+  if (sgm_unlikely(size == 0)) return sgm__error_set(SGM_ERR_INVALID, "allocation of 0 bytes");
+  if (sgm_unlikely(size > UINT64_MAX - TIER_CLASS_MAX_BYTES))
+    return sgm__error_set(SGM_ERR_INVALID, "allocation of %llu bytes overflows",
+                          (unsigned long long)size);
+  uint64_t need = sgm__align_up(size, SGM_DEVICE_ALIGN);
+  int cls = tier_class(need);
+  uint64_t block = cls >= 0 ? tier_class_bytes(cls) : need;
+  tier_mag *m = sgm__pool_mag_get(p);
+  tier_block *b = tier_take_cached(p, m, cls, need, ref);
+  if (sgm_likely(b != NULL)) {
+    *out = tier_hand_out(p, m, b, need, ref);
+    return SGM_OK;
+  }
+  /* A large block the caches could not serve is placed in the sub-allocator
+   * only after the cached blocks the device is done with went back there. */
+  bool placed_after_reclaim = cls < 0 && p->p.bops->synchronous &&
+                              __atomic_load_n(&p->bag_bytes, __ATOMIC_RELAXED) != 0;
+  if (placed_after_reclaim) sgm__pool_reclaim_some(p, false, SGM_RECLAIM_QUERY);
+  int rc = tier_carve(p, block, need, ref, &b);
+  /* Granules the returned blocks left free and the new one did not take. */
+  if (placed_after_reclaim) sgm__pool_vmm_settle(p, true);
+  /* Reclaiming cached memory comes before anything moves or falls back:
+   * first other streams' caches through a device-side wait (one or two calls, no
+   * host wait), then what the device has finished with (fences queried). */
+  static const sgm_reclaim_mode order[] = {SGM_RECLAIM_TRANSFER, SGM_RECLAIM_QUERY};
+  const tier_want want = {.cls = cls, .need = need};
+  for (int k = 0; rc != SGM_OK && k < 2; k++) {
+    if (rc != SGM__ERR_BUDGET && rc != SGM_ERR_NOMEM) break;
+    if (!tier_has_cached_for(p, m)) break;
+    if (sgm__pool_reclaim_settle(p, ref, order[k], &want) == 0) continue;
+    b = tier_take_cached(p, m, cls, need, ref);
+    if (b) {
+      *out = tier_hand_out(p, m, b, need, ref);
+      return SGM_OK;
+    }
+    rc = tier_carve(p, block, need, ref, &b);
+  }
+  /* Counted per attempt, as sgm__tier_alloc counts: a request retried after
+   * demotions may count more than once. */
+  if (rc != SGM_OK) {
+    __atomic_fetch_add(&p->n_failed, 1, __ATOMIC_RELAXED);
+    return rc;
+  }
+  /* Fresh from the sub-allocator: counted as handed out (state is LIVE). */
+  if (m) tier_mag_count(p, m, (int64_t)need);
+  else tier_count_used(p, (int64_t)need, 1, 1, 0);
+  *out = b->ptr;
+  return SGM_OK;
+}
+
+int sgm__tier_free(sgm_tier_pool *p, sgm_devptr ptr, uint64_t *size_out) {
+  *size_out = 0;
+  tier_block *b = sgm__pool_map_take_live(p, ptr, true);
+  /* Not ours: say so without a message; the caller tries the next tier and
+   * composes the message only if no tier owns the pointer. */
+  if (!b) return SGM_ERR_INVALID;
+  uint64_t asked = b->asked;
+  sgm__lock_take(&p->lock);
+  sgm__pool_release_block_locked(p, b);
+  tier_update_room_locked(p);
+  sgm__lock_drop(&p->lock);
+  sgm__pool_vmm_settle(p, false);
+  tier_count_used(p, -(int64_t)asked, -1, 0, 1);
+  *size_out = asked;
+  return SGM_OK;
+}
+
+/* A free of a block named by sgm_record_stream: an event on every recorded
+ * stream, and the block waits in the deferred list until all have completed. */
+static int tier_free_recorded(sgm_tier_pool *p, tier_block *b) {
+  tier_deferred *d = calloc(1, sizeof *d);
+  void **evs = calloc(b->n_rec, sizeof *evs);
+  int rc = SGM_OK;
+  if (!d || !evs) {
+    rc = sgm__error_set(SGM_ERR_NOMEM, "out of host memory freeing a block used by other streams");
+    goto out_fail;
+  }
+  for (size_t i = 0; i < b->n_rec; i++) {
+    void *ev = sgm__pool_event_get(p);
+    if (!ev) {
+      rc = SGM_ERR_BACKEND; /* the backend's message says why */
+      goto out_fail;
+    }
+    evs[d->n_events++] = ev;
+    rc = p->p.bops->event_record_on(p->p.be, ev, &b->rec[i]);
+    if (rc != SGM_OK) goto out_fail;
+  }
+  d->b = b;
+  d->events = evs;
+  free(b->rec);
+  b->rec = NULL;
+  b->n_rec = 0;
+  sgm__lock_take(&p->lock);
+  d->next = p->deferred;
+  p->deferred = d;
+  sgm__pool_bagged_add_locked(p, 1, (int64_t)b->bytes);
+  sgm__lock_drop(&p->lock);
+  return SGM_OK;
+
+out_fail:
+  /* Without the events nobody can tell when the other streams are done with
+   * the block: it stays live (the caller's free failed). */
+  if (d) for (size_t i = 0; i < d->n_events; i++) sgm__pool_event_put(p, evs[i]);
+  free(evs);
+  free(d);
+  tier_block_set_state(b, TIER_LIVE);
+  return rc;
+}
+
+int sgm__tier_free_on(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_ref *ref) {
+  tier_block *b = sgm__pool_map_take_live(p, ptr, false);
+  if (sgm_unlikely(!b)) return SGM_ERR_INVALID;
+  uint64_t asked = b->asked;
+  b->key = ref->key;
+  b->handle = ref->handle;
+  tier_mag *m = sgm__pool_mag_get(p);
+  if (sgm_unlikely(b->rec != NULL)) {
+    if (p->p.bops->synchronous) {
+      free(b->rec);
+      b->rec = NULL;
+      b->n_rec = 0;
+    } else {
+      int rc = tier_free_recorded(p, b);
+      if (rc != SGM_OK) return rc;
+      if (m) tier_mag_count(p, m, -(int64_t)asked);
+      else tier_count_used(p, -(int64_t)asked, -1, 0, 1);
+      return SGM_OK;
+    }
+  }
+  if (sgm_likely(m && b->cls >= 0)) {
+    int c = b->cls;
+    unsigned cap = tier_mag_cap(c);
+    tier_block *spill[TIER_MAG_SLOTS];
+    unsigned n_spill = 0;
+    tier_spin_lock(&m->lock);
+    if (m->n[c] >= cap) {
+      /* Full: the older half goes down to the bags (under the pool lock,
+       * taken after this lock is dropped). */
+      n_spill = cap / 2;
+      memcpy(spill, m->slot[c], n_spill * sizeof *spill);
+      memmove(m->slot[c], m->slot[c] + n_spill, (m->n[c] - n_spill) * sizeof *spill);
+      m->n[c] = (uint8_t)(m->n[c] - n_spill);
+      uint64_t spilled = 0;
+      for (unsigned i = 0; i < n_spill; i++) spilled += spill[i]->bytes;
+      __atomic_store_n(&m->cached_bytes, m->cached_bytes - spilled, __ATOMIC_RELAXED);
+    }
+    m->slot[c][m->n[c]++] = b;
+    __atomic_store_n(&m->cached_bytes, m->cached_bytes + b->bytes, __ATOMIC_RELAXED);
+    tier_spin_unlock(&m->lock);
+    if (n_spill) {
+      sgm__lock_take(&p->lock);
+      for (unsigned i = 0; i < n_spill; i++) sgm__pool_bag_add_locked(p, spill[i]);
+      sgm__lock_drop(&p->lock);
+    }
+  } else {
+    sgm__lock_take(&p->lock);
+    sgm__pool_bag_add_locked(p, b);
+    sgm__lock_drop(&p->lock);
+  }
+  if (m) tier_mag_count(p, m, -(int64_t)asked);
+  else tier_count_used(p, -(int64_t)asked, -1, 0, 1);
+  return SGM_OK;
+}
+
+int sgm__tier_record_stream(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_ref *ref) {
+  /* BUSY keeps a concurrent free (a caller's race) from reading the list
+   * while it is rewritten. */
+  tier_block *b = sgm__pool_map_busy_live(p, ptr);
+  if (!b) return SGM_ERR_INVALID;
+  int rc = SGM_OK;
+  if (ref->key != b->key) {
+    bool known = false;
+    for (size_t i = 0; i < b->n_rec && !known; i++) known = b->rec[i].key == ref->key;
+    if (!known) {
+      sgm_stream_ref *n = realloc(b->rec, (b->n_rec + 1) * sizeof *n);
+      if (!n) {
+        rc = SGM_ERR_NOMEM;
+      } else {
+        n[b->n_rec++] = *ref;
+        b->rec = n;
+      }
+    }
+  }
+  sgm__pool_map_unbusy(b);
+  if (rc == SGM_ERR_NOMEM)
+    return sgm__error_set(SGM_ERR_NOMEM, "sgm_record_stream: out of host memory");
+  return rc;
+}
+
+bool sgm__tier_has_cached(sgm_tier_pool *p) {
+  if (__atomic_load_n(&p->n_bagged, __ATOMIC_RELAXED)) return true;
+  if (!__atomic_load_n(&p->n_mags, __ATOMIC_RELAXED)) return false;
+  bool any = false;
+  sgm__lock_take(&p->lock);
+  for (tier_mag *m = p->mags; m && !any; m = m->next)
+    any = __atomic_load_n(&m->cached_bytes, __ATOMIC_RELAXED) != 0;
+  sgm__lock_drop(&p->lock);
+  return any;
+}
+
+/* Is ptr a LIVE block of p (with own_only: one sgm took for itself)? */
+static bool tier_owns_live(sgm_tier_pool *p, sgm_devptr ptr, bool own_only) {
+  tier_block *b = sgm__pool_map_lookup(p, ptr);
+  if (!b) return false;
+  uint64_t tag = tier_tag_of(b);
+  return (tag & ~TIER_TAG_FLAGS) == ptr && (tag & TIER_TAG_STATE) == TIER_LIVE &&
+         (!own_only || (tag & TIER_OWN));
+}
+
+bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr) { return tier_owns_live(p, ptr, false); }
+
+bool sgm__tier_owns_own(sgm_tier_pool *p, sgm_devptr ptr) { return tier_owns_live(p, ptr, true); }
+
+uint64_t sgm__tier_full_checks(void) { return tier_full_checks; }

@@ -1,0 +1,131 @@
+/*
+ * mag.c — magazines: each thread's small per-class stacks of cached blocks
+ * for each pool it uses, so that a steady alloc/free takes no shared lock.
+ *
+ * Job: make a thread's magazine on first use (thread-local slots, a registry
+ * of every magazine), drain it into its streams' bags, flush its pending
+ * counters, and hand everything back when the thread exits or the pool goes.
+ *
+ * Locks: the magazine registry (rank SGM_LOCK_TIER_MAGS) before the pool lock
+ * before a magazine's spin lock; the owner thread takes its own spin lock
+ * alone (uncontended), a reclaimer takes it under the pool lock.
+ *
+ * Calls: bag.c (a drained block goes to its stream's bag), libc and pthread
+ * (thread-local key for the exit hook).
+ */
+#include "tiers/pool/pool.h"
+
+/* ---- magazines ---- */
+
+/* The registry of every thread's magazines (rank SGM_LOCK_TIER_MAGS, taken
+ * before a pool's lock): a magazine's pool link and the pools' lists. */
+static sgm_lock tier_registry_mu = SGM_LOCK_INITIALIZER(SGM_LOCK_TIER_MAGS);
+static pthread_once_t tier_tls_once = PTHREAD_ONCE_INIT;
+static pthread_key_t tier_tls_key;
+static _Thread_local struct {
+  uint64_t pool_id;  /* the pool the magazine is for (0: empty slot) */
+  tier_mag *mag;     /* this thread's magazine for it */
+} tier_tls[TIER_TLS_SLOTS];
+
+/* Move every block of m into its stream's bag (pool and magazine lock held). */
+void sgm__pool_mag_drain_locked(sgm_tier_pool *p, tier_mag *m) {
+  for (int c = 0; c < TIER_N_CLASSES; c++) {
+    for (unsigned i = 0; i < m->n[c]; i++) sgm__pool_bag_add_locked(p, m->slot[c][i]);
+    m->n[c] = 0;
+  }
+  __atomic_store_n(&m->cached_bytes, 0, __ATOMIC_RELAXED);
+}
+
+/* Add m's pending counters to the pool and zero them (owner thread, or pool lock + m's lock). */
+static void tier_mag_flush_counts(sgm_tier_pool *p, tier_mag *m) {
+  int64_t du = __atomic_load_n(&m->d_used, __ATOMIC_RELAXED);
+  int64_t dl = __atomic_load_n(&m->d_live, __ATOMIC_RELAXED);
+  uint64_t na = __atomic_load_n(&m->n_allocs, __ATOMIC_RELAXED);
+  uint64_t nf = __atomic_load_n(&m->n_frees, __ATOMIC_RELAXED);
+  __atomic_store_n(&m->d_used, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&m->d_live, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&m->n_allocs, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&m->n_frees, 0, __ATOMIC_RELAXED);
+  tier_count_used(p, du, dl, na, nf);
+}
+
+/* Unhook m from its pool (if alive), its blocks to the bags; registry lock held. */
+static void tier_mag_detach_registered(tier_mag *m) {
+  sgm_tier_pool *p = m->pool;
+  if (!p) return;
+  sgm__lock_take(&p->lock);
+  tier_spin_lock(&m->lock);
+  sgm__pool_mag_drain_locked(p, m);
+  tier_mag_flush_counts(p, m);
+  tier_spin_unlock(&m->lock);
+  if (m->prev) m->prev->next = m->next;
+  else p->mags = m->next;
+  if (m->next) m->next->prev = m->prev;
+  __atomic_store_n(&p->n_mags, p->n_mags - 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&m->pool, NULL, __ATOMIC_RELAXED);
+  sgm__lock_drop(&p->lock);
+}
+
+/* Detach every thread's magazine from p (destroy); registry lock not held. */
+void sgm__pool_mag_detach_all(sgm_tier_pool *p) {
+  sgm__lock_take(&tier_registry_mu);
+  while (p->mags) tier_mag_detach_registered(p->mags);
+  sgm__lock_drop(&tier_registry_mu);
+}
+
+static void tier_mag_free(tier_mag *m) {
+  sgm__lock_take(&tier_registry_mu);
+  tier_mag_detach_registered(m);
+  sgm__lock_drop(&tier_registry_mu);
+  free(m);
+}
+
+/* Thread exit: every magazine of the thread goes back to its pool. */
+static void tier_tls_exit(void *unused) {
+  (void)unused;
+  for (int i = 0; i < TIER_TLS_SLOTS; i++) {
+    if (tier_tls[i].mag) tier_mag_free(tier_tls[i].mag);
+    tier_tls[i].mag = NULL;
+    tier_tls[i].pool_id = 0;
+  }
+}
+
+static void tier_tls_init(void) { pthread_key_create(&tier_tls_key, tier_tls_exit); }
+
+/* The calling thread's magazine for p, made on first use; NULL when out of memory. */
+static tier_mag *tier_mag_slow(sgm_tier_pool *p) {
+  pthread_once(&tier_tls_once, tier_tls_init);
+  int slot = -1;
+  for (int i = 0; i < TIER_TLS_SLOTS && slot < 0; i++)
+    if (!tier_tls[i].mag || !__atomic_load_n(&tier_tls[i].mag->pool, __ATOMIC_RELAXED)) slot = i;
+  if (slot < 0) slot = (int)(p->id % TIER_TLS_SLOTS);
+  if (tier_tls[slot].mag) {
+    tier_mag_free(tier_tls[slot].mag);
+    tier_tls[slot].mag = NULL;
+    tier_tls[slot].pool_id = 0;
+  }
+  /* Its own cache lines: two threads' magazines never share one. */
+  tier_mag *m = aligned_alloc(64, sgm__align_up(sizeof *m, 64));
+  if (m) memset(m, 0, sizeof *m);
+  if (!m) return NULL;
+  m->pool = p;
+  m->pool_id = p->id;
+  pthread_setspecific(tier_tls_key, (void *)1); /* so that tier_tls_exit runs */
+  sgm__lock_take(&tier_registry_mu);
+  sgm__lock_take(&p->lock);
+  m->next = p->mags;
+  if (p->mags) p->mags->prev = m;
+  p->mags = m;
+  __atomic_store_n(&p->n_mags, p->n_mags + 1, __ATOMIC_RELAXED);
+  sgm__lock_drop(&p->lock);
+  sgm__lock_drop(&tier_registry_mu);
+  tier_tls[slot].pool_id = p->id;
+  tier_tls[slot].mag = m;
+  return m;
+}
+
+tier_mag *sgm__pool_mag_get(sgm_tier_pool *p) {
+  for (int i = 0; i < TIER_TLS_SLOTS; i++)
+    if (tier_tls[i].pool_id == p->id) return tier_tls[i].mag;
+  return tier_mag_slow(p);
+}

@@ -1,0 +1,229 @@
+/*
+ * pool.c — a tier pool's life and its reports: create, destroy, stats and
+ * the whole-pool invariant check.
+ *
+ * Job: create a pool (growth, expandable growth or reserve mode), destroy it
+ * (wait for streams' work, detach every thread's magazine, return every chunk
+ * and granule), sum the counters for stats, walk the pool in sgm__tier_check.
+ *
+ * Locks: the magazine registry then the pool lock at destroy; the pool lock
+ * for stats and the check (the live map's shards are read atomically).
+ *
+ * Calls: chunk.c (reserve mode's chunk), vmm.c (setup, teardown, check),
+ * mag.c (detach magazines), bag.c (the final WAIT reclaim), map.c.
+ */
+#include "tiers/pool/pool.h"
+
+static uint64_t tier_next_pool_id;
+/* ---- create / destroy ---- */
+
+/* The message when reserve mode cannot take the budget at create. */
+static int tier_reserve_failed(const sgm_tier_params *params, int rc) {
+  char b[32];
+  return sgm__error_set(rc, "cannot reserve the %s budget of %s at create (growth mode off): %s; "
+                        "lower SGM_VRAM_LIMIT / SGM_VRAM_FRACTION or set SGM_ALLOW_GROWTH=1",
+                        sgm_tier_name(params->tier),
+                        sgm__fmt_bytes(params->budget_bytes, b, sizeof b), sgm_last_error());
+}
+
+int sgm__tier_create(const sgm_tier_params *params, sgm_tier_pool **out) {
+  *out = NULL;
+  sgm_tier_pool *p = aligned_alloc(64, sgm__align_up(sizeof *p, 64));
+  if (!p) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory creating the %s tier",
+                                sgm_tier_name(params->tier));
+  memset(p, 0, sizeof *p);
+  p->p = *params;
+  p->id = __atomic_add_fetch(&tier_next_pool_id, 1, __ATOMIC_RELAXED);
+  p->head.room_bytes = params->budget_bytes;
+  p->span_lo = UINT64_MAX;
+  pthread_cond_init(&p->grown, NULL);
+  sgm__lock_init(&p->lock, SGM_LOCK_TIER_VRAM + (int)params->tier);
+  int rc = sgm__suballoc_create(SGM_DEVICE_ALIGN, &p->sa);
+  if (rc != SGM_OK) goto out_free;
+  if (params->growth && params->budget_bytes > 0) sgm__pool_vmm_setup(p);
+  /* Reserve mode: the budget's physical memory as a pool of granules mapped
+   * where blocks land (a device with the virtual-memory API), else one
+   * contiguous chunk. */
+  if (!params->growth && params->budget_bytes > 0 && sgm__pool_vmm_setup(p)) {
+    rc = sgm__pool_vmm_pool_setup(p);
+    if (rc != SGM_OK) {
+      rc = tier_reserve_failed(params, rc);
+      sgm__pool_vmm_teardown(p);
+      goto out_sa;
+    }
+  } else if (!params->growth && params->budget_bytes > 0) {
+    /* Reserve mode: the whole budget as one contiguous range, so that any
+     * block up to the budget fits. */
+    sgm_chunk c = {0};
+    rc = params->ops->chunk_alloc(p, params->budget_bytes, &c);
+    if (rc != SGM_OK) {
+      rc = tier_reserve_failed(params, rc);
+      goto out_sa;
+    }
+    sgm__lock_take(&p->lock);
+    rc = sgm__pool_add_chunk_locked(p, &c);
+    if (rc == SGM_OK) p->committed_bytes = c.bytes;
+    sgm__lock_drop(&p->lock);
+    if (rc != SGM_OK) {
+      params->ops->chunk_free(p, &c);
+      goto out_sa;
+    }
+  }
+  *out = p;
+  return SGM_OK;
+
+out_sa:
+  sgm__suballoc_destroy(p->sa);
+out_free:
+  pthread_cond_destroy(&p->grown);
+  sgm__lock_destroy(&p->lock);
+  free(p);
+  return rc;
+}
+
+void sgm__tier_destroy(sgm_tier_pool *p) {
+  if (!p) return;
+  /* Threads' magazines: their blocks go to the bags; the threads free the
+   * magazines themselves (they find them detached). */
+  sgm__pool_mag_detach_all(p);
+  sgm__tier_reclaim(p, NULL, SGM_RECLAIM_WAIT);
+  /* Blocks sgm itself still holds (none when the context is clean). */
+  for (size_t i = 0; i < TIER_SHARDS; i++) {
+    tier_table *t = p->shards[i].table;
+    for (size_t k = 0; t && k <= t->mask; k++) {
+      for (tier_block *b = t->b[k], *next; b; b = next) {
+        next = b->hnext;
+        free(b->rec);
+        free(b);
+      }
+    }
+    while (t) {
+      tier_table *r = t->retired;
+      free(t);
+      t = r;
+    }
+  }
+  for (tier_block *b = p->spare, *next; b; b = next) {
+    next = b->next;
+    free(b);
+  }
+  for (tier_stream *s = p->streams, *next; s; s = next) {
+    next = s->next;
+    free(s);
+  }
+  for (size_t i = 0; i < p->n_events; i++) p->p.bops->event_destroy(p->p.be, p->events[i]);
+  free(p->events);
+  for (size_t i = 0; i < p->n_chunks; i++) p->p.ops->chunk_free(p, &p->chunks[i]);
+  free(p->chunks);
+  sgm__pool_vmm_teardown(p);
+  sgm__suballoc_destroy(p->sa);
+  pthread_cond_destroy(&p->grown);
+  sgm__lock_destroy(&p->lock);
+  free(p);
+}
+
+const sgm_tier_params *sgm__tier_params(const sgm_tier_pool *p) { return &p->p; }
+
+/* ---- stats and checks ---- */
+
+uint64_t sgm__tier_lock_takes(const sgm_tier_pool *p) { return sgm__lock_takes(&p->lock); }
+
+
+uint64_t sgm__tier_map_writes(const sgm_tier_pool *p) {
+  uint64_t n = 0;
+  for (size_t i = 0; i < TIER_SHARDS; i++) n += __atomic_load_n(&p->shards[i].n_writes, __ATOMIC_RELAXED);
+  return n;
+}
+
+void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out) {
+  memset(out, 0, sizeof *out);
+  sgm__lock_take(&p->lock);
+  out->budget_bytes = p->p.budget_bytes;
+  out->committed_bytes = tier_committed(p);
+  out->n_chunks = p->n_chunks + p->n_releasing; /* committed counts those being returned */
+  /* Expandable growth: every granule is its own allocation of the driver's
+   * (reserve mode: every granule of the pool). */
+  if (p->vmm_range) out->n_chunks = (tier_committed(p) - p->external_bytes) >> p->vmm_shift;
+  int64_t used = (int64_t)__atomic_load_n(&p->used_bytes, __ATOMIC_RELAXED);
+  int64_t live = __atomic_load_n(&p->n_live, __ATOMIC_RELAXED);
+  uint64_t allocs = __atomic_load_n(&p->n_allocs, __ATOMIC_RELAXED);
+  uint64_t frees = __atomic_load_n(&p->n_frees, __ATOMIC_RELAXED);
+  uint64_t cached = p->bag_bytes;
+  for (tier_mag *m = p->mags; m; m = m->next) {
+    used += __atomic_load_n(&m->d_used, __ATOMIC_RELAXED);
+    live += __atomic_load_n(&m->d_live, __ATOMIC_RELAXED);
+    allocs += __atomic_load_n(&m->n_allocs, __ATOMIC_RELAXED);
+    frees += __atomic_load_n(&m->n_frees, __ATOMIC_RELAXED);
+    cached += __atomic_load_n(&m->cached_bytes, __ATOMIC_RELAXED);
+  }
+  sgm__lock_drop(&p->lock);
+  /* Counts of several threads are summed unordered: clamp a transient minus. */
+  out->used_bytes = used > 0 ? (uint64_t)used : 0;
+  out->n_live = live > 0 ? (uint64_t)live : 0;
+  uint64_t peak = __atomic_load_n(&p->peak_used_bytes, __ATOMIC_RELAXED);
+  out->peak_used_bytes = peak > out->used_bytes ? peak : out->used_bytes;
+  out->n_allocs = allocs;
+  out->n_frees = frees;
+  out->n_failed = __atomic_load_n(&p->n_failed, __ATOMIC_RELAXED);
+  out->cached_bytes = cached;
+}
+
+
+bool sgm__tier_check(sgm_tier_pool *p) {
+  bool ok = true;
+  sgm__lock_take(&p->lock);
+  uint64_t sum = 0;
+  for (size_t i = 0; i < p->n_chunks; i++) sum += p->chunks[i].bytes;
+  sgm_suballoc_stats st;
+  sgm__suballoc_stats(p->sa, &st);
+  size_t in_map = 0, bad_tags = 0;
+  for (size_t i = 0; i < TIER_SHARDS; i++) {
+    const tier_shard *sh = &p->shards[i];
+    size_t walked = 0;
+    for (size_t k = 0; sh->table && k <= sh->table->mask; k++)
+      for (tier_block *b = sh->table->b[k]; b; b = b->hnext, walked++) {
+        uint64_t tag = tier_tag_of(b), st_bits = tag & TIER_TAG_STATE;
+        /* Every record names its own address, is LIVE or CACHED, and is the
+         * one a lock-free lookup of its address finds. */
+        bad_tags += (tag & ~TIER_TAG_FLAGS) != b->ptr || (st_bits != TIER_LIVE && st_bits != TIER_CACHED) ||
+                    sgm__pool_map_lookup(p, b->ptr) != b;
+      }
+    in_map += sh->n;
+    bad_tags += walked != sh->n;
+  }
+  uint64_t sealed_without_fence = 0;
+  for (tier_stream *s = p->streams; s; s = s->next)
+    if (s->sealed.n && !s->fence && !s->busy) sealed_without_fence++;
+  if (!sgm__suballoc_check(p->sa)) {
+    ok = false;
+  } else if (p->committed_bytes > (p->vmm_pool ? sgm__pool_vmm_cap_locked(p) : p->p.budget_bytes) &&
+             !p->budget_lowered) {
+    ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: committed %llu > budget %llu",
+                         sgm_tier_name(p->p.tier), (unsigned long long)p->committed_bytes,
+                         (unsigned long long)p->p.budget_bytes);
+  } else if (p->vmm_range && !sgm__pool_vmm_check_locked(p, &st)) {
+    ok = false;
+  } else if (!p->vmm_range && (sum > p->committed_bytes || st.capacity_bytes != sum ||
+                               st.n_ranges != p->n_chunks)) {
+    ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: chunks hold %llu bytes in %zu, sub-allocator %llu "
+                         "in %llu, committed %llu", sgm_tier_name(p->p.tier),
+                         (unsigned long long)sum, p->n_chunks,
+                         (unsigned long long)st.capacity_bytes, (unsigned long long)st.n_ranges,
+                         (unsigned long long)p->committed_bytes);
+  } else if (st.used_bytes != p->held_bytes - p->external_bytes || st.n_live != p->n_blocks ||
+             in_map != p->n_blocks) {
+    ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: holding %llu bytes in %llu blocks (%zu mapped), "
+                         "sub-allocator %llu/%llu",
+                         sgm_tier_name(p->p.tier), (unsigned long long)p->held_bytes,
+                         (unsigned long long)p->n_blocks, in_map, (unsigned long long)st.used_bytes,
+                         (unsigned long long)st.n_live);
+  } else if (bad_tags) {
+    ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: %zu records of the live map have a wrong tag or "
+                         "cannot be found by their address", sgm_tier_name(p->p.tier), bad_tags);
+  } else if (sealed_without_fence) {
+    ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: %llu streams hold sealed blocks without a fence",
+                         sgm_tier_name(p->p.tier), (unsigned long long)sealed_without_fence);
+  }
+  sgm__lock_drop(&p->lock);
+  return ok;
+}

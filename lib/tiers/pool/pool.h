@@ -1,0 +1,463 @@
+/*
+ * pool.h — inside the tier pool: the records, caches and counters its files
+ * share (the .c files of lib/tiers/pool). The tiers see only tiers/tier.h.
+ *
+ * Every block carved from the sub-allocator has a tier_block record in the
+ * pool's live map: LIVE while the user (or sgm) holds it, CACHED while it sits
+ * in a magazine, a stream's bag or the deferred list. A cached block belongs
+ * to one stream (its key): work queued on that stream may still use it.
+ *
+ *   user free on S --> thread magazine [class][slot]   (no shared lock)
+ *                          | full: half moves down
+ *                          v
+ *                      bag of S: open --seal--> sealed (+ fence event on S)
+ *                          |                    |   | fence seen complete
+ *   transfer to T <--------+ (record on S =     |   v
+ *   (T's open bag,            seal; wait on T)  | sub-allocator (anyone)
+ *    what T asked for) <------------------------+ (wait on T)
+ *
+ * Invariants (checked by sgm__tier_check):
+ *  - committed_bytes <= budget_bytes (unless the budget was lowered below what
+ *    was committed, see sgm__tier_set_budget), committed_bytes >= the sum of the
+ *    live chunks' sizes (it also counts chunks being taken right now);
+ *  - every chunk is one range of the sub-allocator, at its device address;
+ *  - held_bytes and n_blocks equal the sub-allocator's used bytes and blocks,
+ *    and the live map holds n_blocks records;
+ *  - a stream's sealed bag is non-empty only while it has a fence (or one is
+ *    being recorded): blocks reach the sub-allocator only through a fence seen
+ *    complete, a host wait, or a synchronous backend;
+ *  - a fence or deferred event has one owner at a time (the busy flag), so it
+ *    is queried, recycled or destroyed by one thread only.
+ *
+ * Threading: see tier.h for the locks and their order. The user's alloc and
+ * free on a warm magazine take only the magazine's spin lock (its own
+ * thread's, so uncontended) and, on free, a lock-free lookup in the live map
+ * and one compare-and-swap on the block's own record;
+ * counters go to the magazine and reach the pool in batches (at once when one
+ * thread uses the pool, so single-threaded stats are exact).
+ *
+ * Files, one job each (mimalloc keeps segment.c, page.c, free.c, alloc.c apart
+ * the same way):
+ *   alloc.c  the user's path: alloc/free on a stream, record_stream, sgm's own blocks
+ *   mag.c    magazines: per-thread caches
+ *   bag.c    stream bags, pooled events, fences and the reclaim passes
+ *   xfer.c   transfers of cached blocks between streams
+ *   map.c    the live map (pointer -> record)
+ *   chunk.c  chunks and budget: growth, trim, the sub-allocator side, charges
+ *   vmm.c    expandable growth on one reserved range
+ *   pool.c   create, destroy, stats, the invariant check
+ * Cross-file functions are sgm__pool_<file's job>_<verb>; helpers every file
+ * needs are static inline below.
+ */
+#ifndef SGM_TIERS_POOL_H
+#define SGM_TIERS_POOL_H
+
+#include "tiers/tier.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+
+/* Dedicated chunks are rounded to 64 KiB, the smallest page the GPU maps. */
+#define TIER_DEDICATED_GRANULE (UINT64_C(64) << 10)
+/* A caller that keeps losing the chunk it just grew to other threads gives up
+ * after this many rounds rather than spin forever. */
+#define TIER_MAX_GROW_ROUNDS 16
+
+/* Size classes: 256, 512, 768, 1024, then four per power of two up to 1 MiB
+ * (at most 25% rounding). 1 MiB is where PyTorch's allocator stops treating
+ * blocks as small; larger blocks are cached at their exact size. */
+#define TIER_CLASS_MAX_BYTES (UINT64_C(1) << 20)
+#define TIER_N_CLASSES 44
+_Static_assert(TIER_N_CLASSES <= 64, "a stream's recent classes are one 64-bit mask");
+/* Magazine slots per class, and the bytes one class may hold per thread
+ * (so big classes get fewer slots: at most 4 MiB cached per class per thread). */
+#define TIER_MAG_SLOTS 16
+#define TIER_MAG_CLASS_BYTES (UINT64_C(4) << 20)
+/* A magazine's counters reach the pool when this many bytes are pending,
+ * which bounds the error of used_bytes while several threads run. */
+#define TIER_MAG_FLUSH_BYTES (UINT64_C(1) << 20)
+/* Magazines per thread (pools a thread uses at once: two tiers of a context or two). */
+#define TIER_TLS_SLOTS 4
+/* Live-map shards: 64 keeps two threads' frees on different locks nearly always. */
+#define TIER_SHARDS 64
+#define TIER_SHARD_BUCKETS_MIN 64
+/* A large cached block is reused for a request when it is at most this much
+ * bigger (1/8: the same slack a size class allows at most). */
+#define TIER_LARGE_SLACK_SHIFT 3
+
+/* Expandable growth: free mapped granules are unmapped at once when they pass
+ * this many granules and 1/32 of what is committed (3.1 %): a block freed and
+ * allocated again around a granule boundary does not map and unmap each time.
+ * Measured on the idealloc traces (sgm-alloc-replay, docs/benchmarks.md):
+ * 1/64 commits at most 1.057 x the peak live bytes, 1/32 the same, 1/16 and
+ * 1/8 up to 1.110; mapping calls fall as the slack grows. */
+#define TIER_VMM_SLACK_GRANULES 4u
+/* Budgets below this many granules (64 MiB with 2 MiB granules) grow in
+ * chunks: a block is rounded to whole granules in committed bytes, which on a
+ * small budget is a large share (an 8 MiB budget holding two 1 MiB blocks and
+ * a 6 MiB one would need 10 MiB of granules). */
+#define TIER_VMM_MIN_GRANULES 32u
+#define TIER_VMM_SLACK_SHIFT 5
+
+/* A block record's tag: its address (a multiple of SGM_DEVICE_ALIGN) and
+ * these flags in the low bits. TIER_OWN: taken by sgm__tier_alloc for sgm
+ * itself, so user frees refuse it. TIER_BUSY: sgm_record_stream is changing
+ * the record's stream list; a free waits for it. */
+enum { TIER_LIVE = 1, TIER_CACHED = 2, TIER_OWN = 4, TIER_BUSY = 8 };
+#define TIER_TAG_STATE UINT64_C(3)
+#define TIER_TAG_FLAGS (SGM_DEVICE_ALIGN - UINT64_C(1))
+
+/* Expandable growth: one granule of the reserved range. */
+typedef struct tier_granule {
+  uint32_t refs;               /* blocks of the sub-allocator (live or cached) touching it */
+  uint8_t mapped;              /* memory is mapped behind it */
+  uint8_t busy;                /* a thread maps or unmaps it now, without the pool lock */
+  uint32_t phys;               /* reserve mode's pool: the pool granule mapped here (mapped or busy) */
+  uint64_t free_seen_ms;       /* idle trim: when first seen mapped and untouched; UINT64_MAX = not */
+} tier_granule;
+
+/* One block of the sub-allocator, known to the live map. */
+typedef struct tier_block {
+  sgm_devptr ptr;              /* its address (the sub-allocator offset) */
+  uint64_t bytes;              /* its size in the sub-allocator */
+  uint64_t asked;              /* the size handed out, rounded to SGM_DEVICE_ALIGN (counted in used) */
+  uint64_t key;                /* the stream it belongs to (allocated or freed on) */
+  void *handle;                /* that stream's handle, to record events on it */
+  uint64_t tag;                /* ptr | TIER_LIVE or TIER_CACHED | TIER_OWN | TIER_BUSY, 0 while
+                                  spare (atomic: the live map's lock-free readers validate by it) */
+  int cls;                     /* its size class, -1 when its size is no class's */
+  sgm_stream_ref *rec;         /* streams named by sgm_record_stream (malloc'd), NULL if none */
+  size_t n_rec;                /* entries in rec */
+  struct tier_block *hnext;    /* chain in the live map (atomic: read without a lock) */
+  struct tier_block *next;     /* in a cache list, or the pool's spare records */
+} __attribute__((aligned(64))) tier_block;
+
+
+/* A bucket array of the live map; replaced arrays are kept until the pool
+ * goes, since a reader may still be walking one. */
+typedef struct tier_table {
+  size_t mask;                 /* buckets - 1 (a power of two, minus one) */
+  struct tier_table *retired;  /* the array this one replaced */
+  tier_block *b[];             /* chains by address hash (atomic) */
+} tier_table;
+
+/* A shard of the live map, alone on its cache line. Written only under the
+ * pool lock, read without any lock: frees look their block up without
+ * writing a line another thread reads (issue 10: two threads freeing through
+ * shard spin locks ran at 0.68x the pairs per second of one). */
+typedef struct tier_shard {
+  unsigned seq;                /* odd while a record is unlinked or the table rebuilt (atomic) */
+  tier_table *table;           /* NULL until the first insert (atomic) */
+  size_t n;                    /* records in the shard (atomic: read by the check) */
+  uint64_t n_writes;           /* inserts, unlinks and rebuilds so far (atomic: read by tests) */
+} __attribute__((aligned(64))) tier_shard;
+
+/* Cached blocks of one stream, by class. */
+typedef struct tier_bag {
+  tier_block *cls[TIER_N_CLASSES]; /* LIFO lists of blocks of each class */
+  tier_block *large;           /* blocks of no class */
+  uint64_t bytes;              /* their sizes, summed */
+  size_t n;                    /* blocks in the bag */
+} tier_bag;
+
+/* Large sizes a stream remembers having taken from its caches, and the
+ * record of one (recent sizes, issue 10). */
+#define TIER_RECENT_LARGE 4
+typedef struct tier_recent_large {
+  uint64_t need;               /* bytes asked, aligned; 0: empty */
+  uint64_t period;             /* the stream's period when last taken */
+} tier_recent_large;
+
+/* One stream's bags (kept until the pool goes: a handful per program). */
+typedef struct tier_stream {
+  sgm_stream_ref ref;          /* the stream (key, handle of its last free) */
+  tier_bag open;               /* freed since the last fence was recorded */
+  tier_bag sealed;             /* freed before `fence` was recorded */
+  void *fence;                 /* pooled event covering sealed, NULL when none */
+  bool busy;                   /* a thread records or queries fence without the lock */
+  struct tier_stream *next;    /* the pool's list */
+  /* (xfer, issue 10) */
+  void *crossed_fence;         /* the fence a transfer to crossed_to recorded or waited on */
+  uint64_t crossed_to;         /* that taker's key: its next transfer under it takes all */
+  /* (recent sizes, issue 10) */
+  uint64_t recent_cls[2];      /* bit c: class c taken from this stream's bags, this period / the last */
+  tier_recent_large recent_large[TIER_RECENT_LARGE]; /* large sizes taken so, with their periods */
+  uint64_t period;             /* transfers this stream has taken from others (ages the above) */
+} tier_stream;
+
+/* A free that waits for streams named by sgm_record_stream. */
+typedef struct tier_deferred {
+  tier_block *b;               /* the block (CACHED, key = the stream it was freed on) */
+  void **events;               /* one per recorded stream, recorded at the free */
+  size_t n_events;             /* entries in events */
+  bool busy;                   /* a thread queries them without the lock */
+  struct tier_deferred *next;  /* the pool's list */
+} tier_deferred;
+
+/* One thread's cache for one pool. */
+typedef struct tier_mag {
+  int lock;                    /* spin lock: the owner thread, or a reclaimer under the pool lock */
+  sgm_tier_pool *pool;         /* NULL once the pool is destroyed (registry lock) */
+  uint64_t pool_id;            /* the pool's id, for the thread's lookup */
+  struct tier_mag *prev, *next; /* the pool's list (registry and pool lock) */
+  uint64_t cached_bytes;       /* bytes in the slots (atomic: read by stats) */
+  int64_t d_used;              /* used bytes not yet added to the pool (atomic) */
+  int64_t d_live;              /* live blocks not yet added to the pool (atomic) */
+  uint64_t n_allocs;           /* allocations served by this thread, not yet added (atomic) */
+  uint64_t n_frees;            /* frees by this thread, not yet added (atomic) */
+  uint8_t n[TIER_N_CLASSES];   /* slots used per class */
+  tier_block *slot[TIER_N_CLASSES][TIER_MAG_SLOTS]; /* cached blocks, newest last */
+} tier_mag;
+
+struct sgm_tier_pool {
+  sgm_tier_head head;         /* first: what tier.h's inline checks read (room_bytes) */
+  sgm_lock lock;              /* guards everything below but the params, atomics and shards */
+  sgm_tier_params p;          /* set at create, read-only after (but the budget, under the lock) */
+  uint64_t id;                /* unique for the process's life: magazines find their pool by it */
+  sgm_suballoc *sa;           /* carves the chunks; offsets are device addresses */
+  sgm_chunk *chunks;          /* live chunks, in the order they were taken */
+  size_t n_chunks;            /* entries used in chunks */
+  size_t cap_chunks;          /* entries allocated in chunks */
+  unsigned n_geometric;       /* growth chunks taken so far: the next is initial << this */
+  uint64_t committed_bytes;   /* chunk bytes taken or being taken from the backend */
+  uint64_t held_bytes;        /* bytes of blocks in the sub-allocator (live and cached), plus
+                                 external_bytes */
+  uint64_t external_bytes;    /* bytes charged by sgm__tier_charge (managed blocks placed in
+                                 this tier), also counted in committed_bytes and held_bytes */
+  uint64_t n_blocks;          /* blocks in the sub-allocator */
+  uint64_t used_bytes;        /* handed-out bytes, but what magazines still hold back (atomic) */
+  int64_t n_live;             /* handed-out blocks, the same way (atomic) */
+  uint64_t peak_used_bytes;   /* highest used_bytes seen (atomic) */
+  uint64_t n_allocs;          /* blocks handed out, the same way (atomic) */
+  uint64_t n_frees;           /* blocks freed, the same way (atomic) */
+  uint64_t n_failed;          /* allocations this pool could not serve (atomic) */
+  bool budget_lowered;        /* set_budget went below committed: committed may exceed it */
+  unsigned n_growing;         /* chunks being taken from the backend right now */
+  unsigned n_releasing;       /* chunks detached and being returned right now (still committed) */
+  pthread_cond_t grown;       /* broadcast when a chunk taking finishes or a release ends */
+  tier_stream *streams;       /* streams with bags */
+  uint64_t bag_bytes;         /* bytes in bags and deferred frees */
+  size_t n_bagged;            /* blocks in bags and deferred frees (atomic: read as a hint) */
+  tier_deferred *deferred;    /* frees waiting for recorded streams */
+  void **events;              /* pooled events, not recorded by anyone now */
+  size_t n_events, cap_events; /* entries used / allocated */
+  tier_mag *mags;             /* magazines of threads using the pool */
+  size_t n_mags;              /* entries in mags (atomic: read on the hot path) */
+  /* expandable growth (issue 17); vmm_range NULL = chunks */
+  void *vmm_range;            /* the backend's reserved range */
+  sgm_devptr vmm_base;        /* its first address (the sub-allocator's one range) */
+  uint64_t vmm_bytes;         /* its bytes */
+  unsigned vmm_shift;         /* log2 of the granule */
+  sgm_devptr span_lo;         /* lowest address ever given to the sub-allocator (atomic; UINT64_MAX: none) */
+  sgm_devptr span_hi;         /* past the highest one (atomic): sgm__tier_may_own's span, never shrinks */
+  tier_granule *gran;         /* one per granule of the range */
+  uint64_t vmm_free_mapped;   /* granules mapped, not busy, touched by no block (atomic read) */
+  tier_block *spare;          /* records out of the map, reused by carves: a record once
+                                 in the map is freed only with the pool (lock-free readers) */
+  /* reserve mode on the virtual-memory API (issue 17); vmm_pool NULL = none */
+  void *vmm_pool;             /* the backend's pool of the budget's granules, taken at create */
+  uint32_t *pool_free;        /* pool granules mapped nowhere (a stack) */
+  size_t n_pool;              /* granules in the pool */
+  size_t n_pool_free;         /* entries used in pool_free */
+  tier_shard shards[TIER_SHARDS]; /* the live map */
+};
+/* ---- small helpers ---- */
+
+static inline void tier_spin_lock(int *l) {
+  while (__atomic_exchange_n(l, 1, __ATOMIC_ACQUIRE)) {
+    while (__atomic_load_n(l, __ATOMIC_RELAXED)) sched_yield();
+  }
+}
+
+static inline void tier_spin_unlock(int *l) { __atomic_store_n(l, 0, __ATOMIC_RELEASE); }
+
+static inline uint64_t tier_hash(sgm_devptr ptr) {
+  uint64_t k = ptr >> 8;
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdull;
+  k ^= k >> 33;
+  k *= 0xc4ceb9fe1a85ec53ull;
+  k ^= k >> 33;
+  return k;
+}
+
+static inline tier_shard *tier_shard_of(sgm_tier_pool *p, uint64_t h) {
+  return &p->shards[h & (TIER_SHARDS - 1)];
+}
+
+/* Class of an aligned request (rounding up); -1 above the largest class. */
+static inline int tier_class(uint64_t need) {
+  if (need <= 1024) return (int)((need >> 8) - 1);
+  if (need > TIER_CLASS_MAX_BYTES) return -1;
+  int lg = 63 - __builtin_clzll(need - 1); /* need in (2^lg, 2^(lg+1)] */
+  uint64_t step = UINT64_C(1) << (lg - 2);
+  int sub = (int)((need - 1 - (UINT64_C(1) << lg)) >> (lg - 2)); /* 0..3 */
+  (void)step;
+  return 4 + (lg - 10) * 4 + sub;
+}
+
+static inline uint64_t tier_class_bytes(int cls) {
+  if (cls < 4) return (uint64_t)(cls + 1) << 8;
+  int lg = 10 + (cls - 4) / 4;
+  int sub = (cls - 4) % 4;
+  return (UINT64_C(1) << lg) + ((uint64_t)(sub + 1) << (lg - 2));
+}
+
+/* Class of a block of exactly bytes, -1 when bytes is no class's size. */
+static inline int tier_class_exact(uint64_t bytes) {
+  int c = tier_class(bytes);
+  return c >= 0 && tier_class_bytes(c) == bytes ? c : -1;
+}
+
+static inline unsigned tier_mag_cap(int cls) {
+  uint64_t n = TIER_MAG_CLASS_BYTES / tier_class_bytes(cls);
+  return n > TIER_MAG_SLOTS ? TIER_MAG_SLOTS : n < 2 ? 2 : (unsigned)n;
+}
+
+/* Keep room_bytes = budget - held (0 when over) for the lock-free check. */
+static inline void tier_update_room_locked(sgm_tier_pool *p) {
+  sgm_assert_internal(sgm__lock_held(&p->lock));
+  uint64_t room = p->p.budget_bytes > p->held_bytes ? p->p.budget_bytes - p->held_bytes : 0;
+  __atomic_store_n(&p->head.room_bytes, room, __ATOMIC_RELAXED);
+}
+
+/* Count bytes handed out (or back, negative) at the pool level. */
+static inline void tier_count_used(sgm_tier_pool *p, int64_t d_used, int64_t d_live, uint64_t allocs,
+                                   uint64_t frees) {
+  uint64_t used = __atomic_add_fetch(&p->used_bytes, (uint64_t)d_used, __ATOMIC_RELAXED);
+  if (d_live) __atomic_add_fetch(&p->n_live, d_live, __ATOMIC_RELAXED);
+  if (allocs) __atomic_add_fetch(&p->n_allocs, allocs, __ATOMIC_RELAXED);
+  if (frees) __atomic_add_fetch(&p->n_frees, frees, __ATOMIC_RELAXED);
+  if (d_used > 0) {
+    uint64_t peak = __atomic_load_n(&p->peak_used_bytes, __ATOMIC_RELAXED);
+    while (used > peak &&
+           !__atomic_compare_exchange_n(&p->peak_used_bytes, &peak, used, true, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {
+    }
+  }
+}
+static inline uint64_t tier_tag_of(const tier_block *b) {
+  return __atomic_load_n(&b->tag, __ATOMIC_ACQUIRE);
+}
+/* Set a block's state, keeping its address and owner (LIVE when handed out,
+ * CACHED when taken back; the caller holds the block alone). */
+static inline void tier_block_set_state(tier_block *b, int state) {
+  uint64_t tag = __atomic_load_n(&b->tag, __ATOMIC_RELAXED);
+  __atomic_store_n(&b->tag, (tag & ~TIER_TAG_STATE) | (uint64_t)state, __ATOMIC_RELEASE);
+}
+/* What a transfer is for: blocks that serve one request (sgm__pool_bag_take's
+ * rule: class cls, or for cls < 0 at least need bytes and at most 1/8 more).
+ * NULL: every block. */
+typedef struct tier_want {
+  int cls;                     /* size class of the request, < 0 for a large one */
+  uint64_t need;               /* bytes asked, aligned (large requests) */
+  uint64_t also_cls;           /* moved too, not asked for: bit c = every block of class c */
+  uint64_t also_large[TIER_RECENT_LARGE]; /* moved too: large blocks fitting these sizes; 0 = none */
+} tier_want;
+enum { TIER_JOB_SEAL, TIER_JOB_FENCE, TIER_JOB_DEFERRED, TIER_JOB_TRANSFER, TIER_JOB_FENCE_WAIT };
+
+/* Work a reclaim does without the pool lock on one stream or deferred free. */
+typedef struct tier_job {
+  int kind;                    /* TIER_JOB_* */
+  tier_stream *s;              /* the stream (SEAL, FENCE, TRANSFER, FENCE_WAIT) */
+  tier_deferred *d;            /* the deferred free (DEFERRED) */
+  sgm_stream_ref ref;          /* the stream, copied under the lock */
+  void *ev;                    /* the event recorded or queried */
+  int done;                    /* 1: the work before the event has completed; 0: not (yet); <0: error */
+  tier_bag bag;                /* TRANSFER, FENCE_WAIT, SEAL: the blocks moving to the taker */
+  const tier_want *want;       /* transfers: which blocks the taker takes (NULL: all) */
+} tier_job;
+
+/* Reserve mode's pool: committed_bytes counts the granules mapped (as in
+ * growth mode), the pool holds the budget whatever is mapped; what users see
+ * as committed is the pool (tier_committed). */
+static inline uint64_t tier_committed(const sgm_tier_pool *p) {
+  return p->vmm_pool ? ((uint64_t)p->n_pool << p->vmm_shift) + p->external_bytes : p->committed_bytes;
+}
+
+/* Count one alloc or free of asked bytes (d_used > 0: alloc) on the
+ * magazine. Used bytes reach the pool in batches, or at once when the thread
+ * is the pool's only one (so that peak_used_bytes is exact then); the other
+ * counters are summed by sgm__tier_stats. Owner thread only. */
+static inline void tier_mag_count(sgm_tier_pool *p, tier_mag *m, int64_t d_used) {
+  bool alloc = d_used > 0;
+  int64_t du = __atomic_load_n(&m->d_used, __ATOMIC_RELAXED) + d_used;
+  __atomic_store_n(&m->d_live, __atomic_load_n(&m->d_live, __ATOMIC_RELAXED) + (alloc ? 1 : -1),
+                   __ATOMIC_RELAXED);
+  uint64_t *n = alloc ? &m->n_allocs : &m->n_frees;
+  __atomic_store_n(n, __atomic_load_n(n, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
+  if (__atomic_load_n(&p->n_mags, __ATOMIC_RELAXED) <= 1 ||
+      du >= (int64_t)TIER_MAG_FLUSH_BYTES || du <= -(int64_t)TIER_MAG_FLUSH_BYTES) {
+    tier_count_used(p, du, 0, 0, 0);
+    du = 0;
+  }
+  __atomic_store_n(&m->d_used, du, __ATOMIC_RELAXED);
+}
+
+/* map.c */
+tier_block *sgm__pool_block_new(void);
+tier_block *sgm__pool_map_busy_live(sgm_tier_pool *p, sgm_devptr ptr);
+bool sgm__pool_map_insert(sgm_tier_pool *p, tier_block *b);
+tier_block *sgm__pool_map_lookup(sgm_tier_pool *p, sgm_devptr ptr);
+void sgm__pool_map_remove(sgm_tier_pool *p, tier_block *b);
+tier_block *sgm__pool_map_take_live(sgm_tier_pool *p, sgm_devptr ptr, bool own);
+void sgm__pool_map_unbusy(tier_block *b);
+void sgm__pool_spare_put_locked(sgm_tier_pool *p, tier_block *b);
+tier_block *sgm__pool_spare_take_locked(sgm_tier_pool *p);
+
+/* chunk.c */
+int sgm__pool_add_chunk_locked(sgm_tier_pool *p, const sgm_chunk *c);
+int sgm__pool_backend_nomem_locked(sgm_tier_pool *p, uint64_t size);
+size_t sgm__pool_detach_free_locked(sgm_tier_pool *p, uint64_t now_ms, uint64_t idle_ms,
+                                    sgm_chunk **out);
+uint64_t sgm__pool_next_chunk_locked(sgm_tier_pool *p, uint64_t need, bool *dedicated);
+void sgm__pool_release_block_locked(sgm_tier_pool *p, tier_block *b);
+uint64_t sgm__pool_release_chunks(sgm_tier_pool *p, sgm_chunk *list, size_t n);
+void sgm__pool_span_add(sgm_tier_pool *p, sgm_devptr base, uint64_t bytes);
+int sgm__pool_take_chunk(sgm_tier_pool *p, uint64_t bytes, uint64_t need, sgm_chunk *out);
+
+/* bag.c */
+void sgm__pool_bag_add_locked(sgm_tier_pool *p, tier_block *b);
+void sgm__pool_bag_merge(tier_bag *dst, tier_bag *src);
+void sgm__pool_bag_push(tier_bag *g, tier_block *b);
+tier_block *sgm__pool_bag_take(tier_bag *g, int cls, uint64_t need);
+void sgm__pool_bagged_add_locked(sgm_tier_pool *p, int64_t n, int64_t bytes);
+void *sgm__pool_event_get(sgm_tier_pool *p);
+void sgm__pool_event_put(sgm_tier_pool *p, void *ev);
+void sgm__pool_event_put_locked(sgm_tier_pool *p, void *ev);
+tier_job *sgm__pool_jobs_alloc_locked(sgm_tier_pool *p, size_t n_jobs);
+size_t sgm__pool_reclaim_ex(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode);
+size_t sgm__pool_reclaim_settle(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode,
+                                const tier_want *w);
+size_t sgm__pool_reclaim_some(sgm_tier_pool *p, bool mags, sgm_reclaim_mode mode);
+tier_stream *sgm__pool_stream_find_locked(sgm_tier_pool *p, uint64_t key);
+tier_stream *sgm__pool_stream_get_locked(sgm_tier_pool *p, const sgm_stream_ref *ref);
+void sgm__pool_stream_note_locked(tier_stream *s, int cls, uint64_t need);
+
+/* mag.c */
+void sgm__pool_mag_detach_all(sgm_tier_pool *p);
+void sgm__pool_mag_drain_locked(sgm_tier_pool *p, tier_mag *m);
+tier_mag *sgm__pool_mag_get(sgm_tier_pool *p);
+
+/* vmm.c */
+int sgm__pool_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes);
+uint64_t sgm__pool_vmm_cap_locked(const sgm_tier_pool *p);
+bool sgm__pool_vmm_check_locked(sgm_tier_pool *p, const sgm_suballoc_stats *st);
+int sgm__pool_vmm_pool_setup(sgm_tier_pool *p);
+void sgm__pool_vmm_settle(sgm_tier_pool *p, bool eager);
+bool sgm__pool_vmm_setup(sgm_tier_pool *p);
+void sgm__pool_vmm_teardown(sgm_tier_pool *p);
+uint64_t sgm__pool_vmm_unmap_free(sgm_tier_pool *p, uint64_t now_ms, uint64_t idle_ms);
+uint64_t sgm__pool_vmm_unmapped_locked(const sgm_tier_pool *p, uint64_t off, uint64_t bytes);
+void sgm__pool_vmm_unref_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes);
+
+/* xfer.c */
+size_t sgm__pool_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *taker,
+                                  const tier_want *w);
+const tier_want *sgm__pool_want_recent_locked(sgm_tier_pool *p, const sgm_stream_ref *taker,
+                                              const tier_want *w, tier_want *out);
+
+#endif /* SGM_TIERS_POOL_H */

@@ -1,0 +1,462 @@
+/*
+ * vmm.c — expandable growth on one reserved range (issue 17): map memory
+ * behind the sub-allocator's range granule by granule.
+ *
+ * Job: reserve the range at create (and in reserve mode take the budget's
+ * granules as a pool), map the granules a carved block first touches, count
+ * each granule's references, unmap free mapped granules when they pass the
+ * slack, on trim and on idle trim, and check the granule invariants.
+ *
+ * Locks: the pool lock for the granule table and the counts; a granule's busy
+ * flag owns it while a thread maps or unmaps it without the lock (driver
+ * calls are never made under it); waiters sleep on the pool's `grown`
+ * condition.
+ *
+ * Calls: the backend's virtual-memory operations (vmm_*), chunk.c (release a
+ * block, the budget's out-of-memory message).
+ */
+#include "tiers/pool/pool.h"
+
+/* ---- expandable growth on one reserved range (issue 17) ---- */
+
+static inline uint64_t tier_vmm_granule(const sgm_tier_pool *p) { return UINT64_C(1) << p->vmm_shift; }
+
+/* First and last granule a block [off, off + bytes) touches. */
+static inline void tier_vmm_span(const sgm_tier_pool *p, uint64_t off, uint64_t bytes, size_t *g0,
+                                 size_t *g1) {
+  *g0 = (size_t)((off - p->vmm_base) >> p->vmm_shift);
+  *g1 = (size_t)((off - p->vmm_base + bytes - 1) >> p->vmm_shift);
+}
+
+/* Free mapped granules past which they are unmapped at once. */
+static inline uint64_t tier_vmm_slack(const sgm_tier_pool *p) {
+  uint64_t committed = __atomic_load_n(&p->committed_bytes, __ATOMIC_RELAXED) >> p->vmm_shift;
+  uint64_t rel = committed >> TIER_VMM_SLACK_SHIFT;
+  return rel > TIER_VMM_SLACK_GRANULES ? rel : TIER_VMM_SLACK_GRANULES;
+}
+
+/* The most that may be mapped: the budget, and in reserve mode also the pool. */
+uint64_t sgm__pool_vmm_cap_locked(const sgm_tier_pool *p) {
+  if (!p->vmm_pool) return p->p.budget_bytes;
+  /* The pool: the budget rounded up to whole granules, so that a block of
+   * the whole budget fits as it did in one chunk. */
+  uint64_t pool = (uint64_t)p->n_pool << p->vmm_shift;
+  uint64_t budget = sgm__align_up(p->p.budget_bytes, tier_vmm_granule(p));
+  return pool < budget ? pool : budget;
+}
+
+static void tier_vmm_free_mapped_add_locked(sgm_tier_pool *p, int64_t d) {
+  __atomic_store_n(&p->vmm_free_mapped, p->vmm_free_mapped + (uint64_t)d, __ATOMIC_RELAXED);
+}
+
+/* A block left the sub-allocator: its granules lose a reference. */
+void sgm__pool_vmm_unref_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
+  size_t g0, g1;
+  tier_vmm_span(p, off, bytes, &g0, &g1);
+  for (size_t g = g0; g <= g1; g++) {
+    tier_granule *x = &p->gran[g];
+    sgm_assert_internal(x->refs > 0);
+    if (--x->refs == 0 && x->mapped && !x->busy) tier_vmm_free_mapped_add_locked(p, 1);
+  }
+}
+
+/* Bytes of [off, off + bytes) with no memory mapped behind them now. */
+uint64_t sgm__pool_vmm_unmapped_locked(const sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
+  size_t g0, g1, n = 0;
+  tier_vmm_span(p, off, bytes, &g0, &g1);
+  for (size_t g = g0; g <= g1; g++) n += !p->gran[g].mapped;
+  return (uint64_t)n << p->vmm_shift;
+}
+
+/* Unmap granules [g, e) of the range: their memory goes back to the driver
+ * (growth) or stays in the pool (reserve mode). No lock held. */
+static void tier_vmm_unmap_run(sgm_tier_pool *p, size_t g, size_t e) {
+  uint64_t off = (uint64_t)g << p->vmm_shift, bytes = (uint64_t)(e - g) << p->vmm_shift;
+  if (p->vmm_pool) p->p.bops->vmm_pool_unmap(p->p.be, p->vmm_range, off, bytes);
+  else p->p.bops->vmm_unmap(p->p.be, p->vmm_range, off, bytes);
+}
+
+/* Map the claimed granules [g, e) (busy 2; their pool granules in phys):
+ * the backend's call, in pieces of at most 64 granules in reserve mode. */
+static int tier_vmm_map_run(sgm_tier_pool *p, size_t g, size_t e) {
+  if (!p->vmm_pool)
+    return p->p.bops->vmm_map(p->p.be, p->vmm_range, (uint64_t)g << p->vmm_shift,
+                              (uint64_t)(e - g) << p->vmm_shift);
+  uint32_t idx[64];
+  for (size_t a = g; a < e;) {
+    size_t n = e - a < 64 ? e - a : 64;
+    for (size_t k = 0; k < n; k++) idx[k] = p->gran[a + k].phys;
+    int rc = p->p.bops->vmm_pool_map(p->p.be, p->vmm_range, (uint64_t)a << p->vmm_shift,
+                                     p->vmm_pool, idx, n);
+    if (rc != SGM_OK) {
+      if (a > g) tier_vmm_unmap_run(p, g, a); /* all or nothing, as vmm_map */
+      return rc;
+    }
+    a += n;
+  }
+  return SGM_OK;
+}
+
+/*
+ * Unmap free mapped granules (no block touches them, nobody maps or unmaps
+ * them): all of them, or with idle_ms != UINT64_MAX only those seen free since
+ * now_ms - idle_ms (the others are stamped). One run of neighbours per backend
+ * call, the lock dropped across it; a block carved meanwhile onto a granule
+ * being unmapped waits for it (busy) and maps it again. Bytes unmapped.
+ */
+uint64_t sgm__pool_vmm_unmap_free(sgm_tier_pool *p, uint64_t now_ms, uint64_t idle_ms) {
+  uint64_t done = 0, gb = tier_vmm_granule(p);
+  size_t n = (size_t)(p->vmm_bytes >> p->vmm_shift);
+  sgm__lock_take(&p->lock);
+  for (size_t g = 0; g < n;) {
+    tier_granule *x = &p->gran[g];
+    bool free_now = x->mapped && !x->busy && x->refs == 0;
+    if (free_now && idle_ms != UINT64_MAX) {
+      if (x->free_seen_ms == UINT64_MAX || x->free_seen_ms > now_ms) x->free_seen_ms = now_ms;
+      free_now = now_ms - x->free_seen_ms >= idle_ms;
+    }
+    if (!free_now) {
+      g++;
+      continue;
+    }
+    size_t e = g;
+    while (e < n && p->gran[e].mapped && !p->gran[e].busy && p->gran[e].refs == 0 &&
+           (idle_ms == UINT64_MAX ||
+            (p->gran[e].free_seen_ms != UINT64_MAX && p->gran[e].free_seen_ms <= now_ms &&
+             now_ms - p->gran[e].free_seen_ms >= idle_ms))) {
+      p->gran[e].busy = 1;
+      e++;
+    }
+    tier_vmm_free_mapped_add_locked(p, -(int64_t)(e - g));
+    sgm__lock_drop(&p->lock);
+    tier_vmm_unmap_run(p, g, e);
+    sgm__lock_take(&p->lock);
+    for (size_t k = g; k < e; k++) {
+      p->gran[k].mapped = 0;
+      p->gran[k].busy = 0;
+      p->gran[k].free_seen_ms = UINT64_MAX;
+      if (p->vmm_pool) p->pool_free[p->n_pool_free++] = p->gran[k].phys; /* back to the pool */
+    }
+    p->committed_bytes -= (uint64_t)(e - g) * gb;
+    done += (uint64_t)(e - g) * gb;
+    pthread_cond_broadcast(&p->grown);
+    g = e;
+  }
+  sgm__lock_drop(&p->lock);
+  return done;
+}
+
+/*
+ * After blocks went back to the sub-allocator: unmap the free granules at all
+ * while committed is over a budget that was lowered (fair shares of the node
+ * registry: another process waits for that memory), and, when `eager` (the
+ * slow paths: reclaim, a failed carve), when they are more than the slack.
+ * A plain free leaves them mapped: the next block that needs new granules
+ * unmaps them first (sgm__pool_vmm_back_locked), so committed is as bounded at
+ * every mapping as if they had gone at once, and a block freed and allocated
+ * again (a demotion and its promotion) finds its memory still there instead
+ * of faulting in fresh pages; trims and the idle trim return the rest. The
+ * free-granule count is read first without the lock, as a hint.
+ */
+void sgm__pool_vmm_settle(sgm_tier_pool *p, bool eager) {
+  if (!p->vmm_range || __atomic_load_n(&p->vmm_free_mapped, __ATOMIC_RELAXED) == 0) return;
+  /* committed and the budget change under the lock (plain writes there). */
+  sgm__lock_take(&p->lock);
+  uint64_t free_mapped = p->vmm_free_mapped;
+  /* Reserve mode's pool: free granules stay mapped until the pool is empty
+   * (sgm__pool_vmm_back_locked): unmapping them returns nothing to anyone. */
+  bool go = (eager && !p->vmm_pool && free_mapped > tier_vmm_slack(p)) ||
+            (p->committed_bytes > sgm__pool_vmm_cap_locked(p) && free_mapped > 0);
+  sgm__lock_drop(&p->lock);
+  if (go) sgm__pool_vmm_unmap_free(p, 0, UINT64_MAX);
+}
+
+/*
+ * Give the new block [off, off + bytes) memory: reference its granules, map
+ * those that have none (runs of neighbours, one backend call each, the lock
+ * dropped across it) and wait for those another thread maps or unmaps now.
+ * Mapping never takes committed past the budget: free granules are unmapped
+ * once to make room, else SGM__ERR_BUDGET. On failure the references stay:
+ * the caller gives the block back (sgm__pool_release_block_locked drops them).
+ */
+int sgm__pool_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
+  size_t g0, g1;
+  tier_vmm_span(p, off, bytes, &g0, &g1);
+  uint64_t gb = tier_vmm_granule(p);
+  for (size_t g = g0; g <= g1; g++) {
+    tier_granule *x = &p->gran[g];
+    if (x->refs++ == 0 && x->mapped && !x->busy) tier_vmm_free_mapped_add_locked(p, -1);
+    x->free_seen_ms = UINT64_MAX;
+  }
+  bool unmapped_for_room = false;
+  for (;;) {
+    /* Claim every granule of the block that has no memory and nobody's
+     * attention (busy), so that no other thread maps it too. */
+    uint64_t want = 0;
+    bool others = false;
+    for (size_t g = g0; g <= g1; g++) {
+      want += !p->gran[g].mapped && !p->gran[g].busy ? gb : 0;
+      others |= p->gran[g].busy;
+    }
+    if (want == 0 && !others) return SGM_OK;
+    if (want == 0) {
+      /* Another thread maps or unmaps one of them: wait, look again. */
+      pthread_cond_wait(&p->grown, &p->lock.mu);
+      continue;
+    }
+    /* Free granules past the slack go before new ones are mapped (frees
+     * left them mapped: sgm__pool_vmm_settle), and all of them when the budget
+     * has no room for the new ones. */
+    uint64_t cap = sgm__pool_vmm_cap_locked(p);
+    bool no_room = p->committed_bytes > cap || want > cap - p->committed_bytes;
+    bool past_slack = !p->vmm_pool && p->vmm_free_mapped > tier_vmm_slack(p);
+    if (no_room || (!unmapped_for_room && past_slack)) {
+      if (unmapped_for_room || p->vmm_free_mapped == 0) return SGM__ERR_BUDGET;
+      unmapped_for_room = true;
+      sgm__lock_drop(&p->lock);
+      sgm__pool_vmm_unmap_free(p, 0, UINT64_MAX);
+      sgm__lock_take(&p->lock);
+      continue;
+    }
+    size_t lo = g1 + 1, hi = g0;
+    for (size_t g = g0; g <= g1; g++)
+      if (!p->gran[g].mapped && !p->gran[g].busy) {
+        p->gran[g].busy = 2; /* 2: claimed by this call */
+        /* The room check above left a pool granule for each. */
+        if (p->vmm_pool) p->gran[g].phys = p->pool_free[--p->n_pool_free];
+        if (lo > g) lo = g;
+        hi = g;
+      }
+    p->committed_bytes += want;
+    sgm__lock_drop(&p->lock);
+    /* One backend call per run of claimed neighbours. Claimed granules are
+     * this thread's alone, so reading their state unlocked is safe. */
+    int rc = SGM_OK;
+    for (size_t g = lo; g <= hi;) {
+      if (p->gran[g].busy != 2) {
+        g++;
+        continue;
+      }
+      size_t e = g;
+      while (e <= hi && p->gran[e].busy == 2) e++;
+      int r = rc == SGM_OK ? tier_vmm_map_run(p, g, e) : rc;
+      sgm__lock_take(&p->lock);
+      for (size_t k = g; k < e; k++) {
+        p->gran[k].busy = 0;
+        p->gran[k].mapped = r == SGM_OK;
+        if (r != SGM_OK && p->vmm_pool) p->pool_free[p->n_pool_free++] = p->gran[k].phys;
+      }
+      if (r != SGM_OK) p->committed_bytes -= (uint64_t)(e - g) * gb;
+      sgm__lock_drop(&p->lock);
+      if (r != SGM_OK && rc == SGM_OK) rc = r;
+      g = e;
+    }
+    sgm__lock_take(&p->lock);
+    pthread_cond_broadcast(&p->grown);
+    if (rc != SGM_OK) {
+      if (rc == SGM_ERR_NOMEM) sgm__pool_backend_nomem_locked(p, bytes);
+      return rc;
+    }
+  }
+}
+
+/*
+ * At create: reserve one range for the budget when the backend has a
+ * virtual-memory API and the option allows it; the choice and its reason go
+ * to the log at SGM_VERBOSE >= 2. Growth mode maps granules on demand; reserve
+ * mode (growth off) also takes the budget's granules now, as a pool
+ * (sgm__pool_vmm_pool_setup). false: grow in chunks, or reserve one chunk.
+ */
+bool sgm__pool_vmm_setup(sgm_tier_pool *p) {
+  const sgm_tier_params *tp = &p->p;
+  const char *name = sgm_tier_name(tp->tier);
+  char why[256] = "";
+  uint64_t g = 0;
+  if (!tp->vmm) {
+    snprintf(why, sizeof why, "SGM_VRAM_VMM is off");
+  } else if (!tp->growth && !tp->bops->vmm_pool_create) {
+    snprintf(why, sizeof why, "the %s backend cannot keep a pool of physical granules",
+             tp->bops->name);
+  } else if (!tp->bops->vmm_granularity) {
+    snprintf(why, sizeof why, "the %s backend has no virtual-memory API", tp->bops->name);
+  } else if (tp->bops->vmm_granularity(tp->be, &g) != SGM_OK) {
+    snprintf(why, sizeof why, "asking for the granularity failed: %s", sgm_last_error());
+  } else if (g == 0) {
+    snprintf(why, sizeof why, "the device does not support virtual memory management");
+  } else if ((g & (g - 1)) || g < SGM_DEVICE_ALIGN || g > (UINT64_C(1) << 40)) {
+    snprintf(why, sizeof why, "the granularity %llu is not a power of two from %u bytes",
+             (unsigned long long)g, SGM_DEVICE_ALIGN);
+  } else if (tp->budget_bytes / g < TIER_VMM_MIN_GRANULES) {
+    snprintf(why, sizeof why, "the budget is below %u granules of %llu bytes",
+             TIER_VMM_MIN_GRANULES, (unsigned long long)g);
+  }
+  /* Address space for the largest budget the pool may be given later (fair
+   * shares of the node registry raise and lower it): reserving is cheap. */
+  uint64_t want = tp->vmm_range_bytes > tp->budget_bytes ? tp->vmm_range_bytes : tp->budget_bytes;
+  /* Reserve mode: blocks land anywhere in twice the budget's addresses, so
+   * that fragmentation of the addresses never decides the budget (only the
+   * granules blocks touch count). */
+  if (!tp->growth && want / 2 < tp->budget_bytes) want = tp->budget_bytes * 2;
+  uint64_t bytes = why[0] ? 0 : sgm__align_up(want, g);
+  tier_granule *gran = NULL;
+  void *range = NULL;
+  sgm_devptr base = 0;
+  if (!why[0]) {
+    gran = malloc((size_t)(bytes / g) * sizeof *gran);
+    if (!gran) snprintf(why, sizeof why, "out of host memory for the granule table");
+  }
+  if (!why[0] && tp->bops->vmm_reserve(tp->be, bytes, &range, &base) != SGM_OK)
+    snprintf(why, sizeof why, "reserving the range failed: %s", sgm_last_error());
+  if (!why[0] && sgm__suballoc_add_range(p->sa, base, bytes) != SGM_OK) {
+    snprintf(why, sizeof why, "%s", sgm_last_error());
+    tp->bops->vmm_free(tp->be, range);
+  }
+  char a[32], b[32];
+  if (why[0]) {
+    free(gran);
+    sgm__log(tp->verbose, 2, tp->growth ? "%s: growth in chunks (%s)"
+                                        : "%s: the budget reserved as one contiguous chunk (%s)",
+             name, why);
+    return false;
+  }
+  for (size_t i = 0; i < bytes / g; i++)
+    gran[i] = (tier_granule){.refs = 0, .mapped = 0, .busy = 0, .phys = 0,
+                             .free_seen_ms = UINT64_MAX};
+  p->gran = gran;
+  p->vmm_range = range;
+  p->vmm_base = base;
+  p->vmm_bytes = bytes;
+  sgm__pool_span_add(p, base, bytes);
+  p->vmm_shift = (unsigned)__builtin_ctzll(g);
+  if (tp->growth)
+    sgm__log(tp->verbose, 2, "%s: growth on one reserved range of %s, mapped in %s granules on "
+             "demand (virtual-memory API)", name, sgm__fmt_bytes(bytes, a, sizeof a),
+             sgm__fmt_bytes(g, b, sizeof b));
+  return true;
+}
+
+/*
+ * Reserve mode on the range sgm__pool_vmm_setup reserved: take the budget's
+ * granules from the driver now (whole granules: the budget rounded up, so
+ * that a block of the whole budget fits, or down when the device has no room
+ * for that), as the pool that mapped granules
+ * come from and go back to. Fails as reserving the budget as a chunk fails
+ * (the caller's message).
+ */
+int sgm__pool_vmm_pool_setup(sgm_tier_pool *p) {
+  const sgm_tier_params *tp = &p->p;
+  uint64_t n = sgm__align_up(tp->budget_bytes, tier_vmm_granule(p)) >> p->vmm_shift;
+  if (n > UINT32_MAX)
+    return sgm__error_set(SGM_ERR_INVALID, "a budget of %llu granules is more than a pool holds",
+                          (unsigned long long)n);
+  p->pool_free = malloc((size_t)n * sizeof *p->pool_free);
+  if (!p->pool_free) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for the pool table");
+  int rc = tp->bops->vmm_pool_create(tp->be, n, &p->vmm_pool);
+  /* A budget of the whole device may have no room for its last partial
+   * granule: the whole granules then (a block of the whole budget no longer
+   * fits, every other does). */
+  uint64_t floor_n = tp->budget_bytes >> p->vmm_shift;
+  if (rc == SGM_ERR_NOMEM && floor_n < n && floor_n > 0) {
+    n = floor_n;
+    rc = tp->bops->vmm_pool_create(tp->be, n, &p->vmm_pool);
+  }
+  if (rc != SGM_OK) {
+    free(p->pool_free);
+    p->pool_free = NULL;
+    return rc;
+  }
+  /* Popped from the end: low granules first (any order would do). */
+  for (size_t i = 0; i < n; i++) p->pool_free[i] = (uint32_t)(n - 1 - i);
+  p->n_pool = p->n_pool_free = (size_t)n;
+  char a[32], b[32], c[32];
+  sgm__log(tp->verbose, 2, "%s: reserved on the virtual-memory API: %s taken at create as %llu "
+           "granules of %s, mapped where blocks land in a range of %s (a granule no block "
+           "touches goes back to the pool, not to the driver)",
+           sgm_tier_name(tp->tier), sgm__fmt_bytes(n << p->vmm_shift, a, sizeof a),
+           (unsigned long long)n, sgm__fmt_bytes(tier_vmm_granule(p), b, sizeof b),
+           sgm__fmt_bytes(p->vmm_bytes, c, sizeof c));
+  return SGM_OK;
+}
+
+/* At destroy: unmap what is still mapped and release the range. */
+void sgm__pool_vmm_teardown(sgm_tier_pool *p) {
+  if (!p->vmm_range) return;
+  size_t n = (size_t)(p->vmm_bytes >> p->vmm_shift);
+  for (size_t g = 0; g < n;) {
+    if (!p->gran[g].mapped) {
+      g++;
+      continue;
+    }
+    size_t e = g;
+    while (e < n && p->gran[e].mapped) e++;
+    tier_vmm_unmap_run(p, g, e);
+    g = e;
+  }
+  if (p->vmm_pool) p->p.bops->vmm_pool_free(p->p.be, p->vmm_pool); /* every handle back */
+  p->vmm_pool = NULL;
+  free(p->pool_free);
+  p->p.bops->vmm_free(p->p.be, p->vmm_range);
+  free(p->gran);
+  p->vmm_range = NULL;
+}
+
+void sgm__tier_vmm_info(sgm_tier_pool *p, uint64_t *granule_bytes, uint64_t *reserved_bytes) {
+  *granule_bytes = p->vmm_range ? tier_vmm_granule(p) : 0;
+  *reserved_bytes = p->vmm_range ? p->vmm_bytes : 0;
+}
+
+bool sgm__tier_vmm_pooled(const sgm_tier_pool *p) { return p->vmm_pool != NULL; }
+
+/* Expandable growth: the one range is the sub-allocator's only range;
+ * committed is the granules mapped or being mapped or unmapped; every
+ * granule's references are the blocks (live or cached) touching it; the free
+ * mapped count matches. */
+bool sgm__pool_vmm_check_locked(sgm_tier_pool *p, const sgm_suballoc_stats *st) {
+  const char *name = sgm_tier_name(p->p.tier);
+  size_t n = (size_t)(p->vmm_bytes >> p->vmm_shift);
+  if (st->capacity_bytes != p->vmm_bytes || st->n_ranges != 1 || p->n_chunks != 0)
+    return !sgm__error_set(SGM_ERR_CORRUPT, "%s: the reserved range of %llu bytes is not the "
+                           "sub-allocator's only range (%llu bytes in %llu ranges, %zu chunks)",
+                           name, (unsigned long long)p->vmm_bytes,
+                           (unsigned long long)st->capacity_bytes, (unsigned long long)st->n_ranges,
+                           p->n_chunks);
+  uint32_t *refs = calloc(n, sizeof *refs);
+  if (!refs) return true; /* a check that cannot run finds nothing wrong */
+  for (size_t i = 0; i < TIER_SHARDS; i++) {
+    const tier_table *t = p->shards[i].table; /* writers hold the pool lock: stable */
+    for (size_t k = 0; t && k <= t->mask; k++)
+      for (tier_block *b = t->b[k]; b; b = b->hnext) {
+        size_t g0, g1;
+        tier_vmm_span(p, b->ptr, b->bytes, &g0, &g1);
+        for (size_t g = g0; g <= g1 && g < n; g++) refs[g]++;
+      }
+  }
+  uint64_t committed = 0, free_mapped = 0;
+  bool ok = true;
+  for (size_t g = 0; g < n && ok; g++) {
+    const tier_granule *x = &p->gran[g];
+    committed += x->mapped || x->busy ? UINT64_C(1) << p->vmm_shift : 0;
+    free_mapped += x->mapped && !x->busy && x->refs == 0;
+    if (x->refs != refs[g])
+      ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: granule %zu has %u references, blocks touch it "
+                           "%u times", name, g, x->refs, refs[g]);
+    else if (x->refs && !x->mapped && !x->busy)
+      ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: granule %zu is touched by %u blocks and not "
+                           "mapped", name, g, x->refs);
+  }
+  free(refs);
+  /* Reserve mode's pool: every pool granule is mapped (or being mapped or
+   * unmapped) or free, never both. */
+  if (ok && p->vmm_pool && p->n_pool_free + (committed >> p->vmm_shift) != p->n_pool)
+    ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: pool of %zu granules, %zu free and %llu mapped",
+                         name, p->n_pool, p->n_pool_free,
+                         (unsigned long long)(committed >> p->vmm_shift));
+  /* Managed blocks charged to the pool (sgm__tier_charge) are committed too. */
+  if (ok && (committed != p->committed_bytes - p->external_bytes ||
+             free_mapped != p->vmm_free_mapped))
+    ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: committed %llu, granules mapped %llu; %llu free "
+                         "mapped granules counted, %llu found", name,
+                         (unsigned long long)p->committed_bytes, (unsigned long long)committed,
+                         (unsigned long long)p->vmm_free_mapped, (unsigned long long)free_mapped);
+  return ok;
+}
