@@ -1,0 +1,170 @@
+/*
+ * test_first_contact.c — issue 24's defects ("first contact": what a real GPU
+ * would still break on day one), each as a case on SGM_BACKEND=cuda against
+ * the driver test double, which runs a "kernel" (fake_cuda_kernel: a read or
+ * write of a device range queued on a stream for a while) and counts an
+ * unmap under queued work (vmm_unmaps_in_use) where a GPU would fault.
+ *
+ *  - defect 2: sgm_buffer_destroy with the release's work still pending, in
+ *    VRAM and in shared memory: the block is reused by no other stream and
+ *    unmapped by no trim until that work is done;
+ *  - defect 4: a managed block's move (demotion) is ordered after work the
+ *    caller queued on the legacy NULL stream;
+ *  - defect 5: reserve mode commits no more than the VRAM budget.
+ *
+ * Defects 1 and 3 are cases of test_capture.c and test_cuda_backend.c. Held
+ * work is released by the test (fake_cuda_pause), never waited for by sleeping.
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda.h>
+
+#include "fake_fixture.h"
+#include "internal.h"
+#include "test_util.h"
+
+#define MiB (UINT64_C(1) << 20)
+
+static sgm_fake_control fc;
+static void *fake_lib;
+/* The driver calls the test makes itself, as an application would. */
+static struct {
+  CUresult (*event_create)(CUevent *, unsigned);
+  CUresult (*event_record)(CUevent, CUstream);
+  CUresult (*event_query)(CUevent);
+  CUresult (*event_destroy)(CUevent);
+} drv;
+
+static int load_fake(void **state) {
+  (void)state;
+  fake_lib = sgm_fake_load(&fc);
+  if (!fake_lib) return -1;
+  *(void **)&drv.event_create = sgm_fake_need(fake_lib, "cuEventCreate");
+  *(void **)&drv.event_record = sgm_fake_need(fake_lib, "cuEventRecord");
+  *(void **)&drv.event_query = sgm_fake_need(fake_lib, "cuEventQuery");
+  *(void **)&drv.event_destroy = sgm_fake_need(fake_lib, "cuEventDestroy_v2");
+  return drv.event_create && drv.event_record && drv.event_query && drv.event_destroy ? 0 : -1;
+}
+
+/* Record an event on stream and query it once (the work queued there so far
+ * done: true). */
+static bool record_done(void *stream) {
+  CUevent ev = NULL;
+  assert_int_equal(drv.event_create(&ev, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  assert_int_equal(drv.event_record(ev, (CUstream)stream), CUDA_SUCCESS);
+  CUresult q = drv.event_query(ev);
+  assert_true(q == CUDA_SUCCESS || q == CUDA_ERROR_NOT_READY);
+  assert_int_equal(drv.event_destroy(ev), CUDA_SUCCESS);
+  return q == CUDA_SUCCESS;
+}
+
+static int unload_fake(void **state) {
+  (void)state;
+  if (fake_lib) dlclose(fake_lib);
+  return 0;
+}
+
+/* A CUDA context on device 0 with a VRAM budget, growth on, no idle thread
+ * (nothing trims behind the test's back), shared fallback as asked. */
+static sgm_context *make_ctx(const char *vram_limit, bool fallback) {
+  sgm_test_clean_env();
+  setenv("SGM_BACKEND", "cuda", 1);
+  setenv("SGM_VRAM_LIMIT", vram_limit, 1);
+  setenv("SGM_ALLOW_GROWTH", "on", 1);
+  setenv("SGM_SHARED_FALLBACK", fallback ? "on" : "off", 1);
+  setenv("SGM_IDLE_TRIM_MS", "0", 1);
+  sgm_context *ctx = NULL;
+  sgm_status rc = sgm_context_create(NULL, &ctx);
+  if (rc != SGM_OK) fail_msg("create: %s", sgm_last_error());
+  return ctx;
+}
+
+static void destroy_ctx(sgm_context *ctx) {
+  sgm_context_destroy(ctx);
+  assert_int_equal(fc.fake_cuda_live_allocations(), 0);
+}
+
+static uint64_t unmaps_in_use(void) {
+  fake_cuda_stats st;
+  fc.fake_cuda_get_stats(&st);
+  return st.vmm_unmaps_in_use;
+}
+
+static void *trim_main(void *arg) {
+  sgm_trim(arg);
+  return NULL;
+}
+
+/* Invariants (defect 2): a buffer released on stream s while a kernel queued
+ * there still writes it, then destroyed: (1) work another stream o queues on
+ * an allocation made then that got the same block (it may, through a
+ * device-side wait) is ordered after that kernel; (2) sgm_trim unmaps
+ * nothing the kernel uses (vmm_unmaps_in_use stays 0: it waits for it). In
+ * VRAM (shared = false) and in shared memory (the block is pinned host
+ * memory the kernel reaches over the bus). */
+static void destroy_with_pending_release(bool shared) {
+  sgm_context *ctx = make_ctx("4MiB", shared);
+  sgm_fake_ctx_push(fake_lib);
+  void *s = sgm_fake_non_blocking_stream(fake_lib), *o = sgm_fake_non_blocking_stream(fake_lib);
+  sgm_buffer *filler = NULL, *b = NULL;
+  void *fd = NULL, *d = NULL;
+  if (shared) { /* VRAM full of an acquired buffer: b lives in shared memory */
+    assert_int_equal(sgm_buffer_create(ctx, 4 * MiB, &filler), SGM_OK);
+    assert_int_equal(sgm_buffer_acquire(filler, s, &fd), SGM_OK);
+  }
+  assert_int_equal(sgm_buffer_create(ctx, 4 * MiB, &b), SGM_OK);
+  assert_int_equal(sgm_buffer_acquire(b, s, &d), SGM_OK);
+  assert_int_equal(sgm_buffer_tier(b), shared ? SGM_TIER_SHARED : SGM_TIER_VRAM);
+  uint64_t unmaps = unmaps_in_use();
+  fc.fake_cuda_hold_stream(s, 1);
+  assert_false(record_done(s)); /* held: the kernel behind it stays pending */
+  assert_int_equal(fc.fake_cuda_kernel(s, d, 4 * MiB, 0x5a, 0), 0);
+  assert_int_equal(sgm_buffer_release(b, s), SGM_OK);
+  sgm_buffer_destroy(b);
+  void *p = sgm_alloc(ctx, 4 * MiB, o);
+  fc.fake_cuda_settle();
+  bool overlaps = p && (char *)p < (char *)d + 4 * MiB && (char *)d < (char *)p + 4 * MiB;
+  if (overlaps && record_done(o))
+    fail_msg("%s: stream o's work on the destroyed buffer's block ran before the kernel queued "
+             "before its release", shared ? "shared" : "VRAM");
+  if (p) sgm_free(ctx, p, o);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, trim_main, ctx), 0);
+  fc.fake_cuda_hold_stream(s, 0); /* records the trim makes from now on are not held */
+  fc.fake_cuda_complete_stream(s);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  fc.fake_cuda_settle();
+  assert_int_equal(unmaps_in_use() - unmaps, 0);
+  if (filler) {
+    assert_int_equal(sgm_buffer_release(filler, s), SGM_OK);
+    sgm_buffer_destroy(filler);
+  }
+  fc.fake_cuda_settle();
+  sgm_fake_stream_destroy(fake_lib, s);
+  sgm_fake_stream_destroy(fake_lib, o);
+  destroy_ctx(ctx);
+  sgm_fake_ctx_pop(fake_lib);
+}
+
+static void test_destroy_honours_the_pending_release_in_vram(void **state) {
+  (void)state;
+  destroy_with_pending_release(false);
+}
+
+static void test_destroy_honours_the_pending_release_in_shared(void **state) {
+  (void)state;
+  destroy_with_pending_release(true);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_destroy_honours_the_pending_release_in_vram),
+      cmocka_unit_test(test_destroy_honours_the_pending_release_in_shared),
+  };
+  return sgm_fake_run_suite("first_contact", "fake_cuda_kernel", tests,
+                            sizeof tests / sizeof tests[0], load_fake, unload_fake);
+}
