@@ -17,6 +17,7 @@
  */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,10 +161,76 @@ static void test_destroy_honours_the_pending_release_in_shared(void **state) {
   destroy_with_pending_release(true);
 }
 
+typedef struct demote_job {
+  sgm_context *ctx;
+  void *p;     /* the managed block */
+  int rc;      /* sgm_prefetch's answer */
+  int done;    /* set (atomic) once it returned */
+} demote_job;
+
+static void *demote_main(void *arg) {
+  demote_job *j = arg;
+  j->rc = sgm_prefetch(j->ctx, j->p, 0, SGM_TIER_SHARED, NULL);
+  __atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+/* Invariant (defect 4): a managed block allocated on the legacy NULL stream
+ * (PyTorch's default stream) is demoted only after the work the caller
+ * queued there: while a kernel on the NULL stream is pending (behind a held
+ * record), the demotion's prefetch, once queued, moves no page (it waits
+ * behind the kernel), and sgm_prefetch does not return before it ran. */
+static void test_managed_move_of_a_null_stream_block_follows_its_work(void **state) {
+  (void)state;
+  sgm_test_clean_env();
+  setenv("SGM_BACKEND", "cuda", 1);
+  setenv("SGM_VRAM_LIMIT", "32MiB", 1);
+  setenv("SGM_SHARED_LIMIT", "64MiB", 1);
+  setenv("SGM_IDLE_TRIM_MS", "0", 1);
+  setenv("SGM_POINTERS", "managed", 1);
+  sgm_context *ctx = NULL;
+  if (sgm_context_create(NULL, &ctx) != SGM_OK) fail_msg("create: %s", sgm_last_error());
+  sgm_fake_ctx_push(fake_lib);
+  void *p = sgm_alloc(ctx, 4 * MiB, NULL);
+  assert_non_null(p);
+  assert_int_equal(sgm_pointer_tier(ctx, p), SGM_TIER_VRAM);
+  fc.fake_cuda_hold_events(1);
+  assert_false(record_done(NULL)); /* held: the kernel behind it stays pending */
+  fc.fake_cuda_hold_events(0);
+  assert_int_equal(fc.fake_cuda_kernel(NULL, p, 4 * MiB, 0x3c, 0), 0);
+  uint64_t prefetches = fc.fake_cuda_calls("cuMemPrefetchAsync");
+  uint64_t syncs = fc.fake_cuda_calls("cuStreamSynchronize");
+  demote_job j = {ctx, p, -1, 0};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, demote_main, &j), 0);
+  /* Until the move's prefetch is queued (the synchronize after it began),
+   * or sgm_prefetch returned: then everything that may run has run. */
+  while (!__atomic_load_n(&j.done, __ATOMIC_ACQUIRE) &&
+         !(fc.fake_cuda_calls("cuMemPrefetchAsync") > prefetches &&
+           fc.fake_cuda_calls("cuStreamSynchronize") > syncs))
+    sched_yield();
+  fc.fake_cuda_settle();
+  int at = fc.fake_cuda_managed_page(p, NULL, NULL);
+  bool early = __atomic_load_n(&j.done, __ATOMIC_ACQUIRE) != 0;
+  fc.fake_cuda_complete_events();
+  assert_int_equal(pthread_join(t, NULL), 0);
+  if (at == 2 || early)
+    fail_msg("the block's pages were demoted while the kernel queued on the NULL stream still "
+             "used them (pages at %d, sgm_prefetch %s)", at, early ? "returned" : "waiting");
+  assert_int_equal(j.rc, SGM_OK);
+  assert_int_equal(sgm_pointer_tier(ctx, p), SGM_TIER_SHARED);
+  assert_int_equal(((volatile unsigned char *)p)[4096], 0x3c);
+  sgm_free(ctx, p, NULL);
+  sgm_context_destroy(ctx);
+  sgm_fake_ctx_pop(fake_lib);
+  assert_int_equal(fc.fake_cuda_live_allocations(), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_destroy_honours_the_pending_release_in_vram),
       cmocka_unit_test(test_destroy_honours_the_pending_release_in_shared),
+      cmocka_unit_test(test_managed_move_of_a_null_stream_block_follows_its_work),
   };
   return sgm_fake_run_suite("first_contact", "fake_cuda_kernel", tests,
                             sizeof tests / sizeof tests[0], load_fake, unload_fake);
