@@ -27,6 +27,7 @@
 #include "fake_fixture.h"
 #include "internal.h"
 #include "test_util.h"
+#include "tiers/tier.h"
 
 #define MiB (UINT64_C(1) << 20)
 
@@ -226,11 +227,46 @@ static void test_managed_move_of_a_null_stream_block_follows_its_work(void **sta
   assert_int_equal(fc.fake_cuda_live_allocations(), 0);
 }
 
+/* Invariant (defect 5): in reserve mode (growth off) on the virtual-memory
+ * API, a VRAM budget that is not a whole number of granules commits no more
+ * than the budget (tier.h's committed <= budget): the budget is rounded
+ * down to granules, not the commitment up; the double's device memory taken
+ * says the same; a block of all the granules still fits. */
+static void test_reserve_mode_commits_within_the_budget(void **state) {
+  (void)state;
+  const uint64_t budget = 255013632; /* what SGM_VRAM_FRACTION gave on a 256 MiB device */
+  char lim[32];
+  snprintf(lim, sizeof lim, "%llu", (unsigned long long)budget);
+  sgm_test_clean_env();
+  setenv("SGM_BACKEND", "cuda", 1);
+  setenv("SGM_VRAM_LIMIT", lim, 1);
+  setenv("SGM_ALLOW_GROWTH", "off", 1);
+  setenv("SGM_SHARED_FALLBACK", "off", 1);
+  setenv("SGM_IDLE_TRIM_MS", "0", 1);
+  sgm_context *ctx = NULL;
+  if (sgm_context_create(NULL, &ctx) != SGM_OK) fail_msg("create: %s", sgm_last_error());
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  fake_cuda_stats fs;
+  fc.fake_cuda_get_stats(&fs);
+  if (st.tier[SGM_TIER_VRAM].committed_bytes > budget || fs.vmm_bytes > budget)
+    fail_msg("reserve mode committed %llu bytes (driver: %llu) against a budget of %llu",
+             (unsigned long long)st.tier[SGM_TIER_VRAM].committed_bytes,
+             (unsigned long long)fs.vmm_bytes, (unsigned long long)budget);
+  assert_true(st.tier[SGM_TIER_VRAM].committed_bytes > budget - 2 * MiB); /* whole granules */
+  void *p = sgm_alloc(ctx, (size_t)st.tier[SGM_TIER_VRAM].committed_bytes, NULL);
+  assert_non_null(p);
+  sgm_free(ctx, p, NULL);
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  destroy_ctx(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_destroy_honours_the_pending_release_in_vram),
       cmocka_unit_test(test_destroy_honours_the_pending_release_in_shared),
       cmocka_unit_test(test_managed_move_of_a_null_stream_block_follows_its_work),
+      cmocka_unit_test(test_reserve_mode_commits_within_the_budget),
   };
   return sgm_fake_run_suite("first_contact", "fake_cuda_kernel", tests,
                             sizeof tests / sizeof tests[0], load_fake, unload_fake);
