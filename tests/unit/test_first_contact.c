@@ -39,6 +39,9 @@ static struct {
   CUresult (*event_record)(CUevent, CUstream);
   CUresult (*event_query)(CUevent);
   CUresult (*event_destroy)(CUevent);
+  CUresult (*begin)(CUstream, CUstreamCaptureMode);
+  CUresult (*end)(CUstream, CUgraph *);
+  CUresult (*graph_destroy)(CUgraph);
 } drv;
 
 static int load_fake(void **state) {
@@ -49,7 +52,13 @@ static int load_fake(void **state) {
   *(void **)&drv.event_record = sgm_fake_need(fake_lib, "cuEventRecord");
   *(void **)&drv.event_query = sgm_fake_need(fake_lib, "cuEventQuery");
   *(void **)&drv.event_destroy = sgm_fake_need(fake_lib, "cuEventDestroy_v2");
-  return drv.event_create && drv.event_record && drv.event_query && drv.event_destroy ? 0 : -1;
+  *(void **)&drv.begin = sgm_fake_need(fake_lib, "cuStreamBeginCapture_v2");
+  *(void **)&drv.end = sgm_fake_need(fake_lib, "cuStreamEndCapture");
+  *(void **)&drv.graph_destroy = sgm_fake_need(fake_lib, "cuGraphDestroy");
+  return drv.event_create && drv.event_record && drv.event_query && drv.event_destroy &&
+                 drv.begin && drv.end && drv.graph_destroy
+             ? 0
+             : -1;
 }
 
 /* Record an event on stream and query it once (the work queued there so far
@@ -261,12 +270,48 @@ static void test_reserve_mode_commits_within_the_budget(void **state) {
   destroy_ctx(ctx);
 }
 
+/* Invariant (defect 1, the fence wait): a trim whose wait for a stream's
+ * fence fails (here: the stream captures a graph, so the wait is refused)
+ * keeps that stream's cached blocks: nothing is unmapped under the kernel
+ * still queued before the fence (vmm_unmaps_in_use stays 0), and the
+ * capture stays valid. */
+static void test_a_failed_fence_wait_keeps_the_blocks(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("8MiB", false);
+  sgm_fake_ctx_push(fake_lib);
+  void *s = sgm_fake_non_blocking_stream(fake_lib);
+  void *p = sgm_alloc(ctx, 4 * MiB, s);
+  assert_non_null(p);
+  uint64_t unmaps = unmaps_in_use();
+  fc.fake_cuda_hold_stream(s, 1);
+  assert_false(record_done(s)); /* held: the kernel behind it stays pending */
+  assert_int_equal(fc.fake_cuda_kernel(s, p, 4 * MiB, 0x77, 0), 0);
+  sgm_free(ctx, p, s);
+  sgm__context_idle_tick(ctx); /* p sealed under a fence on s, behind the kernel */
+  assert_int_equal(drv.begin((CUstream)s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
+  CUgraph g = NULL;
+  CUresult r = drv.end((CUstream)s, &g);
+  if (g) drv.graph_destroy(g);
+  fc.fake_cuda_hold_stream(s, 0);
+  fc.fake_cuda_complete_stream(s);
+  if (unmaps_in_use() != unmaps)
+    fail_msg("sgm_trim unmapped a block whose stream's work was pending (its fence wait failed)");
+  assert_int_equal(r, CUDA_SUCCESS);
+  assert_int_equal(sgm_trim(ctx), SGM_OK); /* now the work is done: it goes */
+  assert_int_equal(unmaps_in_use(), unmaps);
+  sgm_fake_stream_destroy(fake_lib, s);
+  destroy_ctx(ctx);
+  sgm_fake_ctx_pop(fake_lib);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_destroy_honours_the_pending_release_in_vram),
       cmocka_unit_test(test_destroy_honours_the_pending_release_in_shared),
       cmocka_unit_test(test_managed_move_of_a_null_stream_block_follows_its_work),
       cmocka_unit_test(test_reserve_mode_commits_within_the_budget),
+      cmocka_unit_test(test_a_failed_fence_wait_keeps_the_blocks),
   };
   return sgm_fake_run_suite("first_contact", "fake_cuda_kernel", tests,
                             sizeof tests / sizeof tests[0], load_fake, unload_fake);
