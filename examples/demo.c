@@ -247,13 +247,25 @@ static int run(const char *mode, int growth) {
   task_manager(ctx, "all freed + trim");
   if (failed) printf("  (%d activation allocations did not fit the budget)\n", failed);
 
-  /* Past the VRAM budget, the block lands in shared GPU memory (rule 3). */
-  void *big = sgm_alloc(ctx, budget + 1, NULL);
-  printf("  asking for more than the VRAM budget: %s\n", big ? sgm_tier_name(sgm_pointer_tier(ctx, big))
-                                                             : sgm_last_error());
-  task_manager(ctx, "with the big block");
-  int wrong_tier = !big || sgm_pointer_tier(ctx, big) != SGM_TIER_SHARED;
-  sgm_free(ctx, big, NULL);
+  /* Past the VRAM budget, the block lands in shared GPU memory (rule 3) —
+   * when shared memory can hold it: on a large GPU (an H200's ~132 GiB
+   * budget) the shared budget, half of RAM, may be smaller (issue 24). */
+  int wrong_tier = 0;
+  uint64_t shared_budget = st.tier[SGM_TIER_SHARED].budget_bytes;
+  if (budget + 1 > shared_budget) {
+    char sb[32];
+    fmt(shared_budget, sb, sizeof sb);
+    printf("  asking for more than the VRAM budget: not shown: the shared GPU memory budget (%s) "
+           "is smaller than the VRAM budget (%s), so such a block fits nowhere (set "
+           "SGM_VRAM_LIMIT below %s to see it land in shared memory)\n", sb, b, sb);
+  } else {
+    void *big = sgm_alloc(ctx, budget + 1, NULL);
+    printf("  asking for more than the VRAM budget: %s\n",
+           big ? sgm_tier_name(sgm_pointer_tier(ctx, big)) : sgm_last_error());
+    task_manager(ctx, "with the big block");
+    wrong_tier = !big || sgm_pointer_tier(ctx, big) != SGM_TIER_SHARED;
+    sgm_free(ctx, big, NULL);
+  }
   int x;
   sgm_free_ex(ctx, &x, NULL);
   printf("  freeing a pointer sgm did not hand out:\n    -> %s\n", sgm_last_error());

@@ -181,4 +181,9 @@ if(SGM_CUDA_INCLUDE_DIR AND SGM_BUILD_BENCHMARKS AND SGM_BUILD_EXAMPLES
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/gpu/bundle_check.sh ${CMAKE_BINARY_DIR})
   set_tests_properties(gpu_bundle PROPERTIES
     LABELS "gpu-bundle" TIMEOUT 120 SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
+  # Issue 24: run.sh's C steps from the bundle on the double at H200 size.
+  add_test(NAME gpu_dry_run
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/gpu/dry_run.sh ${CMAKE_BINARY_DIR})
+  set_tests_properties(gpu_dry_run PROPERTIES
+    LABELS "gpu-bundle;cuda-double" TIMEOUT 400 SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
 endif()
