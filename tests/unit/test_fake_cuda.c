@@ -1348,17 +1348,8 @@ typedef struct unsafe_objs {
   int mapped;                      /* base maps h */
 } unsafe_objs;
 
-static CUmemAllocationProp unsafe_prop(void) {
-  CUmemAllocationProp prop;
-  memset(&prop, 0, sizeof prop);
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = 0;
-  return prop;
-}
-
 static CUresult unsafe_call(unsafe_objs *o, int which) {
-  CUmemAllocationProp prop = unsafe_prop();
+  CUmemAllocationProp prop = vmm_prop();
   CUmemGenericAllocationHandle h2 = 0;
   CUresult r;
   switch (which) {
@@ -1393,7 +1384,7 @@ static void unsafe_objs_make(unsafe_objs *o, int which) {
   o->ev = event_new();
   CU_OK(cuEventRecord(o->ev, o->other));
   CU_OK(cuMemAddressReserve(&o->base, 2 * MiB, 0, 0, 0));
-  CUmemAllocationProp prop = unsafe_prop();
+  CUmemAllocationProp prop = vmm_prop();
   CU_OK(cuMemCreate(&o->h, 2 * MiB, &prop, 0));
   if (which == 6) {
     CU_OK(cuMemMap(o->base, 2 * MiB, 0, o->h, 0));
@@ -1583,7 +1574,7 @@ static void test_vmm_unmap_under_a_pending_kernel_is_counted(void **state) {
   fake_cuda_get_stats(&st0);
   CUdeviceptr base = 0;
   CU_OK(cuMemAddressReserve(&base, 2 * MiB, 0, 0, 0));
-  CUmemAllocationProp prop = unsafe_prop();
+  CUmemAllocationProp prop = vmm_prop();
   CUmemGenericAllocationHandle h = 0;
   CU_OK(cuMemCreate(&h, 2 * MiB, &prop, 0));
   CU_OK(cuMemMap(base, 2 * MiB, 0, h, 0));

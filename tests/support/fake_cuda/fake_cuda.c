@@ -2038,17 +2038,14 @@ FAKE_API CUresult cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice
   return fake_copy((uintptr_t)dstDevice, true, (uintptr_t)srcDevice, true, ByteCount, hStream);
 }
 
-FAKE_API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
-                                  CUstream hStream) {
-  FAKE_COUNT(cuMemsetD8Async);
-  fake_op *op = calloc(1, sizeof *op);
-  if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
-  *op = (fake_op){.kind = FAKE_OP_MEMSET, .dst = (uintptr_t)dstDevice, .n = N, .value = uc};
+/* Queue op (a memset or a kernel over [op->dst, op->dst + op->n)) on stream h
+ * of the current context, the range device memory; op is the callee's. */
+static CUresult fake_enqueue_on_range(fake_op *op, CUstream h) {
   pthread_mutex_lock(&F.mu);
   struct CUctx_st *c = NULL;
   struct CUstream_st *s = NULL;
-  CUresult r = fake_target_locked(hStream, &c, &s);
-  if (r == CUDA_SUCCESS && N > 0 && !fake_device_range_locked((uintptr_t)dstDevice, N))
+  CUresult r = fake_target_locked(h, &c, &s);
+  if (r == CUDA_SUCCESS && op->n > 0 && !fake_device_range_locked(op->dst, op->n))
     r = CUDA_ERROR_INVALID_VALUE;
   if (r == CUDA_SUCCESS) {
     r = fake_enqueue_locked(s, op, NULL);
@@ -2057,6 +2054,15 @@ FAKE_API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_
   pthread_mutex_unlock(&F.mu);
   free(op);
   return r;
+}
+
+FAKE_API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
+                                  CUstream hStream) {
+  FAKE_COUNT(cuMemsetD8Async);
+  fake_op *op = calloc(1, sizeof *op);
+  if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+  *op = (fake_op){.kind = FAKE_OP_MEMSET, .dst = (uintptr_t)dstDevice, .n = N, .value = uc};
+  return fake_enqueue_on_range(op, hStream);
 }
 
 /* ---- streams ---- */
@@ -3055,17 +3061,5 @@ FAKE_API int fake_cuda_kernel(void *stream, void *ptr, uint64_t n, int value, ui
   *op = (fake_op){.kind = FAKE_OP_KERNEL, .dst = (uintptr_t)ptr, .n = (size_t)n,
                   .value = (unsigned char)(value < 0 ? 0 : value), .write = value >= 0,
                   .run_us = us};
-  pthread_mutex_lock(&F.mu);
-  struct CUctx_st *c = NULL;
-  struct CUstream_st *s = NULL;
-  CUresult r = fake_target_locked((CUstream)stream, &c, &s);
-  if (r == CUDA_SUCCESS && !fake_device_range_locked((uintptr_t)ptr, (size_t)n))
-    r = CUDA_ERROR_INVALID_VALUE;
-  if (r == CUDA_SUCCESS) {
-    r = fake_enqueue_locked(s, op, NULL);
-    op = NULL;
-  }
-  pthread_mutex_unlock(&F.mu);
-  free(op);
-  return (int)r;
+  return (int)fake_enqueue_on_range(op, (CUstream)stream);
 }
