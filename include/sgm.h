@@ -224,6 +224,47 @@ SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream);
  */
 SGM_API sgm_status sgm_record_stream(sgm_context *ctx, void *ptr, void *stream);
 
+/*
+ * Capture pools (CUDA graphs; docs/frameworks.md). A captured graph replays
+ * with the addresses it captured, so memory allocated for it must stay its
+ * own until the framework says the graph is gone. pool_id: any non-zero value
+ * the caller chooses; a pool exists from its first begin to its release.
+ *  - begin: from now, sgm_alloc by the calling thread on `stream`
+ *    (SGM_CAPTURE_ANY_STREAM: on any stream) allocates into the pool, which
+ *    gains a reference. Several scopes (threads, streams, begins) may feed
+ *    one pool; the latest begun scope of a thread wins. SGM_ERR_INVALID for
+ *    pool_id 0.
+ *  - A pool's block that is freed stays live in its tier, *parked*: it is
+ *    never handed to another allocation, trimmed (sgm_trim, the idle trim,
+ *    pressure) or unmapped; only a later allocation under the same pool on
+ *    the stream it was freed on may take it again (at most 1/8 bigger). One
+ *    that sgm_record_stream named is never taken again before the release.
+ *  - end: every scope of the pool ends (any thread); the pool and its blocks
+ *    stay. SGM_ERR_INVALID when it has no open scope.
+ *  - release: drops a reference (each begin holds one, as PyTorch's graphs
+ *    sharing a pool each release it). The last one ends the pool's scopes,
+ *    frees its parked blocks as sgm_free on the stream they were freed on,
+ *    and makes its live blocks ordinary allocations. SGM_ERR_INVALID when
+ *    the pool does not exist. sgm_context_destroy releases every pool.
+ * All thread-safe. Without pools sgm_alloc and sgm_free pay one load.
+ */
+#define SGM_CAPTURE_ANY_STREAM ((void *)~(uintptr_t)0)
+SGM_API sgm_status sgm_capture_pool_begin(sgm_context *ctx, void *stream, uint64_t pool_id);
+SGM_API sgm_status sgm_capture_pool_end(sgm_context *ctx, uint64_t pool_id);
+SGM_API sgm_status sgm_capture_pool_release(sgm_context *ctx, uint64_t pool_id);
+
+/* What capture pools hold (sgm_capture_pool_info); fields only grow at the end. */
+typedef struct sgm_capture_pool_stats {
+  uint64_t n_pools;      /* pools counted (1, or every pool for pool_id 0) */
+  uint64_t live_bytes;   /* bytes of their blocks the framework holds */
+  uint64_t parked_bytes; /* bytes of their freed blocks kept for them (used in the tier) */
+  uint64_t n_live, n_parked; /* those blocks' counts */
+} sgm_capture_pool_stats;
+/* Fill *out for one pool, or for all pools with pool_id 0. *out is zeroed on
+ * failure; SGM_ERR_INVALID for NULL arguments or a pool that does not exist.
+ * Thread-safe. */
+SGM_API sgm_status sgm_capture_pool_info(sgm_context *ctx, uint64_t pool_id, sgm_capture_pool_stats *out);
+
 /* The tier of a live allocation, SGM_TIER_NONE for any other pointer. */
 SGM_API sgm_tier sgm_pointer_tier(sgm_context *ctx, const void *ptr);
 
@@ -389,6 +430,36 @@ SGM_API sgm_status sgm_buffer_prefetch(sgm_buffer *b, void *stream);
  * outside SGM_PRIORITY_MINIMUM..MAXIMUM (nothing changes). Thread-safe: may
  * be called while another thread uses the buffer; waits while sgm moves it. */
 SGM_API sgm_status sgm_buffer_set_priority(sgm_buffer *b, sgm_priority priority);
+/* ---- Residency hints (docs/policies.md "Residency hints"). Advisory: the
+ * eviction policies that read them (lru, s3fifo, lirs, arc, and plug-ins of
+ * policy ABI 4 with on_hint) keep what will be used and give up what is done
+ * first; others ignore them. Each hint lasts until the buffer's next use
+ * (acquire, host read or write) or the next hint of the same kind replaces it.
+ * Thread-safe; O(1) per buffer; never moves data. */
+
+/* sgm_will_use: no longer expected (cancels a will-use hint). */
+#define SGM_WILL_USE_CANCEL UINT32_MAX
+/* The n buffers of bufs (a residency set, D3D12's EnqueueMakeResident but
+ * advisory) will be used after about `distance` more steps (requests, batches:
+ * the application's unit; 0 = next): the policies keep them resident, and give
+ * up the furthest first when they must. A buffer's newest call replaces its
+ * earlier one (a nearer or further distance); distance SGM_WILL_USE_CANCEL
+ * cancels it. SGM_ERR_INVALID (nothing changed) when ctx is NULL, bufs is NULL
+ * with n > 0, or a buffer is NULL, destroyed (debug builds) or of another
+ * context. */
+SGM_API sgm_status sgm_will_use(sgm_context *ctx, sgm_buffer *const *bufs, size_t n, uint32_t distance);
+/* The application will not read b again soon (a finished request's last
+ * block, a discarded speculative branch): among its priority level, it leaves
+ * its tier first. Cancelled by a will-use hint. SGM_ERR_INVALID for NULL or a
+ * destroyed buffer (debug builds). */
+SGM_API sgm_status sgm_buffer_done(sgm_buffer *b);
+/* b extends parent (a KV-cache block and the prefix block before it; a radix
+ * tree's child and its parent): a policy that reads structure keeps prefixes
+ * and gives up leaves first. parent NULL removes the link. The link ends when
+ * either buffer is destroyed. SGM_ERR_INVALID for b NULL, parent == b, a
+ * parent of another context or one that descends from b (a cycle), or a
+ * destroyed buffer (debug builds). */
+SGM_API sgm_status sgm_buffer_set_parent(sgm_buffer *b, sgm_buffer *parent);
 /* The tier holding the buffer's data now (a buffer being moved reports
  * either end); SGM_TIER_NONE for NULL. Any thread. */
 SGM_API sgm_tier sgm_buffer_tier(const sgm_buffer *b);
@@ -466,6 +537,36 @@ SGM_API void sgm_torch_set_memory_fraction(double fraction, int device);
  * (the Python wrapper cannot install it): sgm_record_stream on the hook
  * context holding ptr; a pointer no hook context holds is reported on stderr. */
 SGM_API void sgm_torch_record_stream(void *ptr, void *stream);
+/*
+ * The other CUDAPluggableAllocator hooks, with the C types of PyTorch's
+ * function pointers (docs/frameworks.md: which PyTorch has which setter).
+ * sgm.torch.use() installs them; C++ users pass them to the set_*_fn setters.
+ *   set_init_fn                 sgm_torch_init(device_count): checks the count
+ *   set_reset_fn                sgm_torch_empty_cache (above)
+ *   set_memory_fraction_fn      sgm_torch_set_memory_fraction (above)
+ *   set_base_alloc_fn           sgm_torch_base_alloc: the driver allocation
+ *                               holding ptr (a chunk-mode VRAM chunk, *size
+ *                               set), else ptr itself with *size unchanged
+ *   set_record_stream_fn        sgm_torch_record_stream (above)
+ *   set_begin_allocate_to_pool  (2.3+) capture pool begin for the calling
+ *                               thread, any stream (the filter is not called)
+ *   set_end_allocate_to_pool_fn (2.3+) capture pool end
+ *   set_release_pool            capture pool release
+ *   set_begin_allocate_stream_to_pool / set_end_allocate_stream_to_pool_fn
+ *                               (2.1-2.2) the same, scoped to one stream
+ * PyTorch's MempoolId_t {a, b} is sgm pool a when a != 0, else b | 1 << 63.
+ * Failures are logged to stderr (PyTorch's hooks return nothing).
+ */
+typedef struct sgm_torch_pool_id {
+  unsigned long long first, second; /* c10::cuda::MempoolId_t, by value */
+} sgm_torch_pool_id;
+SGM_API void sgm_torch_init(int device_count);
+SGM_API void *sgm_torch_base_alloc(void *ptr, size_t *size);
+SGM_API void sgm_torch_begin_allocate_to_pool(int device, sgm_torch_pool_id pool, const void *filter);
+SGM_API void sgm_torch_end_allocate_to_pool(int device, sgm_torch_pool_id pool);
+SGM_API void sgm_torch_release_pool(int device, sgm_torch_pool_id pool);
+SGM_API void sgm_torch_begin_allocate_stream_to_pool(int device, void *stream, sgm_torch_pool_id pool);
+SGM_API void sgm_torch_end_allocate_stream_to_pool(int device, void *stream);
 /* The hook context of a device (created on first use); NULL with the error set on failure. */
 SGM_API sgm_context *sgm_hook_context(int device);
 

@@ -105,6 +105,7 @@ SGM_API sgm_status sgm_buffer_create(sgm_context *ctx, size_t size, sgm_buffer *
   b->size = size;
   b->magic = SGM_BUFFER_LIVE;
   b->priority = SGM_PRIORITY_NORMAL;
+  b->listed_in = SGM_N_RESIDENT;
   b->item.size_bytes = size;
   b->item.priority = SGM_PRIORITY_NORMAL;
   b->item.state = pl->state_bytes ? (char *)b + pl->state_offset : NULL;
@@ -300,6 +301,7 @@ SGM_API void sgm_buffer_destroy(sgm_buffer *b) {
   if (sgm__context_forked(ctx)) return;
   struct sgm_placement *pl = sgm__context_pl(ctx);
   sgm__buffer_take(pl, b, SGM_TAKE_FREE);
+  if (b->hparent || b->hchild) sgm__hints_forget(pl, b);
   sgm__lock_take(&pl->lock);
   if (b->all_prev) b->all_prev->all_next = b->all_next;
   else pl->all = b->all_next;

@@ -49,6 +49,7 @@ struct sgm_context {
   long owner_pid;                          /* the process that created it (messages only) */
   struct sgm_share *share;                 /* share.c: the node registry and fair budgets; NULL = untracked */
   bool managed;                            /* SGM_POINTERS resolved to managed (managed.c) */
+  struct sgm_capture *capture;             /* capture.c: capture pools (made at create) */
 };
 
 const sgm_config *sgm__context_cfg(const sgm_context *ctx) { return &ctx->cfg; }
@@ -87,6 +88,7 @@ uint64_t sgm__context_physical_ram(const sgm_context *ctx) { return ctx->physica
 struct sgm_share *sgm__context_share(const sgm_context *ctx) { return ctx->share; }
 void sgm__context_set_share(sgm_context *ctx, struct sgm_share *sh) { ctx->share = sh; }
 bool sgm__context_managed(const sgm_context *ctx) { return ctx->managed; }
+struct sgm_capture *sgm__context_capture(const sgm_context *ctx) { return ctx->capture; }
 void sgm__context_set_managed(sgm_context *ctx, bool on) { ctx->managed = on; }
 
 void sgm__context_counters(const sgm_context *ctx, sgm_stats *out) {
@@ -320,6 +322,11 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   ctx->fork_generation = __atomic_load_n(&sgm__fork_generation, __ATOMIC_RELAXED);
   ctx->owner_pid = getpid();
   ctx->vram_fraction = ctx->cfg.vram_fraction;
+  ctx->capture = sgm__capture_create();
+  if (!ctx->capture) {
+    rc = sgm__error_set(SGM_ERR_NOMEM, "out of host memory creating a context");
+    goto out_free;
+  }
   sgm__options_tf_growth(ctx->cfg.verbose, &ctx->cfg.allow_growth);
   rc = sgm__options_cuda_memory_limit(ctx->cfg.device, &ctx->cuda_memory_limit_bytes);
   if (rc != SGM_OK) goto out_free;
@@ -415,6 +422,7 @@ out_share:
 out_close:
   ctx->bops->close(ctx->be);
 out_free:
+  sgm__capture_destroy(ctx->capture);
   sgm__lock_destroy(&ctx->lock);
   free(ctx);
   return (sgm_status)rc;
@@ -439,6 +447,8 @@ SGM_API void sgm_context_destroy(sgm_context *ctx) {
   }
   sgm__share_stop(ctx);
   context_stop_idle_thread(ctx);
+  sgm__capture_release_all(ctx); /* parked blocks are the pools', not leaks of the user's */
+  sgm__capture_destroy(ctx->capture);
   sgm__lock_destroy(&ctx->lock);
   sgm__placement_destroy(ctx);
   for (int t = SGM_TIER_COUNT - 1; t >= 0; t--) sgm__tier_destroy(ctx->tiers[t]);
@@ -513,6 +523,30 @@ SGM_API const char *sgm_context_backend(const sgm_context *ctx) {
   return ctx ? ctx->bops->name : "none";
 }
 
+static void *context_alloc(sgm_context *ctx, size_t size, void *stream) {
+  sgm_devptr d = 0;
+  sgm_tier where;
+  if (ctx->managed && size >= SGM_MANAGED_MOVABLE_BYTES) {
+    if (sgm__managed_alloc(ctx, size, stream, &d, &where) != SGM_OK) return NULL;
+  } else if (sgm_unlikely(sgm__residency_alloc(ctx, size, stream, &d, &where) != SGM_OK)) {
+    return NULL;
+  }
+  if (sgm_likely(where == SGM_TIER_VRAM)) return (void *)(uintptr_t)d;
+  return context_fallback(ctx, d, size);
+}
+
+/* sgm_alloc while capture pools exist: under a pool's scope, a block the pool
+ * parked on this stream is taken again, else a new one joins the pool. */
+static void *context_alloc_pooled(sgm_context *ctx, size_t size, void *stream) {
+  uint64_t pool = sgm__capture_scope(ctx->capture, stream);
+  if (!pool) return context_alloc(ctx, size, stream);
+  void *p = sgm__capture_reuse(ctx->capture, pool, size, stream);
+  if (p) return p;
+  p = context_alloc(ctx, size, stream);
+  if (p) sgm__capture_adopt(ctx->capture, pool, p, size, stream);
+  return p;
+}
+
 SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
   if (sgm_unlikely(!ctx)) {
     sgm__error_set(SGM_ERR_INVALID, "sgm_alloc: context is NULL");
@@ -526,15 +560,9 @@ SGM_API void *sgm_alloc(sgm_context *ctx, size_t size, void *stream) {
     sgm__error_set(SGM_ERR_INVALID, "sgm_alloc: size is 0 (ask for at least one byte)");
     return NULL;
   }
-  sgm_devptr d = 0;
-  sgm_tier where;
-  if (ctx->managed && size >= SGM_MANAGED_MOVABLE_BYTES) {
-    if (sgm__managed_alloc(ctx, size, stream, &d, &where) != SGM_OK) return NULL;
-  } else if (sgm_unlikely(sgm__residency_alloc(ctx, size, stream, &d, &where) != SGM_OK)) {
-    return NULL;
-  }
-  if (sgm_likely(where == SGM_TIER_VRAM)) return (void *)(uintptr_t)d;
-  return context_fallback(ctx, d, size);
+  /* Capture pools (capture.c): one relaxed load when there are none. */
+  if (sgm_unlikely(sgm__capture_active(ctx->capture))) return context_alloc_pooled(ctx, size, stream);
+  return context_alloc(ctx, size, stream);
 }
 
 /* sgm_free of a pointer an acquired buffer handed out: the block is the
@@ -564,6 +592,12 @@ SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream) {
   if (sgm_unlikely(!ctx)) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_free: context is NULL");
   if (sgm__context_forked(ctx)) return (sgm_status)sgm__context_fork_error(ctx, "sgm_free");
   sgm_devptr d = (sgm_devptr)(uintptr_t)ptr;
+  /* A capture pool's block is parked in its pool, live in its tier. */
+  if (sgm_unlikely(sgm__capture_active(ctx->capture))) {
+    int parked = sgm__capture_park(ctx->capture, d, stream);
+    if (parked > 0) return SGM_OK;
+    if (parked < 0) return context_bad_free(ctx, ptr);
+  }
   /* Stream-ordered free (the rule RMM and PyTorch follow): work already queued
    * on `stream` may still use the block, so it is cached for that stream —
    * reusable by its later work at once, with no driver call — and reaches
@@ -591,6 +625,13 @@ SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream) {
 
 SGM_API sgm_status sgm_record_stream(sgm_context *ctx, void *ptr, void *stream) {
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_record_stream: context is NULL");
+  if (sgm_unlikely(sgm__capture_active(ctx->capture))) {
+    /* A parked block is not the user's: naming a stream for it is a use after free. */
+    if (sgm__capture_parked(ctx->capture, (sgm_devptr)(uintptr_t)ptr))
+      return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_record_stream: %p was freed "
+                                        "(it waits in its capture pool)", ptr);
+    sgm__capture_recorded(ctx->capture, (sgm_devptr)(uintptr_t)ptr);
+  }
   sgm_stream_ref ref;
   ctx->bops->stream_ref(ctx->be, stream, &ref);
   for (int t = 0; t < SGM_TIER_COUNT; t++) {

@@ -52,6 +52,7 @@
 #include <stdint.h>
 
 #include "internal.h"
+#include "tiers/tier.h"
 
 /* 64 ordinals: more GPUs than any one machine has (DGX-class nodes have 8 or
  * 16), and the table stays 512 bytes. */
@@ -185,6 +186,89 @@ SGM_API void sgm_torch_set_memory_fraction(double fraction, int device) {
   if (rc != SGM_OK)
     hooks_report("sgm_torch_set_memory_fraction(%g, device %d): %s", fraction, device,
                  sgm_last_error());
+}
+
+/*
+ * PyTorch's remaining CUDAPluggableAllocator hooks (torch/csrc/cuda/
+ * CUDAPluggableAllocator.h; docs/frameworks.md says which version has which).
+ * PyTorch calls them through function pointers of C++ types; each signature
+ * below is the C type with the same calling convention on x86-64 and
+ * aarch64: c10::cuda::MempoolId_t (std::pair<unsigned long long, unsigned
+ * long long>, trivially copyable) travels by value as a two-word struct, and
+ * a std::function argument (not trivially copyable) as a pointer to the
+ * caller's temporary, which sgm never calls (it dies when the hook returns).
+ */
+
+SGM_API void sgm_torch_init(int device_count) {
+  if (device_count > HOOKS_MAX_DEVICES)
+    hooks_report("sgm_torch_init(%d devices): the hooks serve devices 0 to %d; allocations on "
+                 "the others will fail", device_count, HOOKS_MAX_DEVICES - 1);
+}
+
+SGM_API void *sgm_torch_base_alloc(void *ptr, size_t *size) {
+  /* The chunk holding ptr is the base allocation where it is one driver
+   * allocation (chunk mode VRAM): CUDA IPC can share it whole. Elsewhere
+   * (VMM ranges, pinned host memory) ptr is its own base, as PyTorch's default. */
+  for (int d = 0; ptr && d < HOOKS_MAX_DEVICES; d++) {
+    sgm_context *ctx = __atomic_load_n(&hooks_contexts[d], __ATOMIC_ACQUIRE);
+    if (!ctx || sgm_pointer_tier(ctx, ptr) != SGM_TIER_VRAM) continue;
+    struct sgm_tier_pool *vram = sgm__context_tier(ctx, SGM_TIER_VRAM);
+    uint64_t granule = 0, reserved = 0;
+    sgm__tier_vmm_info(vram, &granule, &reserved);
+    sgm_chunk c;
+    if (reserved == 0 && sgm__tier_chunk_of(vram, (sgm_devptr)(uintptr_t)ptr, &c)) {
+      if (size) *size = c.bytes;
+      return (void *)(uintptr_t)c.base;
+    }
+    break;
+  }
+  return ptr;
+}
+
+/* PyTorch's pool id as sgm's: graph pools are {n, 0}, MemPool pools {0, n}
+ * (counters from 1); the second kind gets the top bit. {0, 0} is no pool. */
+static uint64_t hooks_pool_id(sgm_torch_pool_id id) {
+  return id.first ? (uint64_t)id.first : id.second ? ((uint64_t)id.second | (UINT64_C(1) << 63)) : 0;
+}
+
+static void hooks_pool_call(const char *what, int device, sgm_torch_pool_id id, void *stream,
+                            int op) {
+  uint64_t pool = hooks_pool_id(id);
+  sgm_context *ctx = hooks_get_or_create(device, 0, NULL);
+  sgm_status rc = SGM_ERR_INVALID; /* the error is set when ctx is NULL */
+  if (ctx && op == 0) rc = sgm_capture_pool_begin(ctx, stream, pool);
+  else if (ctx && op == 1) rc = sgm_capture_pool_end(ctx, pool);
+  else if (ctx) rc = sgm_capture_pool_release(ctx, pool);
+  if (rc != SGM_OK)
+    hooks_report("%s(device %d, pool {%llu, %llu}): %s", what, device, id.first, id.second,
+                 sgm_last_error());
+}
+
+SGM_API void sgm_torch_begin_allocate_to_pool(int device, sgm_torch_pool_id pool, const void *filter) {
+  /* The filter (which streams PyTorch means) cannot be called from C; the
+   * thread that begins is the one that captures (CUDAGraph::capture_begin,
+   * torch.cuda.use_mem_pool), so its allocations on any stream join. */
+  (void)filter;
+  hooks_pool_call("sgm_torch_begin_allocate_to_pool", device, pool, SGM_CAPTURE_ANY_STREAM, 0);
+}
+
+SGM_API void sgm_torch_end_allocate_to_pool(int device, sgm_torch_pool_id pool) {
+  hooks_pool_call("sgm_torch_end_allocate_to_pool", device, pool, NULL, 1);
+}
+
+SGM_API void sgm_torch_release_pool(int device, sgm_torch_pool_id pool) {
+  hooks_pool_call("sgm_torch_release_pool", device, pool, NULL, 2);
+}
+
+SGM_API void sgm_torch_begin_allocate_stream_to_pool(int device, void *stream, sgm_torch_pool_id pool) {
+  hooks_pool_call("sgm_torch_begin_allocate_stream_to_pool", device, pool, stream, 0);
+}
+
+SGM_API void sgm_torch_end_allocate_stream_to_pool(int device, void *stream) {
+  sgm_context *ctx = hooks_get_or_create(device, 0, NULL);
+  if (!ctx || sgm__capture_end_stream(sgm__context_capture(ctx), stream) != SGM_OK)
+    hooks_report("sgm_torch_end_allocate_stream_to_pool(device %d, stream %p): %s", device,
+                 stream, sgm_last_error());
 }
 
 void sgm__hooks_reset_for_tests(void) {

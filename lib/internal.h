@@ -89,7 +89,8 @@ typedef enum sgm_lock_rank {
   SGM_LOCK_NODE_OPEN = 14, /* node.c: this process's list of joined node segments */
   SGM_LOCK_NODE_TABLE = 15, /* node.c: a node segment's process-shared robust mutex (witness only) */
   SGM_LOCK_NODE = 16,     /* node.c: the writer side of this process's registry slot (a leaf) */
-  SGM_LOCK_SHARE = 17     /* share.c: the node ticker's stop flag and tick counters (a leaf) */
+  SGM_LOCK_SHARE = 17,    /* share.c: the node ticker's stop flag and tick counters (a leaf) */
+  SGM_LOCK_CAPTURE = 18   /* capture.c: capture pools' scopes, pools and members (a leaf) */
 } sgm_lock_rank;
 
 typedef struct sgm_lock {
@@ -433,6 +434,40 @@ typedef struct sgm_strbuf {
   bool failed; /* an append ran out of memory */
 } sgm_strbuf;
 void sgm__strbuf_printf(sgm_strbuf *b, const char *fmt, ...) SGM_PRINTF(2, 3);
+
+/* ------------------------------------------------------------------------ */
+/* capture.c — capture pools (DESIGN.md §9): blocks allocated under a pool's
+ * scope stay live in their tier until the pool is released. Every function
+ * takes the pool state's own leaf lock and calls nothing under it. */
+typedef struct sgm_capture sgm_capture;
+/* Made at context create (NULL: out of host memory) / freed at destroy. */
+sgm_capture *sgm__capture_create(void);
+void sgm__capture_destroy(sgm_capture *c);
+/* The context's pool state (never NULL for a created context). */
+struct sgm_capture *sgm__context_capture(const sgm_context *ctx);
+/* True while any pool exists (one relaxed load; c may be NULL). */
+bool sgm__capture_active(const sgm_capture *c);
+/* The pool the calling thread allocates into on stream, 0 = none. */
+uint64_t sgm__capture_scope(sgm_capture *c, void *stream);
+/* A block of at least size (at most 1/8 more) the pool parked when freed on
+ * this stream, now live again; NULL when there is none. */
+void *sgm__capture_reuse(sgm_capture *c, uint64_t pool, size_t size, void *stream);
+/* ptr (size bytes, just allocated on stream) joins the pool, unless it was
+ * released meanwhile. */
+void sgm__capture_adopt(sgm_capture *c, uint64_t pool, void *ptr, size_t size, void *stream);
+/* A free of ptr on stream: 1 when ptr was a live pool member, now parked (the
+ * caller frees nothing); -1 when it is parked already (a double free: the
+ * caller refuses it); 0 when it is no pool's. */
+int sgm__capture_park(sgm_capture *c, uint64_t ptr, void *stream);
+/* Whether ptr is a parked pool member (freed, waiting for its release). */
+bool sgm__capture_parked(sgm_capture *c, uint64_t ptr);
+/* sgm_record_stream named ptr: if a pool member, the pool never reuses it. */
+void sgm__capture_recorded(sgm_capture *c, uint64_t ptr);
+/* End the calling thread's scopes on stream (PyTorch 2.1-2.2's end hook
+ * names a stream, not a pool); SGM_ERR_INVALID when there was none. */
+int sgm__capture_end_stream(sgm_capture *c, void *stream);
+/* Release every pool (context destroy), freeing their parked blocks. */
+void sgm__capture_release_all(sgm_context *ctx);
 
 /* ------------------------------------------------------------------------ */
 /* hooks.c — the framework hooks' lazily created per-device contexts. */

@@ -320,6 +320,7 @@ int sgm__managed_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *ou
   if (!b) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for a managed block");
   b->ctx = ctx;
   b->size = want;
+  b->listed_in = SGM_N_RESIDENT;
   int rc = managed_charge_where(ctx, b, &t);
   if (rc != SGM_OK) goto out_free;
   if (t == SGM_TIER_SHARED) {

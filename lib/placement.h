@@ -98,7 +98,15 @@ struct sgm_buffer {
   bool pinned;               /* pl->pol[pin_tier] holds a pin on it (on_remove PIN) */
   bool fresh;                /* entered its tier unused: its first acquire is no hit */
   sgm_tier pin_tier;         /* the tier whose policy holds the pin, when pinned */
+  uint8_t listed_in;         /* the tier whose policy lists it now, SGM_N_RESIDENT when none
+                                (atomic: hints.c reads a parent's under the child's tier lock) */
   sgm_policy_item item;      /* what policies see; item.priority = the level holding it */
+  /* Residency hints (hints.c): the parent (prefix) buffer the application
+   * named and the children naming this one (siblings linked). Written under
+   * both residency locks, read under either. item.hint and
+   * item.will_use_distance: written under both, or by the owner under its
+   * tier's lock (a use ends them: sgm__residency_put). */
+  sgm_buffer *hparent, *hchild, *hsib_prev, *hsib_next;
   sgm_buffer *skip_next;     /* victim search: candidates skipped (GPU work pending) */
   sgm_buffer *pf_prev, *pf_next;   /* prefetch queue links */
   sgm_buffer *all_prev, *all_next; /* every live buffer of the context */
@@ -240,6 +248,17 @@ static inline void sgm__buffer_set_state(sgm_buffer *b, sgm_buf_state s) {
 static inline sgm_lock *sgm__residency_lock(struct sgm_placement *pl, sgm_tier t) {
   return &pl->res[t];
 }
+
+/* ------------------------------------------------------------------------ */
+/* hints.c — residency hints (sgm_will_use, sgm_buffer_done, sgm_buffer_set_parent). */
+
+/* Under pl->res[t] (t = b's tier, where b is about to enter or be used in its
+ * policy): item.parent = the parent's item when it is listed in that same
+ * instance (tier and priority level), else NULL. */
+void sgm__hints_resolve_parent(sgm_buffer *b, sgm_tier t);
+/* b is being destroyed (taken FREE, unlisted; no lock held): its parent and
+ * children forget it. */
+void sgm__hints_forget(struct sgm_placement *pl, sgm_buffer *b);
 
 static inline sgm_buffer *sgm__buffer_of(sgm_policy_item *it) {
   return (sgm_buffer *)(void *)((char *)it - offsetof(sgm_buffer, item));

@@ -50,7 +50,8 @@ static size_t policy_ops_bytes(uint32_t abi) {
   switch (abi) {
     case 1: return offsetof(sgm_policy_ops, record);
     case 2: return offsetof(sgm_policy_ops, promote_before);
-    case 3: return sizeof(sgm_policy_ops);
+    case 3: return offsetof(sgm_policy_ops, on_hint);
+    case 4: return sizeof(sgm_policy_ops);
     default: return 0;
   }
 }
@@ -90,7 +91,7 @@ static int policy_validate(const sgm_policy_ops *ops) {
                                                   : NULL;
   if (missing)
     return sgm__error_set(SGM_ERR_INVALID, "sgm_policy_register: policy \"%s\" lacks member %s "
-                          "(every member but summary, check, record, admit and promote_before is required)", ops->name, missing);
+                          "(every member but summary, check, record, admit, promote_before and on_hint is required)", ops->name, missing);
   if (ops->state_bytes > SGM_POLICY_STATE_MAX)
     return sgm__error_set(SGM_ERR_INVALID, "sgm_policy_register: policy \"%s\" asks for %zu bytes of "
                           "state per buffer; at most %u", ops->name, ops->state_bytes,

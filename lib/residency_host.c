@@ -54,6 +54,7 @@ void sgm__residency_take(struct sgm_placement *pl, sgm_buffer *b, sgm_policy_rem
   sgm_assert_internal(b->tier < SGM_N_RESIDENT && !b->pinned);
   sgm__prio_remove(pl->pol[b->tier], &b->item, why);
   b->listed = false;
+  __atomic_store_n(&b->listed_in, (uint8_t)SGM_N_RESIDENT, __ATOMIC_RELEASE);
   residency_count_listed(pl, b->tier, -1);
   if (why == SGM_POLICY_REMOVE_PIN) {
     b->pinned = true;
@@ -78,6 +79,12 @@ void sgm__residency_put(struct sgm_placement *pl, sgm_buffer *b, bool used) {
   sgm__prio_layer *l = pl->pol[b->tier];
   int priority = __atomic_load_n(&b->priority, __ATOMIC_SEQ_CST);
   bool back = false;
+  /* A use ends the hints about it (they were about this use). */
+  if (used) {
+    b->item.hint = 0;
+    b->item.will_use_distance = 0;
+  }
+  if (b->hparent) sgm__hints_resolve_parent(b, b->tier);
   if (b->pinned) {
     back = b->item.priority == priority;
     if (!back) sgm__prio_remove(pl->pol[b->pin_tier], &b->item, SGM_POLICY_REMOVE_DROP);
@@ -92,7 +99,9 @@ void sgm__residency_put(struct sgm_placement *pl, sgm_buffer *b, bool used) {
     sgm__prio_insert(l, &b->item, SGM_POLICY_INSERT_NEW);
     b->fresh = !used;
   }
+  b->item.parent = NULL; /* valid for the call only */
   b->listed = true;
+  __atomic_store_n(&b->listed_in, (uint8_t)b->tier, __ATOMIC_RELEASE);
   residency_count_listed(pl, b->tier, +1);
 }
 

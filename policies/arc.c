@@ -233,7 +233,8 @@ static sgm_status arc_check(const sgm_policy *pp, char *why, size_t len) {
   return SGM_OK;
 }
 
-const sgm_policy_ops sgm__policy_arc = {
+/* The policy on its own; registered inside the hint shell (hinted.c). */
+static const sgm_policy_ops arc_inner = {
     .abi_version = SGM_POLICY_ABI_VERSION,
     .name = "arc",
     .summary = "adaptive replacement cache: recency and frequency lists, ghosts tune the split",
@@ -247,3 +248,5 @@ const sgm_policy_ops sgm__policy_arc = {
     .next_victim = arc_next_victim,
     .check = arc_check,
 };
+
+POL_HINTED(sgm__policy_arc, arc_inner, arc_state, "arc", "adaptive replacement cache: recency and frequency lists, ghosts tune the split");

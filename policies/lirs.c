@@ -440,7 +440,8 @@ static sgm_status lirs_check(const sgm_policy *pp, char *why, size_t len) {
   return SGM_OK;
 }
 
-const sgm_policy_ops sgm__policy_lirs = {
+/* The policy on its own; registered inside the hint shell (hinted.c). */
+static const sgm_policy_ops lirs_inner = {
     .abi_version = SGM_POLICY_ABI_VERSION,
     .name = "lirs",
     .summary = "low inter-reference recency set: a LIR set by reuse distance, a small HIR queue with ghosts",
@@ -454,3 +455,5 @@ const sgm_policy_ops sgm__policy_lirs = {
     .next_victim = lirs_next_victim,
     .check = lirs_check,
 };
+
+POL_HINTED(sgm__policy_lirs, lirs_inner, lirs_state, "lirs", "low inter-reference recency set: a LIR set by reuse distance, a small HIR queue with ghosts");

@@ -9,6 +9,9 @@
  *
  *     head (MRU) → b7 → b2 → b9 → b4 ← tail (LRU, next victim)
  *
+ * Structure (policy ABI 4): a new or used item whose parent is listed here
+ * goes right behind the parent instead of at the head (lru_link_used).
+ *
  * The classic baseline (and what sgm did before policies were plug-ins). It
  * has no defence against a scan: a one-time sweep over more buffers than fit
  * flushes everything.
@@ -45,18 +48,33 @@ static void lru_link(lru_policy *p, lru_state *s, bool at_head) {
   p->bytes += s->item->size_bytes;
 }
 
+/* A used or new item whose parent (prefix) is listed here goes right behind
+ * it, towards the tail, instead of to the head: a chain used root to leaf
+ * then leaves leaf first, and its prefix stays (sgm_buffer_set_parent). */
+static void lru_link_used(lru_policy *p, lru_state *s, const sgm_policy_item *it) {
+  lru_state *ps = it->parent ? (lru_state *)it->parent->state : NULL;
+  if (ps && ps->item == it->parent && pol_linked(&ps->node)) {
+    pol_link_between(&s->node, &ps->node, ps->node.next);
+    p->n++;
+    p->bytes += s->item->size_bytes;
+    return;
+  }
+  lru_link(p, s, true);
+}
+
 static void lru_insert(sgm_policy *pp, sgm_policy_item *it, sgm_policy_insert how) {
   lru_policy *p = (lru_policy *)pp;
   lru_state *s = (lru_state *)it->state;
   if (how == SGM_POLICY_INSERT_NEW) s->item = it;
   pol_assert(s->item == it);
-  lru_link(p, s, how == SGM_POLICY_INSERT_NEW);
+  if (how == SGM_POLICY_INSERT_NEW) lru_link_used(p, s, it);
+  else lru_link(p, s, false);
 }
 
 static void lru_access(sgm_policy *pp, sgm_policy_item *it) {
   lru_state *s = (lru_state *)it->state;
   pol_assert(s->item == it && !pol_linked(&s->node));
-  lru_link((lru_policy *)pp, s, true);
+  lru_link_used((lru_policy *)pp, s, it);
 }
 
 static void lru_remove(sgm_policy *pp, sgm_policy_item *it, sgm_policy_remove why) {
@@ -95,7 +113,8 @@ static sgm_status lru_check(const sgm_policy *pp, char *why, size_t len) {
   return SGM_OK;
 }
 
-const sgm_policy_ops sgm__policy_lru = {
+/* The policy on its own; registered inside the hint shell (hinted.c). */
+static const sgm_policy_ops lru_inner = {
     .abi_version = SGM_POLICY_ABI_VERSION,
     .name = "lru",
     .summary = "least recently used leaves first",
@@ -109,3 +128,5 @@ const sgm_policy_ops sgm__policy_lru = {
     .next_victim = lru_next_victim,
     .check = lru_check,
 };
+
+POL_HINTED(sgm__policy_lru, lru_inner, lru_state, "lru", "least recently used leaves first");

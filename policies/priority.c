@@ -79,6 +79,10 @@ void sgm__prio_remove(sgm__prio_layer *l, sgm_policy_item *it, sgm_policy_remove
   l->ops->on_remove(prio_level(l, it), it, why);
 }
 
+void sgm__prio_hint(sgm__prio_layer *l, sgm_policy_item *it) {
+  if (l->ops->on_hint) l->ops->on_hint(prio_level(l, it), it);
+}
+
 void sgm__prio_record(sgm__prio_layer *l, int priority, uint64_t id) {
   pol_assert(priority >= 0 && priority < SGM__PRIO_LEVELS);
   if (l->ops->record) l->ops->record(l->level[priority], id);

@@ -256,7 +256,8 @@ static sgm_status s3_check(const sgm_policy *pp, char *why, size_t len) {
   return SGM_OK;
 }
 
-const sgm_policy_ops sgm__policy_s3fifo = {
+/* The policy on its own; registered inside the hint shell (hinted.c). */
+static const sgm_policy_ops s3fifo_inner = {
     .abi_version = SGM_POLICY_ABI_VERSION,
     .name = "s3fifo",
     .summary = "S3-FIFO: small, main and ghost FIFO queues; one-hit buffers leave quickly",
@@ -270,3 +271,5 @@ const sgm_policy_ops sgm__policy_s3fifo = {
     .next_victim = s3_next_victim,
     .check = s3_check,
 };
+
+POL_HINTED(sgm__policy_s3fifo, s3fifo_inner, s3_state, "s3fifo", "S3-FIFO: small, main and ghost FIFO queues; one-hit buffers leave quickly");

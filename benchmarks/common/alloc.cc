@@ -8,6 +8,9 @@
 //    against the VRAM path and jemalloc.
 //  - Commit cost: the allocation that pins a fresh shared chunk (mmap, NUMA
 //    bind, mlock through the backend, then carving) against mmap + mlock.
+//  - Capture pools (CUDA graphs): pairs while a graph's pool holds 4096
+//    blocks, outside its scope and inside it, against the same pairs and
+//    live blocks with no pool.
 #include <jemalloc/jemalloc.h>
 #include <sys/mman.h>
 
@@ -148,6 +151,41 @@ void BM_SgmAllocFree(benchmark::State &state) {
 void BM_JemallocPair(benchmark::State &state) {
   int64_t k = JemallocPairs(state, PairSizes(state.thread_index()));
   state.counters["pairs/s"] = benchmark::Counter(static_cast<double>(k), benchmark::Counter::kIsRate);
+}
+
+void BM_PoolPair(benchmark::State &state) {
+  const int mode = static_cast<int>(state.range(0));  // PoolPairMode
+  const uint64_t pool = 1;
+  constexpr int kLive = 4096;
+  sgm_context *ctx = EmuContext(state, 4ull << 30);
+  if (!ctx) return;
+  std::vector<void *> live(kLive);
+  if (mode != kPoolNone) sgm_capture_pool_begin(ctx, nullptr, pool);
+  for (auto &p : live) p = sgm_alloc(ctx, 65536, nullptr);  // the graph's blocks (or plain ones)
+  if (mode == kPoolOutside) sgm_capture_pool_end(ctx, pool);
+  if (mode == kPoolInside) {
+    // A capture: the same 64 KiB temporary again and again, parked and taken back.
+    static const std::vector<size_t> one(kSizes, 65536);
+    SgmPairs(state, ctx, one);
+    sgm_capture_pool_end(ctx, pool);
+  } else {
+    SgmPairs(state, ctx, PairSizes(0));
+  }
+  for (void *p : live) sgm_free(ctx, p, nullptr);
+  if (mode != kPoolNone) sgm_capture_pool_release(ctx, pool);
+  sgm_context_destroy(ctx);
+}
+
+void BM_PoolPairPlain64K(benchmark::State &state) {
+  constexpr int kLive = 4096;
+  sgm_context *ctx = EmuContext(state, 4ull << 30);
+  if (!ctx) return;
+  std::vector<void *> live(kLive);
+  for (auto &p : live) p = sgm_alloc(ctx, 65536, nullptr);
+  static const std::vector<size_t> one(kSizes, 65536);
+  SgmPairs(state, ctx, one);
+  for (void *p : live) sgm_free(ctx, p, nullptr);
+  sgm_context_destroy(ctx);
 }
 
 void BM_VramPath(benchmark::State &state) {

@@ -37,6 +37,17 @@ void BM_JemallocPair(benchmark::State &state);
 // The context BM_SgmAllocFree shares between its runs and threads.
 void AllocContextDestroy();
 
+// ---- capture pools (CUDA graphs) -------------------------------------------
+// An emulated device with 4096 live 64 KiB blocks. BM_PoolPair(mode): the
+// blocks belong to a capture pool; kPoolNone: no pool at all (the
+// reference of kPoolOutside: ring pairs of 256 B .. 1 MiB); kPoolOutside: the
+// pool exists, pairs outside its scope; kPoolInside: 64 KiB pairs inside its
+// scope (a capture reusing its parked temporary; reference:
+// BM_PoolPairPlain64K, the same pairs with no pool).
+enum PoolPairMode { kPoolNone = 0, kPoolOutside = 1, kPoolInside = 2 };
+void BM_PoolPair(benchmark::State &state);
+void BM_PoolPairPlain64K(benchmark::State &state);
+
 // ---- shared GPU memory (bench_shared) --------------------------------------
 // Pairs 256 B .. 256 KiB with VRAM free (the VRAM path), with VRAM full (every
 // block falls back to shared memory) and through jemalloc.

@@ -3,7 +3,8 @@
  * compare each with Belady's OPT.
  *
  *   sgm-replay [--policy NAME|all] [--vram BYTES | --vram-blocks N]
- *              [--shared BYTES] [--spill DIR] [--block-size BYTES] [--cold] [--json] TRACE
+ *              [--shared BYTES] [--spill DIR] [--block-size BYTES] [--hints N[,N...]]
+ *              [--cold] [--json] TRACE
  *
  * Formats, the access models and the output: docs/traces.md.
  * Exit status: 0 done, 1 a replay or the trace failed, 2 bad usage.
@@ -27,6 +28,9 @@
  * the issue's table (1/5/10/25%). */
 #define MAIN_DEFAULT_VRAM_PERCENT 10.0
 #define MAIN_MAX_POLICIES 64
+/* --hints: at most this many queue lengths, each at most MAIN_MAX_QUEUE requests. */
+#define MAIN_MAX_HINTS 8
+#define MAIN_MAX_QUEUE 1000000u
 
 static const char USAGE[] =
     "usage: sgm-replay [--policy NAME[,NAME...]|all] [--vram BYTES | --vram-blocks N]\n"
@@ -45,6 +49,11 @@ static const char USAGE[] =
     "  --spill DIR        give sgm a disk tier in DIR (default: none)\n"
     "  --block-size BYTES size of every Mooncake block and of CSV accesses without a size\n"
     "                     (default 4KiB)\n"
+    "  --hints N[,N...]   also replay each policy with residency hints derived from a Mooncake\n"
+    "                     trace as an engine has them: parents (block chains), done-with\n"
+    "                     (request ends) and, N > 0, the next N queued requests' blocks as\n"
+    "                     future use (sgm_will_use); 0, 16, 64, 256 are the usual N. Adds\n"
+    "                     plain lru as the reference of the gap closed (docs/traces.md)\n"
     "  --cold             time the replay with the shared pool uncommitted and VRAM untouched\n"
     "                     (default: both are warmed up first, untimed; see docs/traces.md)\n"
     "  --json             one JSON object on stdout instead of the table\n";
@@ -169,6 +178,19 @@ typedef struct run_info {
   bool cold;              /* --cold: no warm-up */
 } run_info;
 
+/* The plain LRU run among r[0..n), the reference of the gap closed; NULL if none. */
+static const replay_result *find_lru(const replay_result *r, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (r[i].hint_queue < 0 && strcmp(r[i].policy, "lru") == 0) return &r[i];
+  return NULL;
+}
+
+/* The share of the LRU -> OPT gap x closes, in percent; NAN without a gap. */
+static double gap_closed(const replay_result *x, const replay_result *lru, const replay_result *opt) {
+  if (!lru || opt->hits <= lru->hits) return NAN;
+  return 100.0 * ((double)x->hits - (double)lru->hits) / ((double)opt->hits - (double)lru->hits);
+}
+
 static void print_json(const run_info *ri, const replay_result *r, size_t n, const replay_result *opt) {
   static const char *const tiers[] = {"vram", "shared", "disk"};
   const replay_trace *t = ri->t;
@@ -185,10 +207,15 @@ static void print_json(const run_info *ri, const replay_result *r, size_t n, con
   printf(", \"shared_bytes\": %llu, \"opt_variant\": \"%s\", \"results\": [",
          (unsigned long long)ri->shared_bytes,
          ri->block_bytes ? "belady-bypass" : "belady-size-bypass (heuristic for unequal sizes)");
+  const replay_result *lru = find_lru(r, n);
   for (size_t i = 0; i < n; i++) {
     const replay_result *x = &r[i];
     printf("%s\n  {\"policy\": ", i ? "," : "");
     json_string(stdout, x->policy);
+    if (x->hint_queue >= 0) printf(", \"hint_queue\": %d", x->hint_queue);
+    else printf(", \"hint_queue\": null");
+    double gc = gap_closed(x, lru, opt);
+    if (x != opt && !isnan(gc)) printf(", \"gap_closed_percent\": %.2f", gc);
     printf(", \"hit_ratio\": %.6f, \"hits\": %llu, \"accesses\": %llu, \"bytes_promoted\": %llu, "
            "\"bytes_demoted\": %llu, \"evictions\": %llu, \"seconds\": %.6f, "
            "\"setup_seconds\": %.6f, \"accesses_per_second\": %.0f, \"gap_to_opt_points\": %.4f, "
@@ -227,19 +254,24 @@ static void print_table(const run_info *ri, const replay_result *r, size_t n, co
                                    "cached; exact for equal sizes)"
                                  : "Belady-size with bypass (furthest next use until it fits; a "
                                    "heuristic, not optimal for unequal sizes)");
-  printf("%-10s %9s %11s %10s %10s %14s %14s %9s %12s %8s\n", "policy", "hit ratio", "gap to OPT",
-         "hits", "evictions", "promoted", "demoted", "seconds", "accesses/s", "setup s");
+  printf("%-10s %9s %11s %10s %10s %10s %14s %14s %9s %12s %8s\n", "policy", "hit ratio", "gap to OPT",
+         "gap closed", "hits", "evictions", "promoted", "demoted", "seconds", "accesses/s", "setup s");
+  const replay_result *lru = find_lru(r, n);
   for (size_t i = 0; i < n; i++) {
     const replay_result *x = &r[i];
-    char gap[32];
+    char gap[32], closed[32];
+    double gc = gap_closed(x, lru, opt);
     if (x == opt) snprintf(gap, sizeof gap, "-");
     else snprintf(gap, sizeof gap, "%.2f pt", 100.0 * (replay_hit_ratio(opt) - replay_hit_ratio(x)));
-    printf("%-10s %8.2f%% %11s %10llu %10llu %14s %14s %9.3f %12.0f %8.3f\n", x->policy,
-           100.0 * replay_hit_ratio(x), gap, (unsigned long long)x->hits,
+    if (x == opt || isnan(gc)) snprintf(closed, sizeof closed, "-");
+    else snprintf(closed, sizeof closed, "%.1f%%", gc);
+    printf("%-10s %8.2f%% %11s %10s %10llu %10llu %14s %14s %9.3f %12.0f %8.3f\n", x->policy,
+           100.0 * replay_hit_ratio(x), gap, closed, (unsigned long long)x->hits,
            (unsigned long long)x->evictions, fmt_bytes(x->bytes_promoted, a, sizeof a),
            fmt_bytes(x->bytes_demoted, b, sizeof b), x->seconds,
            x->seconds > 0 ? (double)x->accesses / x->seconds : 0.0, x->setup_seconds);
   }
+  if (lru) printf("\ngap closed: the share of the gap from plain lru to OPT that the run closes\n");
   printf("\nseconds: the replay loop; setup s: the untimed warm-up before it (committing the "
          "shared pool, touching VRAM; %s)\n", ri->cold ? "skipped: --cold" : "--cold skips it");
   printf("\nbytes moved per tier (in / out; evictions out of the tier)\n");
@@ -271,7 +303,7 @@ static int split_policies(char *list, const char **names, int max) {
 
 int main(int argc, char **argv) {
   const char *policy_arg = "all", *vram_arg = NULL, *blocks_arg = NULL, *shared_arg = NULL;
-  const char *block_arg = NULL, *spill_dir = "", *path = NULL;
+  const char *block_arg = NULL, *spill_dir = "", *path = NULL, *hints_arg = NULL;
   bool json = false, cold = false;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -288,8 +320,9 @@ int main(int argc, char **argv) {
       continue;
     }
     static const char *const flags[] = {"--policy", "--vram", "--vram-blocks", "--shared",
-                                        "--block-size", "--spill"};
-    const char **dst[] = {&policy_arg, &vram_arg, &blocks_arg, &shared_arg, &block_arg, &spill_dir};
+                                        "--block-size", "--spill", "--hints"};
+    const char **dst[] = {&policy_arg, &vram_arg, &blocks_arg, &shared_arg, &block_arg, &spill_dir,
+                          &hints_arg};
     bool matched = false;
     for (size_t k = 0; k < sizeof flags / sizeof *flags; k++) {
       size_t fl = strlen(flags[k]);
@@ -329,6 +362,26 @@ int main(int argc, char **argv) {
     if (errno || *end || end == blocks_arg || v == 0 || blocks_arg[0] == '-')
       return usage_error("--vram-blocks %s: expected a positive whole number", blocks_arg);
     n_blocks = v;
+  }
+
+  uint32_t hq[MAIN_MAX_HINTS];
+  int n_hq = 0;
+  if (hints_arg) {
+    const char *h = hints_arg;
+    for (;;) {
+      char *end;
+      errno = 0;
+      unsigned long long v = strtoull(h, &end, 10);
+      if (errno || end == h || !isdigit((unsigned char)*h) || v > MAIN_MAX_QUEUE ||
+          (*end && *end != ','))
+        return usage_error("--hints %s: expected queue lengths such as 0,16,64,256 (each 0 to %u)",
+                           hints_arg, MAIN_MAX_QUEUE);
+      if (n_hq == MAIN_MAX_HINTS)
+        return usage_error("--hints %s: at most %d queue lengths", hints_arg, MAIN_MAX_HINTS);
+      hq[n_hq++] = (uint32_t)v;
+      if (!*end) break;
+      h = end + 1;
+    }
   }
 
   /* The replay sets one policy for every tier through sgm_config.policy; a
@@ -413,7 +466,20 @@ int main(int argc, char **argv) {
     }
   }
 
-  replay_result *res = calloc((size_t)n_names + 2, sizeof *res); /* + opt-admit and opt */
+  if (n_hq && fmt != REPLAY_FMT_MOONCAKE) {
+    free(list);
+    replay_trace_free(&t);
+    return usage_error("--hints needs a Mooncake trace (requests and block chains); %s is %s",
+                       path, replay_format_name(fmt));
+  }
+  /* With hints, plain lru is the reference of the gap closed: run it first if not named. */
+  bool add_lru = false;
+  if (n_hq) {
+    add_lru = true;
+    for (int i = 0; i < n_names; i++) add_lru &= strcmp(names[i], "lru") != 0;
+  }
+  /* Each policy plain and with each N; + lru, opt-admit and opt. */
+  replay_result *res = calloc((size_t)n_names * (size_t)(1 + n_hq) + 3, sizeof *res);
   if (!res) {
     free(list);
     replay_trace_free(&t);
@@ -431,22 +497,26 @@ int main(int argc, char **argv) {
   progress pr = {.on = isatty(STDERR_FILENO) == 1};
   size_t n_res = 0;
   bool want_admit = strcmp(policy_arg, "all") == 0;
-  for (int i = 0; i < n_names; i++) {
-    if (strcmp(names[i], "opt") == 0) continue; /* always reported, once, last */
-    if (strcmp(names[i], "opt-admit") == 0) {
+  for (int i = add_lru ? -1 : 0; i < n_names; i++) {
+    const char *name = i < 0 ? "lru" : names[i];
+    if (strcmp(name, "opt") == 0) continue; /* always reported, once, last */
+    if (strcmp(name, "opt-admit") == 0) {
       want_admit = true; /* reported once, before opt */
       continue;
     }
-    replay_sgm_params p = {.policy = names[i], .vram_bytes = vram_bytes,
-                           .shared_bytes = ri.shared_bytes, .spill_dir = spill_dir, .cold = cold,
-                           .progress = progress_cb, .progress_user = &pr};
-    if (replay_sgm(&t, &p, &res[n_res], err, sizeof err) != 0) {
-      progress_cb(&pr, names[i], 1, 1);
-      fprintf(stderr, "sgm-replay: %s\n", err);
-      status = 1;
-      continue;
+    for (int h = -1; h < (i < 0 ? 0 : n_hq); h++) {
+      replay_sgm_params p = {.policy = name, .vram_bytes = vram_bytes,
+                             .shared_bytes = ri.shared_bytes, .spill_dir = spill_dir, .cold = cold,
+                             .hints = h >= 0, .hint_queue = h >= 0 ? hq[h] : 0,
+                             .progress = progress_cb, .progress_user = &pr};
+      if (replay_sgm(&t, &p, &res[n_res], err, sizeof err) != 0) {
+        progress_cb(&pr, name, 1, 1);
+        fprintf(stderr, "sgm-replay: %s\n", err);
+        status = 1;
+        continue;
+      }
+      n_res++;
     }
-    n_res++;
   }
   if (want_admit) {
     if (replay_opt_ex(&t, vram_bytes, REPLAY_OPT_ADMIT, &res[n_res], err, sizeof err) == 0) {

@@ -114,6 +114,7 @@ int replay_opt_ex(const replay_trace *t, uint64_t capacity_bytes, replay_opt_var
                   replay_result *out, char *err, size_t err_len) {
   memset(out, 0, sizeof *out);
   snprintf(out->policy, sizeof out->policy, "%s", variant == REPLAY_OPT_ADMIT ? "opt-admit" : "opt");
+  out->hint_queue = -1;
   if (t->n_ev >= OPT_NEVER) {
     snprintf(err, err_len, "OPT: %zu events is too many (at most %u)", t->n_ev, OPT_NEVER - 1);
     return -1;

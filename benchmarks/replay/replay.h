@@ -63,6 +63,12 @@ typedef struct replay_trace {
   uint64_t uniform_bytes;   /* the size every block has; 0 when sizes differ */
   uint64_t total_bytes;     /* sum of every block's size (rounded to REPLAY_ALIGN) */
   uint64_t peak_live_bytes; /* most bytes alive at once (rounded): the footprint */
+  /* Mooncake only (else NULL / 0): where each request's accesses start in ev,
+   * in file order, its hash_ids in order (a block chain: each extends the one
+   * before). The hint replay (replay_sgm's hint_queue) derives hints from them. */
+  size_t *req;
+  size_t n_req;
+  size_t cap_req;
 } replay_trace;
 
 /* Tell the format from the first non-blank line of the file. */
@@ -86,7 +92,8 @@ int replay_trace_finish(replay_trace *t, char *err, size_t err_len);
 
 /* What one replay (a policy through sgm, or OPT) measured. */
 typedef struct replay_result {
-  char policy[32];          /* "lru", ..., "opt-admit", "opt" */
+  char policy[32];          /* "lru", ..., "opt-admit", "opt"; "lru+h64": with hints, N = 64 */
+  int hint_queue;           /* replay_sgm_params.hint_queue with hints; -1 = no hints */
   uint64_t accesses;        /* block accesses replayed */
   uint64_t hits;            /* accesses that found the block in VRAM */
   uint64_t evictions;       /* blocks moved out of VRAM to make room */
@@ -139,6 +146,14 @@ typedef struct replay_sgm_params {
   uint64_t shared_bytes;     /* the shared budget; 0 = enough for the whole trace */
   const char *spill_dir;     /* NULL or "" = no disk tier */
   bool cold;                 /* true: do not commit the shared pool before the timed loop */
+  /* Residency hints derived from the trace as a serving engine has them
+   * (Mooncake traces only; docs/traces.md "Hints"): false = none; true = the
+   * structure (each block's parent: the block before it in its request), the
+   * request's last block done at its end, and, with hint_queue N > 0, the
+   * blocks of the next N requests declared with sgm_will_use (distance: how
+   * many requests ahead), never more of the future than that queue. */
+  bool hints;
+  uint32_t hint_queue;
   replay_progress_fn progress; /* NULL = none */
   void *progress_user;       /* its argument */
 } replay_sgm_params;

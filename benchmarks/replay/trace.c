@@ -110,6 +110,7 @@ static bool idmap_put(idmap *m, uint64_t key, uint32_t val) {
 void replay_trace_free(replay_trace *t) {
   free(t->ev);
   free(t->size);
+  free(t->req);
   *t = (replay_trace){0};
 }
 
@@ -820,6 +821,17 @@ static int read_mooncake(line_reader *r, uint64_t block_bytes, replay_trace *t, 
             goto out;
           }
           seen = true;
+          if (t->n_req == t->cap_req) {
+            size_t cap = t->cap_req ? t->cap_req * 2 : 1024;
+            size_t *q = realloc(t->req, cap * sizeof *q);
+            if (!q) {
+              replay_fail(err, err_len, "out of memory for %zu requests", cap);
+              goto out;
+            }
+            t->req = q;
+            t->cap_req = cap;
+          }
+          t->req[t->n_req++] = t->n_ev;
           if (json_hash_ids(&j, &m, t, block_bytes) != 0) goto out;
         } else if (json_value(&j, 1) != 0) {
           goto out;

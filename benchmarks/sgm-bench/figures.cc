@@ -119,6 +119,17 @@ SGM_BENCH_FIGURE({"alloc.scaling.2t", "sgm_alloc+sgm_free pairs/s, 2 threads ove
                   "jemalloc's 2-thread over 1-thread pairs/s", Better::kHigher, Target::Value(kAtLeast, 1.6),
                   kQuick, Scaling("alloc/sgm", BM_SgmAllocFree), Scaling("alloc/jemalloc", BM_JemallocPair)});
 
+// Capture pools (issue 25): what a CUDA graph's pool costs other allocations
+// (one lock and a lookup per free while it exists), and a capture's own pairs.
+SGM_BENCH_FIGURE({"alloc.pair.pool_exists", "pair outside a capture pool that holds 4096 blocks, 256 B-1 MiB",
+                  "ns", "the same pairs and live blocks with no pool", Better::kLower,
+                  Target::Ratio(kAtMost, 1.4), kQuick, GbTime("pool/outside", BM_PoolPair, {kPoolOutside}),
+                  GbTime("pool/none", BM_PoolPair, {kPoolNone})});
+SGM_BENCH_FIGURE({"alloc.pair.in_pool", "64 KiB pair inside a capture pool's scope (its parked block taken back)",
+                  "ns", "the same pairs with no pool", Better::kLower, Target::Ratio(kAtMost, 1.1), kQuick,
+                  GbTime("pool/inside", BM_PoolPair, {kPoolInside}),
+                  GbTime("pool/plain64k", BM_PoolPairPlain64K)});
+
 // ---- shared GPU memory ----
 
 SGM_BENCH_FIGURE({"shared.fallback", "pair that falls back to shared memory (VRAM full), 256 B-256 KiB", "ns",

@@ -54,8 +54,16 @@ extern "C" {
 /* The plug-in ABI this header describes. A vtable built for any version from
  * 1 up to this one loads; the members its version predates count as absent.
  * Version 2 added record and admit at the end of sgm_policy_ops, version 3
- * promote_before. */
-#define SGM_POLICY_ABI_VERSION 3u
+ * promote_before, version 4 the residency hints (on_hint, and hint,
+ * will_use_distance and parent at the end of sgm_policy_item). */
+#define SGM_POLICY_ABI_VERSION 4u
+
+/* sgm_policy_item.hint: what the application said about the buffer
+ * (sgm_will_use, sgm_buffer_done; docs/policies.md "Residency hints"). Both
+ * end at the buffer's next use (acquire, host read or write): a hint is about
+ * the use to come. */
+#define SGM_POLICY_HINT_WILL_USE 1u /* expected after about will_use_distance steps: keep it */
+#define SGM_POLICY_HINT_DONE 2u     /* not read again soon: first out */
 
 /* The most per-buffer state a policy may ask for. Every buffer carries it
  * inline, sized for the larger of its context's two policies: 256 bytes is
@@ -80,6 +88,14 @@ typedef struct sgm_policy_item {
   uint64_t size_bytes; /* the buffer's size in bytes; constant */
   int priority;        /* sgm_priority; constant while the item is in (or pinned by) an instance */
   void *state;         /* state_bytes bytes for the policy, 16-byte aligned; NULL if state_bytes == 0 */
+  /* ---- ABI version 4: residency hints (read-only for the policy) ---- */
+  uint32_t hint;              /* SGM_POLICY_HINT_* in force (0: none) */
+  uint32_t will_use_distance; /* with SGM_POLICY_HINT_WILL_USE: the distance given (steps ahead) */
+  /* The parent (prefix) buffer's item when the application named one
+   * (sgm_buffer_set_parent) and it is an item of this same instance now
+   * (listed, not pinned); else NULL. Set by sgm just before on_insert,
+   * on_access and on_hint; valid for that call only. */
+  struct sgm_policy_item *parent;
 } sgm_policy_item;
 
 /* Why an item leaves an instance (on_remove). */
@@ -127,8 +143,8 @@ typedef struct sgm_policy_params {
 
 /*
  * The vtable. Every member must be set except the optional `summary`,
- * `check`, `record`, `admit` and `promote_before`; sgm_policy_register names
- * the first required one missing.
+ * `check`, `record`, `admit`, `promote_before` and `on_hint`;
+ * sgm_policy_register names the first required one missing.
  */
 typedef struct sgm_policy_ops {
   uint32_t abi_version; /* the SGM_POLICY_ABI_VERSION it was built with (1 up to this one) */
@@ -219,6 +235,18 @@ typedef struct sgm_policy_ops {
    * the other methods; it must not reorganise the instance.
    */
   bool (*promote_before)(sgm_policy *p, const sgm_policy_item *a, const sgm_policy_item *b);
+
+  /* ---- ABI version 4 ---- */
+
+  /*
+   * Optional (NULL: hints are ignored; the item fields still say them). The
+   * hints of `it`, an item of this instance (listed, not pinned), changed:
+   * it->hint and it->will_use_distance hold the new ones (0: cancelled). A
+   * pinned item's hints may change too, without a call: read them when it
+   * comes back (on_access, on_insert). it->parent as in sgm_policy_item.
+   * Same contract as the other methods.
+   */
+  void (*on_hint)(sgm_policy *p, sgm_policy_item *it);
 } sgm_policy_ops;
 
 /*

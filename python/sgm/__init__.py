@@ -309,6 +309,24 @@ class Context:
             raise
         return b
 
+    def will_use(self, buffers, distance=0):
+        """Declare Buffers this context's application will use after about
+        `distance` more steps (requests, batches; 0 = next) as a residency
+        set (sgm_will_use): the eviction policies keep them and give up the
+        furthest first. Each buffer's newest call replaces its earlier one;
+        distance None cancels. Each hint ends at the buffer's next use."""
+        _hint_call(self._lib, "sgm_will_use")
+        bufs = list(buffers)
+        for b in bufs:
+            if not isinstance(b, Buffer) or b.context is not self:
+                raise InvalidError("will_use takes Buffers of this context", call="sgm_will_use")
+        d = 0xFFFFFFFF if distance is None else int(distance)
+        if distance is not None and not 0 <= d < 0xFFFFFFFF:
+            raise InvalidError(f"distance {distance!r} is outside 0 .. 2**32 - 2 (None cancels)",
+                               call="sgm_will_use")
+        arr = (ctypes.c_void_p * max(len(bufs), 1))(*[b.handle for b in bufs])
+        _lib.check(self._lib.sgm_will_use(self.handle, arr, len(bufs), d), "sgm_will_use")
+
     def close(self):
         """Destroy the context (and the buffers still open). Idempotent."""
         if self._ptr:
@@ -330,6 +348,12 @@ class Context:
     def __repr__(self):
         state = f"backend={self.backend}" if self._ptr else "closed"
         return f"<sgm.Context {state}>"
+
+
+def _hint_call(lib, name):
+    if getattr(getattr(lib, name, None), "argtypes", None) is None:
+        raise UnsupportedError(f"{name}: this libsgm.so predates residency hints; rebuild it",
+                               call=name)
 
 
 class Buffer:
@@ -454,8 +478,39 @@ class Buffer:
         _lib.check(self._lib.sgm_buffer_set_priority(self.handle, int(priority)),
                    "sgm_buffer_set_priority")
 
+    # ---- residency hints (sgm.h; docs/policies.md "Residency hints") ----
+
+    def will_use(self, distance=0):
+        """Say the buffer will be used after about `distance` more steps
+        (requests, batches): the eviction policy keeps it. None cancels. Ends
+        at its next use. Context.will_use declares many at once."""
+        self.context.will_use([self], distance)
+
+    def done(self):
+        """Say the buffer will not be read again soon: it leaves its tier
+        first (a finished request's last block). Ends at its next use."""
+        _hint_call(self._lib, "sgm_buffer_done")
+        _lib.check(self._lib.sgm_buffer_done(self.handle), "sgm_buffer_done")
+
+    @property
+    def parent(self):
+        """The parent (prefix) Buffer this one extends, or None."""
+        return self._parent() if getattr(self, "_parent", None) else None
+
+    @parent.setter
+    def parent(self, parent):
+        """Name the buffer this one extends (a KV block's prefix block; a
+        radix tree's parent): policies keep prefixes and give up leaves first.
+        None removes the link."""
+        _hint_call(self._lib, "sgm_buffer_set_parent")
+        _lib.check(self._lib.sgm_buffer_set_parent(self.handle,
+                                                   parent.handle if parent is not None else None),
+                   "sgm_buffer_set_parent")
+        self._parent = weakref.ref(parent) if parent is not None else None
+
     def close(self):
         """Destroy the buffer wherever it lives. Idempotent."""
+        self._parent = None
         if self._ptr:
             self._lib.sgm_buffer_destroy(self._ptr)
             self._ptr = None

@@ -222,6 +222,11 @@ def _declare(h):
     _sig(h, "sgm_buffer_tier", i, vp)
     _sig(h, "sgm_buffer_size", sz, vp)
     _sig(h, "sgm_buffer_destroy", None, vp)
+    # Residency hints (sgm.h, issue 30): absent from older libraries (has()).
+    for name, args in (("sgm_will_use", (vp, c.POINTER(vp), sz, c.c_uint32)),
+                       ("sgm_buffer_done", (vp,)), ("sgm_buffer_set_parent", (vp, vp))):
+        if hasattr(h, name):
+            _sig(h, name, st, *args)
     _sig(h, "sgm_torch_malloc", vp, sz, i, vp)
     _sig(h, "sgm_torch_free", None, vp, sz, i, vp)
     _sig(h, "sgm_torch_empty_cache", None)

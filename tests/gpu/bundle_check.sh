@@ -18,7 +18,7 @@ bash "$HERE/bundle.sh" --from "$BUILD" "$TMP/bundle"
 bytes=$(du -sb "$TMP/bundle" | cut -f1)
 echo "gpu_bundle: bundle is $bytes bytes ($((bytes / 1024 / 1024)) MiB of 64)"
 for need in run.sh lib/libsgm.so py/probe.py py/pytorch_allocator.py py/cupy_allocator.py \
-            py/graph_capture.py py/two_stream_stress.py py/gpu_common.py py/managed_oversub.py py/sgm/__init__.py py/sgm/torch.py bin/bench_cuda bin/sgm-bench bin/sgm-demo; do
+            py/graph_capture.py py/two_stream_stress.py py/torch_steps.py py/gpu_common.py py/managed_oversub.py py/sgm/__init__.py py/sgm/torch.py bin/bench_cuda bin/sgm-bench bin/sgm-demo; do
   [ -e "$TMP/bundle/$need" ] || { echo "gpu_bundle: $need missing from the bundle"; exit 1; }
 done
 ls "$TMP/bundle"/bin/api_* >/dev/null || { echo "gpu_bundle: no API suite packed"; exit 1; }

@@ -19,6 +19,11 @@
 #                  never asking for more managed memory than is free
 #   graph-capture  a CUDA graph captured and replayed by PyTorch through sgm
 #   two-streams    PyTorch tensors on two streams, checked byte for byte
+#                  (x.record_stream reaches sgm: sgm.torch.use() wires it)
+#   torch-graph-idle, torch-mempool-oom, torch-stats-patch (torch_steps.py):
+#                  a graph replayed after idle trims, PyTorch's MemPool
+#                  use_on_oom falling back to sgm past a VRAM limit, and
+#                  torch.cuda.memory_stats() through sgm's patch, byte-exact
 #   bench-cuda     bench_cuda with small sizes (BENCH_CUDA_MAX_MIB=64)
 #   sgm-bench      sgm-bench --quick --only gpu: the GPU figures beside cuMemcpy,
 #                  VRAM and cuMemAlloc, as a table and $OUT/sgm-bench.json
@@ -153,6 +158,15 @@ step_two_streams() {
   step two-streams 45 '^key:' env SGM_VRAM_LIMIT=$((512 * 1024 * 1024)) \
     "$PY" two_stream_stress.py "$LIBSGM"
 }
+# Issue 25 (torch25): PyTorch's capture pools, the caching allocator's OOM
+# path and the stats patch, one step each from torch_steps.py.
+step_torch_graph_idle() {
+  step torch-graph-idle 45 '^key:' env SGM_IDLE_TRIM_MS=200 "$PY" torch_steps.py "$LIBSGM" graph-idle
+}
+step_torch_mempool_oom() {
+  step torch-mempool-oom 60 '^key:' env GPU_CHECK_VRAM_LIMIT="$LIMIT" "$PY" torch_steps.py "$LIBSGM" mempool-oom
+}
+step_torch_stats_patch() { step torch-stats-patch 30 '^key:' "$PY" torch_steps.py "$LIBSGM" stats-patch; }
 step_bench_cuda() {
   step bench-cuda 60 '^bench_cuda: (H2D|D2H|kernel|pair|transfer)' env BENCH_CUDA_MAX_MIB=64 \
     "$BUNDLE/bin/bench_cuda" --benchmark_color=false --benchmark_min_time=0.05
@@ -187,7 +201,10 @@ plan py step_cupy
 plan py step_managed_oversub
 plan py step_graph_capture
 plan py step_two_streams
-# pytorch steps (issue 25) go here
+# pytorch steps (issue 25)
+plan py step_torch_graph_idle
+plan py step_torch_mempool_oom
+plan py step_torch_stats_patch
 # preload steps (issue 27) go here
 plan c  step_bench_cuda
 plan c  step_sgm_bench

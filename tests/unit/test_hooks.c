@@ -293,6 +293,39 @@ static void test_record_stream_hook(void **state) {
   assert_non_null(strstr(out, "no hook context holds this pointer live"));
 }
 
+/* Invariant: the pool hooks' failures (a device out of range, an end or a
+ * release of a pool nobody began, a device count past the table) are one
+ * stderr line each, naming the hook and the pool; their success is silent. */
+static void test_pool_hooks_report(void **state) {
+  (void)state;
+  char out[4096];
+  capture c;
+  sgm_torch_pool_id graph = {3, 0};
+  capture_begin(&c);
+  sgm_torch_begin_allocate_to_pool(0, graph, NULL);
+  void *p = sgm_torch_malloc(4096, 0, NULL);
+  sgm_torch_free(p, 4096, 0, NULL);
+  sgm_torch_end_allocate_to_pool(0, graph);
+  sgm_torch_release_pool(0, graph);
+  sgm_torch_init(8);
+  int lines = capture_end(&c, out, sizeof out);
+  assert_int_equal(lines, 0);
+  capture_begin(&c);
+  sgm_torch_begin_allocate_to_pool(99, graph, NULL);
+  sgm_torch_end_allocate_to_pool(0, graph);
+  sgm_torch_release_pool(0, (sgm_torch_pool_id){0, 4});
+  sgm_torch_end_allocate_stream_to_pool(0, NULL);
+  sgm_torch_init(65);
+  lines = capture_end(&c, out, sizeof out);
+  assert_int_equal(lines, 5);
+  assert_non_null(strstr(out, "sgm_torch_begin_allocate_to_pool(device 99, pool {3, 0})"));
+  assert_non_null(strstr(out, "sgm_torch_end_allocate_to_pool(device 0, pool {3, 0}): "
+                              "sgm_capture_pool_end: pool 3 has no open scope"));
+  assert_non_null(strstr(out, "sgm_torch_release_pool(device 0, pool {0, 4})"));
+  assert_non_null(strstr(out, "sgm_torch_end_allocate_stream_to_pool(device 0"));
+  assert_non_null(strstr(out, "sgm_torch_init(65 devices)"));
+}
+
 /* Invariant: sgm_torch_empty_cache trims every hook context: once everything
  * is freed, nothing stays committed in VRAM or shared memory, on each device
  * that has a context. */
@@ -383,6 +416,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_alloc_failure_is_logged, setup, teardown),
       cmocka_unit_test_setup_teardown(test_size_zero_and_free_edges, setup, teardown),
       cmocka_unit_test_setup_teardown(test_record_stream_hook, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_pool_hooks_report, setup, teardown),
       cmocka_unit_test_setup_teardown(test_empty_cache_trims_every_context, setup, teardown),
       cmocka_unit_test_setup_teardown(test_set_memory_fraction, setup, teardown),
   };
