@@ -36,8 +36,9 @@
 #
 # Env: OUT (log folder), GPU_CHECK_VRAM_LIMIT (bytes, default 2 GiB),
 #      GPU_CHECK_BUDGET_S (default 230: the 4 minutes less the summary),
-#      GPU_CHECK_ONLY=c|py|c,py (default: both; c = the C programs only, as the
-#      dry run on the driver double runs them),
+#      GPU_CHECK_ONLY=c|py|c,py|step_<name>,... (default: both groups; c = the
+#      C programs only, as the dry run on the driver double runs them),
+#      GPU_CHECK_SKIP=step_<name>,... (steps not to run),
 #      GPU_CHECK_ALLOW_DOUBLE=1 (probe accepts the driver test double: to try
 #      this script on a machine without a GPU; the Python steps then skip).
 set -u
@@ -182,12 +183,14 @@ step_vmm_granule() {
   grep -E '^granule ' "$OUT/vmm-granule.log" 2>/dev/null | sed 's/^/   | /'
 }
 
-# plan GROUP FUNCTION: run the step unless GPU_CHECK_ONLY names other groups
-# (c: the C programs; py: the Python and framework steps). The dry run on the
-# driver double (tests/gpu/dry_run.sh) runs GPU_CHECK_ONLY=c.
+# plan GROUP FUNCTION: run the step when GPU_CHECK_ONLY (default c,py) names
+# its group (c: the C programs; py: the Python and framework steps) or its
+# function, and GPU_CHECK_SKIP does not name its function. The dry run on the
+# driver double (tests/gpu/dry_run.sh) runs the c group.
 plan() {
+  case ",${GPU_CHECK_SKIP:-}," in *",$2,"*) return ;; esac
   case ",${GPU_CHECK_ONLY:-c,py}," in
-    *",$1,"*) "$2" ;;
+    *",$1,"* | *",$2,"*) "$2" ;;
   esac
 }
 
