@@ -405,8 +405,10 @@ out_fail:
 }
 
 /* The stream-ordered free of a user's block (own false) or of one sgm took
- * for itself (own true: a buffer destroyed with its release's work pending). */
-static int tier_free_on_as(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_ref *ref, bool own) {
+ * for itself (own true: a buffer destroyed with its release's work pending).
+ * Inlined into both: sgm_free's path pays no extra call for the second use. */
+__attribute__((always_inline)) static inline int tier_free_on_as(sgm_tier_pool *p, sgm_devptr ptr,
+                                                                 const sgm_stream_ref *ref, bool own) {
   tier_block *b = sgm__pool_map_take_live(p, ptr, own);
   if (sgm_unlikely(!b)) return SGM_ERR_INVALID;
   uint64_t asked = b->asked;
