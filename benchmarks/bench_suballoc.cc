@@ -1,7 +1,7 @@
 // bench_suballoc.cc — the offset-based sub-allocator (lib/suballoc.c), through
 // its public face, the virtual block (include/sgm/vblock.h).
 //
-// 1. Churn: 10,000 live blocks, sizes log-uniform 256 B .. 16 MiB, alignment
+// 1. Churn: 10,000 live blocks, sizes log-uniform 256 B .. 16 MiB (and .. 1 MiB), alignment
 //    256; each iteration frees one random live block and allocates a new one
 //    (one "pair"). The same sizes and victims go through jemalloc's
 //    mallocx/dallocx (MALLOCX_ALIGN(256)) in the same run as the reference;
@@ -34,8 +34,9 @@
 
 using namespace sgm_bench;
 
-BENCHMARK(BM_ChurnSuballoc)->Repetitions(5)->ReportAggregatesOnly(true)->MinTime(0.3);
-BENCHMARK(BM_ChurnJemalloc)->Repetitions(5)->ReportAggregatesOnly(true)->MinTime(0.3);
+BENCHMARK(BM_ChurnSuballoc)->Arg(16 << 20)->Arg(1 << 20)->Repetitions(5)->ReportAggregatesOnly(true)->MinTime(0.3);
+BENCHMARK(BM_ChurnJemalloc)->Arg(16 << 20)->Arg(1 << 20)->Repetitions(5)->ReportAggregatesOnly(true)->MinTime(0.3);
+BENCHMARK(BM_ChurnSgm)->Arg(16 << 20)->Arg(1 << 20)->Repetitions(5)->ReportAggregatesOnly(true)->MinTime(0.3);
 
 int main(int argc, char **argv) {
   std::string dir = SGM_TRACES_DEFAULT;

@@ -321,6 +321,9 @@ typedef struct sgm_stats {
   uint64_t managed_inline_moved_bytes; /* managed bytes moved on the threads calling sgm (alloc, free,
                                           hints, sgm_prefetch, sgm_trim, the idle tick) */
   uint64_t managed_worker_moved_bytes; /* managed bytes moved by the worker on the copy stream */
+  uint64_t vram_map_calls;      /* backend calls that mapped or unmapped VRAM granules on the reserved
+                                   range since create (on CUDA each is cuMemCreate+cuMemMap+
+                                   cuMemSetAccess or cuMemUnmap+cuMemRelease); 0 without one */
 } sgm_stats;
 
 /* Fill *out with the context's counters. Fast, any thread. On failure *out is zeroed. */
@@ -455,7 +458,9 @@ SGM_API sgm_status sgm_will_use(sgm_context *ctx, sgm_buffer *const *bufs, size_
 SGM_API sgm_status sgm_buffer_done(sgm_buffer *b);
 /* b extends parent (a KV-cache block and the prefix block before it; a radix
  * tree's child and its parent): a policy that reads structure keeps prefixes
- * and gives up leaves first. parent NULL removes the link. The link ends when
+ * and gives up leaves first (lru, once it sees a parent, also keeps blocks
+ * used again ahead of blocks used once: docs/policies.md "Residency hints").
+ * parent NULL removes the link. The link ends when
  * either buffer is destroyed. SGM_ERR_INVALID for b NULL, parent == b, a
  * parent of another context or one that descends from b (a cycle), or a
  * destroyed buffer (debug builds). */

@@ -98,8 +98,11 @@ void sgm__context_counters(const sgm_context *ctx, sgm_stats *out) {
   out->physical_ram_bytes = ctx->physical_ram_bytes;
   out->n_bad_frees = __atomic_load_n(&ctx->n_bad_frees, __ATOMIC_RELAXED);
   if (ctx->tiers[SGM_TIER_VRAM])
+  {
     sgm__tier_vmm_info(ctx->tiers[SGM_TIER_VRAM], &out->vram_granule_bytes,
                        &out->vram_reserved_bytes);
+    out->vram_map_calls = sgm__tier_vmm_calls(ctx->tiers[SGM_TIER_VRAM]);
+  }
   /* Driver calls (issue 16): the backend's own count; no driver call to read. */
   sgm_backend_counters bc;
   memset(&bc, 0, sizeof bc);

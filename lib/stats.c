@@ -122,12 +122,13 @@ SGM_API sgm_status sgm_stats_json(sgm_context *ctx, char **out) {
   }
   /* Expandable VRAM (issue 17): how VRAM grows. */
   sgm__strbuf_printf(&b, "},\"vram_growth\":\"%s\",\"vram_granule_bytes\":%llu,"
-                     "\"vram_reserved_bytes\":%llu}",
+                     "\"vram_reserved_bytes\":%llu,\"vram_map_calls\":%llu}",
                      sgm__tier_vmm_pooled(sgm__context_tier(ctx, SGM_TIER_VRAM)) ? "reserved_vmm"
                      : !sgm__context_cfg(ctx)->allow_growth ? "reserved"
                      : st.vram_granule_bytes ? "vmm" : "chunks",
                      (unsigned long long)st.vram_granule_bytes,
-                     (unsigned long long)st.vram_reserved_bytes);
+                     (unsigned long long)st.vram_reserved_bytes,
+                     (unsigned long long)st.vram_map_calls);
   if (b.failed) {
     free(b.s);
     return (sgm_status)sgm__error_set(SGM_ERR_NOMEM, "sgm_stats_json: out of host memory");

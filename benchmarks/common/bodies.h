@@ -75,9 +75,12 @@ void BM_PairFixed(benchmark::State &state);
 void BM_PairManaged(benchmark::State &state);
 
 // ---- sub-allocator (bench_suballoc) ----------------------------------------
-// Churn of 10,000 live blocks through the virtual block and through jemalloc.
+// Churn of 10,000 live blocks through the virtual block, through jemalloc
+// and through sgm_alloc/sgm_free (alloc.churn.10k), on the same sizes and
+// victims: 256 B .. range(0) bytes (16 MiB, or 1 MiB for the second mix).
 void BM_ChurnSuballoc(benchmark::State &state);
 void BM_ChurnJemalloc(benchmark::State &state);
+void BM_ChurnSgm(benchmark::State &state);
 
 // One MiniMalloc trace (traces/README.md), as an alloc/free replay.
 struct MiniEvent {
@@ -172,6 +175,15 @@ enum CudaPairStream { kCudaNullStream, kCudaPerThreadStream, kCudaCreatedStream 
 void BM_CudaSgmPair(benchmark::State &state, std::string key, CudaPairStream which);
 void BM_CudaDriverPair(benchmark::State &state, std::string key);
 void BM_CudaTransfer(benchmark::State &state, std::string key, int pair);
+// A created non-blocking stream on the device CudaOpen opened (PyTorch's side
+// streams are such), or nullptr and *why; CudaStreamDelete destroys it.
+void *CudaStreamNew(std::string *why);
+void CudaStreamDelete(void *stream);
+// On the driver double: when fences complete, the two extremes: lazy = 0, as
+// soon as the worker can (no simulated delay); lazy = 1, only while a host
+// thread waits for the device (fake_cuda_set_lazy). false on a real driver,
+// where nothing is set.
+bool CudaFenceMode(int lazy);
 // bench_cuda's summary lines, from the outcomes kept under each key.
 std::string CudaGBps(const std::string &key);
 std::string CudaRatio(const std::string &num, const std::string &den, const char *fmt);

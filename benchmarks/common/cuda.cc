@@ -1136,6 +1136,37 @@ std::string CudaGBps(const std::string &key) { return GBps(key); }
 std::string CudaRatio(const std::string &num, const std::string &den, const char *fmt) { return Ratio(num, den, fmt); }
 std::string CudaPerCall(const std::string &key) { return PerCall(key); }
 
+void *CudaStreamNew(std::string *why) {
+  const CudaSetup &d = CudaOpen();
+  if (!d.usable) {
+    *why = d.why;
+    return nullptr;
+  }
+  CUstream s = nullptr;
+  CUresult r = CU(cuStreamCreate)(&s, CU_STREAM_NON_BLOCKING);
+  if (r != CUDA_SUCCESS) {
+    *why = "cuStreamCreate failed: " + CuErrorName(r);
+    return nullptr;
+  }
+  return reinterpret_cast<void *>(s);
+}
+
+void CudaStreamDelete(void *s) {
+  if (s) LogIfFailed(CU(cuStreamDestroy)(reinterpret_cast<CUstream>(s)), "cuStreamDestroy");
+}
+
+bool CudaFenceMode(int lazy) {
+  using SetIntFn = void (*)(int);
+  using SetU64Fn = void (*)(uint64_t);
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  auto set_lazy = lib ? reinterpret_cast<SetIntFn>(dlsym(lib, "fake_cuda_set_lazy")) : nullptr;
+  auto set_delay = lib ? reinterpret_cast<SetU64Fn>(dlsym(lib, "fake_cuda_set_delay_us")) : nullptr;
+  if (!set_lazy || !set_delay) return false;
+  set_delay(0);
+  set_lazy(lazy);
+  return true;
+}
+
 }  // namespace sgm_bench
 
 #else  // no usable cuda.h: every entry point says so
@@ -1170,6 +1201,12 @@ void BM_CudaKernelRead(benchmark::State &state, std::string, bool, size_t) { Off
 void BM_CudaSgmPair(benchmark::State &state, std::string, CudaPairStream) { Off(state); }
 void BM_CudaDriverPair(benchmark::State &state, std::string) { Off(state); }
 void BM_CudaTransfer(benchmark::State &state, std::string, int) { Off(state); }
+void *CudaStreamNew(std::string *why) {
+  *why = CudaOpen().why;
+  return nullptr;
+}
+void CudaStreamDelete(void *) {}
+bool CudaFenceMode(int) { return false; }
 std::string CudaGBps(const std::string &) { return "not run"; }
 std::string CudaRatio(const std::string &, const std::string &, const char *) { return "n/a"; }
 std::string CudaPerCall(const std::string &) { return "not run"; }

@@ -47,6 +47,10 @@ constexpr uint64_t kAlign = 256;   // device block alignment
 constexpr int kSizeSteps = 4096;   // log-uniform size table: 256 steps per power of two
 constexpr double kMinSize = 256.0, kMaxSize = 16.0 * 1024 * 1024;
 
+// The largest size of a churn: state.range(0) (kMaxSize, or 1 MiB for the
+// second mix).
+double ChurnMax(const benchmark::State &state) { return static_cast<double>(state.range(0)); }
+
 // The workload is generated as it runs (a precomputed pattern would either
 // evict the allocator's metadata from the caches or, if short, repeat and
 // turn every pair into "free a block, allocate the same size again").
@@ -55,10 +59,10 @@ struct Workload {
   uint64_t capacity_bytes;           // 2 x the expected live bytes (kLive x mean size)
   uint64_t rng = 0x5EED5EED12345ull; // xorshift64 state
 
-  Workload() : size_table(kSizeSteps) {
+  explicit Workload(double max_size = kMaxSize) : size_table(kSizeSteps) {
     for (int i = 0; i < kSizeSteps; i++)
       size_table[i] = static_cast<uint64_t>(
-          std::exp(std::log(kMinSize) + (i + 0.5) / kSizeSteps * (std::log(kMaxSize) - std::log(kMinSize))));
+          std::exp(std::log(kMinSize) + (i + 0.5) / kSizeSteps * (std::log(max_size) - std::log(kMinSize))));
     double mean = 0;
     for (uint64_t x : size_table) mean += static_cast<double>(AlignUp(x, kAlign));
     mean /= kSizeSteps;
@@ -79,7 +83,7 @@ struct Workload {
 }  // namespace
 
 void BM_ChurnSuballoc(benchmark::State &state) {
-  Workload wl;
+  Workload wl(ChurnMax(state));
   sgm_vblock *vb = nullptr;
   if (sgm_vblock_create(0, wl.capacity_bytes, kAlign, &vb) != SGM_OK) {
     state.SkipWithError(sgm_last_error());
@@ -117,7 +121,7 @@ void BM_ChurnSuballoc(benchmark::State &state) {
 }
 
 void BM_ChurnJemalloc(benchmark::State &state) {
-  Workload wl;
+  Workload wl(ChurnMax(state));
   const int flags = MALLOCX_ALIGN(kAlign);
   std::vector<void *> live(kLive);
   uint64_t size;
@@ -141,6 +145,62 @@ void BM_ChurnJemalloc(benchmark::State &state) {
   if (!ok) state.SkipWithError("mallocx failed");
   state.counters["pairs"] = static_cast<double>(state.iterations());
   for (void *x : live) dallocx(x, flags);
+}
+
+// The public pair on the same sizes and victims: an emulated device whose
+// VRAM budget is the sub-allocator's capacity above (growth mode, defaults
+// otherwise, as a user's context), no fallback to shared memory, so that a
+// pair that cannot be served shows as a failure instead of a cheaper tier.
+void BM_ChurnSgm(benchmark::State &state) {
+  Workload wl(ChurnMax(state));
+  sgm_config cfg;
+  sgm_config_init(&cfg);
+  cfg.backend = SGM_BACKEND_EMU;
+  cfg.verbose = 0;
+  cfg.vram_limit.bytes = wl.capacity_bytes;
+  cfg.vram_limit.fraction = 0;
+  cfg.emu_vram_bytes = wl.capacity_bytes;
+  cfg.shared_fallback = 0;
+  sgm_context *ctx = nullptr;
+  if (sgm_context_create(&cfg, &ctx) != SGM_OK) {
+    state.SkipWithError((std::string("sgm_context_create failed: ") + sgm_last_error()).c_str());
+    return;
+  }
+  std::vector<void *> live(kLive);
+  uint64_t size;
+  uint32_t v;
+  bool ok = true;
+  for (size_t i = 0; i < kLive; i++) {
+    wl.Next(&v, &size);
+    ok &= (live[i] = sgm_alloc(ctx, size, nullptr)) != nullptr;
+  }
+  for (size_t i = 0; i < 20 * kLive; i++) {
+    wl.Next(&v, &size);
+    sgm_free(ctx, live[v], nullptr);
+    ok &= (live[v] = sgm_alloc(ctx, size, nullptr)) != nullptr;
+  }
+  sgm_stats before;
+  sgm_get_stats(ctx, &before);
+  for (auto _ : state) {
+    wl.Next(&v, &size);
+    sgm_free(ctx, live[v], nullptr);
+    live[v] = sgm_alloc(ctx, size, nullptr);
+    ok &= live[v] != nullptr;
+  }
+  sgm_stats st;
+  sgm_get_stats(ctx, &st);
+  if (!ok) state.SkipWithError((std::string("an allocation failed: ") + sgm_last_error()).c_str());
+  const sgm_tier_stats &vr = st.tier[SGM_TIER_VRAM];
+  double pairs = static_cast<double>(state.iterations());
+  state.counters["pairs"] = pairs;
+  // Mapping work in the timed pairs (the emulated device's driver calls stand
+  // for cuMemMap / cuMemUnmap): what hysteresis must keep near 0.
+  state.counters["map_calls_per_pair"] =
+      pairs > 0 ? static_cast<double>(st.vram_map_calls - before.vram_map_calls) / pairs : 0;
+  state.counters["committed_over_used"] =
+      vr.used_bytes ? static_cast<double>(vr.committed_bytes) / static_cast<double>(vr.used_bytes) : 0;
+  for (void *x : live) sgm_free(ctx, x, nullptr);
+  sgm_context_destroy(ctx);
 }
 
 // ---------------------------------------------------------------------------

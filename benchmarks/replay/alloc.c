@@ -57,7 +57,7 @@ int replay_alloc(const replay_trace *t, const replay_alloc_params *p, replay_all
                       (unsigned long long)REPLAY_ALIGN);
   sgm_config cfg;
   sgm_config_init(&cfg);
-  cfg.backend = SGM_BACKEND_EMU;
+  cfg.backend = p->cuda ? SGM_BACKEND_CUDA : SGM_BACKEND_EMU;
   cfg.allow_growth = p->growth ? 1 : 0;
   cfg.vram_fraction = 1.0;
   cfg.vram_limit = (sgm_size){.bytes = vram, .fraction = 0};
@@ -91,36 +91,54 @@ int replay_alloc(const replay_trace *t, const replay_alloc_params *p, replay_all
   }
   out->vmm = s.vram_granule_bytes != 0;
   out->served = true;
+  unsigned passes = p->passes ? p->passes : 1;
+  if (passes > REPLAY_ALLOC_MAX_PASSES) passes = REPLAY_ALLOC_MAX_PASSES;
   double t0 = alloc_now();
-  for (size_t i = 0; i < t->n_ev; i++) {
-    uint32_t e = t->ev[i], b = REPLAY_EV_ID(e);
-    if (e & REPLAY_EV_FREE) {
-      sgm_free(ctx, ptr[b], NULL);
-      ptr[b] = NULL;
-      out->events++;
-      continue;
+  for (unsigned pass = 0; pass < passes; pass++) {
+    replay_alloc_pass *pr = &out->pass[pass];
+    sgm_get_stats(ctx, &s);
+    uint64_t calls0 = s.driver_calls, maps0 = s.vram_map_calls;
+    for (size_t i = 0; i < t->n_ev; i++) {
+      uint32_t e = t->ev[i], b = REPLAY_EV_ID(e);
+      if (e & REPLAY_EV_FREE) {
+        sgm_free(ctx, ptr[b], p->stream);
+        ptr[b] = NULL;
+        pr->events++;
+        continue;
+      }
+      if (ptr[b]) continue; /* a later use: no allocator event */
+      ptr[b] = sgm_alloc(ctx, (size_t)t->size[b], p->stream);
+      pr->events++;
+      if (!ptr[b] || (p->stop_on_fallback && sgm_pointer_tier(ctx, ptr[b]) != SGM_TIER_VRAM)) {
+        out->served = false;
+        if (p->stop_on_fallback) break;
+      }
+      if (p->sample) {
+        sgm_get_stats(ctx, &s);
+        uint64_t c = s.tier[SGM_TIER_VRAM].committed_bytes;
+        if (c > out->peak_committed_bytes) out->peak_committed_bytes = c;
+      }
     }
-    if (ptr[b]) continue; /* a later use: no allocator event */
-    ptr[b] = sgm_alloc(ctx, (size_t)t->size[b], NULL);
-    out->events++;
-    if (!ptr[b] || (p->stop_on_fallback && sgm_pointer_tier(ctx, ptr[b]) != SGM_TIER_VRAM)) {
-      out->served = false;
-      if (p->stop_on_fallback) break;
-    }
-    if (p->sample) {
+    if (pass + 1 == passes) {
+      out->seconds = alloc_now() - t0;
       sgm_get_stats(ctx, &s);
-      uint64_t c = s.tier[SGM_TIER_VRAM].committed_bytes;
-      if (c > out->peak_committed_bytes) out->peak_committed_bytes = c;
+      out->end_committed_bytes = s.tier[SGM_TIER_VRAM].committed_bytes;
     }
+    for (uint32_t b = 0; b < t->n_blocks; b++)
+      if (ptr[b]) {
+        sgm_free(ctx, ptr[b], p->stream);
+        ptr[b] = NULL;
+        pr->events++;
+      }
+    sgm_get_stats(ctx, &s);
+    pr->driver_calls = s.driver_calls - calls0;
+    pr->map_calls = s.vram_map_calls - maps0;
+    out->events += pr->events;
+    if (!out->served && p->stop_on_fallback) break;
   }
-  out->seconds = alloc_now() - t0;
   sgm_get_stats(ctx, &s);
   out->peak_used_bytes = s.tier[SGM_TIER_VRAM].peak_used_bytes;
   out->n_fallbacks = s.n_fallbacks;
-  out->end_committed_bytes = s.tier[SGM_TIER_VRAM].committed_bytes;
-  for (uint32_t b = 0; b < t->n_blocks; b++)
-    if (ptr[b]) sgm_free(ctx, ptr[b], NULL);
-  sgm_get_stats(ctx, &s);
   out->idle_committed_bytes = s.tier[SGM_TIER_VRAM].committed_bytes;
   sgm_trim(ctx);
   sgm_get_stats(ctx, &s);

@@ -10,10 +10,16 @@ later (user think time, long reuse distances); an agent workload instead
 issues bursts of calls: a few long tool/system prompts shared by everyone
 (heavily skewed), then a task context that the next steps of the same agent
 loop extend a few requests later (short reuse distances), then a suffix of its
-own. Sizes follow the averages published for Mooncake's tool&agent trace
-(FAST'25 trace release: 23608 requests, about 8.6k input and 180 output
-tokens on average); the mix of prefixes, loops and steps is this generator's,
-not measured. Deterministic for a seed. Python standard library only.
+own. The request count is that of Mooncake's tool&agent trace (FAST'25 trace
+release, toolagent_trace.jsonl: 23,608 requests, as the published copies of
+the release list it); the sizes are not fitted to that trace: with the
+defaults a request averages 9.5k input tokens (19.1 blocks) and 179 output
+tokens (outputs exponential, mean 180). The published input average of the
+tool&agent trace is not checked here (no source at hand gave it; 7,590 input
+and 182 output tokens are the averages of the technical report's earlier
+23,608-request trace, arXiv 2407.00079 section 4.2, a different trace). The
+mix of prefixes, loops and steps is this generator's, not measured.
+Deterministic for a seed. Python standard library only.
 
   mooncake_synth.py [--requests N] [--seed S] > trace.jsonl
 """

@@ -187,12 +187,25 @@ typedef struct replay_alloc_params {
   bool sample;            /* read the stats after every allocation (peak committed) */
   bool stop_on_fallback;  /* end the run at the first allocation not placed in VRAM */
   int vmm;                /* sgm_config.vram_vmm: -1 leave it (auto), 0 chunks, 1 auto */
+  bool cuda;              /* the CUDA backend (a GPU, or the driver double) instead of the emulated device */
+  void *stream;           /* the stream every alloc and free names (a CUstream; NULL = legacy) */
+  unsigned passes;        /* the trace replayed this many times in one context (0 = 1): every
+                             block of a pass is freed before the next starts */
 } replay_alloc_params;
+
+/* What one pass of replay_alloc cost in driver work. */
+typedef struct replay_alloc_pass {
+  uint64_t events;              /* allocations and frees made (the leftovers' frees included) */
+  uint64_t driver_calls;        /* sgm_stats.driver_calls made during the pass (0 on emu) */
+  uint64_t map_calls;           /* sgm_stats.vram_map_calls made during the pass */
+} replay_alloc_pass;
+#define REPLAY_ALLOC_MAX_PASSES 4
 
 typedef struct replay_alloc_result {
   bool served;                  /* every allocation was placed in VRAM */
   int vmm;                      /* sgm_stats.vram_vmm: 1 = one reserved range, granules mapped */
-  uint64_t events;              /* allocations and frees made */
+  uint64_t events;              /* allocations and frees made, over every pass (the frees of
+                                   blocks a pass left alive included) */
   uint64_t peak_committed_bytes; /* most VRAM committed after any allocation (sample only) */
   uint64_t peak_used_bytes;     /* sgm's peak used VRAM bytes */
   uint64_t end_committed_bytes; /* committed after the stream, before the leftovers are freed */
@@ -200,14 +213,16 @@ typedef struct replay_alloc_result {
   uint64_t trimmed_committed_bytes; /* committed after sgm_trim */
   uint64_t n_fallbacks;         /* allocations placed in shared memory */
   double seconds;               /* wall time of the stream loop */
+  replay_alloc_pass pass[REPLAY_ALLOC_MAX_PASSES]; /* per pass (passes used) */
 } replay_alloc_result;
 
 /* The growth-mode budget a replay uses when none is given: 2 x footprint + 1 GiB. */
 uint64_t replay_alloc_growth_budget(const replay_trace *t);
 
 /* Replay t's allocation stream through sgm_alloc / sgm_free on the emulated
- * device (a block's first access allocates it, its free frees it; later
- * accesses are not allocator events). 0, or -1 with a message in err when no
+ * device, or with p->cuda on the CUDA backend (a block's first access
+ * allocates it, its free frees it; later accesses are not allocator events),
+ * p->passes times in one context. 0, or -1 with a message in err when no
  * context could be made; a run that was not served still returns 0. */
 int replay_alloc(const replay_trace *t, const replay_alloc_params *p, replay_alloc_result *out,
                  char *err, size_t err_len);
@@ -226,5 +241,17 @@ int replay_alloc_min_budget(const replay_trace *t, int vmm, uint64_t *budget_out
  * (0 with chunks; the size used is then 2 MiB). */
 int replay_alloc_granule_cost(int backend, int vmm, unsigned n, double *ns_out,
                               uint64_t *granule_out, char *err, size_t err_len);
+
+/* ---- synthetic streams (synth.c) ---- */
+
+/* A PyTorch-like training stream: `iters` iterations of forward and backward
+ * through a small transformer (weights and optimizer state allocated first
+ * and kept; per layer activations, attention scores, MLP and dropout tensors
+ * allocated in the forward pass and freed in reverse in the backward pass,
+ * gradients and workspaces in between), the size mix of a GPT-2-small step
+ * at batch 8 x 512 tokens, with small per-iteration variation in the
+ * workspaces from a fixed seed. Fills t as replay_trace_load would. */
+int replay_trace_transformer(replay_trace *t, unsigned iters, uint64_t seed, char *err,
+                             size_t err_len);
 
 #endif /* SGM_REPLAY_H */

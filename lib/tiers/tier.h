@@ -23,9 +23,10 @@
  * mapped behind it granule by granule when a block first touches a granule,
  * and unmapped when no block of the sub-allocator touches it any more (a
  * block reaches the sub-allocator only once the work of its stream is seen
- * complete, so no queued work uses an unmapped granule): at once when the
- * free mapped granules pass a slack (TIER_VMM_SLACK_*), else on trim and idle
- * trim. Before mapping, cached blocks that could cover the new granules are
+ * complete, so no queued work uses an unmapped granule), with hysteresis:
+ * when a block needs new granules and the free mapped ones pass a slack
+ * (TIER_VMM_SLACK_*; down to half of it), on trim, on idle trim (no
+ * allocation for the idle delay) and under budget pressure. Before mapping, cached blocks that could cover the new granules are
  * reclaimed. committed = mapped bytes. The range covers the device's memory
  * (params.vmm_range_bytes), so a budget raised later still fits it. Without VMM (device, backend, option,
  * budget below a granule) the pool grows in chunks as below.
@@ -203,7 +204,9 @@ void sgm__tier_set_budget(sgm_tier_pool *p, uint64_t budget_bytes);
 /* Idle trim (growth mode): return chunks seen wholly free for at least
  * idle_ms, judged by now_ms from the context's clock; bytes returned. A chunk
  * is first "seen free" by one call and returned by a later one, so calls
- * should come every idle_ms / 4 or so. */
+ * should come every idle_ms / 4 or so. Expandable growth: every free granule,
+ * once the pool has made no allocation for idle_ms (counted from the first
+ * call that saw the pool's allocation count stop moving). */
 uint64_t sgm__tier_idle_trim(sgm_tier_pool *p, uint64_t now_ms, uint64_t idle_ms);
 /* Copy up to max live chunks into out (oldest first); returns how many there are. */
 size_t sgm__tier_chunks(sgm_tier_pool *p, sgm_chunk *out, size_t max);
@@ -221,6 +224,9 @@ uint64_t sgm__tier_map_writes(const sgm_tier_pool *p);
 /* Expandable growth: the granule size when the pool grows on one reserved
  * range (0 when it grows in chunks or reserves), and the range's bytes. */
 void sgm__tier_vmm_info(sgm_tier_pool *p, uint64_t *granule_bytes, uint64_t *reserved_bytes);
+/* Expandable growth: backend calls that mapped or unmapped granules so far
+ * (any thread, no lock: an atomic counter). */
+uint64_t sgm__tier_vmm_calls(const sgm_tier_pool *p);
 /* Reserve mode on the virtual-memory API: the budget was taken at create as a
  * pool of granules, mapped into the range where blocks land (issue 17). */
 bool sgm__tier_vmm_pooled(const sgm_tier_pool *p);

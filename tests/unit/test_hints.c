@@ -244,6 +244,52 @@ static void test_lru_chain_leaves_leaf_first(void **state) {
   h_fini(&h);
 }
 
+/*
+ * LRU with chains (an item with a parent seen): a block used again (a prefix a
+ * later request matched) is protected, so one-off blocks created after it
+ * leave before it, where plain LRU (no parent ever named) evicts it first; an
+ * evicted block that comes back while its id is a ghost is protected too; and
+ * protected holds at most 30% of the listed bytes (its overflow is victim
+ * after the one-off blocks, before nothing else). Runs both ways on the same
+ * sequence: fails if the segmented mode is missing or leaks into plain LRU.
+ */
+static void test_lru_chains_protect_reused(void **state) {
+  (void)state;
+  for (int chains = 0; chains < 2; chains++) {
+    harness h;
+    h_init(&h, "lru", 12);
+    /* 0 <- 1: a chain (with chains, 1 names 0 as parent); seven one-off
+     * blocks 2..8; then 0 and 1 used again (2 of 9 items: 22% < 30%); then
+     * one more one-off, 9. Plain LRU's order, tail first: 2..8 0 1 9. */
+    h_insert(&h, 0);
+    h.items[1].it.parent = chains ? &h.items[0].it : NULL;
+    h_insert(&h, 1);
+    h.items[1].it.parent = NULL;
+    for (size_t i = 2; i < 9; i++) h_insert(&h, i);
+    h_use(&h, 0);
+    h_use(&h, 1);
+    h_insert(&h, 9);
+    h_verify(&h);
+    for (size_t i = 2; i < 9; i++) assert_int_equal(h_evict(&h), i);
+    if (!chains) {
+      assert_int_equal(h_evict(&h), 0); /* plain LRU: the older use */
+    } else {
+      assert_int_equal(h_evict(&h), 9); /* the one-off before the reused prefix */
+      assert_int_equal(h_evict(&h), 0);
+      h_verify(&h);
+      /* 0 comes back while a ghost: protected again (1, alone in protected
+       * till then, overflows to probation), so new 10 leaves before it. */
+      h_insert(&h, 0);
+      h_insert(&h, 10);
+      h_verify(&h);
+      assert_int_equal(h_evict(&h), 1);
+      assert_int_equal(h_evict(&h), 10);
+      assert_int_equal(h_evict(&h), 0);
+    }
+    h_fini(&h);
+  }
+}
+
 /* ---- through the buffer API ---- */
 
 /* VRAM of 4 blocks of 64 KiB, lru. */
@@ -423,6 +469,7 @@ int main(void) {
       cmocka_unit_test(test_hint_order_every_hinted_policy),
       cmocka_unit_test(test_hint_storm_every_hinted_policy),
       cmocka_unit_test(test_lru_chain_leaves_leaf_first),
+      cmocka_unit_test(test_lru_chains_protect_reused),
       cmocka_unit_test(test_api_will_use_and_done),
       cmocka_unit_test(test_api_errors_and_parent_lifetime),
       cmocka_unit_test(test_api_hints_concurrent),

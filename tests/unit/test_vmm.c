@@ -138,13 +138,17 @@ static void test_emu_commits_what_blocks_touch(void **state) {
 }
 
 /*
- * Without sgm_trim: 64 blocks of one granule are freed (cached for the
- * stream), then a block of a size no cached block has needs new granules: the
- * cached blocks go back first (they could cover it), the new block takes two
- * of their granules, and the other 62, past the slack, are unmapped at once.
- * Committed follows live to the granule.
+ * Hysteresis (issue 26), without sgm_trim: 64 blocks of one granule are freed
+ * (cached for the stream), then a block of a size no cached block has would
+ * need new granules: the cached blocks go back first (they could cover it)
+ * and the new block takes two of their granules; the other 62 stay mapped (a
+ * busy program frees and allocates again: unmapping them after every reclaim
+ * made a warm training step map 911 times). A block that needs new granules
+ * then finds them past the slack (4 granules): they go first, down to half
+ * the slack, so committed at that mapping is the live blocks' granules plus
+ * at most 2. sgm_trim leaves the live granules only.
  */
-static void test_emu_free_granules_past_the_slack_go_at_once(void **state) {
+static void test_emu_free_granules_stay_mapped_until_a_mapping(void **state) {
   (void)state;
   sgm_context *ctx = make_ctx("emu", "256MiB", NULL);
   void *p[64];
@@ -158,9 +162,20 @@ static void test_emu_free_granules_past_the_slack_go_at_once(void **state) {
   assert_non_null(q);
   st = stats(ctx);
   assert_int_equal(st.tier[SGM_TIER_VRAM].cached_bytes, 0);
-  assert_int_equal(st.tier[SGM_TIER_VRAM].committed_bytes, 2 * GRAN);
-  assert_int_equal(counters(ctx).vmm_mapped_bytes, 2 * GRAN);
+  assert_int_equal(st.tier[SGM_TIER_VRAM].committed_bytes, 64 * GRAN);
+  assert_int_equal(counters(ctx).vmm_mapped_bytes, 64 * GRAN);
   assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  /* 200 MiB: more than the 62 free granules hold, so it maps new ones. */
+  void *big = sgm_alloc(ctx, 100 * GRAN, NULL);
+  assert_non_null(big);
+  st = stats(ctx);
+  assert_true(st.tier[SGM_TIER_VRAM].committed_bytes >= 102 * GRAN);
+  assert_true(st.tier[SGM_TIER_VRAM].committed_bytes <= (102 + 2) * GRAN);
+  assert_int_equal(counters(ctx).vmm_mapped_bytes, st.tier[SGM_TIER_VRAM].committed_bytes);
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes, 102 * GRAN);
+  sgm_free(ctx, big, NULL);
   sgm_free(ctx, q, NULL);
   sgm_context_destroy(ctx);
 }
@@ -236,6 +251,41 @@ static void test_emu_free_granules_go_before_new_ones_are_mapped(void **state) {
   sgm_buffer_destroy(z);
   sgm_buffer_destroy(y);
   sgm_buffer_destroy(x);
+  sgm_context_destroy(ctx);
+}
+
+/*
+ * Idle is measured from the last allocation (issue 26): four granules freed
+ * and returned to the sub-allocator stay mapped while the program allocates,
+ * however long they have been free; they go once a whole idle delay passes
+ * with no allocation. (Before: each granule was timed from when it was first
+ * seen free, so they went at t = 20 under a steady stream of allocations.)
+ */
+static void test_emu_idle_is_measured_from_the_last_allocation(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("emu", "256MiB", NULL);
+  sgm_tier_pool *vp = sgm__context_tier(ctx, SGM_TIER_VRAM);
+  void *p[8];
+  for (int i = 0; i < 8; i++) assert_non_null(p[i] = sgm_alloc(ctx, GRAN, NULL));
+  for (int i = 4; i < 8; i++) sgm_free(ctx, p[i], NULL);
+  sgm__tier_reclaim(vp, NULL, SGM_RECLAIM_QUERY); /* synchronous: back to the sub-allocator */
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes, 8 * GRAN);
+  assert_int_equal(sgm__tier_idle_trim(vp, 0, 10), 0);
+  for (uint64_t now = 5; now <= 40; now += 5) {
+    void *q = sgm_alloc(ctx, 4096, NULL); /* the program is busy */
+    assert_non_null(q);
+    sgm_free(ctx, q, NULL);
+    assert_int_equal(sgm__tier_idle_trim(vp, now, 10), 0);
+    assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes, 8 * GRAN);
+  }
+  assert_int_equal(sgm__tier_idle_trim(vp, 45, 10), 0); /* 5 ms since the last one */
+  /* 10 ms: idle. The small block stays cached in the thread's magazine and
+   * keeps the granule it was carved from (one of the four, or a live one's). */
+  uint64_t back = sgm__tier_idle_trim(vp, 50, 10);
+  assert_true(back >= 3 * GRAN && back <= 4 * GRAN);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes, 8 * GRAN - back);
+  assert_true(sgm__tier_check(vp));
+  for (int i = 0; i < 4; i++) sgm_free(ctx, p[i], NULL);
   sgm_context_destroy(ctx);
 }
 
@@ -888,7 +938,8 @@ static int reset_fake(void **state) {
 int main(void) {
   const struct CMUnitTest emu[] = {
       cmocka_unit_test(test_emu_commits_what_blocks_touch),
-      cmocka_unit_test(test_emu_free_granules_past_the_slack_go_at_once),
+      cmocka_unit_test(test_emu_free_granules_stay_mapped_until_a_mapping),
+      cmocka_unit_test(test_emu_idle_is_measured_from_the_last_allocation),
       cmocka_unit_test(test_emu_demote_promote_keeps_granules_mapped),
       cmocka_unit_test(test_emu_free_granules_go_before_new_ones_are_mapped),
       cmocka_unit_test(test_emu_option_off_grows_in_chunks),

@@ -86,11 +86,11 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
         sgm__pool_release_block_locked(p, b); /* frees b and drops its granule references */
         tier_update_room_locked(p);
         sgm__lock_drop(&p->lock);
-        sgm__pool_vmm_settle(p, true);
+        sgm__pool_vmm_settle(p);
         return vrc;
       }
       sgm__lock_drop(&p->lock);
-      if (reclaimed) sgm__pool_vmm_settle(p, true);
+      if (reclaimed) sgm__pool_vmm_settle(p);
       *out = b;
       return SGM_OK;
     }
@@ -315,7 +315,7 @@ int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *re
   if (placed_after_reclaim) sgm__pool_reclaim_some(p, false, SGM_RECLAIM_QUERY);
   int rc = tier_carve(p, block, need, ref, &b);
   /* Granules the returned blocks left free and the new one did not take. */
-  if (placed_after_reclaim) sgm__pool_vmm_settle(p, true);
+  if (placed_after_reclaim) sgm__pool_vmm_settle(p);
   /* Reclaiming cached memory comes before anything moves or falls back:
    * first other streams' caches through a device-side wait (one or two calls, no
    * host wait), then what the device has finished with (fences queried). */
@@ -356,7 +356,7 @@ int sgm__tier_free(sgm_tier_pool *p, sgm_devptr ptr, uint64_t *size_out) {
   sgm__pool_release_block_locked(p, b);
   tier_update_room_locked(p);
   sgm__lock_drop(&p->lock);
-  sgm__pool_vmm_settle(p, false);
+  sgm__pool_vmm_settle(p);
   tier_count_used(p, -(int64_t)asked, -1, 0, 1);
   *size_out = asked;
   return SGM_OK;

@@ -343,7 +343,7 @@ static size_t tier_reclaim_want(sgm_tier_pool *p, const sgm_stream_ref *taker, s
 size_t sgm__pool_reclaim_settle(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode,
                                 const tier_want *w) {
   size_t n = tier_reclaim_want(p, taker, mode, w);
-  sgm__pool_vmm_settle(p, true);
+  sgm__pool_vmm_settle(p);
   return n;
 }
 

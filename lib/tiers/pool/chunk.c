@@ -217,7 +217,7 @@ uint64_t sgm__tier_trim(sgm_tier_pool *p) {
   if (sgm__tier_has_cached(p)) sgm__pool_reclaim_ex(p, NULL, SGM_RECLAIM_WAIT);
   /* Reserve mode's pool keeps its granules: a trim returns nothing. */
   if (p->vmm_pool) return 0;
-  if (p->vmm_range) return sgm__pool_vmm_unmap_free(p, 0, UINT64_MAX);
+  if (p->vmm_range) return sgm__pool_vmm_unmap_free(p);
   sgm_chunk *list;
   sgm__lock_take(&p->lock);
   size_t n = sgm__pool_detach_free_locked(p, 0, UINT64_MAX, &list);
@@ -227,7 +227,24 @@ uint64_t sgm__tier_trim(sgm_tier_pool *p) {
 
 uint64_t sgm__tier_idle_trim(sgm_tier_pool *p, uint64_t now_ms, uint64_t idle_ms) {
   if (idle_ms == 0 || idle_ms == UINT64_MAX || p->vmm_pool) return 0;
-  if (p->vmm_range) return sgm__pool_vmm_unmap_free(p, now_ms, idle_ms);
+  if (p->vmm_range) {
+    /* Expandable growth (issue 26): idle is measured from the pool's last
+     * allocation, not per granule. A call that sees new allocations since
+     * the last one starts the idle time over; free granules go only when a
+     * whole idle_ms has passed without any. A busy program keeps its free
+     * granules mapped (the bound at each mapping holds committed). */
+    sgm__lock_take(&p->lock);
+    uint64_t allocs = __atomic_load_n(&p->n_allocs, __ATOMIC_RELAXED);
+    for (tier_mag *m = p->mags; m; m = m->next) allocs += __atomic_load_n(&m->n_allocs, __ATOMIC_RELAXED);
+    bool busy = allocs != p->idle_allocs || p->idle_since_ms == UINT64_MAX || now_ms < p->idle_since_ms;
+    if (busy) {
+      p->idle_allocs = allocs;
+      p->idle_since_ms = now_ms;
+    }
+    bool idle = !busy && now_ms - p->idle_since_ms >= idle_ms;
+    sgm__lock_drop(&p->lock);
+    return idle ? sgm__pool_vmm_unmap_free(p) : 0;
+  }
   sgm_chunk *list;
   sgm__lock_take(&p->lock);
   size_t n = sgm__pool_detach_free_locked(p, now_ms, idle_ms, &list);
@@ -245,7 +262,7 @@ void sgm__tier_set_budget(sgm_tier_pool *p, uint64_t budget_bytes) {
   /* Reserve mode's pool: mapping stops at the new budget and free granules
    * are unmapped; the pool itself stays taken until destroy (not built: its
    * granules past the budget going back to the driver). */
-  if (over && p->vmm_pool) sgm__pool_vmm_unmap_free(p, 0, UINT64_MAX);
+  if (over && p->vmm_pool) sgm__pool_vmm_unmap_free(p);
   else if (over) sgm__tier_trim(p);
 }
 
@@ -293,7 +310,7 @@ int sgm__tier_charge(sgm_tier_pool *p, uint64_t bytes) {
      * back and look once more. */
     sgm__lock_drop(&p->lock);
     if (sgm__tier_has_cached(p)) sgm__tier_reclaim(p, NULL, SGM_RECLAIM_QUERY);
-    if (p->vmm_range) sgm__pool_vmm_unmap_free(p, 0, UINT64_MAX); /* free granules hold it too */
+    if (p->vmm_range) sgm__pool_vmm_unmap_free(p); /* free granules hold it too */
     sgm_chunk *list;
     sgm__lock_take(&p->lock);
     size_t n = sgm__pool_detach_free_locked(p, 0, UINT64_MAX, &list);

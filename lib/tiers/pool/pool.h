@@ -88,12 +88,13 @@ _Static_assert(TIER_N_CLASSES <= 64, "a stream's recent classes are one 64-bit m
  * bigger (1/8: the same slack a size class allows at most). */
 #define TIER_LARGE_SLACK_SHIFT 3
 
-/* Expandable growth: free mapped granules are unmapped at once when they pass
- * this many granules and 1/32 of what is committed (3.1 %): a block freed and
- * allocated again around a granule boundary does not map and unmap each time.
- * Measured on the idealloc traces (sgm-alloc-replay, docs/benchmarks.md):
- * 1/64 commits at most 1.057 x the peak live bytes, 1/32 the same, 1/16 and
- * 1/8 up to 1.110; mapping calls fall as the slack grows. */
+/* Expandable growth: when a block needs new granules mapped and the free
+ * mapped ones pass this many granules and 1/32 of what is committed (3.1 %),
+ * they are unmapped first, down to half that (hysteresis, issue 26; trims,
+ * the idle trim and budget pressure return the rest). Measured on the
+ * idealloc traces (sgm-alloc-replay, docs/benchmarks.md): 1/64 commits at
+ * most 1.057 x the peak live bytes, 1/32 the same, 1/16 and 1/8 up to
+ * 1.110; mapping calls fall as the slack grows. */
 #define TIER_VMM_SLACK_GRANULES 4u
 /* Budgets below this many granules (64 MiB with 2 MiB granules) grow in
  * chunks: a block is rounded to whole granules in committed bytes, which on a
@@ -101,6 +102,7 @@ _Static_assert(TIER_N_CLASSES <= 64, "a stream's recent classes are one 64-bit m
  * a 6 MiB one would need 10 MiB of granules). */
 #define TIER_VMM_MIN_GRANULES 32u
 #define TIER_VMM_SLACK_SHIFT 5
+
 
 /* A block record's tag: its address (a multiple of SGM_DEVICE_ALIGN) and
  * these flags in the low bits. TIER_OWN: taken by sgm__tier_alloc for sgm
@@ -116,7 +118,6 @@ typedef struct tier_granule {
   uint8_t mapped;              /* memory is mapped behind it */
   uint8_t busy;                /* a thread maps or unmaps it now, without the pool lock */
   uint32_t phys;               /* reserve mode's pool: the pool granule mapped here (mapped or busy) */
-  uint64_t free_seen_ms;       /* idle trim: when first seen mapped and untouched; UINT64_MAX = not */
 } tier_granule;
 
 /* One block of the sub-allocator, known to the live map. */
@@ -255,6 +256,9 @@ struct sgm_tier_pool {
   sgm_devptr span_hi;         /* past the highest one (atomic): sgm__tier_may_own's span, never shrinks */
   tier_granule *gran;         /* one per granule of the range */
   uint64_t vmm_free_mapped;   /* granules mapped, not busy, touched by no block (atomic read) */
+  uint64_t vmm_calls;         /* backend map / unmap calls so far (atomic) */
+  uint64_t idle_allocs;       /* idle trim: allocations counted at the last idle call */
+  uint64_t idle_since_ms;     /* idle trim: when that count last changed; UINT64_MAX = never seen */
   tier_block *spare;          /* records out of the map, reused by carves: a record once
                                  in the map is freed only with the pool (lock-free readers) */
   /* reserve mode on the virtual-memory API (issue 17); vmm_pool NULL = none */
@@ -447,10 +451,10 @@ int sgm__pool_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes);
 uint64_t sgm__pool_vmm_cap_locked(const sgm_tier_pool *p);
 bool sgm__pool_vmm_check_locked(sgm_tier_pool *p, const sgm_suballoc_stats *st);
 int sgm__pool_vmm_pool_setup(sgm_tier_pool *p);
-void sgm__pool_vmm_settle(sgm_tier_pool *p, bool eager);
+void sgm__pool_vmm_settle(sgm_tier_pool *p);
 bool sgm__pool_vmm_setup(sgm_tier_pool *p);
 void sgm__pool_vmm_teardown(sgm_tier_pool *p);
-uint64_t sgm__pool_vmm_unmap_free(sgm_tier_pool *p, uint64_t now_ms, uint64_t idle_ms);
+uint64_t sgm__pool_vmm_unmap_free(sgm_tier_pool *p);
 uint64_t sgm__pool_vmm_unmapped_locked(const sgm_tier_pool *p, uint64_t off, uint64_t bytes);
 void sgm__pool_vmm_unref_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes);
 

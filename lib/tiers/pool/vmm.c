@@ -70,6 +70,7 @@ uint64_t sgm__pool_vmm_unmapped_locked(const sgm_tier_pool *p, uint64_t off, uin
  * (growth) or stays in the pool (reserve mode). No lock held. */
 static void tier_vmm_unmap_run(sgm_tier_pool *p, size_t g, size_t e) {
   uint64_t off = (uint64_t)g << p->vmm_shift, bytes = (uint64_t)(e - g) << p->vmm_shift;
+  __atomic_fetch_add(&p->vmm_calls, 1, __ATOMIC_RELAXED);
   if (p->vmm_pool) p->p.bops->vmm_pool_unmap(p->p.be, p->vmm_range, off, bytes);
   else p->p.bops->vmm_unmap(p->p.be, p->vmm_range, off, bytes);
 }
@@ -77,6 +78,7 @@ static void tier_vmm_unmap_run(sgm_tier_pool *p, size_t g, size_t e) {
 /* Map the claimed granules [g, e) (busy 2; their pool granules in phys):
  * the backend's call, in pieces of at most 64 granules in reserve mode. */
 static int tier_vmm_map_run(sgm_tier_pool *p, size_t g, size_t e) {
+  __atomic_fetch_add(&p->vmm_calls, 1, __ATOMIC_RELAXED);
   if (!p->vmm_pool)
     return p->p.bops->vmm_map(p->p.be, p->vmm_range, (uint64_t)g << p->vmm_shift,
                               (uint64_t)(e - g) << p->vmm_shift);
@@ -95,50 +97,60 @@ static int tier_vmm_map_run(sgm_tier_pool *p, size_t g, size_t e) {
   return SGM_OK;
 }
 
-/*
- * Unmap free mapped granules (no block touches them, nobody maps or unmaps
- * them): all of them, or with idle_ms != UINT64_MAX only those seen free since
- * now_ms - idle_ms (the others are stamped). One run of neighbours per backend
- * call, the lock dropped across it; a block carved meanwhile onto a granule
- * being unmapped waits for it (busy) and maps it again. Bytes unmapped.
- */
-uint64_t sgm__pool_vmm_unmap_free(sgm_tier_pool *p, uint64_t now_ms, uint64_t idle_ms) {
-  uint64_t done = 0, gb = tier_vmm_granule(p);
-  size_t n = (size_t)(p->vmm_bytes >> p->vmm_shift);
+static uint64_t tier_vmm_unmap_excess(sgm_tier_pool *p, uint64_t keep);
+
+/* Granule g is mapped, touched by no block and nobody's to map or unmap now. */
+static inline bool tier_vmm_is_free_locked(const sgm_tier_pool *p, size_t g) {
+  return p->gran[g].mapped && !p->gran[g].busy && p->gran[g].refs == 0;
+}
+
+/* Unmap the run [g, e) the caller claimed (busy, under the lock): the lock is
+ * dropped across the backend call and held again on return. Bytes unmapped. */
+static uint64_t tier_vmm_unmap_claimed_locked(sgm_tier_pool *p, size_t g, size_t e) {
+  tier_vmm_free_mapped_add_locked(p, -(int64_t)(e - g));
+  sgm__lock_drop(&p->lock);
+  tier_vmm_unmap_run(p, g, e);
   sgm__lock_take(&p->lock);
-  for (size_t g = 0; g < n;) {
-    tier_granule *x = &p->gran[g];
-    bool free_now = x->mapped && !x->busy && x->refs == 0;
-    if (free_now && idle_ms != UINT64_MAX) {
-      if (x->free_seen_ms == UINT64_MAX || x->free_seen_ms > now_ms) x->free_seen_ms = now_ms;
-      free_now = now_ms - x->free_seen_ms >= idle_ms;
-    }
-    if (!free_now) {
-      g++;
+  for (size_t k = g; k < e; k++) {
+    p->gran[k].mapped = 0;
+    p->gran[k].busy = 0;
+    if (p->vmm_pool) p->pool_free[p->n_pool_free++] = p->gran[k].phys; /* back to the pool */
+  }
+  uint64_t bytes = (uint64_t)(e - g) << p->vmm_shift;
+  p->committed_bytes -= bytes;
+  pthread_cond_broadcast(&p->grown);
+  return bytes;
+}
+
+/*
+ * Unmap every free mapped granule (no block touches it, nobody maps or
+ * unmaps it): on trim, on idle trim (the pool idle, measured from its last
+ * allocation: sgm__tier_idle_trim) and under budget pressure. One run of
+ * neighbours per backend call, the lock dropped across it; a block carved
+ * meanwhile onto a granule being unmapped waits for it (busy) and maps it
+ * again. Bytes unmapped.
+ */
+uint64_t sgm__pool_vmm_unmap_free(sgm_tier_pool *p) { return tier_vmm_unmap_excess(p, 0); }
+
+/*
+ * Hysteresis (issue 26): unmap free mapped granules from the top of the range
+ * down until at most `keep` stay mapped; the lowest free ones, nearest the
+ * blocks the sub-allocator places first, are the ones kept. Bytes unmapped.
+ */
+static uint64_t tier_vmm_unmap_excess(sgm_tier_pool *p, uint64_t keep) {
+  uint64_t done = 0;
+  sgm__lock_take(&p->lock);
+  for (size_t e = (size_t)(p->vmm_bytes >> p->vmm_shift); e > 0 && p->vmm_free_mapped > keep;) {
+    if (!tier_vmm_is_free_locked(p, e - 1)) {
+      e--;
       continue;
     }
-    size_t e = g;
-    while (e < n && p->gran[e].mapped && !p->gran[e].busy && p->gran[e].refs == 0 &&
-           (idle_ms == UINT64_MAX ||
-            (p->gran[e].free_seen_ms != UINT64_MAX && p->gran[e].free_seen_ms <= now_ms &&
-             now_ms - p->gran[e].free_seen_ms >= idle_ms))) {
-      p->gran[e].busy = 1;
-      e++;
-    }
-    tier_vmm_free_mapped_add_locked(p, -(int64_t)(e - g));
-    sgm__lock_drop(&p->lock);
-    tier_vmm_unmap_run(p, g, e);
-    sgm__lock_take(&p->lock);
-    for (size_t k = g; k < e; k++) {
-      p->gran[k].mapped = 0;
-      p->gran[k].busy = 0;
-      p->gran[k].free_seen_ms = UINT64_MAX;
-      if (p->vmm_pool) p->pool_free[p->n_pool_free++] = p->gran[k].phys; /* back to the pool */
-    }
-    p->committed_bytes -= (uint64_t)(e - g) * gb;
-    done += (uint64_t)(e - g) * gb;
-    pthread_cond_broadcast(&p->grown);
-    g = e;
+    uint64_t excess = p->vmm_free_mapped - keep;
+    size_t g = e - 1;
+    while (g > 0 && e - g < excess && tier_vmm_is_free_locked(p, g - 1)) g--;
+    for (size_t k = g; k < e; k++) p->gran[k].busy = 1;
+    done += tier_vmm_unmap_claimed_locked(p, g, e);
+    e = g;
   }
   sgm__lock_drop(&p->lock);
   return done;
@@ -147,26 +159,23 @@ uint64_t sgm__pool_vmm_unmap_free(sgm_tier_pool *p, uint64_t now_ms, uint64_t id
 /*
  * After blocks went back to the sub-allocator: unmap the free granules at all
  * while committed is over a budget that was lowered (fair shares of the node
- * registry: another process waits for that memory), and, when `eager` (the
- * slow paths: reclaim, a failed carve), when they are more than the slack.
- * A plain free leaves them mapped: the next block that needs new granules
- * unmaps them first (sgm__pool_vmm_back_locked), so committed is as bounded at
- * every mapping as if they had gone at once, and a block freed and allocated
- * again (a demotion and its promotion) finds its memory still there instead
- * of faulting in fresh pages; trims and the idle trim return the rest. The
- * free-granule count is read first without the lock, as a hint.
+ * registry: another process waits for that memory). Nothing else: a busy
+ * program keeps its free granules mapped (hysteresis, issue 26); the next
+ * block that needs new granules unmaps those past the slack first
+ * (sgm__pool_vmm_back_locked), so committed is as bounded at every mapping,
+ * and trims and the idle trim return the rest. The free-granule count is
+ * read first without the lock, as a hint.
  */
-void sgm__pool_vmm_settle(sgm_tier_pool *p, bool eager) {
+void sgm__pool_vmm_settle(sgm_tier_pool *p) {
   if (!p->vmm_range || __atomic_load_n(&p->vmm_free_mapped, __ATOMIC_RELAXED) == 0) return;
   /* committed and the budget change under the lock (plain writes there). */
   sgm__lock_take(&p->lock);
   uint64_t free_mapped = p->vmm_free_mapped;
   /* Reserve mode's pool: free granules stay mapped until the pool is empty
    * (sgm__pool_vmm_back_locked): unmapping them returns nothing to anyone. */
-  bool go = (eager && !p->vmm_pool && free_mapped > tier_vmm_slack(p)) ||
-            (p->committed_bytes > sgm__pool_vmm_cap_locked(p) && free_mapped > 0);
+  bool pressure = p->committed_bytes > sgm__pool_vmm_cap_locked(p) && free_mapped > 0;
   sgm__lock_drop(&p->lock);
-  if (go) sgm__pool_vmm_unmap_free(p, 0, UINT64_MAX);
+  if (pressure) sgm__pool_vmm_unmap_free(p);
 }
 
 /*
@@ -184,9 +193,8 @@ int sgm__pool_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
   for (size_t g = g0; g <= g1; g++) {
     tier_granule *x = &p->gran[g];
     if (x->refs++ == 0 && x->mapped && !x->busy) tier_vmm_free_mapped_add_locked(p, -1);
-    x->free_seen_ms = UINT64_MAX;
   }
-  bool unmapped_for_room = false;
+  bool unmapped_for_room = false, unmapped_excess = false;
   for (;;) {
     /* Claim every granule of the block that has no memory and nobody's
      * attention (busy), so that no other thread maps it too. */
@@ -207,12 +215,22 @@ int sgm__pool_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
      * has no room for the new ones. */
     uint64_t cap = sgm__pool_vmm_cap_locked(p);
     bool no_room = p->committed_bytes > cap || want > cap - p->committed_bytes;
-    bool past_slack = !p->vmm_pool && p->vmm_free_mapped > tier_vmm_slack(p);
-    if (no_room || (!unmapped_for_room && past_slack)) {
+    bool past_slack = !p->vmm_pool && !unmapped_for_room && p->vmm_free_mapped > tier_vmm_slack(p);
+    if (no_room) {
       if (unmapped_for_room || p->vmm_free_mapped == 0) return SGM__ERR_BUDGET;
       unmapped_for_room = true;
       sgm__lock_drop(&p->lock);
-      sgm__pool_vmm_unmap_free(p, 0, UINT64_MAX);
+      sgm__pool_vmm_unmap_free(p);
+      sgm__lock_take(&p->lock);
+      continue;
+    }
+    if (past_slack && !unmapped_excess) {
+      /* Hysteresis: down to half the bound, so that the next unmapping
+       * waits for as many granules again to be freed. */
+      unmapped_excess = true;
+      uint64_t keep = tier_vmm_slack(p) / 2;
+      sgm__lock_drop(&p->lock);
+      tier_vmm_unmap_excess(p, keep);
       sgm__lock_take(&p->lock);
       continue;
     }
@@ -318,8 +336,7 @@ bool sgm__pool_vmm_setup(sgm_tier_pool *p) {
     return false;
   }
   for (size_t i = 0; i < bytes / g; i++)
-    gran[i] = (tier_granule){.refs = 0, .mapped = 0, .busy = 0, .phys = 0,
-                             .free_seen_ms = UINT64_MAX};
+    gran[i] = (tier_granule){.refs = 0, .mapped = 0, .busy = 0, .phys = 0};
   p->gran = gran;
   p->vmm_range = range;
   p->vmm_base = base;
@@ -396,6 +413,10 @@ void sgm__pool_vmm_teardown(sgm_tier_pool *p) {
 void sgm__tier_vmm_info(sgm_tier_pool *p, uint64_t *granule_bytes, uint64_t *reserved_bytes) {
   *granule_bytes = p->vmm_range ? tier_vmm_granule(p) : 0;
   *reserved_bytes = p->vmm_range ? p->vmm_bytes : 0;
+}
+
+uint64_t sgm__tier_vmm_calls(const sgm_tier_pool *p) {
+  return __atomic_load_n(&p->vmm_calls, __ATOMIC_RELAXED);
 }
 
 bool sgm__tier_vmm_pooled(const sgm_tier_pool *p) { return p->vmm_pool != NULL; }
