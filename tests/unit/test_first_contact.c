@@ -10,9 +10,12 @@
  *    unmapped by no trim until that work is done;
  *  - defect 4: a managed block's move (demotion) is ordered after work the
  *    caller queued on the legacy NULL stream;
- *  - defect 5: reserve mode commits no more than the VRAM budget.
+ *  - defect 5: reserve mode commits no more than the VRAM budget;
+ *  - defect 1 (the fence wait): a trim whose wait for a fence fails keeps
+ *    that stream's blocks (nothing unmapped under its work).
  *
- * Defects 1 and 3 are cases of test_capture.c and test_cuda_backend.c. Held
+ * Defect 1's queries and defect 3 are cases of test_capture.c and
+ * test_cuda_backend.c. Held
  * work is released by the test (fake_cuda_pause), never waited for by sleeping.
  */
 #include <dlfcn.h>
