@@ -470,7 +470,10 @@ SGM_API sgm_status sgm_buffer_set_parent(sgm_buffer *b, sgm_buffer *parent);
 SGM_API sgm_tier sgm_buffer_tier(const sgm_buffer *b);
 /* The size the buffer was created with; 0 for NULL. Any thread. */
 SGM_API size_t sgm_buffer_size(const sgm_buffer *b);
-/* Free the buffer wherever it lives (waits for a prefetch in flight). NULL is a no-op. */
+/* Free the buffer wherever it lives (waits for a prefetch in flight). NULL is a no-op.
+ * A handle already destroyed is recognised while it is among the context's last
+ * 16 destroyed buffers, in every build: nothing is freed and sgm_last_error says
+ * so (other calls on it return SGM_ERR_INVALID). Older dead handles cannot be. */
 SGM_API void sgm_buffer_destroy(sgm_buffer *b);
 
 /* ---- Managed pointers (SGM_POINTERS=managed; docs/managed.md). Blocks from

@@ -62,9 +62,10 @@ void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b) {
 
 int sgm__buffer_check(const sgm_buffer *b, const char *fn) {
   if (!b) return sgm__error_set(SGM_ERR_INVALID, "%s: buffer is NULL", fn);
-  /* Only debug builds look: there a destroyed buffer's memory is kept a
-   * while (the graveyard), so reading it is defined; release builds free it. */
-  if (SGM_DEBUG >= 1 && sgm_unlikely(b->magic != SGM_BUFFER_LIVE))
+  /* Every build looks (issue 29): a destroyed buffer's memory is kept a while
+   * (the graveyard), so reading it is defined. The word shares its cache line
+   * with b->ctx, which every call reads next: one predicted compare. */
+  if (sgm_unlikely(b->magic != SGM_BUFFER_LIVE))
     return sgm__error_set(SGM_ERR_INVALID, "%s: %p is not a live buffer (%s)", fn, (const void *)b,
                           b->magic == SGM_BUFFER_DEAD ? "it was destroyed" : "not from sgm_buffer_create");
   if (sgm__context_forked(b->ctx)) return sgm__context_fork_error(b->ctx, fn);
@@ -77,12 +78,12 @@ int sgm__buffer_check(const sgm_buffer *b, const char *fn) {
     if (check_rc_ != SGM_OK) return (sgm_status)check_rc_;   \
   } while (0)
 
-/* Debug builds: poison a destroyed buffer and keep its memory until 16 more
- * were destroyed, so a second destroy (or any use) finds SGM_BUFFER_DEAD
- * instead of reading freed memory. Returns what may be freed now. */
+/* Poison a destroyed buffer and keep its memory until 16 more were destroyed
+ * (every build: destroy is off the hot path and takes pl->lock anyway), so a
+ * second destroy (or any use) finds SGM_BUFFER_DEAD instead of reading freed
+ * memory. Returns what may be freed now. */
 static sgm_buffer *buffer_bury(struct sgm_placement *pl, sgm_buffer *b) {
   b->magic = SGM_BUFFER_DEAD;
-  if (SGM_DEBUG < 1) return b;
   sgm__lock_take(&pl->lock);
   unsigned slot = pl->n_graveyard++ % (unsigned)(sizeof pl->graveyard / sizeof pl->graveyard[0]);
   sgm_buffer *old = pl->graveyard[slot];
@@ -290,11 +291,10 @@ SGM_API size_t sgm_buffer_size(const sgm_buffer *b) { return b ? (size_t)b->size
 
 SGM_API void sgm_buffer_destroy(sgm_buffer *b) {
   if (!b) return;
-  /* Destroying twice is a use after free: debug builds recognise it (the
-   * graveyard) and stop, as for any broken contract. */
-  if (SGM_DEBUG >= 1 && b->magic == SGM_BUFFER_DEAD)
-    sgm__assert_fail("sgm_buffer_destroy: this buffer was already destroyed", __FILE__, __LINE__);
-  sgm_assert(b->magic == SGM_BUFFER_LIVE);
+  /* Destroying twice would free freed memory: every build recognises a handle
+   * still in the graveyard and refuses it with a message (issue 29: a library
+   * linked into frameworks must not crash them for it). */
+  if (sgm__buffer_check(b, "sgm_buffer_destroy") != SGM_OK) return;
   sgm_context *ctx = b->ctx;
   /* A child's copy of its parent's buffer: nothing here is the child's to
    * free (sgm_context_destroy explains); it goes with the child's exit. */

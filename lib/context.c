@@ -29,6 +29,7 @@ struct sgm_context {
   uint64_t device_total_bytes;             /* device memory as the backend reported at create */
   uint64_t physical_ram_bytes;             /* min(machine RAM, cgroup limit) at create */
   uint64_t cuda_memory_limit_bytes;        /* CUDA_DEVICE_MEMORY_LIMIT cap; 0 = none */
+  char cuda_memory_limit_name[SGM_CUDA_LIMIT_NAME_MAX]; /* the variable that set it (_<device> or not) */
   uint64_t budget_bytes[SGM_TIER_COUNT];   /* each tier's budget, resolved at create */
   struct sgm_tier_pool *tiers[SGM_TIER_COUNT]; /* VRAM and shared pools; disk is placement's */
   struct sgm_placement *pl;                /* buffers, residency lists, disk tier, prefetch */
@@ -261,17 +262,19 @@ static int context_vram_budget(const sgm_context *ctx, double fraction, const ch
   }
   if (ctx->cuda_memory_limit_bytes && ctx->cuda_memory_limit_bytes < b) {
     b = ctx->cuda_memory_limit_bytes;
-    why = "CUDA_DEVICE_MEMORY_LIMIT";
+    why = ctx->cuda_memory_limit_name;
   }
   b &= ~(uint64_t)(SGM_DEVICE_ALIGN - 1);
   if (b < SGM_DEVICE_ALIGN) {
     char t[32];
     return sgm__error_set(SGM_ERR_INVALID,
                           "the VRAM budget resolves to 0 bytes because of %s (device memory %s, "
-                          "fraction %g, SGM_VRAM_LIMIT %s, CUDA_DEVICE_MEMORY_LIMIT %llu bytes): a "
+                          "fraction %g, SGM_VRAM_LIMIT %s, %s %llu bytes): a "
                           "budget must hold at least one %d-byte block; raise %s",
                           why, sgm__fmt_bytes(total, t, sizeof t), fraction,
                           ctx->cfg.vram_limit.bytes || ctx->cfg.vram_limit.fraction ? "set" : "none",
+                          ctx->cuda_memory_limit_name[0] ? ctx->cuda_memory_limit_name
+                                                         : "CUDA_DEVICE_MEMORY_LIMIT",
                           (unsigned long long)ctx->cuda_memory_limit_bytes, SGM_DEVICE_ALIGN, why);
   }
   *out = b;
@@ -279,18 +282,21 @@ static int context_vram_budget(const sgm_context *ctx, double fraction, const ch
 }
 
 /* Shared budget = SGM_SHARED_LIMIT (bytes or % of RAM), else max(RAM / 2,
- * 64 MiB). It is a cap: above physical RAM (when known) it is clamped to RAM
- * with a warning, since no more can ever be pinned. */
+ * 64 MiB). The shared tier's rule is also its ceiling (issue 29: a limit of
+ * all of RAM let one process pin all of it): an explicit limit above
+ * max(RAM / 2, 64 MiB) (when RAM is known) is clamped to it with a warning,
+ * as Windows caps shared GPU memory at half of RAM. */
 static int context_shared_budget(const sgm_context *ctx, uint64_t *out) {
   uint64_t ram = ctx->physical_ram_bytes;
   uint64_t dflt = ram / 2 > CONTEXT_SHARED_MIN_BYTES ? ram / 2 : CONTEXT_SHARED_MIN_BYTES;
   uint64_t b = sgm__size_resolve(ctx->cfg.shared_limit, ram, dflt);
-  char l[32], r[32];
-  if (ram && b > ram && (ctx->cfg.shared_limit.bytes || ctx->cfg.shared_limit.fraction)) {
-    sgm__log(ctx->cfg.verbose, 1, "SGM_SHARED_LIMIT (%s) is more than the physical RAM (%s): the "
-             "shared budget is clamped to %s", sgm__fmt_bytes(b, l, sizeof l),
-             sgm__fmt_bytes(ram, r, sizeof r), r);
-    b = ram;
+  char l[32], r[32], c[32];
+  if (ram && b > dflt && (ctx->cfg.shared_limit.bytes || ctx->cfg.shared_limit.fraction)) {
+    sgm__log(ctx->cfg.verbose, 1, "SGM_SHARED_LIMIT (%s) is more than the shared tier may pin "
+             "(half of the physical RAM of %s, at least 64 MiB): the shared budget is clamped to %s",
+             sgm__fmt_bytes(b, l, sizeof l), sgm__fmt_bytes(ram, r, sizeof r),
+             sgm__fmt_bytes(dflt, c, sizeof c));
+    b = dflt;
   }
   *out = b & ~(uint64_t)(SGM_DEVICE_ALIGN - 1);
   if (*out < SGM_DEVICE_ALIGN)
@@ -331,7 +337,8 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
     goto out_free;
   }
   sgm__options_tf_growth(ctx->cfg.verbose, &ctx->cfg.allow_growth);
-  rc = sgm__options_cuda_memory_limit(ctx->cfg.device, &ctx->cuda_memory_limit_bytes);
+  rc = sgm__options_cuda_memory_limit_ex(ctx->cfg.device, &ctx->cuda_memory_limit_bytes,
+                                         ctx->cuda_memory_limit_name, sizeof ctx->cuda_memory_limit_name);
   if (rc != SGM_OK) goto out_free;
 
   rc = sgm__backend_open(&ctx->cfg, &ctx->bops, &ctx->be);

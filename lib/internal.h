@@ -179,6 +179,10 @@ int sgm__options_validate(const sgm_config *cfg);
 void sgm__options_tf_growth(int verbose, int *allow_growth);
 /* CUDA_DEVICE_MEMORY_LIMIT_<device>, else CUDA_DEVICE_MEMORY_LIMIT: *out = cap in bytes, 0 if unset. */
 int sgm__options_cuda_memory_limit(int device, uint64_t *out);
+/* The same, and name = the variable that set it ("" if none): messages about
+ * the cap name the one the scheduler wrote (issue 29). name_len >= SGM_CUDA_LIMIT_NAME_MAX. */
+#define SGM_CUDA_LIMIT_NAME_MAX 48
+int sgm__options_cuda_memory_limit_ex(int device, uint64_t *out, char *name, size_t name_len);
 /* ASCII case-insensitive string equality (option values, policy names). */
 bool sgm__options_str_ieq(const char *a, const char *b);
 /* Resolve a size against its reference (device memory, RAM, free disk); unset gives dflt. */

@@ -89,7 +89,7 @@ static const sgm_option option_rows[] = {
     {.env = "SGM_SHARED_LIMIT", FIELD(shared_limit), .kind = SGM_OPT_SIZE,
      .default_value = "auto", .names = keyword_auto,
      .help = "cap on the shared (pinned host) tier: bytes or % of physical RAM; "
-             "auto = max(RAM/2, 64 MiB) as Windows"},
+             "auto = max(RAM/2, 64 MiB) as Windows, which is also the most it may be"},
     /* No disk tier unless asked: spilling writes the user's data to a disk. */
     {.env = "SGM_SPILL_DIR", FIELD(spill_dir), .kind = SGM_OPT_STRING, .default_value = "",
      .help = "directory for the spill file of the disk tier; empty = no disk tier"},
@@ -937,22 +937,31 @@ void sgm__options_tf_growth(int verbose, int *allow_growth) {
 }
 
 int sgm__options_cuda_memory_limit(int device, uint64_t *out) {
-  char name[64] = "";
+  char name[SGM_CUDA_LIMIT_NAME_MAX];
+  return sgm__options_cuda_memory_limit_ex(device, out, name, sizeof name);
+}
+
+int sgm__options_cuda_memory_limit_ex(int device, uint64_t *out, char *name, size_t name_len) {
   const char *v = NULL;
   if (out) *out = 0;
-  if (!out) return sgm__error_set(SGM_ERR_INVALID, "sgm__options_cuda_memory_limit: out is NULL");
+  if (name_len) name[0] = '\0';
+  if (!out || !name || name_len < SGM_CUDA_LIMIT_NAME_MAX)
+    return sgm__error_set(SGM_ERR_INVALID, "sgm__options_cuda_memory_limit: out is NULL");
   /* Empty counts as unset: the variables belong to the scheduler, not to us. */
   if (device >= 0) {
-    snprintf(name, sizeof name, "CUDA_DEVICE_MEMORY_LIMIT_%d", device);
+    snprintf(name, name_len, "CUDA_DEVICE_MEMORY_LIMIT_%d", device);
     v = getenv(name);
     if (v && !*skip_space(v)) v = NULL;
   }
   if (!v) {
-    snprintf(name, sizeof name, "CUDA_DEVICE_MEMORY_LIMIT");
+    snprintf(name, name_len, "CUDA_DEVICE_MEMORY_LIMIT");
     v = getenv(name);
     if (v && !*skip_space(v)) v = NULL;
   }
-  if (!v) return SGM_OK;
+  if (!v) {
+    name[0] = '\0';
+    return SGM_OK;
+  }
   sgm_size s;
   if (size_parse(v, false, &s) != SIZE_OK) {
     char shown[80];

@@ -7,7 +7,8 @@ add_library(sgm_replay_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/opt.c
   ${CMAKE_CURRENT_LIST_DIR}/driver.c
   ${CMAKE_CURRENT_LIST_DIR}/alloc.c
-  ${CMAKE_CURRENT_LIST_DIR}/synth.c)
+  ${CMAKE_CURRENT_LIST_DIR}/synth.c
+  ${CMAKE_CURRENT_LIST_DIR}/args.c)
 target_include_directories(sgm_replay_core PUBLIC ${CMAKE_CURRENT_LIST_DIR})
 target_compile_options(sgm_replay_core PRIVATE -Wall -Wextra -Werror -Wshadow -Wvla)
 target_link_libraries(sgm_replay_core PUBLIC sgm_static)

@@ -127,6 +127,73 @@ static void driver_warm_vram(sgm_context *ctx, uint64_t vram_bytes, uint64_t tou
   free(zeros);
 }
 
+/* The configuration of a replay: the emulated device, growth off (the VRAM
+ * budget exact and reserved), the shared budget given or enough for the trace. */
+static void driver_config(const replay_trace *t, const replay_sgm_params *p, uint64_t vram,
+                          sgm_config *cfg) {
+  sgm_config_init(cfg);
+  cfg->backend = SGM_BACKEND_EMU;
+  cfg->allow_growth = 0;
+  cfg->vram_fraction = 1.0;
+  cfg->vram_limit = (sgm_size){.bytes = vram, .fraction = 0};
+  cfg->emu_vram_bytes = vram > DRIVER_MIN_EMU_BYTES ? vram : DRIVER_MIN_EMU_BYTES;
+  uint64_t shared = p->shared_bytes ? p->shared_bytes : replay_default_shared_bytes(t);
+  cfg->shared_limit = (sgm_size){.bytes = shared, .fraction = 0};
+  cfg->shared_fallback = 1;
+  cfg->idle_trim_ms = 0;
+  cfg->verbose = 0;
+  cfg->emu_fail_at = 0;
+  /* One contiguous chunk, not reserve mode's pool of granules on the
+   * virtual-memory API (the default past 32 granules since b03984e): there a
+   * block holds memory only through the 2 MiB granules it touches, so the
+   * tier is full while the blocks live in it add up to less than the budget
+   * (freed blocks leave partly used granules behind; the last partial granule
+   * is dropped when the device has no room for it). On the conversation trace
+   * at 18279 blocks of 4 KiB that was ~17400 blocks' worth: LRU read 27.25%
+   * instead of the reference 27.84%. A replay compares policies at an exact
+   * capacity; test_replay's test_lru_exact_past_granules pins it. */
+  cfg->vram_vmm = 0;
+  snprintf(cfg->policy, sizeof cfg->policy, "%s", p->policy);
+  snprintf(cfg->spill_dir, sizeof cfg->spill_dir, "%s", p->spill_dir ? p->spill_dir : "");
+}
+
+int replay_check_room(const replay_trace *t, const replay_sgm_params *p, char *err, size_t err_len) {
+  uint64_t vram = p->vram_bytes / REPLAY_ALIGN * REPLAY_ALIGN;
+  sgm_config cfg;
+  driver_config(t, p, vram, &cfg);
+  /* Growth on and nothing allocated: the probe reserves and pins nothing. */
+  cfg.allow_growth = 1;
+  sgm_context *ctx = NULL;
+  sgm_status st = sgm_context_create(&cfg, &ctx);
+  if (st != SGM_OK)
+    return replay_fail(err, err_len, "cannot create an sgm context for the replay: %s (%s)",
+                       sgm_last_error(), sgm_status_string(st));
+  sgm_stats s;
+  st = sgm_get_stats(ctx, &s);
+  sgm_context_destroy(ctx);
+  if (st != SGM_OK) return replay_fail(err, err_len, "sgm_get_stats: %s", sgm_last_error());
+  char a[32], b[32], c[32], d[32], r[32];
+  uint64_t room[SGM_TIER_COUNT];
+  for (int k = 0; k < SGM_TIER_COUNT; k++) room[k] = s.tier[k].budget_bytes;
+  /* The emulated device's VRAM is host memory the replay fills. */
+  if (s.physical_ram_bytes && room[SGM_TIER_VRAM] > s.physical_ram_bytes)
+    return replay_fail(err, err_len, "the VRAM capacity (%s) is more than this machine's RAM (%s), "
+                       "which the emulated device's VRAM is made of: give a smaller --vram or "
+                       "--vram-blocks", replay_fmt_bytes(room[SGM_TIER_VRAM], a, sizeof a),
+                       replay_fmt_bytes(s.physical_ram_bytes, r, sizeof r));
+  uint64_t total = room[SGM_TIER_VRAM] + room[SGM_TIER_SHARED];
+  total = total + room[SGM_TIER_DISK] < total ? UINT64_MAX : total + room[SGM_TIER_DISK];
+  if (t->peak_live_bytes > total)
+    return replay_fail(err, err_len, "the trace's footprint (%s live at its peak) cannot fit in "
+                       "VRAM %s + shared memory %s + disk %s (the shared tier holds at most half "
+                       "of the RAM): give a smaller --block-size, a spill folder (--spill DIR) "
+                       "or a shorter trace", replay_fmt_bytes(t->peak_live_bytes, a, sizeof a),
+                       replay_fmt_bytes(room[SGM_TIER_VRAM], b, sizeof b),
+                       replay_fmt_bytes(room[SGM_TIER_SHARED], c, sizeof c),
+                       replay_fmt_bytes(room[SGM_TIER_DISK], d, sizeof d));
+  return 0;
+}
+
 /* No hint in force for a block (driver_replay_hinted's hinted[]). */
 #define DRIVER_NO_HINT UINT32_MAX
 
@@ -273,30 +340,8 @@ int replay_sgm(const replay_trace *t, const replay_sgm_params *p, replay_result 
                        (unsigned long long)REPLAY_ALIGN);
 
   sgm_config cfg;
-  sgm_config_init(&cfg);
-  cfg.backend = SGM_BACKEND_EMU;
-  cfg.allow_growth = 0;
-  cfg.vram_fraction = 1.0;
-  cfg.vram_limit = (sgm_size){.bytes = vram, .fraction = 0};
-  cfg.emu_vram_bytes = vram > DRIVER_MIN_EMU_BYTES ? vram : DRIVER_MIN_EMU_BYTES;
-  uint64_t shared = p->shared_bytes ? p->shared_bytes : replay_default_shared_bytes(t);
-  cfg.shared_limit = (sgm_size){.bytes = shared, .fraction = 0};
-  cfg.shared_fallback = 1;
-  cfg.idle_trim_ms = 0;
-  cfg.verbose = 0;
-  cfg.emu_fail_at = 0;
-  /* One contiguous chunk, not reserve mode's pool of granules on the
-   * virtual-memory API (the default past 32 granules since b03984e): there a
-   * block holds memory only through the 2 MiB granules it touches, so the
-   * tier is full while the blocks live in it add up to less than the budget
-   * (freed blocks leave partly used granules behind; the last partial granule
-   * is dropped when the device has no room for it). On the conversation trace
-   * at 18279 blocks of 4 KiB that was ~17400 blocks' worth: LRU read 27.25%
-   * instead of the reference 27.84%. A replay compares policies at an exact
-   * capacity; test_replay's test_lru_exact_past_granules pins it. */
-  cfg.vram_vmm = 0;
-  snprintf(cfg.policy, sizeof cfg.policy, "%s", p->policy);
-  snprintf(cfg.spill_dir, sizeof cfg.spill_dir, "%s", p->spill_dir ? p->spill_dir : "");
+  driver_config(t, p, vram, &cfg);
+  uint64_t shared = cfg.shared_limit.bytes;
 
   sgm_context *ctx = NULL;
   sgm_status st = sgm_context_create(&cfg, &ctx);

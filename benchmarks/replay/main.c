@@ -69,55 +69,6 @@ static int usage_error(const char *fmt, ...) {
   return 2;
 }
 
-/* "4096", "4KiB", "4K", "1.5GiB", "10%" (percent only when pct != NULL). */
-static bool parse_size(const char *s, uint64_t *bytes, double *pct) {
-  if (pct) *pct = 0;
-  while (isspace((unsigned char)*s)) s++;
-  if (!isdigit((unsigned char)*s) && *s != '.') return false;
-  errno = 0;
-  char *end;
-  double v = strtod(s, &end);
-  if (errno || end == s || !(v >= 0) || !isfinite(v)) return false;
-  while (isspace((unsigned char)*end)) end++;
-  if (*end == '%') {
-    if (!pct || end[1] || v <= 0 || v > 100) return false;
-    *pct = v;
-    *bytes = 0;
-    return true;
-  }
-  double mul = 1;
-  const char *u = end;
-  if (*u) {
-    switch (toupper((unsigned char)*u)) {
-      case 'B': mul = 1; break;
-      case 'K': mul = 0x1p10; break;
-      case 'M': mul = 0x1p20; break;
-      case 'G': mul = 0x1p30; break;
-      case 'T': mul = 0x1p40; break;
-      default: return false;
-    }
-    u++;
-    if (mul > 1) {
-      if (*u == 'i' || *u == 'I') u++;
-      if (*u == 'B' || *u == 'b') u++;
-    }
-    if (*u) return false;
-  }
-  double b = v * mul;
-  if (b >= 0x1p63) return false;
-  *bytes = (uint64_t)b;
-  return (double)*bytes == b; /* no fractions of a byte */
-}
-
-static const char *fmt_bytes(uint64_t b, char *buf, size_t n) {
-  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = (double)b;
-  int u = 0;
-  while (v >= 1024 && u < 4) v /= 1024, u++;
-  if (u == 0) snprintf(buf, n, "%llu B", (unsigned long long)b);
-  else snprintf(buf, n, "%.2f %s", v, units[u]);
-  return buf;
-}
 
 /* ---- progress on stderr, only on a terminal ---- */
 
@@ -242,13 +193,13 @@ static void print_table(const run_info *ri, const replay_result *r, size_t n, co
   if (ri->block_bytes) printf(" of %llu bytes each", (unsigned long long)ri->block_bytes);
   else printf(" of unequal sizes");
   if (t->n_free) printf(", %llu frees", (unsigned long long)t->n_free);
-  printf("; footprint %s\n", fmt_bytes(t->peak_live_bytes, a, sizeof a));
+  printf("; footprint %s\n", replay_fmt_bytes(t->peak_live_bytes, a, sizeof a));
   printf("VRAM       %llu bytes", (unsigned long long)ri->vram_bytes);
   if (ri->block_bytes)
     printf(" = %llu blocks", (unsigned long long)(ri->vram_bytes / ri->block_bytes));
   printf(" (%.2f%% of the footprint); shared budget %s; disk tier %s\n",
          t->peak_live_bytes ? 100.0 * (double)ri->vram_bytes / (double)t->peak_live_bytes : 0.0,
-         fmt_bytes(ri->shared_bytes, b, sizeof b), ri->spill_dir[0] ? ri->spill_dir : "off");
+         replay_fmt_bytes(ri->shared_bytes, b, sizeof b), ri->spill_dir[0] ? ri->spill_dir : "off");
   printf("OPT        %s\n\n", ri->block_bytes
                                  ? "Belady with bypass (furthest next use leaves or is not "
                                    "cached; exact for equal sizes)"
@@ -267,8 +218,8 @@ static void print_table(const run_info *ri, const replay_result *r, size_t n, co
     else snprintf(closed, sizeof closed, "%.1f%%", gc);
     printf("%-10s %8.2f%% %11s %10s %10llu %10llu %14s %14s %9.3f %12.0f %8.3f\n", x->policy,
            100.0 * replay_hit_ratio(x), gap, closed, (unsigned long long)x->hits,
-           (unsigned long long)x->evictions, fmt_bytes(x->bytes_promoted, a, sizeof a),
-           fmt_bytes(x->bytes_demoted, b, sizeof b), x->seconds,
+           (unsigned long long)x->evictions, replay_fmt_bytes(x->bytes_promoted, a, sizeof a),
+           replay_fmt_bytes(x->bytes_demoted, b, sizeof b), x->seconds,
            x->seconds > 0 ? (double)x->accesses / x->seconds : 0.0, x->setup_seconds);
   }
   if (lru) printf("\ngap closed: the share of the gap from plain lru to OPT that the run closes\n");
@@ -281,8 +232,8 @@ static void print_table(const run_info *ri, const replay_result *r, size_t n, co
     printf("%-10s", x->policy);
     for (int k = 0; k < 3; k++) {
       char cell[96];
-      snprintf(cell, sizeof cell, "%s / %s; %llu", fmt_bytes(x->tier_in[k], a, sizeof a),
-               fmt_bytes(x->tier_out[k], b, sizeof b), (unsigned long long)x->tier_evictions[k]);
+      snprintf(cell, sizeof cell, "%s / %s; %llu", replay_fmt_bytes(x->tier_in[k], a, sizeof a),
+               replay_fmt_bytes(x->tier_out[k], b, sizeof b), (unsigned long long)x->tier_evictions[k]);
       printf(" %29s", cell);
     }
     printf("\n");
@@ -302,67 +253,20 @@ static int split_policies(char *list, const char **names, int max) {
 }
 
 int main(int argc, char **argv) {
-  const char *policy_arg = "all", *vram_arg = NULL, *blocks_arg = NULL, *shared_arg = NULL;
-  const char *block_arg = NULL, *spill_dir = "", *path = NULL, *hints_arg = NULL;
-  bool json = false, cold = false;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-      fputs(USAGE, stdout);
-      return 0;
-    }
-    if (strcmp(a, "--json") == 0) {
-      json = true;
-      continue;
-    }
-    if (strcmp(a, "--cold") == 0) {
-      cold = true;
-      continue;
-    }
-    static const char *const flags[] = {"--policy", "--vram", "--vram-blocks", "--shared",
-                                        "--block-size", "--spill", "--hints"};
-    const char **dst[] = {&policy_arg, &vram_arg, &blocks_arg, &shared_arg, &block_arg, &spill_dir,
-                          &hints_arg};
-    bool matched = false;
-    for (size_t k = 0; k < sizeof flags / sizeof *flags; k++) {
-      size_t fl = strlen(flags[k]);
-      if (strncmp(a, flags[k], fl) != 0) continue;
-      if (a[fl] == '=') {
-        *dst[k] = a + fl + 1;
-      } else if (a[fl] == '\0') {
-        if (i + 1 >= argc) return usage_error("%s needs a value", flags[k]);
-        *dst[k] = argv[++i];
-      } else {
-        continue;
-      }
-      matched = true;
-      break;
-    }
-    if (matched) continue;
-    if (a[0] == '-' && a[1]) return usage_error("unknown option %s", a);
-    if (path) return usage_error("one trace at a time (got %s and %s)", path, a);
-    path = a;
+  replay_args args;
+  char aerr[512];
+  int prc = replay_args_parse(argc, argv, &args, aerr, sizeof aerr);
+  if (prc == 1) {
+    fputs(USAGE, stdout);
+    return 0;
   }
-  if (!path) return usage_error("no trace given");
-  if (vram_arg && blocks_arg) return usage_error("give --vram or --vram-blocks, not both");
-
-  uint64_t block_bytes = 0, shared_bytes = 0, vram_bytes = 0, n_blocks = 0;
-  double vram_pct = 0;
-  if (block_arg && (!parse_size(block_arg, &block_bytes, NULL) || block_bytes == 0))
-    return usage_error("--block-size %s: expected a positive size such as 4096 or 4KiB", block_arg);
-  if (shared_arg && (!parse_size(shared_arg, &shared_bytes, NULL) || shared_bytes == 0))
-    return usage_error("--shared %s: expected a positive size such as 1GiB", shared_arg);
-  if (vram_arg && (!parse_size(vram_arg, &vram_bytes, &vram_pct) || (vram_bytes == 0 && vram_pct == 0)))
-    return usage_error("--vram %s: expected a positive size such as 64MiB, or a percentage of "
-                       "the footprint such as 10%%", vram_arg);
-  if (blocks_arg) {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(blocks_arg, &end, 10);
-    if (errno || *end || end == blocks_arg || v == 0 || blocks_arg[0] == '-')
-      return usage_error("--vram-blocks %s: expected a positive whole number", blocks_arg);
-    n_blocks = v;
-  }
+  if (prc != 0) return usage_error("%s", aerr);
+  const char *policy_arg = args.policy_arg, *vram_arg = args.vram_arg, *blocks_arg = args.blocks_arg;
+  const char *spill_dir = args.spill_dir, *path = args.path, *hints_arg = args.hints_arg;
+  bool json = args.json, cold = args.cold, block_given = args.block_given;
+  uint64_t block_bytes = args.block_bytes, shared_bytes = args.shared_bytes;
+  uint64_t vram_bytes = args.vram_bytes, n_blocks = args.n_blocks;
+  double vram_pct = args.vram_pct;
 
   uint32_t hq[MAIN_MAX_HINTS];
   int n_hq = 0;
@@ -401,7 +305,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "sgm-replay: %s\n", err);
     return 1;
   }
-  if (block_arg && fmt == REPLAY_FMT_MINIMALLOC)
+  if (block_given && fmt == REPLAY_FMT_MINIMALLOC)
     fprintf(stderr, "sgm-replay: note: --block-size is not used: MiniMalloc traces give every size\n");
   replay_trace t;
   if (replay_trace_load_as(path, fmt, block_bytes, &t, err, sizeof err) != 0) {
@@ -444,6 +348,15 @@ int main(int argc, char **argv) {
   }
   ri.vram_bytes = vram_bytes;
   ri.shared_bytes = shared_bytes ? shared_bytes : replay_default_shared_bytes(&t);
+  /* Before anything is pinned: a footprint that cannot fit would pin all the
+   * shared tier allows and still fail (issue 29). */
+  replay_sgm_params room = {.policy = "lru", .vram_bytes = vram_bytes, .shared_bytes = ri.shared_bytes,
+                            .spill_dir = spill_dir};
+  if (replay_check_room(&t, &room, err, sizeof err) != 0) {
+    fprintf(stderr, "sgm-replay: %s\n", err);
+    replay_trace_free(&t);
+    return 1;
+  }
 
   /* Which policies. */
   const char *names[MAIN_MAX_POLICIES];

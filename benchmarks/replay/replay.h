@@ -178,6 +178,42 @@ uint64_t replay_default_shared_bytes(const replay_trace *t);
  */
 const char *const *replay_policy_names(void);
 
+/* ---- sgm-replay's command line (args.c) ---- */
+
+/* What sgm-replay's options say; strings point into argv. */
+typedef struct replay_args {
+  const char *policy_arg;  /* --policy (default "all") */
+  const char *vram_arg;    /* --vram as given, NULL if not */
+  const char *blocks_arg;  /* --vram-blocks as given, NULL if not */
+  const char *spill_dir;   /* --spill ("" = no disk tier) */
+  const char *path;        /* the trace */
+  const char *hints_arg;   /* --hints as given (main parses the list), NULL if not */
+  bool json, cold;         /* --json, --cold */
+  bool block_given;        /* --block-size was given */
+  uint64_t block_bytes;    /* --block-size (0 = the format's default) */
+  uint64_t shared_bytes;   /* --shared (0 = enough for the whole trace) */
+  uint64_t vram_bytes;     /* --vram in bytes (0 when given as a percentage or not at all) */
+  double vram_pct;         /* --vram as a percentage of the footprint, 0 if not */
+  uint64_t n_blocks;       /* --vram-blocks, 0 if not */
+} replay_args;
+
+/* "4096", "4KiB", "4K", "1.5GiB", and "10%" when pct != NULL (*pct set, *bytes
+ * 0). False for anything else, 2^63 bytes and more, or a fraction of a byte
+ * (then *bytes = 0). */
+bool replay_parse_size(const char *s, uint64_t *bytes, double *pct);
+
+/* b as "512 B" or "1.50 GiB" in buf; returns buf. */
+const char *replay_fmt_bytes(uint64_t b, char *buf, size_t n);
+
+/* Before a replay pins anything (issue 29): 0 when the trace's footprint fits
+ * in the budgets sgm gives p (VRAM + shared, clamped to half of RAM, + disk) and
+ * the emulated VRAM fits in RAM; else -1 with what to change in err. */
+int replay_check_room(const replay_trace *t, const replay_sgm_params *p, char *err, size_t err_len);
+
+/* Parse argv: 0 = run, 1 = --help asked, 2 = bad usage with the reason in
+ * err (one line, no "sgm-replay: " prefix). Never allocates, never prints. */
+int replay_args_parse(int argc, char *const *argv, replay_args *a, char *err, size_t err_len);
+
 /* ---- allocation streams (alloc.c) ---- */
 
 /* One replay of a trace as sgm_alloc / sgm_free calls (alloc.c). */

@@ -25,6 +25,7 @@ import threading
 import weakref
 
 from . import _lib
+from ._guard import INT_MAX, INT_MIN, Guard, address, whole
 from ._lib import (BackendError, BusyError, CorruptError, DiskIOError, Error,  # noqa: F401
                    InvalidError, NoMemoryError, UnsupportedError)
 
@@ -50,7 +51,11 @@ class Tier(enum.IntEnum):
             except KeyError:
                 raise InvalidError(f"unknown tier {value!r}: use 'vram', 'shared' or 'disk'",
                                    call="sgm.Tier") from None
-        return cls(value)
+        try:
+            return cls(value)
+        except ValueError:  # evict(7): an sgm.Error, like every other bad argument
+            raise InvalidError(f"unknown tier {value!r}: use 'vram', 'shared' or 'disk' "
+                               "(or 0, 1, 2)", call="sgm.Tier") from None
 
 
 class Priority(enum.IntEnum):
@@ -108,6 +113,9 @@ def options_env(options):
             raise InvalidError(f"unknown option {key!r} (no {name} among sgm's variables{hint}; "
                                f"docs/options.md lists them all)", call="sgm options")
         env[name] = _env_value(value)
+        if env[name] is not None and "\0" in env[name]:
+            raise InvalidError(f"option {key!r}: its value {value!r} holds a NUL character, which "
+                               "no environment variable can carry", call="sgm options")
     return env
 
 
@@ -187,7 +195,7 @@ def stats(device=0):
 
 
 def _hook_context(device):
-    ctx = _lib.lib().sgm_hook_context(int(device))
+    ctx = _lib.lib().sgm_hook_context(whole(device, "device", "sgm_hook_context", INT_MIN, INT_MAX))
     if not ctx:
         raise _lib.error_for(_lib.ERR_BACKEND, _lib.last_error(), "sgm_hook_context")
     return ctx
@@ -196,7 +204,8 @@ def _hook_context(device):
 def pointer_tier(ptr, device=0):
     """The Tier of an address the framework hooks handed out on a device
     (a tensor's data_ptr(), a CuPy array's data.ptr); Tier.NONE for others."""
-    return Tier(_lib.lib().sgm_pointer_tier(_hook_context(device), int(ptr)))
+    return Tier(_lib.lib().sgm_pointer_tier(_hook_context(device),
+                                            address(ptr, "ptr", "sgm_pointer_tier")))
 
 
 def _stream(stream):
@@ -206,8 +215,8 @@ def _stream(stream):
         return None
     for attr in ("cuda_stream", "ptr"):
         if hasattr(stream, attr):
-            return getattr(stream, attr) or None
-    return int(stream) or None
+            return address(getattr(stream, attr), "stream", "sgm stream")
+    return address(stream, "stream", "sgm stream")
 
 
 class _HostSpan:
@@ -257,7 +266,17 @@ class Context:
         self._ptr = ptr.value
         self._lib = lib
         self._buffers = weakref.WeakSet()
+        self._guard = Guard("context")
         self.options = dict(options)
+
+    @contextlib.contextmanager
+    def _call(self, call):
+        """The context's pointer for one call; close() waits for it to end."""
+        self._guard.enter(call)
+        try:
+            yield self._ptr
+        finally:
+            self._guard.leave()
 
     @property
     def handle(self):
@@ -269,36 +288,46 @@ class Context:
     @property
     def backend(self):
         """"cuda" or "emu"."""
-        return self._lib.sgm_context_backend(self.handle).decode()
+        with self._call("sgm_context_backend") as h:
+            return self._lib.sgm_context_backend(h).decode()
 
     def stats(self):
         """The context's state as a dict (sgm_stats_json's shape, docs/stats.md)."""
-        return _stats_json(self.handle)
+        with self._call("sgm_stats_json") as h:
+            return _stats_json(h)
 
     def trim(self):
         """Give committed memory that is not in use back (sgm_trim)."""
-        _lib.check(self._lib.sgm_trim(self.handle), "sgm_trim")
+        with self._call("sgm_trim") as h:
+            _lib.check(self._lib.sgm_trim(h), "sgm_trim")
 
     def alloc(self, size, stream=None):
         """sgm_alloc: a device address (int) of size bytes that never moves."""
-        p = self._lib.sgm_alloc(self.handle, int(size), _stream(stream))
-        if not p:
-            raise _lib.error_for(_lib.ERR_NOMEM if size else _lib.ERR_INVALID,
-                                 _lib.last_error(), "sgm_alloc")
+        size = whole(size, "size", "sgm_alloc")
+        stream = _stream(stream)
+        with self._call("sgm_alloc") as h:
+            p = self._lib.sgm_alloc(h, size, stream)
+            if not p:
+                raise _lib.error_for(_lib.ERR_NOMEM if size else _lib.ERR_INVALID,
+                                     _lib.last_error(), "sgm_alloc")
         return p
 
     def free(self, ptr, stream=None):
         """sgm_free_ex: give back an address from alloc()."""
-        _lib.check(self._lib.sgm_free_ex(self.handle, ptr, _stream(stream)), "sgm_free")
+        ptr, stream = address(ptr, "ptr", "sgm_free"), _stream(stream)
+        with self._call("sgm_free") as h:
+            _lib.check(self._lib.sgm_free_ex(h, ptr, stream), "sgm_free")
 
     def pointer_tier(self, ptr):
         """The Tier of a live allocation; Tier.NONE for any other address."""
-        return Tier(self._lib.sgm_pointer_tier(self.handle, ptr))
+        ptr = address(ptr, "ptr", "sgm_pointer_tier")
+        with self._call("sgm_pointer_tier") as h:
+            return Tier(self._lib.sgm_pointer_tier(h, ptr))
 
     def buffer(self, size_or_data):
         """A new Buffer: of that many bytes, or holding a copy of a
         buffer-protocol object (NumPy array, bytes, ...)."""
-        if isinstance(size_or_data, int):
+        if isinstance(size_or_data, int):  # bool and numpy ints are checked by Buffer
             return Buffer(self, size_or_data)
         span = _HostSpan(size_or_data, writable=False)
         b = Buffer(self, span.nbytes)
@@ -320,20 +349,22 @@ class Context:
         for b in bufs:
             if not isinstance(b, Buffer) or b.context is not self:
                 raise InvalidError("will_use takes Buffers of this context", call="sgm_will_use")
-        d = 0xFFFFFFFF if distance is None else int(distance)
-        if distance is not None and not 0 <= d < 0xFFFFFFFF:
-            raise InvalidError(f"distance {distance!r} is outside 0 .. 2**32 - 2 (None cancels)",
-                               call="sgm_will_use")
+        d = 0xFFFFFFFF if distance is None else whole(distance, "distance", "sgm_will_use",
+                                                       0, 0xFFFFFFFE)
         arr = (ctypes.c_void_p * max(len(bufs), 1))(*[b.handle for b in bufs])
-        _lib.check(self._lib.sgm_will_use(self.handle, arr, len(bufs), d), "sgm_will_use")
+        with self._call("sgm_will_use") as h:
+            _lib.check(self._lib.sgm_will_use(h, arr, len(bufs), d), "sgm_will_use")
 
     def close(self):
-        """Destroy the context (and the buffers still open). Idempotent."""
-        if self._ptr:
-            for b in list(self._buffers):
-                b.close()
-            self._lib.sgm_context_destroy(self._ptr)
-            self._ptr = None
+        """Destroy the context (and the buffers still open). Idempotent and
+        safe against other threads' calls: it waits for those in flight, and
+        later calls raise sgm.Error; BusyError from inside a call on it."""
+        if not self._ptr or not self._guard.close("sgm_context_destroy"):
+            return
+        for b in list(self._buffers):
+            b._destroy()
+        self._lib.sgm_context_destroy(self._ptr)
+        self._ptr = None
 
     def __enter__(self):
         return self
@@ -346,7 +377,7 @@ class Context:
             self.close()
 
     def __repr__(self):
-        state = f"backend={self.backend}" if self._ptr else "closed"
+        state = f"backend={self.backend}" if self._ptr and not self._guard.closed else "closed"
         return f"<sgm.Context {state}>"
 
 
@@ -365,17 +396,31 @@ class Buffer:
     lives. One buffer is used by one thread at a time (sgm.h)."""
 
     def __init__(self, context, size):
-        if int(size) <= 0:
+        size = whole(size, "size", "sgm_buffer_create")
+        if size <= 0:
             raise InvalidError(f"a buffer needs a size of at least 1 byte (got {size})",
                                call="sgm_buffer_create")
+        self._ptr = None
+        self._mu = threading.RLock()  # one thread at a time on the buffer (sgm.h); close waits
         ptr = ctypes.c_void_p()
-        _lib.check(context._lib.sgm_buffer_create(context.handle, int(size), ctypes.byref(ptr)),
-                   "sgm_buffer_create")
-        self._ptr = ptr.value
-        self._lib = context._lib
-        self.context = context
-        self._acquired = None
-        context._buffers.add(self)
+        with context._call("sgm_buffer_create") as h:
+            _lib.check(context._lib.sgm_buffer_create(h, size, ctypes.byref(ptr)),
+                       "sgm_buffer_create")
+            self._ptr = ptr.value
+            self._lib = context._lib
+            self.context = context
+            self._acquired = None
+            context._buffers.add(self)
+
+    @contextlib.contextmanager
+    def _call(self, call):
+        """The buffer's pointer for one call: its context stays open and its
+        other calls and close() wait until the call ends; calls after close
+        raise sgm.Error (InvalidError)."""
+        with self.context._call(call), self._mu:
+            if not self._ptr:
+                raise InvalidError("the buffer is closed", call=call)
+            yield self._ptr
 
     @property
     def handle(self):
@@ -385,7 +430,8 @@ class Buffer:
 
     @property
     def size(self):
-        return self._lib.sgm_buffer_size(self.handle)
+        with self._call("sgm_buffer_size") as h:
+            return self._lib.sgm_buffer_size(h)
 
     def __len__(self):
         return self.size
@@ -393,11 +439,14 @@ class Buffer:
     @property
     def tier(self):
         """The Tier holding the data now."""
-        return Tier(self._lib.sgm_buffer_tier(self.handle))
+        with self._call("sgm_buffer_tier") as h:
+            return Tier(self._lib.sgm_buffer_tier(h))
 
     def _write_span(self, span, offset):
-        _lib.check(self._lib.sgm_buffer_write(self.handle, int(offset), span.address, span.nbytes),
-                   "sgm_buffer_write")
+        offset = whole(offset, "offset", "sgm_buffer_write")
+        with self._call("sgm_buffer_write") as h:
+            _lib.check(self._lib.sgm_buffer_write(h, offset, span.address, span.nbytes),
+                       "sgm_buffer_write")
 
     def write(self, data, offset=0):
         """Copy a buffer-protocol object (bytes, bytearray, memoryview, NumPy
@@ -409,16 +458,24 @@ class Buffer:
     def readinto(self, out, offset=0):
         """Fill a writable buffer-protocol object (bytearray, NumPy array) from
         the buffer at offset. Returns the byte count."""
+        offset = whole(offset, "offset", "sgm_buffer_read")
         span = _HostSpan(out, writable=True)
-        _lib.check(self._lib.sgm_buffer_read(self.handle, int(offset), span.address, span.nbytes),
-                   "sgm_buffer_read")
+        with self._call("sgm_buffer_read") as h:
+            _lib.check(self._lib.sgm_buffer_read(h, offset, span.address, span.nbytes),
+                       "sgm_buffer_read")
         return span.nbytes
 
     def read(self, size=None, offset=0):
         """size bytes (default: to the end) from offset, as bytes."""
+        offset = whole(offset, "offset", "sgm_buffer_read")
+        total = self.size
         if size is None:
-            size = max(self.size - int(offset), 0)
-        out = bytearray(int(size))
+            size = max(total - offset, 0)
+        size = whole(size, "size", "sgm_buffer_read")
+        if size > total:  # before allocating what could never be read
+            raise InvalidError(f"size = {size} is more than the buffer's {total} bytes",
+                               call="sgm_buffer_read")
+        out = bytearray(size)
         self.readinto(out, offset)
         return bytes(out)
 
@@ -427,8 +484,9 @@ class Buffer:
         whole buffer from offset as a flat array)."""
         import numpy as np
         dt = np.dtype(dtype)
+        offset = whole(offset, "offset", "sgm_buffer_read")
         if shape is None:
-            shape = ((self.size - int(offset)) // dt.itemsize,)
+            shape = (max(self.size - offset, 0) // dt.itemsize,)
         out = np.empty(shape, dtype=dt)
         self.readinto(out, offset)
         return out
@@ -437,16 +495,19 @@ class Buffer:
         """Make the buffer resident (VRAM if it fits, else shared memory) and
         lock it there; returns its device address (int). BusyError if held."""
         dptr = ctypes.c_void_p()
-        _lib.check(self._lib.sgm_buffer_acquire(self.handle, _stream(stream), ctypes.byref(dptr)),
-                   "sgm_buffer_acquire")
-        self._acquired = dptr.value
+        stream = _stream(stream)
+        with self._call("sgm_buffer_acquire") as h:
+            _lib.check(self._lib.sgm_buffer_acquire(h, stream, ctypes.byref(dptr)),
+                       "sgm_buffer_acquire")
+            self._acquired = dptr.value
         return dptr.value
 
     def release(self, stream=None):
         """Unlock an acquired buffer; it may move once the work on stream is done."""
-        _lib.check(self._lib.sgm_buffer_release(self.handle, _stream(stream)),
-                   "sgm_buffer_release")
-        self._acquired = None
+        stream = _stream(stream)
+        with self._call("sgm_buffer_release") as h:
+            _lib.check(self._lib.sgm_buffer_release(h, stream), "sgm_buffer_release")
+            self._acquired = None
 
     @contextlib.contextmanager
     def acquired(self, stream=None):
@@ -459,12 +520,15 @@ class Buffer:
 
     def evict(self, to=Tier.SHARED):
         """Move the released buffer down to "shared" or "disk" (cascading)."""
-        _lib.check(self._lib.sgm_buffer_evict(self.handle, int(Tier.of(to))), "sgm_buffer_evict")
+        to = int(Tier.of(to))
+        with self._call("sgm_buffer_evict") as h:
+            _lib.check(self._lib.sgm_buffer_evict(h, to), "sgm_buffer_evict")
 
     def prefetch(self, stream=None):
         """Start moving it into VRAM on sgm's worker; returns at once."""
-        _lib.check(self._lib.sgm_buffer_prefetch(self.handle, _stream(stream)),
-                   "sgm_buffer_prefetch")
+        stream = _stream(stream)
+        with self._call("sgm_buffer_prefetch") as h:
+            _lib.check(self._lib.sgm_buffer_prefetch(h, stream), "sgm_buffer_prefetch")
 
     def set_priority(self, priority):
         """Residency priority: a Priority, its name or 0..4 (lower leaves VRAM first)."""
@@ -475,8 +539,9 @@ class Buffer:
                 raise InvalidError(f"unknown priority {priority!r}: use one of "
                                    f"{', '.join(p.name.lower() for p in Priority)}",
                                    call="sgm_buffer_set_priority") from None
-        _lib.check(self._lib.sgm_buffer_set_priority(self.handle, int(priority)),
-                   "sgm_buffer_set_priority")
+        priority = whole(priority, "priority", "sgm_buffer_set_priority", INT_MIN, INT_MAX)
+        with self._call("sgm_buffer_set_priority") as h:
+            _lib.check(self._lib.sgm_buffer_set_priority(h, priority), "sgm_buffer_set_priority")
 
     # ---- residency hints (sgm.h; docs/policies.md "Residency hints") ----
 
@@ -490,7 +555,8 @@ class Buffer:
         """Say the buffer will not be read again soon: it leaves its tier
         first (a finished request's last block). Ends at its next use."""
         _hint_call(self._lib, "sgm_buffer_done")
-        _lib.check(self._lib.sgm_buffer_done(self.handle), "sgm_buffer_done")
+        with self._call("sgm_buffer_done") as h:
+            _lib.check(self._lib.sgm_buffer_done(h), "sgm_buffer_done")
 
     @property
     def parent(self):
@@ -503,18 +569,30 @@ class Buffer:
         radix tree's parent): policies keep prefixes and give up leaves first.
         None removes the link."""
         _hint_call(self._lib, "sgm_buffer_set_parent")
-        _lib.check(self._lib.sgm_buffer_set_parent(self.handle,
-                                                   parent.handle if parent is not None else None),
-                   "sgm_buffer_set_parent")
+        other = parent.handle if parent is not None else None
+        with self._call("sgm_buffer_set_parent") as h:
+            _lib.check(self._lib.sgm_buffer_set_parent(h, other), "sgm_buffer_set_parent")
         self._parent = weakref.ref(parent) if parent is not None else None
 
     def close(self):
-        """Destroy the buffer wherever it lives. Idempotent."""
-        self._parent = None
-        if self._ptr:
-            self._lib.sgm_buffer_destroy(self._ptr)
-            self._ptr = None
-            self.context._buffers.discard(self)
+        """Destroy the buffer wherever it lives. Idempotent; waits for a call
+        on it in flight in another thread. A no-op once its context is closed
+        (that destroyed it)."""
+        if not self._ptr or self.context._guard.closed:
+            return
+        try:
+            with self.context._call("sgm_buffer_destroy"):
+                self._destroy()
+        except InvalidError:  # the context closed meanwhile, and destroyed it
+            pass
+
+    def _destroy(self):
+        with self._mu:
+            self._parent = None
+            if self._ptr:
+                self._lib.sgm_buffer_destroy(self._ptr)
+                self._ptr = None
+                self.context._buffers.discard(self)
 
     destroy = close
 
@@ -525,7 +603,7 @@ class Buffer:
         self.close()
 
     def __del__(self):
-        if getattr(self, "_ptr", None) and self.context._ptr:
+        if getattr(self, "_ptr", None) and self.context._ptr and not self.context._guard.closed:
             self.close()
 
     def __repr__(self):

@@ -48,10 +48,14 @@ endforeach()
 # The node registry's reader (lib/node.c), on hand-made and sealed segments.
 sgm_add_fuzz(fuzz_node SOURCES ${_sgm_fuzz_dir}/fuzz_node.c LIBS sgm_internal)
 
+# sgm-replay's command line (benchmarks/replay/args.c; issue 29).
+sgm_add_fuzz(fuzz_replay_args SOURCES ${_sgm_fuzz_dir}/fuzz_replay_args.c LIBS sgm_replay_core)
+
 if(SGM_FUZZ)
   sgm_add_fuzz(fuzz_options SOURCES ${_sgm_fuzz_dir}/fuzz_options.c LIBS sgm_internal)
   return()
 endif()
+sgm_add_fuzz_test(fuzz_replay_args fuzz_replay_args ${_sgm_fuzz_dir}/corpus/replay_args)
 sgm_add_fuzz_test(fuzz_node fuzz_node ${_sgm_fuzz_dir}/corpus/node)
 
 sgm_add_fuzz(fuzz_options SOURCES ${_sgm_fuzz_dir}/fuzz_options.c LIBS sgm_internal)

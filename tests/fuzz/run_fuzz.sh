@@ -13,7 +13,7 @@ cd "$(dirname "$0")/../.."
 root=$(pwd)
 secs=${SGM_FUZZ_SECONDS:-25}
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(fuzz_options fuzz_trace_csv fuzz_trace_minimalloc fuzz_trace_mooncake fuzz_node)
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_options fuzz_trace_csv fuzz_trace_minimalloc fuzz_trace_mooncake fuzz_node fuzz_replay_args)
 
 cc=${SGM_FUZZ_CC:-clang}
 cxx=${SGM_FUZZ_CXX:-clang++}

@@ -33,6 +33,7 @@
 #define MODEL_MAX_OBJECTS 48      /* per thread and kind: enough to fill the budgets */
 #define MODEL_ALIGN UINT64_C(256) /* sgm.h: allocations aligned as cudaMalloc's */
 #define MODEL_DISK_ALIGN UINT64_C(4096) /* the disk tier's extent granule */
+#define MODEL_MANAGED_PAGE UINT64_C(65536) /* a movable block's granule (docs/managed.md) */
 
 typedef struct model_alloc {
   unsigned char *p; /* what sgm_alloc returned */
@@ -207,11 +208,20 @@ static size_t model_size(model_thread *t) {
   return (size_t)sgm_test_rng_log_range(&t->rng, 1, t->sh->p->max_object_bytes);
 }
 
+/* An allocation's size: with managed pointers one in four is movable
+ * (SGM_MANAGED_MOVABLE_BYTES to twice that), so that several live at once
+ * and the budgets make sgm move them. */
+static size_t model_alloc_size(model_thread *t) {
+  if (t->sh->p->managed && sgm_test_rng_range(&t->rng, 0, 3) == 0)
+    return (size_t)sgm_test_rng_range(&t->rng, SGM_MANAGED_MOVABLE_BYTES, 2 * SGM_MANAGED_MOVABLE_BYTES);
+  return model_size(t);
+}
+
 /* ---- operations ---- */
 
 static void model_op_alloc(model_thread *t) {
   if (t->n_allocs == MODEL_MAX_OBJECTS) return;
-  model_alloc a = {.size = model_size(t), .stream = model_stream(t),
+  model_alloc a = {.size = model_alloc_size(t), .stream = model_stream(t),
                    .seed = (uint32_t)sgm_test_rng_next(&t->rng)};
   a.p = sgm_alloc(t->sh->ctx, a.size, a.stream);
   if (!a.p) {
@@ -227,7 +237,20 @@ static void model_op_alloc(model_thread *t) {
     model_fail(t, "a live allocation reports tier %s", sgm_tier_name(tier));
   model_span_add(t, a.p, a.size, "a new allocation");
   for (size_t i = 0; i < a.size; i++) a.p[i] = model_pattern(a.seed, i);
+  if (a.size >= SGM_MANAGED_MOVABLE_BYTES) t->res.n_movable++;
   t->allocs[t->n_allocs++] = a;
+}
+
+/* What a host-side user of a (managed) pointer does: check it, then rewrite
+ * every byte with a new pattern through the pointer, while other threads'
+ * calls may move the block (issue 29: none of these writes may be lost). */
+static void model_op_alloc_write(model_thread *t) {
+  if (t->n_allocs == 0) return;
+  model_alloc *a = &t->allocs[sgm_test_rng_range(&t->rng, 0, (uint64_t)t->n_allocs - 1)];
+  if (!model_alloc_intact(t, a, "before a rewrite through its pointer")) return;
+  a->seed = (uint32_t)sgm_test_rng_next(&t->rng);
+  for (size_t i = 0; i < a->size; i++) a->p[i] = model_pattern(a->seed, i);
+  t->res.n_alloc_writes++;
 }
 
 static void model_free_at(model_thread *t, int k) {
@@ -535,7 +558,8 @@ static void model_step(model_thread *t) {
   else if (r < 92) model_op_trim(t);
   else if (r < 94) model_op_stats(t);
   else if (r < 95) model_op_json(t);
-  else model_op_device_write(t);
+  else if (r < 98) model_op_device_write(t);
+  else model_op_alloc_write(t);
   t->op++;
 }
 
@@ -568,7 +592,8 @@ static void model_checkpoint(model_thread *t0) {
         model_fail(t0, "a live allocation reports tier %s at a checkpoint", sgm_tier_name(tier));
         continue;
       }
-      used[tier] += model_round(t->allocs[i].size, MODEL_ALIGN);
+      bool movable = sh->p->managed && t->allocs[i].size >= SGM_MANAGED_MOVABLE_BYTES;
+      used[tier] += model_round(t->allocs[i].size, movable ? MODEL_MANAGED_PAGE : MODEL_ALIGN);
       live[tier]++;
     }
     for (int i = 0; i < t->n_bufs; i++) {
@@ -632,6 +657,12 @@ int model_run(const model_params *p_in, model_result *out, char *err, size_t err
   if (!p.vram_bytes) p.vram_bytes = UINT64_C(2) << 20;
   if (!p.shared_bytes) p.shared_bytes = UINT64_C(4) << 20;
   if (!p.max_object_bytes) p.max_object_bytes = UINT64_C(256) << 10;
+  if (p.managed) {
+    /* Room for a few movable blocks (2-4 MiB) beside the small ones, and
+     * little enough that new ones demote the others. */
+    if (p.vram_bytes < (UINT64_C(10) << 20)) p.vram_bytes = UINT64_C(10) << 20;
+    if (p.shared_bytes < (UINT64_C(24) << 20)) p.shared_bytes = UINT64_C(24) << 20;
+  }
 
   model_shared *sh = calloc(1, sizeof *sh);
   if (!sh) abort();
@@ -649,6 +680,10 @@ int model_run(const model_params *p_in, model_result *out, char *err, size_t err
   snprintf(cfg.spill_dir, sizeof cfg.spill_dir, "%s", p.spill_dir);
   cfg.spill_limit = (sgm_size){.bytes = UINT64_C(256) << 20};
   cfg.idle_trim_ms = p.idle_trim_ms;
+  if (p.managed) {
+    cfg.pointers = SGM_POINTERS_MANAGED;
+    cfg.emu_managed = 1;
+  }
   int rc = -1;
   if (sgm_context_create(&cfg, &sh->ctx) != SGM_OK) {
     snprintf(err, err_len, "sgm_context_create: %s", sgm_last_error());
@@ -683,6 +718,8 @@ int model_run(const model_params *p_in, model_result *out, char *err, size_t err
     out->n_nomem += t->res.n_nomem;
     out->n_io += t->res.n_io;
     out->n_device_writes += t->res.n_device_writes;
+    out->n_alloc_writes += t->res.n_alloc_writes;
+    out->n_movable += t->res.n_movable;
     for (int i = 0; i < SGM_TIER_COUNT; i++) out->n_tier_seen[i] += t->res.n_tier_seen[i];
     free(t->scratch);
   }

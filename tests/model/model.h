@@ -9,7 +9,10 @@
  * tier, and checks them against a shadow model:
  *  - every byte of every allocation and buffer (allocation bytes and acquired
  *    buffers are read straight through their pointers: on the emulated device
- *    both tiers are host memory);
+ *    both tiers are host memory); allocations are also rewritten in place
+ *    through their pointers, and with managed pointers (p->managed) a movable
+ *    block moves between VRAM and shared memory while its owner writes it:
+ *    no write may be lost (issue 29);
  *  - no two live allocations or acquired buffers overlap;
  *  - at every checkpoint (all threads stopped at a barrier), each tier's
  *    used_bytes and n_live equal the model's sums (VRAM and shared rounded to
@@ -50,6 +53,10 @@ typedef struct model_params {
   uint64_t idle_trim_ms;       /* SGM_IDLE_TRIM_MS; 0 = off */
   bool free_buffer_pointers;   /* foreign frees also try an acquired buffer's device pointer,
                                   which must be refused (issue 12, defect 2) */
+  bool managed;                /* SGM_POINTERS=managed: allocations from SGM_MANAGED_MOVABLE_BYTES up
+                                  are movable blocks that sgm moves between VRAM and shared memory
+                                  under the same address while their owners rewrite them
+                                  (issue 29); budgets and sizes grow to hold several */
   model_checkpoint_fn checkpoint; /* NULL = none */
   void *checkpoint_user;       /* its argument */
 } model_params;
@@ -61,6 +68,8 @@ typedef struct model_result {
   uint64_t n_io;               /* requests refused by disk I/O errors (allowed) */
   uint64_t n_tier_seen[SGM_TIER_COUNT]; /* buffers found in each tier before an acquire */
   uint64_t n_device_writes;    /* writes made through an acquired buffer's device pointer */
+  uint64_t n_alloc_writes;     /* allocations rewritten in place through their pointer */
+  uint64_t n_movable;          /* movable (managed) allocations made */
 } model_result;
 
 /*

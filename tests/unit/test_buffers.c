@@ -550,12 +550,13 @@ static void test_acquire_driver_oom_message(void **state) {
   sgm_context_destroy(ctx);
 }
 
-/* Invariant (#10): a destroyed buffer is recognised in debug builds: a call
- * on it is SGM_ERR_INVALID ("destroyed"), and destroying it again stops the
- * program with a message instead of freeing freed memory (in a child). */
+/* Invariant (#10, issue 29): a destroyed buffer is recognised in every build,
+ * release included: a call on it is SGM_ERR_INVALID ("destroyed"), and
+ * destroying it again frees nothing and says so instead of freeing freed
+ * memory (which crashed release builds; debug builds stopped the program). The
+ * context still works and tears down cleanly afterwards. */
 static void test_double_destroy_detected(void **state) {
   (void)state;
-  if (SGM_DEBUG < 1) skip();
   sgm_context *ctx = make_ctx(false);
   sgm_buffer *b;
   assert_int_equal(sgm_buffer_create(ctx, 4096, &b), SGM_OK);
@@ -563,37 +564,17 @@ static void test_double_destroy_detected(void **state) {
   unsigned char x = 1;
   assert_int_equal(sgm_buffer_write(b, 0, &x, 1), SGM_ERR_INVALID);
   assert_non_null(strstr(sgm_last_error(), "destroyed"));
-  int fds[2];
-  assert_int_equal(pipe(fds), 0);
-  fflush(NULL);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    dup2(fds[1], STDERR_FILENO);
-    close(fds[0]);
-    /* No idle thread: a child of a threaded process should start none (TSan
-     * stops such a child). */
-    setenv("SGM_IDLE_TRIM_MS", "0", 1);
-    sgm_context *c2 = NULL;
-    if (sgm_context_create(NULL, &c2) != SGM_OK) _exit(3);
-    sgm_buffer *b2;
-    if (sgm_buffer_create(c2, 4096, &b2) != SGM_OK) _exit(4);
-    sgm_buffer_destroy(b2);
-    sgm_buffer_destroy(b2);
-    _exit(0);
-  }
-  close(fds[1]);
-  char out[4096] = "";
-  size_t got = 0;
-  ssize_t r;
-  while (got + 1 < sizeof out && (r = read(fds[0], out + got, sizeof out - 1 - got)) > 0)
-    got += (size_t)r;
-  out[got] = '\0';
-  close(fds[0]);
-  int status = 0;
-  assert_int_equal(waitpid(pid, &status, 0), pid);
-  assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
-  assert_non_null(strstr(out, "already destroyed"));
+  sgm_buffer_destroy(b);
+  print_message("# %s\n", sgm_last_error());
+  assert_non_null(strstr(sgm_last_error(), "sgm_buffer_destroy"));
+  assert_non_null(strstr(sgm_last_error(), "destroyed"));
+  sgm_buffer *c;
+  assert_int_equal(sgm_buffer_create(ctx, 4096, &c), SGM_OK);
+  assert_int_equal(sgm_buffer_write(c, 0, &x, 1), SGM_OK);
+  sgm_buffer_destroy(c);
+  sgm_stats st;
+  assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+  assert_int_equal(st.tier[SGM_TIER_VRAM].n_live, 0);
   sgm_context_destroy(ctx);
 }
 

@@ -469,7 +469,7 @@ static void expect_create_refused(const char *var) {
 
 /* Invariant: a budget that resolves below one 256-byte block is an error
  * naming the setting that made it so (never a silent budget of 0); a shared
- * limit above physical RAM is clamped to RAM; an emulated device larger than
+ * limit above half of physical RAM is clamped to the shared tier's rule; an emulated device larger than
  * an address space is refused at parse; a framework's memory fraction that
  * would leave no block is refused and the budget stays. */
 static void test_nonsense_budgets(void **state) {
@@ -491,6 +491,13 @@ static void test_nonsense_budgets(void **state) {
   setenv("CUDA_DEVICE_MEMORY_LIMIT", "1", 1);
   expect_create_refused("CUDA_DEVICE_MEMORY_LIMIT");
 
+  /* The per-device variable is named as itself (issue 29). */
+  sgm_test_clean_env();
+  setenv("SGM_EMU_VRAM", "64MiB", 1);
+  setenv("CUDA_DEVICE_MEMORY_LIMIT_0", "1", 1);
+  expect_create_refused("because of CUDA_DEVICE_MEMORY_LIMIT_0 (");
+  assert_non_null(strstr(sgm_last_error(), "raise CUDA_DEVICE_MEMORY_LIMIT_0"));
+
   sgm_test_clean_env();
   setenv("SGM_EMU_VRAM", "64MiB", 1);
   setenv("SGM_SHARED_LIMIT", "1", 1);
@@ -508,7 +515,11 @@ static void test_nonsense_budgets(void **state) {
   sgm_stats st;
   assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
   assert_true(st.physical_ram_bytes > 0);
-  assert_true(st.tier[SGM_TIER_SHARED].budget_bytes <= st.physical_ram_bytes);
+  /* Clamped to the shared tier's rule, not to all of RAM (issue 29). */
+  uint64_t rule = st.physical_ram_bytes / 2 > (UINT64_C(64) << 20) ? st.physical_ram_bytes / 2
+                                                                     : UINT64_C(64) << 20;
+  assert_true(st.tier[SGM_TIER_SHARED].budget_bytes <= rule);
+  assert_true(st.tier[SGM_TIER_SHARED].budget_bytes > rule - 4096);
 
   uint64_t before = st.tier[SGM_TIER_VRAM].budget_bytes;
   assert_int_equal(sgm__context_set_vram_fraction(ctx, 1e-300), SGM_ERR_INVALID);

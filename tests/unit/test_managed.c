@@ -1,8 +1,11 @@
 /*
  * test_managed.c — SGM_POINTERS=managed on the emulated device (issue 14).
  *
- * The emulated device keeps device-placed and host-placed managed pages in
- * two different stores under one address, so these tests see real moves:
+ * The emulated device counts device-placed and host-placed managed pages
+ * apart under one address (a move changes the count, never the bytes), so
+ * these tests see every move:
+ *  - a host thread writing its block while sgm moves it keeps every write
+ *    (issue 29: a copy-then-remap move lost them);
  *  - a pointer's bytes survive any sequence of demotions, promotions, hints,
  *    frees and new allocations, byte for byte (random, the seed printed);
  *  - the VRAM budget is never exceeded by device-placed bytes, and what the
@@ -1363,6 +1366,61 @@ static void load_double(void) { printf("# managed: built without cuda.h: the dou
 #define DOUBLE_TESTS
 #endif
 
+/* Invariant (issue 29): a host thread rewriting its managed block while sgm
+ * moves that block between VRAM and shared memory keeps every write, as
+ * Unified Memory does: after each full rewrite with a new value, every byte
+ * holds it. The moves run on this thread, as fast as they go, for as long as
+ * the writer writes (no sleeps: the writer's rounds bound the test). */
+typedef struct mover_writer {
+  unsigned char *p;      /* the block */
+  size_t n;              /* its bytes */
+  int rounds;            /* full rewrites to make */
+  int bad_round;         /* first round that found a lost write, -1 = none */
+  size_t bad_at;         /* where */
+  int done;              /* set by the writer at the end (atomic) */
+} mover_writer;
+
+static void *writer_main(void *arg) {
+  mover_writer *w = arg;
+  for (int r = 1; r <= w->rounds && w->bad_round < 0; r++) {
+    memset(w->p, r & 0xFF, w->n);
+    for (size_t i = 0; i < w->n; i += 512) {
+      if (w->p[i] != (unsigned char)(r & 0xFF)) {
+        w->bad_round = r;
+        w->bad_at = i;
+        break;
+      }
+    }
+  }
+  __atomic_store_n(&w->done, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+static void test_host_writes_survive_moves(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("64MiB", "managed");
+  mover_writer w = {.n = 8 * MiB, .rounds = 200, .bad_round = -1};
+  w.p = sgm_alloc(ctx, w.n, NULL);
+  assert_non_null(w.p);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, writer_main, &w), 0);
+  uint64_t moves = 0;
+  while (!__atomic_load_n(&w.done, __ATOMIC_ACQUIRE)) {
+    sgm_tier to = moves++ % 2 ? SGM_TIER_VRAM : SGM_TIER_SHARED;
+    assert_int_equal(sgm_prefetch(ctx, w.p, w.n, to, NULL), SGM_OK);
+  }
+  pthread_join(th, NULL);
+  print_message("# %llu moves while the writer made %d rewrites of %zu bytes\n",
+                (unsigned long long)moves, w.rounds, w.n);
+  if (w.bad_round >= 0)
+    fail_msg("round %d: byte %zu lost its write during a move", w.bad_round, w.bad_at);
+  for (size_t i = 0; i < w.n; i++)
+    if (w.p[i] != (unsigned char)(w.rounds & 0xFF)) fail_msg("byte %zu lost the last write", i);
+  check_invariants(ctx);
+  sgm_free(ctx, w.p, NULL);
+  sgm_context_destroy(ctx);
+}
+
 int main(void) {
   load_double();
 #ifdef HAVE_CUDA_H
@@ -1395,6 +1453,7 @@ int main(void) {
       cmocka_unit_test(test_free_queues_moves_past_the_bound),
       cmocka_unit_test(test_cold_hint_queues_a_large_demotion),
       cmocka_unit_test(test_bytes_survive_queued_moves),
+      cmocka_unit_test(test_host_writes_survive_moves),
       cmocka_unit_test(test_queue_failures_leave_things_whole),
       DOUBLE_TESTS
   };

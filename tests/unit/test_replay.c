@@ -870,6 +870,70 @@ static void test_read_mooncake(void **state) {
   replay_trace_free(&t);
 }
 
+/* Invariant (issue 29): a replay whose footprint cannot fit in what sgm may
+ * hold (VRAM + shared memory clamped to half of RAM + disk), or whose emulated
+ * VRAM is larger than RAM, is refused before anything is pinned, with advice;
+ * a footprint that fits is accepted. (`sgm-replay --block-size 1TiB` on a
+ * two-line trace pinned all of RAM.) */
+static void test_check_room_refuses_before_pinning(void **state) {
+  (void)state;
+  const char *two = "{\"timestamp\": 0, \"hash_ids\": [1, 2]}\n{\"timestamp\": 1, \"hash_ids\": [1]}\n";
+  replay_trace t = load_ok(two, UINT64_C(1) << 40, REPLAY_FMT_MOONCAKE);
+  char err[REPLAY_ERR_MAX] = "";
+  replay_sgm_params p = {.policy = "lru", .vram_bytes = UINT64_C(1) << 20};
+  assert_int_equal(replay_check_room(&t, &p, err, sizeof err), -1);
+  print_message("# %s\n", err);
+  assert_non_null(strstr(err, "cannot fit"));
+  assert_non_null(strstr(err, "--block-size"));
+  p.vram_bytes = UINT64_C(1) << 40; /* 10% of 2 TiB is more RAM than a test machine has */
+  assert_int_equal(replay_check_room(&t, &p, err, sizeof err), -1);
+  assert_non_null(strstr(err, "more than this machine's RAM"));
+  replay_trace_free(&t);
+  t = load_ok(two, 4096, REPLAY_FMT_MOONCAKE);
+  p.vram_bytes = 4096;
+  assert_int_equal(replay_check_room(&t, &p, err, sizeof err), 0);
+  replay_trace_free(&t);
+}
+
+/* Invariant: sgm-replay's parser (args.c, fuzzed by fuzz_replay_args) takes
+ * every option form and refuses bad values with a message naming them. */
+static void test_args_parse(void **state) {
+  (void)state;
+  replay_args a;
+  char err[256];
+  char *ok[] = {"sgm-replay", "--policy=lru,clock", "--vram", "10%", "--shared", "1GiB",
+                "--block-size=4KiB", "--json", "--cold", "trace.jsonl"};
+  assert_int_equal(replay_args_parse(10, ok, &a, err, sizeof err), 0);
+  assert_string_equal(a.policy_arg, "lru,clock");
+  assert_true(a.vram_pct == 10.0 && a.vram_bytes == 0);
+  assert_int_equal(a.shared_bytes, UINT64_C(1) << 30);
+  assert_int_equal(a.block_bytes, 4096);
+  assert_true(a.json && a.cold && a.block_given);
+  assert_string_equal(a.path, "trace.jsonl");
+  char *help[] = {"sgm-replay", "--help"};
+  assert_int_equal(replay_args_parse(2, help, &a, err, sizeof err), 1);
+  struct {
+    int argc;
+    char *argv[4];
+    const char *why;
+  } bad[] = {
+      {2, {"sgm-replay", "--vram"}, "--vram needs a value"},
+      {3, {"sgm-replay", "--block-size=0", "t"}, "--block-size 0"},
+      {3, {"sgm-replay", "--block-size=8EiB", "t"}, "--block-size 8EiB"},
+      {3, {"sgm-replay", "--shared=1.5", "t"}, "--shared 1.5"},
+      {3, {"sgm-replay", "--vram=101%", "t"}, "--vram 101%"},
+      {3, {"sgm-replay", "--vram-blocks=-1", "t"}, "--vram-blocks -1"},
+      {4, {"sgm-replay", "--vram=1M", "--vram-blocks=2", "t"}, "not both"},
+      {3, {"sgm-replay", "a", "b"}, "one trace at a time"},
+      {2, {"sgm-replay", "--bogus"}, "unknown option --bogus"},
+      {1, {"sgm-replay"}, "no trace given"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    assert_int_equal(replay_args_parse(bad[i].argc, bad[i].argv, &a, err, sizeof err), 2);
+    if (!strstr(err, bad[i].why)) fail_msg("case %zu: \"%s\" lacks \"%s\"", i, err, bad[i].why);
+  }
+}
+
 static void test_read_mooncake_errors(void **state) {
   (void)state;
   const char *ok = "{\"hash_ids\": [1, 2]}\n";
@@ -984,6 +1048,8 @@ int main(void) {
       cmocka_unit_test(test_read_mooncake_errors),
       cmocka_unit_test(test_detect_format),
       cmocka_unit_test(test_replay_each_format),
+      cmocka_unit_test(test_check_room_refuses_before_pinning),
+      cmocka_unit_test(test_args_parse),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

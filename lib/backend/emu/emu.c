@@ -23,10 +23,10 @@
  * device is full because of others" happens here as on a GPU.
  *
  * Managed memory (see "Managed memory" in backend.h and emu_managed_* below):
- * every managed range keeps its device-placed and its host-placed bytes in
- * two different stores (two memfds) under one stable address; a move copies
- * the pages between the stores and re-maps them with MAP_FIXED, so a wrong
- * offset or length in sgm's migration path shows as corrupted data.
+ * every managed range is one memfd under one stable address, each page placed
+ * on the device or the host (counted against the device's size when on the
+ * device); a move changes where its pages are counted and never copies, so a
+ * host write racing it is kept, as CUDA Unified Memory keeps it (issue 29).
  *
  * Expandable VRAM (vmm_*): a range is a PROT_NONE reservation of address
  * space; mapping a granule maps fresh anonymous read-write memory over it
@@ -423,20 +423,24 @@ static int emu_stream_transfer(sgm_backend *be, void *event, const sgm_stream_re
 
 /*
  * Managed memory. A range is reserved as one mapping at a stable, page
- * aligned address; each SGM_MANAGED_PAGE page of it maps the same offset of
- * one of two memfd stores: the device store (VRAM) or the host store. Each
- * store is also mapped whole at a private "shadow" address, through which a
- * move copies a run of pages before re-mapping the run from the other store.
- * Pages never prefetched sit in the host store, placed nowhere (CUDA places a
- * page on first touch; sgm prefetches every block it hands out).
+ * aligned address, over one memfd store; each SGM_MANAGED_PAGE page has a
+ * placement (device, host, or nowhere yet) that the backend counts, the
+ * device-placed pages against the emulated device's size. Pages never
+ * prefetched are placed nowhere (CUDA places a page on first touch; sgm
+ * prefetches every block it hands out).
  *
- *   view    [dev][dev][host][host][dev]...   one address, what users touch
- *   shadow0 [ d ][ d ][    ][    ][ d ]      the device store's bytes
- *   shadow1 [   ][   ][ h  ][ h  ][   ]      the host store's bytes
+ *   view   [dev][dev][host][host][dev]...   one address, what users touch
+ *   store  [ 0 ][ 1 ][ 2  ][ 3  ][ 4 ]      the same bytes, wherever placed
  *
- * A store's pages are not punched when they move out: a round trip reuses
- * them (the real device keeps its memory too), and the range's close frees
- * both. Everything here runs under be->mu.
+ * A move changes the placement of its pages (and what the device has free)
+ * and touches neither the bytes nor the mapping: a host write that races a
+ * move of its block lands in the only copy there is and is kept — Unified
+ * Memory's promise. (Until issue 29 a move copied between two stores, then
+ * re-mapped: a write between the copy and the re-map went to the old store
+ * and was lost. Re-mapping the same pages in place keeps the writes too, but
+ * an mmap over a range is a write of all of it to ThreadSanitizer, which
+ * then reports the owner's concurrent accesses as races with the mover.)
+ * Everything here runs under be->mu.
  */
 
 enum { EMU_AT_DEVICE = 0, EMU_AT_HOST = 1, EMU_AT_NONE = 2 };
@@ -448,18 +452,14 @@ enum { EMU_AT_DEVICE = 0, EMU_AT_HOST = 1, EMU_AT_NONE = 2 };
 typedef struct emu_managed {
   uintptr_t base;           /* the stable address users see */
   uint64_t len;             /* bytes, a multiple of SGM_MANAGED_PAGE */
-  int fd[2];                /* the stores: [EMU_AT_DEVICE], [EMU_AT_HOST] */
-  char *shadow[2];          /* each store mapped whole, for copies */
+  int fd;                   /* the store (memfd) every page of the range lives in */
   uint8_t *at;              /* per page: EMU_AT_DEVICE / _HOST / _NONE */
   uint8_t *advice;          /* per page: EMU_ADV_* bits */
   struct emu_managed *next; /* the backend's list of live ranges */
 } emu_managed;
 
 static void emu_managed_destroy(emu_managed *m) {
-  for (int s = 0; s < 2; s++) {
-    if (m->shadow[s]) munmap(m->shadow[s], m->len);
-    if (m->fd[s] >= 0) close(m->fd[s]);
-  }
+  if (m->fd >= 0) close(m->fd);
   if (m->base) munmap((void *)m->base, m->len);
   free(m->at);
   free(m->advice);
@@ -506,32 +506,27 @@ static int emu_managed_alloc(sgm_backend *be, uint64_t bytes, sgm_devptr *out) {
   emu_managed *m = calloc(1, sizeof *m);
   if (!m) return sgm__error_set(SGM_ERR_NOMEM, "emulated device: out of host memory");
   m->len = len;
-  m->fd[0] = m->fd[1] = -1;
+  m->fd = -1;
   m->at = malloc(pages);
   m->advice = calloc(pages, 1);
   const char *what = "out of host memory";
   int e = ENOMEM;
   if (!m->at || !m->advice) goto out_fail;
   memset(m->at, EMU_AT_NONE, pages);
-  for (int s = 0; s < 2; s++) {
-    what = "memfd_create";
-    m->fd[s] = memfd_create(s == EMU_AT_DEVICE ? "sgm-emu-vram" : "sgm-emu-host", MFD_CLOEXEC);
-    if (m->fd[s] < 0) goto out_errno;
-    what = "ftruncate";
-    if (ftruncate(m->fd[s], (off_t)len) != 0) goto out_errno;
-    what = "mmap";
-    void *sh = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd[s], 0);
-    if (sh == MAP_FAILED) goto out_errno;
-    m->shadow[s] = sh;
-  }
-  /* Reserve len + a page, keep the aligned part, map the host store there. */
+  what = "memfd_create";
+  m->fd = memfd_create("sgm-emu-managed", MFD_CLOEXEC);
+  if (m->fd < 0) goto out_errno;
+  what = "ftruncate";
+  if (ftruncate(m->fd, (off_t)len) != 0) goto out_errno;
+  what = "mmap";
+  /* Reserve len + a page, keep the aligned part, map the store there. */
   char *r = mmap(NULL, len + SGM_MANAGED_PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (r == MAP_FAILED) goto out_errno;
   uintptr_t base = sgm__align_up((uintptr_t)r, SGM_MANAGED_PAGE);
   if (base > (uintptr_t)r) munmap(r, base - (uintptr_t)r);
   uintptr_t end = (uintptr_t)r + len + SGM_MANAGED_PAGE;
   if (end > base + len) munmap((void *)(base + len), end - (base + len));
-  if (mmap((void *)base, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, m->fd[EMU_AT_HOST], 0) ==
+  if (mmap((void *)base, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, m->fd, 0) ==
       MAP_FAILED) {
     e = errno;
     munmap((void *)base, len);
@@ -600,7 +595,9 @@ static int emu_managed_advise(sgm_backend *be, sgm_devptr ptr, uint64_t n, sgm_m
   return SGM_OK;
 }
 
-/* Move pages [p0, p1) of m to store `to`, a run of neighbours at a time (be->mu held). */
+/* Place pages [p0, p1) of m at `to` (EMU_AT_DEVICE / _HOST), a run of
+ * neighbours placed alike at a time (see "Managed memory" above: nothing is
+ * copied or re-mapped, no write is lost; be->mu held). */
 static int emu_managed_move_locked(sgm_backend *be, emu_managed *m, uint64_t p0, uint64_t p1, int to) {
   uint64_t i = p0;
   bool moved = false;
@@ -609,16 +606,9 @@ static int emu_managed_move_locked(sgm_backend *be, emu_managed *m, uint64_t p0,
       i++;
       continue;
     }
-    int from = m->at[i] == EMU_AT_DEVICE ? EMU_AT_DEVICE : EMU_AT_HOST; /* NONE: host store */
     uint64_t j = i + 1;
-    while (j < p1 && m->at[j] != to && (m->at[j] == EMU_AT_DEVICE ? EMU_AT_DEVICE : EMU_AT_HOST) == from)
-      j++;
-    uint64_t off = i * SGM_MANAGED_PAGE, len = (j - i) * SGM_MANAGED_PAGE;
-    memcpy(m->shadow[to] + off, m->shadow[from] + off, len);
-    if (mmap((void *)(m->base + off), len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, m->fd[to],
-             (off_t)off) == MAP_FAILED)
-      return sgm__error_set(SGM_ERR_BACKEND, "emulated device: re-mapping managed pages failed: %s",
-                            strerror(errno));
+    while (j < p1 && m->at[j] != to && m->at[j] == m->at[i]) j++;
+    uint64_t len = (j - i) * SGM_MANAGED_PAGE;
     for (uint64_t k = i; k < j; k++) {
       if (m->at[k] == EMU_AT_DEVICE) be->c.managed_device_bytes -= SGM_MANAGED_PAGE;
       if (m->at[k] == EMU_AT_HOST) be->c.managed_host_bytes -= SGM_MANAGED_PAGE;
