@@ -23,15 +23,39 @@
 #include "placement.h"
 #include "tiers/tier.h"
 
-void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b) {
+/* Free b's block in VRAM or shared memory. While the work queued before its
+ * release may still use it (b->event not seen complete), the block is freed
+ * the stream-ordered way on the release's stream (sgm__tier_free_own_on): that
+ * stream's later work may reuse it at once, any other only through a fence,
+ * and no trim unmaps or unpins it before that work is done (issue 24). A
+ * per-thread default stream is named by the legacy stream, which follows the
+ * earlier work of every blocking stream (the destroying thread may not be the
+ * releasing one). */
+static void buffer_free_block(sgm_context *ctx, sgm_buffer *b) {
+  sgm_tier_pool *pool = sgm__context_tier(ctx, b->tier);
+  const sgm_backend_ops *o = sgm__context_bops(ctx);
   uint64_t sz;
+  if (b->event && o->event_query(sgm__context_be(ctx), b->event) != 1) {
+    void *s = b->event_stream == SGM_STREAM_PER_THREAD ? NULL : b->event_stream;
+    sgm_stream_ref ref;
+    o->stream_ref(sgm__context_be(ctx), s, &ref);
+    if (sgm__tier_free_own_on(pool, b->dptr, &ref) == SGM_OK) return;
+    /* No room to remember the stream: wait for the work, then free. */
+    if (o->event_wait(sgm__context_be(ctx), b->event) != SGM_OK)
+      sgm__log(sgm__context_cfg(ctx)->verbose, 1, "sgm_buffer_destroy: waiting for the work queued "
+               "before the release failed (%s); the block is freed anyway", sgm_last_error());
+  }
+  sgm__tier_free(pool, b->dptr, &sz);
+}
+
+void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b) {
   if (b->managed) {
     sgm__context_bops(ctx)->managed_free(sgm__context_be(ctx), b->dptr, b->size);
     sgm__tier_uncharge(sgm__context_tier(ctx, b->tier), b->size);
   } else if (b->tier == SGM_TIER_DISK) {
     sgm__migrate_disk_drop(ctx, b);
   } else {
-    sgm__tier_free(sgm__context_tier(ctx, b->tier), b->dptr, &sz);
+    buffer_free_block(ctx, b);
   }
   if (b->event) sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), b->event);
 }

@@ -62,8 +62,20 @@ int sgm__migrate_managed_place(sgm_context *ctx, sgm_devptr d, uint64_t n, sgm_t
   return rc;
 }
 
+/* The stream a managed block's move runs on: the one its caller named last.
+ * NULL there is the legacy default stream (PyTorch's default stream), which
+ * the backend must be told by name: a NULL stream to managed_prefetch is
+ * sgm's own copy stream, ordered after nothing, so a move could run while
+ * the caller's default-stream work still used the pages (issue 24). A
+ * per-thread default stream is named from the mover's thread by the legacy
+ * stream too, which follows the earlier work of every blocking stream. */
+static void *migrate_managed_stream(const sgm_buffer *b) {
+  void *s = b->mstream;
+  return !s || s == SGM_STREAM_PER_THREAD ? SGM_STREAM_LEGACY : s;
+}
+
 int sgm__migrate_managed(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict) {
-  return sgm__migrate_managed_on(ctx, b, to, evict, b->mstream);
+  return sgm__migrate_managed_on(ctx, b, to, evict, migrate_managed_stream(b));
 }
 
 int sgm__migrate_managed_on(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict, void *stream) {

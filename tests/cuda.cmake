@@ -82,8 +82,9 @@ else()
   # Suites through the public API on the double: the stream-ordered free rule
   # (stream_order), ordered migrations (migrate), graph capture (capture),
   # honest fallback (fallback), managed pointers (managed), expandable VRAM
-  # (vmm). Each skips its double-only cases without it.
-  foreach(n stream_order migrate capture fallback managed vmm)
+  # (vmm), issue 24's first-contact defects (first_contact). Each skips its
+  # double-only cases without it.
+  foreach(n stream_order migrate capture fallback managed vmm first_contact)
     if(TARGET unit_test_${n})
       add_dependencies(unit_test_${n} sgm_fake_cuda)
       target_include_directories(unit_test_${n} SYSTEM PRIVATE ${SGM_CUDA_INCLUDE_DIR})
@@ -180,4 +181,9 @@ if(SGM_CUDA_INCLUDE_DIR AND SGM_BUILD_BENCHMARKS AND SGM_BUILD_EXAMPLES
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/gpu/bundle_check.sh ${CMAKE_BINARY_DIR})
   set_tests_properties(gpu_bundle PROPERTIES
     LABELS "gpu-bundle" TIMEOUT 120 SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
+  # Issue 24: run.sh's C steps from the bundle on the double at H200 size.
+  add_test(NAME gpu_dry_run
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/gpu/dry_run.sh ${CMAKE_BINARY_DIR})
+  set_tests_properties(gpu_dry_run PROPERTIES
+    LABELS "gpu-bundle;cuda-double" TIMEOUT 400 SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
 endif()

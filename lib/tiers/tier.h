@@ -167,6 +167,10 @@ int sgm__tier_free(sgm_tier_pool *p, sgm_devptr ptr, uint64_t *size_out);
  * message) when ptr is not a live block; another status with a message when
  * an event for a recorded stream could not be recorded (the block stays live). */
 int sgm__tier_free_on(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_ref *stream);
+/* sgm__tier_free_on for a block sgm took for itself (sgm__tier_alloc): a
+ * buffer destroyed while the work queued before its release may still use
+ * its block (issue 24). Same results. */
+int sgm__tier_free_own_on(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_ref *stream);
 /* Declare that work on `stream` uses the live block ptr: its free then waits
  * for that work too. SGM_ERR_INVALID (no message) when ptr is not a live
  * block; SGM_ERR_NOMEM with a message when out of host memory. */

@@ -17,6 +17,7 @@
  *    queried while it goes on.
  */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -265,6 +266,71 @@ static void test_seal_on_transfer_during_capture(void **state) {
   sgm_fake_stream_destroy(fake_lib, b);
 }
 
+/* ==== issue 24 (first contact): sgm's own queries during a GLOBAL capture ==== */
+
+/* Invariant (defect 1a): an allocation on a capturing stream that misses its
+ * cache, so that the pool reclaims another stream's cached blocks (their
+ * fence, on a stream that does not capture, queried from the capturing
+ * thread) before it can grow, succeeds and leaves the GLOBAL capture valid. */
+static void test_reclaim_query_on_the_capturing_thread(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("16MiB", false);
+  void *a = fc.fake_cuda_stream_create(), *b = fc.fake_cuda_stream_create();
+  void *p = sgm_alloc(ctx, 8 * MiB, a), *q = sgm_alloc(ctx, 4 * MiB, a);
+  assert_true(p && q);
+  fc.fake_cuda_hold_stream(a, 1); /* a's fence stays pending: queried, never done */
+  sgm_free(ctx, p, a);             /* cached for a */
+  sgm__context_idle_tick(ctx);     /* sealed under a fence recorded on a */
+  uint64_t queries = fc.fake_cuda_calls("cuEventQuery");
+  assert_int_equal(drv.begin((CUstream)b, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  /* 12 MiB committed of 16: the pool must reclaim a's 8 MiB, which are not
+   * free yet: the allocation fails with NOMEM (a clear message), not a
+   * broken capture. */
+  assert_null(sgm_alloc(ctx, 8 * MiB, b));
+  assert_non_null(strstr(sgm_last_error(), "budget exhausted"));
+  end_capture_valid(b);
+  /* The path under test was taken: a's fence was queried. */
+  assert_true(fc.fake_cuda_calls("cuEventQuery") > queries);
+  fc.fake_cuda_complete_stream(a);
+  fc.fake_cuda_hold_stream(a, 0);
+  void *r = sgm_alloc(ctx, 8 * MiB, b); /* and once a's work is done, it gets them */
+  assert_ptr_equal(r, p);
+  sgm_free(ctx, r, b);
+  sgm_free(ctx, q, a);
+  fc.fake_cuda_stream_destroy(a);
+  fc.fake_cuda_stream_destroy(b);
+  destroy_ctx(ctx);
+}
+
+static void *idle_tick_main(void *arg) {
+  sgm__context_idle_tick(arg);
+  return NULL;
+}
+
+/* Invariant (defect 1b): the idle thread's tick (fences cached blocks and
+ * queries them, in the thread's default GLOBAL mode) while the application
+ * captures in GLOBAL mode on another thread leaves the capture valid. */
+static void test_idle_tick_during_another_threads_capture(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("8MiB", false);
+  void *a = fc.fake_cuda_stream_create(), *b = fc.fake_cuda_stream_create();
+  void *p = sgm_alloc(ctx, 4 * MiB, a);
+  assert_non_null(p);
+  sgm_free(ctx, p, a);
+  uint64_t queries = fc.fake_cuda_calls("cuEventQuery");
+  assert_int_equal(drv.begin((CUstream)b, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  for (int tick = 0; tick < 2; tick++) { /* seal and fence, then query */
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, idle_tick_main, ctx), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+  }
+  end_capture_valid(b);
+  assert_true(fc.fake_cuda_calls("cuEventQuery") > queries);
+  fc.fake_cuda_stream_destroy(a);
+  fc.fake_cuda_stream_destroy(b);
+  destroy_ctx(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_alloc_growing_during_capture),
@@ -273,6 +339,8 @@ int main(void) {
       cmocka_unit_test(test_legacy_cache_during_other_capture),
       cmocka_unit_test(test_fenced_transfer_to_capturing_stream),
       cmocka_unit_test(test_seal_on_transfer_during_capture),
+      cmocka_unit_test(test_reclaim_query_on_the_capturing_thread),
+      cmocka_unit_test(test_idle_tick_during_another_threads_capture),
   };
   return sgm_fake_run_suite("capture", "fake_cuda_hold_events", tests, sizeof tests / sizeof tests[0],
                             load_fake, unload_fake);

@@ -970,6 +970,149 @@ static void test_node_key_is_the_device_uuid(void **state) {
 }
 #endif
 
+/* ==== issue 24 (first contact): capture modes, the current context ==== */
+
+/* The driver calls the test makes itself, as an application would. */
+static void *need_sym(const char *name) {
+  void *f = dlsym(fake_lib, name);
+  if (!f) fail_msg("the double has no %s", name);
+  return f;
+}
+
+typedef struct capture_side {
+  const sgm_backend_ops *ops; /* the backend */
+  sgm_backend *be;
+  void *stream;               /* a test stream that does not capture */
+  int rc_record, rc_query, rc_wait, rc_copy; /* the backend's answers */
+} capture_side;
+
+/* What sgm does from the capturing thread (a reclaim's query), from its idle
+ * thread (a fence queried every tick) and from the managed copy-stream worker
+ * (a copy and its stream synchronize): record an event on a stream that does
+ * not capture, query it, wait for it, copy on sgm's own copy stream. */
+static void capture_side_run(capture_side *c) {
+  void *ev = NULL;
+  unsigned char in[4096], out[4096];
+  fill_pattern(in, sizeof in, 3);
+  sgm_devptr d = 0;
+  c->rc_record = c->ops->event_record(c->be, c->stream, &ev);
+  c->rc_query = ev ? c->ops->event_query(c->be, ev) : -1;
+  c->rc_wait = ev ? c->ops->event_wait(c->be, ev) : -1;
+  c->rc_copy = c->ops->device_alloc(c->be, sizeof in, &d);
+  if (c->rc_copy == SGM_OK)
+    c->rc_copy = c->ops->copy(c->be, SGM_COPY_HOST_TO_DEVICE, d, (uintptr_t)in, sizeof in, NULL);
+  if (c->rc_copy == SGM_OK)
+    c->rc_copy = c->ops->copy(c->be, SGM_COPY_DEVICE_TO_HOST, (uintptr_t)out, d, sizeof out, NULL);
+  if (c->rc_copy == SGM_OK && memcmp(in, out, sizeof in) != 0) c->rc_copy = -100;
+  if (d) c->ops->device_free(c->be, d, sizeof in);
+  if (ev) c->ops->event_destroy(c->be, ev);
+}
+
+static void *capture_side_main(void *arg) {
+  capture_side_run(arg);
+  return NULL;
+}
+
+/* Invariant (issue 24, defect 1): sgm's event queries and waits and its copy
+ * stream's synchronize, made while the application captures a CUDA graph in
+ * the default GLOBAL mode — from the capturing thread itself or from another
+ * thread in GLOBAL mode (sgm's idle thread, the managed worker) — succeed and
+ * leave the capture valid: cuStreamEndCapture gives a graph. */
+static void test_queries_and_syncs_keep_a_global_capture_valid(void **state) {
+  (void)state;
+  CUresult (*begin)(CUstream, CUstreamCaptureMode) = need_sym("cuStreamBeginCapture_v2");
+  CUresult (*end)(CUstream, CUgraph *) = need_sym("cuStreamEndCapture");
+  CUresult (*graph_destroy)(CUgraph) = need_sym("cuGraphDestroy");
+  sgm_backend *be = NULL;
+  const sgm_backend_ops *ops = open_cuda(&be);
+  uint64_t f = 0, t = 0;
+  assert_int_equal(ops->mem_info(be, &f, &t), SGM_OK); /* the primary context is current here */
+  void *cap = fc.fake_cuda_stream_create(), *other = fc.fake_cuda_stream_create();
+  for (int other_thread = 0; other_thread < 2; other_thread++) {
+    assert_int_equal(begin((CUstream)cap, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    capture_side c = {ops, be, other, -1, -1, -1, -1};
+    if (other_thread) {
+      pthread_t th;
+      assert_int_equal(pthread_create(&th, NULL, capture_side_main, &c), 0);
+      assert_int_equal(pthread_join(th, NULL), 0);
+    } else {
+      capture_side_run(&c);
+    }
+    CUgraph g = NULL;
+    CUresult r = end((CUstream)cap, &g);
+    if (g) graph_destroy(g);
+    if (c.rc_record != SGM_OK || c.rc_query < 0 || c.rc_wait != SGM_OK || c.rc_copy != SGM_OK ||
+        r != CUDA_SUCCESS)
+      fail_msg("%s thread: record %d, query %d, wait %d, copy %d, end capture %d (%s)",
+               other_thread ? "another" : "the capturing", c.rc_record, c.rc_query, c.rc_wait,
+               c.rc_copy, (int)r, sgm_last_error());
+  }
+  fc.fake_cuda_stream_destroy(cap);
+  fc.fake_cuda_stream_destroy(other);
+  ops->close(be);
+}
+
+/* Invariant (issue 24, defect 3): a device allocation is charged to sgm's
+ * device whatever context the application made current since sgm last ran on
+ * this thread (cuCtxSetCurrent / cudaSetDevice to device 1): device 1's free
+ * memory does not move, device 0's does; the application's context is
+ * current again afterwards; event calls on sgm's streams still work. */
+static void test_a_context_switched_behind_sgm_is_seen(void **state) {
+  (void)state;
+  setenv("FAKE_CUDA_DEVICE_COUNT", "2", 1);
+  setenv("FAKE_CUDA_TOTAL_MEM", "2GiB", 1);
+  CUresult (*retain)(CUcontext *, CUdevice) = need_sym("cuDevicePrimaryCtxRetain");
+  CUresult (*release)(CUdevice) = need_sym("cuDevicePrimaryCtxRelease_v2");
+  CUresult (*set_current)(CUcontext) = need_sym("cuCtxSetCurrent");
+  CUresult (*get_current)(CUcontext *) = need_sym("cuCtxGetCurrent");
+  CUresult (*push)(CUcontext) = need_sym("cuCtxPushCurrent_v2");
+  CUresult (*pop)(CUcontext *) = need_sym("cuCtxPopCurrent_v2");
+  CUresult (*get_info)(size_t *, size_t *) = need_sym("cuMemGetInfo_v2");
+  sgm_backend *be = NULL;
+  const sgm_backend_ops *ops = open_cuda(&be);
+  uint64_t f = 0, t = 0;
+  assert_int_equal(ops->mem_info(be, &f, &t), SGM_OK); /* sgm's context current, remembered */
+  CUcontext ctx0 = NULL, ctx1 = NULL, cur = NULL;
+  assert_int_equal(get_current(&ctx0), CUDA_SUCCESS);
+  assert_non_null(ctx0);
+  assert_int_equal(retain(&ctx1, 1), CUDA_SUCCESS);
+  assert_int_equal(set_current(ctx1), CUDA_SUCCESS); /* the application: cudaSetDevice(1) */
+  size_t f1_before = 0, f0_before = 0, tt = 0, f1_after = 0, f0_after = 0;
+  assert_int_equal(get_info(&f1_before, &tt), CUDA_SUCCESS);
+  assert_int_equal(push(ctx0), CUDA_SUCCESS);
+  assert_int_equal(get_info(&f0_before, &tt), CUDA_SUCCESS);
+  assert_int_equal(pop(&cur), CUDA_SUCCESS);
+  sgm_devptr d = 0;
+  assert_int_equal(ops->device_alloc(be, 256 * SGM_MiB, &d), SGM_OK);
+  assert_int_equal(get_current(&cur), CUDA_SUCCESS);
+  assert_ptr_equal(cur, ctx1); /* sgm popped what it pushed */
+  assert_int_equal(get_info(&f1_after, &tt), CUDA_SUCCESS);
+  assert_int_equal(push(ctx0), CUDA_SUCCESS);
+  assert_int_equal(get_info(&f0_after, &tt), CUDA_SUCCESS);
+  assert_int_equal(pop(&cur), CUDA_SUCCESS);
+  if (f1_after != f1_before || f0_before - f0_after < 256 * SGM_MiB)
+    fail_msg("256 MiB on device 0 moved device 1's free by %lld MiB and device 0's by %lld MiB",
+             ((long long)f1_after - (long long)f1_before) / (1 << 20),
+             ((long long)f0_after - (long long)f0_before) / (1 << 20));
+  /* Event calls on sgm's own streams after the switch. */
+  void *ev = NULL, *pooled = NULL;
+  assert_int_equal(ops->event_record(be, NULL, &ev), SGM_OK);
+  assert_int_equal(ops->event_wait(be, ev), SGM_OK);
+  ops->event_destroy(be, ev);
+  assert_int_equal(ops->event_create(be, &pooled), SGM_OK);
+  sgm_stream_ref legacy;
+  ops->stream_ref(be, NULL, &legacy);
+  assert_int_equal(ops->event_record_on(be, pooled, &legacy), SGM_OK);
+  assert_int_equal(ops->event_wait(be, pooled), SGM_OK);
+  ops->event_destroy(be, pooled);
+  ops->device_free(be, d, 256 * SGM_MiB);
+  assert_int_equal(set_current(ctx0), CUDA_SUCCESS);
+  assert_int_equal(release(1), CUDA_SUCCESS);
+  ops->close(be);
+  unsetenv("FAKE_CUDA_DEVICE_COUNT");
+  unsetenv("FAKE_CUDA_TOTAL_MEM");
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest numa[] = {cmocka_unit_test(test_numa_node_from_pci)};
 #if defined(SGM_HAVE_CUDA_HEADERS) && SGM_HAVE_CUDA_HEADERS
@@ -996,6 +1139,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
       cmocka_unit_test_setup_teardown(test_node_key_is_the_device_uuid, setup, teardown),
       cmocka_unit_test_setup_teardown(test_driver_calls_counted, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_queries_and_syncs_keep_a_global_capture_valid, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_a_context_switched_behind_sgm_is_seen, setup, teardown),
       /* Last: a failed release may leave one object in the double for good. */
       cmocka_unit_test_setup_teardown(test_every_call_fails_oom, setup, teardown_after_faults),
       cmocka_unit_test_setup_teardown(test_every_call_fails_illegal_address, setup,

@@ -1455,6 +1455,271 @@ static void test_pointer_attributes_and_ipc_handles_know_the_memory(void **state
   CU_OK(cuMemFree(d));
 }
 /* ======================== end of issue 27's block ======================== */
+/* ==== issue 24 (first contact): capture-unsafe queries, the current
+ * context, kernels ==== */
+
+/* One potentially unsafe call of each kind the double classifies, made on
+ * objects that take no part in the capture: which = 0 cuEventQuery, 1
+ * cuEventSynchronize, 2 cuStreamQuery, 3 cuStreamSynchronize, 4 cuMemCreate,
+ * 5 cuMemMap (of a handle made before), 6 cuMemUnmap (of a mapping made
+ * before), 7 cuMemRelease. */
+#define UNSAFE_KINDS 8
+typedef struct unsafe_objs {
+  CUstream other;                  /* a stream that does not capture */
+  CUevent ev;                      /* recorded on it, outside any capture */
+  CUdeviceptr base;                /* a reserved granule */
+  CUmemGenericAllocationHandle h;  /* a handle for it */
+  int mapped;                      /* base maps h */
+} unsafe_objs;
+
+static CUresult unsafe_call(unsafe_objs *o, int which) {
+  CUmemAllocationProp prop = vmm_prop();
+  CUmemGenericAllocationHandle h2 = 0;
+  CUresult r;
+  switch (which) {
+    case 0: return cuEventQuery(o->ev);
+    case 1: return cuEventSynchronize(o->ev);
+    case 2: return cuStreamQuery(o->other);
+    case 3: return cuStreamSynchronize(o->other);
+    case 4:
+      r = cuMemCreate(&h2, 2 * MiB, &prop, 0);
+      if (r == CUDA_SUCCESS) cuMemRelease(h2);
+      return r;
+    case 5:
+      r = cuMemMap(o->base, 2 * MiB, 0, o->h, 0);
+      if (r == CUDA_SUCCESS) o->mapped = 1;
+      return r;
+    case 6:
+      r = cuMemUnmap(o->base, 2 * MiB);
+      if (r == CUDA_SUCCESS) o->mapped = 0;
+      return r;
+    default: {
+      CUmemGenericAllocationHandle h = o->h;
+      r = cuMemRelease(h);
+      if (r == CUDA_SUCCESS) o->h = 0;
+      return r;
+    }
+  }
+}
+
+static void unsafe_objs_make(unsafe_objs *o, int which) {
+  memset(o, 0, sizeof *o);
+  o->other = stream_new(CU_STREAM_NON_BLOCKING);
+  o->ev = event_new();
+  CU_OK(cuEventRecord(o->ev, o->other));
+  CU_OK(cuMemAddressReserve(&o->base, 2 * MiB, 0, 0, 0));
+  CUmemAllocationProp prop = vmm_prop();
+  CU_OK(cuMemCreate(&o->h, 2 * MiB, &prop, 0));
+  if (which == 6) {
+    CU_OK(cuMemMap(o->base, 2 * MiB, 0, o->h, 0));
+    o->mapped = 1;
+  }
+}
+
+static void unsafe_objs_free(unsafe_objs *o) {
+  if (o->mapped) CU_OK(cuMemUnmap(o->base, 2 * MiB));
+  if (o->h) CU_OK(cuMemRelease(o->h));
+  CU_OK(cuMemAddressFree(o->base, 2 * MiB));
+  CU_OK(cuEventDestroy(o->ev));
+  CU_OK(cuStreamDestroy(o->other));
+}
+
+/* Rule: during this thread's GLOBAL capture, each potentially unsafe call —
+ * on an event, a stream or memory that takes no part in the capture — fails
+ * with STREAM_CAPTURE_UNSUPPORTED and invalidates the capture, so
+ * cuStreamEndCapture fails; in RELAXED mode (cuThreadExchangeStreamCaptureMode)
+ * the same call succeeds and the capture ends in a graph. */
+static void test_queries_syncs_and_vmm_calls_are_unsafe_in_a_global_capture(void **state) {
+  (void)state;
+  CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+  for (int which = 0; which < UNSAFE_KINDS; which++) {
+    for (int relaxed = 0; relaxed < 2; relaxed++) {
+      unsafe_objs o;
+      unsafe_objs_make(&o, which);
+      CU_OK(cuStreamSynchronize(o.other));
+      CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+      CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+      if (relaxed) CU_OK(cuThreadExchangeStreamCaptureMode(&m));
+      CUresult r = unsafe_call(&o, which);
+      if (relaxed) CU_OK(cuThreadExchangeStreamCaptureMode(&m));
+      CUgraph g = NULL;
+      CUresult end = cuStreamEndCapture(s, &g);
+      if (g) CU_OK(cuGraphDestroy(g));
+      if (r != (relaxed ? CUDA_SUCCESS : CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) ||
+          end != (relaxed ? CUDA_SUCCESS : CUDA_ERROR_STREAM_CAPTURE_INVALIDATED))
+        fail_msg("unsafe call %d (relaxed %d): %d, end capture %d", which, relaxed, (int)r, (int)end);
+      unsafe_objs_free(&o);
+    }
+  }
+  CU_OK(cuStreamDestroy(s));
+}
+
+typedef struct unsafe_thread_arg {
+  unsafe_objs *o;            /* objects to use */
+  int which;                 /* unsafe_call's kind */
+  CUstreamCaptureMode mode;  /* this thread's mode */
+  CUresult r;                /* the call's answer */
+} unsafe_thread_arg;
+
+static void *unsafe_thread_main(void *arg) {
+  unsafe_thread_arg *a = arg;
+  cuCtxPushCurrent(ctx0);
+  CUstreamCaptureMode m = a->mode;
+  cuThreadExchangeStreamCaptureMode(&m);
+  a->r = unsafe_call(a->o, a->which);
+  CUcontext c;
+  cuCtxPopCurrent(&c);
+  return NULL;
+}
+
+/* Rule: another thread's GLOBAL capture forbids a GLOBAL-mode thread's event
+ * query (what sgm's idle thread makes every tick) and invalidates that
+ * capture; a THREAD_LOCAL or RELAXED thread is not restricted by it; a
+ * THREAD_LOCAL capture restricts only its own thread. */
+static void test_another_threads_global_capture_forbids_a_global_threads_query(void **state) {
+  (void)state;
+  static const struct {
+    CUstreamCaptureMode capture, caller;
+    CUresult r, end;
+  } rows[] = {
+      {CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_GLOBAL,
+       CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED},
+      {CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, CUDA_SUCCESS, CUDA_SUCCESS},
+      {CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_RELAXED, CUDA_SUCCESS, CUDA_SUCCESS},
+      {CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, CU_STREAM_CAPTURE_MODE_GLOBAL, CUDA_SUCCESS, CUDA_SUCCESS},
+      {CU_STREAM_CAPTURE_MODE_RELAXED, CU_STREAM_CAPTURE_MODE_GLOBAL, CUDA_SUCCESS, CUDA_SUCCESS},
+  };
+  CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    unsafe_objs o;
+    unsafe_objs_make(&o, 0);
+    CU_OK(cuStreamSynchronize(o.other));
+    CU_OK(cuStreamBeginCapture(s, rows[i].capture));
+    unsafe_thread_arg a = {&o, 0, rows[i].caller, CUDA_ERROR_UNKNOWN};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, unsafe_thread_main, &a), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    CUgraph g = NULL;
+    CUresult end = cuStreamEndCapture(s, &g);
+    if (g) CU_OK(cuGraphDestroy(g));
+    if (a.r != rows[i].r || end != rows[i].end)
+      fail_msg("row %zu: query %d, end capture %d", i, (int)a.r, (int)end);
+    unsafe_objs_free(&o);
+  }
+  CU_OK(cuStreamDestroy(s));
+}
+
+/* Rule: cuCtxSetCurrent replaces the top of the thread's stack (NULL pops
+ * it) and every call is charged to the context current then: an allocation
+ * made with device 1's context current takes device 1's memory, not device
+ * 0's; push/pop nest over it. */
+static void test_calls_are_charged_to_the_context_set_current(void **state) {
+  (void)state;
+  setenv("FAKE_CUDA_DEVICE_COUNT", "2", 1);
+  setenv("FAKE_CUDA_TOTAL_MEM", "1GiB", 1);
+  CU_OK(cuInit(0));
+  CUcontext ctx1 = NULL, cur = NULL;
+  CU_OK(cuDevicePrimaryCtxRetain(&ctx1, 1));
+  size_t f0 = 0, f1 = 0, t = 0, f = 0;
+  CU_OK(cuMemGetInfo(&f0, &t)); /* device 0 (setup pushed ctx0) */
+  CU_OK(cuCtxSetCurrent(ctx1)); /* replaces ctx0 at the top */
+  CU_OK(cuCtxGetCurrent(&cur));
+  assert_ptr_equal(cur, ctx1);
+  CU_OK(cuMemGetInfo(&f1, &t));
+  CUdeviceptr d = dev_alloc(256 * MiB);
+  CU_OK(cuMemGetInfo(&f, &t));
+  assert_int_equal(f, f1 - 256 * MiB); /* device 1 paid */
+  CU_OK(cuCtxPushCurrent(ctx0));
+  CU_OK(cuMemGetInfo(&f, &t));
+  assert_int_equal(f, f0); /* device 0 did not */
+  CU_OK(cuCtxPopCurrent(&cur));
+  assert_ptr_equal(cur, ctx0);
+  CU_OK(cuCtxGetCurrent(&cur));
+  assert_ptr_equal(cur, ctx1);
+  CU_OK(cuMemFree(d));
+  CU_OK(cuCtxSetCurrent(NULL)); /* pops ctx1: the stack is empty */
+  CU_OK(cuCtxGetCurrent(&cur));
+  assert_null(cur);
+  assert_int_equal(cuMemGetInfo(&f, &t), CUDA_ERROR_INVALID_CONTEXT);
+  CU_OK(cuCtxSetCurrent(NULL)); /* nothing to pop: no error */
+  assert_int_equal(cuCtxSetCurrent((CUcontext)&f), CUDA_ERROR_INVALID_CONTEXT);
+  CU_OK(cuCtxSetCurrent(ctx0)); /* an empty stack: pushed (teardown pops it) */
+  CU_OK(cuDevicePrimaryCtxRelease(1));
+}
+
+/* Rule: a kernel is work of its stream: it runs for its device time, in
+ * stream order, and writes its range at its end; a free waits for it, and a
+ * block reused under it is overwritten when it ends (as on a GPU). */
+static void test_a_kernel_writes_its_range_when_it_ends(void **state) {
+  (void)state;
+  CUdeviceptr d = dev_alloc(64 * KiB);
+  CUstream s = stream_new(CU_STREAM_NON_BLOCKING);
+  CUevent e = event_new();
+  unsigned char *host = pinned_alloc(64 * KiB);
+  memset(host, 0x11, 64 * KiB);
+  CU_OK(cuMemcpyHtoDAsync(d, host, 64 * KiB, s));
+  CU_OK(cuStreamSynchronize(s));
+  fake_cuda_pause(1);
+  assert_int_equal(fake_cuda_kernel(s, (void *)(uintptr_t)d, 64 * KiB, 0x5a, 1000), 0);
+  CU_OK(cuEventRecord(e, s));
+  assert_int_equal(cuEventQuery(e), CUDA_ERROR_NOT_READY);
+  /* "Reuse" of the range by the host while the kernel is pending... */
+  memset((void *)(uintptr_t)d, 0x22, 64 * KiB);
+  fake_cuda_pause(0);
+  CU_OK(cuEventSynchronize(e));
+  /* ... is overwritten when the kernel ends. */
+  assert_int_equal(((unsigned char *)(uintptr_t)d)[123], 0x5a);
+  /* A read kernel leaves the range as it was. */
+  assert_int_equal(fake_cuda_kernel(s, (void *)(uintptr_t)d, 64 * KiB, -1, 100), 0);
+  CU_OK(cuStreamSynchronize(s));
+  assert_int_equal(((unsigned char *)(uintptr_t)d)[123], 0x5a);
+  /* Not device memory, or bad arguments: refused. */
+  unsigned char plain[256];
+  assert_int_equal(fake_cuda_kernel(s, plain, sizeof plain, 0, 0), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(fake_cuda_kernel(s, (void *)(uintptr_t)d, 0, 0, 0), CUDA_ERROR_INVALID_VALUE);
+  /* A free waits for a pending kernel. */
+  fake_cuda_set_delay_us(2000);
+  assert_int_equal(fake_cuda_kernel(s, (void *)(uintptr_t)d, 64 * KiB, 1, 3000), 0);
+  CU_OK(cuMemFree(d));
+  fake_cuda_stats st;
+  fake_cuda_get_stats(&st);
+  assert_int_equal(st.pending_ops, 0);
+  fake_cuda_set_delay_us(0);
+  pinned_free(host, 64 * KiB);
+  CU_OK(cuEventDestroy(e));
+  CU_OK(cuStreamDestroy(s));
+}
+
+/* Rule: cuMemUnmap of memory a pending kernel reads is counted
+ * (vmm_unmaps_in_use), as for copies: on a GPU it faults. */
+static void test_vmm_unmap_under_a_pending_kernel_is_counted(void **state) {
+  (void)state;
+  fake_cuda_stats st0, st1;
+  fake_cuda_get_stats(&st0);
+  CUdeviceptr base = 0;
+  CU_OK(cuMemAddressReserve(&base, 2 * MiB, 0, 0, 0));
+  CUmemAllocationProp prop = vmm_prop();
+  CUmemGenericAllocationHandle h = 0;
+  CU_OK(cuMemCreate(&h, 2 * MiB, &prop, 0));
+  CU_OK(cuMemMap(base, 2 * MiB, 0, h, 0));
+  CU_OK(cuMemRelease(h));
+  CUmemAccessDesc acc;
+  memset(&acc, 0, sizeof acc);
+  acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  acc.location.id = 0;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CU_OK(cuMemSetAccess(base, 2 * MiB, &acc, 1));
+  CUstream s = stream_new(0);
+  fake_cuda_pause(1);
+  assert_int_equal(fake_cuda_kernel(s, (void *)(uintptr_t)base, 2 * MiB, -1, 100), 0);
+  CU_OK(cuMemUnmap(base, 2 * MiB));
+  fake_cuda_pause(0);
+  CU_OK(cuStreamSynchronize(s));
+  fake_cuda_get_stats(&st1);
+  assert_int_equal(st1.vmm_unmaps_in_use - st0.vmm_unmaps_in_use, 1);
+  CU_OK(cuStreamDestroy(s));
+  CU_OK(cuMemAddressFree(base, 2 * MiB));
+}
 
 int main(void) {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
@@ -1515,6 +1780,11 @@ int main(void) {
       T(test_stream_ordered_allocations_charge_the_device),
       T(test_pools_take_device_props_and_outlive_their_destroy),
       T(test_pointer_attributes_and_ipc_handles_know_the_memory),
+      T(test_queries_syncs_and_vmm_calls_are_unsafe_in_a_global_capture),
+      T(test_another_threads_global_capture_forbids_a_global_threads_query),
+      T(test_calls_are_charged_to_the_context_set_current),
+      T(test_a_kernel_writes_its_range_when_it_ends),
+      T(test_vmm_unmap_under_a_pending_kernel_is_counted),
   };
 #undef T
   return cmocka_run_group_tests_name("fake_cuda", tests, NULL, NULL);

@@ -19,9 +19,13 @@
  * cuda_enter()/cuda_leave(), which push the primary context when it is not
  * already current and pop it after. A thread on which the primary context was
  * found current is remembered (thread-local), so the event calls of a
- * cross-stream transfer make no cuCtxGetCurrent; the memory is forgotten, and
- * the context looked up again, when a call fails with a context error (the
- * thread switched contexts behind sgm's back) or the backend is closed. A
+ * cross-stream transfer, which name their event and stream, make no
+ * cuCtxGetCurrent; the memory is forgotten, and the context looked up again,
+ * when such a call fails with a context or handle error (the thread switched
+ * contexts behind sgm's back) or the backend is closed. Calls charged to the
+ * current context (allocations, frees, pins, VMM, memory info, event
+ * creation, copies) never trust that memory: they ask the driver each time
+ * (cuda_enter_as, issue 24). A
  * thread with no current context at all is given the primary one and keeps it,
  * as the CUDA runtime does on a thread's first call.
  *
@@ -466,10 +470,19 @@ static _Thread_local uint64_t cuda_tls_serial;
 static uint64_t cuda_next_serial;
 
 /* Make the primary context current for the calling thread (unless it already
- * is); *pushed says whether cuda_leave must pop it. */
-static int cuda_enter(sgm_backend *be, const char *op, bool *pushed) {
+ * is); *pushed says whether cuda_leave must pop it. cached: trust this
+ * thread's memory that it is current (no cuCtxGetCurrent) — only for calls
+ * that name the handles they act on (events, created streams), which a
+ * context switched behind sgm's back cannot misdirect silently: such a call
+ * fails with a context or handle error and is retried after a fresh look
+ * (cuda_context_error). Every call charged to the current context
+ * (allocations, frees, pins, VMM, memory info, event creation, copies, the
+ * legacy stream) looks each time: an application that made another device's
+ * context current (cudaSetDevice) since must not get device-0 memory charged
+ * to device 1 (issue 24). */
+static int cuda_enter_as(sgm_backend *be, const char *op, bool *pushed, bool cached) {
   *pushed = false;
-  if (cuda_tls_ctx == be->ctx && cuda_tls_gen == be->gen) return SGM_OK;
+  if (cached && cuda_tls_ctx == be->ctx && cuda_tls_gen == be->gen) return SGM_OK;
   CUcontext cur = NULL;
   CUresult r = CU(cuCtxGetCurrent)(&cur);
   if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuCtxGetCurrent", CUDA_BLAME_DRIVER);
@@ -484,10 +497,21 @@ static int cuda_enter(sgm_backend *be, const char *op, bool *pushed) {
     cuda_tls_gen = be->gen;
     return SGM_OK;
   }
+  /* Another context is current: the cache is stale. */
+  cuda_tls_ctx = NULL;
+  cuda_tls_gen = 0;
   r = CU(cuCtxPushCurrent)(be->ctx);
   if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuCtxPushCurrent", CUDA_BLAME_DRIVER);
   *pushed = true;
   return SGM_OK;
+}
+
+static int cuda_enter(sgm_backend *be, const char *op, bool *pushed) {
+  return cuda_enter_as(be, op, pushed, false);
+}
+
+static int cuda_enter_cached(sgm_backend *be, const char *op, bool *pushed) {
+  return cuda_enter_as(be, op, pushed, true);
 }
 
 /* Undo cuda_enter. A failure leaves the context on this thread's stack, which
@@ -513,12 +537,20 @@ static void cuda_log_failure(sgm_backend *be, CUresult r, const char *op, const 
 }
 
 /*
- * Graph capture. A thread's memory calls (cuMemAlloc, cuMemFree,
- * cuMemHostRegister/Unregister) would invalidate a capture in the default
- * GLOBAL mode, whichever thread captures: they run in RELAXED mode, as
- * PyTorch's allocator does around cudaMalloc. Events recorded on a capturing
- * stream are graph nodes: they are never queried or waited on while that
- * stream captures (cuda_capturing).
+ * Graph capture. A thread's potentially unsafe calls would fail and
+ * invalidate a capture in the default GLOBAL mode, whichever thread captures
+ * (cuThreadExchangeStreamCaptureMode in cuda.h): the memory calls
+ * (cuMemAlloc, cuMemFree, cuMemHostRegister/Unregister, the VMM calls) and,
+ * as the programming guide and PyTorch's allocator (which skips its event
+ * queries while any capture is under way) tell, the queries and waits
+ * (cuEventQuery, cuEventSynchronize, cuStreamSynchronize). sgm makes those
+ * from the capturing thread (a reclaim when an allocation misses its cache),
+ * from its idle thread and from the managed copy-stream worker, so every one
+ * runs in RELAXED mode, as PyTorch's allocator does around cudaMalloc: 2 more
+ * driver calls (cuThreadExchangeStreamCaptureMode there and back) per query
+ * or wait, which capture safety is worth (issue 24). Events recorded on a
+ * capturing stream are graph nodes: they are never queried or waited on
+ * while that stream captures (cuda_capturing).
  */
 /* Switch the calling thread to RELAXED; *prev is the mode to restore. */
 static CUresult cuda_relax(sgm_backend *be, CUstreamCaptureMode *prev) {
@@ -534,6 +566,17 @@ static void cuda_unrelax(sgm_backend *be, CUstreamCaptureMode prev, const char *
   if (r != CUDA_SUCCESS)
     sgm__log(be->verbose, 1, "CUDA: %s: restoring the thread's capture mode failed; it stays "
              "relaxed", op);
+}
+
+/* Relax for a call that must be made anyway (a free, a query, a wait): a
+ * failure is logged and the call made in the thread's own mode. Returns the
+ * mode for cuda_unrelax. */
+static CUstreamCaptureMode cuda_relax_or_log(sgm_backend *be, const char *op) {
+  CUstreamCaptureMode prev;
+  CUresult r = cuda_relax(be, &prev);
+  if (r == CUDA_SUCCESS) return prev;
+  cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
+  return CU_STREAM_CAPTURE_MODE_RELAXED;
 }
 
 /*
@@ -563,15 +606,12 @@ static int cuda_frame_open(sgm_backend *be, const char *op, cuda_frame *f) {
  * failure to relax is logged and the call made anyway. */
 static bool cuda_frame_open_must(sgm_backend *be, const char *op, const char *after,
                                  cuda_frame *f) {
-  if (cuda_enter(be, op, &f->pushed) != SGM_OK) {
+  /* A failed context lookup is tried once more: the call must be made. */
+  if (cuda_enter(be, op, &f->pushed) != SGM_OK && cuda_enter(be, op, &f->pushed) != SGM_OK) {
     sgm__log(be->verbose, 1, "CUDA: %s: %s%s", op, sgm_last_error(), after);
     return false;
   }
-  CUresult r = cuda_relax(be, &f->mode);
-  if (r != CUDA_SUCCESS) {
-    cuda_log_failure(be, r, op, "cuThreadExchangeStreamCaptureMode");
-    f->mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-  }
+  f->mode = cuda_relax_or_log(be, op);
   return true;
 }
 
@@ -602,6 +642,17 @@ static CUresult cuda_rerecord_captured(sgm_backend *be, void *event, CUstream st
   CUresult r = CU(cuEventRecord)((CUevent)event, stream);
   if (r != CUDA_SUCCESS) return r;
   return wait ? CU(cuEventSynchronize)((CUevent)event) : CU(cuEventQuery)((CUevent)event);
+}
+
+/* Query (wait: wait for) event, recorded on `stream`, in RELAXED capture mode
+ * (see "Graph capture"); the context is entered. */
+static CUresult cuda_event_ask(sgm_backend *be, void *event, CUstream stream, bool wait,
+                               const char *op) {
+  CUstreamCaptureMode prev = cuda_relax_or_log(be, op);
+  CUresult r = wait ? CU(cuEventSynchronize)((CUevent)event) : CU(cuEventQuery)((CUevent)event);
+  if (r == CUDA_ERROR_CAPTURED_EVENT) r = cuda_rerecord_captured(be, event, stream, wait);
+  cuda_unrelax(be, prev, op);
+  return r;
 }
 
 static int cuda_managed_probe(sgm_backend *be);
@@ -731,7 +782,7 @@ static void cuda_close(sgm_backend *be) {
   if (!be) return;
   const char *op = "closing the device";
   bool pushed = false;
-  bool entered = cuda_enter(be, op, &pushed) == SGM_OK;
+  bool entered = cuda_enter(be, op, &pushed) == SGM_OK || cuda_enter(be, op, &pushed) == SGM_OK;
   if (be->c.n_device_live || be->c.n_host_live || be->c.n_events_live)
     sgm__log(be->verbose, 1,
              "CUDA device %d closed with %llu device allocations, %llu pinned host allocations "
@@ -1075,7 +1126,11 @@ static int cuda_sync_end(sgm_backend *be, CUresult r, const char *call, CUstream
   if (r != CUDA_SUCCESS) {
     rc = cuda_fail(r, op, call, CUDA_BLAME_CALLER);
   } else {
+    /* A synchronize is potentially unsafe during a capture: RELAXED mode, as
+     * for the event calls ("Graph capture"). */
+    CUstreamCaptureMode prev = cuda_relax_or_log(be, op);
     r = CU(cuStreamSynchronize)(s);
+    cuda_unrelax(be, prev, op);
     if (r != CUDA_SUCCESS) rc = cuda_fail(r, op, "cuStreamSynchronize", CUDA_BLAME_CALLER);
   }
   cuda_leave(be, pushed, op);
@@ -1206,7 +1261,7 @@ static int cuda_event_begin(sgm_backend *be, void *event, const char *op, const 
   if (!cuda_event_stream(be, event, stream, &pooled))
     return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s %p, which this backend did not record", what,
                           event);
-  int rc = cuda_enter(be, op, pushed);
+  int rc = cuda_enter_cached(be, op, pushed);
   if (rc != SGM_OK) return rc;
   rc = pooled ? 0 : cuda_capturing(be, *stream, op);
   if (rc != 0) cuda_leave(be, *pushed, op);
@@ -1219,8 +1274,7 @@ static int cuda_event_query(sgm_backend *be, void *event) {
   bool pushed = false;
   int rc = cuda_event_begin(be, event, op, "event_query of", &stream, &pushed);
   if (rc != 0) return rc < 0 ? rc : 0; /* capturing: not complete before the capture ends */
-  CUresult r = CU(cuEventQuery)((CUevent)event);
-  if (r == CUDA_ERROR_CAPTURED_EVENT) r = cuda_rerecord_captured(be, event, stream, false);
+  CUresult r = cuda_event_ask(be, event, stream, false, op);
   cuda_leave(be, pushed, op);
   if (r == CUDA_SUCCESS) return 1;
   if (r == CUDA_ERROR_NOT_READY) return 0;
@@ -1238,8 +1292,7 @@ static int cuda_event_wait(sgm_backend *be, void *event) {
     return sgm__error_set(SGM_ERR_BUSY, "CUDA: %s: the event's stream is capturing a CUDA graph; "
                           "its work runs when the graph is launched, so it cannot be waited for "
                           "now (end the capture first)", op);
-  CUresult r = CU(cuEventSynchronize)((CUevent)event);
-  if (r == CUDA_ERROR_CAPTURED_EVENT) r = cuda_rerecord_captured(be, event, stream, true);
+  CUresult r = cuda_event_ask(be, event, stream, true, op);
   cuda_leave(be, pushed, op);
   if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuEventSynchronize", CUDA_BLAME_CALLER);
   return SGM_OK;
@@ -1262,7 +1315,7 @@ static void cuda_event_destroy(sgm_backend *be, void *event) {
   /* A failed enter (a context lookup that failed once) is tried again; the
    * handle names the event, so the driver destroys it without our context
    * current if it still can. */
-  bool entered = cuda_enter(be, op, &pushed) == SGM_OK || cuda_enter(be, op, &pushed) == SGM_OK;
+  bool entered = cuda_enter_cached(be, op, &pushed) == SGM_OK || cuda_enter(be, op, &pushed) == SGM_OK;
   if (!entered) sgm__log(be->verbose, 2, "CUDA: %s: %s; destroying it anyway", op, sgm_last_error());
   CUresult r = CU(cuEventDestroy)((CUevent)event);
   if (entered) cuda_leave(be, pushed, op);
@@ -1295,10 +1348,14 @@ static CUstream cuda_stream_handle(const sgm_stream_ref *ref) {
   return (CUstream)ref->handle;
 }
 
-/* A call that failed because this thread's current context is not what the
- * cache says: forget the cache so that the next enter looks again. */
+/* A call that failed because this thread's current context may not be what
+ * the cache says (a context error, or a handle of sgm's context refused
+ * because another context is current, e.g. the legacy stream resolved in
+ * it): forget the cache so that the next enter looks again. */
 static bool cuda_context_error(CUresult r) {
-  if (r != CUDA_ERROR_INVALID_CONTEXT && r != CUDA_ERROR_CONTEXT_IS_DESTROYED) return false;
+  if (r != CUDA_ERROR_INVALID_CONTEXT && r != CUDA_ERROR_CONTEXT_IS_DESTROYED &&
+      r != CUDA_ERROR_INVALID_HANDLE)
+    return false;
   cuda_tls_ctx = NULL;
   cuda_tls_gen = 0;
   return true;
@@ -1338,7 +1395,7 @@ static int cuda_stream_event_call(sgm_backend *be, void *event, const sgm_stream
   CUstream s = cuda_stream_handle(stream);
   for (int attempt = 0;; attempt++) {
     bool pushed;
-    int rc = cuda_enter(be, op, &pushed);
+    int rc = cuda_enter_cached(be, op, &pushed);
     if (rc != SGM_OK) return rc;
     /* The legacy stream never captures, but it is unusable while a blocking
      * stream captures (work on it would invalidate that capture): asking it
@@ -1388,7 +1445,7 @@ static int cuda_copy_stream_wait_event(sgm_backend *be, void *event) {
   const char *op = "ordering sgm's copy stream after an event";
   if (!event) return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s: NULL event", op);
   bool pushed;
-  int rc = cuda_enter(be, op, &pushed);
+  int rc = cuda_enter_cached(be, op, &pushed);
   if (rc != SGM_OK) return rc;
   CUresult r = CU(cuStreamWaitEvent)(be->copy_stream, (CUevent)event, 0);
   if (r != CUDA_SUCCESS) rc = cuda_fail(r, op, "cuStreamWaitEvent", CUDA_BLAME_CALLER);
@@ -1492,7 +1549,7 @@ static int cuda_stream_transfer_fence(sgm_backend *be, void *event, const sgm_st
   CUstream o = cuda_stream_handle(owner), t = cuda_stream_handle(taker);
   for (int attempt = 0;; attempt++) {
     bool pushed;
-    int rc = cuda_enter(be, op, &pushed);
+    int rc = cuda_enter_cached(be, op, &pushed);
     if (rc != SGM_OK) return rc;
     CUresult r;
     bool rec = false;

@@ -404,8 +404,12 @@ out_fail:
   return rc;
 }
 
-int sgm__tier_free_on(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_ref *ref) {
-  tier_block *b = sgm__pool_map_take_live(p, ptr, false);
+/* The stream-ordered free of a user's block (own false) or of one sgm took
+ * for itself (own true: a buffer destroyed with its release's work pending).
+ * Inlined into both: sgm_free's path pays no extra call for the second use. */
+__attribute__((always_inline)) static inline int tier_free_on_as(sgm_tier_pool *p, sgm_devptr ptr,
+                                                                 const sgm_stream_ref *ref, bool own) {
+  tier_block *b = sgm__pool_map_take_live(p, ptr, own);
   if (sgm_unlikely(!b)) return SGM_ERR_INVALID;
   uint64_t asked = b->asked;
   b->key = ref->key;
@@ -457,6 +461,14 @@ int sgm__tier_free_on(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_ref *re
   if (m) tier_mag_count(p, m, -(int64_t)asked);
   else tier_count_used(p, -(int64_t)asked, -1, 0, 1);
   return SGM_OK;
+}
+
+int sgm__tier_free_on(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_ref *ref) {
+  return tier_free_on_as(p, ptr, ref, false);
+}
+
+int sgm__tier_free_own_on(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_ref *ref) {
+  return tier_free_on_as(p, ptr, ref, true);
 }
 
 int sgm__tier_record_stream(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_ref *ref) {

@@ -198,14 +198,19 @@ void sgm__pool_event_put(sgm_tier_pool *p, void *ev) {
 /* ---- reclaim ---- */
 
 
-/* Did the work before ev complete? Query, or in WAIT mode wait (a failed wait
- * counts as done: at destroy the driver has nothing more to say about it). */
+/* Did the work before ev complete? Query, or in WAIT mode wait. A failed
+ * wait is not done (issue 24): the driver did not say the work is over (the
+ * stream captures a graph, the context failed), so the blocks stay with
+ * their stream rather than return to the pool where a trim would unmap them
+ * under that work. */
 static int tier_event_done(sgm_tier_pool *p, void *ev, sgm_reclaim_mode mode) {
   if (mode == SGM_RECLAIM_WAIT) {
-    if (p->p.bops->event_wait(p->p.be, ev) != SGM_OK)
-      sgm__log(p->p.verbose, 1, "%s: waiting for a stream's work failed (%s); its cached blocks "
-               "are returned anyway", sgm_tier_name(p->p.tier), sgm_last_error());
-    return 1;
+    int rc = p->p.bops->event_wait(p->p.be, ev);
+    if (rc == SGM_OK) return 1;
+    sgm__log(p->p.verbose, rc == SGM_ERR_BUSY ? 3 : 1, "%s: waiting for a stream's work failed "
+             "(%s); its cached blocks stay with the stream", sgm_tier_name(p->p.tier),
+             sgm_last_error());
+    return rc;
   }
   int q = p->p.bops->event_query(p->p.be, ev);
   if (q < 0)

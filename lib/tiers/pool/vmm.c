@@ -38,11 +38,9 @@ static inline uint64_t tier_vmm_slack(const sgm_tier_pool *p) {
 /* The most that may be mapped: the budget, and in reserve mode also the pool. */
 uint64_t sgm__pool_vmm_cap_locked(const sgm_tier_pool *p) {
   if (!p->vmm_pool) return p->p.budget_bytes;
-  /* The pool: the budget rounded up to whole granules, so that a block of
-   * the whole budget fits as it did in one chunk. */
+  /* The pool: the budget rounded down to whole granules. */
   uint64_t pool = (uint64_t)p->n_pool << p->vmm_shift;
-  uint64_t budget = sgm__align_up(p->p.budget_bytes, tier_vmm_granule(p));
-  return pool < budget ? pool : budget;
+  return pool < p->p.budget_bytes ? pool : p->p.budget_bytes;
 }
 
 static void tier_vmm_free_mapped_add_locked(sgm_tier_pool *p, int64_t d) {
@@ -354,29 +352,24 @@ bool sgm__pool_vmm_setup(sgm_tier_pool *p) {
 
 /*
  * Reserve mode on the range sgm__pool_vmm_setup reserved: take the budget's
- * granules from the driver now (whole granules: the budget rounded up, so
- * that a block of the whole budget fits, or down when the device has no room
- * for that), as the pool that mapped granules
+ * granules from the driver now (whole granules: the budget rounded down, so
+ * that nothing is committed past it; a block of the whole budget fits only
+ * when the budget is a whole number of granules), as the pool that mapped granules
  * come from and go back to. Fails as reserving the budget as a chunk fails
  * (the caller's message).
  */
 int sgm__pool_vmm_pool_setup(sgm_tier_pool *p) {
   const sgm_tier_params *tp = &p->p;
-  uint64_t n = sgm__align_up(tp->budget_bytes, tier_vmm_granule(p)) >> p->vmm_shift;
+  /* Whole granules within the budget: the budget is rounded down, never the
+   * commitment up (committed <= budget, issue 24; sgm__pool_vmm_setup keeps
+   * budgets of few granules off this path). */
+  uint64_t n = tp->budget_bytes >> p->vmm_shift;
   if (n > UINT32_MAX)
     return sgm__error_set(SGM_ERR_INVALID, "a budget of %llu granules is more than a pool holds",
                           (unsigned long long)n);
   p->pool_free = malloc((size_t)n * sizeof *p->pool_free);
   if (!p->pool_free) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for the pool table");
   int rc = tp->bops->vmm_pool_create(tp->be, n, &p->vmm_pool);
-  /* A budget of the whole device may have no room for its last partial
-   * granule: the whole granules then (a block of the whole budget no longer
-   * fits, every other does). */
-  uint64_t floor_n = tp->budget_bytes >> p->vmm_shift;
-  if (rc == SGM_ERR_NOMEM && floor_n < n && floor_n > 0) {
-    n = floor_n;
-    rc = tp->bops->vmm_pool_create(tp->be, n, &p->vmm_pool);
-  }
   if (rc != SGM_OK) {
     free(p->pool_free);
     p->pool_free = NULL;

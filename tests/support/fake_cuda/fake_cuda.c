@@ -78,11 +78,20 @@
  *    RELAXED: else WRONG_THREAD; only on the origin stream: else UNMATCHED;
  *    forked streams must be joined back: else UNJOINED), cuStreamIsCapturing,
  *    cuStreamGetCaptureInfo (v1, v2, v3), cuThreadExchangeStreamCaptureMode.
- *    Captured work is not executed. Potentially unsafe calls (cuMemAlloc,
- *    cuMemFree, cuMemHostRegister, cuMemHostUnregister, cuCtxSynchronize) fail
- *    with STREAM_CAPTURE_UNSUPPORTED and invalidate the capture when the
- *    calling thread's mode forbids them (its own non-relaxed capture; in GLOBAL
- *    mode, any other thread's GLOBAL capture). cuStreamSynchronize and
+ *    Captured work is not executed. Potentially unsafe calls fail with
+ *    STREAM_CAPTURE_UNSUPPORTED and invalidate the captures that forbid them
+ *    when the calling thread's mode (cuThreadExchangeStreamCaptureMode) says
+ *    so: its own non-relaxed capture; in GLOBAL mode, also any other thread's
+ *    GLOBAL capture; RELAXED: never. The unsafe calls (issue 24): cuMemAlloc,
+ *    cuMemAllocManaged, cuMemFree, cuMemHostRegister, cuMemHostUnregister,
+ *    cuMemCreate, cuMemRelease, cuMemMap, cuMemUnmap, cuCtxSynchronize,
+ *    cuStreamSynchronize, cuStreamQuery, cuEventSynchronize, cuEventQuery (on
+ *    any stream or event, not only capturing ones). cuda.h names only
+ *    cudaMalloc as an example; the rest of the list is the CUDA programming
+ *    guide's (synchronising or querying is illegal during a capture) and what
+ *    PyTorch meets in practice (its allocator skips event queries while any
+ *    capture is under way); docs/cuda.md, "Capture contract", says where the
+ *    headers are silent. cuStreamSynchronize and
  *    cuStreamQuery on a capturing stream: UNSUPPORTED, capture invalidated.
  *    cuEventQuery/cuEventSynchronize on an event last recorded in a capture:
  *    CUDA_ERROR_CAPTURED_EVENT. Work on the legacy stream while a blocking
@@ -140,6 +149,14 @@
  *    freed when the handle is released and its mapping unmapped (in either
  *    order, as the driver documents). One mapping per handle (aliasing one
  *    allocation at two addresses is not modelled: NOT_SUPPORTED).
+ *  - Contexts (issue 24): cuCtxSetCurrent replaces the top of the thread's
+ *    stack (NULL pops it), cuCtxPushCurrent/PopCurrent push and pop; every
+ *    call is charged to the context current then: cuMemAlloc and cuMemGetInfo
+ *    to its device, NULL to its legacy stream, cuEventCreate's event to it.
+ *  - Kernels (issue 24): fake_cuda_kernel queues an operation that reads or
+ *    writes a device range for a chosen device time; frees wait for it,
+ *    cuMemUnmap counts it (vmm_unmaps_in_use) and a block reused under it is
+ *    overwritten when it ends, as a GPU kernel would.
  *  - Every entry point counts its calls (fake_cuda_calls(name)).
  *
  * The control API (fake_cuda.h) has the prefix fake_cuda_; tests hold work
@@ -196,6 +213,7 @@
   X(cuInit) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetAttribute) X(cuDeviceGetName)      \
   X(cuDeviceGetPCIBusId) X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain)                       \
   X(cuDevicePrimaryCtxRelease) X(cuCtxGetCurrent) X(cuCtxPushCurrent) X(cuCtxPopCurrent)       \
+  X(cuCtxSetCurrent)                                                                           \
   X(cuCtxSynchronize) X(cuCtxGetStreamPriorityRange) X(cuMemGetInfo) X(cuMemAlloc)             \
   X(cuMemFree) X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemHostGetDevicePointer)        \
   X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemsetD8Async)            \
@@ -209,7 +227,7 @@
   X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)                                  \
   X(cuDeviceGetUuid)                                                                           \
   /* issue 27 (the preload's programs): */                                                     \
-  X(cuCtxSetCurrent) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemAllocAsync) X(cuMemFreeAsync)      \
+  X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemAllocAsync) X(cuMemFreeAsync)      \
   X(cuMemAllocFromPoolAsync) X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuDeviceGetDefaultMemPool) \
   X(cuPointerGetAttribute) X(cuIpcGetMemHandle) X(cuCtxGetDevice)
 
@@ -239,6 +257,8 @@ typedef enum fake_op_kind {
   FAKE_OP_RECORD, /* an event record: nothing to do but complete */
   FAKE_OP_WAIT,   /* a cuStreamWaitEvent / implicit-sync marker: only its deps */
   FAKE_OP_PREFETCH, /* move managed pages of [dst, dst + n) to value (FAKE_AT_*) */
+  FAKE_OP_KERNEL, /* fake_cuda_kernel: run_us of device time on [dst, dst + n), then write
+                     value there (write) or read it (issue 24) */
 } fake_op_kind;
 
 /* One queued operation. Operations are reference counted: the queue holds
@@ -257,6 +277,8 @@ typedef struct fake_op {
   int running;              /* the worker is executing it */
   int done;                 /* completed */
   int refs;                 /* references (see above) */
+  uint64_t run_us;          /* KERNEL: its own device time */
+  int write;                /* KERNEL: 1 writes value over the range, 0 reads it */
   struct CUstream_st *stream; /* queue it is in (valid until done) */
   struct fake_op *next;     /* next in its stream's queue */
 } fake_op;
@@ -347,6 +369,7 @@ typedef struct fake_vphys {
   int released;             /* cuMemRelease was called */
   int mapped;               /* a mapping uses it */
   struct fake_vphys *next;  /* list of live allocations */
+  struct fake_vphys *prev;  /* the one before (O(1) removal: ~66k handles at H200 size) */
 } fake_vphys;
 
 typedef struct fake_vmap {
@@ -403,6 +426,8 @@ static struct {
   uint64_t managed_evicted; /* bytes of managed pages evicted to make room for a prefetch */
   fake_vres *vres;          /* VMM reservations */
   fake_vphys *vphys;        /* VMM physical allocations (live: not released or still mapped) */
+  fake_vphys **vtab;        /* vtab[handle]: the live allocation of that handle, or NULL */
+  size_t vtab_cap;          /* entries of vtab */
   fake_vmap *vmaps;         /* VMM mappings */
   uint64_t next_vhandle;    /* handles given by cuMemCreate */
   uint64_t vmm_unmaps_in_use; /* cuMemUnmap of a range queued work still touched */
@@ -778,12 +803,15 @@ static bool fake_ranges_overlap(uintptr_t a, size_t an, uintptr_t b, size_t bn) 
   return an > 0 && bn > 0 && a < b + bn && b < a + an;
 }
 
+static void fake_kernel_read(const fake_op *op);
 static void fake_execute(fake_op *op, int poisoned) {
   if (poisoned || op->n == 0) return;
   if (op->kind == FAKE_OP_COPY)
     memmove((void *)op->dst, op->staged ? op->staged : (const void *)op->src, op->n);
-  else if (op->kind == FAKE_OP_MEMSET)
+  else if (op->kind == FAKE_OP_MEMSET || (op->kind == FAKE_OP_KERNEL && op->write))
     memset((void *)op->dst, op->value, op->n);
+  else if (op->kind == FAKE_OP_KERNEL)
+    fake_kernel_read(op);
 }
 
 static void fake_managed_move_locked(uintptr_t addr, size_t n, int to);
@@ -793,7 +821,7 @@ static CUresult fake_target_locked(CUstream h, struct CUctx_st **c, struct CUstr
 /* Run op (runnable, taken by the caller): drops F.mu while it works. */
 static void fake_run_locked(fake_op *op) {
   op->running = 1;
-  uint64_t delay = F.delay_us;
+  uint64_t delay = F.delay_us + op->run_us;
   int poisoned = op->stream->ctx->sticky != CUDA_SUCCESS;
   pthread_mutex_unlock(&F.mu);
   if (delay > 0) {
@@ -953,15 +981,24 @@ static void fake_wait_marker_locked(fake_op *m) {
   fake_op_unref_locked(m);
 }
 
+/* op reads or writes device memory in [base, base + n) when it runs (a copy,
+ * a memset, a kernel; not done yet). */
+static bool fake_op_touches(const fake_op *op, uintptr_t base, size_t n) {
+  if (op->done || op->n == 0) return false;
+  if (op->kind != FAKE_OP_COPY && op->kind != FAKE_OP_MEMSET && op->kind != FAKE_OP_KERNEL)
+    return false;
+  return fake_ranges_overlap(op->dst, op->n, base, n) ||
+         (op->kind == FAKE_OP_COPY && !op->staged && fake_ranges_overlap(op->src, op->n, base, n));
+}
+
 /* Wait until no queued op touches [base, base + n). */
 static void fake_wait_range_locked(uintptr_t base, size_t n) {
   for (;;) {
     fake_op *busy = NULL;
     for (struct CUstream_st *s = F.streams; s && !busy; s = s->next)
       for (fake_op *op = s->head; op && !busy; op = op->next)
-        if ((op->kind == FAKE_OP_COPY || op->kind == FAKE_OP_MEMSET || op->kind == FAKE_OP_PREFETCH) &&
-            (fake_ranges_overlap(op->dst, op->n, base, n) ||
-             (op->kind == FAKE_OP_COPY && !op->staged && fake_ranges_overlap(op->src, op->n, base, n))))
+        if (fake_op_touches(op, base, n) ||
+            (op->kind == FAKE_OP_PREFETCH && fake_ranges_overlap(op->dst, op->n, base, n)))
           busy = op;
     if (!busy) return;
     fake_op_ref(busy);
@@ -1685,13 +1722,27 @@ FAKE_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
   CUresult r = fake_vmm_prop_locked(prop);
   if (r == CUDA_SUCCESS && (size == 0 || size % fake_vmm_granule() || flags))
     r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked(); /* issue 24 */
   int dev = prop ? prop->location.id : 0;
   if (r == CUDA_SUCCESS && size > fake_free_mem_locked(dev)) r = CUDA_ERROR_OUT_OF_MEMORY;
   fake_vphys *ph = r == CUDA_SUCCESS ? calloc(1, sizeof *ph) : NULL;
   if (r == CUDA_SUCCESS && !ph) r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (r == CUDA_SUCCESS && F.next_vhandle + 1 >= F.vtab_cap) {
+    size_t cap = F.vtab_cap ? F.vtab_cap * 2 : 1024;
+    fake_vphys **t = realloc(F.vtab, cap * sizeof *t);
+    if (t) {
+      memset(t + F.vtab_cap, 0, (cap - F.vtab_cap) * sizeof *t);
+      F.vtab = t;
+      F.vtab_cap = cap;
+    } else {
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
   if (r == CUDA_SUCCESS) {
-    *ph = (fake_vphys){++F.next_vhandle, size, dev, 0, 0, F.vphys};
+    *ph = (fake_vphys){++F.next_vhandle, size, dev, 0, 0, F.vphys, NULL};
+    if (F.vphys) F.vphys->prev = ph;
     F.vphys = ph;
+    F.vtab[ph->handle] = ph;
     F.used_mem[dev] += size;
     *handle = (CUmemGenericAllocationHandle)ph->handle;
   }
@@ -1700,19 +1751,17 @@ FAKE_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 }
 
 static fake_vphys *fake_vphys_of_locked(CUmemGenericAllocationHandle h) {
-  for (fake_vphys *x = F.vphys; x; x = x->next)
-    if (x->handle == (uint64_t)h && !x->released) return x;
-  return NULL;
+  fake_vphys *x = (uint64_t)h < F.vtab_cap ? F.vtab[(uint64_t)h] : NULL;
+  return x && !x->released ? x : NULL;
 }
 
 /* Free ph once it is released and unmapped. */
 static void fake_vphys_drop_locked(fake_vphys *ph) {
   if (!ph->released || ph->mapped) return;
-  for (fake_vphys **pp = &F.vphys; *pp; pp = &(*pp)->next)
-    if (*pp == ph) {
-      *pp = ph->next;
-      break;
-    }
+  if (ph->prev) ph->prev->next = ph->next;
+  else F.vphys = ph->next;
+  if (ph->next) ph->next->prev = ph->prev;
+  F.vtab[ph->handle] = NULL;
   F.used_mem[ph->device] -= ph->size;
   free(ph);
 }
@@ -1721,6 +1770,7 @@ FAKE_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   FAKE_COUNT(cuMemRelease);
   pthread_mutex_lock(&F.mu);
   CUresult r = fake_vmm_ready_locked();
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked(); /* issue 24 */
   fake_vphys *ph = r == CUDA_SUCCESS ? fake_vphys_of_locked(handle) : NULL;
   if (r == CUDA_SUCCESS && !ph) r = CUDA_ERROR_INVALID_VALUE;
   if (ph) {
@@ -1740,6 +1790,7 @@ FAKE_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
   if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
   pthread_mutex_lock(&F.mu);
   CUresult r = fake_vmm_ready_locked();
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked(); /* issue 24 */
   fake_vphys *ph = r == CUDA_SUCCESS ? fake_vphys_of_locked(handle) : NULL;
   if (r == CUDA_SUCCESS && (!ph || size > ph->size || !fake_vres_of_locked((uintptr_t)ptr, size)))
     r = CUDA_ERROR_INVALID_VALUE;
@@ -1806,6 +1857,7 @@ FAKE_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   pthread_mutex_lock(&F.mu);
   CUresult r = fake_vmm_ready_locked();
   if (r == CUDA_SUCCESS && !fake_vmaps_tile_locked((uintptr_t)ptr, size)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked(); /* issue 24 */
   if (r == CUDA_SUCCESS) {
     /* The driver does not wait: queued work on this range is a caller's bug
      * (on a GPU it faults). Counted; work not started yet is dropped (it
@@ -1814,12 +1866,7 @@ FAKE_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
       fake_op *running = NULL;
       for (struct CUstream_st *st = F.streams; st && !running; st = st->next)
         for (fake_op *op = st->head; op && !running; op = op->next) {
-          bool hit = (op->kind == FAKE_OP_COPY || op->kind == FAKE_OP_MEMSET) && !op->done &&
-                     op->n > 0 &&
-                     (fake_ranges_overlap(op->dst, op->n, (uintptr_t)ptr, size) ||
-                      (op->kind == FAKE_OP_COPY && !op->staged &&
-                       fake_ranges_overlap(op->src, op->n, (uintptr_t)ptr, size)));
-          if (!hit) continue;
+          if (!fake_op_touches(op, (uintptr_t)ptr, size)) continue;
           if (op->running) {
             running = op;
           } else {
@@ -2013,17 +2060,14 @@ FAKE_API CUresult cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice
   return fake_copy((uintptr_t)dstDevice, true, (uintptr_t)srcDevice, true, ByteCount, hStream);
 }
 
-FAKE_API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
-                                  CUstream hStream) {
-  FAKE_COUNT(cuMemsetD8Async);
-  fake_op *op = calloc(1, sizeof *op);
-  if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
-  *op = (fake_op){.kind = FAKE_OP_MEMSET, .dst = (uintptr_t)dstDevice, .n = N, .value = uc};
+/* Queue op (a memset or a kernel over [op->dst, op->dst + op->n)) on stream h
+ * of the current context, the range device memory; op is the callee's. */
+static CUresult fake_enqueue_on_range(fake_op *op, CUstream h) {
   pthread_mutex_lock(&F.mu);
   struct CUctx_st *c = NULL;
   struct CUstream_st *s = NULL;
-  CUresult r = fake_target_locked(hStream, &c, &s);
-  if (r == CUDA_SUCCESS && N > 0 && !fake_device_range_locked((uintptr_t)dstDevice, N))
+  CUresult r = fake_target_locked(h, &c, &s);
+  if (r == CUDA_SUCCESS && op->n > 0 && !fake_device_range_locked(op->dst, op->n))
     r = CUDA_ERROR_INVALID_VALUE;
   if (r == CUDA_SUCCESS) {
     r = fake_enqueue_locked(s, op, NULL);
@@ -2032,6 +2076,15 @@ FAKE_API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_
   pthread_mutex_unlock(&F.mu);
   free(op);
   return r;
+}
+
+FAKE_API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
+                                  CUstream hStream) {
+  FAKE_COUNT(cuMemsetD8Async);
+  fake_op *op = calloc(1, sizeof *op);
+  if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+  *op = (fake_op){.kind = FAKE_OP_MEMSET, .dst = (uintptr_t)dstDevice, .n = N, .value = uc};
+  return fake_enqueue_on_range(op, hStream);
 }
 
 /* ---- streams ---- */
@@ -2131,6 +2184,7 @@ static CUresult fake_stream_sync_marker_locked(CUstream hStream, struct CUctx_st
   CUresult r = fake_need_ctx_locked(c);
   if (r == CUDA_SUCCESS) r = fake_stream_locked(hStream, *c, &s);
   if (r == CUDA_SUCCESS) r = fake_stream_check_sync_locked(s);
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked(); /* issue 24 */
   if (r == CUDA_SUCCESS) r = fake_stream_marker_locked(s, m);
   return r;
 }
@@ -2276,6 +2330,7 @@ FAKE_API CUresult cuEventQuery(CUevent hEvent) {
   pthread_mutex_lock(&F.mu);
   struct CUevent_st *e = NULL;
   CUresult r = fake_event_check_locked(hEvent, &e);
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked(); /* issue 24 */
   if (r == CUDA_SUCCESS && e->last && !e->last->done) r = CUDA_ERROR_NOT_READY;
   if (r == CUDA_SUCCESS) r = e->ctx->sticky;
   pthread_mutex_unlock(&F.mu);
@@ -2287,6 +2342,7 @@ FAKE_API CUresult cuEventSynchronize(CUevent hEvent) {
   pthread_mutex_lock(&F.mu);
   struct CUevent_st *e = NULL;
   CUresult r = fake_event_check_locked(hEvent, &e);
+  if (r == CUDA_SUCCESS) r = fake_capture_unsafe_locked(); /* issue 24 */
   if (r == CUDA_SUCCESS) {
     struct CUctx_st *c = e->ctx;
     fake_wait_op_locked(fake_op_ref(e->last)); /* the event may be destroyed meanwhile */
@@ -2622,9 +2678,7 @@ static CUresult fake_stream_flags_ptsz(CUstream h, unsigned int *f) {
  * loader, a direct link, dlsym of _v2 names, cudaMallocAsync-style pools).
  * Kept in one block so that other branches growing the double merge easily.
  *
- *  - cuCtxSetCurrent: replaces the top of the calling thread's context stack
- *    (pushes when it is empty); NULL pops (no-op on an empty stack); a context
- *    that is not a retained primary context: INVALID_CONTEXT.
+ *  - cuCtxSetCurrent: issue 24's block below.
  *  - cuCtxGetDevice: the current context's device (INVALID_CONTEXT without one).
  *  - cuMemcpyHtoD_v2 / cuMemcpyDtoH_v2: synchronous copies on the legacy
  *    stream of the current context: they return once the copy (and the work
@@ -2670,23 +2724,6 @@ static bool fake_ctx_known_locked(CUcontext ctx) {
   for (int d = 0; d < FAKE_MAX_DEVICES; d++)
     if (ctx == &F.ctx[d]) return ctx->retains > 0;
   return false;
-}
-
-FAKE_API CUresult cuCtxSetCurrent(CUcontext ctx) {
-  FAKE_COUNT(cuCtxSetCurrent);
-  pthread_mutex_lock(&F.mu);
-  CUresult r = fake_need_init_locked();
-  if (r == CUDA_SUCCESS && ctx && !fake_ctx_known_locked(ctx)) r = CUDA_ERROR_INVALID_CONTEXT;
-  pthread_mutex_unlock(&F.mu);
-  if (r != CUDA_SUCCESS) return r;
-  if (!ctx) {
-    if (tls_depth > 0) tls_depth--;
-  } else if (tls_depth == 0) {
-    tls_ctx[tls_depth++] = ctx;
-  } else {
-    tls_ctx[tls_depth - 1] = ctx;
-  }
-  return CUDA_SUCCESS;
 }
 
 FAKE_API CUresult cuCtxGetDevice(CUdevice *device) {
@@ -2950,6 +2987,7 @@ static CUresult fake_get_proc_address_v1(const char *symbol, void **pfn, int cud
   X(cuCtxGetCurrent, 4000, 4000, cuCtxGetCurrent, NULL)                                         \
   X(cuCtxPushCurrent, 2000, 4000, cuCtxPushCurrent, NULL)                                       \
   X(cuCtxPopCurrent, 2000, 4000, cuCtxPopCurrent, NULL)                                         \
+  X(cuCtxSetCurrent, 4000, 4000, cuCtxSetCurrent, NULL)                                         \
   X(cuCtxSynchronize, 2000, 2000, cuCtxSynchronize, NULL)                                       \
   X(cuCtxGetStreamPriorityRange, 5050, 5050, cuCtxGetStreamPriorityRange, NULL)                 \
   X(cuMemGetInfo, 2000, 3020, cuMemGetInfo, NULL)                                               \
@@ -2999,7 +3037,6 @@ static CUresult fake_get_proc_address_v1(const char *symbol, void **pfn, int cud
   X(cuMemSetAccess, 10020, 10020, cuMemSetAccess, NULL)                                         \
   X(cuDeviceGetUuid, 9020, 9020, cuDeviceGetUuid, NULL)                                         \
   X(cuDeviceGetUuid, 9020, 11040, cuDeviceGetUuid, NULL)                                       \
-  X(cuCtxSetCurrent, 4000, 4000, cuCtxSetCurrent, NULL)                                         \
   X(cuMemcpyHtoD, 2000, 3020, cuMemcpyHtoD, NULL)                                               \
   X(cuMemcpyDtoH, 2000, 3020, cuMemcpyDtoH, NULL)                                               \
   X(cuMemAllocAsync, 11020, 11020, cuMemAllocAsync, fake_alloc_async_ptsz)                      \
@@ -3292,4 +3329,49 @@ FAKE_API uint64_t fake_cuda_calls(const char *name) {
   }
   pthread_mutex_unlock(&F.mu);
   return n;
+}
+
+/* ==== issue 24 (first contact): the current context set, kernels ====
+ * Kept in one block (other branches grow the double too). */
+
+/* cuCtxSetCurrent: replaces the top of the thread's context stack (pushes
+ * onto an empty one); NULL pops the top (nothing when the stack is empty),
+ * as cuda.h documents. The context must be a retained primary context. Every
+ * later call that needs a context is charged to the one current then (its
+ * device's memory, its legacy stream). */
+FAKE_API CUresult cuCtxSetCurrent(CUcontext ctx) {
+  FAKE_COUNT(cuCtxSetCurrent);
+  pthread_mutex_lock(&F.mu);
+  CUresult r = fake_need_init_locked();
+  if (r == CUDA_SUCCESS && ctx && !fake_ctx_known_locked(ctx)) r = CUDA_ERROR_INVALID_CONTEXT;
+  pthread_mutex_unlock(&F.mu);
+  if (r != CUDA_SUCCESS) return r;
+  if (!ctx) {
+    if (tls_depth > 0) tls_depth--;
+  } else if (tls_depth == 0) {
+    tls_ctx[tls_depth++] = ctx;
+  } else {
+    tls_ctx[tls_depth - 1] = ctx;
+  }
+  return CUDA_SUCCESS;
+}
+
+/* A read kernel's work: every byte of its range is loaded (a faulting range
+ * would crash here, as a GPU would fault; cuMemUnmap drops or waits for it
+ * first, and counts it). */
+static void fake_kernel_read(const fake_op *op) {
+  volatile const unsigned char *p = (volatile const unsigned char *)op->dst;
+  unsigned sum = 0;
+  for (size_t i = 0; i < op->n; i += 64) sum += p[i];
+  (void)sum;
+}
+
+FAKE_API int fake_cuda_kernel(void *stream, void *ptr, uint64_t n, int value, uint64_t us) {
+  if (n == 0 || !ptr || value > 255) return CUDA_ERROR_INVALID_VALUE;
+  fake_op *op = calloc(1, sizeof *op);
+  if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+  *op = (fake_op){.kind = FAKE_OP_KERNEL, .dst = (uintptr_t)ptr, .n = (size_t)n,
+                  .value = (unsigned char)(value < 0 ? 0 : value), .write = value >= 0,
+                  .run_us = us};
+  return (int)fake_enqueue_on_range(op, (CUstream)stream);
 }

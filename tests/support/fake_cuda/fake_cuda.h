@@ -92,6 +92,14 @@ typedef struct fake_cuda_stats {
  *                              preferred location type (-1 none) and accessed-by flag
  *                              ("cuMemAlloc") since load or reset; NULL or "":
  *                              all counted calls
+ *  fake_cuda_kernel            (issue 24) queue on stream (NULL: the current
+ *                              context's legacy stream) a "kernel" of us
+ *                              microseconds of device time over the device range
+ *                              [ptr, ptr + n): at its end it writes byte value
+ *                              there (value >= 0) or reads every byte (value
+ *                              -1). Ordered, captured, waited for by frees and
+ *                              counted by cuMemUnmap (vmm_unmaps_in_use) like a
+ *                              copy; a CUresult (0: queued)
  *
  * Other knobs, read from the environment: FAKE_CUDA_DEVICE_COUNT,
  * FAKE_CUDA_TOTAL_MEM, FAKE_CUDA_DRIVER_VERSION (default 13000),
@@ -123,7 +131,8 @@ typedef struct fake_cuda_stats {
   X(void, fake_cuda_set_sticky_at, (uint64_t n, int result))            \
   X(void, fake_cuda_set_sticky, (int result))                           \
   X(uint64_t, fake_cuda_calls, (const char *name))                      \
-  X(int, fake_cuda_managed_page, (const void *p, int *preferred, int *accessed_by))
+  X(int, fake_cuda_managed_page, (const void *p, int *preferred, int *accessed_by)) \
+  X(int, fake_cuda_kernel, (void *stream, void *ptr, uint64_t n, int value, uint64_t us))
 
 #define FAKE_CUDA_DECLARE(ret, name, params) ret name params;
 FAKE_CUDA_CONTROL(FAKE_CUDA_DECLARE)
