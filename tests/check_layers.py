@@ -14,7 +14,8 @@ from the first file to the second), includes from each file's `#include "..."`
 lines. Nothing is parsed by hand from C.
 
 Usage:
-  check_layers.py ROOT OBJ...             check (ctest: layer_check)
+  check_layers.py ROOT OBJ...             check (ctest: layer_check); also that
+                                          no tool (tools/) includes internal.h
   check_layers.py ROOT --self-test OBJ... the checker catches an injected upward
                                           call and a stale list entry (ctest)
   check_layers.py ROOT --picture          print the house drawn from lib/LAYERS
@@ -153,6 +154,12 @@ def check(root, layers, edges, objs_src, known, quiet=False):
     missing = [f for f in files if f.endswith('.c') and f not in objs_src]
     if missing:
         bad.append('no object given for %s: pass every object of sgm_objects' % ', '.join(missing))
+    for d, _, fs in os.walk(os.path.join(root, 'tools')):
+        for f in fs:
+            if f.endswith(('.c', '.h')) and re.search(r'^\s*#\s*include\s+"internal\.h"',
+                                                      open(os.path.join(d, f)).read(), re.M):
+                bad.append('tools/%s includes internal.h: tools use the public API and '
+                           'lib/tool_support.h' % f)
     up = upward(layers, edges)
     for e in sorted(up - known):
         bad.append('new upward edge (a lower layer reaches a higher one): ' + e)
