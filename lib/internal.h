@@ -429,10 +429,10 @@ sgm_tier sgm__managed_tier(sgm_context *ctx, uint64_t d);
  * demotion), highest priority first, then the most recently touched (blocks a
  * cold hint sent down stay); stops at the first that does not fit. The first
  * up to inline_bytes move on this thread, the rest are queued to the worker
- * on the copy stream (lib/managed_queue.c), their room charged. Bytes moved
+ * on the copy stream (lib/placement/managed_queue.c), their room charged. Bytes moved
  * or queued. No lock held. */
 uint64_t sgm__managed_promote(sgm_context *ctx, uint64_t inline_bytes);
-/* sgm_trim: run the queued managed moves now (lib/managed_queue.c). */
+/* sgm_trim: run the queued managed moves now (lib/placement/managed_queue.c). */
 void sgm__managed_queue_drain(sgm_context *ctx);
 /* Stats: the managed counters into *st (tier used/n_live included). */
 void sgm__managed_stats(sgm_context *ctx, sgm_stats *st);

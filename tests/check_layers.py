@@ -19,6 +19,7 @@ Usage:
   check_layers.py ROOT --self-test OBJ... the checker catches an injected upward
                                           call and a stale list entry (ctest)
   check_layers.py ROOT --picture          print the house drawn from lib/LAYERS
+  check_layers.py ROOT --update-docs      write that picture into docs/architecture.md
   check_layers.py ROOT --edges OBJ...     print every upward edge found, in the
                                           list's format (to shrink the list)
 docs/architecture.md carries the picture between its layer-picture markers;
@@ -179,6 +180,13 @@ def main():
     if mode == 'picture':
         sys.stdout.write(picture(layers))
         return 0
+    if mode == 'update-docs':
+        path = os.path.join(root, 'docs', 'architecture.md')
+        text = open(path).read()
+        new = re.sub(r'(<!-- layer-picture: begin.*?-->\n```\n).*?(```\n<!-- layer-picture: end -->)',
+                     lambda m: m.group(1) + picture(layers) + m.group(2), text, flags=re.S)
+        open(path, 'w').write(new)
+        return 0
     objs = args
     sedges, objs_src = symbol_edges(objs)
     edges = sedges | include_edges(root, lib_files(root))
@@ -207,7 +215,7 @@ def main():
     pic = docs_picture(root)
     if pic != picture(layers):
         bad.append('docs/architecture.md: the layer picture differs from lib/LAYERS; '
-                   'paste `python3 tests/check_layers.py . --picture` between its markers')
+                   'run `python3 tests/check_layers.py . --update-docs`')
     for b in bad:
         print(b)
     if not bad:
