@@ -123,7 +123,7 @@ void sgm__buffer_finish(struct sgm_placement *pl, sgm_buffer *b, sgm_buf_state t
 }
 
 bool sgm__buffer_disk_offset(sgm_buffer *b, uint64_t *offset) {
-  struct sgm_placement *pl = sgm__context_pl(b->ctx);
+  struct sgm_placement *pl = sgm__parts_pl(b->ctx);
   *offset = 0;
   /* Only a buffer on disk is taken (it is listed nowhere): its mover owns ext. */
   for (;;) {

@@ -76,7 +76,7 @@ SGM_API sgm_status sgm_will_use(sgm_context *ctx, sgm_buffer *const *bufs, size_
       return (sgm_status)sgm__error_set(rc, "%s (bufs[%zu]; no hint changed)", why, i);
     }
   }
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   hints_lock(pl);
   for (size_t i = 0; i < n; i++) {
     sgm_buffer *b = bufs[i];
@@ -96,7 +96,7 @@ SGM_API sgm_status sgm_will_use(sgm_context *ctx, sgm_buffer *const *bufs, size_
 SGM_API sgm_status sgm_buffer_done(sgm_buffer *b) {
   int rc = hints_check(b, NULL, "sgm_buffer_done");
   if (rc != SGM_OK) return (sgm_status)rc;
-  struct sgm_placement *pl = sgm__context_pl(b->ctx);
+  struct sgm_placement *pl = sgm__parts_pl(b->ctx);
   hints_lock(pl);
   if (b->item.hint != SGM_POLICY_HINT_DONE) {
     b->item.hint = SGM_POLICY_HINT_DONE; /* done ends will-use */
@@ -127,7 +127,7 @@ SGM_API sgm_status sgm_buffer_set_parent(sgm_buffer *b, sgm_buffer *parent) {
       return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_set_parent: a buffer cannot be "
                                         "its own parent");
   }
-  struct sgm_placement *pl = sgm__context_pl(b->ctx);
+  struct sgm_placement *pl = sgm__parts_pl(b->ctx);
   hints_lock(pl);
   /* A parent that descends from b would make a cycle. Chains are walked
    * whole: KV-cache chains are a few hundred blocks at most. */

@@ -59,14 +59,14 @@ static void mq_unlink_locked(struct sgm_placement *pl, sgm_buffer *b) {
 }
 
 int sgm__managed_queue(sgm_context *ctx, sgm_buffer *b, sgm_tier to) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
-  const sgm_backend_ops *o = sgm__context_bops(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
+  const sgm_backend_ops *o = sgm__parts_bops(ctx);
   sgm_assert(b->managed && !b->mqueued && to < SGM_N_RESIDENT && to != b->tier);
   sgm_stream_ref ref;
-  o->stream_ref(sgm__context_be(ctx), b->mstream, &ref);
+  o->stream_ref(sgm__parts_be(ctx), b->mstream, &ref);
   void *ev = NULL;
-  int rc = o->event_create(sgm__context_be(ctx), &ev);
-  if (rc == SGM_OK) rc = o->event_record_on(sgm__context_be(ctx), ev, &ref);
+  int rc = o->event_create(sgm__parts_be(ctx), &ev);
+  if (rc == SGM_OK) rc = o->event_record_on(sgm__parts_be(ctx), ev, &ref);
   if (rc != SGM_OK) goto out_event;
   sgm__lock_take(&pl->mlock);
   b->mqueued = true;
@@ -83,14 +83,14 @@ int sgm__managed_queue(sgm_context *ctx, sgm_buffer *b, sgm_tier to) {
   sgm__lock_drop(&pl->mlock);
   return SGM_OK;
 out_event:
-  if (ev) o->event_destroy(sgm__context_be(ctx), ev);
+  if (ev) o->event_destroy(sgm__parts_be(ctx), ev);
   return rc;
 }
 
 void sgm__managed_queue_kick(sgm_context *ctx) {
   if (sgm__prefetch_wake(ctx) == SGM_OK) return;
   /* No worker thread: the moves run here, still on the copy stream. */
-  sgm__log(sgm__context_cfg(ctx)->verbose, 1, "%s; running the queued managed moves on the calling thread",
+  sgm__log(sgm__parts_cfg(ctx)->verbose, 1, "%s; running the queued managed moves on the calling thread",
            sgm_last_error());
   sgm__error_clear();
   sgm__managed_queue_drain(ctx);
@@ -111,39 +111,39 @@ void sgm__managed_queue_cancel_locked(struct sgm_placement *pl, sgm_buffer *b, s
 }
 
 void sgm__managed_queue_undo(sgm_context *ctx, const sgm_mq_undo *undo) {
-  if (undo->tier != SGM_TIER_NONE) sgm__tier_uncharge(sgm__context_tier(ctx, undo->tier), undo->bytes);
-  if (undo->event) sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), undo->event);
+  if (undo->tier != SGM_TIER_NONE) sgm__tier_uncharge(sgm__parts_tier(ctx, undo->tier), undo->bytes);
+  if (undo->event) sgm__parts_bops(ctx)->event_destroy(sgm__parts_be(ctx), undo->event);
 }
 
 void sgm__managed_queue_drop(sgm_context *ctx, sgm_buffer *b) {
   if (!b->mqueued) return; /* only b's owner changes it */
   sgm_mq_undo undo;
-  sgm__lock_take(&sgm__context_pl(ctx)->mlock);
-  sgm__managed_queue_cancel_locked(sgm__context_pl(ctx), b, &undo);
-  sgm__lock_drop(&sgm__context_pl(ctx)->mlock);
+  sgm__lock_take(&sgm__parts_pl(ctx)->mlock);
+  sgm__managed_queue_cancel_locked(sgm__parts_pl(ctx), b, &undo);
+  sgm__lock_drop(&sgm__parts_pl(ctx)->mlock);
   sgm__managed_queue_undo(ctx, &undo);
 }
 
 /* Run b's queued move to `to` (b BUSY, taken and unlinked by this thread;
  * `to` charged): after ev on the copy stream. */
 static void mq_run(sgm_context *ctx, sgm_buffer *b, sgm_tier to, void *ev) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
-  const sgm_backend_ops *o = sgm__context_bops(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
+  const sgm_backend_ops *o = sgm__parts_bops(ctx);
   int rc = SGM_OK;
   bool moved = false;
   if (b->tier != to) { /* else a mover got there first: nothing to do */
-    rc = o->copy_stream_wait_event ? o->copy_stream_wait_event(sgm__context_be(ctx), ev)
-                                   : o->event_wait(sgm__context_be(ctx), ev);
+    rc = o->copy_stream_wait_event ? o->copy_stream_wait_event(sgm__parts_be(ctx), ev)
+                                   : o->event_wait(sgm__parts_be(ctx), ev);
     if (rc == SGM_OK) rc = sgm__migrate_managed_on(ctx, b, to, false, NULL);
     moved = rc == SGM_OK;
   }
-  if (!moved) sgm__tier_uncharge(sgm__context_tier(ctx, to), b->size);
+  if (!moved) sgm__tier_uncharge(sgm__parts_tier(ctx, to), b->size);
   if (rc != SGM_OK) {
-    sgm__log(sgm__context_cfg(ctx)->verbose, 2, "a queued move of a %llu-byte managed block to %s failed: %s",
+    sgm__log(sgm__parts_cfg(ctx)->verbose, 2, "a queued move of a %llu-byte managed block to %s failed: %s",
              (unsigned long long)b->size, sgm_tier_name(to), sgm_last_error());
     sgm__error_clear();
   }
-  o->event_destroy(sgm__context_be(ctx), ev);
+  o->event_destroy(sgm__parts_be(ctx), ev);
   sgm__buffer_finish(pl, b, SGM_BUF_RELEASED, false); /* the owner may free b from here on */
   /* The room a demotion left goes to the most valuable shared-placed blocks
    * (still counted as running: sgm__managed_queue_wait covers them). */
@@ -159,7 +159,7 @@ static void mq_run(sgm_context *ctx, sgm_buffer *b, sgm_tier to, void *ev) {
 /* Run queued moves on this thread until the queue is empty (false) or its
  * head is held by another thread (true). */
 static bool mq_work(sgm_context *ctx) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   bool stalled = false;
   /* A destroy stops the worker between two moves (the rest are cancelled). */
   while (__atomic_load_n(&pl->n_mq, __ATOMIC_RELAXED) != 0 && !__atomic_load_n(&pl->stop, __ATOMIC_RELAXED)) {
@@ -198,14 +198,14 @@ void sgm__managed_queue_drain(sgm_context *ctx) {
 }
 
 void sgm__managed_queue_wait(sgm_context *ctx, bool queued_too) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   sgm__lock_take(&pl->mlock);
   while (pl->n_mq_running || (queued_too && pl->mq_head)) pthread_cond_wait(&pl->mq_cond, &pl->mlock.mu);
   sgm__lock_drop(&pl->mlock);
 }
 
 void sgm__managed_queue_cancel_all(sgm_context *ctx) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   while (__atomic_load_n(&pl->n_mq, __ATOMIC_RELAXED) != 0) {
     sgm_mq_undo undo;
     sgm__lock_take(&pl->mlock);
@@ -216,7 +216,7 @@ void sgm__managed_queue_cancel_all(sgm_context *ctx) {
 }
 
 void sgm__managed_queue_stats(sgm_context *ctx, sgm_stats *st) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   sgm__lock_take(&pl->mlock);
   st->n_managed_moves_queued = pl->n_mq_queued;
   st->n_managed_moves_done = pl->n_mq_done;

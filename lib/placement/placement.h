@@ -61,6 +61,38 @@
 #include "sgm/policy.h"
 #include "tiers/disk.h"
 
+/* The parts the context hands down to placement (issue 31). The context
+ * fills them at create, before any other thread sees it, and embeds this
+ * struct as its first member (context.c asserts so), so that the placement
+ * files read the backend, the tiers, the options and their own state from
+ * this, their layer's, definition instead of calling up into context.c.
+ * Written below the context only by placement.c (pl, at create and destroy)
+ * and managed.c (managed, at create); read without a lock after create. */
+typedef struct sgm_context_parts {
+  const sgm_config *cfg;                       /* the context's configuration (never written after create) */
+  const struct sgm_backend_ops *bops;          /* the backend's vtable (tests may put a spy in front) */
+  struct sgm_backend *be;                      /* the opened device */
+  struct sgm_tier_pool *tiers[SGM_TIER_COUNT]; /* VRAM and shared pools; NULL for disk (placement's) */
+  const uint64_t *budget;                      /* [SGM_TIER_COUNT]: each tier's budget as resolved at
+                                                  create (later changes: sgm__context_budgets) */
+  struct sgm_placement *pl;                    /* buffers, residency lists, disk tier, prefetch */
+  bool managed;                                /* SGM_POINTERS resolved to managed (managed.c) */
+} sgm_context_parts;
+
+static inline const sgm_context_parts *sgm__parts(const sgm_context *ctx) {
+  return (const sgm_context_parts *)(const void *)ctx;
+}
+static inline sgm_context_parts *sgm__parts_w(sgm_context *ctx) { return (sgm_context_parts *)(void *)ctx; }
+static inline const sgm_config *sgm__parts_cfg(const sgm_context *ctx) { return sgm__parts(ctx)->cfg; }
+static inline const struct sgm_backend_ops *sgm__parts_bops(const sgm_context *ctx) { return sgm__parts(ctx)->bops; }
+static inline struct sgm_backend *sgm__parts_be(const sgm_context *ctx) { return sgm__parts(ctx)->be; }
+static inline struct sgm_tier_pool *sgm__parts_tier(const sgm_context *ctx, sgm_tier t) {
+  return sgm__parts(ctx)->tiers[t];
+}
+static inline uint64_t sgm__parts_budget(const sgm_context *ctx, sgm_tier t) { return sgm__parts(ctx)->budget[t]; }
+static inline struct sgm_placement *sgm__parts_pl(const sgm_context *ctx) { return sgm__parts(ctx)->pl; }
+static inline bool sgm__parts_managed(const sgm_context *ctx) { return sgm__parts(ctx)->managed; }
+
 #define SGM_N_RESIDENT 2 /* VRAM and shared: the tiers with policies */
 /* A disk-resident buffer is stored as extents of this many bytes (the last
  * shorter): a write of 1 MiB into a 64 MiB buffer reads and rewrites 4 MiB,
