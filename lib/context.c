@@ -47,8 +47,6 @@ struct sgm_context {
   sgm_lock idle_mu;                        /* guards idle_stop for the condition variable */
   bool idle_running;                       /* the idle thread was started */
   bool idle_stop;                          /* asks the idle thread to end */
-  unsigned fork_generation;                /* sgm__fork_generation when created */
-  long owner_pid;                          /* the process that created it (messages only) */
   struct sgm_share *share;                 /* share.c: the node registry and fair budgets; NULL = untracked */
   uint64_t interposed_vram_bytes;          /* device memory the program took from the driver itself,
                                               as an interposer reports it (sgm_interpose_vram; atomic) */
@@ -118,8 +116,7 @@ void sgm__context_counters(const sgm_context *ctx, sgm_stats *out) {
 }
 
 bool sgm__context_forked(const sgm_context *ctx) {
-  return sgm_unlikely(__atomic_load_n(&sgm__fork_generation, __ATOMIC_RELAXED) !=
-                      ctx->fork_generation);
+  return sgm__fork_stale(ctx->parts.fork_generation);
 }
 
 /* The shared pool's floor, as Windows: max(RAM / 2, 64 MiB). */
@@ -218,28 +215,11 @@ static void context_stop_idle_thread(sgm_context *ctx) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* fork(). A child has one thread, copies of the parent's structures (possibly
- * mid-update under a lock another thread held), the parent's spill file
- * description and no usable device: nothing it does through an inherited
- * context may touch them. A pthread_atfork child handler bumps the fork
- * generation; every public entry compares it with the one its context was
- * created in: one relaxed load on the hot path, no getpid(). */
-
-unsigned sgm__fork_generation;
-static pthread_once_t context_fork_once = PTHREAD_ONCE_INIT;
-
-static void context_atfork_child(void) {
-  __atomic_add_fetch(&sgm__fork_generation, 1, __ATOMIC_RELAXED);
-}
-
-static void context_fork_register(void) { pthread_atfork(NULL, NULL, context_atfork_child); }
+/* fork(): the generation and its message live in prim/fork.c; the context
+ * keeps the one it was created in (parts.fork_generation). */
 
 int sgm__context_fork_error(const sgm_context *ctx, const char *fn) {
-  return sgm__error_set(SGM_ERR_UNSUPPORTED,
-                        "%s: this context was created by process %ld before fork(); a child "
-                        "cannot use it (its memory, device and spill file belong to the parent). "
-                        "Create a new context in the child",
-                        fn, (long)ctx->owner_pid);
+  return sgm__fork_error(ctx->parts.owner_pid, fn);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -386,9 +366,8 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   /* First: the node registry's first tick (before the tiers) reads the clock. */
   sgm__lock_init(&ctx->lock, SGM_LOCK_CONTEXT);
   ctx->clock_ms = context_monotonic_ms;
-  pthread_once(&context_fork_once, context_fork_register);
-  ctx->fork_generation = __atomic_load_n(&sgm__fork_generation, __ATOMIC_RELAXED);
-  ctx->owner_pid = getpid();
+  ctx->parts.fork_generation = sgm__fork_watch();
+  ctx->parts.owner_pid = getpid();
   ctx->vram_fraction = ctx->cfg.vram_fraction;
   ctx->capture = sgm__capture_create();
   if (!ctx->capture) {

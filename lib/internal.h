@@ -325,8 +325,18 @@ void sgm__context_counters(const sgm_context *ctx, sgm_stats *out);
  * atomic loads). */
 bool sgm__context_interposed(sgm_context *ctx, uint64_t *vram_bytes, uint64_t *peak_bytes);
 
-/* fork(): bumped in every child by a pthread_atfork handler (atomic). */
+/* prim/fork.c — fork(): bumped in every child by a pthread_atfork handler (atomic). */
 extern unsigned sgm__fork_generation;
+/* Start counting forks (once per process) and return the generation now: a
+ * context keeps it and is stale in a child. */
+unsigned sgm__fork_watch(void);
+/* True when the process forked since generation gen (one relaxed load). */
+static inline bool sgm__fork_stale(unsigned gen) {
+  return sgm_unlikely(__atomic_load_n(&sgm__fork_generation, __ATOMIC_RELAXED) != gen);
+}
+/* Set "fn: this context was created by process owner_pid before fork() ..."
+ * and return SGM_ERR_UNSUPPORTED. */
+int sgm__fork_error(long owner_pid, const char *fn);
 /* True in a child of the process that created ctx: every public entry asks
  * (one relaxed load) and answers sgm__context_fork_error. */
 bool sgm__context_forked(const sgm_context *ctx);

@@ -68,7 +68,7 @@ int sgm__buffer_check(const sgm_buffer *b, const char *fn) {
   if (sgm_unlikely(b->magic != SGM_BUFFER_LIVE))
     return sgm__error_set(SGM_ERR_INVALID, "%s: %p is not a live buffer (%s)", fn, (const void *)b,
                           b->magic == SGM_BUFFER_DEAD ? "it was destroyed" : "not from sgm_buffer_create");
-  if (sgm__context_forked(b->ctx)) return sgm__context_fork_error(b->ctx, fn);
+  if (sgm__parts_forked(b->ctx)) return sgm__parts_fork_error(b->ctx, fn);
   return SGM_OK;
 }
 
@@ -96,7 +96,7 @@ SGM_API sgm_status sgm_buffer_create(sgm_context *ctx, size_t size, sgm_buffer *
   if (!out) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_create: out is NULL");
   *out = NULL;
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_create: context is NULL");
-  if (sgm__context_forked(ctx)) return (sgm_status)sgm__context_fork_error(ctx, "sgm_buffer_create");
+  if (sgm__parts_forked(ctx)) return (sgm_status)sgm__parts_fork_error(ctx, "sgm_buffer_create");
   if (size == 0)
     return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_create: size is 0 (ask for at least one byte)");
   struct sgm_placement *pl = sgm__parts_pl(ctx);
@@ -298,7 +298,7 @@ SGM_API void sgm_buffer_destroy(sgm_buffer *b) {
   sgm_context *ctx = b->ctx;
   /* A child's copy of its parent's buffer: nothing here is the child's to
    * free (sgm_context_destroy explains); it goes with the child's exit. */
-  if (sgm__context_forked(ctx)) return;
+  if (sgm__parts_forked(ctx)) return;
   struct sgm_placement *pl = sgm__parts_pl(ctx);
   sgm__buffer_take(pl, b, SGM_TAKE_FREE);
   if (b->hparent || b->hchild) sgm__hints_forget(pl, b);

@@ -66,7 +66,7 @@ SGM_API sgm_status sgm_will_use(sgm_context *ctx, sgm_buffer *const *bufs, size_
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_will_use: ctx is NULL");
   if (n == 0) return SGM_OK;
   if (!bufs) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_will_use: bufs is NULL with n = %zu", n);
-  if (sgm__context_forked(ctx)) return (sgm_status)sgm__context_fork_error(ctx, "sgm_will_use");
+  if (sgm__parts_forked(ctx)) return (sgm_status)sgm__parts_fork_error(ctx, "sgm_will_use");
   /* All or nothing: every buffer is checked before any hint changes. */
   for (size_t i = 0; i < n; i++) {
     int rc = hints_check(bufs[i], ctx, "sgm_will_use");

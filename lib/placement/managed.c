@@ -603,7 +603,7 @@ void sgm__managed_stats(sgm_context *ctx, sgm_stats *st) {
 static int managed_take(sgm_context *ctx, void *ptr, size_t n, const char *fn, sgm_buffer **out) {
   *out = NULL;
   if (!ctx) return sgm__error_set(SGM_ERR_INVALID, "%s: context is NULL", fn);
-  if (sgm__context_forked(ctx)) return sgm__context_fork_error(ctx, fn);
+  if (sgm__parts_forked(ctx)) return sgm__parts_fork_error(ctx, fn);
   if (!sgm__parts_managed(ctx))
     return sgm__error_set(SGM_ERR_INVALID, "%s: the context's pointers are fixed (set "
                           "SGM_POINTERS=managed to get pointers sgm can move)", fn);

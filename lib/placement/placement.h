@@ -77,6 +77,8 @@ typedef struct sgm_context_parts {
                                                   create (later changes: sgm__context_budgets) */
   struct sgm_placement *pl;                    /* buffers, residency lists, disk tier, prefetch */
   bool managed;                                /* SGM_POINTERS resolved to managed (managed.c) */
+  unsigned fork_generation;                    /* sgm__fork_watch() at create (prim/fork.c) */
+  long owner_pid;                              /* the process that created it (messages only) */
 } sgm_context_parts;
 
 static inline const sgm_context_parts *sgm__parts(const sgm_context *ctx) {
@@ -92,6 +94,13 @@ static inline struct sgm_tier_pool *sgm__parts_tier(const sgm_context *ctx, sgm_
 static inline uint64_t sgm__parts_budget(const sgm_context *ctx, sgm_tier t) { return sgm__parts(ctx)->budget[t]; }
 static inline struct sgm_placement *sgm__parts_pl(const sgm_context *ctx) { return sgm__parts(ctx)->pl; }
 static inline bool sgm__parts_managed(const sgm_context *ctx) { return sgm__parts(ctx)->managed; }
+/* The context's fork check (sgm__context_forked / _fork_error, from its parts). */
+static inline bool sgm__parts_forked(const sgm_context *ctx) {
+  return sgm__fork_stale(sgm__parts(ctx)->fork_generation);
+}
+static inline int sgm__parts_fork_error(const sgm_context *ctx, const char *fn) {
+  return sgm__fork_error(sgm__parts(ctx)->owner_pid, fn);
+}
 
 #define SGM_N_RESIDENT 2 /* VRAM and shared: the tiers with policies */
 /* A disk-resident buffer is stored as extents of this many bytes (the last
