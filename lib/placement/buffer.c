@@ -60,18 +60,6 @@ void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b) {
   if (b->event) sgm__parts_bops(ctx)->event_destroy(sgm__parts_be(ctx), b->event);
 }
 
-int sgm__buffer_check(const sgm_buffer *b, const char *fn) {
-  if (!b) return sgm__error_set(SGM_ERR_INVALID, "%s: buffer is NULL", fn);
-  /* Every build looks (issue 29): a destroyed buffer's memory is kept a while
-   * (the graveyard), so reading it is defined. The word shares its cache line
-   * with b->ctx, which every call reads next: one predicted compare. */
-  if (sgm_unlikely(b->magic != SGM_BUFFER_LIVE))
-    return sgm__error_set(SGM_ERR_INVALID, "%s: %p is not a live buffer (%s)", fn, (const void *)b,
-                          b->magic == SGM_BUFFER_DEAD ? "it was destroyed" : "not from sgm_buffer_create");
-  if (sgm__parts_forked(b->ctx)) return sgm__parts_fork_error(b->ctx, fn);
-  return SGM_OK;
-}
-
 #define BUF_CHECK(b, what)                                   \
   do {                                                       \
     int check_rc_ = sgm__buffer_check((b), what);            \

@@ -31,21 +31,11 @@ static void hints_unlock(struct sgm_placement *pl) {
   sgm__lock_drop(sgm__residency_lock(pl, SGM_TIER_VRAM));
 }
 
-void sgm__hints_resolve_parent(sgm_buffer *b, sgm_tier t) {
-  sgm_buffer *p = b->hparent;
-  b->item.parent = NULL;
-  /* listed_in only changes under the lock of the tier it names: read as t,
-   * it stays t while the caller holds pl->res[t], and so do p's item fields. */
-  if (p && __atomic_load_n(&p->listed_in, __ATOMIC_ACQUIRE) == (uint8_t)t &&
-      p->item.priority == b->item.priority)
-    b->item.parent = &p->item;
-}
-
 /* Under both locks: the policy listing b hears that its hints changed. */
 static void hints_tell_locked(struct sgm_placement *pl, sgm_buffer *b) {
   uint8_t t = b->listed_in;
   if (t >= SGM_N_RESIDENT) return; /* pinned, moving or on disk: read when it comes back */
-  sgm__hints_resolve_parent(b, (sgm_tier)t);
+  sgm__residency_resolve_parent(b, (sgm_tier)t);
   sgm__prio_hint(pl->pol[t], &b->item);
   b->item.parent = NULL;
 }

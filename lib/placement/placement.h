@@ -293,10 +293,6 @@ static inline sgm_lock *sgm__residency_lock(struct sgm_placement *pl, sgm_tier t
 /* ------------------------------------------------------------------------ */
 /* hints.c — residency hints (sgm_will_use, sgm_buffer_done, sgm_buffer_set_parent). */
 
-/* Under pl->res[t] (t = b's tier, where b is about to enter or be used in its
- * policy): item.parent = the parent's item when it is listed in that same
- * instance (tier and priority level), else NULL. */
-void sgm__hints_resolve_parent(sgm_buffer *b, sgm_tier t);
 /* b is being destroyed (taken FREE, unlisted; no lock held): its parent and
  * children forget it. */
 void sgm__hints_forget(struct sgm_placement *pl, sgm_buffer *b);
@@ -323,6 +319,23 @@ bool sgm__placement_valid(struct sgm_placement *pl);
 
 /* ------------------------------------------------------------------------ */
 /* buffer_state.c — taking a buffer and giving it back (any thread). */
+
+/* The check at every public buffer entry (inline: on every call's path;
+ * here, at the state layer, so prefetch.c checks without calling up into
+ * buffer.c): NULL, a destroyed buffer (debug
+ * builds, where destroyed buffers stay recognisable for a while), a context
+ * inherited through fork(). SGM_OK or the status with the message set. */
+static inline int sgm__buffer_check(const sgm_buffer *b, const char *fn) {
+  if (!b) return sgm__error_set(SGM_ERR_INVALID, "%s: buffer is NULL", fn);
+  /* Every build looks (issue 29): a destroyed buffer's memory is kept a while
+   * (the graveyard), so reading it is defined. The word shares its cache line
+   * with b->ctx, which every call reads next: one predicted compare. */
+  if (sgm_unlikely(b->magic != SGM_BUFFER_LIVE))
+    return sgm__error_set(SGM_ERR_INVALID, "%s: %p is not a live buffer (%s)", fn, (const void *)b,
+                          b->magic == SGM_BUFFER_DEAD ? "it was destroyed" : "not from sgm_buffer_create");
+  if (sgm__parts_forked(b->ctx)) return sgm__parts_fork_error(b->ctx, fn);
+  return SGM_OK;
+}
 
 /* What a taker is about to do with a buffer. */
 typedef enum sgm_take_kind {
@@ -370,10 +383,6 @@ void sgm__buffer_finish(struct sgm_placement *pl, sgm_buffer *b, sgm_buf_state t
 /* ------------------------------------------------------------------------ */
 /* buffer.c */
 
-/* The check at every public buffer entry: NULL, a destroyed buffer (debug
- * builds, where destroyed buffers stay recognisable for a while), a context
- * inherited through fork(). SGM_OK or the status with the message set. */
-int sgm__buffer_check(const sgm_buffer *b, const char *fn);
 
 /* Free b's storage in its tier and its pending event (b unlinked, no lock). */
 void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b);
@@ -382,6 +391,11 @@ void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b);
 /* residency_host.c — the policy host (pl->res[t] held for the first four, t
  * the tier whose policy lists or pins b; _record takes the locks itself;
  * none fails or blocks). */
+
+/* (A hint's parent, sgm_buffer_set_parent.) Under pl->res[t] (t = b's tier, where b is about to enter or be used in its
+ * policy): item.parent = the parent's item when it is listed in that same
+ * instance (tier and priority level), else NULL. */
+void sgm__residency_resolve_parent(sgm_buffer *b, sgm_tier t);
 
 /* Take a listed b out of its tier's policy; PIN keeps the instance's state
  * for b until the pin ends (sgm__residency_put or _unpin). No-op if unlisted. */
