@@ -69,8 +69,6 @@
  * blocks within a few dozen allocations, so most never meet the policy lock. */
 #define MANAGED_PENDING_MAX 64
 
-/* A counter written under pl->mlock and read without it. */
-#define MANAGED_BUMP(x, d) __atomic_store_n(&(x), (x) + (d), __ATOMIC_RELAXED)
 
 static size_t managed_bucket(uint64_t d) {
   uint64_t k = d >> 16; /* ranges are page-aligned */
@@ -166,24 +164,6 @@ void sgm__managed_flush(sgm_context *ctx) {
   sgm__lock_take(&pl->mlock);
   managed_flush_locked(pl);
   sgm__lock_drop(&pl->mlock);
-}
-
-/* Pending b (BUSY, owned by the list) becomes the caller's: still BUSY,
- * never listed (pl->mlock held). */
-static void managed_pending_take_locked(struct sgm_placement *pl, sgm_buffer *b) {
-  if (b->mc_prev) b->mc_prev->mc_next = b->mc_next;
-  else pl->mpending_head = b->mc_next;
-  if (b->mc_next) b->mc_next->mc_prev = b->mc_prev;
-  else pl->mpending_tail = b->mc_prev;
-  b->mc_prev = b->mc_next = NULL;
-  b->mpending = false;
-  MANAGED_BUMP(pl->n_mpending, -1);
-}
-
-sgm_buf_state sgm__managed_try_take_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k) {
-  if (!b->mpending) return sgm__buffer_try_take(pl, b, k);
-  managed_pending_take_locked(pl, b);
-  return SGM_BUF_RELEASED; /* as if taken from its policy */
 }
 
 int sgm__managed_open(sgm_context *ctx) {

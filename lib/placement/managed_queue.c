@@ -88,7 +88,7 @@ out_event:
 }
 
 void sgm__managed_queue_kick(sgm_context *ctx) {
-  if (sgm__prefetch_wake(ctx) == SGM_OK) return;
+  if (sgm__parts_pl(ctx)->ask.prefetch_wake(ctx) == SGM_OK) return;
   /* No worker thread: the moves run here, still on the copy stream. */
   sgm__log(sgm__parts_cfg(ctx)->verbose, 1, "%s; running the queued managed moves on the calling thread",
            sgm_last_error());
@@ -147,7 +147,7 @@ static void mq_run(sgm_context *ctx, sgm_buffer *b, sgm_tier to, void *ev) {
   sgm__buffer_finish(pl, b, SGM_BUF_RELEASED, false); /* the owner may free b from here on */
   /* The room a demotion left goes to the most valuable shared-placed blocks
    * (still counted as running: sgm__managed_queue_wait covers them). */
-  if (moved && to == SGM_TIER_SHARED) sgm__managed_promote(ctx, UINT64_MAX);
+  if (moved && to == SGM_TIER_SHARED) pl->ask.managed_promote(ctx, UINT64_MAX);
   sgm__lock_take(&pl->mlock);
   pl->n_mq_running--;
   if (moved) pl->n_mq_done++;
@@ -225,4 +225,25 @@ void sgm__managed_queue_stats(sgm_context *ctx, sgm_stats *st) {
   st->managed_inline_moved_bytes = pl->mq_moved_bytes[0];
   st->managed_worker_moved_bytes = pl->mq_moved_bytes[1];
   sgm__lock_drop(&pl->mlock);
+}
+
+/* Taking a managed block for a move or a free: moved here from managed.c
+ * (issue 31) so that the queue takes blocks without calling up. */
+
+/* Pending b (BUSY, owned by the list) becomes the caller's: still BUSY,
+ * never listed (pl->mlock held). */
+static void managed_pending_take_locked(struct sgm_placement *pl, sgm_buffer *b) {
+  if (b->mc_prev) b->mc_prev->mc_next = b->mc_next;
+  else pl->mpending_head = b->mc_next;
+  if (b->mc_next) b->mc_next->mc_prev = b->mc_prev;
+  else pl->mpending_tail = b->mc_prev;
+  b->mc_prev = b->mc_next = NULL;
+  b->mpending = false;
+  MANAGED_BUMP(pl->n_mpending, -1);
+}
+
+sgm_buf_state sgm__managed_try_take_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k) {
+  if (!b->mpending) return sgm__buffer_try_take(pl, b, k);
+  managed_pending_take_locked(pl, b);
+  return SGM_BUF_RELEASED; /* as if taken from its policy */
 }

@@ -111,7 +111,7 @@ static int migrate_managed_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, 
   if (to != SGM_TIER_SHARED || b->tier != SGM_TIER_VRAM)
     return sgm__error_set(SGM_ERR_INVALID, "a managed block moves between VRAM and shared memory "
                           "only");
-  int rc = sgm__residency_charge_for(ctx, SGM_TIER_SHARED, b->size, NULL);
+  int rc = sgm__parts_pl(ctx)->ask.residency_charge_for(ctx, SGM_TIER_SHARED, b->size, NULL);
   if (rc == SGM__ERR_BUDGET) return sgm__tier_explain_budget(sgm__parts_tier(ctx, SGM_TIER_SHARED), b->size);
   if (rc != SGM_OK) return rc;
   rc = sgm__migrate_managed(ctx, b, SGM_TIER_SHARED, evict);
@@ -147,7 +147,7 @@ int sgm__migrate_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict
       b->ext = ext;
     } else {
       sgm_devptr dst = 0;
-      int rc = sgm__residency_alloc_for(ctx, next, b->size, NULL, &dst);
+      int rc = pl->ask.residency_alloc_for(ctx, next, b->size, NULL, &dst);
       if ((rc == SGM__ERR_BUDGET || rc == SGM_ERR_NOMEM) && pl->disk) {
         /* Shared memory is full of what cannot move: skip it, straight to disk. */
         rc = sgm__migrate_disk_from_vram(ctx, b);

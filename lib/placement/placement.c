@@ -144,6 +144,15 @@ int sgm__placement_create(sgm_context *ctx) {
   sgm__clock_cond_init(&pl->work_cond); /* monotonic: the managed queue's retry waits on it */
   pthread_cond_init(&pl->mq_cond, NULL);
   pl->clock_ns = placement_monotonic_ns;
+  pl->ask = (sgm_placement_asks){
+      .prefetch_cancel = sgm__prefetch_cancel,
+      .prefetch_wake = sgm__prefetch_wake,
+      .managed_promote = sgm__managed_promote,
+      .managed_flush = sgm__managed_flush,
+      .managed_cache_drop = sgm__managed_cache_drop,
+      .residency_alloc_for = sgm__residency_alloc_for,
+      .residency_charge_for = sgm__residency_charge_for,
+  };
   pl->disk_seen_ms = UINT64_MAX;
   int rc = SGM_OK;
   size_t state_bytes = 0;

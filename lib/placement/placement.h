@@ -112,6 +112,8 @@ static inline int sgm__parts_fork_error(const sgm_context *ctx, const char *fn) 
 /* Buckets of the managed blocks' address map: a power of two; a framework
  * holds hundreds to a few thousand blocks of 2 MiB and more. */
 #define SGM_MANAGED_BUCKETS 1024
+/* A managed counter written under pl->mlock and read without it (managed.c, managed_queue.c). */
+#define MANAGED_BUMP(x, d) __atomic_store_n(&(x), (x) + (d), __ATOMIC_RELAXED)
 
 typedef enum sgm_buf_state { SGM_BUF_RELEASED, SGM_BUF_ACQUIRED, SGM_BUF_BUSY } sgm_buf_state;
 
@@ -180,7 +182,27 @@ struct sgm_buffer {
   /* then, at pl->state_offset: pl->state_bytes of policy state (item.state) */
 };
 
+/* Work a lower placement layer asks of a higher one (issue 31): the prefetch
+ * worker and the managed blocks sit above the state word, the moves and the
+ * decisions that need them, and a move that needs room asks the decisions
+ * (which demote by calling the moves), so those ask through these pointers, which
+ * placement.c fills at create with the named functions (unchanged) — never a
+ * call up. Read-only after create. */
+typedef struct sgm_placement_asks {
+  void (*prefetch_cancel)(struct sgm_placement *pl, sgm_buffer *b); /* sgm__prefetch_cancel */
+  int (*prefetch_wake)(sgm_context *ctx);                           /* sgm__prefetch_wake */
+  uint64_t (*managed_promote)(sgm_context *ctx, uint64_t inline_bytes); /* sgm__managed_promote */
+  void (*managed_flush)(sgm_context *ctx);                          /* sgm__managed_flush */
+  uint64_t (*managed_cache_drop)(sgm_context *ctx, sgm_tier t, uint64_t want); /* sgm__managed_cache_drop */
+  /* residency.c: room in tier t for a move (a victim search that may demote) */
+  int (*residency_alloc_for)(sgm_context *ctx, sgm_tier t, uint64_t size, const sgm_buffer *cand,
+                             uint64_t *out);                    /* sgm__residency_alloc_for */
+  int (*residency_charge_for)(sgm_context *ctx, sgm_tier t, uint64_t size,
+                              const sgm_buffer *cand);          /* sgm__residency_charge_for */
+} sgm_placement_asks;
+
 struct sgm_placement {
+  sgm_placement_asks ask;     /* work asked of the layers above (filled at create) */
   sgm_lock lock;                       /* the buffer list, graveyard (placement.h top) */
   sgm_lock mlock;                      /* the managed map, counters and cache (managed.c) */
   sgm_lock res[SGM_N_RESIDENT];        /* per resident tier: pol[t], n_listed[t], its items */
@@ -579,7 +601,7 @@ bool sgm__managed_queue_on_worker(void);
 void sgm__managed_queue_wait(sgm_context *ctx, bool queued_too);
 /* The queue's counters into *st. */
 void sgm__managed_queue_stats(sgm_context *ctx, sgm_stats *st);
-/* managed.c: take live b for a move or a free (pl->mlock held): a pending
+/* managed_queue.c: take live b for a move or a free (pl->mlock held): a pending
  * one from its list, another by its state word; SGM_BUF_BUSY when another
  * thread owns it (b untouched). */
 sgm_buf_state sgm__managed_try_take_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k);

@@ -180,8 +180,8 @@ static int residency_alloc_making_room(sgm_context *ctx, sgm_tier t, uint64_t si
                       : sgm__tier_alloc(sgm__parts_tier(ctx, t), size, out);
     if (!residency_full(rc)) return rc;
     /* Cached movable ranges are free memory: they go before anyone moves. */
-    if (sgm__managed_cache_drop(ctx, t, size)) continue;
-    sgm__managed_flush(ctx); /* reused blocks whose listing waits: victims too */
+    if (sgm__parts_pl(ctx)->ask.managed_cache_drop(ctx, t, size)) continue;
+    sgm__parts_pl(ctx)->ask.managed_flush(ctx); /* reused blocks whose listing waits: victims too */
     if (__atomic_load_n(&sgm__parts_pl(ctx)->n_listed[t], __ATOMIC_RELAXED) == 0) return rc;
     if (!checked) {
       checked = true;
@@ -215,7 +215,7 @@ uint64_t sgm__residency_trim_to_budget(sgm_context *ctx, sgm_tier t) {
     sgm_tier_stats ts;
     sgm__tier_stats(sgm__parts_tier(ctx, t), &ts);
     if (ts.used_bytes <= ts.budget_bytes) break;
-    sgm__managed_flush(ctx);
+    sgm__parts_pl(ctx)->ask.managed_flush(ctx);
     if (__atomic_load_n(&sgm__parts_pl(ctx)->n_listed[t], __ATOMIC_RELAXED) == 0) break;
     bool refused = false;
     sgm_buffer *v = residency_pick_victim(ctx, t, ts.used_bytes - ts.budget_bytes, NULL, &refused);
