@@ -33,6 +33,11 @@
  * mover) may cancel it under the lock. The worker (prefetch.c's thread) never
  * sleeps on a block's state word: a head that another thread holds BUSY makes
  * it stop and look again later (that owner may free the block).
+ *
+ * Layer (lib/LAYERS): placement-moves. Calls down: the moves (migrate.c),
+ * the state word, the tiers; waking the worker and promoting after a
+ * demotion are asked of the layers above through pl->ask (prefetch_wake,
+ * managed_promote), never called.
  */
 #include <stdlib.h>
 
