@@ -152,6 +152,7 @@ int sgm__placement_create(sgm_context *ctx) {
       .managed_cache_drop = sgm__managed_cache_drop,
       .residency_alloc_for = sgm__residency_alloc_for,
       .residency_charge_for = sgm__residency_charge_for,
+      .valid = sgm__placement_valid,
   };
   pl->disk_seen_ms = UINT64_MAX;
   int rc = SGM_OK;

@@ -199,6 +199,7 @@ typedef struct sgm_placement_asks {
                              uint64_t *out);                    /* sgm__residency_alloc_for */
   int (*residency_charge_for)(sgm_context *ctx, sgm_tier t, uint64_t size,
                               const sgm_buffer *cand);          /* sgm__residency_charge_for */
+  bool (*valid)(struct sgm_placement *pl); /* sgm__placement_valid: the invariant walk (debug) */
 } sgm_placement_asks;
 
 struct sgm_placement {

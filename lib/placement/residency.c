@@ -87,7 +87,7 @@ static sgm_buffer *residency_pick_victim(sgm_context *ctx, sgm_tier t, uint64_t 
   uint64_t search = __atomic_fetch_add(&pl->n_searches, 1, __ATOMIC_RELAXED);
   /* The walk takes every placement lock itself: before this search's. */
   if (SGM_EXPENSIVE_CHECKS && (listed <= RESIDENCY_CHECK_ALWAYS || search % RESIDENCY_CHECK_EVERY == 0))
-    sgm_assert_expensive(sgm__placement_valid(pl));
+    sgm_assert_expensive(pl->ask.valid(pl));
   sgm_lock *lock = sgm__residency_lock(pl, t);
   sgm__lock_take(lock);
   sgm_policy_item *it;
