@@ -8,6 +8,7 @@
  * themselves, the context's own counters are atomics.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,23 +18,22 @@
 
 #include "backend/backend.h"
 #include "internal.h"
+#include "placement/placement.h"
 #include "tiers/disk.h"
 #include "tiers/tier.h"
 
 /* The context (opaque outside this file: internal.h's accessors). */
 struct sgm_context {
+  sgm_context_parts parts;                 /* first: what placement reads (placement.h): cfg,
+                                              bops, be, tiers, budget, pl, managed */
   sgm_config cfg;                          /* as resolved at create (TF override applied); never
                                               written after create: sgm_context_config hands it out */
   double vram_fraction;                    /* the VRAM fraction in force (guarded by lock) */
-  const struct sgm_backend_ops *bops;      /* the backend's vtable */
-  struct sgm_backend *be;                  /* the opened device */
   uint64_t device_total_bytes;             /* device memory as the backend reported at create */
   uint64_t physical_ram_bytes;             /* min(machine RAM, cgroup limit) at create */
   uint64_t cuda_memory_limit_bytes;        /* CUDA_DEVICE_MEMORY_LIMIT cap; 0 = none */
   char cuda_memory_limit_name[SGM_CUDA_LIMIT_NAME_MAX]; /* the variable that set it (_<device> or not) */
   uint64_t budget_bytes[SGM_TIER_COUNT];   /* each tier's budget, resolved at create */
-  struct sgm_tier_pool *tiers[SGM_TIER_COUNT]; /* VRAM and shared pools; disk is placement's */
-  struct sgm_placement *pl;                /* buffers, residency lists, disk tier, prefetch */
   uint64_t n_bad_frees;                    /* frees refused: foreign pointer or double free */
   uint64_t n_fallbacks;                    /* allocations that wanted VRAM and got shared */
   uint64_t fallback_bytes;                 /* bytes of those */
@@ -47,25 +47,24 @@ struct sgm_context {
   sgm_lock idle_mu;                        /* guards idle_stop for the condition variable */
   bool idle_running;                       /* the idle thread was started */
   bool idle_stop;                          /* asks the idle thread to end */
-  unsigned fork_generation;                /* sgm__fork_generation when created */
-  long owner_pid;                          /* the process that created it (messages only) */
   struct sgm_share *share;                 /* share.c: the node registry and fair budgets; NULL = untracked */
-  bool managed;                            /* SGM_POINTERS resolved to managed (managed.c) */
   uint64_t interposed_vram_bytes;          /* device memory the program took from the driver itself,
                                               as an interposer reports it (sgm_interpose_vram; atomic) */
   uint64_t interposed_vram_peak;           /* the highest interposed_vram_bytes seen (atomic) */
   bool interposed;                         /* an interposer (libsgm-preload.so) drives this context */
   struct sgm_capture *capture;             /* capture.c: capture pools (made at create) */
 };
+/* placement.h reads the parts through the context's pointer: they come first. */
+_Static_assert(offsetof(struct sgm_context, parts) == 0, "sgm_context_parts must be sgm_context's first member");
 
 const sgm_config *sgm__context_cfg(const sgm_context *ctx) { return &ctx->cfg; }
-const struct sgm_backend_ops *sgm__context_bops(const sgm_context *ctx) { return ctx->bops; }
-struct sgm_backend *sgm__context_be(const sgm_context *ctx) { return ctx->be; }
-struct sgm_tier_pool *sgm__context_tier(const sgm_context *ctx, sgm_tier t) { return ctx->tiers[t]; }
+const struct sgm_backend_ops *sgm__context_bops(const sgm_context *ctx) { return ctx->parts.bops; }
+struct sgm_backend *sgm__context_be(const sgm_context *ctx) { return ctx->parts.be; }
+struct sgm_tier_pool *sgm__context_tier(const sgm_context *ctx, sgm_tier t) { return ctx->parts.tiers[t]; }
 uint64_t sgm__context_budget(const sgm_context *ctx, sgm_tier t) { return ctx->budget_bytes[t]; }
-struct sgm_placement *sgm__context_pl(const sgm_context *ctx) { return ctx->pl; }
-void sgm__context_set_pl(sgm_context *ctx, struct sgm_placement *pl) { ctx->pl = pl; }
-void sgm__context_set_bops(sgm_context *ctx, const struct sgm_backend_ops *bops) { ctx->bops = bops; }
+struct sgm_placement *sgm__context_pl(const sgm_context *ctx) { return ctx->parts.pl; }
+void sgm__context_set_pl(sgm_context *ctx, struct sgm_placement *pl) { ctx->parts.pl = pl; }
+void sgm__context_set_bops(sgm_context *ctx, const struct sgm_backend_ops *bops) { ctx->parts.bops = bops; }
 
 void sgm__context_budgets(sgm_context *ctx, uint64_t *vram, uint64_t *shared) {
   sgm__lock_take(&ctx->lock);
@@ -93,9 +92,9 @@ void sgm__context_set_device_total(sgm_context *ctx, uint64_t bytes) { ctx->devi
 uint64_t sgm__context_physical_ram(const sgm_context *ctx) { return ctx->physical_ram_bytes; }
 struct sgm_share *sgm__context_share(const sgm_context *ctx) { return ctx->share; }
 void sgm__context_set_share(sgm_context *ctx, struct sgm_share *sh) { ctx->share = sh; }
-bool sgm__context_managed(const sgm_context *ctx) { return ctx->managed; }
+bool sgm__context_managed(const sgm_context *ctx) { return ctx->parts.managed; }
 struct sgm_capture *sgm__context_capture(const sgm_context *ctx) { return ctx->capture; }
-void sgm__context_set_managed(sgm_context *ctx, bool on) { ctx->managed = on; }
+void sgm__context_set_managed(sgm_context *ctx, bool on) { ctx->parts.managed = on; }
 
 void sgm__context_counters(const sgm_context *ctx, sgm_stats *out) {
   out->n_fallbacks = __atomic_load_n(&ctx->n_fallbacks, __ATOMIC_RELAXED);
@@ -103,22 +102,21 @@ void sgm__context_counters(const sgm_context *ctx, sgm_stats *out) {
   out->device_total_bytes = ctx->device_total_bytes;
   out->physical_ram_bytes = ctx->physical_ram_bytes;
   out->n_bad_frees = __atomic_load_n(&ctx->n_bad_frees, __ATOMIC_RELAXED);
-  if (ctx->tiers[SGM_TIER_VRAM])
+  if (ctx->parts.tiers[SGM_TIER_VRAM])
   {
-    sgm__tier_vmm_info(ctx->tiers[SGM_TIER_VRAM], &out->vram_granule_bytes,
+    sgm__tier_vmm_info(ctx->parts.tiers[SGM_TIER_VRAM], &out->vram_granule_bytes,
                        &out->vram_reserved_bytes);
-    out->vram_map_calls = sgm__tier_vmm_calls(ctx->tiers[SGM_TIER_VRAM]);
+    out->vram_map_calls = sgm__tier_vmm_calls(ctx->parts.tiers[SGM_TIER_VRAM]);
   }
   /* Driver calls (issue 16): the backend's own count; no driver call to read. */
   sgm_backend_counters bc;
   memset(&bc, 0, sizeof bc);
-  ctx->bops->counters(ctx->be, &bc);
+  ctx->parts.bops->counters(ctx->parts.be, &bc);
   out->driver_calls = bc.n_driver_calls;
 }
 
 bool sgm__context_forked(const sgm_context *ctx) {
-  return sgm_unlikely(__atomic_load_n(&sgm__fork_generation, __ATOMIC_RELAXED) !=
-                      ctx->fork_generation);
+  return sgm__fork_stale(ctx->parts.fork_generation);
 }
 
 /* The shared pool's floor, as Windows: max(RAM / 2, 64 MiB). */
@@ -151,17 +149,17 @@ uint64_t sgm__context_idle_tick(sgm_context *ctx) {
   uint64_t now = sgm__context_now_ms(ctx);
   uint64_t returned = 0;
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
-    if (!ctx->tiers[t]) continue;
+    if (!ctx->parts.tiers[t]) continue;
     /* Cached blocks whose streams' work has completed go back to the pool,
      * so that wholly free chunks can be seen and returned. */
-    if (sgm__tier_has_cached(ctx->tiers[t])) sgm__tier_reclaim(ctx->tiers[t], NULL, SGM_RECLAIM_QUERY);
-    returned += sgm__tier_idle_trim(ctx->tiers[t], now, ctx->cfg.idle_trim_ms);
+    if (sgm__tier_has_cached(ctx->parts.tiers[t])) sgm__tier_reclaim(ctx->parts.tiers[t], NULL, SGM_RECLAIM_QUERY);
+    returned += sgm__tier_idle_trim(ctx->parts.tiers[t], now, ctx->cfg.idle_trim_ms);
   }
   /* Disk blocks kept for reuse and the pinned staging, unused for the delay. */
   returned += sgm__placement_idle_trim(ctx, now, ctx->cfg.idle_trim_ms);
   /* Managed blocks in shared memory take the VRAM room that has appeared;
    * cached movable ranges unused for the idle delay go back. */
-  if (ctx->managed) {
+  if (ctx->parts.managed) {
     returned += sgm__managed_cache_idle(ctx, now, ctx->cfg.idle_trim_ms);
     sgm__managed_promote(ctx, UINT64_MAX);
   }
@@ -217,28 +215,11 @@ static void context_stop_idle_thread(sgm_context *ctx) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* fork(). A child has one thread, copies of the parent's structures (possibly
- * mid-update under a lock another thread held), the parent's spill file
- * description and no usable device: nothing it does through an inherited
- * context may touch them. A pthread_atfork child handler bumps the fork
- * generation; every public entry compares it with the one its context was
- * created in: one relaxed load on the hot path, no getpid(). */
-
-unsigned sgm__fork_generation;
-static pthread_once_t context_fork_once = PTHREAD_ONCE_INIT;
-
-static void context_atfork_child(void) {
-  __atomic_add_fetch(&sgm__fork_generation, 1, __ATOMIC_RELAXED);
-}
-
-static void context_fork_register(void) { pthread_atfork(NULL, NULL, context_atfork_child); }
+/* fork(): the generation and its message live in prim/fork.c; the context
+ * keeps the one it was created in (parts.fork_generation). */
 
 int sgm__context_fork_error(const sgm_context *ctx, const char *fn) {
-  return sgm__error_set(SGM_ERR_UNSUPPORTED,
-                        "%s: this context was created by process %ld before fork(); a child "
-                        "cannot use it (its memory, device and spill file belong to the parent). "
-                        "Create a new context in the child",
-                        fn, (long)ctx->owner_pid);
+  return sgm__fork_error(ctx->parts.owner_pid, fn);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -334,7 +315,7 @@ static int context_shared_budget(const sgm_context *ctx, uint64_t *out, char *wh
   /* Issue 28 item 10: under a small `ulimit -l` (8 MiB by default for users),
    * the shared tier keeps within it (what does not fit goes to disk or
    * fails with a message) instead of failing at the first pin. */
-  uint64_t memlock = ctx->bops->pins_with_mlock ? context_memlock_left() : UINT64_MAX;
+  uint64_t memlock = ctx->parts.bops->pins_with_mlock ? context_memlock_left() : UINT64_MAX;
   if (memlock < b) {
     char m[32];
     uint64_t clamped = memlock > SGM_DEVICE_ALIGN ? memlock : SGM_DEVICE_ALIGN;
@@ -374,6 +355,8 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   sgm_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_NOMEM, "out of host memory creating a context");
   ctx->cfg = *cfg_in;
+  ctx->parts.cfg = &ctx->cfg; /* handed down to placement (placement.h) */
+  ctx->parts.budget = ctx->budget_bytes;
   /* The admin's policy wins over the environment and the program's code. */
   rc = sgm__admin_apply(sgm__admin_current(), &ctx->cfg);
   if (rc != SGM_OK) {
@@ -383,9 +366,8 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   /* First: the node registry's first tick (before the tiers) reads the clock. */
   sgm__lock_init(&ctx->lock, SGM_LOCK_CONTEXT);
   ctx->clock_ms = context_monotonic_ms;
-  pthread_once(&context_fork_once, context_fork_register);
-  ctx->fork_generation = __atomic_load_n(&sgm__fork_generation, __ATOMIC_RELAXED);
-  ctx->owner_pid = getpid();
+  ctx->parts.fork_generation = sgm__fork_watch();
+  ctx->parts.owner_pid = getpid();
   ctx->vram_fraction = ctx->cfg.vram_fraction;
   ctx->capture = sgm__capture_create();
   if (!ctx->capture) {
@@ -397,10 +379,10 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
                                          ctx->cuda_memory_limit_name, sizeof ctx->cuda_memory_limit_name);
   if (rc != SGM_OK) goto out_free;
 
-  rc = sgm__backend_open(&ctx->cfg, &ctx->bops, &ctx->be);
+  rc = sgm__backend_open(&ctx->cfg, &ctx->parts.bops, &ctx->parts.be);
   if (rc != SGM_OK) goto out_free;
   uint64_t free_bytes = 0;
-  rc = ctx->bops->mem_info(ctx->be, &free_bytes, &ctx->device_total_bytes);
+  rc = ctx->parts.bops->mem_info(ctx->parts.be, &free_bytes, &ctx->device_total_bytes);
   if (rc != SGM_OK) goto out_close;
   rc = sgm__managed_open(ctx);
   if (rc != SGM_OK) goto out_close;
@@ -423,8 +405,8 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   sgm_tier_params vp = {
       .tier = SGM_TIER_VRAM,
       .ops = &sgm__vram_chunk_ops,
-      .bops = ctx->bops,
-      .be = ctx->be,
+      .bops = ctx->parts.bops,
+      .be = ctx->parts.be,
       .budget_bytes = ctx->share ? start_budget[SGM_TIER_VRAM] : ctx->budget_bytes[SGM_TIER_VRAM],
       .growth = ctx->cfg.allow_growth != 0,
       .growth_chunk_bytes = ctx->cfg.growth_chunk_bytes,
@@ -435,7 +417,7 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
       .vmm_range_bytes = ctx->device_total_bytes,
   };
   vp.max_chunk_bytes = CONTEXT_VRAM_MAX_CHUNK;
-  if (ctx->managed && !vp.growth) {
+  if (ctx->parts.managed && !vp.growth) {
     /* Managed blocks share the VRAM budget with the pool's chunks: a pool
      * that reserved the whole budget would leave them none. */
     sgm__log(ctx->cfg.verbose, 2, "SGM_POINTERS=managed: VRAM grows on demand (the budget is shared "
@@ -443,7 +425,7 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
     vp.growth = true;
   }
   vp.limit_hint = "SGM_VRAM_LIMIT / SGM_VRAM_FRACTION";
-  rc = sgm__tier_create(&vp, &ctx->tiers[SGM_TIER_VRAM]);
+  rc = sgm__tier_create(&vp, &ctx->parts.tiers[SGM_TIER_VRAM]);
   if (rc != SGM_OK) goto out_close;
 
   /* Shared GPU memory: always lazily committed, whatever the VRAM mode. */
@@ -457,10 +439,10 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   sp.growth_chunk_bytes = ctx->cfg.shared_chunk_bytes;
   sp.max_chunk_bytes = CONTEXT_SHARED_MAX_CHUNK;
   sp.limit_hint = "SGM_SHARED_LIMIT";
-  rc = sgm__tier_create(&sp, &ctx->tiers[SGM_TIER_SHARED]);
+  rc = sgm__tier_create(&sp, &ctx->parts.tiers[SGM_TIER_SHARED]);
   if (rc != SGM_OK) goto out_tiers;
   if (shared_why[0]) /* the budget-exhausted message then names the limit, not SGM_SHARED_LIMIT */
-    sgm__tier_set_budget_why(ctx->tiers[SGM_TIER_SHARED], sp.budget_bytes, shared_why);
+    sgm__tier_set_budget_why(ctx->parts.tiers[SGM_TIER_SHARED], sp.budget_bytes, shared_why);
 
   rc = sgm__placement_create(ctx);
   if (rc != SGM_OK) goto out_tiers;
@@ -472,7 +454,7 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
 
   char v[32], t[32], s[32];
   sgm__log(ctx->cfg.verbose, 2, "context on %s device %d: VRAM budget %s of %s (%s), shared budget %s",
-           ctx->bops->name, ctx->cfg.device,
+           ctx->parts.bops->name, ctx->cfg.device,
            sgm__fmt_bytes(ctx->budget_bytes[SGM_TIER_VRAM], v, sizeof v),
            sgm__fmt_bytes(ctx->device_total_bytes, t, sizeof t),
            ctx->cfg.allow_growth ? "growth mode" : "reserved",
@@ -486,11 +468,11 @@ out_lock:
   context_stop_idle_thread(ctx);
   sgm__placement_destroy(ctx);
 out_tiers:
-  for (int k = SGM_TIER_COUNT - 1; k >= 0; k--) sgm__tier_destroy(ctx->tiers[k]);
+  for (int k = SGM_TIER_COUNT - 1; k >= 0; k--) sgm__tier_destroy(ctx->parts.tiers[k]);
 out_share:
   sgm__share_leave(ctx);
 out_close:
-  ctx->bops->close(ctx->be);
+  ctx->parts.bops->close(ctx->parts.be);
 out_free:
   sgm__capture_destroy(ctx->capture);
   sgm__lock_destroy(&ctx->lock);
@@ -505,7 +487,7 @@ out_free:
  * closed (a process-local act); the rest of the copy is left to the child's
  * exit or exec, which is the only safe way to give it back. */
 static void context_destroy_forked(sgm_context *ctx) {
-  struct sgm_disk *d = ctx->pl ? sgm__placement_disk(ctx) : NULL;
+  struct sgm_disk *d = ctx->parts.pl ? sgm__placement_disk(ctx) : NULL;
   if (d) close(sgm__disk_fd(d));
 }
 
@@ -521,9 +503,9 @@ SGM_API void sgm_context_destroy(sgm_context *ctx) {
   sgm__capture_destroy(ctx->capture);
   sgm__lock_destroy(&ctx->lock);
   sgm__placement_destroy(ctx);
-  for (int t = SGM_TIER_COUNT - 1; t >= 0; t--) sgm__tier_destroy(ctx->tiers[t]);
+  for (int t = SGM_TIER_COUNT - 1; t >= 0; t--) sgm__tier_destroy(ctx->parts.tiers[t]);
   sgm__share_leave(ctx);
-  ctx->bops->close(ctx->be);
+  ctx->parts.bops->close(ctx->parts.be);
   free(ctx);
 }
 
@@ -540,7 +522,7 @@ static void *context_fallback(sgm_context *ctx, sgm_devptr d, size_t size) {
   __atomic_fetch_add(&ctx->fallback_bytes, (uint64_t)size, __ATOMIC_RELAXED);
   if (n == 0 && ctx->cfg.verbose >= 1) {
     char a[32];
-    sgm__tier_explain_budget(ctx->tiers[SGM_TIER_VRAM], size);
+    sgm__tier_explain_budget(ctx->parts.tiers[SGM_TIER_VRAM], size);
     sgm__log(ctx->cfg.verbose, 1, "VRAM budget full: allocations now spill into shared GPU memory "
              "(first: %s; %s). Set SGM_SHARED_FALLBACK=off to fail instead",
              sgm__fmt_bytes(size, a, sizeof a), sgm_last_error());
@@ -584,19 +566,19 @@ int sgm__context_set_vram_fraction(sgm_context *ctx, double fraction) {
   }
   sgm__lock_drop(&ctx->lock);
   if (rc != SGM_OK) return rc; /* the budget stays as it was */
-  sgm__tier_set_budget(ctx->tiers[SGM_TIER_VRAM], budget);
-  if (ctx->managed) sgm__managed_cache_fit(ctx, SGM_TIER_VRAM); /* cached ranges over it go back */
+  sgm__tier_set_budget(ctx->parts.tiers[SGM_TIER_VRAM], budget);
+  if (ctx->parts.managed) sgm__managed_cache_fit(ctx, SGM_TIER_VRAM); /* cached ranges over it go back */
   return SGM_OK;
 }
 
 SGM_API const char *sgm_context_backend(const sgm_context *ctx) {
-  return ctx ? ctx->bops->name : "none";
+  return ctx ? ctx->parts.bops->name : "none";
 }
 
 static void *context_alloc(sgm_context *ctx, size_t size, void *stream) {
   sgm_devptr d = 0;
   sgm_tier where;
-  if (ctx->managed && size >= SGM_MANAGED_MOVABLE_BYTES) {
+  if (ctx->parts.managed && size >= SGM_MANAGED_MOVABLE_BYTES) {
     if (sgm__managed_alloc(ctx, size, stream, &d, &where) != SGM_OK) return NULL;
   } else if (sgm_unlikely(sgm__residency_alloc(ctx, size, stream, &d, &where) != SGM_OK)) {
     return NULL;
@@ -716,13 +698,13 @@ SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream) {
    * on `stream` may still use the block, so it is cached for that stream —
    * reusable by its later work at once, with no driver call — and reaches
    * other streams only through a device-side wait (lib/tiers/pool/xfer.c). */
-  if (ctx->managed && sgm__managed_free(ctx, d, stream) == SGM_OK) return SGM_OK;
+  if (ctx->parts.managed && sgm__managed_free(ctx, d, stream) == SGM_OK) return SGM_OK;
   sgm_stream_ref ref;
-  ctx->bops->stream_ref(ctx->be, stream, &ref);
+  ctx->parts.bops->stream_ref(ctx->parts.be, stream, &ref);
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
     /* A fallback block's free skips the VRAM lookup by address alone. */
-    if (!ctx->tiers[t] || !sgm__tier_may_own(ctx->tiers[t], d)) continue;
-    int rc = sgm__tier_free_on(ctx->tiers[t], d, &ref);
+    if (!ctx->parts.tiers[t] || !sgm__tier_may_own(ctx->parts.tiers[t], d)) continue;
+    int rc = sgm__tier_free_on(ctx->parts.tiers[t], d, &ref);
     if (sgm_likely(rc == SGM_OK)) return SGM_OK;
     if (rc != SGM_ERR_INVALID) {
       /* An event for a stream named by sgm_record_stream could not be
@@ -747,15 +729,15 @@ SGM_API sgm_status sgm_record_stream(sgm_context *ctx, void *ptr, void *stream) 
     sgm__capture_recorded(ctx->capture, (sgm_devptr)(uintptr_t)ptr);
   }
   sgm_stream_ref ref;
-  ctx->bops->stream_ref(ctx->be, stream, &ref);
+  ctx->parts.bops->stream_ref(ctx->parts.be, stream, &ref);
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
-    if (!ctx->tiers[t]) continue;
-    int rc = sgm__tier_record_stream(ctx->tiers[t], (sgm_devptr)(uintptr_t)ptr, &ref);
+    if (!ctx->parts.tiers[t]) continue;
+    int rc = sgm__tier_record_stream(ctx->parts.tiers[t], (sgm_devptr)(uintptr_t)ptr, &ref);
     if (rc != SGM_ERR_INVALID) return (sgm_status)rc;
   }
   /* A managed block so named is not cached at its free: the driver's free
    * waits for all work using it. */
-  if (ctx->managed && sgm__managed_record_stream(ctx, (sgm_devptr)(uintptr_t)ptr)) return SGM_OK;
+  if (ctx->parts.managed && sgm__managed_record_stream(ctx, (sgm_devptr)(uintptr_t)ptr)) return SGM_OK;
   return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_record_stream: %p is not a live "
                                     "allocation of this context (from sgm_alloc, not yet freed)",
                                     ptr);
@@ -772,8 +754,8 @@ SGM_API sgm_tier sgm_pointer_tier(sgm_context *ctx, const void *ptr) {
     return SGM_TIER_NONE;
   }
   for (int t = 0; t < SGM_TIER_COUNT; t++)
-    if (ctx->tiers[t] && sgm__tier_owns(ctx->tiers[t], (sgm_devptr)(uintptr_t)ptr)) return (sgm_tier)t;
-  return ctx->managed ? sgm__managed_tier(ctx, (sgm_devptr)(uintptr_t)ptr) : SGM_TIER_NONE;
+    if (ctx->parts.tiers[t] && sgm__tier_owns(ctx->parts.tiers[t], (sgm_devptr)(uintptr_t)ptr)) return (sgm_tier)t;
+  return ctx->parts.managed ? sgm__managed_tier(ctx, (sgm_devptr)(uintptr_t)ptr) : SGM_TIER_NONE;
 }
 
 SGM_API sgm_status sgm_trim(sgm_context *ctx) {
@@ -781,9 +763,9 @@ SGM_API sgm_status sgm_trim(sgm_context *ctx) {
   if (sgm__context_forked(ctx)) return (sgm_status)sgm__context_fork_error(ctx, "sgm_trim");
   uint64_t returned = 0;
   for (int t = 0; t < SGM_TIER_COUNT; t++)
-    if (ctx->tiers[t]) returned += sgm__tier_trim(ctx->tiers[t]);
+    if (ctx->parts.tiers[t]) returned += sgm__tier_trim(ctx->parts.tiers[t]);
   returned += sgm__placement_trim(ctx);
-  if (ctx->managed) {
+  if (ctx->parts.managed) {
     sgm__managed_queue_drain(ctx); /* queued moves run now, before the ranges go back */
     returned += sgm__managed_cache_drop(ctx, SGM_TIER_COUNT, UINT64_MAX);
     sgm__managed_promote(ctx, UINT64_MAX); /* into the room trimming left */

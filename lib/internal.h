@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "sgm.h"
+#include "tool_support.h" /* the internals tools may use, declared once */
 
 /* ------------------------------------------------------------------------ */
 /* Assertions: levels switched by SGM_DEBUG (0 off, 1 contracts, 2 internal,
@@ -65,8 +66,7 @@ int sgm__error_set(int status, const char *fmt, ...) SGM_PRINTF(2, 3);
 void sgm__error_clear(void);
 /* Write one line "sgm: <level>: <msg>" to stderr when verbose >= level. */
 void sgm__log(int verbose, int level, const char *fmt, ...) SGM_PRINTF(3, 4);
-/* Format bytes for people: "1.50 GiB". buf of at least 32 bytes; returns buf. */
-const char *sgm__fmt_bytes(uint64_t bytes, char *buf, size_t len);
+/* sgm__fmt_bytes (bytes for people): tool_support.h. */
 
 /* ------------------------------------------------------------------------ */
 /* Locks with a fixed order, checked when SGM_DEBUG >= 2: a thread may only take
@@ -184,16 +184,19 @@ int sgm__options_cuda_memory_limit(int device, uint64_t *out);
  * the cap name the one the scheduler wrote (issue 29). name_len >= SGM_CUDA_LIMIT_NAME_MAX. */
 #define SGM_CUDA_LIMIT_NAME_MAX 48
 int sgm__options_cuda_memory_limit_ex(int device, uint64_t *out, char *name, size_t name_len);
-/* ASCII case-insensitive string equality (option values, policy names). */
-bool sgm__options_str_ieq(const char *a, const char *b);
 /* Resolve a size against its reference (device memory, RAM, free disk); unset gives dflt. */
 uint64_t sgm__size_resolve(sgm_size s, uint64_t reference, uint64_t dflt);
 
 /* ------------------------------------------------------------------------ */
+/* prim/str.c — string helpers below options and policy. */
+
+/* ASCII case-insensitive string equality (option values, policy names). Any thread. */
+bool sgm__str_ieq(const char *a, const char *b);
+
+/* ------------------------------------------------------------------------ */
 /* prim/clock.c — the one monotonic clock. */
 
-/* CLOCK_MONOTONIC in nanoseconds. Any thread; never fails. */
-uint64_t sgm__clock_monotonic_ns(void);
+/* sgm__clock_monotonic_ns (CLOCK_MONOTONIC in ns): tool_support.h. */
 /* Initialise a condition variable whose timed waits run on CLOCK_MONOTONIC. */
 void sgm__clock_cond_init(pthread_cond_t *c);
 /* The CLOCK_MONOTONIC time ms milliseconds from now, for such a wait. */
@@ -322,8 +325,18 @@ void sgm__context_counters(const sgm_context *ctx, sgm_stats *out);
  * atomic loads). */
 bool sgm__context_interposed(sgm_context *ctx, uint64_t *vram_bytes, uint64_t *peak_bytes);
 
-/* fork(): bumped in every child by a pthread_atfork handler (atomic). */
+/* prim/fork.c — fork(): bumped in every child by a pthread_atfork handler (atomic). */
 extern unsigned sgm__fork_generation;
+/* Start counting forks (once per process) and return the generation now: a
+ * context keeps it and is stale in a child. */
+unsigned sgm__fork_watch(void);
+/* True when the process forked since generation gen (one relaxed load). */
+static inline bool sgm__fork_stale(unsigned gen) {
+  return sgm_unlikely(__atomic_load_n(&sgm__fork_generation, __ATOMIC_RELAXED) != gen);
+}
+/* Set "fn: this context was created by process owner_pid before fork() ..."
+ * and return SGM_ERR_UNSUPPORTED. */
+int sgm__fork_error(long owner_pid, const char *fn);
 /* True in a child of the process that created ctx: every public entry asks
  * (one relaxed load) and answers sgm__context_fork_error. */
 bool sgm__context_forked(const sgm_context *ctx);
@@ -426,10 +439,10 @@ sgm_tier sgm__managed_tier(sgm_context *ctx, uint64_t d);
  * demotion), highest priority first, then the most recently touched (blocks a
  * cold hint sent down stay); stops at the first that does not fit. The first
  * up to inline_bytes move on this thread, the rest are queued to the worker
- * on the copy stream (lib/managed_queue.c), their room charged. Bytes moved
+ * on the copy stream (lib/placement/managed_queue.c), their room charged. Bytes moved
  * or queued. No lock held. */
 uint64_t sgm__managed_promote(sgm_context *ctx, uint64_t inline_bytes);
-/* sgm_trim: run the queued managed moves now (lib/managed_queue.c). */
+/* sgm_trim: run the queued managed moves now (lib/placement/managed_queue.c). */
 void sgm__managed_queue_drain(sgm_context *ctx);
 /* Stats: the managed counters into *st (tier used/n_live included). */
 void sgm__managed_stats(sgm_context *ctx, sgm_stats *st);
@@ -699,11 +712,9 @@ void sgm__node_usage_sum(const sgm_node_usage *u, size_t n, sgm_node_usage *out)
 /* ------------------------------------------------------------------------ */
 /* admin.c — the admin policy file (see the file's opening comment). */
 
-typedef struct sgm_admin_policy sgm_admin_policy;
+/* sgm_admin_policy, sgm__admin_current, sgm__admin_registry_dir: tool_support.h. */
 /* The build-time path of the policy file (SGM_ADMIN_CONF_PATH). */
 const char *sgm__policy_path(void);
-/* The policy in force for this process (loaded once; present = false: none). */
-const sgm_admin_policy *sgm__admin_current(void);
 /* The size of a policy (tests allocate one for sgm__admin_parse). */
 size_t sgm__admin_policy_bytes(void);
 /* Parse path into pol (tests): SGM_OK also when it does not exist (no
@@ -727,8 +738,6 @@ uint64_t sgm__admin_vram_cap(const sgm_admin_policy *pol, uint32_t uid, bool sel
 /* The most VRAM a record of uid may reserve; UINT64_MAX when the policy
  * grants no reservations (users' own, as without one). */
 uint64_t sgm__admin_vram_reserve(const sgm_admin_policy *pol, uint32_t uid, uint64_t total);
-/* The policy's registry folder; NULL none. */
-const char *sgm__admin_registry_dir(const sgm_admin_policy *pol);
 /* The registry's group from the policy; -1 none. */
 int64_t sgm__admin_gid(const sgm_admin_policy *pol);
 /* The policy's cap and reservation for uid: true when it names either. */

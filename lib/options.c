@@ -232,12 +232,6 @@ typedef union opt_value {
   int i;           /* SGM_OPT_BOOL, SGM_OPT_INT, SGM_OPT_ENUM */
 } opt_value;
 
-bool sgm__options_str_ieq(const char *a, const char *b) {
-  for (; *a && *b; a++, b++)
-    if (tolower((unsigned char)*a) != tolower((unsigned char)*b)) return false;
-  return *a == *b;
-}
-
 /* value as it may go into a message: at most 64 characters, unprintables as '?'. */
 static const char *show_value(const char *v, char *buf, size_t len) {
   size_t n = 0, i = 0;
@@ -565,7 +559,7 @@ static bool option_parse_value(const sgm_option *opt, const char *value, opt_val
     case SGM_OPT_SIZE: {
       if (trim_copy(value, t, sizeof t) && opt->names)
         for (size_t i = 0; opt->names[i]; i++)
-          if (sgm__options_str_ieq(t, opt->names[i])) return true; /* unset: the documented default */
+          if (sgm__str_ieq(t, opt->names[i])) return true; /* unset: the documented default */
       size_reason r = size_parse(value, true, &v->size);
       if (r == SIZE_OK && v->size.bytes == 0 && v->size.fraction == 0) {
         char names[48];
@@ -615,8 +609,8 @@ static bool option_parse_value(const sgm_option *opt, const char *value, opt_val
       bool ok = trim_copy(value, t, sizeof t);
       v->i = -1;
       for (size_t i = 0; ok && yes[i]; i++) {
-        if (sgm__options_str_ieq(t, yes[i])) v->i = 1;
-        if (sgm__options_str_ieq(t, no[i])) v->i = 0;
+        if (sgm__str_ieq(t, yes[i])) v->i = 1;
+        if (sgm__str_ieq(t, no[i])) v->i = 0;
       }
       if (v->i < 0) {
         snprintf(why, len, "is not a boolean: use 1/0, true/false, yes/no or on/off");
@@ -653,7 +647,7 @@ static bool option_parse_value(const sgm_option *opt, const char *value, opt_val
       v->i = -1;
       if (trim_copy(value, t, sizeof t))
         for (int i = 0; opt->names[i]; i++)
-          if (sgm__options_str_ieq(t, opt->names[i])) v->i = i;
+          if (sgm__str_ieq(t, opt->names[i])) v->i = i;
       if (v->i < 0) {
         char names[128];
         snprintf(why, len, "is not valid: use one of %s", join_names(opt->names, names, sizeof names));
@@ -709,7 +703,7 @@ static const char *string_known(const sgm_option *opt, const char *value) {
     return ops ? ops->name : NULL;
   }
   for (size_t i = 0; opt->names[i]; i++)
-    if (sgm__options_str_ieq(value, opt->names[i])) return opt->names[i];
+    if (sgm__str_ieq(value, opt->names[i])) return opt->names[i];
   return NULL;
 }
 

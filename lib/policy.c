@@ -59,7 +59,7 @@ static size_t policy_ops_bytes(uint32_t abi) {
 /* Index of name in the registry, or -1 (registry_mu held). */
 static long registry_find_locked(const char *name) {
   for (size_t i = 0; i < registry_n; i++)
-    if (sgm__options_str_ieq(registry[i]->name, name)) return (long)i;
+    if (sgm__str_ieq(registry[i]->name, name)) return (long)i;
   return -1;
 }
 
@@ -97,7 +97,7 @@ static int policy_validate(const sgm_policy_ops *ops) {
                           "state per buffer; at most %u", ops->name, ops->state_bytes,
                           SGM_POLICY_STATE_MAX);
   for (size_t i = 0; i < sizeof reserved_names / sizeof reserved_names[0]; i++)
-    if (sgm__options_str_ieq(ops->name, reserved_names[i]))
+    if (sgm__str_ieq(ops->name, reserved_names[i]))
       return sgm__error_set(SGM_ERR_INVALID, "sgm_policy_register: the name \"%s\" is reserved",
                             ops->name);
   return SGM_OK;

@@ -27,6 +27,7 @@
 #include <sys/stat.h>
 #include <stddef.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "tool_support.h"
 #include "sgm/node.h"
 
 /* Exit codes (docs/smi.md). */

@@ -139,7 +139,7 @@
  *    memory grows and unmaps on trim.
  */
 /*
- * Managed memory (CUDA Unified Memory; SGM_POINTERS=managed, lib/managed.c).
+ * Managed memory (CUDA Unified Memory; SGM_POINTERS=managed, lib/placement/managed.c).
  * One address the CPU and the device share; its pages live in device memory
  * or in host memory and move under advice and prefetches.
  *  - managed_support() answers SGM_OK when the device and driver can run
@@ -351,7 +351,7 @@ typedef struct sgm_backend_ops {
                       const uint32_t *idx, uint64_t n);
   void (*vmm_pool_unmap)(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes);
   void (*vmm_pool_free)(sgm_backend *be, void *pool);
-  /* ---- the managed move queue (issue 14, lib/managed_queue.c) ----
+  /* ---- the managed move queue (issue 14, lib/placement/managed_queue.c) ----
    * copy_stream_wait_event: work queued from now on on the backend's own
    * copy stream (the NULL stream of copy() and managed_prefetch()) waits, on
    * the device, for the event's last recording; the host never waits (CUDA:

@@ -236,7 +236,7 @@ bool sgm__tier_vmm_pooled(const sgm_tier_pool *p);
 /* Walk the pool and check every invariant; false with a message on the first broken one. */
 bool sgm__tier_check(sgm_tier_pool *p);
 
-/* Managed blocks (lib/managed.c) live outside the pool but count against its
+/* Managed blocks (lib/placement/managed.c) live outside the pool but count against its
  * budget by where they are placed. Charge bytes (committed and held, never
  * past the budget: cached blocks and free chunks are given back first) or
  * SGM__ERR_BUDGET (no message); uncharge gives them back. Any thread. */

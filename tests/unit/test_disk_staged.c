@@ -24,7 +24,7 @@
 
 #include "backend/backend.h"
 #include "disk_spy.h"
-#include "placement.h"
+#include "placement/placement.h"
 #include "test_util.h"
 #include "tiers/disk.h"
 

@@ -39,7 +39,7 @@
 
 #include "backend/backend.h"
 #include "internal.h"
-#include "placement.h"
+#include "placement/placement.h"
 #include "test_util.h"
 #include "tiers/tier.h"
 

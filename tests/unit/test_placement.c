@@ -1,6 +1,6 @@
 /*
- * test_placement.c — placement's own suite (lib/placement.c, buffer*.c,
- * residency*.c, migrate*.c, prefetch.c), white-box through lib/placement.h:
+ * test_placement.c — placement's own suite (lib/placement/placement.c, buffer*.c,
+ * residency*.c, migrate*.c, prefetch.c), white-box through lib/placement/placement.h:
  * the allocation rules of DESIGN.md §3 in one function, the one "both
  * budgets are full" message, the per-buffer state word (a waiter sleeps on
  * its own buffer and wakes for nothing else), sgm_buffer_release on a
@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "internal.h"
-#include "placement.h"
+#include "placement/placement.h"
 #include "test_util.h"
 
 #define MiB (UINT64_C(1) << 20)

@@ -69,8 +69,6 @@
  * blocks within a few dozen allocations, so most never meet the policy lock. */
 #define MANAGED_PENDING_MAX 64
 
-/* A counter written under pl->mlock and read without it. */
-#define MANAGED_BUMP(x, d) __atomic_store_n(&(x), (x) + (d), __ATOMIC_RELAXED)
 
 static size_t managed_bucket(uint64_t d) {
   uint64_t k = d >> 16; /* ranges are page-aligned */
@@ -161,46 +159,28 @@ static void managed_flush_locked(struct sgm_placement *pl) {
 }
 
 void sgm__managed_flush(sgm_context *ctx) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   if (__atomic_load_n(&pl->n_mpending, __ATOMIC_RELAXED) == 0) return;
   sgm__lock_take(&pl->mlock);
   managed_flush_locked(pl);
   sgm__lock_drop(&pl->mlock);
 }
 
-/* Pending b (BUSY, owned by the list) becomes the caller's: still BUSY,
- * never listed (pl->mlock held). */
-static void managed_pending_take_locked(struct sgm_placement *pl, sgm_buffer *b) {
-  if (b->mc_prev) b->mc_prev->mc_next = b->mc_next;
-  else pl->mpending_head = b->mc_next;
-  if (b->mc_next) b->mc_next->mc_prev = b->mc_prev;
-  else pl->mpending_tail = b->mc_prev;
-  b->mc_prev = b->mc_next = NULL;
-  b->mpending = false;
-  MANAGED_BUMP(pl->n_mpending, -1);
-}
-
-sgm_buf_state sgm__managed_try_take_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k) {
-  if (!b->mpending) return sgm__buffer_try_take(pl, b, k);
-  managed_pending_take_locked(pl, b);
-  return SGM_BUF_RELEASED; /* as if taken from its policy */
-}
-
 int sgm__managed_open(sgm_context *ctx) {
-  sgm__context_set_managed(ctx, false);
-  if (sgm__context_cfg(ctx)->pointers == SGM_POINTERS_FIXED) return SGM_OK;
-  int rc = sgm__context_bops(ctx)->managed_support
-               ? sgm__context_bops(ctx)->managed_support(sgm__context_be(ctx))
+  sgm__parts_w(ctx)->managed = false;
+  if (sgm__parts_cfg(ctx)->pointers == SGM_POINTERS_FIXED) return SGM_OK;
+  int rc = sgm__parts_bops(ctx)->managed_support
+               ? sgm__parts_bops(ctx)->managed_support(sgm__parts_be(ctx))
                : sgm__error_set(SGM_ERR_UNSUPPORTED, "the %s backend of this build has no Unified "
-                                "Memory support", sgm__context_bops(ctx)->name);
+                                "Memory support", sgm__parts_bops(ctx)->name);
   if (rc == SGM_OK) {
-    sgm__context_set_managed(ctx, true);
+    sgm__parts_w(ctx)->managed = true;
     return SGM_OK;
   }
-  if (sgm__context_cfg(ctx)->pointers == SGM_POINTERS_MANAGED)
+  if (sgm__parts_cfg(ctx)->pointers == SGM_POINTERS_MANAGED)
     return sgm__error_set(SGM_ERR_UNSUPPORTED, "SGM_POINTERS=managed is not possible here: %s. Use "
                           "SGM_POINTERS=fixed, or auto to fall back to fixed pointers", sgm_last_error());
-  sgm__log(sgm__context_cfg(ctx)->verbose, 1, "SGM_POINTERS=auto: pointers are fixed (Unified Memory is not "
+  sgm__log(sgm__parts_cfg(ctx)->verbose, 1, "SGM_POINTERS=auto: pointers are fixed (Unified Memory is not "
            "available: %s)", sgm_last_error());
   sgm__error_clear();
   return SGM_OK;
@@ -211,8 +191,8 @@ static int managed_charge_where(sgm_context *ctx, sgm_buffer *b, sgm_tier *where
   *where = SGM_TIER_VRAM;
   int rc = sgm__residency_charge_for(ctx, SGM_TIER_VRAM, b->size, b);
   if (rc != SGM__ERR_BUDGET && rc != SGM_ERR_NOMEM) return rc;
-  if (!sgm__context_cfg(ctx)->shared_fallback) {
-    sgm__tier_explain_budget(sgm__context_tier(ctx, SGM_TIER_VRAM), b->size);
+  if (!sgm__parts_cfg(ctx)->shared_fallback) {
+    sgm__tier_explain_budget(sgm__parts_tier(ctx, SGM_TIER_VRAM), b->size);
     return sgm__error_set(SGM_ERR_NOMEM, "%s; shared GPU memory fallback is off (SGM_SHARED_FALLBACK=on "
                           "lets full VRAM spill into pinned host memory)", sgm_last_error());
   }
@@ -268,7 +248,7 @@ static void managed_enliven_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_
  * pl->mlock only (the range stays in the map and pl->all). */
 static sgm_buffer *managed_cache_take(sgm_context *ctx, sgm_tier t, uint64_t want,
                                       const sgm_stream_ref *ref, void *stream) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   if (__atomic_load_n(&pl->n_mcache, __ATOMIC_RELAXED) == 0) return NULL;
   uint64_t most = want + want / 8;
   sgm_buffer *best = NULL;
@@ -282,15 +262,15 @@ static sgm_buffer *managed_cache_take(sgm_context *ctx, sgm_tier t, uint64_t wan
     managed_cache_unlink_locked(pl, best, t);
     pl->n_mcache_hits++;
   }
-  bool ordered = best && (best->mref.key == ref->key || sgm__context_bops(ctx)->synchronous);
+  bool ordered = best && (best->mref.key == ref->key || sgm__parts_bops(ctx)->synchronous);
   if (ordered) managed_enliven_locked(pl, best, t, want, stream, true); /* one lock for the whole reuse */
   sgm__lock_drop(&pl->mlock);
   if (!best || ordered) return best;
   /* Freed on another stream: its work there may still use the range. */
   void *ev = NULL;
-  int rc = sgm__context_bops(ctx)->event_create(sgm__context_be(ctx), &ev);
-  if (rc == SGM_OK) rc = sgm__context_bops(ctx)->stream_transfer(sgm__context_be(ctx), ev, &best->mref, ref);
-  sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), ev);
+  int rc = sgm__parts_bops(ctx)->event_create(sgm__parts_be(ctx), &ev);
+  if (rc == SGM_OK) rc = sgm__parts_bops(ctx)->stream_transfer(sgm__parts_be(ctx), ev, &best->mref, ref);
+  sgm__parts_bops(ctx)->event_destroy(sgm__parts_be(ctx), ev);
   sgm__lock_take(&pl->mlock);
   if (rc == SGM_OK) {
     managed_enliven_locked(pl, best, t, want, stream, true);
@@ -305,14 +285,14 @@ static sgm_buffer *managed_cache_take(sgm_context *ctx, sgm_tier t, uint64_t wan
 }
 
 int sgm__managed_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *out, sgm_tier *where) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   *out = 0;
   *where = SGM_TIER_NONE;
   if (size > UINT64_MAX - SGM_MANAGED_PAGE)
     return sgm__error_set(SGM_ERR_NOMEM, "sgm_alloc: %zu bytes is more than any device holds", size);
   uint64_t want = sgm__align_up(size, SGM_MANAGED_PAGE);
   sgm_stream_ref ref;
-  sgm__context_bops(ctx)->stream_ref(sgm__context_be(ctx), stream, &ref);
+  sgm__parts_bops(ctx)->stream_ref(sgm__parts_be(ctx), stream, &ref);
   sgm_tier t = SGM_TIER_VRAM;
   sgm_buffer *b = managed_cache_take(ctx, SGM_TIER_VRAM, want, &ref, stream); /* placed, charged */
   if (b) goto out_done;
@@ -326,13 +306,13 @@ int sgm__managed_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *ou
   if (t == SGM_TIER_SHARED) {
     sgm_buffer *c = managed_cache_take(ctx, SGM_TIER_SHARED, want, &ref, stream);
     if (c) {
-      sgm__tier_uncharge(sgm__context_tier(ctx, t), b->size); /* c holds its own charge */
+      sgm__tier_uncharge(sgm__parts_tier(ctx, t), b->size); /* c holds its own charge */
       free(b);
       b = c;
       goto out_done;
     }
   }
-  rc = sgm__context_bops(ctx)->managed_alloc(sgm__context_be(ctx), b->size, &b->dptr);
+  rc = sgm__parts_bops(ctx)->managed_alloc(sgm__parts_be(ctx), b->size, &b->dptr);
   if (rc != SGM_OK) goto out_charge;
   rc = sgm__migrate_managed_place(ctx, b->dptr, b->size, t, stream);
   if (rc != SGM_OK) goto out_range;
@@ -356,19 +336,19 @@ out_done:
   return SGM_OK;
 
 out_range:
-  sgm__context_bops(ctx)->managed_free(sgm__context_be(ctx), b->dptr, b->size);
+  sgm__parts_bops(ctx)->managed_free(sgm__parts_be(ctx), b->dptr, b->size);
 out_charge:
-  sgm__tier_uncharge(sgm__context_tier(ctx, t), b->size);
+  sgm__tier_uncharge(sgm__parts_tier(ctx, t), b->size);
 out_free:
   free(b);
   return rc;
 }
 
 int sgm__managed_free(sgm_context *ctx, uint64_t d, void *stream) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   if (__atomic_load_n(&pl->n_managed, __ATOMIC_RELAXED) == 0) return SGM_ERR_INVALID;
   sgm_stream_ref ref;
-  sgm__context_bops(ctx)->stream_ref(sgm__context_be(ctx), stream, &ref);
+  sgm__parts_bops(ctx)->stream_ref(sgm__parts_be(ctx), stream, &ref);
   sgm__lock_take(&pl->mlock);
   sgm_buffer *b;
   for (;;) {
@@ -408,7 +388,7 @@ int sgm__managed_free(sgm_context *ctx, uint64_t d, void *stream) {
 }
 
 bool sgm__managed_record_stream(sgm_context *ctx, uint64_t d) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   if (__atomic_load_n(&pl->n_managed, __ATOMIC_RELAXED) == 0) return false;
   sgm__lock_take(&pl->mlock);
   sgm_buffer *b = managed_live_locked(pl, d);
@@ -422,7 +402,7 @@ bool sgm__managed_record_stream(sgm_context *ctx, uint64_t d) {
  * tick stamped before `before_ms` (UINT64_MAX: any). Bytes given back. No
  * lock held. */
 static uint64_t managed_cache_release(sgm_context *ctx, int t, uint64_t want, uint64_t before_ms) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   if (__atomic_load_n(&pl->n_mcache, __ATOMIC_RELAXED) == 0) return 0;
   sgm_buffer *out = NULL;
   uint64_t bytes = 0;
@@ -460,7 +440,7 @@ uint64_t sgm__managed_cache_drop(sgm_context *ctx, sgm_tier t, uint64_t want) {
 }
 
 uint64_t sgm__managed_cache_idle(sgm_context *ctx, uint64_t now_ms, uint64_t idle_ms) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   if (__atomic_load_n(&pl->n_mcache, __ATOMIC_RELAXED) == 0) return 0;
   /* A free reads no clock: the first tick that sees a range stamps it (the
    * context clock's 0 is "not stamped": a stamp is at least 1). */
@@ -474,16 +454,16 @@ uint64_t sgm__managed_cache_idle(sgm_context *ctx, uint64_t now_ms, uint64_t idl
 }
 
 uint64_t sgm__managed_cache_fit(sgm_context *ctx, sgm_tier t) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   if (!pl || __atomic_load_n(&pl->n_mcache, __ATOMIC_RELAXED) == 0) return 0;
   sgm_tier_stats ts;
-  sgm__tier_stats(sgm__context_tier(ctx, t), &ts);
+  sgm__tier_stats(sgm__parts_tier(ctx, t), &ts);
   if (ts.committed_bytes <= ts.budget_bytes) return 0;
   return managed_cache_release(ctx, t, ts.committed_bytes - ts.budget_bytes, UINT64_MAX);
 }
 
 sgm_tier sgm__managed_tier(sgm_context *ctx, uint64_t d) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   if (__atomic_load_n(&pl->n_managed, __ATOMIC_RELAXED) == 0) return SGM_TIER_NONE;
   sgm__lock_take(&pl->mlock);
   sgm_buffer *b = managed_live_locked(pl, d);
@@ -527,7 +507,7 @@ static sgm_buffer *managed_best_shared_locked(struct sgm_placement *pl) {
 }
 
 uint64_t sgm__managed_promote(sgm_context *ctx, uint64_t inline_bytes) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   uint64_t moved = 0, here = 0;
   bool kick = false;
   for (;;) {
@@ -541,10 +521,10 @@ uint64_t sgm__managed_promote(sgm_context *ctx, uint64_t inline_bytes) {
     if (!b) break;
     if (lost) continue;
     /* Only room that is free now: a promotion never demotes. */
-    int rc = sgm__tier_charge(sgm__context_tier(ctx, SGM_TIER_VRAM), b->size);
+    int rc = sgm__tier_charge(sgm__parts_tier(ctx, SGM_TIER_VRAM), b->size);
     /* Cached ranges are free memory: a block waiting in shared memory comes first. */
     if (rc == SGM__ERR_BUDGET && sgm__managed_cache_drop(ctx, SGM_TIER_VRAM, b->size))
-      rc = sgm__tier_charge(sgm__context_tier(ctx, SGM_TIER_VRAM), b->size);
+      rc = sgm__tier_charge(sgm__parts_tier(ctx, SGM_TIER_VRAM), b->size);
     /* Past this thread's bound: the worker moves it, its room charged now. */
     bool queued = rc == SGM_OK && b->size > inline_bytes - here &&
                   sgm__managed_queue(ctx, b, SGM_TIER_VRAM) == SGM_OK;
@@ -553,8 +533,8 @@ uint64_t sgm__managed_promote(sgm_context *ctx, uint64_t inline_bytes) {
       rc = sgm__migrate_managed(ctx, b, SGM_TIER_VRAM, false);
       if (rc == SGM_OK) here += b->size;
       if (rc != SGM_OK) {
-        sgm__tier_uncharge(sgm__context_tier(ctx, SGM_TIER_VRAM), b->size);
-        sgm__log(sgm__context_cfg(ctx)->verbose, 2, "promoting a managed block failed: %s", sgm_last_error());
+        sgm__tier_uncharge(sgm__parts_tier(ctx, SGM_TIER_VRAM), b->size);
+        sgm__log(sgm__parts_cfg(ctx)->verbose, 2, "promoting a managed block failed: %s", sgm_last_error());
       }
     }
     uint64_t size = b->size; /* once given back, b may be freed by its owner */
@@ -567,7 +547,7 @@ uint64_t sgm__managed_promote(sgm_context *ctx, uint64_t inline_bytes) {
 }
 
 void sgm__managed_stats(sgm_context *ctx, sgm_stats *st) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   sgm__lock_take(&pl->mlock);
   for (int t = 0; t < SGM_N_RESIDENT; t++) st->tier[t].n_live += pl->n_managed_in[t];
   st->n_managed_promotions = pl->n_managed_moves[0];
@@ -585,10 +565,10 @@ void sgm__managed_stats(sgm_context *ctx, sgm_stats *st) {
   }
   sgm__lock_drop(&pl->mlock);
   for (int t = 0; t < SGM_N_RESIDENT; t++) {
-    if (!sgm__context_tier(ctx, t)) continue;
+    if (!sgm__parts_tier(ctx, t)) continue;
     /* Charged while cached too, but not used (a race with a free only shifts
      * bytes between the two for this one reading). */
-    uint64_t charged = sgm__tier_charged(sgm__context_tier(ctx, t));
+    uint64_t charged = sgm__tier_charged(sgm__parts_tier(ctx, t));
     st->tier[t].used_bytes += charged > cached[t] ? charged - cached[t] : 0;
     if (st->tier[t].used_bytes > st->tier[t].peak_used_bytes)
       st->tier[t].peak_used_bytes = st->tier[t].used_bytes;
@@ -603,11 +583,11 @@ void sgm__managed_stats(sgm_context *ctx, sgm_stats *st) {
 static int managed_take(sgm_context *ctx, void *ptr, size_t n, const char *fn, sgm_buffer **out) {
   *out = NULL;
   if (!ctx) return sgm__error_set(SGM_ERR_INVALID, "%s: context is NULL", fn);
-  if (sgm__context_forked(ctx)) return sgm__context_fork_error(ctx, fn);
-  if (!sgm__context_managed(ctx))
+  if (sgm__parts_forked(ctx)) return sgm__parts_fork_error(ctx, fn);
+  if (!sgm__parts_managed(ctx))
     return sgm__error_set(SGM_ERR_INVALID, "%s: the context's pointers are fixed (set "
                           "SGM_POINTERS=managed to get pointers sgm can move)", fn);
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   sgm__lock_take(&pl->mlock);
   sgm_buffer *b;
   for (;;) {
@@ -651,21 +631,21 @@ static int managed_move(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool cold,
   if (b->tier == to) return SGM_OK;
   if (to == SGM_TIER_SHARED && cold && b->size > MANAGED_INLINE_BYTES) {
     int rc = sgm__residency_charge_for(ctx, SGM_TIER_SHARED, b->size, NULL);
-    if (rc == SGM__ERR_BUDGET) return sgm__tier_explain_budget(sgm__context_tier(ctx, SGM_TIER_SHARED), b->size);
+    if (rc == SGM__ERR_BUDGET) return sgm__tier_explain_budget(sgm__parts_tier(ctx, SGM_TIER_SHARED), b->size);
     if (rc != SGM_OK) return rc;
     *queued = sgm__managed_queue(ctx, b, SGM_TIER_SHARED) == SGM_OK;
     if (*queued) return SGM_OK;
     sgm__error_clear(); /* not queued: moved here */
     rc = sgm__migrate_managed(ctx, b, SGM_TIER_SHARED, false);
-    if (rc != SGM_OK) sgm__tier_uncharge(sgm__context_tier(ctx, SGM_TIER_SHARED), b->size);
+    if (rc != SGM_OK) sgm__tier_uncharge(sgm__parts_tier(ctx, SGM_TIER_SHARED), b->size);
     return rc;
   }
   if (to == SGM_TIER_SHARED) return sgm__migrate_demote(ctx, b, SGM_TIER_SHARED, false);
   int rc = sgm__residency_charge_for(ctx, SGM_TIER_VRAM, b->size, b);
-  if (rc == SGM__ERR_BUDGET) rc = sgm__tier_explain_budget(sgm__context_tier(ctx, SGM_TIER_VRAM), b->size);
+  if (rc == SGM__ERR_BUDGET) rc = sgm__tier_explain_budget(sgm__parts_tier(ctx, SGM_TIER_VRAM), b->size);
   if (rc != SGM_OK) return rc;
   rc = sgm__migrate_managed(ctx, b, SGM_TIER_VRAM, false);
-  if (rc != SGM_OK) sgm__tier_uncharge(sgm__context_tier(ctx, SGM_TIER_VRAM), b->size);
+  if (rc != SGM_OK) sgm__tier_uncharge(sgm__parts_tier(ctx, SGM_TIER_VRAM), b->size);
   return rc;
 }
 
@@ -680,13 +660,13 @@ SGM_API sgm_status sgm_advise(sgm_context *ctx, void *ptr, sgm_priority priority
   int rc = managed_take(ctx, ptr, 1, "sgm_advise", &b);
   if (rc != SGM_OK) return (sgm_status)rc;
   /* Set while BUSY (out of its policy): finish lists it at the new level. */
-  sgm__lock_take(&sgm__context_pl(ctx)->mlock);
+  sgm__lock_take(&sgm__parts_pl(ctx)->mlock);
   b->priority = priority;
-  sgm__lock_drop(&sgm__context_pl(ctx)->mlock);
+  sgm__lock_drop(&sgm__parts_pl(ctx)->mlock);
   bool queued = false;
   if (hint != SGM_HINT_NONE) {
     sgm_tier to = hint == SGM_HINT_HOT ? SGM_TIER_VRAM : SGM_TIER_SHARED;
-    managed_mark(sgm__context_pl(ctx), b, to, hint == SGM_HINT_COLD);
+    managed_mark(sgm__parts_pl(ctx), b, to, hint == SGM_HINT_COLD);
     rc = managed_move(ctx, b, to, hint == SGM_HINT_COLD, &queued);
   }
   /* A hot block that could not come up stays where it is: still a use. */
@@ -694,7 +674,7 @@ SGM_API sgm_status sgm_advise(sgm_context *ctx, void *ptr, sgm_priority priority
     sgm__error_clear();
     rc = SGM_OK;
   }
-  sgm__buffer_finish(sgm__context_pl(ctx), b, SGM_BUF_RELEASED, hint == SGM_HINT_HOT);
+  sgm__buffer_finish(sgm__parts_pl(ctx), b, SGM_BUF_RELEASED, hint == SGM_HINT_HOT);
   /* Room a cold block left goes to the most valuable others (the worker
    * gives them the room of a queued demotion once it is done). */
   if (queued) sgm__managed_queue_kick(ctx);
@@ -710,9 +690,9 @@ SGM_API sgm_status sgm_prefetch(sgm_context *ctx, void *ptr, size_t size, sgm_ti
   int rc = managed_take(ctx, ptr, size ? size : 1, "sgm_prefetch", &b);
   if (rc != SGM_OK) return (sgm_status)rc;
   b->mstream = stream; /* later moves are ordered after this caller's work too */
-  managed_mark(sgm__context_pl(ctx), b, tier, false);
+  managed_mark(sgm__parts_pl(ctx), b, tier, false);
   bool queued; /* never: no cold hint */
   rc = managed_move(ctx, b, tier, false, &queued);
-  sgm__buffer_finish(sgm__context_pl(ctx), b, SGM_BUF_RELEASED, tier == SGM_TIER_VRAM);
+  sgm__buffer_finish(sgm__parts_pl(ctx), b, SGM_BUF_RELEASED, tier == SGM_TIER_VRAM);
   return (sgm_status)rc;
 }

@@ -70,7 +70,7 @@ static void prefetch_managed(sgm_context *ctx, struct sgm_placement *pl) {
 
 static void *prefetch_main(void *arg) {
   sgm_context *ctx = arg;
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   sgm__lock_take(&pl->pf_lock);
   for (;;) {
     while (!pl->stop && !pl->pf_head && !pl->mq_wake) pthread_cond_wait(&pl->work_cond, &pl->pf_lock.mu);
@@ -86,7 +86,7 @@ static void *prefetch_main(void *arg) {
     if (mine) {
       int rc = sgm__residency_make_resident(ctx, b);
       if (rc != SGM_OK)
-        sgm__log(sgm__context_cfg(ctx)->verbose, 2, "prefetch of a %llu-byte buffer failed: %s",
+        sgm__log(sgm__parts_cfg(ctx)->verbose, 2, "prefetch of a %llu-byte buffer failed: %s",
                  (unsigned long long)b->size, sgm_last_error());
       sgm__buffer_finish(pl, b, SGM_BUF_RELEASED, false); /* a prefetch is no use: stays fresh */
     }
@@ -116,7 +116,7 @@ static int prefetch_start_locked(sgm_context *ctx, struct sgm_placement *pl) {
 }
 
 int sgm__prefetch_wake(sgm_context *ctx) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   sgm__lock_take(&pl->pf_lock);
   int rc = pl->stop ? sgm__error_set(SGM_ERR_INVALID, "the context is being destroyed")
                     : prefetch_start_locked(ctx, pl);
@@ -133,7 +133,7 @@ SGM_API sgm_status sgm_buffer_prefetch(sgm_buffer *b, void *stream) {
   int check = sgm__buffer_check(b, "sgm_buffer_prefetch");
   if (check != SGM_OK) return (sgm_status)check;
   sgm_context *ctx = b->ctx;
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   int rc = SGM_OK;
   sgm__lock_take(&pl->pf_lock);
   if (sgm__buffer_state(b) == SGM_BUF_RELEASED && __atomic_load_n(&b->tier, __ATOMIC_RELAXED) != SGM_TIER_VRAM &&

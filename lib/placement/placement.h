@@ -61,6 +61,47 @@
 #include "sgm/policy.h"
 #include "tiers/disk.h"
 
+/* The parts the context hands down to placement (issue 31). The context
+ * fills them at create, before any other thread sees it, and embeds this
+ * struct as its first member (context.c asserts so), so that the placement
+ * files read the backend, the tiers, the options and their own state from
+ * this, their layer's, definition instead of calling up into context.c.
+ * Written below the context only by placement.c (pl, at create and destroy)
+ * and managed.c (managed, at create); read without a lock after create. */
+typedef struct sgm_context_parts {
+  const sgm_config *cfg;                       /* the context's configuration (never written after create) */
+  const struct sgm_backend_ops *bops;          /* the backend's vtable (tests may put a spy in front) */
+  struct sgm_backend *be;                      /* the opened device */
+  struct sgm_tier_pool *tiers[SGM_TIER_COUNT]; /* VRAM and shared pools; NULL for disk (placement's) */
+  const uint64_t *budget;                      /* [SGM_TIER_COUNT]: each tier's budget as resolved at
+                                                  create (later changes: sgm__context_budgets) */
+  struct sgm_placement *pl;                    /* buffers, residency lists, disk tier, prefetch */
+  bool managed;                                /* SGM_POINTERS resolved to managed (managed.c) */
+  unsigned fork_generation;                    /* sgm__fork_watch() at create (prim/fork.c) */
+  long owner_pid;                              /* the process that created it (messages only) */
+} sgm_context_parts;
+
+static inline const sgm_context_parts *sgm__parts(const sgm_context *ctx) {
+  return (const sgm_context_parts *)(const void *)ctx;
+}
+static inline sgm_context_parts *sgm__parts_w(sgm_context *ctx) { return (sgm_context_parts *)(void *)ctx; }
+static inline const sgm_config *sgm__parts_cfg(const sgm_context *ctx) { return sgm__parts(ctx)->cfg; }
+static inline const struct sgm_backend_ops *sgm__parts_bops(const sgm_context *ctx) { return sgm__parts(ctx)->bops; }
+static inline struct sgm_backend *sgm__parts_be(const sgm_context *ctx) { return sgm__parts(ctx)->be; }
+static inline struct sgm_tier_pool *sgm__parts_tier(const sgm_context *ctx, sgm_tier t) {
+  return sgm__parts(ctx)->tiers[t];
+}
+static inline uint64_t sgm__parts_budget(const sgm_context *ctx, sgm_tier t) { return sgm__parts(ctx)->budget[t]; }
+static inline struct sgm_placement *sgm__parts_pl(const sgm_context *ctx) { return sgm__parts(ctx)->pl; }
+static inline bool sgm__parts_managed(const sgm_context *ctx) { return sgm__parts(ctx)->managed; }
+/* The context's fork check (sgm__context_forked / _fork_error, from its parts). */
+static inline bool sgm__parts_forked(const sgm_context *ctx) {
+  return sgm__fork_stale(sgm__parts(ctx)->fork_generation);
+}
+static inline int sgm__parts_fork_error(const sgm_context *ctx, const char *fn) {
+  return sgm__fork_error(sgm__parts(ctx)->owner_pid, fn);
+}
+
 #define SGM_N_RESIDENT 2 /* VRAM and shared: the tiers with policies */
 /* A disk-resident buffer is stored as extents of this many bytes (the last
  * shorter): a write of 1 MiB into a 64 MiB buffer reads and rewrites 4 MiB,
@@ -71,6 +112,8 @@
 /* Buckets of the managed blocks' address map: a power of two; a framework
  * holds hundreds to a few thousand blocks of 2 MiB and more. */
 #define SGM_MANAGED_BUCKETS 1024
+/* A managed counter written under pl->mlock and read without it (managed.c, managed_queue.c). */
+#define MANAGED_BUMP(x, d) __atomic_store_n(&(x), (x) + (d), __ATOMIC_RELAXED)
 
 typedef enum sgm_buf_state { SGM_BUF_RELEASED, SGM_BUF_ACQUIRED, SGM_BUF_BUSY } sgm_buf_state;
 
@@ -139,7 +182,28 @@ struct sgm_buffer {
   /* then, at pl->state_offset: pl->state_bytes of policy state (item.state) */
 };
 
+/* Work a lower placement layer asks of a higher one (issue 31): the prefetch
+ * worker and the managed blocks sit above the state word, the moves and the
+ * decisions that need them, and a move that needs room asks the decisions
+ * (which demote by calling the moves), so those ask through these pointers, which
+ * placement.c fills at create with the named functions (unchanged) — never a
+ * call up. Read-only after create. */
+typedef struct sgm_placement_asks {
+  void (*prefetch_cancel)(struct sgm_placement *pl, sgm_buffer *b); /* sgm__prefetch_cancel */
+  int (*prefetch_wake)(sgm_context *ctx);                           /* sgm__prefetch_wake */
+  uint64_t (*managed_promote)(sgm_context *ctx, uint64_t inline_bytes); /* sgm__managed_promote */
+  void (*managed_flush)(sgm_context *ctx);                          /* sgm__managed_flush */
+  uint64_t (*managed_cache_drop)(sgm_context *ctx, sgm_tier t, uint64_t want); /* sgm__managed_cache_drop */
+  /* residency.c: room in tier t for a move (a victim search that may demote) */
+  int (*residency_alloc_for)(sgm_context *ctx, sgm_tier t, uint64_t size, const sgm_buffer *cand,
+                             uint64_t *out);                    /* sgm__residency_alloc_for */
+  int (*residency_charge_for)(sgm_context *ctx, sgm_tier t, uint64_t size,
+                              const sgm_buffer *cand);          /* sgm__residency_charge_for */
+  bool (*valid)(struct sgm_placement *pl); /* sgm__placement_valid: the invariant walk (debug) */
+} sgm_placement_asks;
+
 struct sgm_placement {
+  sgm_placement_asks ask;     /* work asked of the layers above (filled at create) */
   sgm_lock lock;                       /* the buffer list, graveyard (placement.h top) */
   sgm_lock mlock;                      /* the managed map, counters and cache (managed.c) */
   sgm_lock res[SGM_N_RESIDENT];        /* per resident tier: pol[t], n_listed[t], its items */
@@ -252,10 +316,6 @@ static inline sgm_lock *sgm__residency_lock(struct sgm_placement *pl, sgm_tier t
 /* ------------------------------------------------------------------------ */
 /* hints.c — residency hints (sgm_will_use, sgm_buffer_done, sgm_buffer_set_parent). */
 
-/* Under pl->res[t] (t = b's tier, where b is about to enter or be used in its
- * policy): item.parent = the parent's item when it is listed in that same
- * instance (tier and priority level), else NULL. */
-void sgm__hints_resolve_parent(sgm_buffer *b, sgm_tier t);
 /* b is being destroyed (taken FREE, unlisted; no lock held): its parent and
  * children forget it. */
 void sgm__hints_forget(struct sgm_placement *pl, sgm_buffer *b);
@@ -282,6 +342,23 @@ bool sgm__placement_valid(struct sgm_placement *pl);
 
 /* ------------------------------------------------------------------------ */
 /* buffer_state.c — taking a buffer and giving it back (any thread). */
+
+/* The check at every public buffer entry (inline: on every call's path;
+ * here, at the state layer, so prefetch.c checks without calling up into
+ * buffer.c): NULL, a destroyed buffer (debug
+ * builds, where destroyed buffers stay recognisable for a while), a context
+ * inherited through fork(). SGM_OK or the status with the message set. */
+static inline int sgm__buffer_check(const sgm_buffer *b, const char *fn) {
+  if (!b) return sgm__error_set(SGM_ERR_INVALID, "%s: buffer is NULL", fn);
+  /* Every build looks (issue 29): a destroyed buffer's memory is kept a while
+   * (the graveyard), so reading it is defined. The word shares its cache line
+   * with b->ctx, which every call reads next: one predicted compare. */
+  if (sgm_unlikely(b->magic != SGM_BUFFER_LIVE))
+    return sgm__error_set(SGM_ERR_INVALID, "%s: %p is not a live buffer (%s)", fn, (const void *)b,
+                          b->magic == SGM_BUFFER_DEAD ? "it was destroyed" : "not from sgm_buffer_create");
+  if (sgm__parts_forked(b->ctx)) return sgm__parts_fork_error(b->ctx, fn);
+  return SGM_OK;
+}
 
 /* What a taker is about to do with a buffer. */
 typedef enum sgm_take_kind {
@@ -329,10 +406,6 @@ void sgm__buffer_finish(struct sgm_placement *pl, sgm_buffer *b, sgm_buf_state t
 /* ------------------------------------------------------------------------ */
 /* buffer.c */
 
-/* The check at every public buffer entry: NULL, a destroyed buffer (debug
- * builds, where destroyed buffers stay recognisable for a while), a context
- * inherited through fork(). SGM_OK or the status with the message set. */
-int sgm__buffer_check(const sgm_buffer *b, const char *fn);
 
 /* Free b's storage in its tier and its pending event (b unlinked, no lock). */
 void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b);
@@ -341,6 +414,11 @@ void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b);
 /* residency_host.c — the policy host (pl->res[t] held for the first four, t
  * the tier whose policy lists or pins b; _record takes the locks itself;
  * none fails or blocks). */
+
+/* (A hint's parent, sgm_buffer_set_parent.) Under pl->res[t] (t = b's tier, where b is about to enter or be used in its
+ * policy): item.parent = the parent's item when it is listed in that same
+ * instance (tier and priority level), else NULL. */
+void sgm__residency_resolve_parent(sgm_buffer *b, sgm_tier t);
 
 /* Take a listed b out of its tier's policy; PIN keeps the instance's state
  * for b until the pin ends (sgm__residency_put or _unpin). No-op if unlisted. */
@@ -524,7 +602,7 @@ bool sgm__managed_queue_on_worker(void);
 void sgm__managed_queue_wait(sgm_context *ctx, bool queued_too);
 /* The queue's counters into *st. */
 void sgm__managed_queue_stats(sgm_context *ctx, sgm_stats *st);
-/* managed.c: take live b for a move or a free (pl->mlock held): a pending
+/* managed_queue.c: take live b for a move or a free (pl->mlock held): a pending
  * one from its list, another by its state word; SGM_BUF_BUSY when another
  * thread owns it (b untouched). */
 sgm_buf_state sgm__managed_try_take_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k);

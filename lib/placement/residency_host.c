@@ -84,7 +84,7 @@ void sgm__residency_put(struct sgm_placement *pl, sgm_buffer *b, bool used) {
     b->item.hint = 0;
     b->item.will_use_distance = 0;
   }
-  if (b->hparent) sgm__hints_resolve_parent(b, b->tier);
+  if (b->hparent) sgm__residency_resolve_parent(b, b->tier);
   if (b->pinned) {
     back = b->item.priority == priority;
     if (!back) sgm__prio_remove(pl->pol[b->pin_tier], &b->item, SGM_POLICY_REMOVE_DROP);
@@ -115,3 +115,12 @@ void sgm__residency_record_slow(struct sgm_placement *pl, const sgm_buffer *b) {
   }
 }
 
+void sgm__residency_resolve_parent(sgm_buffer *b, sgm_tier t) {
+  sgm_buffer *p = b->hparent;
+  b->item.parent = NULL;
+  /* listed_in only changes under the lock of the tier it names: read as t,
+   * it stays t while the caller holds pl->res[t], and so do p's item fields. */
+  if (p && __atomic_load_n(&p->listed_in, __ATOMIC_ACQUIRE) == (uint8_t)t &&
+      p->item.priority == b->item.priority)
+    b->item.parent = &p->item;
+}

@@ -15,7 +15,8 @@
  * (pl->res[t]), briefly, to list or unlist; the prefetch lock to cancel a
  * queued prefetch; a caller's pl->lock only dropped while waiting
  * (sgm__buffer_take_locked). No lock is held while sleeping. Calls: the
- * policy host (residency_host.c), sgm__prefetch_cancel, the futex wait and
+ * policy host (residency_host.c), sgm__prefetch_cancel (through pl->ask:
+ * prefetch.c is a layer above), the futex wait and
  * wake (lib/prim/lock.c); never the backend.
  */
 #include "placement.h"
@@ -75,7 +76,7 @@ sgm_buf_state sgm__buffer_claim(struct sgm_placement *pl, sgm_buffer *b, sgm_tak
       sgm__residency_unpin(pl, b);
       sgm__lock_drop(pin);
     }
-    if (__atomic_load_n(&b->prefetch_queued, __ATOMIC_ACQUIRE)) sgm__prefetch_cancel(pl, b);
+    if (__atomic_load_n(&b->prefetch_queued, __ATOMIC_ACQUIRE)) pl->ask.prefetch_cancel(pl, b);
     if (fast) *fast = straight;
     return s;
   }
@@ -123,7 +124,7 @@ void sgm__buffer_finish(struct sgm_placement *pl, sgm_buffer *b, sgm_buf_state t
 }
 
 bool sgm__buffer_disk_offset(sgm_buffer *b, uint64_t *offset) {
-  struct sgm_placement *pl = sgm__context_pl(b->ctx);
+  struct sgm_placement *pl = sgm__parts_pl(b->ctx);
   *offset = 0;
   /* Only a buffer on disk is taken (it is listed nowhere): its mover owns ext. */
   for (;;) {

@@ -80,14 +80,14 @@
  * refused the newcomer (*refused set; the victim stays listed). */
 static sgm_buffer *residency_pick_victim(sgm_context *ctx, sgm_tier t, uint64_t want,
                                          const sgm_buffer *cand, bool *refused) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   sgm_buffer *v = NULL, *skipped = NULL;
   uint64_t listed = __atomic_load_n(&pl->n_listed[0], __ATOMIC_RELAXED) +
                     __atomic_load_n(&pl->n_listed[1], __ATOMIC_RELAXED);
   uint64_t search = __atomic_fetch_add(&pl->n_searches, 1, __ATOMIC_RELAXED);
   /* The walk takes every placement lock itself: before this search's. */
   if (SGM_EXPENSIVE_CHECKS && (listed <= RESIDENCY_CHECK_ALWAYS || search % RESIDENCY_CHECK_EVERY == 0))
-    sgm_assert_expensive(sgm__placement_valid(pl));
+    sgm_assert_expensive(pl->ask.valid(pl));
   sgm_lock *lock = sgm__residency_lock(pl, t);
   sgm__lock_take(lock);
   sgm_policy_item *it;
@@ -102,13 +102,13 @@ static sgm_buffer *residency_pick_victim(sgm_context *ctx, sgm_tier t, uint64_t 
       continue;
     }
     if (b->event) {
-      if (sgm__context_bops(ctx)->event_query(sgm__context_be(ctx), b->event) != 1) {
+      if (sgm__parts_bops(ctx)->event_query(sgm__parts_be(ctx), b->event) != 1) {
         sgm__residency_take(pl, b, SGM_POLICY_REMOVE_PIN); /* out of the way while the search goes on */
         b->skip_next = skipped;
         skipped = b;
         continue;
       }
-      sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), b->event);
+      sgm__parts_bops(ctx)->event_destroy(sgm__parts_be(ctx), b->event);
       b->event = NULL;
     }
     if (cand) {
@@ -149,16 +149,16 @@ static sgm_buffer *residency_pick_victim(sgm_context *ctx, sgm_tier t, uint64_t 
  * locks in turn (the pool's, then pl->res[t]); a race only decides which tier
  * the request lands in. */
 static bool residency_could_fit(sgm_context *ctx, sgm_tier t, uint64_t size) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   sgm_tier_stats ts;
-  sgm__tier_stats(sgm__context_tier(ctx, t), &ts);
+  sgm__tier_stats(sgm__parts_tier(ctx, t), &ts);
   uint64_t need = sgm__align_up(size, SGM_DEVICE_ALIGN);
   if (need > ts.budget_bytes) return false;
   sgm__lock_take(sgm__residency_lock(pl, t));
   uint64_t movable = sgm__prio_reclaimable(pl->pol[t]) + pl->n_listed[t] * (SGM_DEVICE_ALIGN - 1);
   sgm__lock_drop(sgm__residency_lock(pl, t));
   /* Managed blocks placed here hold budget too (charged, not carved). */
-  uint64_t used = ts.used_bytes + sgm__tier_charged(sgm__context_tier(ctx, t));
+  uint64_t used = ts.used_bytes + sgm__tier_charged(sgm__parts_tier(ctx, t));
   uint64_t room = ts.budget_bytes > used ? ts.budget_bytes - used : 0;
   return need <= room || need - room <= movable;
 }
@@ -175,14 +175,14 @@ static int residency_alloc_making_room(sgm_context *ctx, sgm_tier t, uint64_t si
   bool checked = false;
   for (;;) {
     /* out NULL: a managed block's charge (its pages live outside the pool). */
-    int rc = !out ? sgm__tier_charge(sgm__context_tier(ctx, t), size)
-             : stream ? sgm__tier_alloc_on(sgm__context_tier(ctx, t), size, stream, out)
-                      : sgm__tier_alloc(sgm__context_tier(ctx, t), size, out);
+    int rc = !out ? sgm__tier_charge(sgm__parts_tier(ctx, t), size)
+             : stream ? sgm__tier_alloc_on(sgm__parts_tier(ctx, t), size, stream, out)
+                      : sgm__tier_alloc(sgm__parts_tier(ctx, t), size, out);
     if (!residency_full(rc)) return rc;
     /* Cached movable ranges are free memory: they go before anyone moves. */
-    if (sgm__managed_cache_drop(ctx, t, size)) continue;
-    sgm__managed_flush(ctx); /* reused blocks whose listing waits: victims too */
-    if (__atomic_load_n(&sgm__context_pl(ctx)->n_listed[t], __ATOMIC_RELAXED) == 0) return rc;
+    if (sgm__parts_pl(ctx)->ask.managed_cache_drop(ctx, t, size)) continue;
+    sgm__parts_pl(ctx)->ask.managed_flush(ctx); /* reused blocks whose listing waits: victims too */
+    if (__atomic_load_n(&sgm__parts_pl(ctx)->n_listed[t], __ATOMIC_RELAXED) == 0) return rc;
     if (!checked) {
       checked = true;
       if (!residency_could_fit(ctx, t, size)) return rc;
@@ -191,14 +191,14 @@ static int residency_alloc_making_room(sgm_context *ctx, sgm_tier t, uint64_t si
     sgm_buffer *v = residency_pick_victim(ctx, t, size, t == SGM_TIER_VRAM ? cand : NULL, &refused);
     if (!v) return rc;
     int drc = sgm__migrate_demote(ctx, v, (sgm_tier)(t + 1), true);
-    sgm__buffer_finish(sgm__context_pl(ctx), v, SGM_BUF_RELEASED, false);
+    sgm__buffer_finish(sgm__parts_pl(ctx), v, SGM_BUF_RELEASED, false);
     if (drc != SGM_OK) {
       /* A failed demotion (a full or failing spill file system, a copy that
        * failed) must never fail a request that fits without it: the victim
        * stays where it was, and the request is answered as if nothing more
        * could be evicted, so callers fall back (rule 3) or use the buffer
        * where it is (rule 5). */
-      sgm__log(sgm__context_cfg(ctx)->verbose, 2, "making room in %s: a demotion failed (%s); not evicting "
+      sgm__log(sgm__parts_cfg(ctx)->verbose, 2, "making room in %s: a demotion failed (%s); not evicting "
                "further", sgm_tier_name(t), sgm_last_error());
       return rc;
     }
@@ -213,17 +213,17 @@ uint64_t sgm__residency_trim_to_budget(sgm_context *ctx, sgm_tier t) {
   uint64_t moved = 0;
   for (;;) {
     sgm_tier_stats ts;
-    sgm__tier_stats(sgm__context_tier(ctx, t), &ts);
+    sgm__tier_stats(sgm__parts_tier(ctx, t), &ts);
     if (ts.used_bytes <= ts.budget_bytes) break;
-    sgm__managed_flush(ctx);
-    if (__atomic_load_n(&sgm__context_pl(ctx)->n_listed[t], __ATOMIC_RELAXED) == 0) break;
+    sgm__parts_pl(ctx)->ask.managed_flush(ctx);
+    if (__atomic_load_n(&sgm__parts_pl(ctx)->n_listed[t], __ATOMIC_RELAXED) == 0) break;
     bool refused = false;
     sgm_buffer *v = residency_pick_victim(ctx, t, ts.used_bytes - ts.budget_bytes, NULL, &refused);
     if (!v) break;
     int drc = sgm__migrate_demote(ctx, v, (sgm_tier)(t + 1), true);
-    sgm__buffer_finish(sgm__context_pl(ctx), v, SGM_BUF_RELEASED, false);
+    sgm__buffer_finish(sgm__parts_pl(ctx), v, SGM_BUF_RELEASED, false);
     if (drc != SGM_OK) {
-      sgm__log(sgm__context_cfg(ctx)->verbose, 2, "trimming %s to its budget: a demotion failed (%s)",
+      sgm__log(sgm__parts_cfg(ctx)->verbose, 2, "trimming %s to its budget: a demotion failed (%s)",
                sgm_tier_name(t), sgm_last_error());
       break;
     }
@@ -246,9 +246,9 @@ int sgm__residency_charge_for(sgm_context *ctx, sgm_tier t, uint64_t size, const
 int sgm__residency_both_full(sgm_context *ctx, uint64_t size, bool explain_shared, const char *what,
                              const char *tail) {
   char shared[SGM_ERROR_MAX];
-  if (explain_shared) sgm__tier_explain_budget(sgm__context_tier(ctx, SGM_TIER_SHARED), size);
+  if (explain_shared) sgm__tier_explain_budget(sgm__parts_tier(ctx, SGM_TIER_SHARED), size);
   snprintf(shared, sizeof shared, "%s", sgm_last_error());
-  sgm__tier_explain_budget(sgm__context_tier(ctx, SGM_TIER_VRAM), size);
+  sgm__tier_explain_budget(sgm__parts_tier(ctx, SGM_TIER_VRAM), size);
   return sgm__error_set(SGM_ERR_NOMEM, "%s: VRAM and shared GPU memory are both full. VRAM: %s. "
                         "Shared: %s%s", what, sgm_last_error(), shared, tail);
 }
@@ -265,24 +265,24 @@ static int residency_alloc_in(sgm_context *ctx, sgm_tier t, size_t size, const s
 int sgm__residency_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *out, sgm_tier *where) {
   *where = SGM_TIER_VRAM;
   sgm_stream_ref ref;
-  sgm__context_bops(ctx)->stream_ref(sgm__context_be(ctx), stream, &ref);
+  sgm__parts_bops(ctx)->stream_ref(sgm__parts_be(ctx), stream, &ref);
   /* VRAM full with nothing to reclaim or demote (no cached block, no
    * released buffer, no cached movable range): rules 1 and 2 cannot place the
    * block, and the steady-state fallback takes no VRAM lock to learn it. A
    * budget with room for the block (an inline look at one counter) answers
    * first, so a pair that does not fall back makes no call for this. */
-  struct sgm_placement *pl = sgm__context_pl(ctx);
-  bool full = !sgm__tier_room_for(sgm__context_tier(ctx, SGM_TIER_VRAM), size) && /* room: no call */
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
+  bool full = !sgm__tier_room_for(sgm__parts_tier(ctx, SGM_TIER_VRAM), size) && /* room: no call */
               __atomic_load_n(&pl->n_listed[SGM_TIER_VRAM], __ATOMIC_RELAXED) == 0 &&
               __atomic_load_n(&pl->n_mcache, __ATOMIC_RELAXED) == 0 &&
-              sgm__tier_full_for(sgm__context_tier(ctx, SGM_TIER_VRAM), size);
+              sgm__tier_full_for(sgm__parts_tier(ctx, SGM_TIER_VRAM), size);
   int rc = full ? SGM__ERR_BUDGET : residency_alloc_in(ctx, SGM_TIER_VRAM, size, &ref, out); /* rules 1, 2 */
   if (sgm_likely(rc == SGM_OK)) return rc;
   *where = SGM_TIER_NONE;
   *out = 0;
   if (!residency_full(rc)) return rc;
-  if (!sgm__context_cfg(ctx)->shared_fallback) {
-    if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(sgm__context_tier(ctx, SGM_TIER_VRAM), size);
+  if (!sgm__parts_cfg(ctx)->shared_fallback) {
+    if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(sgm__parts_tier(ctx, SGM_TIER_VRAM), size);
     return sgm__error_set(SGM_ERR_NOMEM, "%s; shared GPU memory fallback is off (SGM_SHARED_FALLBACK=on "
                           "lets full VRAM spill into pinned host memory)", sgm_last_error());
   }
@@ -298,17 +298,17 @@ int sgm__residency_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *
 
 int sgm__residency_alloc_shared(sgm_context *ctx, size_t size, void *stream, uint64_t *out) {
   sgm_stream_ref ref;
-  sgm__context_bops(ctx)->stream_ref(sgm__context_be(ctx), stream, &ref);
+  sgm__parts_bops(ctx)->stream_ref(sgm__parts_be(ctx), stream, &ref);
   int rc = residency_alloc_in(ctx, SGM_TIER_SHARED, size, &ref, out); /* rule 3 only */
   if (rc == SGM_OK) return rc;
   *out = 0;
   if (!residency_full(rc)) return rc;
-  if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(sgm__context_tier(ctx, SGM_TIER_SHARED), size);
+  if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(sgm__parts_tier(ctx, SGM_TIER_SHARED), size);
   return sgm__error_set(SGM_ERR_NOMEM, "sgm_alloc_shared: shared GPU memory is full: %s", sgm_last_error());
 }
 
 int sgm__residency_place_buffer(sgm_context *ctx, sgm_buffer *b) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   int rc = sgm__residency_alloc_for(ctx, SGM_TIER_VRAM, b->size, b, &b->dptr);
   if (rc == SGM_OK) {
     b->tier = SGM_TIER_VRAM;
@@ -340,7 +340,7 @@ static int residency_promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to) {
     int rc = sgm__residency_charge_for(ctx, to, b->size, b);
     if (rc == SGM_OK) rc = sgm__migrate_managed(ctx, b, to, false);
     else return rc;
-    if (rc != SGM_OK) sgm__tier_uncharge(sgm__context_tier(ctx, to), b->size);
+    if (rc != SGM_OK) sgm__tier_uncharge(sgm__parts_tier(ctx, to), b->size);
     return rc;
   }
   sgm_devptr dst = 0;
@@ -362,15 +362,15 @@ int sgm__residency_make_resident(sgm_context *ctx, sgm_buffer *b) {
   rc = residency_promote(ctx, b, SGM_TIER_SHARED);
   if (!residency_full(rc)) return rc;
   char shared_why[SGM_ERROR_MAX];
-  if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(sgm__context_tier(ctx, SGM_TIER_SHARED), b->size);
+  if (rc == SGM__ERR_BUDGET) sgm__tier_explain_budget(sgm__parts_tier(ctx, SGM_TIER_SHARED), b->size);
   snprintf(shared_why, sizeof shared_why, "%s", sgm_last_error());
   if (!vram_why[0]) {
-    sgm__tier_explain_budget(sgm__context_tier(ctx, SGM_TIER_VRAM), b->size);
+    sgm__tier_explain_budget(sgm__parts_tier(ctx, SGM_TIER_VRAM), b->size);
     snprintf(vram_why, sizeof vram_why, "%s", sgm_last_error());
   }
   /* "Everything resident is acquired" only when it is so: nothing released
    * is left in either resident tier to evict. */
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   bool none_listed = __atomic_load_n(&pl->n_listed[SGM_TIER_VRAM], __ATOMIC_RELAXED) == 0 &&
                      __atomic_load_n(&pl->n_listed[SGM_TIER_SHARED], __ATOMIC_RELAXED) == 0;
   return sgm__error_set(SGM_ERR_NOMEM, "cannot make a %llu-byte buffer resident%s. VRAM: %s. "

@@ -52,8 +52,8 @@ void sgm__migrate_disk_drop(sgm_context *ctx, sgm_buffer *b) {
   uint64_t n = migrate_disk_n_chunks(b), unwritten = 0;
   for (uint64_t i = 0; i < n; i++)
     if (!b->ext || b->ext[i].bytes == 0) unwritten += sgm__align_up(migrate_disk_chunk_len(b, i), 4096);
-  if (unwritten) sgm__disk_unreserve(sgm__context_pl(ctx)->disk, unwritten);
-  migrate_disk_free_all(sgm__context_pl(ctx)->disk, b->ext, n);
+  if (unwritten) sgm__disk_unreserve(sgm__parts_pl(ctx)->disk, unwritten);
+  migrate_disk_free_all(sgm__parts_pl(ctx)->disk, b->ext, n);
   b->ext = NULL;
 }
 
@@ -65,10 +65,10 @@ int sgm__migrate_disk_store(sgm_context *ctx, const sgm_buffer *b, const void *s
   sgm_disk_extent *ext = calloc((size_t)n, sizeof *ext);
   if (!ext) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for spill extents");
   for (uint64_t i = 0; i < n; i++) {
-    int rc = sgm__disk_write(sgm__context_pl(ctx)->disk, (const char *)src + i * SGM_DISK_CHUNK,
+    int rc = sgm__disk_write(sgm__parts_pl(ctx)->disk, (const char *)src + i * SGM_DISK_CHUNK,
                              migrate_disk_chunk_len(b, i), &ext[i]);
     if (rc != SGM_OK) {
-      migrate_disk_free_all(sgm__context_pl(ctx)->disk, ext, i);
+      migrate_disk_free_all(sgm__parts_pl(ctx)->disk, ext, i);
       return rc;
     }
   }
@@ -82,7 +82,7 @@ static int migrate_disk_load_chunk(sgm_context *ctx, const sgm_buffer *b, uint64
     memset(dst, 0, (size_t)migrate_disk_chunk_len(b, i));
     return SGM_OK;
   }
-  return sgm__disk_read(sgm__context_pl(ctx)->disk, &b->ext[i], dst);
+  return sgm__disk_read(sgm__parts_pl(ctx)->disk, &b->ext[i], dst);
 }
 
 /* Read a disk-resident buffer's bytes into host memory dst (zeros if never written). */
@@ -105,7 +105,7 @@ _Static_assert(SGM_DISK_CHUNK <= SGM_DISK_BOUNCE_BYTES, "a chunk is staged in on
  * DMA straight from it), allocated through the backend by the first transfer
  * that needs it; without it the tier stages through pageable memory. */
 static void migrate_disk_stage_lend(sgm_context *ctx) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   bool tried = false;
   if (__atomic_load_n(&pl->disk_bounce_tried, __ATOMIC_ACQUIRE) ||
       !__atomic_compare_exchange_n(&pl->disk_bounce_tried, &tried, true, false, __ATOMIC_ACQ_REL,
@@ -113,11 +113,11 @@ static void migrate_disk_stage_lend(sgm_context *ctx) {
     return;
   void *host = NULL;
   sgm_devptr dev = 0;
-  if (sgm__context_bops(ctx)->host_alloc(sgm__context_be(ctx), SGM_DISK_STAGE_BYTES, -1, &host, &dev) == SGM_OK) {
+  if (sgm__parts_bops(ctx)->host_alloc(sgm__parts_be(ctx), SGM_DISK_STAGE_BYTES, -1, &host, &dev) == SGM_OK) {
     __atomic_store_n(&pl->disk_bounce, host, __ATOMIC_RELEASE);
     sgm__disk_lend_bounce(pl->disk, host);
   } else {
-    sgm__log(sgm__context_cfg(ctx)->verbose, 2, "no pinned staging buffer for the disk tier (%s): transfers "
+    sgm__log(sgm__parts_cfg(ctx)->verbose, 2, "no pinned staging buffer for the disk tier (%s): transfers "
              "stage through pageable memory", sgm_last_error());
   }
 }
@@ -125,7 +125,7 @@ static void migrate_disk_stage_lend(sgm_context *ctx) {
 /* One staging piece of SGM_DISK_BOUNCE_BYTES from the disk tier. */
 static void *migrate_disk_stage_get(sgm_context *ctx) {
   migrate_disk_stage_lend(ctx);
-  return sgm__disk_stage_get(sgm__context_pl(ctx)->disk);
+  return sgm__disk_stage_get(sgm__parts_pl(ctx)->disk);
 }
 
 /* The device side of a staged disk transfer: chunk i of b's data at dev. */
@@ -157,7 +157,7 @@ int sgm__migrate_disk_from_vram(sgm_context *ctx, sgm_buffer *b) {
   sgm_disk_extent *ext = calloc((size_t)migrate_disk_n_chunks(b), sizeof *ext);
   if (!ext) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for spill extents");
   migrate_disk_staged a = {ctx, b, b->dptr};
-  int rc = sgm__disk_write_staged(sgm__context_pl(ctx)->disk, b->size, SGM_DISK_CHUNK,
+  int rc = sgm__disk_write_staged(sgm__parts_pl(ctx)->disk, b->size, SGM_DISK_CHUNK,
                                   migrate_disk_fill_from_device, &a, ext);
   if (rc != SGM_OK) {
     free(ext);
@@ -165,7 +165,7 @@ int sgm__migrate_disk_from_vram(sgm_context *ctx, sgm_buffer *b) {
   }
   /* Every copy completed before its piece was written: the block is free. */
   uint64_t freed;
-  sgm__tier_free(sgm__context_tier(ctx, SGM_TIER_VRAM), b->dptr, &freed);
+  sgm__tier_free(sgm__parts_tier(ctx, SGM_TIER_VRAM), b->dptr, &freed);
   b->dptr = 0;
   b->ext = ext;
   sgm__buffer_set_tier(b, SGM_TIER_DISK);
@@ -180,7 +180,7 @@ int sgm__migrate_disk_to_vram(sgm_context *ctx, sgm_buffer *b, sgm_devptr dst) {
   if (!b->ext && !(zeros = calloc((size_t)migrate_disk_n_chunks(b), sizeof *zeros)))
     return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for spill extents");
   migrate_disk_staged a = {ctx, b, dst};
-  int rc = sgm__disk_read_staged(sgm__context_pl(ctx)->disk, b->size, SGM_DISK_CHUNK,
+  int rc = sgm__disk_read_staged(sgm__parts_pl(ctx)->disk, b->size, SGM_DISK_CHUNK,
                                  b->ext ? b->ext : zeros, migrate_disk_drain_to_device, &a);
   free(zeros);
   return rc;
@@ -192,7 +192,7 @@ int sgm__migrate_disk_to_vram(sgm_context *ctx, sgm_buffer *b, sgm_devptr dst) {
  * stage); only when all are written do they replace the old ones. */
 static int migrate_disk_write(sgm_context *ctx, sgm_buffer *b, uint64_t offset, const char *src,
                               uint64_t n, char *stage) {
-  sgm_disk *disk = sgm__context_pl(ctx)->disk;
+  sgm_disk *disk = sgm__parts_pl(ctx)->disk;
   uint64_t first = offset / SGM_DISK_CHUNK, last = (offset + n - 1) / SGM_DISK_CHUNK;
   uint64_t n_new = last - first + 1;
   sgm_disk_extent *fresh = calloc((size_t)n_new, sizeof *fresh);
@@ -251,6 +251,6 @@ int sgm__migrate_disk_host_io(sgm_context *ctx, sgm_buffer *b, size_t offset, vo
       if (rc == SGM_OK) memcpy((char *)host + (lo - offset), stage + (lo - c0), (size_t)(hi - lo));
     }
   }
-  sgm__disk_stage_put(sgm__context_pl(ctx)->disk, stage);
+  sgm__disk_stage_put(sgm__parts_pl(ctx)->disk, stage);
   return rc;
 }

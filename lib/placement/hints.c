@@ -31,21 +31,11 @@ static void hints_unlock(struct sgm_placement *pl) {
   sgm__lock_drop(sgm__residency_lock(pl, SGM_TIER_VRAM));
 }
 
-void sgm__hints_resolve_parent(sgm_buffer *b, sgm_tier t) {
-  sgm_buffer *p = b->hparent;
-  b->item.parent = NULL;
-  /* listed_in only changes under the lock of the tier it names: read as t,
-   * it stays t while the caller holds pl->res[t], and so do p's item fields. */
-  if (p && __atomic_load_n(&p->listed_in, __ATOMIC_ACQUIRE) == (uint8_t)t &&
-      p->item.priority == b->item.priority)
-    b->item.parent = &p->item;
-}
-
 /* Under both locks: the policy listing b hears that its hints changed. */
 static void hints_tell_locked(struct sgm_placement *pl, sgm_buffer *b) {
   uint8_t t = b->listed_in;
   if (t >= SGM_N_RESIDENT) return; /* pinned, moving or on disk: read when it comes back */
-  sgm__hints_resolve_parent(b, (sgm_tier)t);
+  sgm__residency_resolve_parent(b, (sgm_tier)t);
   sgm__prio_hint(pl->pol[t], &b->item);
   b->item.parent = NULL;
 }
@@ -66,7 +56,7 @@ SGM_API sgm_status sgm_will_use(sgm_context *ctx, sgm_buffer *const *bufs, size_
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_will_use: ctx is NULL");
   if (n == 0) return SGM_OK;
   if (!bufs) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_will_use: bufs is NULL with n = %zu", n);
-  if (sgm__context_forked(ctx)) return (sgm_status)sgm__context_fork_error(ctx, "sgm_will_use");
+  if (sgm__parts_forked(ctx)) return (sgm_status)sgm__parts_fork_error(ctx, "sgm_will_use");
   /* All or nothing: every buffer is checked before any hint changes. */
   for (size_t i = 0; i < n; i++) {
     int rc = hints_check(bufs[i], ctx, "sgm_will_use");
@@ -76,7 +66,7 @@ SGM_API sgm_status sgm_will_use(sgm_context *ctx, sgm_buffer *const *bufs, size_
       return (sgm_status)sgm__error_set(rc, "%s (bufs[%zu]; no hint changed)", why, i);
     }
   }
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   hints_lock(pl);
   for (size_t i = 0; i < n; i++) {
     sgm_buffer *b = bufs[i];
@@ -96,7 +86,7 @@ SGM_API sgm_status sgm_will_use(sgm_context *ctx, sgm_buffer *const *bufs, size_
 SGM_API sgm_status sgm_buffer_done(sgm_buffer *b) {
   int rc = hints_check(b, NULL, "sgm_buffer_done");
   if (rc != SGM_OK) return (sgm_status)rc;
-  struct sgm_placement *pl = sgm__context_pl(b->ctx);
+  struct sgm_placement *pl = sgm__parts_pl(b->ctx);
   hints_lock(pl);
   if (b->item.hint != SGM_POLICY_HINT_DONE) {
     b->item.hint = SGM_POLICY_HINT_DONE; /* done ends will-use */
@@ -127,7 +117,7 @@ SGM_API sgm_status sgm_buffer_set_parent(sgm_buffer *b, sgm_buffer *parent) {
       return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_set_parent: a buffer cannot be "
                                         "its own parent");
   }
-  struct sgm_placement *pl = sgm__context_pl(b->ctx);
+  struct sgm_placement *pl = sgm__parts_pl(b->ctx);
   hints_lock(pl);
   /* A parent that descends from b would make a cycle. Chains are walked
    * whole: KV-cache chains are a few hundred blocks at most. */

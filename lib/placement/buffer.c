@@ -32,17 +32,17 @@
  * earlier work of every blocking stream (the destroying thread may not be the
  * releasing one). */
 static void buffer_free_block(sgm_context *ctx, sgm_buffer *b) {
-  sgm_tier_pool *pool = sgm__context_tier(ctx, b->tier);
-  const sgm_backend_ops *o = sgm__context_bops(ctx);
+  sgm_tier_pool *pool = sgm__parts_tier(ctx, b->tier);
+  const sgm_backend_ops *o = sgm__parts_bops(ctx);
   uint64_t sz;
-  if (b->event && o->event_query(sgm__context_be(ctx), b->event) != 1) {
+  if (b->event && o->event_query(sgm__parts_be(ctx), b->event) != 1) {
     void *s = b->event_stream == SGM_STREAM_PER_THREAD ? NULL : b->event_stream;
     sgm_stream_ref ref;
-    o->stream_ref(sgm__context_be(ctx), s, &ref);
+    o->stream_ref(sgm__parts_be(ctx), s, &ref);
     if (sgm__tier_free_own_on(pool, b->dptr, &ref) == SGM_OK) return;
     /* No room to remember the stream: wait for the work, then free. */
-    if (o->event_wait(sgm__context_be(ctx), b->event) != SGM_OK)
-      sgm__log(sgm__context_cfg(ctx)->verbose, 1, "sgm_buffer_destroy: waiting for the work queued "
+    if (o->event_wait(sgm__parts_be(ctx), b->event) != SGM_OK)
+      sgm__log(sgm__parts_cfg(ctx)->verbose, 1, "sgm_buffer_destroy: waiting for the work queued "
                "before the release failed (%s); the block is freed anyway", sgm_last_error());
   }
   sgm__tier_free(pool, b->dptr, &sz);
@@ -50,26 +50,14 @@ static void buffer_free_block(sgm_context *ctx, sgm_buffer *b) {
 
 void sgm__buffer_free_storage(sgm_context *ctx, sgm_buffer *b) {
   if (b->managed) {
-    sgm__context_bops(ctx)->managed_free(sgm__context_be(ctx), b->dptr, b->size);
-    sgm__tier_uncharge(sgm__context_tier(ctx, b->tier), b->size);
+    sgm__parts_bops(ctx)->managed_free(sgm__parts_be(ctx), b->dptr, b->size);
+    sgm__tier_uncharge(sgm__parts_tier(ctx, b->tier), b->size);
   } else if (b->tier == SGM_TIER_DISK) {
     sgm__migrate_disk_drop(ctx, b);
   } else {
     buffer_free_block(ctx, b);
   }
-  if (b->event) sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), b->event);
-}
-
-int sgm__buffer_check(const sgm_buffer *b, const char *fn) {
-  if (!b) return sgm__error_set(SGM_ERR_INVALID, "%s: buffer is NULL", fn);
-  /* Every build looks (issue 29): a destroyed buffer's memory is kept a while
-   * (the graveyard), so reading it is defined. The word shares its cache line
-   * with b->ctx, which every call reads next: one predicted compare. */
-  if (sgm_unlikely(b->magic != SGM_BUFFER_LIVE))
-    return sgm__error_set(SGM_ERR_INVALID, "%s: %p is not a live buffer (%s)", fn, (const void *)b,
-                          b->magic == SGM_BUFFER_DEAD ? "it was destroyed" : "not from sgm_buffer_create");
-  if (sgm__context_forked(b->ctx)) return sgm__context_fork_error(b->ctx, fn);
-  return SGM_OK;
+  if (b->event) sgm__parts_bops(ctx)->event_destroy(sgm__parts_be(ctx), b->event);
 }
 
 #define BUF_CHECK(b, what)                                   \
@@ -96,10 +84,10 @@ SGM_API sgm_status sgm_buffer_create(sgm_context *ctx, size_t size, sgm_buffer *
   if (!out) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_create: out is NULL");
   *out = NULL;
   if (!ctx) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_create: context is NULL");
-  if (sgm__context_forked(ctx)) return (sgm_status)sgm__context_fork_error(ctx, "sgm_buffer_create");
+  if (sgm__parts_forked(ctx)) return (sgm_status)sgm__parts_fork_error(ctx, "sgm_buffer_create");
   if (size == 0)
     return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_create: size is 0 (ask for at least one byte)");
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   sgm_buffer *b = calloc(1, pl->state_offset + pl->state_bytes);
   if (!b) return (sgm_status)sgm__error_set(SGM_ERR_NOMEM, "out of host memory for a buffer");
   b->ctx = ctx;
@@ -135,7 +123,7 @@ SGM_API sgm_status sgm_buffer_acquire(sgm_buffer *b, void *stream, void **device
   *device_ptr = NULL;
   BUF_CHECK(b, "sgm_buffer_acquire");
   sgm_context *ctx = b->ctx;
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   /* Recorded before anything moves; not for an acquire that finds b acquired. */
   if (sgm__buffer_state(b) != SGM_BUF_ACQUIRED) sgm__residency_record(pl, b);
   /* Fast path: resident in VRAM already, nothing pending on it, straight to
@@ -166,18 +154,18 @@ SGM_API sgm_status sgm_buffer_release(sgm_buffer *b, void *stream) {
   if (sgm__buffer_state(b) != SGM_BUF_ACQUIRED)
     return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_release: the buffer is not acquired");
   void *ev = NULL;
-  int rc = sgm__context_bops(ctx)->event_record(sgm__context_be(ctx), stream, &ev);
+  int rc = sgm__parts_bops(ctx)->event_record(sgm__parts_be(ctx), stream, &ev);
   if (rc != SGM_OK) return (sgm_status)rc; /* stays acquired: nothing may move it */
-  if (sgm__context_bops(ctx)->event_query(sgm__context_be(ctx), ev) == 1) {
-    sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), ev);
+  if (sgm__parts_bops(ctx)->event_query(sgm__parts_be(ctx), ev) == 1) {
+    sgm__parts_bops(ctx)->event_destroy(sgm__parts_be(ctx), ev);
     ev = NULL;
   }
   /* Taken (a host read or write of the acquired buffer may own it a moment)
    * and given back RELEASED, listed in its tier: acquired buffers are always
    * resident. */
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   if (sgm__buffer_claim(pl, b, SGM_TAKE_USE, 1u << SGM_BUF_ACQUIRED, SGM_CLAIM_WAIT, NULL) != SGM_BUF_ACQUIRED) {
-    if (ev) sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), ev);
+    if (ev) sgm__parts_bops(ctx)->event_destroy(sgm__parts_be(ctx), ev);
     return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_release: the buffer is not acquired");
   }
   b->event = ev;
@@ -199,7 +187,7 @@ static int buffer_bounds(const sgm_buffer *b, size_t offset, const void *p, size
 /* Copy between host memory and b's data. write: host → buffer. */
 static int buffer_io(sgm_buffer *b, size_t offset, void *host, size_t n, bool write) {
   sgm_context *ctx = b->ctx;
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   if (n == 0) return SGM_OK;
   sgm_buf_state was = sgm__buffer_take(pl, b, SGM_TAKE_USE);
   bool was_fresh = b->fresh; /* taking does not change it; giving back may */
@@ -226,7 +214,7 @@ SGM_API sgm_status sgm_buffer_evict(sgm_buffer *b, sgm_tier to) {
     return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_evict: tier %d is not "
                                       "SGM_TIER_SHARED or SGM_TIER_DISK", (int)to);
   sgm_context *ctx = b->ctx;
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   /* GPU work queued before the release may still run: the demotion's copies
    * follow it (migrate.c). */
   if (sgm__buffer_claim(pl, b, SGM_TAKE_MOVE, 1u << SGM_BUF_RELEASED, SGM_CLAIM_WAIT, NULL) != SGM_BUF_RELEASED)
@@ -243,7 +231,7 @@ SGM_API sgm_status sgm_buffer_set_priority(sgm_buffer *b, sgm_priority priority)
     return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_buffer_set_priority: %d is not a "
                                       "priority (SGM_PRIORITY_MINIMUM 0 .. SGM_PRIORITY_MAXIMUM 4)",
                                       (int)priority);
-  struct sgm_placement *pl = sgm__context_pl(b->ctx);
+  struct sgm_placement *pl = sgm__parts_pl(b->ctx);
   /* A listed buffer moves to its new level at once (as new there), under
    * its tier's lock; any other is taken a moment so that whoever lists it
    * next reads the new level (a pinned one moves when its pin ends:
@@ -298,8 +286,8 @@ SGM_API void sgm_buffer_destroy(sgm_buffer *b) {
   sgm_context *ctx = b->ctx;
   /* A child's copy of its parent's buffer: nothing here is the child's to
    * free (sgm_context_destroy explains); it goes with the child's exit. */
-  if (sgm__context_forked(ctx)) return;
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  if (sgm__parts_forked(ctx)) return;
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   sgm__buffer_take(pl, b, SGM_TAKE_FREE);
   if (b->hparent || b->hchild) sgm__hints_forget(pl, b);
   sgm__lock_take(&pl->lock);

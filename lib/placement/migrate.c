@@ -29,7 +29,7 @@
 #include "tiers/tier.h"
 
 static void *migrate_shared_host(sgm_context *ctx, sgm_devptr d) {
-  return sgm__shared_host_ptr(sgm__context_tier(ctx, SGM_TIER_SHARED), d);
+  return sgm__shared_host_ptr(sgm__parts_tier(ctx, SGM_TIER_SHARED), d);
 }
 
 /* Not a stream: the host itself uses the data (sgm__migrate_order_use waits). */
@@ -37,7 +37,7 @@ static void *migrate_shared_host(sgm_context *ctx, sgm_devptr d) {
 
 static void migrate_free_block(sgm_context *ctx, sgm_tier t, sgm_devptr d) {
   uint64_t sz;
-  sgm__tier_free(sgm__context_tier(ctx, t), d, &sz);
+  sgm__tier_free(sgm__parts_tier(ctx, t), d, &sz);
 }
 
 /* Atomics, no lock: movers in different tiers count without meeting. */
@@ -52,13 +52,13 @@ static void migrate_count(struct sgm_placement *pl, sgm_tier from, sgm_tier to, 
 /* ---- managed blocks: the pages move, the address stays ---- */
 
 int sgm__migrate_managed_place(sgm_context *ctx, sgm_devptr d, uint64_t n, sgm_tier to, void *stream) {
-  const sgm_backend_ops *o = sgm__context_bops(ctx);
+  const sgm_backend_ops *o = sgm__parts_bops(ctx);
   /* Advice first, so that the driver keeps the pages where sgm put them
    * (and maps host-placed ones for the device: no fault per access). */
-  int rc = o->managed_advise(sgm__context_be(ctx), d, n, to == SGM_TIER_VRAM ? SGM_ADVISE_PREFER_DEVICE
+  int rc = o->managed_advise(sgm__parts_be(ctx), d, n, to == SGM_TIER_VRAM ? SGM_ADVISE_PREFER_DEVICE
                                                                  : SGM_ADVISE_PREFER_HOST);
-  if (rc == SGM_OK && to == SGM_TIER_SHARED) rc = o->managed_advise(sgm__context_be(ctx), d, n, SGM_ADVISE_ACCESSED_BY);
-  if (rc == SGM_OK) rc = o->managed_prefetch(sgm__context_be(ctx), d, n, to, stream);
+  if (rc == SGM_OK && to == SGM_TIER_SHARED) rc = o->managed_advise(sgm__parts_be(ctx), d, n, SGM_ADVISE_ACCESSED_BY);
+  if (rc == SGM_OK) rc = o->managed_prefetch(sgm__parts_be(ctx), d, n, to, stream);
   return rc;
 }
 
@@ -79,7 +79,7 @@ int sgm__migrate_managed(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evic
 }
 
 int sgm__migrate_managed_on(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict, void *stream) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   sgm_tier from = b->tier;
   sgm_assert(b->managed && from < SGM_N_RESIDENT && to < SGM_N_RESIDENT && from != to);
   sgm__managed_queue_drop(ctx, b); /* this move supersedes a queued one */
@@ -87,11 +87,11 @@ int sgm__migrate_managed_on(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool e
   if (rc != SGM_OK) {
     /* Advice may have changed; put it back so the pages stay where counted. */
     if (sgm__migrate_managed_place(ctx, b->dptr, b->size, from, stream) != SGM_OK)
-      sgm__log(sgm__context_cfg(ctx)->verbose, 1, "a managed block's advice could not be restored after a "
+      sgm__log(sgm__parts_cfg(ctx)->verbose, 1, "a managed block's advice could not be restored after a "
                "failed move: %s", sgm_last_error());
     return rc;
   }
-  sgm__tier_uncharge(sgm__context_tier(ctx, from), b->size);
+  sgm__tier_uncharge(sgm__parts_tier(ctx, from), b->size);
   sgm__buffer_set_tier(b, to);
   migrate_count(pl, from, to, b->size, evict);
   int up = to < from ? 0 : 1;
@@ -111,16 +111,16 @@ static int migrate_managed_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, 
   if (to != SGM_TIER_SHARED || b->tier != SGM_TIER_VRAM)
     return sgm__error_set(SGM_ERR_INVALID, "a managed block moves between VRAM and shared memory "
                           "only");
-  int rc = sgm__residency_charge_for(ctx, SGM_TIER_SHARED, b->size, NULL);
-  if (rc == SGM__ERR_BUDGET) return sgm__tier_explain_budget(sgm__context_tier(ctx, SGM_TIER_SHARED), b->size);
+  int rc = sgm__parts_pl(ctx)->ask.residency_charge_for(ctx, SGM_TIER_SHARED, b->size, NULL);
+  if (rc == SGM__ERR_BUDGET) return sgm__tier_explain_budget(sgm__parts_tier(ctx, SGM_TIER_SHARED), b->size);
   if (rc != SGM_OK) return rc;
   rc = sgm__migrate_managed(ctx, b, SGM_TIER_SHARED, evict);
-  if (rc != SGM_OK) sgm__tier_uncharge(sgm__context_tier(ctx, SGM_TIER_SHARED), b->size);
+  if (rc != SGM_OK) sgm__tier_uncharge(sgm__parts_tier(ctx, SGM_TIER_SHARED), b->size);
   return rc;
 }
 
 int sgm__migrate_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   if (b->managed) return migrate_managed_demote(ctx, b, to, evict);
   while (b->tier < to) {
     sgm_tier from = b->tier;
@@ -147,7 +147,7 @@ int sgm__migrate_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict
       b->ext = ext;
     } else {
       sgm_devptr dst = 0;
-      int rc = sgm__residency_alloc_for(ctx, next, b->size, NULL, &dst);
+      int rc = pl->ask.residency_alloc_for(ctx, next, b->size, NULL, &dst);
       if ((rc == SGM__ERR_BUDGET || rc == SGM_ERR_NOMEM) && pl->disk) {
         /* Shared memory is full of what cannot move: skip it, straight to disk. */
         rc = sgm__migrate_disk_from_vram(ctx, b);
@@ -155,7 +155,7 @@ int sgm__migrate_demote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict
         migrate_count(pl, from, SGM_TIER_DISK, b->size, evict);
         continue;
       }
-      if (rc == SGM__ERR_BUDGET) rc = sgm__tier_explain_budget(sgm__context_tier(ctx, next), b->size);
+      if (rc == SGM__ERR_BUDGET) rc = sgm__tier_explain_budget(sgm__parts_tier(ctx, next), b->size);
       if (rc != SGM_OK) return rc;
       rc = sgm__migrate_order_copy(ctx, b, SGM_COPY_DEVICE_TO_HOST,
                                    (uintptr_t)migrate_shared_host(ctx, dst), b->dptr, b->size);
@@ -192,7 +192,7 @@ int sgm__migrate_promote(sgm_context *ctx, sgm_buffer *b, sgm_tier to, sgm_devpt
   }
   b->dptr = dst;
   sgm__buffer_set_tier(b, to);
-  migrate_count(sgm__context_pl(ctx), from, to, b->size, false);
+  migrate_count(sgm__parts_pl(ctx), from, to, b->size, false);
   return SGM_OK;
 }
 

@@ -36,8 +36,8 @@ static bool migrate_order_same_stream(void *a, void *b) {
  * copy of b's data must run on to follow that work (see the file comment). */
 static void *migrate_order_stream(sgm_context *ctx, sgm_buffer *b) {
   if (!b->event) return NULL;
-  if (sgm__context_bops(ctx)->event_query(sgm__context_be(ctx), b->event) == 1) {
-    sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), b->event);
+  if (sgm__parts_bops(ctx)->event_query(sgm__parts_be(ctx), b->event) == 1) {
+    sgm__parts_bops(ctx)->event_destroy(sgm__parts_be(ctx), b->event);
     b->event = NULL;
     return NULL;
   }
@@ -50,10 +50,10 @@ static void *migrate_order_stream(sgm_context *ctx, sgm_buffer *b) {
 int sgm__migrate_order_copy(sgm_context *ctx, sgm_buffer *b, sgm_copy_kind kind, uint64_t dst,
                             uint64_t src, uint64_t n) {
   void *stream = migrate_order_stream(ctx, b);
-  int rc = sgm__context_bops(ctx)->copy(sgm__context_be(ctx), kind, dst, src, n, stream);
+  int rc = sgm__parts_bops(ctx)->copy(sgm__parts_be(ctx), kind, dst, src, n, stream);
   if (rc == SGM_OK && stream) {
     /* The copy followed the release's work on its stream and is complete. */
-    sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), b->event);
+    sgm__parts_bops(ctx)->event_destroy(sgm__parts_be(ctx), b->event);
     b->event = NULL;
   }
   return rc;
@@ -65,10 +65,10 @@ int sgm__migrate_order_use(sgm_context *ctx, void **event, void *event_stream, v
     /* Another stream: its work must see the release's work done. Until the
      * backend can make one stream wait for another's event on the device,
      * the host waits (only here: a pending release and a stream change). */
-    int rc = sgm__context_bops(ctx)->event_wait(sgm__context_be(ctx), *event);
+    int rc = sgm__parts_bops(ctx)->event_wait(sgm__parts_be(ctx), *event);
     if (rc != SGM_OK) return rc;
   }
-  sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), *event);
+  sgm__parts_bops(ctx)->event_destroy(sgm__parts_be(ctx), *event);
   *event = NULL;
   return SGM_OK;
 }

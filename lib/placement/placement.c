@@ -144,12 +144,22 @@ int sgm__placement_create(sgm_context *ctx) {
   sgm__clock_cond_init(&pl->work_cond); /* monotonic: the managed queue's retry waits on it */
   pthread_cond_init(&pl->mq_cond, NULL);
   pl->clock_ns = placement_monotonic_ns;
+  pl->ask = (sgm_placement_asks){
+      .prefetch_cancel = sgm__prefetch_cancel,
+      .prefetch_wake = sgm__prefetch_wake,
+      .managed_promote = sgm__managed_promote,
+      .managed_flush = sgm__managed_flush,
+      .managed_cache_drop = sgm__managed_cache_drop,
+      .residency_alloc_for = sgm__residency_alloc_for,
+      .residency_charge_for = sgm__residency_charge_for,
+      .valid = sgm__placement_valid,
+  };
   pl->disk_seen_ms = UINT64_MAX;
   int rc = SGM_OK;
   size_t state_bytes = 0;
   for (int t = 0; t < SGM_N_RESIDENT && rc == SGM_OK; t++) {
     const char *var;
-    const char *name = placement_policy_setting(sgm__context_cfg(ctx), (sgm_tier)t, &var);
+    const char *name = placement_policy_setting(sgm__parts_cfg(ctx), (sgm_tier)t, &var);
     const sgm_policy_ops *ops = sgm_policy_find(name);
     if (!ops) {
       rc = sgm__error_set(SGM_ERR_INVALID, "%s names policy \"%s\", which is not registered",
@@ -159,7 +169,7 @@ int sgm__placement_create(sgm_context *ctx) {
     sgm_policy_params params = {
         .abi_version = SGM_POLICY_ABI_VERSION,
         .tier = (sgm_tier)t,
-        .capacity_bytes = sgm__context_budget(ctx, t),
+        .capacity_bytes = sgm__parts_budget(ctx, t),
         .clock_ns = placement_clock,
         .clock_user = pl,
     };
@@ -173,18 +183,18 @@ int sgm__placement_create(sgm_context *ctx) {
   }
   pl->state_offset = sgm__align_up(sizeof(sgm_buffer), 16);
   pl->state_bytes = sgm__align_up(state_bytes, 16);
-  if (rc == SGM_OK && sgm__context_cfg(ctx)->spill_dir[0])
-    rc = sgm__disk_open(sgm__context_cfg(ctx)->spill_dir, sgm__context_cfg(ctx)->spill_limit, sgm__context_cfg(ctx)->verbose, &pl->disk);
+  if (rc == SGM_OK && sgm__parts_cfg(ctx)->spill_dir[0])
+    rc = sgm__disk_open(sgm__parts_cfg(ctx)->spill_dir, sgm__parts_cfg(ctx)->spill_limit, sgm__parts_cfg(ctx)->verbose, &pl->disk);
   if (rc != SGM_OK) {
     placement_free(pl);
     return rc;
   }
-  sgm__context_set_pl(ctx, pl);
+  sgm__parts_w(ctx)->pl = pl;
   return SGM_OK;
 }
 
 void sgm__placement_set_clock(sgm_context *ctx, uint64_t (*clock_ns)(void *user), void *user) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   placement_lock_all(pl, true); /* the policies read it under their tier's lock */
   pl->clock_ns = clock_ns ? clock_ns : placement_monotonic_ns;
   pl->clock_user = clock_ns ? user : NULL;
@@ -192,7 +202,7 @@ void sgm__placement_set_clock(sgm_context *ctx, uint64_t (*clock_ns)(void *user)
 }
 
 int sgm__placement_check(sgm_context *ctx, char *why, size_t why_len) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   placement_lock_all(pl, true);
   int rc = placement_check_locked(pl, why, why_len);
   placement_lock_all(pl, false);
@@ -201,11 +211,11 @@ int sgm__placement_check(sgm_context *ctx, char *why, size_t why_len) {
 
 const char *sgm__placement_policy_name(sgm_context *ctx, sgm_tier t) {
   if (t < 0 || t >= SGM_N_RESIDENT) return NULL;
-  return sgm__prio_inner(sgm__context_pl(ctx)->pol[t])->name;
+  return sgm__prio_inner(sgm__parts_pl(ctx)->pol[t])->name;
 }
 
 void sgm__placement_destroy(sgm_context *ctx) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   if (!pl) return;
   sgm__prefetch_stop(pl);
   sgm__managed_queue_cancel_all(ctx); /* the worker is gone: its queue's charges and events go back */
@@ -220,12 +230,12 @@ void sgm__placement_destroy(sgm_context *ctx) {
   }
   void *bounce = __atomic_load_n(&pl->disk_bounce, __ATOMIC_ACQUIRE);
   placement_free(pl); /* closes the disk tier, which only borrowed the bounce */
-  if (bounce) sgm__context_bops(ctx)->host_free(sgm__context_be(ctx), bounce, SGM_DISK_STAGE_BYTES);
-  sgm__context_set_pl(ctx, NULL);
+  if (bounce) sgm__parts_bops(ctx)->host_free(sgm__parts_be(ctx), bounce, SGM_DISK_STAGE_BYTES);
+  sgm__parts_w(ctx)->pl = NULL;
 }
 
 void sgm__placement_stats(sgm_context *ctx, sgm_stats *st) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   if (pl->disk) sgm__disk_stats(pl->disk, &st->tier[SGM_TIER_DISK]);
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
     st->tier[t].bytes_in = __atomic_load_n(&pl->bytes_in[t], __ATOMIC_RELAXED);
@@ -236,17 +246,17 @@ void sgm__placement_stats(sgm_context *ctx, sgm_stats *st) {
   st->tier[SGM_TIER_DISK].n_live = __atomic_load_n(&pl->n_disk_live, __ATOMIC_RELAXED);
 }
 
-struct sgm_disk *sgm__placement_disk(sgm_context *ctx) { return sgm__context_pl(ctx)->disk; }
+struct sgm_disk *sgm__placement_disk(sgm_context *ctx) { return sgm__parts_pl(ctx)->disk; }
 
 uint64_t sgm__placement_trim(sgm_context *ctx) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   if (!pl->disk) return 0;
   uint64_t kept = sgm__disk_trim(pl->disk); /* the blocks freed extents kept */
   if (!__atomic_load_n(&pl->disk_bounce, __ATOMIC_ACQUIRE)) return kept;
   void *p = sgm__disk_take_back_bounce(pl->disk);
   if (!p) return kept; /* a transfer holds it, or it is not lent yet */
   __atomic_store_n(&pl->disk_bounce, NULL, __ATOMIC_RELEASE);
-  sgm__context_bops(ctx)->host_free(sgm__context_be(ctx), p, SGM_DISK_STAGE_BYTES);
+  sgm__parts_bops(ctx)->host_free(sgm__parts_be(ctx), p, SGM_DISK_STAGE_BYTES);
   /* The next disk<->VRAM transfer pins one again. */
   __atomic_store_n(&pl->disk_bounce_tried, false, __ATOMIC_RELEASE);
   return kept + SGM_DISK_STAGE_BYTES;
@@ -256,7 +266,7 @@ uint64_t sgm__placement_trim(sgm_context *ctx) {
  * the pinned staging go back once the tier has done nothing for idle_ms (seen
  * by two ticks at least idle_ms apart with the same activity count). */
 uint64_t sgm__placement_idle_trim(sgm_context *ctx, uint64_t now_ms, uint64_t idle_ms) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   if (!pl->disk) return 0;
   /* Atomics: a test may tick beside the idle thread (at worst one trim more). */
   uint64_t ops = sgm__disk_activity(pl->disk);
@@ -273,8 +283,8 @@ uint64_t sgm__placement_idle_trim(sgm_context *ctx, uint64_t now_ms, uint64_t id
 
 bool sgm__placement_owns_block(sgm_context *ctx, sgm_devptr d) {
   /* Programs without buffers pay one relaxed load per free. */
-  if (__atomic_load_n(&sgm__context_pl(ctx)->n_buffers, __ATOMIC_RELAXED) == 0) return false;
+  if (__atomic_load_n(&sgm__parts_pl(ctx)->n_buffers, __ATOMIC_RELAXED) == 0) return false;
   for (int t = 0; t < SGM_N_RESIDENT; t++)
-    if (sgm__context_tier(ctx, t) && sgm__tier_owns_own(sgm__context_tier(ctx, t), d)) return true;
+    if (sgm__parts_tier(ctx, t) && sgm__tier_owns_own(sgm__parts_tier(ctx, t), d)) return true;
   return false;
 }

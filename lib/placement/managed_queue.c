@@ -33,6 +33,11 @@
  * mover) may cancel it under the lock. The worker (prefetch.c's thread) never
  * sleeps on a block's state word: a head that another thread holds BUSY makes
  * it stop and look again later (that owner may free the block).
+ *
+ * Layer (lib/LAYERS): placement-moves. Calls down: the moves (migrate.c),
+ * the state word, the tiers; waking the worker and promoting after a
+ * demotion are asked of the layers above through pl->ask (prefetch_wake,
+ * managed_promote), never called.
  */
 #include <stdlib.h>
 
@@ -59,14 +64,14 @@ static void mq_unlink_locked(struct sgm_placement *pl, sgm_buffer *b) {
 }
 
 int sgm__managed_queue(sgm_context *ctx, sgm_buffer *b, sgm_tier to) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
-  const sgm_backend_ops *o = sgm__context_bops(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
+  const sgm_backend_ops *o = sgm__parts_bops(ctx);
   sgm_assert(b->managed && !b->mqueued && to < SGM_N_RESIDENT && to != b->tier);
   sgm_stream_ref ref;
-  o->stream_ref(sgm__context_be(ctx), b->mstream, &ref);
+  o->stream_ref(sgm__parts_be(ctx), b->mstream, &ref);
   void *ev = NULL;
-  int rc = o->event_create(sgm__context_be(ctx), &ev);
-  if (rc == SGM_OK) rc = o->event_record_on(sgm__context_be(ctx), ev, &ref);
+  int rc = o->event_create(sgm__parts_be(ctx), &ev);
+  if (rc == SGM_OK) rc = o->event_record_on(sgm__parts_be(ctx), ev, &ref);
   if (rc != SGM_OK) goto out_event;
   sgm__lock_take(&pl->mlock);
   b->mqueued = true;
@@ -83,14 +88,14 @@ int sgm__managed_queue(sgm_context *ctx, sgm_buffer *b, sgm_tier to) {
   sgm__lock_drop(&pl->mlock);
   return SGM_OK;
 out_event:
-  if (ev) o->event_destroy(sgm__context_be(ctx), ev);
+  if (ev) o->event_destroy(sgm__parts_be(ctx), ev);
   return rc;
 }
 
 void sgm__managed_queue_kick(sgm_context *ctx) {
-  if (sgm__prefetch_wake(ctx) == SGM_OK) return;
+  if (sgm__parts_pl(ctx)->ask.prefetch_wake(ctx) == SGM_OK) return;
   /* No worker thread: the moves run here, still on the copy stream. */
-  sgm__log(sgm__context_cfg(ctx)->verbose, 1, "%s; running the queued managed moves on the calling thread",
+  sgm__log(sgm__parts_cfg(ctx)->verbose, 1, "%s; running the queued managed moves on the calling thread",
            sgm_last_error());
   sgm__error_clear();
   sgm__managed_queue_drain(ctx);
@@ -111,43 +116,43 @@ void sgm__managed_queue_cancel_locked(struct sgm_placement *pl, sgm_buffer *b, s
 }
 
 void sgm__managed_queue_undo(sgm_context *ctx, const sgm_mq_undo *undo) {
-  if (undo->tier != SGM_TIER_NONE) sgm__tier_uncharge(sgm__context_tier(ctx, undo->tier), undo->bytes);
-  if (undo->event) sgm__context_bops(ctx)->event_destroy(sgm__context_be(ctx), undo->event);
+  if (undo->tier != SGM_TIER_NONE) sgm__tier_uncharge(sgm__parts_tier(ctx, undo->tier), undo->bytes);
+  if (undo->event) sgm__parts_bops(ctx)->event_destroy(sgm__parts_be(ctx), undo->event);
 }
 
 void sgm__managed_queue_drop(sgm_context *ctx, sgm_buffer *b) {
   if (!b->mqueued) return; /* only b's owner changes it */
   sgm_mq_undo undo;
-  sgm__lock_take(&sgm__context_pl(ctx)->mlock);
-  sgm__managed_queue_cancel_locked(sgm__context_pl(ctx), b, &undo);
-  sgm__lock_drop(&sgm__context_pl(ctx)->mlock);
+  sgm__lock_take(&sgm__parts_pl(ctx)->mlock);
+  sgm__managed_queue_cancel_locked(sgm__parts_pl(ctx), b, &undo);
+  sgm__lock_drop(&sgm__parts_pl(ctx)->mlock);
   sgm__managed_queue_undo(ctx, &undo);
 }
 
 /* Run b's queued move to `to` (b BUSY, taken and unlinked by this thread;
  * `to` charged): after ev on the copy stream. */
 static void mq_run(sgm_context *ctx, sgm_buffer *b, sgm_tier to, void *ev) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
-  const sgm_backend_ops *o = sgm__context_bops(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
+  const sgm_backend_ops *o = sgm__parts_bops(ctx);
   int rc = SGM_OK;
   bool moved = false;
   if (b->tier != to) { /* else a mover got there first: nothing to do */
-    rc = o->copy_stream_wait_event ? o->copy_stream_wait_event(sgm__context_be(ctx), ev)
-                                   : o->event_wait(sgm__context_be(ctx), ev);
+    rc = o->copy_stream_wait_event ? o->copy_stream_wait_event(sgm__parts_be(ctx), ev)
+                                   : o->event_wait(sgm__parts_be(ctx), ev);
     if (rc == SGM_OK) rc = sgm__migrate_managed_on(ctx, b, to, false, NULL);
     moved = rc == SGM_OK;
   }
-  if (!moved) sgm__tier_uncharge(sgm__context_tier(ctx, to), b->size);
+  if (!moved) sgm__tier_uncharge(sgm__parts_tier(ctx, to), b->size);
   if (rc != SGM_OK) {
-    sgm__log(sgm__context_cfg(ctx)->verbose, 2, "a queued move of a %llu-byte managed block to %s failed: %s",
+    sgm__log(sgm__parts_cfg(ctx)->verbose, 2, "a queued move of a %llu-byte managed block to %s failed: %s",
              (unsigned long long)b->size, sgm_tier_name(to), sgm_last_error());
     sgm__error_clear();
   }
-  o->event_destroy(sgm__context_be(ctx), ev);
+  o->event_destroy(sgm__parts_be(ctx), ev);
   sgm__buffer_finish(pl, b, SGM_BUF_RELEASED, false); /* the owner may free b from here on */
   /* The room a demotion left goes to the most valuable shared-placed blocks
    * (still counted as running: sgm__managed_queue_wait covers them). */
-  if (moved && to == SGM_TIER_SHARED) sgm__managed_promote(ctx, UINT64_MAX);
+  if (moved && to == SGM_TIER_SHARED) pl->ask.managed_promote(ctx, UINT64_MAX);
   sgm__lock_take(&pl->mlock);
   pl->n_mq_running--;
   if (moved) pl->n_mq_done++;
@@ -159,7 +164,7 @@ static void mq_run(sgm_context *ctx, sgm_buffer *b, sgm_tier to, void *ev) {
 /* Run queued moves on this thread until the queue is empty (false) or its
  * head is held by another thread (true). */
 static bool mq_work(sgm_context *ctx) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   bool stalled = false;
   /* A destroy stops the worker between two moves (the rest are cancelled). */
   while (__atomic_load_n(&pl->n_mq, __ATOMIC_RELAXED) != 0 && !__atomic_load_n(&pl->stop, __ATOMIC_RELAXED)) {
@@ -198,14 +203,14 @@ void sgm__managed_queue_drain(sgm_context *ctx) {
 }
 
 void sgm__managed_queue_wait(sgm_context *ctx, bool queued_too) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   sgm__lock_take(&pl->mlock);
   while (pl->n_mq_running || (queued_too && pl->mq_head)) pthread_cond_wait(&pl->mq_cond, &pl->mlock.mu);
   sgm__lock_drop(&pl->mlock);
 }
 
 void sgm__managed_queue_cancel_all(sgm_context *ctx) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   while (__atomic_load_n(&pl->n_mq, __ATOMIC_RELAXED) != 0) {
     sgm_mq_undo undo;
     sgm__lock_take(&pl->mlock);
@@ -216,7 +221,7 @@ void sgm__managed_queue_cancel_all(sgm_context *ctx) {
 }
 
 void sgm__managed_queue_stats(sgm_context *ctx, sgm_stats *st) {
-  struct sgm_placement *pl = sgm__context_pl(ctx);
+  struct sgm_placement *pl = sgm__parts_pl(ctx);
   sgm__lock_take(&pl->mlock);
   st->n_managed_moves_queued = pl->n_mq_queued;
   st->n_managed_moves_done = pl->n_mq_done;
@@ -225,4 +230,25 @@ void sgm__managed_queue_stats(sgm_context *ctx, sgm_stats *st) {
   st->managed_inline_moved_bytes = pl->mq_moved_bytes[0];
   st->managed_worker_moved_bytes = pl->mq_moved_bytes[1];
   sgm__lock_drop(&pl->mlock);
+}
+
+/* Taking a managed block for a move or a free: moved here from managed.c
+ * (issue 31) so that the queue takes blocks without calling up. */
+
+/* Pending b (BUSY, owned by the list) becomes the caller's: still BUSY,
+ * never listed (pl->mlock held). */
+static void managed_pending_take_locked(struct sgm_placement *pl, sgm_buffer *b) {
+  if (b->mc_prev) b->mc_prev->mc_next = b->mc_next;
+  else pl->mpending_head = b->mc_next;
+  if (b->mc_next) b->mc_next->mc_prev = b->mc_prev;
+  else pl->mpending_tail = b->mc_prev;
+  b->mc_prev = b->mc_next = NULL;
+  b->mpending = false;
+  MANAGED_BUMP(pl->n_mpending, -1);
+}
+
+sgm_buf_state sgm__managed_try_take_locked(struct sgm_placement *pl, sgm_buffer *b, sgm_take_kind k) {
+  if (!b->mpending) return sgm__buffer_try_take(pl, b, k);
+  managed_pending_take_locked(pl, b);
+  return SGM_BUF_RELEASED; /* as if taken from its policy */
 }
