@@ -8,6 +8,7 @@
 
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 void *sgm_fake_need(void *lib, const char *name) {
   void *p = dlsym(lib, name);
@@ -67,6 +68,19 @@ void sgm_fake_ctx_pop(void *lib) {
 
 typedef int (*sgm_fake_stream_create_fn)(void **s, unsigned flags);
 typedef int (*sgm_fake_stream_destroy_fn)(void *s);
+
+sgm_context *sgm_fake_sgm_context(const char *vram_limit, bool fallback, const char *idle_trim_ms) {
+  sgm_test_clean_env();
+  setenv("SGM_BACKEND", "cuda", 1);
+  setenv("SGM_VRAM_LIMIT", vram_limit, 1);
+  setenv("SGM_ALLOW_GROWTH", "on", 1);
+  setenv("SGM_SHARED_FALLBACK", fallback ? "on" : "off", 1);
+  if (idle_trim_ms) setenv("SGM_IDLE_TRIM_MS", idle_trim_ms, 1);
+  sgm_context *ctx = NULL;
+  sgm_status rc = sgm_context_create(NULL, &ctx);
+  if (rc != SGM_OK) fail_msg("sgm_context_create on the double: %s", sgm_last_error());
+  return ctx;
+}
 
 void *sgm_fake_non_blocking_stream(void *lib) {
   sgm_fake_stream_create_fn create = (sgm_fake_stream_create_fn)sgm_fake_need(lib, "cuStreamCreate");

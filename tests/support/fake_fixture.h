@@ -9,7 +9,10 @@
 #ifndef SGM_FAKE_FIXTURE_H
 #define SGM_FAKE_FIXTURE_H
 
+#include <stdbool.h>
 #include <stddef.h>
+
+#include "sgm.h"
 
 #include "fake_cuda.h"
 #include "test_util.h"
@@ -40,6 +43,12 @@ void sgm_fake_ctx_pop(void *lib);
  * through the double's cuStreamCreate/cuStreamDestroy. Both assert success. */
 void *sgm_fake_non_blocking_stream(void *lib);
 void sgm_fake_stream_destroy(void *lib, void *stream);
+
+/* An sgm context on the double (SGM_BACKEND=cuda, device 0) from a clean
+ * environment: VRAM budget vram_limit in growth mode, shared fallback on or
+ * off, and SGM_IDLE_TRIM_MS set to idle_trim_ms unless it is NULL (the
+ * default then). Fails the test, naming sgm's error, when create fails. */
+sgm_context *sgm_fake_sgm_context(const char *vram_limit, bool fallback, const char *idle_trim_ms);
 
 /* The suite's main(): 77 (skipped, with a line naming the suite) when
  * libcuda.so.1 cannot be loaded or has no `needed` (a control function only

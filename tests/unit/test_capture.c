@@ -57,15 +57,7 @@ static int unload_fake(void **state) {
  * (chunks come from the driver when the pool grows), and the primary context
  * current on this thread so that the test can begin captures. */
 static sgm_context *make_ctx(const char *vram_limit, bool fallback) {
-  sgm_test_clean_env();
-  setenv("SGM_BACKEND", "cuda", 1);
-  setenv("SGM_VRAM_LIMIT", vram_limit, 1);
-  setenv("SGM_ALLOW_GROWTH", "on", 1);
-  setenv("SGM_SHARED_FALLBACK", fallback ? "on" : "off", 1);
-  sgm_context *ctx = NULL;
-  sgm_status rc = sgm_context_create(NULL, &ctx);
-  if (rc != SGM_OK) fprintf(stderr, "create: %s\n", sgm_last_error());
-  assert_int_equal(rc, SGM_OK);
+  sgm_context *ctx = sgm_fake_sgm_context(vram_limit, fallback, NULL);
   sgm_fake_ctx_push(fake_lib);
   return ctx;
 }

@@ -85,16 +85,7 @@ static int unload_fake(void **state) {
 /* A CUDA context on device 0 with a VRAM budget, growth on, no idle thread
  * (nothing trims behind the test's back), shared fallback as asked. */
 static sgm_context *make_ctx(const char *vram_limit, bool fallback) {
-  sgm_test_clean_env();
-  setenv("SGM_BACKEND", "cuda", 1);
-  setenv("SGM_VRAM_LIMIT", vram_limit, 1);
-  setenv("SGM_ALLOW_GROWTH", "on", 1);
-  setenv("SGM_SHARED_FALLBACK", fallback ? "on" : "off", 1);
-  setenv("SGM_IDLE_TRIM_MS", "0", 1);
-  sgm_context *ctx = NULL;
-  sgm_status rc = sgm_context_create(NULL, &ctx);
-  if (rc != SGM_OK) fail_msg("create: %s", sgm_last_error());
-  return ctx;
+  return sgm_fake_sgm_context(vram_limit, fallback, "0");
 }
 
 static void destroy_ctx(sgm_context *ctx) {
