@@ -3331,6 +3331,17 @@ FAKE_API uint64_t fake_cuda_calls(const char *name) {
   return n;
 }
 
+/* FAKE_CUDA_DUMP_CALLS=1: at exit, the calls of every entry point that was
+ * called, one "fake_cuda: NAME N" line each on stderr (finding where a
+ * program's driver calls go, issue 26). */
+__attribute__((destructor)) static void fake_dump_calls(void) {
+  const char *e = getenv("FAKE_CUDA_DUMP_CALLS");
+  if (!e || strcmp(e, "1") != 0) return;
+  for (int i = 0; i < FAKE_N_IDS; i++)
+    if (F.per_call[i])
+      fprintf(stderr, "fake_cuda: %s %llu\n", fake_call_names[i], (unsigned long long)F.per_call[i]);
+}
+
 /* ==== issue 24 (first contact): the current context set, kernels ====
  * Kept in one block (other branches grow the double too). */
 
