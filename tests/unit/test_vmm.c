@@ -186,6 +186,40 @@ static void test_emu_free_granules_stay_mapped_until_a_mapping(void **state) {
 }
 
 /*
+ * Pages (issue 26): with 150 granules committed the page is 2 granules
+ * (committed / 64, a power of two). A 2 MiB block placed on a fresh granule
+ * maps its page neighbour with it in one mapping, so the next 2 MiB block,
+ * which the sub-allocator places next to it, maps nothing; committed grows
+ * by the page. Mapping granule by granule, the second block took a call.
+ */
+static void test_emu_pages_map_neighbours(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("emu", "512MiB", NULL);
+  void *big = sgm_alloc(ctx, 150 * GRAN, NULL);
+  assert_non_null(big);
+  sgm_stats st = stats(ctx);
+  assert_int_equal(st.tier[SGM_TIER_VRAM].committed_bytes, 150 * GRAN);
+  uint64_t calls0 = st.vram_map_calls;
+  void *a = sgm_alloc(ctx, GRAN, NULL);
+  assert_non_null(a);
+  st = stats(ctx);
+  assert_int_equal(st.vram_map_calls, calls0 + 1);
+  assert_int_equal(st.tier[SGM_TIER_VRAM].committed_bytes, 152 * GRAN);
+  void *b = sgm_alloc(ctx, GRAN, NULL);
+  assert_non_null(b);
+  uint64_t da = (uint64_t)(uintptr_t)a, db = (uint64_t)(uintptr_t)b;
+  assert_int_equal(da > db ? da - db : db - da, GRAN); /* neighbours */
+  st = stats(ctx);
+  assert_int_equal(st.vram_map_calls, calls0 + 1);
+  assert_int_equal(st.tier[SGM_TIER_VRAM].committed_bytes, 152 * GRAN);
+  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  sgm_free(ctx, b, NULL);
+  sgm_free(ctx, a, NULL);
+  sgm_free(ctx, big, NULL);
+  sgm_context_destroy(ctx);
+}
+
+/*
  * A buffer demoted and promoted again finds its granules still mapped: a free
  * leaves free granules mapped (the idle trim and sgm_trim return them, and the
  * next block that needs new granules unmaps those past the slack first), so
@@ -970,6 +1004,7 @@ int main(void) {
   const struct CMUnitTest emu[] = {
       cmocka_unit_test(test_emu_commits_what_blocks_touch),
       cmocka_unit_test(test_emu_free_granules_stay_mapped_until_a_mapping),
+      cmocka_unit_test(test_emu_pages_map_neighbours),
       cmocka_unit_test(test_emu_idle_is_measured_from_the_last_allocation),
       cmocka_unit_test(test_emu_demote_promote_keeps_granules_mapped),
       cmocka_unit_test(test_emu_free_granules_go_before_new_ones_are_mapped),

@@ -115,6 +115,18 @@ _Static_assert(TIER_N_CLASSES <= 64, "a stream's recent classes are one 64-bit m
  * granule as a mapping of its own made 1.3-3.8x the calls for at most 0.014
  * less committed. */
 #define TIER_VMM_MAP_MAX_GRANULES 32u
+/* Pages: a block that maps granules also maps the unmapped neighbours of its
+ * edge granules within their aligned page (the blocks placed next to it then
+ * map nothing), the page committed / 64 granules rounded down to a power of
+ * two, at most 8 granules (16 MiB; PyTorch's expandable segments map 20 MiB
+ * pages for large blocks). At most a page per edge of the growing region is
+ * mapped ahead: about 3% of committed. Measured on the idealloc traces
+ * (docs/benchmarks-history.md, issue 26): first-pass calls per MiB of peak
+ * fell by up to 2.2x (resnet50: 1.25 to 0.57), the worst emulated-device
+ * peak committed / peak live rose from 1.086 to 1.094; committed / 32 gave
+ * 1.116, committed / 128 up to 1.3x the calls of / 64. */
+#define TIER_VMM_PAGE_MAX_GRANULES 8u
+#define TIER_VMM_PAGE_SHIFT 6
 
 
 /* A block record's tag: its address (a multiple of SGM_DEVICE_ALIGN) and

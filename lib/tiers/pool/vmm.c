@@ -37,6 +37,22 @@ static inline uint64_t tier_vmm_slack(const sgm_tier_pool *p) {
   return rel > TIER_VMM_SLACK_GRANULES ? rel : TIER_VMM_SLACK_GRANULES;
 }
 
+/* Granules per page: committed / 2^TIER_VMM_PAGE_SHIFT granules, rounded
+ * down to a power of two, from 1 to TIER_VMM_PAGE_MAX_GRANULES; 1 (no
+ * pages) in reserve mode, whose granules come from the pool one by one. */
+static inline size_t tier_vmm_page(const sgm_tier_pool *p) {
+  if (p->vmm_pool) return 1;
+  uint64_t want = (p->committed_bytes >> p->vmm_shift) >> TIER_VMM_PAGE_SHIFT;
+  size_t page = 1;
+  while (page * 2 <= want && page * 2 <= TIER_VMM_PAGE_MAX_GRANULES) page *= 2;
+  return page;
+}
+
+/* Granule g has no memory and nobody maps or unmaps it: a map may claim it. */
+static inline bool tier_vmm_claimable_locked(const sgm_tier_pool *p, size_t g) {
+  return !p->gran[g].mapped && !p->gran[g].busy;
+}
+
 /* The most that may be mapped: the budget, and in reserve mode also the pool. */
 uint64_t sgm__pool_vmm_cap_locked(const sgm_tier_pool *p) {
   if (!p->vmm_pool) return p->p.budget_bytes;
@@ -280,9 +296,32 @@ int sgm__pool_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
       sgm__lock_take(&p->lock);
       continue;
     }
-    size_t lo = g1 + 1, hi = g0;
-    for (size_t g = g0; g <= g1; g++)
-      if (!p->gran[g].mapped && !p->gran[g].busy) {
+    /* Pages (issue 26): the unmapped neighbours of the block's first and
+     * last granules within their aligned page are mapped with them while the
+     * budget has room, so that the blocks the sub-allocator places next to
+     * this one map nothing. */
+    size_t a0 = g0, a1 = g1;
+    size_t page = tier_vmm_page(p);
+    if (page > 1) {
+      size_t n_gran = (size_t)(p->vmm_bytes >> p->vmm_shift);
+      size_t lo_page = g0 & ~(page - 1), hi_page = g1 | (page - 1);
+      if (hi_page >= n_gran) hi_page = n_gran - 1;
+      uint64_t extra = 0, room = cap - p->committed_bytes - want;
+      if (tier_vmm_claimable_locked(p, g0))
+        while (a0 > lo_page && tier_vmm_claimable_locked(p, a0 - 1) && extra + gb <= room) {
+          a0--;
+          extra += gb;
+        }
+      if (tier_vmm_claimable_locked(p, g1))
+        while (a1 < hi_page && tier_vmm_claimable_locked(p, a1 + 1) && extra + gb <= room) {
+          a1++;
+          extra += gb;
+        }
+      want += extra;
+    }
+    size_t lo = a1 + 1, hi = a0;
+    for (size_t g = a0; g <= a1; g++)
+      if (tier_vmm_claimable_locked(p, g)) {
         p->gran[g].busy = 2; /* 2: claimed by this call */
         /* The room check above left a pool granule for each. */
         if (p->vmm_pool) p->gran[g].phys = p->pool_free[--p->n_pool_free];
