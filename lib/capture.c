@@ -23,9 +23,12 @@
  * yet released adds a scope and a reference to it: PyTorch shares one pool
  * between graphs, and each graph releases it once); the last release frees.
  *
- * Layering: called by context.c's sgm_alloc / sgm_free_ex / sgm_record_stream
- * and by the public sgm_capture_pool_* calls below; calls sgm_free_ex down
- * (context.c) only without its own lock. The tiers know nothing of pools.
+ * Layering (lib/LAYERS: context-services, below context.c): called by
+ * context.c's sgm_alloc / sgm_free_ex / sgm_record_stream and by the public
+ * sgm_capture_pool_* calls below; frees parked blocks through the free the
+ * context registered at create (sgm_free_ex: c->free_ex, never a call up),
+ * only without its own lock; reads the context through context_state.c and
+ * context.h. The tiers know nothing of pools.
  *
  * Threading: one lock (SGM_LOCK_CAPTURE, a leaf: nothing is called while it
  * is held) guards scopes, pools and the member map. A pool indexes its
@@ -38,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "context.h"
 #include "internal.h"
 
 enum { CAPTURE_LIVE = 1, CAPTURE_PARKED = 2 };
@@ -72,6 +76,8 @@ typedef struct capture_pool {
 
 struct sgm_capture {
   sgm_lock lock;
+  sgm_status (*free_ex)(sgm_context *ctx, void *ptr, void *stream); /* sgm_free_ex, registered at
+                                create: frees a released pool's parked blocks */
   uint64_t n_pools;          /* pools not released (atomic: the fast path's only read) */
   capture_pool *pools;       /* n_pools of them */
   size_t cap_pools;
@@ -193,9 +199,10 @@ static size_t capture_end_scopes(sgm_capture *c, uint64_t pool_id) {
 
 /* ---- called by context.c ---- */
 
-sgm_capture *sgm__capture_create(void) {
+sgm_capture *sgm__capture_create(sgm_status (*free_ex)(sgm_context *ctx, void *ptr, void *stream)) {
   sgm_capture *c = calloc(1, sizeof *c);
   if (c) sgm__lock_init(&c->lock, SGM_LOCK_CAPTURE);
+  if (c) c->free_ex = free_ex;
   return c;
 }
 
@@ -439,7 +446,7 @@ SGM_API sgm_status sgm_capture_pool_release(sgm_context *ctx, uint64_t pool_id) 
 out:
   sgm__lock_drop(&c->lock);
   for (size_t i = 0; i < n_parked; i++)
-    (void)sgm_free_ex(ctx, (void *)(uintptr_t)parked[i].ptr, parked[i].stream);
+    (void)c->free_ex(ctx, (void *)(uintptr_t)parked[i].ptr, parked[i].stream);
   free(parked);
   return (sgm_status)rc;
 }
