@@ -76,8 +76,8 @@ typedef struct capture_pool {
 
 struct sgm_capture {
   sgm_lock lock;
-  sgm_status (*free_ex)(sgm_context *ctx, void *ptr, void *stream); /* sgm_free_ex, registered at
-                                create: frees a released pool's parked blocks */
+  sgm_status (*free_ex)(sgm_context *ctx, void *ptr, void *stream); /* sgm_free_ex (registered at
+                                create): frees a released pool's parked blocks, never called up */
   uint64_t n_pools;          /* pools not released (atomic: the fast path's only read) */
   capture_pool *pools;       /* n_pools of them */
   size_t cap_pools;

@@ -4,15 +4,15 @@
  * (context_state.c) and the context's services (stats.c, share.c,
  * capture.c) read a context without calling up into context.c (issue 31).
  *
- * Who includes it: context.c (create, destroy, the allocation entry points:
- * the only writer after create), context_state.c (the accessors internal.h
+ * Who includes it: context.c (create, destroy, the allocation entry points),
+ * context_state.c (the accessors internal.h
  * declares, which the services, hooks.c and the tests call), and stats.c and
  * capture.c for the fork check below. Placement and every lower floor read
  * the context through sgm_context_parts (placement.h), never this header:
  * the layer check fails on such an include. The struct stays opaque to
  * users (include/sgm.h).
  *
- * Locks: ctx->lock (SGM_LOCK_CONTEXT, a leaf) guards the VRAM fraction and
+ * Locks: ctx->lock (rank SGM_LOCK_CONTEXT) guards the VRAM fraction and
  * budget after create, the idle-trim clock and the fallback callback;
  * ctx->idle_mu the idle thread's stop flag; the counters are atomics; the
  * rest is written only while the context is created, before another thread

@@ -1,18 +1,21 @@
 /*
  * context_state.c — reading a context: the accessors internal.h declares
- * under "context.c", which the context's services (stats.c, share.c,
- * capture.c), hooks.c and the tests call. Moved unchanged from context.c
- * (issue 31): they sit on the floor below it (lib/LAYERS: context-state,
- * with the layout in context.h), so the services read the context without
- * calling up into the file that builds it, and context.c calls down into them.
+ * under "context.c, context_state.c", which the context's services (stats.c,
+ * share.c, capture.c), hooks.c and the tests call. Moved unchanged from
+ * context.c (issue 31): they sit on the floor below it (lib/LAYERS:
+ * context-state, with the layout in context.h), so the services read the
+ * context without calling up into the file that builds it, and context.c
+ * calls down into them.
  *
  * Invariant: the setters (share.c's registry state and the device total it
  * learns at join, placement's state, the managed mode; the tests' backend
- * spy) run while the context is created, before another thread sees it.
+ * spy) run while the context is created, before another thread sees it, or
+ * (share.c's leave) while it is destroyed, after the other threads stopped.
  * Threading: what is fixed at create is read with no lock; the budgets, the
- * VRAM fraction and the clock under ctx->lock (a leaf); the counters are
- * relaxed atomic loads. Calls: prim's locks, the VRAM pool's VMM figures and
- * the backend's driver-call count (sgm__context_counters).
+ * VRAM fraction and the clock under ctx->lock (rank SGM_LOCK_CONTEXT; no
+ * other lock is taken under it here); the counters are relaxed atomic loads.
+ * Calls: prim's locks, the VRAM pool's VMM figures and the backend's
+ * driver-call count (sgm__context_counters).
  */
 #include <string.h>
 
