@@ -76,8 +76,6 @@ typedef struct capture_pool {
 
 struct sgm_capture {
   sgm_lock lock;
-  sgm_status (*free_ex)(sgm_context *ctx, void *ptr, void *stream); /* sgm_free_ex (registered at
-                                create): frees a released pool's parked blocks, never called up */
   uint64_t n_pools;          /* pools not released (atomic: the fast path's only read) */
   capture_pool *pools;       /* n_pools of them */
   size_t cap_pools;
@@ -90,6 +88,9 @@ struct sgm_capture {
    * under the lock when a block joins a pool and cleared only when no member
    * is left, so a member's bit is never clear while it is a member. */
   uint64_t filter[CAPTURE_FILTER_WORDS];
+  /* Last, off the hot fields' lines: sgm_free_ex, registered at create,
+   * through which a released pool frees its parked blocks (never called up). */
+  sgm_status (*free_ex)(sgm_context *ctx, void *ptr, void *stream);
 };
 
 /* NULL and CU_STREAM_LEGACY (0x1) both name the legacy stream. */
