@@ -23,9 +23,12 @@
  * yet released adds a scope and a reference to it: PyTorch shares one pool
  * between graphs, and each graph releases it once); the last release frees.
  *
- * Layering: called by context.c's sgm_alloc / sgm_free_ex / sgm_record_stream
- * and by the public sgm_capture_pool_* calls below; calls sgm_free_ex down
- * (context.c) only without its own lock. The tiers know nothing of pools.
+ * Layering (lib/LAYERS: context-services, below context.c): called by
+ * context.c's sgm_alloc / sgm_free_ex / sgm_record_stream and by the public
+ * sgm_capture_pool_* calls below; frees parked blocks through the free the
+ * context registered at create (sgm_free_ex: c->free_ex, never a call up),
+ * only without its own lock; reads the context through context_state.c and
+ * context.h. The tiers know nothing of pools.
  *
  * Threading: one lock (SGM_LOCK_CAPTURE, a leaf: nothing is called while it
  * is held) guards scopes, pools and the member map. A pool indexes its
@@ -38,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "context.h"
 #include "internal.h"
 
 enum { CAPTURE_LIVE = 1, CAPTURE_PARKED = 2 };
@@ -84,6 +88,9 @@ struct sgm_capture {
    * under the lock when a block joins a pool and cleared only when no member
    * is left, so a member's bit is never clear while it is a member. */
   uint64_t filter[CAPTURE_FILTER_WORDS];
+  /* Last, off the hot fields' lines: sgm_free_ex, registered at create,
+   * through which a released pool frees its parked blocks (never called up). */
+  sgm_status (*free_ex)(sgm_context *ctx, void *ptr, void *stream);
 };
 
 /* NULL and CU_STREAM_LEGACY (0x1) both name the legacy stream. */
@@ -193,9 +200,10 @@ static size_t capture_end_scopes(sgm_capture *c, uint64_t pool_id) {
 
 /* ---- called by context.c ---- */
 
-sgm_capture *sgm__capture_create(void) {
+sgm_capture *sgm__capture_create(sgm_status (*free_ex)(sgm_context *ctx, void *ptr, void *stream)) {
   sgm_capture *c = calloc(1, sizeof *c);
   if (c) sgm__lock_init(&c->lock, SGM_LOCK_CAPTURE);
+  if (c) c->free_ex = free_ex;
   return c;
 }
 
@@ -439,7 +447,7 @@ SGM_API sgm_status sgm_capture_pool_release(sgm_context *ctx, uint64_t pool_id) 
 out:
   sgm__lock_drop(&c->lock);
   for (size_t i = 0; i < n_parked; i++)
-    (void)sgm_free_ex(ctx, (void *)(uintptr_t)parked[i].ptr, parked[i].stream);
+    (void)c->free_ex(ctx, (void *)(uintptr_t)parked[i].ptr, parked[i].stream);
   free(parked);
   return (sgm_status)rc;
 }

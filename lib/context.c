@@ -6,6 +6,13 @@
  * leaves nothing behind); budgets are fixed at create.
  * Threading: every entry point is safe from any thread; the tiers lock
  * themselves, the context's own counters are atomics.
+ *
+ * Layer (lib/LAYERS): context, the top. Its layout is context.h's and its
+ * accessors are context_state.c's, one floor down, so that the services it
+ * calls (share.c's registry, capture.c's pools, stats.c) read the context
+ * without calling back up; capture.c frees a released pool's blocks through
+ * the sgm_free_ex this file registers at create. Calls down: those, the
+ * placement entry points, the tiers, the backend, options and admin.
  */
 #include <errno.h>
 #include <stddef.h>
@@ -17,107 +24,11 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "context.h"
 #include "internal.h"
 #include "placement/placement.h"
 #include "tiers/disk.h"
 #include "tiers/tier.h"
-
-/* The context (opaque outside this file: internal.h's accessors). */
-struct sgm_context {
-  sgm_context_parts parts;                 /* first: what placement reads (placement.h): cfg,
-                                              bops, be, tiers, budget, pl, managed */
-  sgm_config cfg;                          /* as resolved at create (TF override applied); never
-                                              written after create: sgm_context_config hands it out */
-  double vram_fraction;                    /* the VRAM fraction in force (guarded by lock) */
-  uint64_t device_total_bytes;             /* device memory as the backend reported at create */
-  uint64_t physical_ram_bytes;             /* min(machine RAM, cgroup limit) at create */
-  uint64_t cuda_memory_limit_bytes;        /* CUDA_DEVICE_MEMORY_LIMIT cap; 0 = none */
-  char cuda_memory_limit_name[SGM_CUDA_LIMIT_NAME_MAX]; /* the variable that set it (_<device> or not) */
-  uint64_t budget_bytes[SGM_TIER_COUNT];   /* each tier's budget, resolved at create */
-  uint64_t n_bad_frees;                    /* frees refused: foreign pointer or double free */
-  uint64_t n_fallbacks;                    /* allocations that wanted VRAM and got shared */
-  uint64_t fallback_bytes;                 /* bytes of those */
-  sgm_lock lock;                           /* guards the callback and the idle thread state */
-  sgm_fallback_fn fallback_fn;             /* user's fallback callback, NULL = none */
-  void *fallback_user;                     /* its argument */
-  uint64_t (*clock_ms)(void *user);        /* the idle-trim clock (monotonic ms; tests inject) */
-  void *clock_user;                        /* its argument */
-  pthread_t idle_thread;                   /* runs sgm__context_idle_tick every idle_ms / 4 */
-  pthread_cond_t idle_cond;                /* wakes the idle thread to stop */
-  sgm_lock idle_mu;                        /* guards idle_stop for the condition variable */
-  bool idle_running;                       /* the idle thread was started */
-  bool idle_stop;                          /* asks the idle thread to end */
-  struct sgm_share *share;                 /* share.c: the node registry and fair budgets; NULL = untracked */
-  uint64_t interposed_vram_bytes;          /* device memory the program took from the driver itself,
-                                              as an interposer reports it (sgm_interpose_vram; atomic) */
-  uint64_t interposed_vram_peak;           /* the highest interposed_vram_bytes seen (atomic) */
-  bool interposed;                         /* an interposer (libsgm-preload.so) drives this context */
-  struct sgm_capture *capture;             /* capture.c: capture pools (made at create) */
-};
-/* placement.h reads the parts through the context's pointer: they come first. */
-_Static_assert(offsetof(struct sgm_context, parts) == 0, "sgm_context_parts must be sgm_context's first member");
-
-const sgm_config *sgm__context_cfg(const sgm_context *ctx) { return &ctx->cfg; }
-const struct sgm_backend_ops *sgm__context_bops(const sgm_context *ctx) { return ctx->parts.bops; }
-struct sgm_backend *sgm__context_be(const sgm_context *ctx) { return ctx->parts.be; }
-struct sgm_tier_pool *sgm__context_tier(const sgm_context *ctx, sgm_tier t) { return ctx->parts.tiers[t]; }
-uint64_t sgm__context_budget(const sgm_context *ctx, sgm_tier t) { return ctx->budget_bytes[t]; }
-struct sgm_placement *sgm__context_pl(const sgm_context *ctx) { return ctx->parts.pl; }
-void sgm__context_set_pl(sgm_context *ctx, struct sgm_placement *pl) { ctx->parts.pl = pl; }
-void sgm__context_set_bops(sgm_context *ctx, const struct sgm_backend_ops *bops) { ctx->parts.bops = bops; }
-
-void sgm__context_budgets(sgm_context *ctx, uint64_t *vram, uint64_t *shared) {
-  sgm__lock_take(&ctx->lock);
-  *vram = ctx->budget_bytes[SGM_TIER_VRAM];
-  *shared = ctx->budget_bytes[SGM_TIER_SHARED];
-  sgm__lock_drop(&ctx->lock);
-}
-
-double sgm__context_vram_fraction(sgm_context *ctx) {
-  sgm__lock_take(&ctx->lock);
-  double f = ctx->vram_fraction;
-  sgm__lock_drop(&ctx->lock);
-  return f;
-}
-
-uint64_t sgm__context_now_ms(sgm_context *ctx) {
-  sgm__lock_take(&ctx->lock);
-  uint64_t now = ctx->clock_ms(ctx->clock_user);
-  sgm__lock_drop(&ctx->lock);
-  return now;
-}
-
-uint64_t sgm__context_device_total(const sgm_context *ctx) { return ctx->device_total_bytes; }
-void sgm__context_set_device_total(sgm_context *ctx, uint64_t bytes) { ctx->device_total_bytes = bytes; }
-uint64_t sgm__context_physical_ram(const sgm_context *ctx) { return ctx->physical_ram_bytes; }
-struct sgm_share *sgm__context_share(const sgm_context *ctx) { return ctx->share; }
-void sgm__context_set_share(sgm_context *ctx, struct sgm_share *sh) { ctx->share = sh; }
-bool sgm__context_managed(const sgm_context *ctx) { return ctx->parts.managed; }
-struct sgm_capture *sgm__context_capture(const sgm_context *ctx) { return ctx->capture; }
-void sgm__context_set_managed(sgm_context *ctx, bool on) { ctx->parts.managed = on; }
-
-void sgm__context_counters(const sgm_context *ctx, sgm_stats *out) {
-  out->n_fallbacks = __atomic_load_n(&ctx->n_fallbacks, __ATOMIC_RELAXED);
-  out->fallback_bytes = __atomic_load_n(&ctx->fallback_bytes, __ATOMIC_RELAXED);
-  out->device_total_bytes = ctx->device_total_bytes;
-  out->physical_ram_bytes = ctx->physical_ram_bytes;
-  out->n_bad_frees = __atomic_load_n(&ctx->n_bad_frees, __ATOMIC_RELAXED);
-  if (ctx->parts.tiers[SGM_TIER_VRAM])
-  {
-    sgm__tier_vmm_info(ctx->parts.tiers[SGM_TIER_VRAM], &out->vram_granule_bytes,
-                       &out->vram_reserved_bytes);
-    out->vram_map_calls = sgm__tier_vmm_calls(ctx->parts.tiers[SGM_TIER_VRAM]);
-  }
-  /* Driver calls (issue 16): the backend's own count; no driver call to read. */
-  sgm_backend_counters bc;
-  memset(&bc, 0, sizeof bc);
-  ctx->parts.bops->counters(ctx->parts.be, &bc);
-  out->driver_calls = bc.n_driver_calls;
-}
-
-bool sgm__context_forked(const sgm_context *ctx) {
-  return sgm__fork_stale(ctx->parts.fork_generation);
-}
 
 /* The shared pool's floor, as Windows: max(RAM / 2, 64 MiB). */
 #define CONTEXT_SHARED_MIN_BYTES (UINT64_C(64) << 20)
@@ -212,14 +123,6 @@ static void context_stop_idle_thread(sgm_context *ctx) {
   }
   pthread_cond_destroy(&ctx->idle_cond);
   sgm__lock_destroy(&ctx->idle_mu);
-}
-
-/* ------------------------------------------------------------------------ */
-/* fork(): the generation and its message live in prim/fork.c; the context
- * keeps the one it was created in (parts.fork_generation). */
-
-int sgm__context_fork_error(const sgm_context *ctx, const char *fn) {
-  return sgm__fork_error(ctx->parts.owner_pid, fn);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -369,7 +272,7 @@ SGM_API sgm_status sgm_context_create(const sgm_config *cfg_in, sgm_context **ou
   ctx->parts.fork_generation = sgm__fork_watch();
   ctx->parts.owner_pid = getpid();
   ctx->vram_fraction = ctx->cfg.vram_fraction;
-  ctx->capture = sgm__capture_create();
+  ctx->capture = sgm__capture_create(sgm_free_ex); /* a released pool frees its parked blocks */
   if (!ctx->capture) {
     rc = sgm__error_set(SGM_ERR_NOMEM, "out of host memory creating a context");
     goto out_free;
@@ -653,12 +556,6 @@ SGM_API sgm_status sgm_interpose_vram(sgm_context *ctx, int64_t delta_bytes) {
   } while (!__atomic_compare_exchange_n(&ctx->interposed_vram_bytes, &cur, cur - take, true,
                                         __ATOMIC_RELAXED, __ATOMIC_RELAXED));
   return SGM_OK;
-}
-
-bool sgm__context_interposed(sgm_context *ctx, uint64_t *vram_bytes, uint64_t *peak_bytes) {
-  *vram_bytes = __atomic_load_n(&ctx->interposed_vram_bytes, __ATOMIC_RELAXED);
-  *peak_bytes = __atomic_load_n(&ctx->interposed_vram_peak, __ATOMIC_RELAXED);
-  return __atomic_load_n(&ctx->interposed, __ATOMIC_RELAXED);
 }
 
 /* sgm_free of a pointer an acquired buffer handed out: the block is the

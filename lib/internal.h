@@ -269,9 +269,11 @@ bool sgm__suballoc_check(const sgm_suballoc *sa);
 void sgm__suballoc_inject_nomem(sgm_suballoc *sa, int64_t n);
 
 /* ------------------------------------------------------------------------ */
-/* context.c — the context. Its layout is context.c's own (struct
- * sgm_context is opaque everywhere else); other files read what they need
- * through the accessors below. */
+/* context.c, context_state.c — the context. Its layout is context.h's, one
+ * floor below context.c (lib/LAYERS), read there by context.c and the
+ * accessors below (context_state.c); the services (stats.c, share.c,
+ * capture.c), hooks.c and the tests read what they need through those
+ * accessors, placement through sgm_context_parts (placement.h). */
 
 struct sgm_tier_pool;
 struct sgm_backend;
@@ -337,12 +339,8 @@ static inline bool sgm__fork_stale(unsigned gen) {
 /* Set "fn: this context was created by process owner_pid before fork() ..."
  * and return SGM_ERR_UNSUPPORTED. */
 int sgm__fork_error(long owner_pid, const char *fn);
-/* True in a child of the process that created ctx: every public entry asks
- * (one relaxed load) and answers sgm__context_fork_error. */
-bool sgm__context_forked(const sgm_context *ctx);
-/* Set "fn: this context was created by process P before fork() ..." and
- * return SGM_ERR_UNSUPPORTED. */
-int sgm__context_fork_error(const sgm_context *ctx, const char *fn);
+/* sgm__context_forked, sgm__context_fork_error: the context's fork check,
+ * inline in context.h (on every public entry's path). */
 
 /* Replace the idle-trim clock (tests); NULL restores the monotonic clock. */
 void sgm__context_set_clock(sgm_context *ctx, uint64_t (*clock_ms)(void *user), void *user);
@@ -467,8 +465,10 @@ void sgm__strbuf_printf(sgm_strbuf *b, const char *fmt, ...) SGM_PRINTF(2, 3);
  * scope stay live in their tier until the pool is released. Every function
  * takes the pool state's own leaf lock and calls nothing under it. */
 typedef struct sgm_capture sgm_capture;
-/* Made at context create (NULL: out of host memory) / freed at destroy. */
-sgm_capture *sgm__capture_create(void);
+/* Made at context create (NULL: out of host memory) / freed at destroy.
+ * free_ex: the context's sgm_free_ex, through which a released pool frees
+ * its parked blocks (capture.c sits below context.c and never calls it up). */
+sgm_capture *sgm__capture_create(sgm_status (*free_ex)(sgm_context *ctx, void *ptr, void *stream));
 void sgm__capture_destroy(sgm_capture *c);
 /* The context's pool state (never NULL for a created context). */
 struct sgm_capture *sgm__context_capture(const sgm_context *ctx);

@@ -32,6 +32,12 @@
  * Threading: the ticker is the only thread that ticks once the context is
  * built (create runs the first tick itself, before anyone else sees ctx).
  * share->mu (a leaf) guards the ticker's stop and tick counters.
+ *
+ * Layer (lib/LAYERS): context-services, below context.c, which calls join,
+ * start, poke, stop and leave. Calls down: the context's accessors
+ * (context_state.c), sgm_get_stats (stats.c, same floor), the node registry,
+ * the tiers' budgets, placement's trim to budget and the managed cache, the
+ * backend.
  */
 #include <errno.h>
 #include <stdio.h>

@@ -2,6 +2,11 @@
  * stats.c — the two costs of statistics: sgm_get_stats (counters, fast, any
  * thread: each tier's lock is taken briefly, one at a time) and sgm_stats_json
  * (the whole state as one JSON object; shape in docs/stats.md).
+ *
+ * Threading: any thread; no lock of its own. Layer (lib/LAYERS):
+ * context-services, below context.c. Calls down: the context's accessors
+ * (context_state.c; the fork check inline in context.h), placement's and
+ * the managed blocks' stats, the tiers' stats.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -9,6 +14,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "context.h"
 #include "internal.h"
 #include "tiers/tier.h"
 

@@ -34,10 +34,13 @@
  * sleeps on a block's state word: a head that another thread holds BUSY makes
  * it stop and look again later (that owner may free the block).
  *
- * Layer (lib/LAYERS): placement-moves. Calls down: the moves (migrate.c),
- * the state word, the tiers; waking the worker and promoting after a
- * demotion are asked of the layers above through pl->ask (prefetch_wake,
- * managed_promote), never called.
+ * Layer (lib/LAYERS): placement-queue, the floor below the moves: migrate.c
+ * drops a block's queued move when it moves the block itself and counts the
+ * worker's bytes (sgm__managed_queue_drop, _on_worker), so the run of a
+ * queued move is asked of it through pl->ask.managed_move
+ * (sgm__migrate_managed_on). Calls down: the state word, the tiers, the
+ * backend; waking the worker and promoting after a demotion are asked of the
+ * layers above through pl->ask (prefetch_wake, managed_promote), never called.
  */
 #include <stdlib.h>
 
@@ -139,7 +142,7 @@ static void mq_run(sgm_context *ctx, sgm_buffer *b, sgm_tier to, void *ev) {
   if (b->tier != to) { /* else a mover got there first: nothing to do */
     rc = o->copy_stream_wait_event ? o->copy_stream_wait_event(sgm__parts_be(ctx), ev)
                                    : o->event_wait(sgm__parts_be(ctx), ev);
-    if (rc == SGM_OK) rc = sgm__migrate_managed_on(ctx, b, to, false, NULL);
+    if (rc == SGM_OK) rc = pl->ask.managed_move(ctx, b, to, false, NULL);
     moved = rc == SGM_OK;
   }
   if (!moved) sgm__tier_uncharge(sgm__parts_tier(ctx, to), b->size);

@@ -17,9 +17,10 @@
  * Threading: the caller owns the buffer (BUSY) and holds no lock; the copies,
  * disk I/O and pool calls here run unlocked. The counters are atomics;
  * pl->mlock is taken only for the managed blocks' counters. Calls:
- * residency.c (a block one tier down for a demotion), the tier pools,
- * migrate_disk.c, migrate_order.c and the backend's managed-memory advice
- * and prefetch.
+ * the tier pools, migrate_disk.c, migrate_order.c, the managed move queue
+ * below (managed_queue.c: a move ends its block's queued one) and the
+ * backend's managed-memory advice and prefetch; room one tier down for a
+ * demotion is asked of residency.c above through pl->ask.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -153,6 +153,7 @@ int sgm__placement_create(sgm_context *ctx) {
       .residency_alloc_for = sgm__residency_alloc_for,
       .residency_charge_for = sgm__residency_charge_for,
       .valid = sgm__placement_valid,
+      .managed_move = sgm__migrate_managed_on,
   };
   pl->disk_seen_ms = UINT64_MAX;
   int rc = SGM_OK;

@@ -184,10 +184,11 @@ struct sgm_buffer {
 
 /* Work a lower placement layer asks of a higher one (issue 31): the prefetch
  * worker and the managed blocks sit above the state word, the moves and the
- * decisions that need them, and a move that needs room asks the decisions
- * (which demote by calling the moves), so those ask through these pointers, which
- * placement.c fills at create with the named functions (unchanged) — never a
- * call up. Read-only after create. */
+ * decisions that need them, a move that needs room asks the decisions
+ * (which demote by calling the moves), and the managed move queue sits below
+ * the moves it runs (a move drops its block's queued one), so those ask
+ * through these pointers, which placement.c fills at create with the named
+ * functions (unchanged) — never a call up. Read-only after create. */
 typedef struct sgm_placement_asks {
   void (*prefetch_cancel)(struct sgm_placement *pl, sgm_buffer *b); /* sgm__prefetch_cancel */
   int (*prefetch_wake)(sgm_context *ctx);                           /* sgm__prefetch_wake */
@@ -200,6 +201,10 @@ typedef struct sgm_placement_asks {
   int (*residency_charge_for)(sgm_context *ctx, sgm_tier t, uint64_t size,
                               const sgm_buffer *cand);          /* sgm__residency_charge_for */
   bool (*valid)(struct sgm_placement *pl); /* sgm__placement_valid: the invariant walk (debug) */
+  /* migrate.c, for the managed move queue's runs (managed_queue.c, the floor
+   * below the moves: a move drops its block's queued one) */
+  int (*managed_move)(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict,
+                      void *stream);                            /* sgm__migrate_managed_on */
 } sgm_placement_asks;
 
 struct sgm_placement {
@@ -542,7 +547,7 @@ int sgm__migrate_managed_place(sgm_context *ctx, sgm_devptr d, uint64_t n, sgm_t
 int sgm__migrate_managed(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict);
 
 /* The same on `stream` (NULL: the backend's own copy stream), for the move
- * queue's runs (managed_queue.c). */
+ * queue's runs (managed_queue.c asks it through pl->ask.managed_move). */
 int sgm__migrate_managed_on(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool evict, void *stream);
 
 /* residency.c: charge size bytes to resident tier t's budget for a managed
