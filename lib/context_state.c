@@ -31,7 +31,6 @@ struct sgm_backend *sgm__context_be(const sgm_context *ctx) { return ctx->parts.
 struct sgm_tier_pool *sgm__context_tier(const sgm_context *ctx, sgm_tier t) { return ctx->parts.tiers[t]; }
 uint64_t sgm__context_budget(const sgm_context *ctx, sgm_tier t) { return ctx->budget_bytes[t]; }
 struct sgm_placement *sgm__context_pl(const sgm_context *ctx) { return ctx->parts.pl; }
-void sgm__context_set_pl(sgm_context *ctx, struct sgm_placement *pl) { ctx->parts.pl = pl; }
 void sgm__context_set_bops(sgm_context *ctx, const struct sgm_backend_ops *bops) { ctx->parts.bops = bops; }
 
 void sgm__context_budgets(sgm_context *ctx, uint64_t *vram, uint64_t *shared) {
@@ -62,7 +61,6 @@ struct sgm_share *sgm__context_share(const sgm_context *ctx) { return ctx->share
 void sgm__context_set_share(sgm_context *ctx, struct sgm_share *sh) { ctx->share = sh; }
 bool sgm__context_managed(const sgm_context *ctx) { return ctx->parts.managed; }
 struct sgm_capture *sgm__context_capture(const sgm_context *ctx) { return ctx->capture; }
-void sgm__context_set_managed(sgm_context *ctx, bool on) { ctx->parts.managed = on; }
 
 void sgm__context_counters(const sgm_context *ctx, sgm_stats *out) {
   out->n_fallbacks = __atomic_load_n(&ctx->n_fallbacks, __ATOMIC_RELAXED);

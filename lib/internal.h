@@ -296,7 +296,6 @@ uint64_t sgm__context_budget(const sgm_context *ctx, sgm_tier t);
  * by sgm__placement_create before any other thread sees ctx, cleared by
  * sgm__placement_destroy after the last. */
 struct sgm_placement *sgm__context_pl(const sgm_context *ctx);
-void sgm__context_set_pl(sgm_context *ctx, struct sgm_placement *pl);
 /* Tests: put a spy vtable in front of the backend (before other threads use
  * ctx; the spy forwards to the real ops it saved). */
 void sgm__context_set_bops(sgm_context *ctx, const struct sgm_backend_ops *bops);
@@ -318,7 +317,6 @@ uint64_t sgm__context_physical_ram(const sgm_context *ctx);
 struct sgm_share *sgm__context_share(const sgm_context *ctx);
 void sgm__context_set_share(sgm_context *ctx, struct sgm_share *sh);
 bool sgm__context_managed(const sgm_context *ctx);
-void sgm__context_set_managed(sgm_context *ctx, bool on);
 /* The context's own figures of sgm_stats: n_fallbacks, fallback_bytes,
  * n_bad_frees (relaxed atomic loads), device_total_bytes, physical_ram_bytes. */
 void sgm__context_counters(const sgm_context *ctx, sgm_stats *out);
