@@ -26,16 +26,34 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
    * moment later; the block then lands one tier down, as it would have a
    * moment earlier. */
   if (need > __atomic_load_n(&p->head.room_bytes, __ATOMIC_RELAXED)) return SGM__ERR_BUDGET;
-  bool trimmed = false, reclaimed = false;
+  bool trimmed = false, reclaimed = false, returned = false;
   sgm__lock_take(&p->lock);
   for (int round = 0; round < TIER_MAX_GROW_ROUNDS; round++) {
     uint64_t off = 0, got = 0;
     /* Blocks never pass the budget, also when a lowered budget left more
-     * committed than it allows. */
-    if (need > p->p.budget_bytes - (p->held_bytes < p->p.budget_bytes ? p->held_bytes : p->p.budget_bytes))
+     * committed than it allows. The stream's own cached blocks go back
+     * first when they hold the room (owe.c). */
+    if (need > p->p.budget_bytes - (p->held_bytes < p->p.budget_bytes ? p->held_bytes : p->p.budget_bytes)) {
+      if (!returned && (returned = true, sgm__pool_owed_return_locked(p, ref))) {
+        round--;
+        continue;
+      }
       break;
+    }
     if (sgm__suballoc_try_alloc(p->sa, need, &off, &got)) {
       uint64_t unmapped = p->vmm_range ? sgm__pool_vmm_unmapped_locked(p, off, got) : 0;
+      if (unmapped && !returned) {
+        /* New granules would be mapped: the stream's own cached blocks go
+         * back to the sub-allocator first (no event: its later work runs
+         * after its earlier work, owe.c), they coalesce, and the block is
+         * placed again. */
+        returned = true;
+        uint64_t sz;
+        sgm__suballoc_free(p->sa, off, &sz);
+        sgm__pool_owed_return_locked(p, ref); /* none: the same place again, next step below */
+        round--;
+        continue;
+      }
       if (unmapped && !reclaimed && p->bag_bytes >= unmapped) {
         /* Expandable growth maps memory only when cached blocks the device
          * is done with could not cover it: give the streams' bags back (they
@@ -89,10 +107,28 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
         sgm__pool_vmm_settle(p);
         return vrc;
       }
+      /* Streams that owe (owe.c): this block may lie where their work is
+       * still pending. The taker is ordered after them on the device, sgm
+       * itself waits on the host. */
+      bool order = __atomic_load_n(&p->n_owing, __ATOMIC_RELAXED) && sgm__pool_owed_needs_locked(p, ref);
       sgm__lock_drop(&p->lock);
       if (reclaimed) sgm__pool_vmm_settle(p);
+      if (order && (vrc = sgm__pool_owed_order(p, ref)) != SGM_OK) {
+        sgm__lock_take(&p->lock);
+        sgm__pool_release_block_locked(p, b);
+        tier_update_room_locked(p);
+        sgm__lock_drop(&p->lock);
+        /* A stream that owes captures a graph: this allocation takes the
+         * paths a full budget takes (transfer, query, fallback). */
+        return vrc == SGM_ERR_BUSY ? SGM__ERR_BUDGET : vrc;
+      }
       *out = b;
       return SGM_OK;
+    }
+    /* No room in the sub-allocator: the stream's own cached blocks first. */
+    if (!returned && (returned = true, sgm__pool_owed_return_locked(p, ref))) {
+      round--;
+      continue;
     }
     /* One reserved range holds the whole budget: nothing to grow. */
     if (!p->p.growth || p->vmm_range) break;
