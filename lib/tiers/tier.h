@@ -23,7 +23,8 @@
  * mapped behind it granule by granule when a block first touches a granule,
  * and unmapped when no block of the sub-allocator touches it any more (a
  * block reaches the sub-allocator only once the work of its stream is seen
- * complete, so no queued work uses an unmapped granule), with hysteresis:
+ * complete, or its own stream returned it and is then waited for before any
+ * unmap, so no queued work uses an unmapped granule), with hysteresis:
  * when a block needs new granules and the free mapped ones pass a slack
  * (TIER_VMM_SLACK_*; down to half of it), on trim, on idle trim (no
  * allocation for the idle delay) and under budget pressure. Before mapping, cached blocks that could cover the new granules are
@@ -48,7 +49,10 @@
  * by the taker on the device (a transfer: one record and one wait per owner
  * stream, covering every block it holds; refused while either stream
  * captures a CUDA graph), and the sub-allocator gets them back (for every stream)
- * only once a fence event recorded on the owner has been *seen* complete.
+ * only once a fence event recorded on the owner has been *seen* complete — or
+ * at once, with no event, when the owner's own allocation would otherwise need
+ * new memory (it may reuse them for any size: its work runs in order); the
+ * owner then *owes*, and others are ordered after it (pool/owe.c).
  * A synchronous backend has one stream for everything and no events.
  * "used" counts blocks handed out to the user; cached blocks are counted in
  * cached_bytes (and committed), not in used.

@@ -3,8 +3,10 @@
  * and sgm's own allocations.
  *
  * Job: serve an allocation from the thread's magazine, then the stream's bag,
- * then a carve from the sub-allocator (growing the pool), then other streams'
- * caches (transfer, then query); put a free in the magazine (or a deferred
+ * then a carve from the sub-allocator (the stream's own cached blocks given
+ * back to it first when the carve would need new memory, owe.c; growing the
+ * pool; ordered after streams that owe), then other streams' caches
+ * (transfer, then query); put a free in the magazine (or a deferred
  * free when sgm_record_stream named other streams); answer ownership and the
  * fallback path's "is this tier full" hint.
  *
@@ -14,7 +16,8 @@
  * backend call.
  *
  * Calls: map.c, mag.c, bag.c (bags, events, reclaim), chunk.c (growth),
- * vmm.c (mapping the granules of a carve).
+ * vmm.c (mapping the granules of a carve), owe.c (a stream's own cache
+ * returned; a carve ordered after streams that owe).
  */
 #include "tiers/pool/pool.h"
 

@@ -14,7 +14,8 @@
  * under the lock. Magazine spin locks are taken under the pool lock.
  *
  * Calls: the backend's event and stream operations, mag.c (drain), chunk.c
- * (release blocks), xfer.c (transfers), vmm.c (settle after a reclaim).
+ * (release blocks), xfer.c (transfers), vmm.c (settle after a reclaim),
+ * owe.c (a fence seen complete ends what its stream owes up to it).
  */
 #include "tiers/pool/pool.h"
 

@@ -14,7 +14,8 @@
  *
  * Calls: the tier's chunk ops (backend), the sub-allocator, map.c (forget a
  * record), vmm.c (granule references, unmapping on trim), bag.c (reclaim
- * before a trim or a charge).
+ * before a trim or a charge), owe.c (streams that owe are waited for before
+ * chunks go back).
  */
 #include "tiers/pool/pool.h"
 

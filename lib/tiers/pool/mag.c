@@ -11,7 +11,8 @@
  * alone (uncontended), a reclaimer takes it under the pool lock.
  *
  * Calls: bag.c (a drained block goes to its stream's bag), libc and pthread
- * (thread-local key for the exit hook).
+ * (thread-local key for the exit hook). owe.c returns the calling thread's
+ * blocks of a stream (sgm__pool_mag_find, under the pool lock).
  */
 #include "tiers/pool/pool.h"
 

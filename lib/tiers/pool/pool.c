@@ -10,7 +10,8 @@
  * for stats and the check (the live map's shards are read atomically).
  *
  * Calls: chunk.c (reserve mode's chunk), vmm.c (setup, teardown, check),
- * mag.c (detach magazines), bag.c (the final WAIT reclaim), map.c.
+ * mag.c (detach magazines), bag.c (the final WAIT reclaim), owe.c (the
+ * final wait for what streams returned), map.c.
  */
 #include "tiers/pool/pool.h"
 

@@ -8,13 +8,21 @@
  * to one stream (its key): work queued on that stream may still use it.
  *
  *   user free on S --> thread magazine [class][slot]   (no shared lock)
- *                          | full: half moves down
- *                          v
+ *                          | full: half moves down       |
+ *                          v                             |
  *                      bag of S: open --seal--> sealed (+ fence event on S)
- *                          |                    |   | fence seen complete
- *   transfer to T <--------+ (record on S =     |   v
- *   (T's open bag,            seal; wait on T)  | sub-allocator (anyone)
- *    what T asked for) <------------------------+ (wait on T)
+ *                          |    |               |   | fence seen complete
+ *   transfer to T <--------+    |  (record on S |   v
+ *   (T's open bag,              |  = seal; wait | sub-allocator (anyone)
+ *    what T asked for) <--------|--- on T) -----+      ^
+ *                               |                      | S owes (owe.c)
+ *        S's carve needs new memory: S's bags and this thread's blocks of S
+ *        go straight back, no event ----------------------+
+ *
+ * While S owes, a carve for T != S records an event on S (once per batch of
+ * returns) and makes T wait on it on the device; sgm's own carves and every
+ * unmap or chunk release wait on the host first; an event on S seen complete
+ * ends the debt.
  *
  * Invariants (checked by sgm__tier_check):
  *  - committed_bytes <= budget_bytes (unless the budget was lowered below what
@@ -25,7 +33,14 @@
  *    and the live map holds n_blocks records;
  *  - a stream's sealed bag is non-empty only while it has a fence (or one is
  *    being recorded): blocks reach the sub-allocator only through a fence seen
- *    complete, a host wait, or a synchronous backend;
+ *    complete, a host wait, a synchronous backend, or their own stream's
+ *    return (owe.c), after which that stream owes;
+ *  - n_owing is the number of streams that owe (owe_done < owe_seq), 0 on a
+ *    synchronous backend; a stream's fence_seq, owe_ev_seq and owe_done never
+ *    pass its owe_seq; takers are remembered only for a recorded owe_ev;
+ *  - while a stream owes, no memory of the sub-allocator is handed to another
+ *    stream unordered after it, to sgm itself before a host wait, or back to
+ *    the driver (unmapped, chunk released) before a host wait (owe.c);
  *  - a fence or deferred event has one owner at a time (the busy flag), so it
  *    is queried, recycled or destroyed by one thread only.
  *
@@ -41,6 +56,7 @@
  *   alloc.c  the user's path: alloc/free on a stream, record_stream, sgm's own blocks
  *   mag.c    magazines: per-thread caches
  *   bag.c    stream bags, pooled events, fences and the reclaim passes
+ *   owe.c    a stream's own cache returned without an event, and who waits for it
  *   xfer.c   transfers of cached blocks between streams
  *   map.c    the live map (pointer -> record)
  *   chunk.c  chunks and budget: growth, trim, the sub-allocator side, charges

@@ -11,7 +11,7 @@
  * the stream wait (the owner stream's busy flag holds its fence meanwhile).
  *
  * Calls: the backend's event and stream-wait operations, bag.c (bags,
- * events, jobs).
+ * events, jobs); a fence it leaves covers its owner's returns so far (owe.c).
  */
 #include "tiers/pool/pool.h"
 
