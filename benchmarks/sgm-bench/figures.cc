@@ -530,13 +530,15 @@ TraceCalls *Traces(const RunContext &rc, std::string *skip) {
         if (TraceDetail())
           std::fprintf(stderr, "trace %-22s fences %-5s peak %8.1f MiB  events %6llu  first %7.3f calls/MiB "
                        "(%llu calls, %llu maps)  second %.4f calls/event (%llu calls, %llu maps)  "
-                       "committed/peak cuda %.3f emu %.3f\n",
+                       "committed/peak cuda %.3f emu %.3f (emu maps %llu + %llu)\n",
                        name.c_str(), modes == 1 ? "real" : lazy ? "lazy" : "eager", peak_mib,
                        static_cast<unsigned long long>(r.pass[0].events), first,
                        static_cast<unsigned long long>(r.pass[0].driver_calls),
                        static_cast<unsigned long long>(r.pass[0].map_calls), second,
                        static_cast<unsigned long long>(r.pass[1].driver_calls),
-                       static_cast<unsigned long long>(r.pass[1].map_calls), cuda_c, emu_c);
+                       static_cast<unsigned long long>(r.pass[1].map_calls), cuda_c, emu_c,
+                       static_cast<unsigned long long>(emu.pass[0].map_calls),
+                       static_cast<unsigned long long>(emu.pass[1].map_calls));
       }
       if (modes == 2) CudaFenceMode(0);
       replay_trace_free(&t);

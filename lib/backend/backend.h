@@ -124,15 +124,19 @@
  *    granule: *range_out is the backend's token, *base_out its first address.
  *    Reserving costs address space only.
  *  - vmm_map() maps device memory at [base + offset, + bytes), granule
- *    aligned, every granule of it unmapped now, and makes it readable and
- *    writable by the device before it returns (CUDA: cuMemCreate + cuMemMap
- *    per granule, then cuMemSetAccess over the run). All or nothing: on
- *    failure nothing of the run stays mapped (SGM_ERR_NOMEM when the device
- *    is out of memory). Mapped bytes count in device_live_bytes.
- *  - vmm_unmap() unmaps granules mapped by vmm_map (any whole granules of a
- *    run) and frees their memory. The driver does not wait for device work:
- *    the caller unmaps only memory no queued work uses. Cannot fail from
- *    sgm's point of view (a driver error is logged).
+ *    aligned, every granule of it unmapped now, as ONE mapping, and makes it
+ *    readable and writable by the device before it returns (CUDA: one
+ *    cuMemCreate of the run's bytes, one cuMemMap, one cuMemSetAccess: the
+ *    calls do not grow with the run, issue 26). All or nothing: on failure
+ *    nothing of the run stays mapped (SGM_ERR_NOMEM when the device is out of
+ *    memory). Mapped bytes count in device_live_bytes.
+ *  - vmm_unmap() unmaps whole mappings made by vmm_map (a run that starts at
+ *    one's first granule and ends at one's last; several neighbours at once
+ *    are fine) and frees their memory: as cuMemUnmap, a mapping is never
+ *    unmapped in part (a run that would is a broken contract, asserted and
+ *    ignored). The driver does not wait for device work: the caller unmaps
+ *    only memory no queued work uses. Cannot fail from sgm's point of view
+ *    (a driver error is logged).
  *  - vmm_free() releases a range; granules still mapped are unmapped first
  *    and reported as a leak at SGM_VERBOSE >= 1. NULL is a no-op.
  *  - None of them is on the steady allocation path: sgm maps when committed

@@ -234,6 +234,9 @@ void sgm__tier_vmm_info(sgm_tier_pool *p, uint64_t *granule_bytes, uint64_t *res
 /* Expandable growth: backend calls that mapped or unmapped granules so far
  * (any thread, no lock: an atomic counter). */
 uint64_t sgm__tier_vmm_calls(const sgm_tier_pool *p);
+/* Expandable growth: bytes of the mappings no block touches (what a trim
+ * would unmap now; a mapping is unmapped whole, issue 26). */
+uint64_t sgm__tier_vmm_free_mapped(const sgm_tier_pool *p);
 /* Reserve mode on the virtual-memory API: the budget was taken at create as a
  * pool of granules, mapped into the range where blocks land (issue 17). */
 bool sgm__tier_vmm_pooled(const sgm_tier_pool *p);

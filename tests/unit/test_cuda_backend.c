@@ -738,9 +738,16 @@ static void test_driver_calls_counted(void **state) {
   assert_int_equal(ops->vmm_granularity(be, &g), SGM_OK);
   assert_true(g > 0);
   assert_int_equal(ops->vmm_reserve(be, 4 * g, &range, &base), SGM_OK);
+  /* One mapping per vmm_map (issue 26): one cuMemCreate for two granules;
+   * two neighbouring mappings unmap in one vmm_unmap, one cuMemUnmap each. */
+  uint64_t creates = fc.fake_cuda_calls("cuMemCreate"), unmaps = fc.fake_cuda_calls("cuMemUnmap");
   assert_int_equal(ops->vmm_map(be, range, g, 2 * g), SGM_OK);
-  ops->vmm_unmap(be, range, g, g);
-  ops->vmm_free(be, range); /* unmaps the granule left */
+  assert_int_equal(ops->vmm_map(be, range, 0, g), SGM_OK);
+  assert_int_equal(fc.fake_cuda_calls("cuMemCreate") - creates, 2);
+  ops->vmm_unmap(be, range, 0, 3 * g);
+  assert_int_equal(fc.fake_cuda_calls("cuMemUnmap") - unmaps, 2);
+  assert_int_equal(ops->vmm_map(be, range, 2 * g, 2 * g), SGM_OK);
+  ops->vmm_free(be, range); /* unmaps the mapping left */
 
   worker w[2] = {{ops, be, 0}, {ops, be, 0}};
   pthread_t th[2];

@@ -3,9 +3,12 @@
  * with granules mapped on demand, on the emulated device and, where the
  * driver double is on the library path, on SGM_BACKEND=cuda against it.
  *
- * Invariants checked: committed VRAM is exactly the granules that blocks
- * touch once cached blocks are returned (sgm_trim), and within the slack of
- * them otherwise; the backend's mapped bytes equal committed; sgm_trim returns
+ * Invariants checked: once cached blocks are returned (sgm_trim) committed
+ * VRAM is the mappings that blocks touch (a mapping is unmapped whole: no
+ * mapping without a block stays, and every granule a block touches is
+ * committed), and within the slack of them otherwise; a block's granules are
+ * mapped in mappings of at most TIER_VMM_MAP_MAX_GRANULES, four driver calls
+ * each on CUDA, not four per granule; the backend's mapped bytes equal committed; sgm_trim returns
  * every free granule; granules that queued stream work still uses are not
  * unmapped until that work completes (the double holds it); a device without
  * the virtual-memory API, or SGM_VRAM_VMM=off, grows in chunks; the choice
@@ -24,7 +27,7 @@
 #include "fake_cuda.h"
 #include "internal.h"
 #include "test_util.h"
-#include "tiers/tier.h"
+#include "tiers/pool/pool.h" /* TIER_VMM_MAP_MAX_GRANULES */
 
 #define MiB (UINT64_C(1) << 20)
 #define GRAN (2 * MiB)
@@ -85,9 +88,10 @@ static uint64_t touched_bytes(void *const *p, const uint64_t *n, size_t count) {
  * A random stream of allocations and frees (seed printed). Sizes are powers
  * of two from 256 B to 8 MiB, so each block's size in the sub-allocator is
  * its asked size. After every call the pool's own check holds (references
- * per granule, committed = mapped granules) and the backend has exactly
- * committed bytes mapped; every 16 calls sgm_trim leaves committed equal to
- * the granules the live blocks touch.
+ * per granule and per mapping, committed = mapped granules) and the backend
+ * has exactly committed bytes mapped; every 16 calls sgm_trim leaves no
+ * mapping that no live block touches, and every granule a live block touches
+ * committed.
  */
 static void commits_what_blocks_touch(const char *backend) {
   sgm_context *ctx = make_ctx(backend, "256MiB", NULL);
@@ -119,8 +123,9 @@ static void commits_what_blocks_touch(const char *backend) {
     if (step % 16 == 0) {
       assert_int_equal(sgm_trim(ctx), SGM_OK);
       st = stats(ctx);
-      assert_int_equal(st.tier[SGM_TIER_VRAM].committed_bytes, touched_bytes(p, n, SLOTS));
-      assert_int_equal(st.tier[SGM_TIER_VRAM].n_chunks, touched_bytes(p, n, SLOTS) / GRAN);
+      assert_int_equal(sgm__tier_vmm_free_mapped(sgm__context_tier(ctx, SGM_TIER_VRAM)), 0);
+      assert_true(st.tier[SGM_TIER_VRAM].committed_bytes >= touched_bytes(p, n, SLOTS));
+      assert_int_equal(st.tier[SGM_TIER_VRAM].n_chunks, st.tier[SGM_TIER_VRAM].committed_bytes / GRAN);
     }
   }
   for (size_t i = 0; i < SLOTS; i++) sgm_free(ctx, p[i], NULL);
@@ -796,6 +801,32 @@ static void test_double_commits_what_blocks_touch(void **state) {
   assert_int_equal(s1.vmm_unmaps_in_use, s0.vmm_unmaps_in_use);
 }
 
+/*
+ * Larger pages (issue 26): a 200 MiB block on fresh addresses is mapped in
+ * ceil(100 / TIER_VMM_MAP_MAX_GRANULES) mappings, each one cuMemCreate,
+ * cuMemMap, cuMemRelease and cuMemSetAccess (granule by granule it took 100
+ * of each), and a trim after its free unmaps each mapping with one cuMemUnmap
+ * (the double refuses a part of a mapping) and commits nothing.
+ */
+static void test_double_maps_large_blocks_in_few_calls(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("cuda", "256MiB", NULL);
+  const char *names[] = {"cuMemCreate", "cuMemMap", "cuMemRelease", "cuMemSetAccess", "cuMemUnmap"};
+  uint64_t before[5];
+  for (int i = 0; i < 5; i++) before[i] = fc.fake_cuda_calls(names[i]);
+  void *b = sgm_alloc(ctx, 200 * MiB, NULL);
+  assert_non_null(b);
+  const uint64_t maps = (100 + TIER_VMM_MAP_MAX_GRANULES - 1) / TIER_VMM_MAP_MAX_GRANULES;
+  for (int i = 0; i < 4; i++) assert_int_equal(fc.fake_cuda_calls(names[i]) - before[i], maps);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes, 200 * MiB);
+  sgm_free(ctx, b, NULL);
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
+  assert_int_equal(fc.fake_cuda_calls("cuMemUnmap") - before[4], maps);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes, 0);
+  assert_int_equal(counters(ctx).vmm_mapped_bytes, 0);
+  sgm_context_destroy(ctx);
+}
+
 typedef int (*memset_fn)(uint64_t dst, unsigned char v, size_t n, void *stream);
 typedef int (*ctx_retain_fn)(void **ctx, int dev);
 typedef int (*ctx_push_fn)(void *ctx);
@@ -959,6 +990,7 @@ int main(void) {
   }
   const struct CMUnitTest dbl[] = {
       cmocka_unit_test_setup(test_double_commits_what_blocks_touch, reset_fake),
+      cmocka_unit_test_setup(test_double_maps_large_blocks_in_few_calls, reset_fake),
       cmocka_unit_test_setup(test_double_pending_work_keeps_granules, reset_fake),
       cmocka_unit_test_setup(test_double_without_vmm_grows_in_chunks, reset_fake),
       cmocka_unit_test_setup(test_double_reserve_keeps_handles_until_destroy, reset_fake),

@@ -1745,12 +1745,15 @@ static void cuda_device_key(sgm_backend *be, char *out, size_t len) {
 
 /* ---- expandable VRAM: the virtual-memory API (issue 17) ----
  *
- * A range is one cuMemAddressReserve. vmm_map maps each granule as its own
- * physical allocation (cuMemCreate + cuMemMap), releases the handle at once
- * (the driver frees the memory when the handle is released *and* the mapping
- * unmapped, in either order), then grants the device read-write access over
- * the run with one cuMemSetAccess (a run of whole mappings). So any granule
- * can be unmapped alone with one cuMemUnmap, which then frees its memory, and
+ * A range is one cuMemAddressReserve. vmm_map maps its run as ONE physical
+ * allocation (cuMemCreate + cuMemMap of the whole run: four calls however
+ * large, issue 26), releases the handle at once (the driver frees the memory
+ * when the handle is released *and* the mapping unmapped, in either order),
+ * then grants the device read-write access with one cuMemSetAccess. cuMemUnmap
+ * takes whole mappings only (cuda.h: it "cannot unmap a sub-range of an
+ * address range mapped by cuMemCreate / cuMemMap"), so vmm_unmap is given
+ * runs of whole mappings and unmaps each with one cuMemUnmap, which then
+ * frees its memory; the per-granule state byte tells where mappings start, so
  * no handle table is needed. Every call runs in the primary context, in
  * relaxed capture mode like the other memory calls. */
 
@@ -1758,7 +1761,8 @@ typedef struct cuda_vrange {
   CUdeviceptr base;            /* first address */
   uint64_t bytes;              /* reserved bytes */
   uint64_t granule;            /* the granule it was reserved with */
-  uint8_t *mapped;             /* one byte per granule: 1 = mapped, 2 = a pool granule mapped
+  uint8_t *mapped;             /* one byte per granule: 1 = the first of a vmm_map mapping,
+                                  3 = a later granule of one, 2 = a pool granule mapped
                                   (under be->lock) */
   uint32_t *pidx;              /* per granule: the pool granule mapped there (state 2); NULL until
                                   a pool maps into the range */
@@ -1864,12 +1868,28 @@ static bool cuda_vrange_run(const cuda_vrange *v, uint64_t offset, uint64_t byte
   return ok;
 }
 
-/* Unmap granules [g0, g1) of v, one cuMemUnmap each (context entered, relaxed). */
-static void cuda_vmm_unmap_run(sgm_backend *be, cuda_vrange *v, uint64_t g0, uint64_t g1,
-                               const char *op) {
-  for (uint64_t g = g0; g < g1; g++) {
-    CUresult r = CU(cuMemUnmap)(v->base + g * v->granule, (size_t)v->granule);
+/* Granule state bytes (cuda_vrange.mapped). */
+enum { CUDA_VG_NONE = 0, CUDA_VG_HEAD = 1, CUDA_VG_POOL = 2, CUDA_VG_TAIL = 3 };
+
+/* Granules of the mapping that starts at granule g: 1 for a pool granule,
+ * else the head and its tail granules (state as read by the caller). */
+static uint64_t cuda_vmm_mapping_len(const uint8_t *mapped, uint64_t g, uint64_t n) {
+  uint64_t e = g + 1;
+  if (mapped[g] == CUDA_VG_HEAD)
+    while (e < n && mapped[e] == CUDA_VG_TAIL) e++;
+  return e - g;
+}
+
+/* Unmap granules [g0, g1) of v, whole mappings by the state bytes in `was`
+ * (a copy taken before they were cleared), one cuMemUnmap each (context
+ * entered, relaxed). */
+static void cuda_vmm_unmap_run(sgm_backend *be, cuda_vrange *v, const uint8_t *was, uint64_t g0,
+                               uint64_t g1, const char *op) {
+  for (uint64_t g = g0; g < g1;) {
+    uint64_t n = cuda_vmm_mapping_len(was, g, g1);
+    CUresult r = CU(cuMemUnmap)(v->base + g * v->granule, (size_t)(n * v->granule));
     if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemUnmap");
+    g += n;
   }
 }
 
@@ -1897,25 +1917,20 @@ static int cuda_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t 
   cuda_frame f;
   int rc = cuda_frame_open(be, op, &f);
   if (rc != SGM_OK) return rc;
-  CUresult r = CUDA_SUCCESS;
   CUmemAllocationProp prop = cuda_vmm_prop(be);
-  uint64_t g = g0;
   const char *failed = NULL;
-  for (; g < g1; g++) {
-    CUmemGenericAllocationHandle h = 0;
-    r = CU(cuMemCreate)(&h, (size_t)v->granule, &prop, 0);
-    if (r != CUDA_SUCCESS) {
-      failed = "cuMemCreate";
-      break;
-    }
-    r = CU(cuMemMap)(v->base + g * v->granule, (size_t)v->granule, 0, h, 0);
+  bool mapped = false;
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = CU(cuMemCreate)(&h, (size_t)bytes, &prop, 0);
+  if (r != CUDA_SUCCESS) {
+    failed = "cuMemCreate";
+  } else {
+    r = CU(cuMemMap)(v->base + offset, (size_t)bytes, 0, h, 0);
+    mapped = r == CUDA_SUCCESS;
     /* The mapping keeps the memory; the handle is not needed any more. */
     CUresult rr = CU(cuMemRelease)(h);
-    if (r != CUDA_SUCCESS) {
-      failed = "cuMemMap";
-      break;
-    }
-    if (rr != CUDA_SUCCESS) cuda_log_failure(be, rr, op, "cuMemRelease");
+    if (!mapped) failed = "cuMemMap";
+    else if (rr != CUDA_SUCCESS) cuda_log_failure(be, rr, op, "cuMemRelease");
   }
   if (!failed) {
     r = cuda_vmm_set_access(be, v->base + offset, bytes);
@@ -1923,12 +1938,16 @@ static int cuda_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t 
   }
   if (failed) {
     rc = cuda_fail(r, op, failed, CUDA_BLAME_DRIVER);
-    cuda_vmm_unmap_run(be, v, g0, g, op); /* all or nothing */
+    if (mapped) { /* all or nothing */
+      CUresult ru = CU(cuMemUnmap)(v->base + offset, (size_t)bytes);
+      if (ru != CUDA_SUCCESS) cuda_log_failure(be, ru, op, "cuMemUnmap");
+    }
   }
   cuda_frame_close(be, &f, op);
   if (!failed) {
     sgm__lock_take(&be->lock);
-    memset(v->mapped + g0, 1, (size_t)(g1 - g0));
+    v->mapped[g0] = CUDA_VG_HEAD;
+    if (g1 - g0 > 1) memset(v->mapped + g0 + 1, CUDA_VG_TAIL, (size_t)(g1 - g0 - 1));
     be->c.device_live_bytes += bytes;
     be->c.vmm_mapped_bytes += bytes;
     sgm__lock_drop(&be->lock);
@@ -1936,38 +1955,57 @@ static int cuda_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t 
   return rc;
 }
 
-/* Unmap [offset, +bytes) of v, a run of granules that must all be in
- * `state` (v->mapped: 1 = vmm_map's own memory, 2 = pool granules of
- * vmm_pool_map): checked and marked unmapped under be->lock, with the
- * counters (own memory leaves device_live_bytes too; a pool granule goes
- * back to its pool, whose handle keeps the memory), then cuMemUnmap of each
- * granule with no lock held. A run that is not one is a broken contract:
- * asserted, logged (what: the state's name) and ignored. */
+/* Is [g0, g1) of v whole mappings in `state` (CUDA_VG_HEAD: vmm_map's, each
+ * a head and its tail; CUDA_VG_POOL: pool granules)? be->lock held. */
+static bool cuda_vmm_whole_locked(const cuda_vrange *v, uint64_t g0, uint64_t g1, uint8_t state) {
+  uint64_t n = v->bytes / v->granule;
+  if (state == CUDA_VG_POOL) {
+    for (uint64_t g = g0; g < g1; g++)
+      if (v->mapped[g] != CUDA_VG_POOL || !v->pool) return false;
+    return true;
+  }
+  if (v->mapped[g0] != CUDA_VG_HEAD || (g1 < n && v->mapped[g1] == CUDA_VG_TAIL)) return false;
+  for (uint64_t g = g0 + 1; g < g1; g++)
+    if (v->mapped[g] != CUDA_VG_HEAD && v->mapped[g] != CUDA_VG_TAIL) return false;
+  return true;
+}
+
+/* Unmap [offset, +bytes) of v, whole mappings that must all be in `state`
+ * (CUDA_VG_HEAD: vmm_map's own memory, CUDA_VG_POOL: pool granules of
+ * vmm_pool_map): checked under be->lock with the counters (own memory leaves
+ * device_live_bytes too), then one cuMemUnmap per mapping with no lock held
+ * (the caller owns these granules: nobody else maps or unmaps them
+ * meanwhile), then marked unmapped (a pool granule goes back to its pool,
+ * whose handle keeps the memory). A run that is not one is a broken
+ * contract: asserted, logged (what: the state's name) and ignored. */
 static void cuda_vmm_unmap_state(sgm_backend *be, cuda_vrange *v, uint64_t offset, uint64_t bytes,
                                  uint8_t state, const char *op, const char *what) {
   uint64_t g0, g1;
   bool ok = cuda_vrange_run(v, offset, bytes, &g0, &g1);
   sgm__lock_take(&be->lock);
-  for (uint64_t g = g0; g < g1 && ok; g++) ok = v->mapped[g] == state && (state != 2 || v->pool);
+  ok = ok && cuda_vmm_whole_locked(v, g0, g1, state);
   if (ok) {
-    for (uint64_t g = g0; g < g1; g++) {
-      v->mapped[g] = 0;
-      if (state == 2) v->pool->used[v->pidx[g]] = 0;
-    }
-    if (state == 1) be->c.device_live_bytes -= bytes;
+    if (state == CUDA_VG_HEAD) be->c.device_live_bytes -= bytes;
     be->c.vmm_mapped_bytes -= bytes;
   }
   sgm__lock_drop(&be->lock);
   sgm_assert(ok);
   if (!ok) {
-    sgm__log(be->verbose, 1, "CUDA: %s: [%llu, +%llu) is not a run of %s granules; ignored", op,
-             (unsigned long long)offset, (unsigned long long)bytes, what);
+    sgm__log(be->verbose, 1, "CUDA: %s: [%llu, +%llu) is not a run of whole %s mappings; ignored",
+             op, (unsigned long long)offset, (unsigned long long)bytes, what);
     return;
   }
   cuda_frame f;
-  if (!cuda_frame_open_must(be, op, "", &f)) return;
-  cuda_vmm_unmap_run(be, v, g0, g1, op);
-  cuda_frame_close(be, &f, op);
+  if (cuda_frame_open_must(be, op, "", &f)) {
+    cuda_vmm_unmap_run(be, v, v->mapped, g0, g1, op);
+    cuda_frame_close(be, &f, op);
+  }
+  sgm__lock_take(&be->lock);
+  for (uint64_t g = g0; g < g1; g++) {
+    v->mapped[g] = CUDA_VG_NONE;
+    if (state == CUDA_VG_POOL) v->pool->used[v->pidx[g]] = 0;
+  }
+  sgm__lock_drop(&be->lock);
 }
 
 static void cuda_vmm_unmap(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes) {
@@ -1979,16 +2017,21 @@ static void cuda_vmm_unmap(sgm_backend *be, void *range, uint64_t offset, uint64
  * v is already off the list. */
 static void cuda_vmm_release(sgm_backend *be, cuda_vrange *v, const char *op) {
   uint64_t n = v->bytes / v->granule, left = 0, pooled = 0;
-  for (uint64_t g = 0; g < n; g++)
-    if (v->mapped[g]) {
-      cuda_vmm_unmap_run(be, v, g, g + 1, op);
-      /* A pool granule's memory stays the pool's (its handle is kept). */
-      if (v->mapped[g] == 2) pooled += v->granule;
-      else left += v->granule;
-      sgm__lock_take(&be->lock);
-      if (v->mapped[g] == 2 && v->pool) v->pool->used[v->pidx[g]] = 0;
-      sgm__lock_drop(&be->lock);
+  for (uint64_t g = 0; g < n;) {
+    if (!v->mapped[g]) {
+      g++;
+      continue;
     }
+    uint64_t len = cuda_vmm_mapping_len(v->mapped, g, n);
+    cuda_vmm_unmap_run(be, v, v->mapped, g, g + len, op);
+    /* A pool granule's memory stays the pool's (its handle is kept). */
+    if (v->mapped[g] == CUDA_VG_POOL) pooled += v->granule;
+    else left += len * v->granule;
+    sgm__lock_take(&be->lock);
+    if (v->mapped[g] == CUDA_VG_POOL && v->pool) v->pool->used[v->pidx[g]] = 0;
+    sgm__lock_drop(&be->lock);
+    g += len;
+  }
   CUresult r = CU(cuMemAddressFree)(v->base, (size_t)v->bytes);
   if (r != CUDA_SUCCESS) cuda_log_failure(be, r, op, "cuMemAddressFree");
   if (left) {
@@ -2136,7 +2179,7 @@ static int cuda_vmm_pool_map(sgm_backend *be, void *range, uint64_t offset, void
     /* Claimed under the lock: no other call maps these meanwhile. */
     v->pool = pl;
     for (uint64_t k = 0; k < n; k++) {
-      v->mapped[g0 + k] = 2;
+      v->mapped[g0 + k] = CUDA_VG_POOL;
       v->pidx[g0 + k] = idx[k];
       pl->used[idx[k]] = 1;
     }
@@ -2166,7 +2209,7 @@ static int cuda_vmm_pool_map(sgm_backend *be, void *range, uint64_t offset, void
     }
     if (failed) {
       rc = cuda_fail(r, op, failed, CUDA_BLAME_DRIVER);
-      cuda_vmm_unmap_run(be, v, g0, g0 + k, op); /* all or nothing; the handles stay */
+      cuda_vmm_unmap_run(be, v, v->mapped, g0, g0 + k, op); /* all or nothing; the handles stay */
     }
     cuda_frame_close(be, &f, op);
   }

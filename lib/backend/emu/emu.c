@@ -84,7 +84,8 @@ typedef struct emu_range {
   uint64_t bytes;              /* reserved bytes (a multiple of the granule) */
   void *map_base;              /* the reservation as mmap returned it (for munmap) */
   uint64_t map_bytes;          /* its length */
-  uint8_t *mapped;             /* one byte per granule: 1 = mapped (vmm_map), 2 = a pool granule */
+  uint8_t *mapped;             /* one byte per granule: 1 = the first of a vmm_map mapping,
+                                  3 = a later granule of one, 2 = a pool granule */
   uint32_t *pidx;              /* per granule: the pool granule mapped there (state 2); NULL until
                                   a pool maps into the range */
   struct emu_pool *pool;       /* the pool mapped into it (state 2 granules), NULL none yet */
@@ -760,12 +761,26 @@ static void emu_vmm_unmap_pages(emu_range *r, uint64_t offset, uint64_t bytes) {
   (void)p;
 }
 
-/* A granule-aligned run inside r whose granules are all `state`. */
+/* Granule state bytes (emu_range.mapped). As on CUDA (cuMemUnmap takes
+ * whole mappings), a vmm_map mapping is unmapped whole or not at all. */
+enum { EMU_VG_NONE = 0, EMU_VG_HEAD = 1, EMU_VG_POOL = 2, EMU_VG_TAIL = 3 };
+
+/* A granule-aligned run inside r whose granules are all `state`
+ * (EMU_VG_NONE, EMU_VG_POOL), or for EMU_VG_HEAD whole vmm_map mappings:
+ * it starts at a mapping's first granule and ends at one's last. */
 static bool emu_vmm_run_is(const emu_range *r, uint64_t offset, uint64_t bytes, uint8_t state) {
   if (bytes == 0 || offset % EMU_VMM_GRANULE || bytes % EMU_VMM_GRANULE || offset > r->bytes ||
       bytes > r->bytes - offset)
     return false;
-  for (uint64_t g = offset / EMU_VMM_GRANULE; g < (offset + bytes) / EMU_VMM_GRANULE; g++)
+  uint64_t g0 = offset / EMU_VMM_GRANULE, g1 = (offset + bytes) / EMU_VMM_GRANULE;
+  if (state == EMU_VG_HEAD) {
+    if (r->mapped[g0] != EMU_VG_HEAD) return false;
+    if (g1 < r->bytes / EMU_VMM_GRANULE && r->mapped[g1] == EMU_VG_TAIL) return false;
+    for (uint64_t g = g0 + 1; g < g1; g++)
+      if (r->mapped[g] != EMU_VG_HEAD && r->mapped[g] != EMU_VG_TAIL) return false;
+    return true;
+  }
+  for (uint64_t g = g0; g < g1; g++)
     if (r->mapped[g] != state) return false;
   return true;
 }
@@ -787,7 +802,7 @@ static int emu_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t b
   bool fits = ok && (be->node ? reserved : bytes <= emu_device_free_locked(be));
   if (fits) {
     for (uint64_t g = offset / EMU_VMM_GRANULE; g < (offset + bytes) / EMU_VMM_GRANULE; g++)
-      r->mapped[g] = 1;
+      r->mapped[g] = g == offset / EMU_VMM_GRANULE ? EMU_VG_HEAD : EMU_VG_TAIL;
     be->c.device_live_bytes += bytes;
     be->c.vmm_mapped_bytes += bytes;
   }
@@ -865,8 +880,8 @@ static uint64_t emu_vmm_detach_locked(sgm_backend *be, emu_range *r) {
     }
   uint64_t left = 0;
   for (uint64_t g = 0; g < r->bytes / EMU_VMM_GRANULE; g++) {
-    left += r->mapped[g] == 1 ? EMU_VMM_GRANULE : 0;
-    if (r->mapped[g] == 2) {
+    left += r->mapped[g] == EMU_VG_HEAD || r->mapped[g] == EMU_VG_TAIL ? EMU_VMM_GRANULE : 0;
+    if (r->mapped[g] == EMU_VG_POOL) {
       /* A pool granule: its memory stays the pool's (and counted there). */
       if (r->pool) r->pool->used[r->pidx[g]] = 0;
       be->c.vmm_mapped_bytes -= EMU_VMM_GRANULE;
@@ -1005,7 +1020,7 @@ static int emu_vmm_pool_map(sgm_backend *be, void *range, uint64_t offset, void 
     r->pool = pl;
     uint64_t g0 = offset / EMU_VMM_GRANULE;
     for (uint64_t k = 0; k < n; k++) {
-      r->mapped[g0 + k] = 2;
+      r->mapped[g0 + k] = EMU_VG_POOL;
       r->pidx[g0 + k] = idx[k];
       pl->used[idx[k]] = 1;
     }

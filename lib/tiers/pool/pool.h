@@ -121,6 +121,19 @@ _Static_assert(TIER_N_CLASSES <= 64, "a stream's recent classes are one 64-bit m
  * a 6 MiB one would need 10 MiB of granules). */
 #define TIER_VMM_MIN_GRANULES 32u
 #define TIER_VMM_SLACK_SHIFT 5
+/* Expandable growth maps the granules a block needs as mappings of at most
+ * this many granules (64 MiB with 2 MiB granules), one backend call each:
+ * four driver calls on CUDA however many granules (cuMemCreate, cuMemMap,
+ * cuMemRelease, cuMemSetAccess) where mapping granule by granule took four
+ * per granule. A mapping is unmapped whole (cuMemUnmap takes no part of
+ * one), so while a block touches any of its granules all of it stays
+ * committed: the cap bounds that. Measured on the idealloc traces, emulated
+ * device, two passes (docs/benchmarks-history.md, issue 26): 16 granules
+ * made 1.3-2.4x the mapping calls of 32; 64 and no cap took the worst peak
+ * committed / peak live from 1.050 to 1.089 and 1.124; a partly covered edge
+ * granule as a mapping of its own made 1.3-3.8x the calls for at most 0.014
+ * less committed. */
+#define TIER_VMM_MAP_MAX_GRANULES 32u
 
 
 /* A block record's tag: its address (a multiple of SGM_DEVICE_ALIGN) and
@@ -131,12 +144,18 @@ enum { TIER_LIVE = 1, TIER_CACHED = 2, TIER_OWN = 4, TIER_BUSY = 8 };
 #define TIER_TAG_STATE UINT64_C(3)
 #define TIER_TAG_FLAGS (SGM_DEVICE_ALIGN - UINT64_C(1))
 
-/* Expandable growth: one granule of the reserved range. */
+/* Expandable growth: one granule of the reserved range. Granules are mapped
+ * in mappings of one or more neighbours (one backend vmm_map each, unmapped
+ * whole: larger pages for large blocks, issue 26); a mapping's first granule
+ * (its head) keeps its length and how many of its granules blocks touch. */
 typedef struct tier_granule {
   uint32_t refs;               /* blocks of the sub-allocator (live or cached) touching it */
   uint8_t mapped;              /* memory is mapped behind it */
   uint8_t busy;                /* a thread maps or unmaps it now, without the pool lock */
   uint32_t phys;               /* reserve mode's pool: the pool granule mapped here (mapped or busy) */
+  uint32_t head;               /* mapped: the first granule of its mapping */
+  uint32_t len;                /* on a mapped head: granules in the mapping */
+  uint32_t used;               /* on a mapped head, not busy: its granules with refs > 0 */
 } tier_granule;
 
 /* One block of the sub-allocator, known to the live map. */

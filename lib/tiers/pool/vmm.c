@@ -3,9 +3,11 @@
  * behind the sub-allocator's range granule by granule.
  *
  * Job: reserve the range at create (and in reserve mode take the budget's
- * granules as a pool), map the granules a carved block first touches, count
- * each granule's references, unmap free mapped granules when they pass the
- * slack, on trim and on idle trim, and check the granule invariants.
+ * granules as a pool), map the granules a carved block first touches (in
+ * mappings of up to TIER_VMM_MAP_MAX_GRANULES neighbours, one backend call
+ * each, unmapped whole), count each granule's references and each mapping's
+ * granules in use, unmap free mappings when they pass the slack, on trim and
+ * on idle trim, and check the granule invariants.
  *
  * Locks: the pool lock for the granule table and the counts; a granule's busy
  * flag owns it while a thread maps or unmaps it without the lock (driver
@@ -47,15 +49,50 @@ static void tier_vmm_free_mapped_add_locked(sgm_tier_pool *p, int64_t d) {
   __atomic_store_n(&p->vmm_free_mapped, p->vmm_free_mapped + (uint64_t)d, __ATOMIC_RELAXED);
 }
 
+/* Granule g gains a block. When it is mapped (and nobody maps or unmaps it
+ * now) and was touched by none, its mapping has one more granule in use; a
+ * mapping that had none is no longer free. */
+static inline void tier_vmm_ref_locked(sgm_tier_pool *p, size_t g) {
+  tier_granule *x = &p->gran[g];
+  if (x->refs++ == 0 && x->mapped && !x->busy) {
+    tier_granule *h = &p->gran[x->head];
+    if (h->used++ == 0) tier_vmm_free_mapped_add_locked(p, -(int64_t)h->len);
+  }
+}
+
+/* Granule g loses a block; a mapping none of whose granules is touched any
+ * more is free (counted in vmm_free_mapped, whole). */
+static inline void tier_vmm_unref_one_locked(sgm_tier_pool *p, size_t g) {
+  tier_granule *x = &p->gran[g];
+  sgm_assert_internal(x->refs > 0);
+  if (--x->refs == 0 && x->mapped && !x->busy) {
+    tier_granule *h = &p->gran[x->head];
+    sgm_assert_internal(h->used > 0);
+    if (--h->used == 0) tier_vmm_free_mapped_add_locked(p, (int64_t)h->len);
+  }
+}
+
+/* The claimed granules [g, e) are mapped now, as one mapping: record it,
+ * and count it free when no block touches it (one that claimed them failed
+ * meanwhile). */
+static void tier_vmm_mapped_locked(sgm_tier_pool *p, size_t g, size_t e) {
+  uint32_t used = 0;
+  for (size_t k = g; k < e; k++) {
+    p->gran[k].busy = 0;
+    p->gran[k].mapped = 1;
+    p->gran[k].head = (uint32_t)g;
+    used += p->gran[k].refs > 0;
+  }
+  p->gran[g].len = (uint32_t)(e - g);
+  p->gran[g].used = used;
+  if (used == 0) tier_vmm_free_mapped_add_locked(p, (int64_t)(e - g));
+}
+
 /* A block left the sub-allocator: its granules lose a reference. */
 void sgm__pool_vmm_unref_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
   size_t g0, g1;
   tier_vmm_span(p, off, bytes, &g0, &g1);
-  for (size_t g = g0; g <= g1; g++) {
-    tier_granule *x = &p->gran[g];
-    sgm_assert_internal(x->refs > 0);
-    if (--x->refs == 0 && x->mapped && !x->busy) tier_vmm_free_mapped_add_locked(p, 1);
-  }
+  for (size_t g = g0; g <= g1; g++) tier_vmm_unref_one_locked(p, g);
 }
 
 /* Bytes of [off, off + bytes) with no memory mapped behind them now. */
@@ -99,9 +136,12 @@ static int tier_vmm_map_run(sgm_tier_pool *p, size_t g, size_t e) {
 
 static uint64_t tier_vmm_unmap_excess(sgm_tier_pool *p, uint64_t keep);
 
-/* Granule g is mapped, touched by no block and nobody's to map or unmap now. */
-static inline bool tier_vmm_is_free_locked(const sgm_tier_pool *p, size_t g) {
-  return p->gran[g].mapped && !p->gran[g].busy && p->gran[g].refs == 0;
+/* The head of the mapping granule g belongs to when that mapping is mapped,
+ * touched by no block and nobody's to unmap now; SIZE_MAX when not. */
+static inline size_t tier_vmm_free_head_locked(const sgm_tier_pool *p, size_t g) {
+  const tier_granule *x = &p->gran[g];
+  if (!x->mapped || x->busy) return SIZE_MAX;
+  return p->gran[x->head].used == 0 ? x->head : SIZE_MAX;
 }
 
 /* Unmap the run [g, e) the caller claimed (busy, under the lock): the lock is
@@ -133,22 +173,31 @@ static uint64_t tier_vmm_unmap_claimed_locked(sgm_tier_pool *p, size_t g, size_t
 uint64_t sgm__pool_vmm_unmap_free(sgm_tier_pool *p) { return tier_vmm_unmap_excess(p, 0); }
 
 /*
- * Hysteresis (issue 26): unmap free mapped granules from the top of the range
- * down until at most `keep` stay mapped; the lowest free ones, nearest the
- * blocks the sub-allocator places first, are the ones kept. Bytes unmapped.
+ * Hysteresis (issue 26): unmap free mappings from the top of the range down
+ * until at most `keep` granules stay mapped free; the lowest free ones,
+ * nearest the blocks the sub-allocator places first, are the ones kept. A
+ * mapping goes whole (the last one may take the count below `keep`); free
+ * neighbours go in one backend call. Bytes unmapped.
  */
 static uint64_t tier_vmm_unmap_excess(sgm_tier_pool *p, uint64_t keep) {
   if (!sgm__pool_owed_settle(p)) return 0; /* no unmap under a stream's pending work (owe.c) */
   uint64_t done = 0;
   sgm__lock_take(&p->lock);
   for (size_t e = (size_t)(p->vmm_bytes >> p->vmm_shift); e > 0 && p->vmm_free_mapped > keep;) {
-    if (!tier_vmm_is_free_locked(p, e - 1)) {
-      e--;
+    const tier_granule *top = &p->gran[e - 1];
+    size_t h = tier_vmm_free_head_locked(p, e - 1);
+    if (h == SIZE_MAX) {
+      /* Unmapped or busy: one granule down; in use: past its mapping. */
+      e = top->mapped && !top->busy ? top->head : e - 1;
       continue;
     }
     uint64_t excess = p->vmm_free_mapped - keep;
-    size_t g = e - 1;
-    while (g > 0 && e - g < excess && tier_vmm_is_free_locked(p, g - 1)) g--;
+    size_t g = h;
+    while (g > 0 && e - g < excess) {
+      size_t below = tier_vmm_free_head_locked(p, g - 1);
+      if (below == SIZE_MAX) break;
+      g = below;
+    }
     for (size_t k = g; k < e; k++) p->gran[k].busy = 1;
     done += tier_vmm_unmap_claimed_locked(p, g, e);
     e = g;
@@ -191,10 +240,7 @@ int sgm__pool_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
   size_t g0, g1;
   tier_vmm_span(p, off, bytes, &g0, &g1);
   uint64_t gb = tier_vmm_granule(p);
-  for (size_t g = g0; g <= g1; g++) {
-    tier_granule *x = &p->gran[g];
-    if (x->refs++ == 0 && x->mapped && !x->busy) tier_vmm_free_mapped_add_locked(p, -1);
-  }
+  for (size_t g = g0; g <= g1; g++) tier_vmm_ref_locked(p, g);
   bool unmapped_for_room = false, unmapped_excess = false;
   for (;;) {
     /* Claim every granule of the block that has no memory and nobody's
@@ -246,8 +292,10 @@ int sgm__pool_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
       }
     p->committed_bytes += want;
     sgm__lock_drop(&p->lock);
-    /* One backend call per run of claimed neighbours. Claimed granules are
-     * this thread's alone, so reading their state unlocked is safe. */
+    /* One backend call per mapping (growth: up to TIER_VMM_MAP_MAX_GRANULES
+     * claimed neighbours; reserve mode: a run of pool granules, each its own
+     * mapping). Claimed granules are this thread's alone, so reading their
+     * state unlocked is safe. */
     int rc = SGM_OK;
     for (size_t g = lo; g <= hi;) {
       if (p->gran[g].busy != 2) {
@@ -256,14 +304,21 @@ int sgm__pool_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
       }
       size_t e = g;
       while (e <= hi && p->gran[e].busy == 2) e++;
+      if (!p->vmm_pool && e - g > TIER_VMM_MAP_MAX_GRANULES) e = g + TIER_VMM_MAP_MAX_GRANULES;
       int r = rc == SGM_OK ? tier_vmm_map_run(p, g, e) : rc;
       sgm__lock_take(&p->lock);
-      for (size_t k = g; k < e; k++) {
-        p->gran[k].busy = 0;
-        p->gran[k].mapped = r == SGM_OK;
-        if (r != SGM_OK && p->vmm_pool) p->pool_free[p->n_pool_free++] = p->gran[k].phys;
+      if (r == SGM_OK && p->vmm_pool) {
+        for (size_t k = g; k < e; k++) tier_vmm_mapped_locked(p, k, k + 1);
+      } else if (r == SGM_OK) {
+        tier_vmm_mapped_locked(p, g, e);
+      } else {
+        for (size_t k = g; k < e; k++) {
+          p->gran[k].busy = 0;
+          p->gran[k].mapped = 0;
+          if (p->vmm_pool) p->pool_free[p->n_pool_free++] = p->gran[k].phys;
+        }
+        p->committed_bytes -= (uint64_t)(e - g) * gb;
       }
-      if (r != SGM_OK) p->committed_bytes -= (uint64_t)(e - g) * gb;
       sgm__lock_drop(&p->lock);
       if (r != SGM_OK && rc == SGM_OK) rc = r;
       g = e;
@@ -318,7 +373,9 @@ bool sgm__pool_vmm_setup(sgm_tier_pool *p) {
   tier_granule *gran = NULL;
   void *range = NULL;
   sgm_devptr base = 0;
-  if (!why[0]) {
+  if (!why[0] && bytes / g > UINT32_MAX) {
+    snprintf(why, sizeof why, "the range would hold more than %u granules", UINT32_MAX);
+  } else if (!why[0]) {
     gran = malloc((size_t)(bytes / g) * sizeof *gran);
     if (!gran) snprintf(why, sizeof why, "out of host memory for the granule table");
   }
@@ -336,8 +393,7 @@ bool sgm__pool_vmm_setup(sgm_tier_pool *p) {
              name, why);
     return false;
   }
-  for (size_t i = 0; i < bytes / g; i++)
-    gran[i] = (tier_granule){.refs = 0, .mapped = 0, .busy = 0, .phys = 0};
+  for (size_t i = 0; i < bytes / g; i++) gran[i] = (tier_granule){0};
   p->gran = gran;
   p->vmm_range = range;
   p->vmm_base = base;
@@ -421,6 +477,10 @@ uint64_t sgm__tier_vmm_calls(const sgm_tier_pool *p) {
   return __atomic_load_n(&p->vmm_calls, __ATOMIC_RELAXED);
 }
 
+uint64_t sgm__tier_vmm_free_mapped(const sgm_tier_pool *p) {
+  return p->vmm_range ? __atomic_load_n(&p->vmm_free_mapped, __ATOMIC_RELAXED) << p->vmm_shift : 0;
+}
+
 bool sgm__tier_vmm_pooled(const sgm_tier_pool *p) { return p->vmm_pool != NULL; }
 
 /* Expandable growth: the one range is the sub-allocator's only range;
@@ -452,7 +512,25 @@ bool sgm__pool_vmm_check_locked(sgm_tier_pool *p, const sgm_suballoc_stats *st) 
   for (size_t g = 0; g < n && ok; g++) {
     const tier_granule *x = &p->gran[g];
     committed += x->mapped || x->busy ? UINT64_C(1) << p->vmm_shift : 0;
-    free_mapped += x->mapped && !x->busy && x->refs == 0;
+    if (x->mapped && !x->busy && x->head == g) {
+      /* A mapping: its granules follow its head, its use count is right. */
+      uint32_t used = 0;
+      bool whole = x->len > 0 && g + x->len <= n;
+      for (size_t k = g; whole && k < g + x->len; k++) {
+        whole = p->gran[k].mapped && !p->gran[k].busy && p->gran[k].head == g;
+        used += p->gran[k].refs > 0;
+      }
+      if (!whole || used != x->used)
+        ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: the mapping at granule %zu of %u granules is "
+                             "not whole, or %u of them are in use and %u counted", name, g, x->len,
+                             used, x->used);
+      free_mapped += used == 0 ? x->len : 0;
+    } else if (x->mapped && !x->busy && (x->head > g || p->gran[x->head].head != x->head ||
+                                         x->head + p->gran[x->head].len <= g)) {
+      ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: granule %zu is mapped outside the mapping it names "
+                           "(granule %u)", name, g, x->head);
+    }
+    if (!ok) break;
     if (x->refs != refs[g])
       ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: granule %zu has %u references, blocks touch it "
                            "%u times", name, g, x->refs, refs[g]);
