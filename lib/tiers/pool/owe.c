@@ -7,10 +7,12 @@
  * may serve any later allocation on S, of any size, with no event (the rule
  * of PyTorch's caching allocator). When S's allocation misses its caches and
  * its carve would need new memory (no room in the sub-allocator or the
- * budget, or granules not mapped yet), S's own cached blocks (its open and
- * sealed bags, the calling thread's magazine blocks of S) go back to the
- * sub-allocator, where they coalesce, and the carve is tried again: no
- * event recorded, no query, no wait (sgm__pool_owed_return_locked). The
+ * budget, or granules not mapped yet), or the request is a large block
+ * (placed after the caches return, as on the emulated device: alloc.c), S's
+ * own cached blocks (its open and sealed bags, the calling thread's magazine
+ * blocks of S) go back to the sub-allocator, where they coalesce, and the
+ * carve is tried again: no event recorded, no query, no wait
+ * (sgm__pool_owed_return_locked). The
  * sub-allocator's free memory may then have S's work pending on it: S
  * *owes*. Until an event recorded on S after those returns is seen complete
  * (a fence queried or waited for by bag.c, or a host wait here):
