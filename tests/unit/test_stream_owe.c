@@ -17,7 +17,6 @@
  *    work: vmm_unmaps_in_use stays 0), and does unmap it;
  * and the pool's own check holds throughout.
  */
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,20 +29,9 @@
 #define KiB (UINT64_C(1) << 10)
 #define MiB (UINT64_C(1) << 20)
 
-static sgm_fake_control fc;
-static void *fake_lib;
-
-static int load_fake(void **state) {
-  (void)state;
-  fake_lib = sgm_fake_load(&fc);
-  return fake_lib ? 0 : -1;
-}
-
-static int unload_fake(void **state) {
-  (void)state;
-  if (fake_lib) dlclose(fake_lib);
-  return 0;
-}
+/* The double, loaded by the fixture's group setup (fake_fixture.h). */
+#define fc sgm_fake_fc
+#define fake_lib sgm_fake_lib
 
 static fake_cuda_stats fake_stats(void) {
   fake_cuda_stats s;
@@ -92,6 +80,21 @@ static void finish(sgm_context *ctx, void **streams, size_t n) {
   assert_int_equal(fc.fake_cuda_live_allocations(), 0);
 }
 
+/* Allocate n blocks of size[i] on stream s into p[i] (each with a pending
+ * kernel writing it when with_work), the pool's check after each; the bytes. */
+static uint64_t alloc_all(sgm_context *ctx, void *s, const uint64_t *size, size_t n, void **p,
+                          bool with_work) {
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < n; i++) {
+    p[i] = sgm_alloc(ctx, size[i], s);
+    assert_non_null(p[i]);
+    if (with_work) kernel(s, p[i], size[i], (int)i);
+    bytes += size[i];
+    assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+  }
+  return bytes;
+}
+
 /* Invariant: one stream reuses what it freed for other sizes with no event
  * and no growth, whatever the device has finished. */
 static void test_one_stream_reuses_freed_memory_for_other_sizes(void **state) {
@@ -104,13 +107,7 @@ static void test_one_stream_reuses_freed_memory_for_other_sizes(void **state) {
                                    256 * KiB, 96 * KiB, 8 * MiB,  20 * MiB,  1 * MiB};
   enum { N1 = sizeof first / sizeof first[0] };
   void *p[N1];
-  uint64_t freed = 0;
-  for (size_t i = 0; i < N1; i++) {
-    p[i] = sgm_alloc(ctx, first[i], s);
-    assert_non_null(p[i]);
-    kernel(s, p[i], first[i], (int)i); /* pending work */
-    freed += first[i];
-  }
+  uint64_t freed = alloc_all(ctx, s, first, N1, p, true);
   for (size_t i = 0; i < N1; i++) assert_int_equal(sgm_free_ex(ctx, p[i], s), SGM_OK);
   uint64_t c0 = committed(ctx), e0 = event_calls();
   /* Other sizes (no class or large size of the first set), 3/4 of the bytes. */
@@ -118,13 +115,7 @@ static void test_one_stream_reuses_freed_memory_for_other_sizes(void **state) {
                                     384 * KiB, 48 * KiB, 11 * MiB, 160 * KiB};
   enum { N2 = sizeof second / sizeof second[0] };
   void *q[N2];
-  uint64_t asked = 0;
-  for (size_t i = 0; i < N2; i++) {
-    q[i] = sgm_alloc(ctx, second[i], s);
-    assert_non_null(q[i]);
-    asked += second[i];
-    assert_true(sgm__tier_check(vp));
-  }
+  uint64_t asked = alloc_all(ctx, s, second, N2, q, false);
   assert_true(asked <= freed * 3 / 4);
   printf("# freed %llu MiB, asked %llu MiB: committed %llu -> %llu MiB, event calls %llu\n",
          (unsigned long long)(freed >> 20), (unsigned long long)(asked >> 20),
@@ -201,29 +192,10 @@ static void test_other_stream_ordered_after_returned_memory(void **state) {
   assert_int_equal(fake_stats().stream_races, f0.stream_races);
 }
 
-/* Invariant: sgm_trim after S returned memory with its kernel pending waits
- * for that work before it unmaps (no unmap under queued work). */
-static void test_trim_after_return_waits_for_the_work(void **state) {
-  (void)state;
-  sgm_context *ctx = lazy_ctx();
-  void *s = sgm_fake_non_blocking_stream(fake_lib);
-  fake_cuda_stats f0 = fake_stats();
-  void *a, *b, *pin[2];
-  s_owes(ctx, s, &a, &b, pin);
-  uint64_t c0 = committed(ctx);
-  assert_int_equal(sgm_trim(ctx), SGM_OK);
-  assert_int_equal(fake_stats().vmm_unmaps_in_use, f0.vmm_unmaps_in_use);
-  assert_true(committed(ctx) <= c0 - 4 * MiB); /* the second block's granules went back */
-  assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
-  void *sp[] = {b, pin[0], pin[1]};
-  free_all(ctx, s, sp, 3);
-  finish(ctx, &s, 1);
-  assert_int_equal(fake_stats().vmm_unmaps_in_use, f0.vmm_unmaps_in_use);
-}
-
-/* Invariant: the idle trim likewise (it unmaps without a reclaim first). */
-static void test_idle_trim_after_return_waits_for_the_work(void **state) {
-  (void)state;
+/* After S returned memory with its kernel pending (s_owes), a trim (idle:
+ * the idle trim, which unmaps without a reclaim first; else sgm_trim) waits
+ * for that work before it unmaps, and unmaps the free granules. */
+static void trim_after_return(bool idle) {
   sgm_context *ctx = lazy_ctx();
   sgm_tier_pool *vp = sgm__context_tier(ctx, SGM_TIER_VRAM);
   void *s = sgm_fake_non_blocking_stream(fake_lib);
@@ -231,15 +203,32 @@ static void test_idle_trim_after_return_waits_for_the_work(void **state) {
   void *a, *b, *pin[2];
   s_owes(ctx, s, &a, &b, pin);
   uint64_t c0 = committed(ctx);
-  sgm__tier_idle_trim(vp, 10, 1);
-  sgm__tier_idle_trim(vp, 20, 1);
+  if (idle) {
+    sgm__tier_idle_trim(vp, 10, 1);
+    sgm__tier_idle_trim(vp, 20, 1);
+  } else {
+    assert_int_equal(sgm_trim(ctx), SGM_OK);
+  }
   assert_int_equal(fake_stats().vmm_unmaps_in_use, f0.vmm_unmaps_in_use);
-  assert_true(committed(ctx) <= c0 - 4 * MiB);
+  assert_true(committed(ctx) <= c0 - 4 * MiB); /* the second block's granules went back */
   assert_true(sgm__tier_check(vp));
   void *sp[] = {b, pin[0], pin[1]};
   free_all(ctx, s, sp, 3);
   finish(ctx, &s, 1);
   assert_int_equal(fake_stats().vmm_unmaps_in_use, f0.vmm_unmaps_in_use);
+}
+
+/* Invariant: sgm_trim after S returned memory with its kernel pending unmaps
+ * only after that work. */
+static void test_trim_after_return_waits_for_the_work(void **state) {
+  (void)state;
+  trim_after_return(false);
+}
+
+/* Invariant: the idle trim likewise. */
+static void test_idle_trim_after_return_waits_for_the_work(void **state) {
+  (void)state;
+  trim_after_return(true);
 }
 
 static int reset_fake(void **state) {
@@ -256,5 +245,5 @@ int main(void) {
       cmocka_unit_test_setup(test_idle_trim_after_return_waits_for_the_work, reset_fake),
   };
   return sgm_fake_run_suite("stream_owe", "fake_cuda_kernel", tests, sizeof tests / sizeof tests[0],
-                            load_fake, unload_fake);
+                            sgm_fake_group_setup, sgm_fake_group_teardown);
 }
