@@ -15,6 +15,9 @@
  *  - a trim or an idle trim after S returned memory with its kernel pending
  *    unmaps it only after that work (the double counts unmaps under queued
  *    work: vmm_unmaps_in_use stays 0), and does unmap it;
+ *  - S owing and then capturing a graph: every capture stays valid, another
+ *    stream gets none of S's returned memory while S captures, and gets it
+ *    ordered after S once the capture ended;
  * and the pool's own check holds throughout.
  */
 #include <stdio.h>
@@ -231,6 +234,61 @@ static void test_idle_trim_after_return_waits_for_the_work(void **state) {
   trim_after_return(true);
 }
 
+typedef int (*begin_capture_fn)(void *stream, int mode);
+typedef int (*end_capture_fn)(void *stream, void **graph);
+typedef int (*graph_destroy_fn)(void *graph);
+
+/* Invariant: a stream that owes and then captures a graph (sgm cannot record
+ * on it, nor learn that before it tries) keeps every capture valid; while
+ * it captures, another stream gets none of the memory it returned (nor any
+ * block that would need ordering after it); once the capture ended, the other
+ * stream gets that memory ordered after it (no race). */
+static void test_owing_stream_that_captures(void **state) {
+  (void)state;
+  begin_capture_fn begin = (begin_capture_fn)sgm_fake_need(fake_lib, "cuStreamBeginCapture_v2");
+  end_capture_fn end = (end_capture_fn)sgm_fake_need(fake_lib, "cuStreamEndCapture");
+  graph_destroy_fn gdestroy = (graph_destroy_fn)sgm_fake_need(fake_lib, "cuGraphDestroy");
+  assert_true(begin && end && gdestroy);
+  sgm_context *ctx = lazy_ctx();
+  sgm_tier_pool *vp = sgm__context_tier(ctx, SGM_TIER_VRAM);
+  void *st[2] = {sgm_fake_non_blocking_stream(fake_lib), sgm_fake_non_blocking_stream(fake_lib)};
+  void *s = st[0], *t = st[1];
+  fake_cuda_stats f0 = fake_stats();
+  void *a = sgm_alloc(ctx, 4 * MiB, s), *pin[2] = {sgm_alloc(ctx, 4 * MiB, s), NULL};
+  void *a2 = sgm_alloc(ctx, 4 * MiB, s);
+  pin[1] = sgm_alloc(ctx, 4 * MiB, s);
+  assert_true(a && a2 && pin[0] && pin[1]);
+  kernel(s, a, 4 * MiB, 1);
+  kernel(s, a2, 4 * MiB, 1);
+  assert_int_equal(sgm_free_ex(ctx, a, s), SGM_OK);
+  assert_int_equal(sgm_free_ex(ctx, a2, s), SGM_OK);
+  sgm_fake_ctx_push(fake_lib);
+  assert_int_equal(begin(s, 0 /* GLOBAL */), 0);
+  void *b = sgm_alloc(ctx, 1 * MiB, s); /* S's own cache, for another size: graph order */
+  assert_non_null(b);
+  assert_true(overlaps(a, 8 * MiB, b, 1 * MiB));
+  void *c = sgm_alloc(ctx, 2 * MiB, t);
+  assert_true(!c || !overlaps(a, 8 * MiB, c, 2 * MiB));
+  printf("# while S captures, T's 2 MiB: %s\n", c ? "served elsewhere" : "refused (NULL)");
+  assert_int_equal(sgm_trim(ctx), SGM_OK); /* no query, no wait, no unmap under S's work */
+  void *g = NULL;
+  assert_int_equal(end(s, &g), 0); /* the capture stayed valid */
+  assert_non_null(g);
+  assert_int_equal(gdestroy(g), 0);
+  sgm_fake_ctx_pop(fake_lib);
+  if (c) assert_int_equal(sgm_free_ex(ctx, c, t), SGM_OK);
+  c = sgm_alloc(ctx, 2 * MiB, t); /* ordered after S now */
+  assert_non_null(c);
+  kernel(t, c, 2 * MiB, 2);
+  assert_int_equal(fake_stats().stream_races, f0.stream_races);
+  assert_int_equal(fake_stats().vmm_unmaps_in_use, f0.vmm_unmaps_in_use);
+  assert_true(sgm__tier_check(vp));
+  void *sp[] = {b, pin[0], pin[1]};
+  free_all(ctx, s, sp, 3);
+  free_all(ctx, t, &c, 1);
+  finish(ctx, st, 2);
+}
+
 static int reset_fake(void **state) {
   (void)state;
   fc.fake_cuda_reset();
@@ -243,6 +301,7 @@ int main(void) {
       cmocka_unit_test_setup(test_other_stream_ordered_after_returned_memory, reset_fake),
       cmocka_unit_test_setup(test_trim_after_return_waits_for_the_work, reset_fake),
       cmocka_unit_test_setup(test_idle_trim_after_return_waits_for_the_work, reset_fake),
+      cmocka_unit_test_setup(test_owing_stream_that_captures, reset_fake),
   };
   return sgm_fake_run_suite("stream_owe", "fake_cuda_kernel", tests, sizeof tests / sizeof tests[0],
                             sgm_fake_group_setup, sgm_fake_group_teardown);
