@@ -129,13 +129,18 @@ const sgm_tier_params *sgm__tier_params(const sgm_tier_pool *p);
 /* Returned by sgm__tier_alloc when the budget is full; no message is set. */
 #define SGM__ERR_BUDGET (-100)
 /* Allocate size bytes (aligned to SGM_DEVICE_ALIGN) from the sub-allocator, for
- * sgm itself (buffers, migrations): no cache is used. *out = 0 on failure, and
+ * sgm itself (buffers, migrations): no cache is used; while a stream owes
+ * (gave its cache back with its work pending, pool/owe.c) the host waits for
+ * that work first. *out = 0 on failure, and
  * then: SGM__ERR_BUDGET (no message: call sgm__tier_explain_budget when one is
  * needed), or a status with a message (the backend failed to give a chunk). */
 int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out);
 /* Allocate for the user on stream: the stream's cache first (no driver call),
- * then the sub-allocator, then cached blocks of other streams (TRANSFER to
- * this stream, then QUERY). Errors as sgm__tier_alloc. */
+ * then the sub-allocator (the stream's own cache given back to it first when
+ * new memory would be needed or a large block is placed, no driver call; the
+ * block ordered on the device after other streams that gave theirs back,
+ * pool/owe.c), then cached blocks of other streams (TRANSFER to this stream,
+ * then QUERY). Errors as sgm__tier_alloc. */
 int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *stream,
                        sgm_devptr *out);
 /* The fallback path's first step, without the pool lock: true when
