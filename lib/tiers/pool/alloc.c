@@ -21,6 +21,13 @@
  */
 #include "tiers/pool/pool.h"
 
+/* tier_carve's answer when its block could not be ordered after a stream
+ * that owes and captures a graph: the block stays carved in *out (LIVE, not
+ * handed out), so that the next carve lands elsewhere (tier_carve_apart). */
+#define TIER_CARVE_ASIDE (-101)
+/* Blocks set aside so at most, then the carve gives up (SGM__ERR_BUDGET). */
+#define TIER_CARVE_ASIDE_MAX 4
+
 static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm_stream_ref *ref,
                       tier_block **out) {
   *out = NULL;
@@ -113,17 +120,22 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
       /* Streams that owe (owe.c): this block may lie where their work is
        * still pending. The taker is ordered after them on the device, sgm
        * itself waits on the host. */
-      bool order = __atomic_load_n(&p->n_owing, __ATOMIC_RELAXED) && sgm__pool_owed_needs_locked(p, ref);
+      bool order = __atomic_load_n(&p->n_owing, __ATOMIC_RELAXED) &&
+                   sgm__pool_owed_needs_locked(p, ref, off, off + got);
       sgm__lock_drop(&p->lock);
       if (reclaimed) sgm__pool_vmm_settle(p);
-      if (order && (vrc = sgm__pool_owed_order(p, ref)) != SGM_OK) {
+      if (order && (vrc = sgm__pool_owed_order(p, ref, off, off + got)) != SGM_OK) {
+        /* A stream that owes this memory captures a graph: the block is set
+         * aside and placed again elsewhere (tier_carve_apart). */
+        if (vrc == SGM_ERR_BUSY) {
+          *out = b;
+          return TIER_CARVE_ASIDE;
+        }
         sgm__lock_take(&p->lock);
         sgm__pool_release_block_locked(p, b);
         tier_update_room_locked(p);
         sgm__lock_drop(&p->lock);
-        /* A stream that owes captures a graph: this allocation takes the
-         * paths a full budget takes (transfer, query, fallback). */
-        return vrc == SGM_ERR_BUSY ? SGM__ERR_BUDGET : vrc;
+        return vrc;
       }
       *out = b;
       return SGM_OK;
@@ -200,6 +212,29 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
   return SGM__ERR_BUDGET;
 }
 
+/* tier_carve, placing the block again elsewhere when it lands on memory a
+ * capturing stream owes (up to TIER_CARVE_ASIDE_MAX times; then the
+ * allocation takes the paths a full budget takes: transfer, query,
+ * fallback). The blocks set aside go back to the sub-allocator. */
+static int tier_carve_apart(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm_stream_ref *ref,
+                            tier_block **out) {
+  tier_block *aside[TIER_CARVE_ASIDE_MAX + 1];
+  size_t n = 0;
+  int rc = tier_carve(p, need, asked, ref, out);
+  while (rc == TIER_CARVE_ASIDE) {
+    aside[n++] = *out;
+    *out = NULL;
+    rc = n <= TIER_CARVE_ASIDE_MAX ? tier_carve(p, need, asked, ref, out) : SGM__ERR_BUDGET;
+  }
+  if (n) {
+    sgm__lock_take(&p->lock);
+    for (size_t i = 0; i < n; i++) sgm__pool_release_block_locked(p, aside[i]);
+    tier_update_room_locked(p);
+    sgm__lock_drop(&p->lock);
+  }
+  return rc;
+}
+
 int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
   *out = 0;
   if (size == 0) return sgm__error_set(SGM_ERR_INVALID, "allocation of 0 bytes");
@@ -208,11 +243,11 @@ int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
                           (unsigned long long)size);
   uint64_t need = sgm__align_up(size, SGM_DEVICE_ALIGN);
   tier_block *b = NULL;
-  int rc = tier_carve(p, need, need, NULL, &b);
+  int rc = tier_carve_apart(p, need, need, NULL, &b);
   /* Memory the device has finished with comes back before anyone is demoted. */
   if ((rc == SGM__ERR_BUDGET || rc == SGM_ERR_NOMEM) && sgm__tier_has_cached(p) &&
       sgm__tier_reclaim(p, NULL, SGM_RECLAIM_QUERY))
-    rc = tier_carve(p, need, need, NULL, &b);
+    rc = tier_carve_apart(p, need, need, NULL, &b);
   if (rc != SGM_OK) {
     __atomic_fetch_add(&p->n_failed, 1, __ATOMIC_RELAXED);
     return rc;
@@ -363,7 +398,7 @@ int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *re
     sgm__pool_owed_return_locked(p, ref);
     sgm__lock_drop(&p->lock);
   }
-  int rc = tier_carve(p, block, need, ref, &b);
+  int rc = tier_carve_apart(p, block, need, ref, &b);
   /* Granules the returned blocks left free and the new one did not take. */
   if (placed_after_reclaim) sgm__pool_vmm_settle(p);
   /* Reclaiming cached memory comes before anything moves or falls back:
@@ -380,7 +415,7 @@ int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *re
       *out = tier_hand_out(p, m, b, need, ref);
       return SGM_OK;
     }
-    rc = tier_carve(p, block, need, ref, &b);
+    rc = tier_carve_apart(p, block, need, ref, &b);
   }
   /* Counted per attempt, as sgm__tier_alloc counts: a request retried after
    * demotions may count more than once. */

@@ -17,16 +17,22 @@
  * *owes*. Until an event recorded on S after those returns is seen complete
  * (a fence queried or waited for by bag.c, or a host wait here):
  *  - a carve for another stream T is ordered after S on the device before
- *    the block is handed out: one event recorded on S (only when S returned
- *    blocks since the last one) and stream_wait_event(T, it); T is
- *    remembered, so its later carves cost nothing until S owes again;
+ *    the block is handed out, when the block lies on memory S returned: one
+ *    event recorded on S (only when S returned blocks since the last one)
+ *    and stream_wait_event(T, it); T is remembered, so its later carves cost
+ *    nothing until S returns blocks again;
  *  - sgm's own carves (no stream) and everything that gives memory back to
  *    the driver (unmapping granules, releasing chunks, trim, idle trim,
  *    budget lowering, destroy) wait on the host first (sgm__pool_owed_settle);
+ *  - only memory the stream returned counts (the ranges of its returned
+ *    blocks, up to TIER_OWED_RANGES_MAX of them, else all memory): a block
+ *    elsewhere needs no order and no wait;
  *  - a stream sgm saw capturing a graph (a record on it refused with
  *    SGM_ERR_BUSY) returns nothing until a record on it succeeds again; while
- *    an owing stream captures, others' carves are refused (they take the
- *    transfer, query and fallback paths) and nothing is unmapped.
+ *    an owing stream captures, a block of another stream that lands on its
+ *    memory is set aside and placed again (alloc.c, tier_carve_apart; after
+ *    TIER_CARVE_ASIDE_MAX tries the paths of a full budget), and nothing is
+ *    unmapped.
  * A synchronous backend has nothing pending: it returns every bag already
  * (bag.c) and never owes.
  *
@@ -51,19 +57,47 @@ static bool tier_owe_covered(const tier_stream *s, uint64_t taker) {
   return false;
 }
 
-/* A stream taker must still be ordered after (taker NULL: sgm itself, which
- * waits on the host for every owing stream); NULL when none. Pool lock held. */
-static tier_stream *tier_owed_next_locked(sgm_tier_pool *p, const sgm_stream_ref *taker) {
+/* May memory [lo, hi) carry work of s pending from its returns? */
+static bool tier_owed_overlaps(const tier_stream *s, sgm_devptr lo, sgm_devptr hi) {
+  if (s->owed_all) return true;
+  for (uint32_t i = 0; i < s->n_owed; i++)
+    if (s->owed[i].lo < hi && lo < s->owed[i].hi) return true;
+  return false;
+}
+
+/* A stream taker must still be ordered after before it uses [lo, hi)
+ * (taker NULL: sgm itself, which waits on the host); NULL when none. Pool
+ * lock held. */
+static tier_stream *tier_owed_next_locked(sgm_tier_pool *p, const sgm_stream_ref *taker,
+                                          sgm_devptr lo, sgm_devptr hi) {
   if (!p->n_owing) return NULL;
   for (tier_stream *s = p->streams; s; s = s->next) {
-    if (!tier_owes(s)) continue;
+    if (!tier_owes(s) || !tier_owed_overlaps(s, lo, hi)) continue;
     if (!taker || (s->ref.key != taker->key && !tier_owe_covered(s, taker->key))) return s;
   }
   return NULL;
 }
 
-bool sgm__pool_owed_needs_locked(sgm_tier_pool *p, const sgm_stream_ref *taker) {
-  return tier_owed_next_locked(p, taker) != NULL;
+bool sgm__pool_owed_needs_locked(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_devptr lo,
+                                 sgm_devptr hi) {
+  return tier_owed_next_locked(p, taker, lo, hi) != NULL;
+}
+
+/* s returned block b: remember its range while s owes (past
+ * TIER_OWED_RANGES_MAX, or out of memory: everything counts as owed). */
+static void tier_owed_note(tier_stream *s, const tier_block *b) {
+  if (s->owed_all) return;
+  if (s->n_owed == s->cap_owed) {
+    uint32_t cap = s->cap_owed ? s->cap_owed * 2 : 64;
+    tier_range *n = cap <= TIER_OWED_RANGES_MAX ? realloc(s->owed, cap * sizeof *n) : NULL;
+    if (!n) {
+      s->owed_all = true;
+      return;
+    }
+    s->owed = n;
+    s->cap_owed = cap;
+  }
+  s->owed[s->n_owed++] = (tier_range){b->ptr, b->ptr + b->bytes};
 }
 
 /* An event recorded on s when its owe_seq was seq has completed (seen by a
@@ -75,6 +109,8 @@ void sgm__pool_owed_seen_locked(sgm_tier_pool *p, tier_stream *s, uint64_t seq) 
   if (owed && !tier_owes(s)) {
     __atomic_store_n(&p->n_owing, p->n_owing - 1, __ATOMIC_RELAXED);
     s->n_owe_takers = 0;
+    s->n_owed = 0; /* the memory has no pending work of s any more */
+    s->owed_all = false;
   }
 }
 
@@ -85,9 +121,10 @@ void sgm__pool_owed_recorded_locked(tier_stream *s, int rc) {
   else if (rc == SGM_ERR_BUSY) s->capturing = true;
 }
 
-/* The calling thread's blocks of stream key in magazine m go back to the
- * sub-allocator (pool lock held). How many. */
-static size_t tier_mag_return_locked(sgm_tier_pool *p, tier_mag *m, uint64_t key) {
+/* The calling thread's blocks of stream s in magazine m go back to the
+ * sub-allocator, remembered as owed (pool lock held). How many. */
+static size_t tier_mag_return_locked(sgm_tier_pool *p, tier_mag *m, tier_stream *s) {
+  uint64_t key = s->ref.key;
   size_t n = 0;
   uint64_t bytes = 0;
   tier_spin_lock(&m->lock);
@@ -101,6 +138,7 @@ static size_t tier_mag_return_locked(sgm_tier_pool *p, tier_mag *m, uint64_t key
       }
       bytes += b->bytes;
       n++;
+      tier_owed_note(s, b);
       sgm__pool_release_block_locked(p, b);
     }
     m->n[c] = (uint8_t)w;
@@ -108,6 +146,12 @@ static size_t tier_mag_return_locked(sgm_tier_pool *p, tier_mag *m, uint64_t key
   __atomic_store_n(&m->cached_bytes, m->cached_bytes - bytes, __ATOMIC_RELAXED);
   tier_spin_unlock(&m->lock);
   return n;
+}
+
+/* Remember every block of bag g as owed by s. */
+static void tier_bag_note(tier_stream *s, const tier_bag *g) {
+  for (int c = -1; c < TIER_N_CLASSES; c++)
+    for (const tier_block *b = c < 0 ? g->large : g->cls[c]; b; b = b->next) tier_owed_note(s, b);
 }
 
 /*
@@ -130,14 +174,16 @@ bool sgm__pool_owed_return_locked(sgm_tier_pool *p, const sgm_stream_ref *ref) {
   bool in_bags = s && (s->open.n || (!s->busy && s->sealed.n));
   if ((s && s->capturing) || (!in_mag && !in_bags)) return false;
   if (!s && !(s = sgm__pool_stream_get_locked(p, ref))) return false; /* no record: keep them */
-  size_t n = in_mag ? tier_mag_return_locked(p, m, ref->key) : 0;
+  size_t n = in_mag ? tier_mag_return_locked(p, m, s) : 0;
   size_t n_bag = s->open.n;
   uint64_t bag_bytes = s->open.bytes;
+  tier_bag_note(s, &s->open);
   sgm__pool_bag_release_locked(p, &s->open);
   void *fence = NULL;
   if (!s->busy && s->sealed.n) {
     n_bag += s->sealed.n;
     bag_bytes += s->sealed.bytes;
+    tier_bag_note(s, &s->sealed);
     sgm__pool_bag_release_locked(p, &s->sealed);
     /* The fence covers nothing now; pooled again below. */
     fence = s->fence;
@@ -154,19 +200,20 @@ bool sgm__pool_owed_return_locked(sgm_tier_pool *p, const sgm_stream_ref *ref) {
 }
 
 /*
- * Order taker after the streams that owe (taker NULL: wait on the host for
- * all of them, then none owes): per owing stream s, an event recorded on s
+ * Order taker after the streams that owe and whose returned blocks overlap
+ * [lo, hi) (taker NULL: wait on the host for them, then they owe nothing):
+ * per such stream s, an event recorded on s
  * when s returned blocks since its last one, then stream_wait_event(taker)
  * on it, or event_wait. A capturing taker (its wait refused) waits on the
  * host instead. SGM_OK, or the failure (SGM_ERR_BUSY: s captures a graph;
  * nothing the returns made may be handed to others until it ends). Takes
  * and drops the pool lock; driver calls without it.
  */
-int sgm__pool_owed_order(sgm_tier_pool *p, const sgm_stream_ref *taker) {
+int sgm__pool_owed_order(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_devptr lo, sgm_devptr hi) {
   const sgm_backend_ops *ops = p->p.bops;
   int rc = SGM_OK;
   sgm__lock_take(&p->lock);
-  for (tier_stream *s; rc == SGM_OK && (s = tier_owed_next_locked(p, taker)) != NULL;) {
+  for (tier_stream *s; rc == SGM_OK && (s = tier_owed_next_locked(p, taker, lo, hi)) != NULL;) {
     if (s->owe_busy) {
       pthread_cond_wait(&p->grown, &p->lock.mu);
       continue;
@@ -229,5 +276,5 @@ int sgm__pool_owed_order(sgm_tier_pool *p, const sgm_stream_ref *taker) {
  */
 bool sgm__pool_owed_settle(sgm_tier_pool *p) {
   if (!__atomic_load_n(&p->n_owing, __ATOMIC_RELAXED)) return true;
-  return sgm__pool_owed_order(p, NULL) == SGM_OK;
+  return sgm__pool_owed_order(p, NULL, 0, UINT64_MAX) == SGM_OK;
 }

@@ -113,6 +113,7 @@ void sgm__tier_destroy(sgm_tier_pool *p) {
   for (tier_stream *s = p->streams, *next; s; s = next) {
     next = s->next;
     if (s->owe_ev) p->p.bops->event_destroy(p->p.be, s->owe_ev);
+    free(s->owed);
     free(s);
   }
   for (size_t i = 0; i < p->n_events; i++) p->p.bops->event_destroy(p->p.be, p->events[i]);
@@ -203,7 +204,8 @@ bool sgm__tier_check(sgm_tier_pool *p) {
     owing += s->owe_done < s->owe_seq;
     bad_owe += s->owe_done > s->owe_seq || s->owe_ev_seq > s->owe_seq || s->fence_seq > s->owe_seq ||
                s->n_owe_takers > TIER_OWE_TAKERS || (s->n_owe_takers && !s->owe_ev) ||
-               (p->p.bops->synchronous && s->owe_seq);
+               (p->p.bops->synchronous && s->owe_seq) ||
+               ((s->n_owed || s->owed_all) && s->owe_done >= s->owe_seq);
   }
   if (!sgm__suballoc_check(p->sa)) {
     ok = false;

@@ -103,6 +103,14 @@ _Static_assert(TIER_N_CLASSES <= 64, "a stream's recent classes are one 64-bit m
 /* Streams remembered as ordered after an owing stream's event (issue 26):
  * a taker past these waits again (correct, 2 more calls). */
 #define TIER_OWE_TAKERS 4
+/* Address ranges a stream remembers having returned while it owes (owe.c):
+ * past this many it stops remembering and every block counts as owed. */
+#define TIER_OWED_RANGES_MAX 4096
+
+/* [lo, hi) of device addresses. */
+typedef struct tier_range {
+  sgm_devptr lo, hi;
+} tier_range;
 /* A large cached block is reused for a request when it is at most this much
  * bigger (1/8: the same slack a size class allows at most). */
 #define TIER_LARGE_SLACK_SHIFT 3
@@ -235,6 +243,9 @@ typedef struct tier_stream {
   uint64_t owe_ev_seq;         /* owe_seq when owe_ev was recorded */
   uint64_t owe_takers[TIER_OWE_TAKERS]; /* streams ordered after owe_ev on the device */
   unsigned n_owe_takers;       /* entries used in owe_takers */
+  tier_range *owed;            /* the blocks it returned while it owes (malloc'd), NULL none */
+  uint32_t n_owed, cap_owed;   /* entries used / allocated in owed */
+  bool owed_all;               /* it returned more than it remembers: all memory counts as owed */
   bool owe_busy;               /* a thread records or waits on owe_ev without the lock */
   bool capturing;              /* a record on it was refused (it captures a graph): no
                                   returns until a record on it succeeds again */
@@ -499,8 +510,9 @@ tier_stream *sgm__pool_stream_get_locked(sgm_tier_pool *p, const sgm_stream_ref 
 void sgm__pool_stream_note_locked(tier_stream *s, int cls, uint64_t need);
 
 /* owe.c */
-bool sgm__pool_owed_needs_locked(sgm_tier_pool *p, const sgm_stream_ref *taker);
-int sgm__pool_owed_order(sgm_tier_pool *p, const sgm_stream_ref *taker);
+bool sgm__pool_owed_needs_locked(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_devptr lo,
+                                 sgm_devptr hi);
+int sgm__pool_owed_order(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_devptr lo, sgm_devptr hi);
 bool sgm__pool_owed_return_locked(sgm_tier_pool *p, const sgm_stream_ref *ref);
 void sgm__pool_owed_seen_locked(sgm_tier_pool *p, tier_stream *s, uint64_t seq);
 bool sgm__pool_owed_settle(sgm_tier_pool *p);
