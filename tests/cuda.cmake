@@ -82,9 +82,10 @@ else()
   # Suites through the public API on the double: the stream-ordered free rule
   # (stream_order), ordered migrations (migrate), graph capture (capture),
   # honest fallback (fallback), managed pointers (managed), expandable VRAM
-  # (vmm), issue 24's first-contact defects (first_contact). Each skips its
+  # (vmm), issue 24's first-contact defects (first_contact), a stream's
+  # returned cache (stream_owe, issue 26). Each skips its
   # double-only cases without it.
-  foreach(n stream_order migrate capture fallback managed vmm first_contact)
+  foreach(n stream_order stream_owe migrate capture fallback managed vmm first_contact)
     if(TARGET unit_test_${n})
       add_dependencies(unit_test_${n} sgm_fake_cuda)
       target_include_directories(unit_test_${n} SYSTEM PRIVATE ${SGM_CUDA_INCLUDE_DIR})

@@ -23,7 +23,8 @@
  * mapped behind it granule by granule when a block first touches a granule,
  * and unmapped when no block of the sub-allocator touches it any more (a
  * block reaches the sub-allocator only once the work of its stream is seen
- * complete, so no queued work uses an unmapped granule), with hysteresis:
+ * complete, or its own stream returned it and is then waited for before any
+ * unmap, so no queued work uses an unmapped granule), with hysteresis:
  * when a block needs new granules and the free mapped ones pass a slack
  * (TIER_VMM_SLACK_*; down to half of it), on trim, on idle trim (no
  * allocation for the idle delay) and under budget pressure. Before mapping, cached blocks that could cover the new granules are
@@ -48,7 +49,10 @@
  * by the taker on the device (a transfer: one record and one wait per owner
  * stream, covering every block it holds; refused while either stream
  * captures a CUDA graph), and the sub-allocator gets them back (for every stream)
- * only once a fence event recorded on the owner has been *seen* complete.
+ * only once a fence event recorded on the owner has been *seen* complete — or
+ * at once, with no event, when the owner's own allocation would otherwise need
+ * new memory (it may reuse them for any size: its work runs in order); the
+ * owner then *owes*, and others are ordered after it (pool/owe.c).
  * A synchronous backend has one stream for everything and no events.
  * "used" counts blocks handed out to the user; cached blocks are counted in
  * cached_bytes (and committed), not in used.
@@ -125,13 +129,18 @@ const sgm_tier_params *sgm__tier_params(const sgm_tier_pool *p);
 /* Returned by sgm__tier_alloc when the budget is full; no message is set. */
 #define SGM__ERR_BUDGET (-100)
 /* Allocate size bytes (aligned to SGM_DEVICE_ALIGN) from the sub-allocator, for
- * sgm itself (buffers, migrations): no cache is used. *out = 0 on failure, and
+ * sgm itself (buffers, migrations): no cache is used; while a stream owes
+ * (gave its cache back with its work pending, pool/owe.c) the host waits for
+ * that work first. *out = 0 on failure, and
  * then: SGM__ERR_BUDGET (no message: call sgm__tier_explain_budget when one is
  * needed), or a status with a message (the backend failed to give a chunk). */
 int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out);
 /* Allocate for the user on stream: the stream's cache first (no driver call),
- * then the sub-allocator, then cached blocks of other streams (TRANSFER to
- * this stream, then QUERY). Errors as sgm__tier_alloc. */
+ * then the sub-allocator (the stream's own cache given back to it first when
+ * new memory would be needed or a large block is placed, no driver call; the
+ * block ordered on the device after other streams that gave theirs back,
+ * pool/owe.c), then cached blocks of other streams (TRANSFER to this stream,
+ * then QUERY). Errors as sgm__tier_alloc. */
 int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *stream,
                        sgm_devptr *out);
 /* The fallback path's first step, without the pool lock: true when

@@ -10,6 +10,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+sgm_fake_control sgm_fake_fc;
+void *sgm_fake_lib;
+
+int sgm_fake_group_setup(void **state) {
+  (void)state;
+  sgm_fake_lib = sgm_fake_load(&sgm_fake_fc);
+  return sgm_fake_lib ? 0 : -1;
+}
+
+int sgm_fake_group_teardown(void **state) {
+  (void)state;
+  if (sgm_fake_lib) dlclose(sgm_fake_lib);
+  sgm_fake_lib = NULL;
+  return 0;
+}
+
 void *sgm_fake_need(void *lib, const char *name) {
   void *p = dlsym(lib, name);
   if (!p) fprintf(stderr, "libcuda.so.1 is not the driver test double, or an old one: no %s\n", name);

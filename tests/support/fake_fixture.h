@@ -29,6 +29,14 @@ typedef struct sgm_fake_control {
  * after saying on stderr what is missing. Call from the group setup. */
 void *sgm_fake_load(sgm_fake_control *fc);
 
+/* A suite's double in one place: sgm_fake_group_setup loads it into these
+ * (sgm_fake_load), sgm_fake_group_teardown closes it; cmocka group fixtures
+ * for sgm_fake_run_suite. */
+extern sgm_fake_control sgm_fake_fc;
+extern void *sgm_fake_lib;
+int sgm_fake_group_setup(void **state);
+int sgm_fake_group_teardown(void **state);
+
 /* dlsym(lib, name); NULL after saying on stderr that the double lacks it. */
 void *sgm_fake_need(void *lib, const char *name);
 

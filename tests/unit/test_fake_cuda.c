@@ -1721,6 +1721,81 @@ static void test_vmm_unmap_under_a_pending_kernel_is_counted(void **state) {
   CU_OK(cuMemAddressFree(base, 2 * MiB));
 }
 
+/* Rule (issue 26): work queued on one stream over memory that pending work
+ * of another stream writes (or reads, when the new work writes) runs
+ * concurrently with it on a GPU unless it is ordered after it: counted
+ * (stream_races). Ordered by a wait on an event recorded after the work, by
+ * the legacy stream's implicit order, or by the other work being done: not
+ * counted; two readers, or disjoint ranges: not counted. */
+static void test_unordered_work_of_two_streams_on_one_range_is_counted(void **state) {
+  (void)state;
+  fake_cuda_stats st0, st;
+  fake_cuda_get_stats(&st0);
+  CUdeviceptr d = dev_alloc(64 * KiB);
+  void *p = (void *)(uintptr_t)d, *half = (void *)(uintptr_t)(d + 32 * KiB);
+  CUstream s = stream_new(CU_STREAM_NON_BLOCKING), t = stream_new(CU_STREAM_NON_BLOCKING);
+  CUstream b1 = stream_new(0);
+  CUevent e = event_new();
+#define RACES() (fake_cuda_get_stats(&st), st.stream_races - st0.stream_races)
+  fake_cuda_pause(1);
+  /* S writes the range; T writes it with no order: a race. */
+  assert_int_equal(fake_cuda_kernel(s, p, 64 * KiB, 1, 10), 0);
+  assert_int_equal(fake_cuda_kernel(t, p, 32 * KiB, 2, 10), 0);
+  assert_int_equal(RACES(), 1);
+  /* T reads what S writes: a race too; a disjoint range is not. */
+  assert_int_equal(fake_cuda_kernel(t, p, 16 * KiB, -1, 10), 0);
+  assert_int_equal(RACES(), 2);
+  fake_cuda_pause(0);
+  CU_OK(cuCtxSynchronize());
+  fake_cuda_pause(1);
+  assert_int_equal(fake_cuda_kernel(s, p, 32 * KiB, 1, 10), 0);
+  assert_int_equal(fake_cuda_kernel(t, half, 32 * KiB, 2, 10), 0);
+  assert_int_equal(RACES(), 2);
+  /* Ordered: T waits for an event recorded on S after S's work. */
+  CU_OK(cuEventRecord(e, s));
+  CU_OK(cuStreamWaitEvent(t, e, 0));
+  assert_int_equal(fake_cuda_kernel(t, p, 64 * KiB, 3, 10), 0);
+  assert_int_equal(RACES(), 2);
+  /* Ordered transitively: a copy on T after its kernel, S's earlier work
+   * waited for through T's queue. */
+  CU_OK(cuMemsetD8Async(d, 4, 64 * KiB, t));
+  assert_int_equal(RACES(), 2);
+  /* S writing again with no order after T's pending writes: a race; a
+   * wait on an event recorded BEFORE S's new work does not cover it. */
+  assert_int_equal(fake_cuda_kernel(s, p, 64 * KiB, 5, 10), 0);
+  assert_int_equal(RACES(), 3);
+  CU_OK(cuStreamWaitEvent(t, e, 0));
+  assert_int_equal(fake_cuda_kernel(t, p, 64 * KiB, 6, 10), 0);
+  assert_int_equal(RACES(), 4);
+  fake_cuda_pause(0);
+  CU_OK(cuCtxSynchronize());
+  /* Two readers never race. */
+  fake_cuda_pause(1);
+  assert_int_equal(fake_cuda_kernel(s, p, 64 * KiB, -1, 10), 0);
+  assert_int_equal(fake_cuda_kernel(t, p, 64 * KiB, -1, 10), 0);
+  assert_int_equal(RACES(), 4);
+  /* The legacy stream orders blocking streams: a blocking stream's write
+   * then the legacy stream's write is not a race. */
+  assert_int_equal(fake_cuda_kernel(b1, p, 64 * KiB, 7, 10), 0);
+  assert_int_equal(RACES(), 5); /* b1 writes what S and T still read: one count */
+  assert_int_equal(fake_cuda_kernel(NULL, p, 64 * KiB, 8, 10), 0);
+  assert_int_equal(RACES(), 6); /* ordered after b1, not after the non-blocking readers */
+  fake_cuda_pause(0);
+  CU_OK(cuCtxSynchronize());
+  /* Work that is done is no longer pending: no race. */
+  assert_int_equal(fake_cuda_kernel(s, p, 64 * KiB, 9, 10), 0);
+  CU_OK(cuStreamSynchronize(s));
+  assert_int_equal(fake_cuda_kernel(t, p, 64 * KiB, 10, 10), 0);
+  CU_OK(cuStreamSynchronize(t));
+  assert_int_equal(RACES(), 6);
+#undef RACES
+  CU_OK(cuEventDestroy(e));
+  CU_OK(cuStreamDestroy(s));
+  CU_OK(cuStreamDestroy(t));
+  CU_OK(cuStreamDestroy(b1));
+  CU_OK(cuMemFree(d));
+}
+
 int main(void) {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
   const struct CMUnitTest tests[] = {
@@ -1785,6 +1860,7 @@ int main(void) {
       T(test_calls_are_charged_to_the_context_set_current),
       T(test_a_kernel_writes_its_range_when_it_ends),
       T(test_vmm_unmap_under_a_pending_kernel_is_counted),
+      T(test_unordered_work_of_two_streams_on_one_range_is_counted),
   };
 #undef T
   return cmocka_run_group_tests_name("fake_cuda", tests, NULL, NULL);

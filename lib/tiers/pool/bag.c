@@ -14,7 +14,8 @@
  * under the lock. Magazine spin locks are taken under the pool lock.
  *
  * Calls: the backend's event and stream operations, mag.c (drain), chunk.c
- * (release blocks), xfer.c (transfers), vmm.c (settle after a reclaim).
+ * (release blocks), xfer.c (transfers), vmm.c (settle after a reclaim),
+ * owe.c (a fence seen complete ends what its stream owes up to it).
  */
 #include "tiers/pool/pool.h"
 
@@ -73,7 +74,8 @@ static void tier_bag_drain(tier_bag *g, tier_bag *dst, sgm_tier_pool *p) {
 /* Move every block of src into dst. */
 void sgm__pool_bag_merge(tier_bag *dst, tier_bag *src) { tier_bag_drain(src, dst, NULL); }
 
-static void tier_bag_release_locked(sgm_tier_pool *p, tier_bag *g) { tier_bag_drain(g, NULL, p); }
+/* Every block of g back to the sub-allocator (pool lock held). */
+void sgm__pool_bag_release_locked(sgm_tier_pool *p, tier_bag *g) { tier_bag_drain(g, NULL, p); }
 
 tier_stream *sgm__pool_stream_find_locked(sgm_tier_pool *p, uint64_t key) {
   for (tier_stream *s = p->streams; s; s = s->next)
@@ -153,8 +155,8 @@ static size_t tier_release_bags_locked(sgm_tier_pool *p) {
     n += s->open.n + s->sealed.n;
     sgm__pool_bagged_add_locked(p, -(int64_t)(s->open.n + s->sealed.n),
                                 -(int64_t)(s->open.bytes + s->sealed.bytes));
-    tier_bag_release_locked(p, &s->open);
-    tier_bag_release_locked(p, &s->sealed);
+    sgm__pool_bag_release_locked(p, &s->open);
+    sgm__pool_bag_release_locked(p, &s->sealed);
   }
   tier_update_room_locked(p);
   return n;
@@ -247,9 +249,12 @@ static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode) {
     if (s->fence) {
       jobs[k].kind = TIER_JOB_FENCE;
       jobs[k].ev = s->fence;
+      jobs[k].seq = s->fence_seq;
     } else {
-      /* Everything freed on s so far is covered by an event recorded now. */
+      /* Everything freed on s so far is covered by an event recorded now,
+       * and everything s returned so far (owe.c). */
       jobs[k].kind = TIER_JOB_SEAL;
+      jobs[k].seq = s->owe_seq;
       sgm__pool_bag_merge(&s->sealed, &s->open);
     }
     k++;
@@ -272,6 +277,7 @@ static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode) {
         /* A capturing stream (BUSY) keeps its cache until the capture ends. */
         sgm__log(p->p.verbose, rrc == SGM_ERR_BUSY ? 3 : 1, "%s: cannot fence a stream's cache "
                  "(%s); it stays with the stream", sgm_tier_name(p->p.tier), sgm_last_error());
+        j->refused = rrc == SGM_ERR_BUSY;
         j->done = -1;
         continue;
       }
@@ -310,17 +316,21 @@ static size_t tier_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode) {
     s->busy = false;
     if (j->kind == TIER_JOB_SEAL) {
       if (j->done < 0) {
+        if (j->refused) sgm__pool_owed_recorded_locked(s, SGM_ERR_BUSY);
         sgm__pool_bag_merge(&s->open, &s->sealed);
         if (j->ev) sgm__pool_event_put_locked(p, j->ev);
         continue;
       }
+      sgm__pool_owed_recorded_locked(s, SGM_OK);
       s->fence = j->ev;
+      s->fence_seq = j->seq;
       s->crossed_fence = NULL;
     }
     if (j->done == 1) {
+      sgm__pool_owed_seen_locked(p, s, j->seq); /* the returns it covers are owed no more */
       n_done += s->sealed.n;
       sgm__pool_bagged_add_locked(p, -(int64_t)s->sealed.n, -(int64_t)s->sealed.bytes);
-      tier_bag_release_locked(p, &s->sealed);
+      sgm__pool_bag_release_locked(p, &s->sealed);
       sgm__pool_event_put_locked(p, s->fence);
       s->fence = NULL;
     }

@@ -14,7 +14,8 @@
  *
  * Calls: the tier's chunk ops (backend), the sub-allocator, map.c (forget a
  * record), vmm.c (granule references, unmapping on trim), bag.c (reclaim
- * before a trim or a charge).
+ * before a trim or a charge), owe.c (streams that owe are waited for before
+ * chunks go back).
  */
 #include "tiers/pool/pool.h"
 
@@ -132,6 +133,9 @@ size_t sgm__pool_detach_free_locked(sgm_tier_pool *p, uint64_t now_ms, uint64_t 
 
 /* Give detached chunks back to the backend (lock not held); bytes returned. */
 uint64_t sgm__pool_release_chunks(sgm_tier_pool *p, sgm_chunk *list, size_t n) {
+  /* Streams that owe (owe.c) are waited for first; when one cannot be (it
+   * captures), the driver's free waits for the work on the chunk itself. */
+  if (n) sgm__pool_owed_settle(p);
   uint64_t bytes = 0;
   for (size_t i = 0; i < n; i++) {
     p->p.ops->chunk_free(p, &list[i]);

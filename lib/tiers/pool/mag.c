@@ -11,7 +11,8 @@
  * alone (uncontended), a reclaimer takes it under the pool lock.
  *
  * Calls: bag.c (a drained block goes to its stream's bag), libc and pthread
- * (thread-local key for the exit hook).
+ * (thread-local key for the exit hook). owe.c returns the calling thread's
+ * blocks of a stream (sgm__pool_mag_find, under the pool lock).
  */
 #include "tiers/pool/pool.h"
 
@@ -122,6 +123,16 @@ static tier_mag *tier_mag_slow(sgm_tier_pool *p) {
   tier_tls[slot].pool_id = p->id;
   tier_tls[slot].mag = m;
   return m;
+}
+
+/* The calling thread's magazine for p, or NULL when it has none (never
+ * made here: callable under the pool lock). */
+tier_mag *sgm__pool_mag_find(sgm_tier_pool *p) {
+  for (int i = 0; i < TIER_TLS_SLOTS; i++)
+    if (tier_tls[i].pool_id == p->id && tier_tls[i].mag &&
+        __atomic_load_n(&tier_tls[i].mag->pool, __ATOMIC_RELAXED) == p)
+      return tier_tls[i].mag;
+  return NULL;
 }
 
 tier_mag *sgm__pool_mag_get(sgm_tier_pool *p) {

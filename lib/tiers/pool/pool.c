@@ -10,7 +10,8 @@
  * for stats and the check (the live map's shards are read atomically).
  *
  * Calls: chunk.c (reserve mode's chunk), vmm.c (setup, teardown, check),
- * mag.c (detach magazines), bag.c (the final WAIT reclaim), map.c.
+ * mag.c (detach magazines), bag.c (the final WAIT reclaim), owe.c (the
+ * final wait for what streams returned), map.c.
  */
 #include "tiers/pool/pool.h"
 
@@ -88,6 +89,7 @@ void sgm__tier_destroy(sgm_tier_pool *p) {
    * magazines themselves (they find them detached). */
   sgm__pool_mag_detach_all(p);
   sgm__tier_reclaim(p, NULL, SGM_RECLAIM_WAIT);
+  sgm__pool_owed_settle(p); /* what streams returned to the sub-allocator (owe.c) */
   /* Blocks sgm itself still holds (none when the context is clean). */
   for (size_t i = 0; i < TIER_SHARDS; i++) {
     tier_table *t = p->shards[i].table;
@@ -110,6 +112,8 @@ void sgm__tier_destroy(sgm_tier_pool *p) {
   }
   for (tier_stream *s = p->streams, *next; s; s = next) {
     next = s->next;
+    if (s->owe_ev) p->p.bops->event_destroy(p->p.be, s->owe_ev);
+    free(s->owed);
     free(s);
   }
   for (size_t i = 0; i < p->n_events; i++) p->p.bops->event_destroy(p->p.be, p->events[i]);
@@ -192,9 +196,17 @@ bool sgm__tier_check(sgm_tier_pool *p) {
     in_map += sh->n;
     bad_tags += walked != sh->n;
   }
-  uint64_t sealed_without_fence = 0;
-  for (tier_stream *s = p->streams; s; s = s->next)
+  uint64_t sealed_without_fence = 0, owing = 0, bad_owe = 0;
+  for (tier_stream *s = p->streams; s; s = s->next) {
     if (s->sealed.n && !s->fence && !s->busy) sealed_without_fence++;
+    /* What a stream owes (owe.c): counted in n_owing, never on a synchronous
+     * backend; its events cover returns it made; takers only of an event. */
+    owing += s->owe_done < s->owe_seq;
+    bad_owe += s->owe_done > s->owe_seq || s->owe_ev_seq > s->owe_seq || s->fence_seq > s->owe_seq ||
+               s->n_owe_takers > TIER_OWE_TAKERS || (s->n_owe_takers && !s->owe_ev) ||
+               (p->p.bops->synchronous && s->owe_seq) ||
+               ((s->n_owed || s->owed_all) && s->owe_done >= s->owe_seq);
+  }
   if (!sgm__suballoc_check(p->sa)) {
     ok = false;
   } else if (p->committed_bytes > (p->vmm_pool ? sgm__pool_vmm_cap_locked(p) : p->p.budget_bytes) &&
@@ -224,6 +236,10 @@ bool sgm__tier_check(sgm_tier_pool *p) {
   } else if (sealed_without_fence) {
     ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: %llu streams hold sealed blocks without a fence",
                          sgm_tier_name(p->p.tier), (unsigned long long)sealed_without_fence);
+  } else if (owing != p->n_owing || bad_owe) {
+    ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: %llu streams owe, %zu counted; %llu streams with a "
+                         "wrong owe state", sgm_tier_name(p->p.tier), (unsigned long long)owing,
+                         p->n_owing, (unsigned long long)bad_owe);
   }
   sgm__lock_drop(&p->lock);
   return ok;

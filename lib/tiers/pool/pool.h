@@ -8,13 +8,21 @@
  * to one stream (its key): work queued on that stream may still use it.
  *
  *   user free on S --> thread magazine [class][slot]   (no shared lock)
- *                          | full: half moves down
- *                          v
+ *                          | full: half moves down       |
+ *                          v                             |
  *                      bag of S: open --seal--> sealed (+ fence event on S)
- *                          |                    |   | fence seen complete
- *   transfer to T <--------+ (record on S =     |   v
- *   (T's open bag,            seal; wait on T)  | sub-allocator (anyone)
- *    what T asked for) <------------------------+ (wait on T)
+ *                          |    |               |   | fence seen complete
+ *   transfer to T <--------+    |  (record on S |   v
+ *   (T's open bag,              |  = seal; wait | sub-allocator (anyone)
+ *    what T asked for) <--------|--- on T) -----+      ^
+ *                               |                      | S owes (owe.c)
+ *        S's carve needs new memory: S's bags and this thread's blocks of S
+ *        go straight back, no event ----------------------+
+ *
+ * While S owes, a carve for T != S records an event on S (once per batch of
+ * returns) and makes T wait on it on the device; sgm's own carves and every
+ * unmap or chunk release wait on the host first; an event on S seen complete
+ * ends the debt.
  *
  * Invariants (checked by sgm__tier_check):
  *  - committed_bytes <= budget_bytes (unless the budget was lowered below what
@@ -25,7 +33,14 @@
  *    and the live map holds n_blocks records;
  *  - a stream's sealed bag is non-empty only while it has a fence (or one is
  *    being recorded): blocks reach the sub-allocator only through a fence seen
- *    complete, a host wait, or a synchronous backend;
+ *    complete, a host wait, a synchronous backend, or their own stream's
+ *    return (owe.c), after which that stream owes;
+ *  - n_owing is the number of streams that owe (owe_done < owe_seq), 0 on a
+ *    synchronous backend; a stream's fence_seq, owe_ev_seq and owe_done never
+ *    pass its owe_seq; takers are remembered only for a recorded owe_ev;
+ *  - while a stream owes, no memory of the sub-allocator is handed to another
+ *    stream unordered after it, to sgm itself before a host wait, or back to
+ *    the driver (unmapped, chunk released) before a host wait (owe.c);
  *  - a fence or deferred event has one owner at a time (the busy flag), so it
  *    is queried, recycled or destroyed by one thread only.
  *
@@ -41,6 +56,7 @@
  *   alloc.c  the user's path: alloc/free on a stream, record_stream, sgm's own blocks
  *   mag.c    magazines: per-thread caches
  *   bag.c    stream bags, pooled events, fences and the reclaim passes
+ *   owe.c    a stream's own cache returned without an event, and who waits for it
  *   xfer.c   transfers of cached blocks between streams
  *   map.c    the live map (pointer -> record)
  *   chunk.c  chunks and budget: growth, trim, the sub-allocator side, charges
@@ -84,6 +100,17 @@ _Static_assert(TIER_N_CLASSES <= 64, "a stream's recent classes are one 64-bit m
 /* Live-map shards: 64 keeps two threads' frees on different locks nearly always. */
 #define TIER_SHARDS 64
 #define TIER_SHARD_BUCKETS_MIN 64
+/* Streams remembered as ordered after an owing stream's event (issue 26):
+ * a taker past these waits again (correct, 2 more calls). */
+#define TIER_OWE_TAKERS 4
+/* Address ranges a stream remembers having returned while it owes (owe.c):
+ * past this many it stops remembering and every block counts as owed. */
+#define TIER_OWED_RANGES_MAX 4096
+
+/* [lo, hi) of device addresses. */
+typedef struct tier_range {
+  sgm_devptr lo, hi;
+} tier_range;
 /* A large cached block is reused for a request when it is at most this much
  * bigger (1/8: the same slack a size class allows at most). */
 #define TIER_LARGE_SLACK_SHIFT 3
@@ -218,6 +245,22 @@ typedef struct tier_stream {
   uint64_t recent_cls[2];      /* bit c: class c taken from this stream's bags, this period / the last */
   tier_recent_large recent_large[TIER_RECENT_LARGE]; /* large sizes taken so, with their periods */
   uint64_t period;             /* transfers this stream has taken from others (ages the above) */
+  /* (what the stream owes, issue 26: owe.c) */
+  uint64_t fence_seq;          /* owe_seq when fence was recorded (it covers returns up to it) */
+  uint64_t owe_seq;            /* times its own cached blocks went straight back to the
+                                  sub-allocator with its work maybe pending on them */
+  uint64_t owe_done;           /* owe_seq covered by an event seen complete or waited for: the
+                                  stream owes while owe_done < owe_seq */
+  void *owe_ev;                /* event recorded on the stream for others to wait on, NULL none */
+  uint64_t owe_ev_seq;         /* owe_seq when owe_ev was recorded */
+  uint64_t owe_takers[TIER_OWE_TAKERS]; /* streams ordered after owe_ev on the device */
+  unsigned n_owe_takers;       /* entries used in owe_takers */
+  tier_range *owed;            /* the blocks it returned while it owes (malloc'd), NULL none */
+  uint32_t n_owed, cap_owed;   /* entries used / allocated in owed */
+  bool owed_all;               /* it returned more than it remembers: all memory counts as owed */
+  bool owe_busy;               /* a thread records or waits on owe_ev without the lock */
+  bool capturing;              /* a record on it was refused (it captures a graph): no
+                                  returns until a record on it succeeds again */
 } tier_stream;
 
 /* A free that waits for streams named by sgm_record_stream. */
@@ -273,6 +316,7 @@ struct sgm_tier_pool {
   unsigned n_releasing;       /* chunks detached and being returned right now (still committed) */
   pthread_cond_t grown;       /* broadcast when a chunk taking finishes or a release ends */
   tier_stream *streams;       /* streams with bags */
+  size_t n_owing;             /* streams that owe (owe.c; atomic: read as a hint by carves) */
   uint64_t bag_bytes;         /* bytes in bags and deferred frees */
   size_t n_bagged;            /* blocks in bags and deferred frees (atomic: read as a hint) */
   tier_deferred *deferred;    /* frees waiting for recorded streams */
@@ -405,6 +449,8 @@ typedef struct tier_job {
   void *ev;                    /* the event recorded or queried */
   int done;                    /* 1: the work before the event has completed; 0: not (yet); <0: error */
   tier_bag bag;                /* TRANSFER, FENCE_WAIT, SEAL: the blocks moving to the taker */
+  uint64_t seq;                /* SEAL, FENCE: the stream's owe_seq the fence covers (owe.c) */
+  bool refused;                /* SEAL: the record was refused with SGM_ERR_BUSY (a capture) */
   const tier_want *want;       /* transfers: which blocks the taker takes (NULL: all) */
 } tier_job;
 
@@ -460,6 +506,7 @@ int sgm__pool_take_chunk(sgm_tier_pool *p, uint64_t bytes, uint64_t need, sgm_ch
 void sgm__pool_bag_add_locked(sgm_tier_pool *p, tier_block *b);
 void sgm__pool_bag_merge(tier_bag *dst, tier_bag *src);
 void sgm__pool_bag_push(tier_bag *g, tier_block *b);
+void sgm__pool_bag_release_locked(sgm_tier_pool *p, tier_bag *g);
 tier_block *sgm__pool_bag_take(tier_bag *g, int cls, uint64_t need);
 void sgm__pool_bagged_add_locked(sgm_tier_pool *p, int64_t n, int64_t bytes);
 void *sgm__pool_event_get(sgm_tier_pool *p);
@@ -474,9 +521,19 @@ tier_stream *sgm__pool_stream_find_locked(sgm_tier_pool *p, uint64_t key);
 tier_stream *sgm__pool_stream_get_locked(sgm_tier_pool *p, const sgm_stream_ref *ref);
 void sgm__pool_stream_note_locked(tier_stream *s, int cls, uint64_t need);
 
+/* owe.c */
+bool sgm__pool_owed_needs_locked(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_devptr lo,
+                                 sgm_devptr hi);
+int sgm__pool_owed_order(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_devptr lo, sgm_devptr hi);
+bool sgm__pool_owed_return_locked(sgm_tier_pool *p, const sgm_stream_ref *ref);
+void sgm__pool_owed_seen_locked(sgm_tier_pool *p, tier_stream *s, uint64_t seq);
+bool sgm__pool_owed_settle(sgm_tier_pool *p);
+void sgm__pool_owed_recorded_locked(tier_stream *s, int rc);
+
 /* mag.c */
 void sgm__pool_mag_detach_all(sgm_tier_pool *p);
 void sgm__pool_mag_drain_locked(sgm_tier_pool *p, tier_mag *m);
+tier_mag *sgm__pool_mag_find(sgm_tier_pool *p);
 tier_mag *sgm__pool_mag_get(sgm_tier_pool *p);
 
 /* vmm.c */

@@ -196,6 +196,7 @@ uint64_t sgm__pool_vmm_unmap_free(sgm_tier_pool *p) { return tier_vmm_unmap_exce
  * neighbours go in one backend call. Bytes unmapped.
  */
 static uint64_t tier_vmm_unmap_excess(sgm_tier_pool *p, uint64_t keep) {
+  if (!sgm__pool_owed_settle(p)) return 0; /* no unmap under a stream's pending work (owe.c) */
   uint64_t done = 0;
   sgm__lock_take(&p->lock);
   for (size_t e = (size_t)(p->vmm_bytes >> p->vmm_shift); e > 0 && p->vmm_free_mapped > keep;) {
@@ -486,6 +487,7 @@ int sgm__pool_vmm_pool_setup(sgm_tier_pool *p) {
 /* At destroy: unmap what is still mapped and release the range. */
 void sgm__pool_vmm_teardown(sgm_tier_pool *p) {
   if (!p->vmm_range) return;
+  sgm__pool_owed_settle(p); /* no unmap under a stream's pending work (owe.c) */
   size_t n = (size_t)(p->vmm_bytes >> p->vmm_shift);
   for (size_t g = 0; g < n;) {
     if (!p->gran[g].mapped) {

@@ -11,7 +11,7 @@
  * the stream wait (the owner stream's busy flag holds its fence meanwhile).
  *
  * Calls: the backend's event and stream-wait operations, bag.c (bags,
- * events, jobs).
+ * events, jobs); a fence it leaves covers its owner's returns so far (owe.c).
  */
 #include "tiers/pool/pool.h"
 
@@ -118,6 +118,7 @@ size_t sgm__pool_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *taker,
     } else {
       /* Everything freed on s so far: the record comes after all of it. */
       j->kind = TIER_JOB_SEAL;
+      j->seq = s->owe_seq; /* a fence recorded now covers s's returns so far (owe.c) */
       s->busy = true;
       sgm__pool_bag_merge(&j->bag, &s->open);
     }
@@ -166,6 +167,7 @@ size_t sgm__pool_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *taker,
       if (j->kind == TIER_JOB_SEAL) {
         if (s->fence) sgm__pool_event_put_locked(p, s->fence);
         s->fence = j->ev;
+        s->fence_seq = j->seq;
         s->crossed_fence = NULL;
       }
       sgm__pool_bag_merge(&s->sealed, &j->bag);

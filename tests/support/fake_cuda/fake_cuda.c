@@ -157,6 +157,12 @@
  *    writes a device range for a chosen device time; frees wait for it,
  *    cuMemUnmap counts it (vmm_unmaps_in_use) and a block reused under it is
  *    overwritten when it ends, as a GPU kernel would.
+ *  - Streams race (issue 26): a copy, memset or kernel queued on one stream
+ *    over memory that pending work of another stream writes (or reads, when
+ *    the new work writes) must be ordered after that work (cuStreamWaitEvent
+ *    on an event recorded after it, or the legacy stream's implicit order),
+ *    else a GPU runs the two concurrently: each such operation is counted
+ *    (stats.stream_races, must stay 0).
  *  - Every entry point counts its calls (fake_cuda_calls(name)).
  *
  * The control API (fake_cuda.h) has the prefix fake_cuda_; tests hold work
@@ -279,6 +285,7 @@ typedef struct fake_op {
   int refs;                 /* references (see above) */
   uint64_t run_us;          /* KERNEL: its own device time */
   int write;                /* KERNEL: 1 writes value over the range, 0 reads it */
+  uint64_t mark;            /* issue 26: F.race_epoch when the race check last visited it */
   struct CUstream_st *stream; /* queue it is in (valid until done) */
   struct fake_op *next;     /* next in its stream's queue */
 } fake_op;
@@ -431,6 +438,9 @@ static struct {
   fake_vmap *vmaps;         /* VMM mappings */
   uint64_t next_vhandle;    /* handles given by cuMemCreate */
   uint64_t vmm_unmaps_in_use; /* cuMemUnmap of a range queued work still touched */
+  uint64_t stream_races;    /* issue 26: ops queued unordered after another stream's pending
+                               op on the same memory, one of them writing it */
+  uint64_t race_epoch;      /* issue 26: the race check's visit marks */
   uint64_t registered_bytes; /* page-rounded bytes of hregs */
   struct CUstream_st *streams; /* all streams (user, test, legacy, per-thread, draining) */
   struct CUevent_st *events;   /* live events */
@@ -902,6 +912,8 @@ static void fake_settle_locked(void) {
   F.demand--;
 }
 
+static void fake_race_check_locked(struct CUstream_st *s, fake_op *op);
+
 /* Queue op on s (its implicit dependencies added); in a capture, count it
  * instead. On success *queued is the op (a new reference for the caller
  * when want_ref), or NULL when captured. */
@@ -920,6 +932,7 @@ static CUresult fake_enqueue_locked(struct CUstream_st *s, fake_op *op, fake_op 
   }
   if ((r = fake_start_worker_locked()) != CUDA_SUCCESS) goto out_free;
   if ((r = fake_implicit_deps_locked(op, s)) != CUDA_SUCCESS) goto out_free;
+  fake_race_check_locked(s, op); /* issue 26 */
   op->stream = s;
   op->refs = 1;
   if (s->tail) s->tail->next = op;
@@ -3209,6 +3222,7 @@ FAKE_API void fake_cuda_get_stats(fake_cuda_stats *out) {
   }
   for (fake_vmap *m = F.vmaps; m; m = m->next) out->vmm_mappings++;
   out->vmm_unmaps_in_use = F.vmm_unmaps_in_use;
+  out->stream_races = F.stream_races;
   for (struct CUstream_st *s = F.streams; s; s = s->next) {
     out->streams += s->kind == FAKE_STREAM_USER && !s->destroyed;
     for (fake_op *op = s->head; op; op = op->next) out->pending_ops++;
@@ -3385,4 +3399,106 @@ FAKE_API int fake_cuda_kernel(void *stream, void *ptr, uint64_t n, int value, ui
                   .value = (unsigned char)(value < 0 ? 0 : value), .write = value >= 0,
                   .run_us = us};
   return (int)fake_enqueue_on_range(op, (CUstream)stream);
+}
+
+/* ==== issue 26: work of two streams on the same memory, unordered ====
+ * Kept in one block (other branches grow the double too).
+ *
+ * A GPU runs the work of two streams concurrently unless something orders
+ * them: a cuStreamWaitEvent on an event recorded after the earlier work, or
+ * the legacy stream's implicit order with blocking streams. An allocator
+ * that hands one stream memory another stream's queued kernel still writes
+ * (or reads, when the new work writes) without such an order makes the two
+ * race. The double counts each operation queued that way (stats.
+ * stream_races): when a copy, memset or kernel is queued on stream s, every
+ * pending operation of another stream touching an overlapping range, one of
+ * the two writing it, must be one it already depends on (its explicit
+ * dependencies, s's earlier work, and theirs, transitively). */
+
+/* The bytes op writes ([*w, *w + *wn)) and reads ([*r, *r + *rn)) when it
+ * runs; 0 lengths for none. */
+static void fake_op_access(const fake_op *op, uintptr_t *w, size_t *wn, uintptr_t *r, size_t *rn) {
+  *w = *r = 0;
+  *wn = *rn = 0;
+  if (op->kind == FAKE_OP_COPY) {
+    *w = op->dst;
+    *wn = op->n;
+    if (!op->staged) {
+      *r = op->src;
+      *rn = op->n;
+    }
+  } else if (op->kind == FAKE_OP_MEMSET || (op->kind == FAKE_OP_KERNEL && op->write)) {
+    *w = op->dst;
+    *wn = op->n;
+  } else if (op->kind == FAKE_OP_KERNEL) {
+    *r = op->dst;
+    *rn = op->n;
+  }
+}
+
+/* Do a and b touch common bytes, one of them writing them? */
+static bool fake_ops_conflict(const fake_op *a, const fake_op *b) {
+  uintptr_t aw, ar, bw, br;
+  size_t awn, arn, bwn, brn;
+  fake_op_access(a, &aw, &awn, &ar, &arn);
+  fake_op_access(b, &bw, &bwn, &br, &brn);
+  return fake_ranges_overlap(aw, awn, bw, bwn) || fake_ranges_overlap(aw, awn, br, brn) ||
+         fake_ranges_overlap(ar, arn, bw, bwn);
+}
+
+/* Is the pending op y among the work op (about to be queued on s) runs
+ * after? A walk over pending operations: op's dependencies and s's queue,
+ * each visited op's dependencies and the ops before it in its own queue. */
+static bool fake_ordered_after_locked(const fake_op *y, struct CUstream_st *s, const fake_op *op) {
+  uint64_t epoch = ++F.race_epoch;
+  size_t n = 0, cap = 64;
+  const fake_op **stack = malloc(cap * sizeof *stack);
+  if (!stack) return true; /* cannot tell: no race counted */
+  bool found = false;
+#define FAKE_PUSH(x)                                                        \
+  do {                                                                      \
+    if (n == cap) {                                                         \
+      const fake_op **g = realloc(stack, 2 * cap * sizeof *stack);          \
+      if (!g) {                                                             \
+        found = true;                                                       \
+        goto out;                                                           \
+      }                                                                     \
+      stack = g;                                                            \
+      cap *= 2;                                                             \
+    }                                                                       \
+    stack[n++] = (x);                                                       \
+  } while (0)
+  for (int i = 0; i < op->n_deps; i++) FAKE_PUSH(op->deps[i]);
+  for (fake_op *q = s->head; q; q = q->next) FAKE_PUSH(q);
+  while (n > 0 && !found) {
+    fake_op *z = (fake_op *)stack[--n];
+    if (z == y) {
+      found = true;
+      break;
+    }
+    if (z->done || z->mark == epoch) continue;
+    z->mark = epoch;
+    for (int i = 0; i < z->n_deps; i++) FAKE_PUSH(z->deps[i]);
+    if (z->stream)
+      for (fake_op *q = z->stream->head; q && q != z; q = q->next) FAKE_PUSH(q);
+  }
+#undef FAKE_PUSH
+out:
+  free(stack);
+  return found;
+}
+
+static void fake_race_check_locked(struct CUstream_st *s, fake_op *op) {
+  if (op->n == 0 || (op->kind != FAKE_OP_COPY && op->kind != FAKE_OP_MEMSET && op->kind != FAKE_OP_KERNEL))
+    return;
+  for (struct CUstream_st *x = F.streams; x; x = x->next) {
+    if (x == s) continue;
+    for (fake_op *y = x->head; y; y = y->next) {
+      if (y->done || y->n == 0 || !fake_ops_conflict(y, op)) continue;
+      if (!fake_ordered_after_locked(y, s, op)) {
+        F.stream_races++;
+        return; /* one count per operation */
+      }
+    }
+  }
 }

@@ -44,6 +44,11 @@ typedef struct fake_cuda_stats {
   uint64_t vmm_bytes;          /* their bytes (charged to the device) */
   uint64_t vmm_mappings;       /* live cuMemMap mappings */
   uint64_t vmm_unmaps_in_use;  /* cuMemUnmap of memory queued work still used (must stay 0) */
+  uint64_t stream_races;       /* (issue 26) operations queued on one stream over memory that
+                                  pending work of another stream writes, or writing memory it
+                                  reads, without being ordered after that work (a wait on an
+                                  event recorded after it, the legacy stream's implicit order):
+                                  a GPU would race; must stay 0 */
 } fake_cuda_stats;
 
 /*
