@@ -15,9 +15,9 @@
  * block's record; carving and bag work take the pool lock, never across a
  * backend call.
  *
- * Calls: map.c, mag.c, bag.c (bags, events, reclaim), chunk.c (growth),
- * vmm.c (mapping the granules of a carve), owe.c (a stream's own cache
- * returned; a carve ordered after streams that owe).
+ * Calls: map.c, stream.c, owe.c (a carve ordered after streams that owe),
+ * vmm.c (mapping the granules of a carve), chunk.c (growth), bag.c, mag.c,
+ * reclaim.c (caches back before growing; a stream's own cache returned).
  */
 #include "tiers/pool/pool.h"
 
@@ -201,7 +201,7 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
     p->committed_bytes -= chunk;
     if (!dedicated && p->n_geometric > 0) p->n_geometric--;
     /* The message names the budget; the status stays the backend's. */
-    if (rc == SGM_ERR_NOMEM) sgm__pool_backend_nomem_locked(p, need);
+    if (rc == SGM_ERR_NOMEM) tier_backend_nomem_locked(p, need);
     sgm__lock_drop(&p->lock);
     return rc;
   }
@@ -579,17 +579,6 @@ int sgm__tier_record_stream(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_r
   if (rc == SGM_ERR_NOMEM)
     return sgm__error_set(SGM_ERR_NOMEM, "sgm_record_stream: out of host memory");
   return rc;
-}
-
-bool sgm__tier_has_cached(sgm_tier_pool *p) {
-  if (__atomic_load_n(&p->n_bagged, __ATOMIC_RELAXED)) return true;
-  if (!__atomic_load_n(&p->n_mags, __ATOMIC_RELAXED)) return false;
-  bool any = false;
-  sgm__lock_take(&p->lock);
-  for (tier_mag *m = p->mags; m && !any; m = m->next)
-    any = __atomic_load_n(&m->cached_bytes, __ATOMIC_RELAXED) != 0;
-  sgm__lock_drop(&p->lock);
-  return any;
 }
 
 /* Is ptr a LIVE block of p (with own_only: one sgm took for itself)? */

@@ -1,21 +1,19 @@
 /*
- * chunk.c — chunks and budget: what the pool takes from the backend and gives
- * back, and the sub-allocator side of every block.
+ * chunk.c — chunks: what the pool takes from the backend and gives back,
+ * and the sub-allocator side of every block.
  *
  * Job: take chunks (geometric growth, dedicated chunks for large blocks,
- * halving on device refusals), add them to the sub-allocator, return wholly
- * free ones (trim, idle trim, a lowered budget), give freed blocks back to the
- * sub-allocator, explain a full budget, and charge managed blocks against the
- * budget.
+ * halving on device refusals), add them to the sub-allocator, detach and
+ * return wholly free ones (for budget.c's trims), give freed blocks back to
+ * the sub-allocator, explain a full budget, and list the chunks.
  *
  * Locks: the pool lock for the sub-allocator, the chunk list and the byte
  * counts; never held across a chunk_alloc / chunk_free (the bytes are
  * reserved in committed_bytes first, n_growing / n_releasing mark the call).
  *
  * Calls: the tier's chunk ops (backend), the sub-allocator, map.c (forget a
- * record), vmm.c (granule references, unmapping on trim), bag.c (reclaim
- * before a trim or a charge), owe.c (streams that owe are waited for before
- * chunks go back).
+ * record, the address span), vmm.c (granule references), owe.c (streams
+ * that owe are waited for before chunks go back).
  */
 #include "tiers/pool/pool.h"
 
@@ -37,20 +35,6 @@ void sgm__pool_release_block_locked(sgm_tier_pool *p, tier_block *b) {
   b->rec = NULL;
   b->n_rec = 0;
   sgm__pool_spare_put_locked(p, b);
-}
-
-/* Widen the pool's address span to cover [base, base + bytes) (pool lock held,
- * or the pool not yet shared). Stored before any block of it is handed out. */
-void sgm__pool_span_add(sgm_tier_pool *p, sgm_devptr base, uint64_t bytes) {
-  if (base < __atomic_load_n(&p->span_lo, __ATOMIC_RELAXED))
-    __atomic_store_n(&p->span_lo, base, __ATOMIC_RELAXED);
-  if (base + bytes > __atomic_load_n(&p->span_hi, __ATOMIC_RELAXED))
-    __atomic_store_n(&p->span_hi, base + bytes, __ATOMIC_RELAXED);
-}
-
-bool sgm__tier_may_own(const sgm_tier_pool *p, sgm_devptr ptr) {
-  return ptr >= __atomic_load_n(&p->span_lo, __ATOMIC_RELAXED) &&
-         ptr < __atomic_load_n(&p->span_hi, __ATOMIC_RELAXED);
 }
 
 int sgm__pool_add_chunk_locked(sgm_tier_pool *p, const sgm_chunk *c) {
@@ -175,25 +159,6 @@ int sgm__pool_take_chunk(sgm_tier_pool *p, uint64_t bytes, uint64_t need, sgm_ch
   }
 }
 
-/* The message for a chunk the backend would not give. */
-int sgm__pool_backend_nomem_locked(sgm_tier_pool *p, uint64_t size) {
-  char a[32], b[32], u[32], c[32];
-  __atomic_fetch_add(&p->n_failed, 1, __ATOMIC_RELAXED);
-  const char *name = sgm_tier_name(p->p.tier);
-  /* VRAM refused within the budget: the device is full because of others. */
-  bool vram = p->p.tier == SGM_TIER_VRAM;
-  return sgm__error_set(SGM_ERR_NOMEM,
-                          "%s: cannot allocate %s: the device gave no new chunk (%s)%s; "
-                          "budget %s, holding %s in %llu blocks, committed %s",
-                          name, sgm__fmt_bytes(size, a, sizeof a), sgm_last_error(),
-                          vram ? ": the device is full, its memory held by other processes, sgm's "
-                                 "or not (sgm-smi shows them), though this process is within its "
-                                 "budget" : "",
-                          sgm__fmt_bytes(p->p.budget_bytes, b, sizeof b),
-                          sgm__fmt_bytes(p->held_bytes, u, sizeof u), (unsigned long long)p->n_blocks,
-                          sgm__fmt_bytes(tier_committed(p), c, sizeof c));
-}
-
 int sgm__tier_explain_budget(sgm_tier_pool *p, uint64_t size) {
   char a[32], b[32], u[32], c[32], l[32], k[32];
   sgm__lock_take(&p->lock);
@@ -226,69 +191,6 @@ int sgm__tier_explain_budget(sgm_tier_pool *p, uint64_t size) {
   return SGM_ERR_NOMEM;
 }
 
-/* Carve a block of need bytes (aligned) from the sub-allocator, growing when
- * allowed; its record is made LIVE with asked bytes on stream ref. Takes and
- * drops the pool lock. *out = NULL on failure (SGM__ERR_BUDGET: no message). */
-/* ---- trimming and budget ---- */
-
-uint64_t sgm__tier_trim(sgm_tier_pool *p) {
-  if (sgm__tier_has_cached(p)) sgm__pool_reclaim_ex(p, NULL, SGM_RECLAIM_WAIT);
-  /* Reserve mode's pool keeps its granules: a trim returns nothing. */
-  if (p->vmm_pool) return 0;
-  if (p->vmm_range) return sgm__pool_vmm_unmap_free(p);
-  sgm_chunk *list;
-  sgm__lock_take(&p->lock);
-  size_t n = sgm__pool_detach_free_locked(p, 0, UINT64_MAX, &list);
-  sgm__lock_drop(&p->lock);
-  return n ? sgm__pool_release_chunks(p, list, n) : 0;
-}
-
-uint64_t sgm__tier_idle_trim(sgm_tier_pool *p, uint64_t now_ms, uint64_t idle_ms) {
-  if (idle_ms == 0 || idle_ms == UINT64_MAX || p->vmm_pool) return 0;
-  if (p->vmm_range) {
-    /* Expandable growth (issue 26): idle is measured from the pool's last
-     * allocation, not per granule. A call that sees new allocations since
-     * the last one starts the idle time over; free granules go only when a
-     * whole idle_ms has passed without any. A busy program keeps its free
-     * granules mapped (the bound at each mapping holds committed). */
-    sgm__lock_take(&p->lock);
-    uint64_t allocs = __atomic_load_n(&p->n_allocs, __ATOMIC_RELAXED);
-    for (tier_mag *m = p->mags; m; m = m->next) allocs += __atomic_load_n(&m->n_allocs, __ATOMIC_RELAXED);
-    bool busy = allocs != p->idle_allocs || p->idle_since_ms == UINT64_MAX || now_ms < p->idle_since_ms;
-    if (busy) {
-      p->idle_allocs = allocs;
-      p->idle_since_ms = now_ms;
-    }
-    bool idle = !busy && now_ms - p->idle_since_ms >= idle_ms;
-    sgm__lock_drop(&p->lock);
-    return idle ? sgm__pool_vmm_unmap_free(p) : 0;
-  }
-  sgm_chunk *list;
-  sgm__lock_take(&p->lock);
-  size_t n = sgm__pool_detach_free_locked(p, now_ms, idle_ms, &list);
-  sgm__lock_drop(&p->lock);
-  return n ? sgm__pool_release_chunks(p, list, n) : 0;
-}
-
-void sgm__tier_set_budget(sgm_tier_pool *p, uint64_t budget_bytes) {
-  sgm__tier_set_budget_why(p, budget_bytes, NULL);
-}
-
-void sgm__tier_set_budget_why(sgm_tier_pool *p, uint64_t budget_bytes, const char *why) {
-  sgm__lock_take(&p->lock);
-  snprintf(p->budget_why, sizeof p->budget_why, "%s", why ? why : "");
-  p->p.budget_bytes = budget_bytes;
-  tier_update_room_locked(p);
-  bool over = p->committed_bytes > budget_bytes;
-  if (over) p->budget_lowered = true;
-  sgm__lock_drop(&p->lock);
-  /* Reserve mode's pool: mapping stops at the new budget and free granules
-   * are unmapped; the pool itself stays taken until destroy (not built: its
-   * granules past the budget going back to the driver). */
-  if (over && p->vmm_pool) sgm__pool_vmm_unmap_free(p);
-  else if (over) sgm__tier_trim(p);
-}
-
 size_t sgm__tier_chunks(sgm_tier_pool *p, sgm_chunk *out, size_t max) {
   sgm__lock_take(&p->lock);
   size_t n = p->n_chunks;
@@ -311,54 +213,3 @@ bool sgm__tier_chunk_of(sgm_tier_pool *p, sgm_devptr ptr, sgm_chunk *out) {
   return found;
 }
 
-/* ---- bytes placed outside the pool (managed blocks) ---- */
-
-int sgm__tier_charge(sgm_tier_pool *p, uint64_t bytes) {
-  bool trimmed = false;
-  sgm__lock_take(&p->lock);
-  for (;;) {
-    /* Chunks being taken are committed already: no overshoot past them. */
-    bool fits = p->committed_bytes <= p->p.budget_bytes && bytes <= p->p.budget_bytes - p->committed_bytes;
-    if (fits) {
-      p->committed_bytes += bytes;
-      p->held_bytes += bytes;
-      p->external_bytes += bytes;
-      tier_update_room_locked(p);
-      sgm__lock_drop(&p->lock);
-      return SGM_OK;
-    }
-    if (trimmed) break;
-    trimmed = true;
-    /* Cached blocks and wholly free chunks hold budget nobody uses: give them
-     * back and look once more. */
-    sgm__lock_drop(&p->lock);
-    if (sgm__tier_has_cached(p)) sgm__tier_reclaim(p, NULL, SGM_RECLAIM_QUERY);
-    if (p->vmm_range) sgm__pool_vmm_unmap_free(p); /* free granules hold it too */
-    sgm_chunk *list;
-    sgm__lock_take(&p->lock);
-    size_t n = sgm__pool_detach_free_locked(p, 0, UINT64_MAX, &list);
-    sgm__lock_drop(&p->lock);
-    if (n) sgm__pool_release_chunks(p, list, n);
-    sgm__lock_take(&p->lock);
-  }
-  sgm__lock_drop(&p->lock);
-  return SGM__ERR_BUDGET;
-}
-
-void sgm__tier_uncharge(sgm_tier_pool *p, uint64_t bytes) {
-  sgm__lock_take(&p->lock);
-  sgm_assert(p->external_bytes >= bytes);
-  p->committed_bytes -= bytes;
-  p->held_bytes -= bytes;
-  p->external_bytes -= bytes;
-  tier_update_room_locked(p);
-  pthread_cond_broadcast(&p->grown);
-  sgm__lock_drop(&p->lock);
-}
-
-uint64_t sgm__tier_charged(sgm_tier_pool *p) {
-  sgm__lock_take(&p->lock);
-  uint64_t n = p->external_bytes;
-  sgm__lock_drop(&p->lock);
-  return n;
-}

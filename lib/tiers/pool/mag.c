@@ -4,15 +4,16 @@
  *
  * Job: make a thread's magazine on first use (thread-local slots, a registry
  * of every magazine), drain it into its streams' bags, flush its pending
- * counters, and hand everything back when the thread exits or the pool goes.
+ * counters, hand everything back when the thread exits or the pool goes,
+ * and say whether the pool caches anything (sgm__tier_has_cached).
  *
  * Locks: the magazine registry (rank SGM_LOCK_TIER_MAGS) before the pool lock
  * before a magazine's spin lock; the owner thread takes its own spin lock
  * alone (uncontended), a reclaimer takes it under the pool lock.
  *
  * Calls: bag.c (a drained block goes to its stream's bag), libc and pthread
- * (thread-local key for the exit hook). owe.c returns the calling thread's
- * blocks of a stream (sgm__pool_mag_find, under the pool lock).
+ * (thread-local key for the exit hook). reclaim.c returns the calling
+ * thread's blocks of a stream (sgm__pool_mag_find, under the pool lock).
  */
 #include "tiers/pool/pool.h"
 
@@ -139,4 +140,15 @@ tier_mag *sgm__pool_mag_get(sgm_tier_pool *p) {
   for (int i = 0; i < TIER_TLS_SLOTS; i++)
     if (tier_tls[i].pool_id == p->id) return tier_tls[i].mag;
   return tier_mag_slow(p);
+}
+
+bool sgm__tier_has_cached(sgm_tier_pool *p) {
+  if (__atomic_load_n(&p->n_bagged, __ATOMIC_RELAXED)) return true;
+  if (!__atomic_load_n(&p->n_mags, __ATOMIC_RELAXED)) return false;
+  bool any = false;
+  sgm__lock_take(&p->lock);
+  for (tier_mag *m = p->mags; m && !any; m = m->next)
+    any = __atomic_load_n(&m->cached_bytes, __ATOMIC_RELAXED) != 0;
+  sgm__lock_drop(&p->lock);
+  return any;
 }

@@ -1,7 +1,8 @@
 /*
  * map.c — the pool's live map: which record a device address belongs to.
  *
- * Job: find a block's record from its pointer on every free and
+ * Job: keep the pool's address span (which pointers it may own), find a
+ * block's record from its pointer on every free and
  * sgm_record_stream (lock-free), insert and unlink records as the
  * sub-allocator carves and takes back blocks, and keep records type-stable
  * (spare list) so that a reader holding a stale pointer reads a record.
@@ -35,7 +36,6 @@ tier_block *sgm__pool_block_new(void) {
  * shard's sequence number did not move meanwhile (a record unlinked or the
  * table rebuilt could have hidden the rest of the chain).
  */
-
 
 /* Walks longer than this (only a walk misled by concurrent writers gets
  * near it) start over. */
@@ -176,3 +176,17 @@ tier_block *sgm__pool_map_busy_live(sgm_tier_pool *p, sgm_devptr ptr) {
 }
 
 void sgm__pool_map_unbusy(tier_block *b) { __atomic_fetch_and(&b->tag, ~(uint64_t)TIER_BUSY, __ATOMIC_RELEASE); }
+
+/* Widen the pool's address span to cover [base, base + bytes) (pool lock held,
+ * or the pool not yet shared). Stored before any block of it is handed out. */
+void sgm__pool_span_add(sgm_tier_pool *p, sgm_devptr base, uint64_t bytes) {
+  if (base < __atomic_load_n(&p->span_lo, __ATOMIC_RELAXED))
+    __atomic_store_n(&p->span_lo, base, __ATOMIC_RELAXED);
+  if (base + bytes > __atomic_load_n(&p->span_hi, __ATOMIC_RELAXED))
+    __atomic_store_n(&p->span_hi, base + bytes, __ATOMIC_RELAXED);
+}
+
+bool sgm__tier_may_own(const sgm_tier_pool *p, sgm_devptr ptr) {
+  return ptr >= __atomic_load_n(&p->span_lo, __ATOMIC_RELAXED) &&
+         ptr < __atomic_load_n(&p->span_hi, __ATOMIC_RELAXED);
+}

@@ -12,7 +12,7 @@
  * own cached blocks (its open and sealed bags, the calling thread's magazine
  * blocks of S) go back to the sub-allocator, where they coalesce, and the
  * carve is tried again: no event recorded, no query, no wait
- * (sgm__pool_owed_return_locked). The
+ * (sgm__pool_owed_return_locked, in reclaim.c). The
  * sub-allocator's free memory may then have S's work pending on it: S
  * *owes*. Until an event recorded on S after those returns is seen complete
  * (a fence queried or waited for by bag.c, or a host wait here):
@@ -42,12 +42,11 @@
  * The calling thread's magazine spin lock is taken under the pool lock.
  *
  * Calls: the backend's event_record_on, stream_wait_event and event_wait;
- * bag.c (streams, bags, pooled events), chunk.c (blocks back to the
- * sub-allocator), mag.c (the calling thread's magazine).
+ * stream.c (streams, pooled events). The returns themselves are reclaim.c's
+ * (sgm__pool_owed_return_locked), which calls down into bags, magazines and
+ * chunks.
  */
 #include "tiers/pool/pool.h"
-
-static inline bool tier_owes(const tier_stream *s) { return s->owe_done < s->owe_seq; }
 
 /* Is taker ordered after s's event that covers every return s made? */
 static bool tier_owe_covered(const tier_stream *s, uint64_t taker) {
@@ -83,23 +82,6 @@ bool sgm__pool_owed_needs_locked(sgm_tier_pool *p, const sgm_stream_ref *taker, 
   return tier_owed_next_locked(p, taker, lo, hi) != NULL;
 }
 
-/* s returned block b: remember its range while s owes (past
- * TIER_OWED_RANGES_MAX, or out of memory: everything counts as owed). */
-static void tier_owed_note(tier_stream *s, const tier_block *b) {
-  if (s->owed_all) return;
-  if (s->n_owed == s->cap_owed) {
-    uint32_t cap = s->cap_owed ? s->cap_owed * 2 : 64;
-    tier_range *n = cap <= TIER_OWED_RANGES_MAX ? realloc(s->owed, cap * sizeof *n) : NULL;
-    if (!n) {
-      s->owed_all = true;
-      return;
-    }
-    s->owed = n;
-    s->cap_owed = cap;
-  }
-  s->owed[s->n_owed++] = (tier_range){b->ptr, b->ptr + b->bytes};
-}
-
 /* An event recorded on s when its owe_seq was seq has completed (seen by a
  * query or a wait): the returns up to seq are owed no more. Pool lock held. */
 void sgm__pool_owed_seen_locked(sgm_tier_pool *p, tier_stream *s, uint64_t seq) {
@@ -119,84 +101,6 @@ void sgm__pool_owed_seen_locked(sgm_tier_pool *p, tier_stream *s, uint64_t seq) 
 void sgm__pool_owed_recorded_locked(tier_stream *s, int rc) {
   if (rc == SGM_OK) s->capturing = false;
   else if (rc == SGM_ERR_BUSY) s->capturing = true;
-}
-
-/* The calling thread's blocks of stream s in magazine m go back to the
- * sub-allocator, remembered as owed (pool lock held). How many. */
-static size_t tier_mag_return_locked(sgm_tier_pool *p, tier_mag *m, tier_stream *s) {
-  uint64_t key = s->ref.key;
-  size_t n = 0;
-  uint64_t bytes = 0;
-  tier_spin_lock(&m->lock);
-  for (int c = 0; c < TIER_N_CLASSES; c++) {
-    unsigned w = 0;
-    for (unsigned i = 0; i < m->n[c]; i++) {
-      tier_block *b = m->slot[c][i];
-      if (b->key != key) {
-        m->slot[c][w++] = b;
-        continue;
-      }
-      bytes += b->bytes;
-      n++;
-      tier_owed_note(s, b);
-      sgm__pool_release_block_locked(p, b);
-    }
-    m->n[c] = (uint8_t)w;
-  }
-  __atomic_store_n(&m->cached_bytes, m->cached_bytes - bytes, __ATOMIC_RELAXED);
-  tier_spin_unlock(&m->lock);
-  return n;
-}
-
-/* Remember every block of bag g as owed by s. */
-static void tier_bag_note(tier_stream *s, const tier_bag *g) {
-  for (int c = -1; c < TIER_N_CLASSES; c++)
-    for (const tier_block *b = c < 0 ? g->large : g->cls[c]; b; b = b->next) tier_owed_note(s, b);
-}
-
-/*
- * The allocating stream ref's own cached blocks straight back to the
- * sub-allocator (pool lock held, may be dropped and retaken to pool a
- * fence): its open bag, its sealed bag unless a thread records or queries
- * its fence now, and the calling thread's magazine blocks of ref. Not on a
- * synchronous backend (nothing is pending there: bag.c returns the bags),
- * for sgm's own allocations (ref NULL), or while ref was seen capturing.
- * true when any block went back (ref now owes).
- */
-bool sgm__pool_owed_return_locked(sgm_tier_pool *p, const sgm_stream_ref *ref) {
-  sgm_assert_internal(sgm__lock_held(&p->lock));
-  if (!ref || p->p.bops->synchronous) return false;
-  tier_stream *s = sgm__pool_stream_find_locked(p, ref->key);
-  tier_mag *m = sgm__pool_mag_find(p);
-  bool in_mag = false;
-  for (int c = 0; m && c < TIER_N_CLASSES && !in_mag; c++)
-    for (unsigned i = 0; i < m->n[c] && !in_mag; i++) in_mag = m->slot[c][i]->key == ref->key;
-  bool in_bags = s && (s->open.n || (!s->busy && s->sealed.n));
-  if ((s && s->capturing) || (!in_mag && !in_bags)) return false;
-  if (!s && !(s = sgm__pool_stream_get_locked(p, ref))) return false; /* no record: keep them */
-  size_t n = in_mag ? tier_mag_return_locked(p, m, s) : 0;
-  size_t n_bag = s->open.n;
-  uint64_t bag_bytes = s->open.bytes;
-  tier_bag_note(s, &s->open);
-  sgm__pool_bag_release_locked(p, &s->open);
-  void *fence = NULL;
-  if (!s->busy && s->sealed.n) {
-    n_bag += s->sealed.n;
-    bag_bytes += s->sealed.bytes;
-    tier_bag_note(s, &s->sealed);
-    sgm__pool_bag_release_locked(p, &s->sealed);
-    /* The fence covers nothing now; pooled again below. */
-    fence = s->fence;
-    s->fence = NULL;
-    s->crossed_fence = NULL;
-  }
-  sgm__pool_bagged_add_locked(p, -(int64_t)n_bag, -(int64_t)bag_bytes);
-  n += n_bag;
-  if (!tier_owes(s)) __atomic_store_n(&p->n_owing, p->n_owing + 1, __ATOMIC_RELAXED);
-  s->owe_seq++;
-  tier_update_room_locked(p);
-  if (fence) sgm__pool_event_put_locked(p, fence);
-  return n > 0;
 }
 
 /*

@@ -9,9 +9,9 @@
  * Locks: the magazine registry then the pool lock at destroy; the pool lock
  * for stats and the check (the live map's shards are read atomically).
  *
- * Calls: chunk.c (reserve mode's chunk), vmm.c (setup, teardown, check),
- * mag.c (detach magazines), bag.c (the final WAIT reclaim), owe.c (the
- * final wait for what streams returned), map.c.
+ * Calls: map.c, owe.c (the final wait for what streams returned), vmm.c
+ * (setup, teardown, check), chunk.c (reserve mode's chunk), mag.c (detach
+ * magazines), reclaim.c (the final WAIT reclaim).
  */
 #include "tiers/pool/pool.h"
 
@@ -133,7 +133,6 @@ const sgm_tier_params *sgm__tier_params(const sgm_tier_pool *p) { return &p->p; 
 
 uint64_t sgm__tier_lock_takes(const sgm_tier_pool *p) { return sgm__lock_takes(&p->lock); }
 
-
 uint64_t sgm__tier_map_writes(const sgm_tier_pool *p) {
   uint64_t n = 0;
   for (size_t i = 0; i < TIER_SHARDS; i++) n += __atomic_load_n(&p->shards[i].n_writes, __ATOMIC_RELAXED);
@@ -172,7 +171,6 @@ void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out) {
   out->n_failed = __atomic_load_n(&p->n_failed, __ATOMIC_RELAXED);
   out->cached_bytes = cached;
 }
-
 
 bool sgm__tier_check(sgm_tier_pool *p) {
   bool ok = true;

@@ -52,16 +52,20 @@
  * thread uses the pool, so single-threaded stats are exact).
  *
  * Files, one job each (mimalloc keeps segment.c, page.c, free.c, alloc.c apart
- * the same way):
- *   alloc.c  the user's path: alloc/free on a stream, record_stream, sgm's own blocks
- *   mag.c    magazines: per-thread caches
- *   bag.c    stream bags, pooled events, fences and the reclaim passes
- *   owe.c    a stream's own cache returned without an event, and who waits for it
- *   xfer.c   transfers of cached blocks between streams
- *   map.c    the live map (pointer -> record)
- *   chunk.c  chunks and budget: growth, trim, the sub-allocator side, charges
- *   vmm.c    expandable growth on one reserved range
- *   pool.c   create, destroy, stats, the invariant check
+ * the same way), bottom to top: each calls only files above it in this list
+ * (issue 31; the layer check fails on a circle among them):
+ *   map.c     the live map (pointer -> record) and the address span
+ *   stream.c  streams, bag lists, pooled events
+ *   owe.c     what a stream owes after returning its cache without an event
+ *   vmm.c     expandable growth on one reserved range
+ *   chunk.c   chunks and the sub-allocator side of a block
+ *   bag.c     stream bags and the fence pass
+ *   mag.c     magazines: per-thread caches
+ *   xfer.c    transfers of cached blocks between streams
+ *   reclaim.c the reclaim passes, and a stream's own cache returned
+ *   budget.c  trims, the idle trim, budget changes, charges
+ *   alloc.c   the user's path: alloc/free on a stream, record_stream, sgm's own blocks
+ *   pool.c    create, destroy, stats, the invariant check
  * Cross-file functions are sgm__pool_<file's job>_<verb>; helpers every file
  * needs are static inline below.
  */
@@ -461,6 +465,29 @@ static inline uint64_t tier_committed(const sgm_tier_pool *p) {
   return p->vmm_pool ? ((uint64_t)p->n_pool << p->vmm_shift) + p->external_bytes : p->committed_bytes;
 }
 
+/* A stream owes while returns it made are not covered by an event seen
+ * complete (owe.c, issue 26). */
+static inline bool tier_owes(const tier_stream *s) { return s->owe_done < s->owe_seq; }
+
+/* The message for a chunk the backend would not give. */
+static inline int tier_backend_nomem_locked(sgm_tier_pool *p, uint64_t size) {
+  char a[32], b[32], u[32], c[32];
+  __atomic_fetch_add(&p->n_failed, 1, __ATOMIC_RELAXED);
+  const char *name = sgm_tier_name(p->p.tier);
+  /* VRAM refused within the budget: the device is full because of others. */
+  bool vram = p->p.tier == SGM_TIER_VRAM;
+  return sgm__error_set(SGM_ERR_NOMEM,
+                          "%s: cannot allocate %s: the device gave no new chunk (%s)%s; "
+                          "budget %s, holding %s in %llu blocks, committed %s",
+                          name, sgm__fmt_bytes(size, a, sizeof a), sgm_last_error(),
+                          vram ? ": the device is full, its memory held by other processes, sgm's "
+                                 "or not (sgm-smi shows them), though this process is within its "
+                                 "budget" : "",
+                          sgm__fmt_bytes(p->p.budget_bytes, b, sizeof b),
+                          sgm__fmt_bytes(p->held_bytes, u, sizeof u), (unsigned long long)p->n_blocks,
+                          sgm__fmt_bytes(tier_committed(p), c, sizeof c));
+}
+
 /* Count one alloc or free of asked bytes (d_used > 0: alloc) on the
  * magazine. Used bytes reach the pool in batches, or at once when the thread
  * is the pool's only one (so that peak_used_bytes is exact then); the other
@@ -480,6 +507,10 @@ static inline void tier_mag_count(sgm_tier_pool *p, tier_mag *m, int64_t d_used)
   __atomic_store_n(&m->d_used, du, __ATOMIC_RELAXED);
 }
 
+/* Cross-file functions, by file, bottom to top: a file calls only the files
+ * listed above it (docs/architecture.md; tests/check_layers.py holds lib/ to
+ * it: a circle among these files fails the layer check). */
+
 /* map.c */
 tier_block *sgm__pool_block_new(void);
 tier_block *sgm__pool_map_busy_live(sgm_tier_pool *p, sgm_devptr ptr);
@@ -490,33 +521,16 @@ tier_block *sgm__pool_map_take_live(sgm_tier_pool *p, sgm_devptr ptr, bool own);
 void sgm__pool_map_unbusy(tier_block *b);
 void sgm__pool_spare_put_locked(sgm_tier_pool *p, tier_block *b);
 tier_block *sgm__pool_spare_take_locked(sgm_tier_pool *p);
-
-/* chunk.c */
-int sgm__pool_add_chunk_locked(sgm_tier_pool *p, const sgm_chunk *c);
-int sgm__pool_backend_nomem_locked(sgm_tier_pool *p, uint64_t size);
-size_t sgm__pool_detach_free_locked(sgm_tier_pool *p, uint64_t now_ms, uint64_t idle_ms,
-                                    sgm_chunk **out);
-uint64_t sgm__pool_next_chunk_locked(sgm_tier_pool *p, uint64_t need, bool *dedicated);
-void sgm__pool_release_block_locked(sgm_tier_pool *p, tier_block *b);
-uint64_t sgm__pool_release_chunks(sgm_tier_pool *p, sgm_chunk *list, size_t n);
 void sgm__pool_span_add(sgm_tier_pool *p, sgm_devptr base, uint64_t bytes);
-int sgm__pool_take_chunk(sgm_tier_pool *p, uint64_t bytes, uint64_t need, sgm_chunk *out);
 
-/* bag.c */
-void sgm__pool_bag_add_locked(sgm_tier_pool *p, tier_block *b);
-void sgm__pool_bag_merge(tier_bag *dst, tier_bag *src);
+/* stream.c */
 void sgm__pool_bag_push(tier_bag *g, tier_block *b);
-void sgm__pool_bag_release_locked(sgm_tier_pool *p, tier_bag *g);
 tier_block *sgm__pool_bag_take(tier_bag *g, int cls, uint64_t need);
 void sgm__pool_bagged_add_locked(sgm_tier_pool *p, int64_t n, int64_t bytes);
 void *sgm__pool_event_get(sgm_tier_pool *p);
 void sgm__pool_event_put(sgm_tier_pool *p, void *ev);
 void sgm__pool_event_put_locked(sgm_tier_pool *p, void *ev);
 tier_job *sgm__pool_jobs_alloc_locked(sgm_tier_pool *p, size_t n_jobs);
-size_t sgm__pool_reclaim_ex(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode);
-size_t sgm__pool_reclaim_settle(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode,
-                                const tier_want *w);
-size_t sgm__pool_reclaim_some(sgm_tier_pool *p, bool mags, sgm_reclaim_mode mode);
 tier_stream *sgm__pool_stream_find_locked(sgm_tier_pool *p, uint64_t key);
 tier_stream *sgm__pool_stream_get_locked(sgm_tier_pool *p, const sgm_stream_ref *ref);
 void sgm__pool_stream_note_locked(tier_stream *s, int cls, uint64_t need);
@@ -525,16 +539,9 @@ void sgm__pool_stream_note_locked(tier_stream *s, int cls, uint64_t need);
 bool sgm__pool_owed_needs_locked(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_devptr lo,
                                  sgm_devptr hi);
 int sgm__pool_owed_order(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_devptr lo, sgm_devptr hi);
-bool sgm__pool_owed_return_locked(sgm_tier_pool *p, const sgm_stream_ref *ref);
 void sgm__pool_owed_seen_locked(sgm_tier_pool *p, tier_stream *s, uint64_t seq);
 bool sgm__pool_owed_settle(sgm_tier_pool *p);
 void sgm__pool_owed_recorded_locked(tier_stream *s, int rc);
-
-/* mag.c */
-void sgm__pool_mag_detach_all(sgm_tier_pool *p);
-void sgm__pool_mag_drain_locked(sgm_tier_pool *p, tier_mag *m);
-tier_mag *sgm__pool_mag_find(sgm_tier_pool *p);
-tier_mag *sgm__pool_mag_get(sgm_tier_pool *p);
 
 /* vmm.c */
 int sgm__pool_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes);
@@ -548,10 +555,43 @@ uint64_t sgm__pool_vmm_unmap_free(sgm_tier_pool *p);
 uint64_t sgm__pool_vmm_unmapped_locked(const sgm_tier_pool *p, uint64_t off, uint64_t bytes);
 void sgm__pool_vmm_unref_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes);
 
+/* chunk.c */
+int sgm__pool_add_chunk_locked(sgm_tier_pool *p, const sgm_chunk *c);
+size_t sgm__pool_detach_free_locked(sgm_tier_pool *p, uint64_t now_ms, uint64_t idle_ms,
+                                    sgm_chunk **out);
+uint64_t sgm__pool_next_chunk_locked(sgm_tier_pool *p, uint64_t need, bool *dedicated);
+void sgm__pool_release_block_locked(sgm_tier_pool *p, tier_block *b);
+uint64_t sgm__pool_release_chunks(sgm_tier_pool *p, sgm_chunk *list, size_t n);
+int sgm__pool_take_chunk(sgm_tier_pool *p, uint64_t bytes, uint64_t need, sgm_chunk *out);
+
+/* bag.c */
+void sgm__pool_bag_add_locked(sgm_tier_pool *p, tier_block *b);
+void sgm__pool_bag_merge(tier_bag *dst, tier_bag *src);
+void sgm__pool_bag_release_locked(sgm_tier_pool *p, tier_bag *g);
+size_t sgm__pool_bags_release_all_locked(sgm_tier_pool *p);
+size_t sgm__pool_reclaim_fences(sgm_tier_pool *p, sgm_reclaim_mode mode);
+
+/* mag.c */
+void sgm__pool_mag_detach_all(sgm_tier_pool *p);
+void sgm__pool_mag_drain_locked(sgm_tier_pool *p, tier_mag *m);
+tier_mag *sgm__pool_mag_find(sgm_tier_pool *p);
+tier_mag *sgm__pool_mag_get(sgm_tier_pool *p);
+
 /* xfer.c */
 size_t sgm__pool_reclaim_transfer(sgm_tier_pool *p, const sgm_stream_ref *taker,
                                   const tier_want *w);
 const tier_want *sgm__pool_want_recent_locked(sgm_tier_pool *p, const sgm_stream_ref *taker,
                                               const tier_want *w, tier_want *out);
+
+/* reclaim.c */
+bool sgm__pool_owed_return_locked(sgm_tier_pool *p, const sgm_stream_ref *ref);
+size_t sgm__pool_reclaim_ex(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode);
+size_t sgm__pool_reclaim_settle(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode,
+                                const tier_want *w);
+size_t sgm__pool_reclaim_some(sgm_tier_pool *p, bool mags, sgm_reclaim_mode mode);
+
+/* budget.c: sgm__tier_trim, _idle_trim, _set_budget(_why), _charge, _uncharge,
+ * _charged (tier.h). alloc.c: the user's path (tier.h). pool.c: create,
+ * destroy, stats, the check (tier.h). */
 
 #endif /* SGM_TIERS_POOL_H */

@@ -14,8 +14,8 @@
  * calls are never made under it); waiters sleep on the pool's `grown`
  * condition.
  *
- * Calls: the backend's virtual-memory operations (vmm_*), chunk.c (release a
- * block, the budget's out-of-memory message).
+ * Calls: the backend's virtual-memory operations (vmm_*), map.c (the
+ * address span), owe.c (streams that owe are waited for before unmapping).
  */
 #include "tiers/pool/pool.h"
 
@@ -365,7 +365,7 @@ int sgm__pool_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
     sgm__lock_take(&p->lock);
     pthread_cond_broadcast(&p->grown);
     if (rc != SGM_OK) {
-      if (rc == SGM_ERR_NOMEM) sgm__pool_backend_nomem_locked(p, bytes);
+      if (rc == SGM_ERR_NOMEM) tier_backend_nomem_locked(p, bytes);
       return rc;
     }
   }

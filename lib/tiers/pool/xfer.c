@@ -10,8 +10,9 @@
  * Locks: the pool lock to choose and move; dropped for the event record and
  * the stream wait (the owner stream's busy flag holds its fence meanwhile).
  *
- * Calls: the backend's event and stream-wait operations, bag.c (bags,
- * events, jobs); a fence it leaves covers its owner's returns so far (owe.c).
+ * Calls: the backend's event and stream-wait operations, stream.c (streams,
+ * bag lists, events, jobs), bag.c (merge); a fence it leaves covers its
+ * owner's returns so far (owe.c).
  */
 #include "tiers/pool/pool.h"
 
