@@ -1,6 +1,6 @@
 /*
  * vmm.c — expandable growth on one reserved range (issue 17): map memory
- * behind the sub-allocator's range granule by granule.
+ * behind the sub-allocator's range, in mappings of whole granules.
  *
  * Job: reserve the range at create (and in reserve mode take the budget's
  * granules as a pool), map the granules a carved block first touches (in
