@@ -1880,9 +1880,10 @@ static uint64_t cuda_vmm_mapping_len(const uint8_t *mapped, uint64_t g, uint64_t
   return e - g;
 }
 
-/* Unmap granules [g0, g1) of v, whole mappings by the state bytes in `was`
- * (a copy taken before they were cleared), one cuMemUnmap each (context
- * entered, relaxed). */
+/* Unmap granules [g0, g1) of v, whole mappings as the state bytes `was`
+ * (v->mapped) tell them, one cuMemUnmap each (context entered, relaxed).
+ * The caller owns those granules: nobody changes their bytes meanwhile, so
+ * they are read without be->lock. */
 static void cuda_vmm_unmap_run(sgm_backend *be, cuda_vrange *v, const uint8_t *was, uint64_t g0,
                                uint64_t g1, const char *op) {
   for (uint64_t g = g0; g < g1;) {
