@@ -187,7 +187,7 @@ int replay_alloc_min_budget(const replay_trace *t, int vmm, uint64_t *budget_out
   return 0;
 }
 
-int replay_alloc_granule_cost(int backend, int vmm, unsigned n, double *ns_out,
+int replay_alloc_granule_cost(int backend, int vmm, unsigned granules, unsigned n, double *ns_out,
                               uint64_t *granule_out, char *err, size_t err_len) {
   *ns_out = 0;
   *granule_out = 0;
@@ -209,7 +209,7 @@ int replay_alloc_granule_cost(int backend, int vmm, unsigned n, double *ns_out,
   sgm_stats s;
   sgm_get_stats(ctx, &s);
   *granule_out = s.vram_granule_bytes;
-  size_t bytes = s.vram_granule_bytes ? (size_t)s.vram_granule_bytes : (size_t)2 << 20;
+  size_t bytes = (s.vram_granule_bytes ? (size_t)s.vram_granule_bytes : (size_t)2 << 20) * granules;
   int rc = 0;
   double t0 = alloc_now();
   for (unsigned i = 0; i < n; i++) {

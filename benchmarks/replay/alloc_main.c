@@ -59,6 +59,8 @@ static const char USAGE[] =
     "  --granule     instead: the cost of mapping and unmapping one granule through the\n"
     "                public API, beside chunks and mmap/munmap (--backend emu|cuda)\n";
 
+/* Granules of --granule's one large mapping (TIER_VMM_MAP_MAX_GRANULES). */
+#define MAIN_BIG_GRANULES 32u
 /* Rounds of the --granule measurement. */
 #define MAIN_GRANULE_ROUNDS 2000
 
@@ -109,10 +111,12 @@ static double main_mmap_ns(size_t bytes, unsigned n) {
 /* --granule: one line per path, all from this run. */
 static int main_granule(int backend) {
   char err[REPLAY_ERR_MAX];
-  double vmm_ns = 0, chunk_ns = 0;
-  uint64_t g = 0, g_off = 0;
-  if (replay_alloc_granule_cost(backend, 1, MAIN_GRANULE_ROUNDS, &vmm_ns, &g, err, sizeof err) ||
-      replay_alloc_granule_cost(backend, 0, MAIN_GRANULE_ROUNDS, &chunk_ns, &g_off, err,
+  double vmm_ns = 0, chunk_ns = 0, big_ns = 0;
+  uint64_t g = 0, g_off = 0, g_big = 0;
+  if (replay_alloc_granule_cost(backend, 1, 1, MAIN_GRANULE_ROUNDS, &vmm_ns, &g, err, sizeof err) ||
+      replay_alloc_granule_cost(backend, 1, MAIN_BIG_GRANULES, MAIN_GRANULE_ROUNDS, &big_ns, &g_big,
+                                err, sizeof err) ||
+      replay_alloc_granule_cost(backend, 0, 1, MAIN_GRANULE_ROUNDS, &chunk_ns, &g_off, err,
                                 sizeof err)) {
     fprintf(stderr, "sgm-alloc-replay: --granule: %s\n", err);
     return 1;
@@ -120,10 +124,16 @@ static int main_granule(int backend) {
   size_t bytes = g ? (size_t)g : (size_t)2 << 20;
   double ref = main_mmap_ns(bytes, MAIN_GRANULE_ROUNDS);
   const char *be = backend == SGM_BACKEND_CUDA ? "cuda" : "emu";
-  if (g)
+  if (g) {
     printf("granule %s: %zu bytes; map+unmap through sgm (alloc+free+trim): %.0f ns\n", be, bytes,
            vmm_ns);
-  else
+    /* One mapping of many granules (issue 26): what one cuMemCreate of
+     * 64 MiB costs against as many granules mapped one by one. */
+    printf("granule %s: one mapping of %u granules (%zu bytes) through sgm: %.0f ns, %.0f ns per "
+           "granule (%.2f x the single granule's)\n", be, MAIN_BIG_GRANULES,
+           bytes * MAIN_BIG_GRANULES, big_ns, big_ns / MAIN_BIG_GRANULES,
+           vmm_ns > 0 ? big_ns / MAIN_BIG_GRANULES / vmm_ns : 0);
+  } else
     printf("granule %s: the device has no virtual-memory API: no map/unmap figure\n", be);
   printf("granule %s: chunk of %zu bytes through sgm (alloc+free+trim; %s): %.0f ns\n", be, bytes,
          backend == SGM_BACKEND_CUDA ? "cuMemAlloc+cuMemFree" : "mmap+munmap", chunk_ns);

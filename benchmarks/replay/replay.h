@@ -269,13 +269,14 @@ int replay_alloc(const replay_trace *t, const replay_alloc_params *p, replay_all
 int replay_alloc_min_budget(const replay_trace *t, int vmm, uint64_t *budget_out,
                             unsigned *n_runs, char *err, size_t err_len);
 
-/* The cost of committing and returning one granule through the public API:
- * n rounds of sgm_alloc(granule) + sgm_free + sgm_trim on a growth-mode
- * context of `backend` (SGM_BACKEND_EMU or SGM_BACKEND_CUDA), vmm as in
- * replay_alloc_params (on: one granule mapped and unmapped per round; off: one
- * chunk allocated and freed). *ns_out: per round; *granule_out: the granule
- * (0 with chunks; the size used is then 2 MiB). */
-int replay_alloc_granule_cost(int backend, int vmm, unsigned n, double *ns_out,
+/* The cost of committing and returning `granules` granules through the
+ * public API: n rounds of sgm_alloc(granules x granule) + sgm_free + sgm_trim
+ * on a growth-mode context of `backend` (SGM_BACKEND_EMU or
+ * SGM_BACKEND_CUDA), vmm as in replay_alloc_params (on: one mapping of them
+ * mapped and unmapped per round, up to 32 granules: issue 26; off: one chunk
+ * allocated and freed). *ns_out: per round; *granule_out: the granule (0 with
+ * chunks; the size used is then 2 MiB). */
+int replay_alloc_granule_cost(int backend, int vmm, unsigned granules, unsigned n, double *ns_out,
                               uint64_t *granule_out, char *err, size_t err_len);
 
 /* ---- synthetic streams (synth.c) ---- */

@@ -27,7 +27,8 @@
 #   bench-cuda     bench_cuda with small sizes (BENCH_CUDA_MAX_MIB=64)
 #   sgm-bench      sgm-bench --quick --only gpu: the GPU figures beside cuMemcpy,
 #                  VRAM and cuMemAlloc, as a table and $OUT/sgm-bench.json
-#   vmm-granule    one VRAM granule mapped + unmapped through sgm, beside a chunk
+#   vmm-granule    one VRAM granule mapped + unmapped through sgm, one mapping of 32
+#                  granules (64 MiB, issue 26), beside a chunk
 #                  (cuMemAlloc + cuMemFree) and mmap + munmap (sgm-alloc-replay)
 #   preload-nvcc   an unmodified nvcc-built program under libsgm-preload.so at
 #                  1.5x SGM_VRAM_LIMIT, timed against cudaMallocManaged
