@@ -415,6 +415,7 @@ static uint64_t managed_cache_release(sgm_context *ctx, int t, uint64_t want, ui
       sgm_buffer *prev = c->mc_prev;
       if (before_ms == UINT64_MAX || (c->mcached_ms && c->mcached_ms < before_ms)) {
         managed_cache_unlink_locked(pl, c, (sgm_tier)k);
+        pl->mrelease_bytes[c->tier] += c->size; /* charged until its storage is freed below */
         managed_unmap_locked(pl, c);
         pl->n_mcache_released++;
         bytes += c->size;
@@ -429,7 +430,11 @@ static uint64_t managed_cache_release(sgm_context *ctx, int t, uint64_t want, ui
     sgm_buffer *c = out;
     out = c->mc_next;
     managed_unlist_all(pl, c);
+    sgm_tier ct = c->tier; /* the tier its storage is charged to */
     sgm__buffer_free_storage(ctx, c); /* the driver's free waits for the range's work */
+    sgm__lock_take(&pl->mlock);
+    pl->mrelease_bytes[ct] -= c->size; /* uncharged now */
+    sgm__lock_drop(&pl->mlock);
     free(c);
   }
   return bytes;
@@ -557,19 +562,25 @@ void sgm__managed_stats(sgm_context *ctx, sgm_stats *st) {
   st->n_managed_live = pl->n_managed;
   st->n_managed_cache_hits = pl->n_mcache_hits;
   st->managed_slack_bytes = pl->mslack_bytes;
-  uint64_t cached[SGM_N_RESIDENT];
+  uint64_t cached[SGM_N_RESIDENT], releasing[SGM_N_RESIDENT];
   for (int t = 0; t < SGM_N_RESIDENT; t++) {
     cached[t] = pl->mcache_bytes[t];
+    releasing[t] = pl->mrelease_bytes[t];
     st->managed_cached_bytes += cached[t];
     st->tier[t].cached_bytes += cached[t];
   }
   sgm__lock_drop(&pl->mlock);
   for (int t = 0; t < SGM_N_RESIDENT; t++) {
     if (!sgm__parts_tier(ctx, t)) continue;
-    /* Charged while cached too, but not used (a race with a free only shifts
-     * bytes between the two for this one reading). */
+    /* Charged while cached too, and while a range taken out of the cache is
+     * given back to the driver, but not used (a race with a free only shifts
+     * bytes between the two for this one reading). The charge is read after
+     * the snapshot under mlock, and a release uncharges before it leaves
+     * releasing: a range on its way back is never counted as used (at worst,
+     * for one reading, subtracted while already uncharged). */
     uint64_t charged = sgm__tier_charged(sgm__parts_tier(ctx, t));
-    st->tier[t].used_bytes += charged > cached[t] ? charged - cached[t] : 0;
+    uint64_t idle = cached[t] + releasing[t];
+    st->tier[t].used_bytes += charged > idle ? charged - idle : 0;
     if (st->tier[t].used_bytes > st->tier[t].peak_used_bytes)
       st->tier[t].peak_used_bytes = st->tier[t].used_bytes;
   }

@@ -259,6 +259,8 @@ struct sgm_placement {
    * mc_prev/mc_next. */
   sgm_buffer *mcache[SGM_N_RESIDENT];  /* cached ranges by where they are placed, newest first */
   uint64_t mcache_bytes[SGM_N_RESIDENT]; /* their bytes: charged to the tier, committed, not used */
+  uint64_t mrelease_bytes[SGM_N_RESIDENT]; /* ranges taken out of the cache and being given back
+                                          to the driver: still charged until then, not used */
   uint64_t n_mcache;                   /* cached ranges in both tiers (written under mlock; read
                                           unlocked: atomic) */
   /* Live blocks reused from the cache whose policy listing is deferred
