@@ -264,7 +264,7 @@ int sgm__pool_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
     uint64_t want = 0;
     bool others = false;
     for (size_t g = g0; g <= g1; g++) {
-      want += !p->gran[g].mapped && !p->gran[g].busy ? gb : 0;
+      want += tier_vmm_claimable_locked(p, g) ? gb : 0;
       others |= p->gran[g].busy;
     }
     if (want == 0 && !others) return SGM_OK;
