@@ -228,6 +228,8 @@ int sgm__host_map_pinnable(uint64_t bytes, int node, void **out);
  * device memory the CPU cannot address. No locks: its owner serialises it. */
 
 typedef struct sgm_suballoc sgm_suballoc;
+/* One live block of an unindexed sub-allocator, as its owner keeps it. */
+typedef struct sgm_suballoc_node sgm_suballoc_node;
 
 typedef struct sgm_suballoc_stats {
   uint64_t capacity_bytes;     /* sum of the ranges' sizes */
@@ -240,6 +242,12 @@ typedef struct sgm_suballoc_stats {
 
 /* An empty allocator; align_bytes (a power of two) is every block's offset and size granule. */
 int sgm__suballoc_create(uint64_t align_bytes, sgm_suballoc **out);
+/* The same without a table of live blocks by offset: its owner keeps each
+ * block's node (sgm__suballoc_try_alloc_node) and frees by it
+ * (sgm__suballoc_free_node), one hash insert and one hash walk less per pair
+ * for an owner that finds its blocks by its own map (the tier pool).
+ * sgm__suballoc_free and sgm__suballoc_block_size by offset refuse. */
+int sgm__suballoc_create_unindexed(uint64_t align_bytes, sgm_suballoc **out);
 /* Free sa and all its metadata, live blocks or not (the memory it carves is
  * its owner's). NULL is a no-op. */
 void sgm__suballoc_destroy(sgm_suballoc *sa);
@@ -254,9 +262,17 @@ bool sgm__suballoc_range_is_free(const sgm_suballoc *sa, uint64_t offset);
  * (or block metadata cannot be allocated). *size_out: the rounded size. */
 bool sgm__suballoc_try_alloc(sgm_suballoc *sa, uint64_t size, uint64_t *offset_out,
                              uint64_t *size_out);
+/* sgm__suballoc_try_alloc that also hands out the block's node (*node_out). */
+bool sgm__suballoc_try_alloc_node(sgm_suballoc *sa, uint64_t size, uint64_t *offset_out,
+                                  uint64_t *size_out, sgm_suballoc_node **node_out);
 /* Free the live block that starts at offset; SGM_ERR_INVALID (nothing changed)
  * when no live block starts there. *size_out: its size (0 on error). */
 int sgm__suballoc_free(sgm_suballoc *sa, uint64_t offset, uint64_t *size_out);
+/* Free the live block whose node sgm__suballoc_try_alloc_node handed out;
+ * SGM_ERR_INVALID (nothing changed) when that node is no live block. */
+int sgm__suballoc_free_node(sgm_suballoc *sa, sgm_suballoc_node *node, uint64_t *size_out);
+/* True when node is a live block of offset and size (its owner's checks). */
+bool sgm__suballoc_node_is(const sgm_suballoc_node *node, uint64_t offset, uint64_t size);
 /* Size of the live block starting at offset; 0 if none. */
 uint64_t sgm__suballoc_block_size(const sgm_suballoc *sa, uint64_t offset);
 /* Fill *out (O(1): kept up to date by every call). */

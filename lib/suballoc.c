@@ -8,7 +8,9 @@
  * Model. Each range is split into blocks that tile it exactly, in address
  * order, linked through prev/next (NULL at the range's ends, so a block never
  * reaches into another range even when two ranges touch). A block is free or
- * live. Live blocks are found by offset in a hash table (free() is O(1)).
+ * live. Live blocks are found by offset in a hash table (free() is O(1)),
+ * or, in an unindexed allocator, not at all: its owner keeps each block's
+ * node and frees by it (the tier pool, whose own live map finds the block).
  * Free blocks sit in 14,592 size bins with a two-level bitmap of the
  * non-empty ones: below 512 granules one bin per size, a LIFO list; above,
  * 256 bins per power of two, each a treap ordered by (size, offset).
@@ -28,7 +30,8 @@
  *    split or merge keeps the lower node), so range->first never moves;
  *  - every free block is in bin(size) (list or treap) and nowhere else; a
  *    bin's bitmap bit is set iff the bin is non-empty; every live block is in
- *    the hash bucket of its offset and nowhere else;
+ *    the hash bucket of its offset and nowhere else (unindexed: the hash
+ *    is empty);
  *  - used_bytes + free bytes == capacity_bytes; the counters match the walk.
  *
  * Cost: alloc and free are O(1) plus at most three bin operations: O(1) in a
@@ -87,10 +90,10 @@ typedef enum suballoc_state {
 } suballoc_state;
 
 typedef struct suballoc_range suballoc_range;
-typedef struct suballoc_block suballoc_block;
+typedef struct sgm_suballoc_node suballoc_block;
 
 /* One block of a range. 64 bytes: one cache line per node. */
-struct suballoc_block {
+struct sgm_suballoc_node {
   uint64_t offset;       /* bytes: start in the offset space (multiple of align) */
   uint64_t size;         /* bytes: length (multiple of align, > 0) */
   suballoc_block *prev;  /* lower neighbour in the same range; NULL at the range start */
@@ -141,6 +144,7 @@ struct sgm_suballoc {
   size_t n_ranges;         /* entries used in ranges */
   size_t cap_ranges;       /* entries allocated in ranges */
 
+  bool indexed;             /* live blocks are in the hash (false: the owner keeps their nodes) */
   suballoc_block **buckets; /* live-block hash: chains through u.hash_next */
   unsigned bucket_bits;     /* log2(number of buckets) */
   unsigned bucket_shift;    /* 64 - bucket_bits: the hash's final shift */
@@ -488,7 +492,7 @@ static suballoc_range *suballoc_range_find(const sgm_suballoc *sa, uint64_t offs
 /* ------------------------------------------------------------------------ */
 /* The interface. */
 
-int sgm__suballoc_create(uint64_t align_bytes, sgm_suballoc **out) {
+static int suballoc_create(uint64_t align_bytes, bool indexed, sgm_suballoc **out) {
   sgm_assert(out != NULL);
   *out = NULL;
   if (!sgm__is_pow2(align_bytes))
@@ -497,6 +501,7 @@ int sgm__suballoc_create(uint64_t align_bytes, sgm_suballoc **out) {
                           (unsigned long long)align_bytes);
   sgm_suballoc *sa = calloc(1, sizeof *sa);
   if (!sa) goto out_nomem;
+  sa->indexed = indexed;
   sa->align_bytes = align_bytes;
   sa->align_shift = (unsigned)__builtin_ctzll(align_bytes);
   sa->max_request = UINT64_MAX - (align_bytes - 1);
@@ -514,6 +519,14 @@ out_free_sa:
   free(sa);
 out_nomem:
   return sgm__error_set(SGM_ERR_NOMEM, "sub-allocator: out of host memory creating it");
+}
+
+int sgm__suballoc_create(uint64_t align_bytes, sgm_suballoc **out) {
+  return suballoc_create(align_bytes, true, out);
+}
+
+int sgm__suballoc_create_unindexed(uint64_t align_bytes, sgm_suballoc **out) {
+  return suballoc_create(align_bytes, false, out);
 }
 
 void sgm__suballoc_destroy(sgm_suballoc *sa) {
@@ -610,11 +623,12 @@ bool sgm__suballoc_try_remove_range(sgm_suballoc *sa, uint64_t offset) {
   return true;
 }
 
-bool sgm__suballoc_try_alloc(sgm_suballoc *sa, uint64_t size, uint64_t *offset_out,
-                             uint64_t *size_out) {
-  sgm_assert(sa != NULL && offset_out != NULL && size_out != NULL);
+bool sgm__suballoc_try_alloc_node(sgm_suballoc *sa, uint64_t size, uint64_t *offset_out,
+                                  uint64_t *size_out, suballoc_block **node_out) {
+  sgm_assert(sa != NULL && offset_out != NULL && size_out != NULL && node_out != NULL);
   *offset_out = 0;
   *size_out = 0;
+  *node_out = NULL;
   /* Size 0 gets one granule, like malloc(0): a unique offset that free() takes. */
   if (size == 0) size = 1;
   if (sgm_unlikely(size > sa->max_request)) return false;
@@ -658,31 +672,35 @@ bool sgm__suballoc_try_alloc(sgm_suballoc *sa, uint64_t size, uint64_t *offset_o
       live = n;
     }
   }
-  suballoc_hash_insert(sa, live);
+  if (sa->indexed) {
+    suballoc_hash_insert(sa, live);
+  } else {
+    live->state = SUBALLOC_LIVE;
+    live->u.hash_next = NULL;
+  }
   sa->n_live++;
   sa->used_bytes += want;
-  if (sgm_unlikely(sa->n_live > sa->grow_at)) suballoc_hash_grow(sa);
+  if (sgm_unlikely(sa->indexed && sa->n_live > sa->grow_at)) suballoc_hash_grow(sa);
   sgm_assert_internal(live->offset % sa->align_bytes == 0 && live->size == want);
   sgm_assert_internal(!live->prev || live->prev->offset + live->prev->size == live->offset);
   sgm_assert_internal(!live->next || live->offset + live->size == live->next->offset);
   *offset_out = live->offset;
   *size_out = want;
+  *node_out = live;
   return true;
 }
 
-int sgm__suballoc_free(sgm_suballoc *sa, uint64_t offset, uint64_t *size_out) {
-  sgm_assert(sa != NULL && size_out != NULL);
-  *size_out = 0;
-  suballoc_block **link = suballoc_lookup_link(sa, offset);
-  if (sgm_unlikely(!link))
-    return sgm__error_set(SGM_ERR_INVALID,
-                          "sub-allocator: no live block starts at offset %llu "
-                          "(double free, or not an offset this allocator handed out)",
-                          (unsigned long long)offset);
-  suballoc_block *b = *link;
+bool sgm__suballoc_try_alloc(sgm_suballoc *sa, uint64_t size, uint64_t *offset_out,
+                             uint64_t *size_out) {
+  suballoc_block *node;
+  return sgm__suballoc_try_alloc_node(sa, size, offset_out, size_out, &node);
+}
+
+/* Free live block b, already out of the hash (or never in it): coalesce with
+ * free neighbours and bin the result. */
+SUBALLOC_HOT uint64_t suballoc_release(sgm_suballoc *sa, suballoc_block *b) {
   sgm_assert_internal(b->state == SUBALLOC_LIVE);
   uint64_t size = b->size;
-  *link = b->u.hash_next;
   sa->n_live--;
   sa->used_bytes -= size;
 
@@ -707,8 +725,46 @@ int sgm__suballoc_free(sgm_suballoc *sa, uint64_t offset, uint64_t *size_out) {
     b = pv;
   }
   suballoc_bin_insert(sa, b);
-  *size_out = size;
+  return size;
+}
+
+int sgm__suballoc_free(sgm_suballoc *sa, uint64_t offset, uint64_t *size_out) {
+  sgm_assert(sa != NULL && size_out != NULL);
+  *size_out = 0;
+  if (sgm_unlikely(!sa->indexed))
+    return sgm__error_set(SGM_ERR_INVALID, "sub-allocator: offset %llu freed by offset in an "
+                          "allocator without an offset index (free it by its node)",
+                          (unsigned long long)offset);
+  suballoc_block **link = suballoc_lookup_link(sa, offset);
+  if (sgm_unlikely(!link))
+    return sgm__error_set(SGM_ERR_INVALID,
+                          "sub-allocator: no live block starts at offset %llu "
+                          "(double free, or not an offset this allocator handed out)",
+                          (unsigned long long)offset);
+  suballoc_block *b = *link;
+  *link = b->u.hash_next;
+  *size_out = suballoc_release(sa, b);
   return SGM_OK;
+}
+
+int sgm__suballoc_free_node(sgm_suballoc *sa, suballoc_block *node, uint64_t *size_out) {
+  sgm_assert(sa != NULL && node != NULL && size_out != NULL);
+  *size_out = 0;
+  if (sgm_unlikely(node->state != SUBALLOC_LIVE))
+    return sgm__error_set(SGM_ERR_INVALID, "sub-allocator: the block at offset %llu is not live "
+                          "(freed twice, or a node this allocator did not hand out)",
+                          (unsigned long long)node->offset);
+  if (sa->indexed) {
+    suballoc_block **link = suballoc_lookup_link(sa, node->offset);
+    sgm_assert_internal(link && *link == node);
+    *link = node->u.hash_next;
+  }
+  *size_out = suballoc_release(sa, node);
+  return SGM_OK;
+}
+
+bool sgm__suballoc_node_is(const suballoc_block *node, uint64_t offset, uint64_t size) {
+  return node && node->state == SUBALLOC_LIVE && node->offset == offset && node->size == size;
 }
 
 void sgm__suballoc_inject_nomem(sgm_suballoc *sa, int64_t n) {
@@ -718,7 +774,7 @@ void sgm__suballoc_inject_nomem(sgm_suballoc *sa, int64_t n) {
 
 uint64_t sgm__suballoc_block_size(const sgm_suballoc *sa, uint64_t offset) {
   sgm_assert(sa != NULL);
-  const suballoc_block *b = suballoc_lookup(sa, offset);
+  const suballoc_block *b = sa->indexed ? suballoc_lookup(sa, offset) : NULL;
   return b ? b->size : 0;
 }
 
@@ -838,7 +894,7 @@ static bool suballoc_check_range(const sgm_suballoc *sa, const suballoc_range *r
       (*n_free)++;
       *free_bytes += b->size;
     } else if (b->state == SUBALLOC_LIVE) {
-      if (suballoc_lookup(sa, b->offset) != b)
+      if (sa->indexed && suballoc_lookup(sa, b->offset) != b)
         return !sgm__error_set(SGM_ERR_CORRUPT, "sub-allocator: live block at %llu is not in the "
                                "hash table", (unsigned long long)b->offset);
       (*n_live)++;
@@ -922,7 +978,8 @@ bool sgm__suballoc_check(const sgm_suballoc *sa) {
                                "extra entry", h);
     }
   }
-  if (in_hash != sa->n_live)
+  /* Unindexed: the hash stays empty (the range walk counted the live blocks). */
+  if (in_hash != (sa->indexed ? sa->n_live : 0))
     return !sgm__error_set(SGM_ERR_CORRUPT, "sub-allocator: hash holds %llu blocks, %llu are live",
                            (unsigned long long)in_hash, (unsigned long long)sa->n_live);
   /* Pool: every node is a block or pooled (a leak would show here). */

@@ -23,8 +23,9 @@
 #define EXACT_BIN_GRANULES 512
 
 typedef struct shadow_block {
-  uint64_t off;  /* bytes: offset the allocator returned */
-  uint64_t size; /* bytes: rounded size it returned */
+  uint64_t off;            /* bytes: offset the allocator returned */
+  uint64_t size;           /* bytes: rounded size it returned */
+  sgm_suballoc_node *node; /* the node it returned with the block (live blocks) */
 } shadow_block;
 
 typedef struct shadow {
@@ -36,13 +37,13 @@ typedef struct shadow {
   uint64_t used;                    /* bytes: sum of live sizes */
 } shadow;
 
-static void shadow_add(shadow *m, uint64_t off, uint64_t size) {
+static void shadow_add(shadow *m, uint64_t off, uint64_t size, sgm_suballoc_node *node) {
   if (m->n_live == m->cap) {
     m->cap = m->cap ? m->cap * 2 : 256;
     m->live = realloc(m->live, m->cap * sizeof *m->live);
     assert_non_null(m->live);
   }
-  m->live[m->n_live++] = (shadow_block){off, size};
+  m->live[m->n_live++] = (shadow_block){off, size, node};
   m->used += size;
 }
 
@@ -75,14 +76,14 @@ static size_t shadow_gaps(const shadow *m, shadow_block *gaps, size_t max_gaps,
       if (s[j].off > pos) {
         assert_true(n < max_gaps);
         range_of_gap[n] = r[i];
-        gaps[n++] = (shadow_block){pos, s[j].off - pos};
+        gaps[n++] = (shadow_block){pos, s[j].off - pos, NULL};
       }
       pos = s[j].off + s[j].size;
     }
     if (pos < end) {
       assert_true(n < max_gaps);
       range_of_gap[n] = r[i];
-      gaps[n++] = (shadow_block){pos, end - pos};
+      gaps[n++] = (shadow_block){pos, end - pos, NULL};
     }
   }
   free(s);
@@ -207,12 +208,26 @@ static void test_rounding_and_alignment(void **state) {
   }
 }
 
+/* Free a model block: by offset or by node (an indexed allocator takes
+ * both, the caller alternates); an unindexed one knows no offset. */
+static void free_model_block(sgm_suballoc *sa, bool indexed, bool by_node, shadow_block b) {
+  if (indexed) assert_int_equal(sgm__suballoc_block_size(sa, b.off), b.size);
+  uint64_t sz = 0;
+  if (by_node || !indexed) assert_int_equal(sgm__suballoc_free_node(sa, b.node, &sz), SGM_OK);
+  else assert_int_equal(sgm__suballoc_free(sa, b.off, &sz), SGM_OK);
+  assert_int_equal(sz, b.size);
+  assert_int_equal(sgm__suballoc_block_size(sa, b.off), 0);
+}
+
 /* One random run: ranges with gaps and touching pairs, allocs and frees in
- * phases that fill and drain, checked against the model. */
-static void random_run(uint64_t seed, uint64_t align, int n_ops) {
+ * phases that fill and drain, checked against the model; indexed false runs
+ * the allocator without its offset table (frees by node). */
+static void random_run(uint64_t seed, uint64_t align, int n_ops, bool indexed) {
   sgm_test_rng rng;
   sgm_test_rng_init(&rng, seed);
-  sgm_suballoc *sa = new_sa(align);
+  sgm_suballoc *sa = NULL;
+  if (indexed) sa = new_sa(align);
+  else assert_int_equal(sgm__suballoc_create_unindexed(align, &sa), SGM_OK);
   shadow m = {0};
   /* Layout unit g = 16 granules: sizes up to 400g = 6400 granules mix the
    * one-size list bins (< 512 granules) with the treap bins above. */
@@ -221,7 +236,7 @@ static void random_run(uint64_t seed, uint64_t align, int n_ops) {
   for (size_t i = 0; i < sizeof layout / sizeof layout[0]; i++) {
     uint64_t off = layout[i][0] * g, size = layout[i][1] * g;
     assert_int_equal(sgm__suballoc_add_range(sa, off, size), SGM_OK);
-    m.ranges[m.n_ranges++] = (shadow_block){off, size};
+    m.ranges[m.n_ranges++] = (shadow_block){off, size, NULL};
   }
   shadow_block *gaps = malloc(4096 * sizeof *gaps), *gap_range = malloc(4096 * sizeof *gap_range);
   assert_non_null(gaps);
@@ -236,7 +251,8 @@ static void random_run(uint64_t seed, uint64_t align, int n_ops) {
       uint64_t want = size ? sgm__align_up(size, align) : align;
       size_t n_gaps = shadow_gaps(&m, gaps, 4096, gap_range);
       uint64_t off = 1, got = 1;
-      bool ok = sgm__suballoc_try_alloc(sa, size, &off, &got);
+      sgm_suballoc_node *node = NULL;
+      bool ok = sgm__suballoc_try_alloc_node(sa, size, &off, &got, &node);
       /* Invariant: best fit — the block comes from a smallest gap that fits
        * (among those, the lowest one for gaps of 512+ granules); it sits at
        * the gap's end nearer its range's end. */
@@ -248,8 +264,10 @@ static void random_run(uint64_t seed, uint64_t align, int n_ops) {
         assert_int_equal(best, n_gaps);
         assert_int_equal(off, 0);
         assert_int_equal(got, 0);
+        assert_null(node);
         continue;
       }
+      assert_non_null(node);
       assert_true(best < n_gaps);
       assert_int_equal(got, want);
       if (gaps[best].size / align < EXACT_BIN_GRANULES) {
@@ -264,15 +282,10 @@ static void random_run(uint64_t seed, uint64_t align, int n_ops) {
       uint64_t hi = gap_range[best].off + gap_range[best].size - (gaps[best].off + gaps[best].size);
       assert_int_equal(off, lo <= hi ? gaps[best].off : gaps[best].off + gaps[best].size - want);
       assert_block_fits_model(&m, align, off, got);
-      shadow_add(&m, off, got);
+      shadow_add(&m, off, got, node);
     } else {
       size_t i = (size_t)sgm_test_rng_range(&rng, 0, m.n_live - 1);
-      shadow_block b = shadow_take(&m, i);
-      assert_int_equal(sgm__suballoc_block_size(sa, b.off), b.size);
-      uint64_t sz = 0;
-      assert_int_equal(sgm__suballoc_free(sa, b.off, &sz), SGM_OK);
-      assert_int_equal(sz, b.size);
-      assert_int_equal(sgm__suballoc_block_size(sa, b.off), 0);
+      free_model_block(sa, indexed, op % 2, shadow_take(&m, i));
     }
     if (op % 64 == 0) {
       assert_check(sa);
@@ -283,12 +296,9 @@ static void random_run(uint64_t seed, uint64_t align, int n_ops) {
   assert_stats_match(sa, &m);
   /* Invariant: freeing everything (random order) leaves each range one free
    * block: n_free_blocks == n_ranges, largest == the largest range. */
-  while (m.n_live) {
-    shadow_block b = shadow_take(&m, (size_t)sgm_test_rng_range(&rng, 0, m.n_live - 1));
-    uint64_t sz = 0;
-    assert_int_equal(sgm__suballoc_free(sa, b.off, &sz), SGM_OK);
-    assert_int_equal(sz, b.size);
-  }
+  while (m.n_live)
+    free_model_block(sa, indexed, m.n_live % 2,
+                     shadow_take(&m, (size_t)sgm_test_rng_range(&rng, 0, m.n_live - 1)));
   assert_check(sa);
   sgm_suballoc_stats st;
   sgm__suballoc_stats(sa, &st);
@@ -307,13 +317,53 @@ static void random_run(uint64_t seed, uint64_t align, int n_ops) {
  * live blocks never overlap; offsets and sizes are aligned; every block lies
  * inside one range; placement is best fit toward the nearer range end;
  * failure only when nothing fits; check() holds every 64 ops; stats match the
- * model; free-all coalesces each range back to one block. */
+ * model; free-all coalesces each range back to one block. The same holds
+ * with frees by node, and in an allocator without its offset table (the
+ * tier pool's), whose placement is the same. */
 static void test_random_ops_match_shadow_model(void **state) {
   (void)state;
   uint64_t seed = sgm_test_seed("suballoc", 20240601);
-  random_run(seed, 1, 20000);
-  random_run(seed + 1, 256, 20000);
-  random_run(seed + 2, 4096, 20000);
+  random_run(seed, 1, 20000, true);
+  random_run(seed + 1, 256, 20000, true);
+  random_run(seed + 2, 4096, 20000, true);
+  random_run(seed + 3, 256, 20000, false);
+}
+
+/* Invariant: an allocator without an offset table refuses a free by offset
+ * (SGM_ERR_INVALID, a message saying to free by node, nothing changed) and
+ * knows no block size by offset; a node freed twice is refused and changes
+ * nothing; check() holds with its table empty. */
+static void test_unindexed_frees_by_node_only(void **state) {
+  (void)state;
+  sgm_suballoc *sa = NULL;
+  assert_int_equal(sgm__suballoc_create_unindexed(256, &sa), SGM_OK);
+  assert_int_equal(sgm__suballoc_add_range(sa, 1 << 20, 1 << 20), SGM_OK);
+  uint64_t a, b, got, sz = 7;
+  sgm_suballoc_node *na, *nb;
+  assert_true(sgm__suballoc_try_alloc_node(sa, 1000, &a, &got, &na));
+  assert_true(sgm__suballoc_try_alloc_node(sa, 5000, &b, &got, &nb));
+  assert_int_equal(sgm__suballoc_free(sa, a, &sz), SGM_ERR_INVALID);
+  assert_int_equal(sz, 0);
+  assert_non_null(strstr(sgm_last_error(), "by its node"));
+  assert_int_equal(sgm__suballoc_block_size(sa, a), 0);
+  sgm_suballoc_stats st;
+  sgm__suballoc_stats(sa, &st);
+  assert_int_equal(st.n_live, 2);
+  assert_int_equal(st.used_bytes, 1024 + 5120);
+  assert_check(sa);
+  assert_int_equal(sgm__suballoc_free_node(sa, nb, &sz), SGM_OK);
+  assert_int_equal(sz, 5120);
+  assert_int_equal(sgm__suballoc_free_node(sa, nb, &sz), SGM_ERR_INVALID);
+  assert_int_equal(sz, 0);
+  assert_non_null(strstr(sgm_last_error(), "not live"));
+  sgm__suballoc_stats(sa, &st);
+  assert_int_equal(st.n_live, 1);
+  assert_int_equal(st.used_bytes, 1024);
+  assert_check(sa);
+  assert_int_equal(sgm__suballoc_free_node(sa, na, &sz), SGM_OK);
+  assert_true(sgm__suballoc_range_is_free(sa, 1 << 20));
+  assert_check(sa);
+  sgm__suballoc_destroy(sa);
 }
 
 /* Invariant: freeing an offset that does not start a live block (double
@@ -658,12 +708,12 @@ static void test_many_blocks(void **state) {
   assert_int_equal(sgm__suballoc_add_range(sa, UINT64_C(1) << 40, UINT64_C(1) << 32), SGM_OK);
   enum { N = 20000 };
   shadow m = {0};
-  m.ranges[0] = (shadow_block){UINT64_C(1) << 40, UINT64_C(1) << 32};
+  m.ranges[0] = (shadow_block){UINT64_C(1) << 40, UINT64_C(1) << 32, NULL};
   m.n_ranges = 1;
   for (int i = 0; i < N; i++) {
     uint64_t off, got;
     assert_true(sgm__suballoc_try_alloc(sa, sgm_test_rng_log_range(&rng, 1, 1 << 18), &off, &got));
-    shadow_add(&m, off, got);
+    shadow_add(&m, off, got, NULL);
   }
   assert_check(sa);
   assert_stats_match(sa, &m);
@@ -699,6 +749,7 @@ int main(void) {
       cmocka_unit_test(test_rounding_and_alignment),
       cmocka_unit_test(test_random_ops_match_shadow_model),
       cmocka_unit_test(test_invalid_free_changes_nothing),
+      cmocka_unit_test(test_unindexed_frees_by_node_only),
       cmocka_unit_test(test_remove_range_only_when_free),
       cmocka_unit_test(test_adjacent_ranges_never_joined),
       cmocka_unit_test(test_exhaustion_returns_false),

@@ -40,6 +40,7 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
   sgm__lock_take(&p->lock);
   for (int round = 0; round < TIER_MAX_GROW_ROUNDS; round++) {
     uint64_t off = 0, got = 0;
+    sgm_suballoc_node *node = NULL;
     /* Blocks never pass the budget, also when a lowered budget left more
      * committed than it allows. The stream's own cached blocks go back
      * first when they hold the room (owe.c). */
@@ -50,7 +51,7 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
       }
       break;
     }
-    if (sgm__suballoc_try_alloc(p->sa, need, &off, &got)) {
+    if (sgm__suballoc_try_alloc_node(p->sa, need, &off, &got, &node)) {
       uint64_t unmapped = p->vmm_range ? sgm__pool_vmm_unmapped_locked(p, off, got) : 0;
       if (unmapped && !returned) {
         /* New granules would be mapped: the stream's own cached blocks go
@@ -59,7 +60,7 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
          * placed again. */
         returned = true;
         uint64_t sz;
-        sgm__suballoc_free(p->sa, off, &sz);
+        sgm__suballoc_free_node(p->sa, node, &sz);
         sgm__pool_owed_return_locked(p, ref); /* none: the same place again, next step below */
         round--;
         continue;
@@ -74,7 +75,7 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
          * holds at most TIER_MAG_CLASS_BYTES per class and goes back at
          * sgm_trim, at thread exit, and when the budget is full. */
         uint64_t sz;
-        sgm__suballoc_free(p->sa, off, &sz);
+        sgm__suballoc_free_node(p->sa, node, &sz);
         reclaimed = true;
         sgm__lock_drop(&p->lock);
         sgm__pool_reclaim_some(p, false, SGM_RECLAIM_QUERY);
@@ -89,11 +90,12 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
       if (!b) b = sgm__pool_block_new();
       if (b) {
         b->ptr = off;
+        b->node = node;
         b->bytes = got;
         b->asked = asked;
         b->key = ref ? ref->key : 0;
         b->handle = ref ? ref->handle : NULL;
-        b->cls = tier_class_exact(got);
+        b->cls = (int16_t)tier_class_exact(got);
         b->rec = NULL;
         b->n_rec = 0;
         b->next = NULL;
@@ -101,7 +103,7 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
       }
       if (!b || !sgm__pool_map_insert(p, b)) {
         uint64_t sz;
-        sgm__suballoc_free(p->sa, off, &sz);
+        sgm__suballoc_free_node(p->sa, node, &sz);
         if (b) sgm__pool_spare_put_locked(p, b);
         sgm__lock_drop(&p->lock);
         return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for block metadata");
@@ -496,11 +498,14 @@ __attribute__((always_inline)) static inline int tier_free_on_as(sgm_tier_pool *
                                                                  const sgm_stream_ref *ref, bool own) {
   tier_block *b = sgm__pool_map_take_live(p, ptr, own);
   if (sgm_unlikely(!b)) return SGM_ERR_INVALID;
+  /* A cached block goes back to the sub-allocator soon when its size is not
+   * asked for again: the node's line is on its way by then. */
+  __builtin_prefetch(b->node, 1);
   uint64_t asked = b->asked;
   b->key = ref->key;
   b->handle = ref->handle;
   tier_mag *m = sgm__pool_mag_get(p);
-  if (sgm_unlikely(b->rec != NULL)) {
+  if (sgm_unlikely(b->n_rec != 0)) {
     if (p->p.bops->synchronous) {
       free(b->rec);
       b->rec = NULL;
@@ -566,7 +571,7 @@ int sgm__tier_record_stream(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_r
     bool known = false;
     for (size_t i = 0; i < b->n_rec && !known; i++) known = b->rec[i].key == ref->key;
     if (!known) {
-      sgm_stream_ref *n = realloc(b->rec, (b->n_rec + 1) * sizeof *n);
+      sgm_stream_ref *n = b->n_rec < UINT32_MAX ? realloc(b->rec, ((size_t)b->n_rec + 1) * sizeof *n) : NULL;
       if (!n) {
         rc = SGM_ERR_NOMEM;
       } else {

@@ -26,7 +26,7 @@ void sgm__pool_release_block_locked(sgm_tier_pool *p, tier_block *b) {
   sgm__pool_map_remove(p, b);
   if (p->vmm_range) sgm__pool_vmm_unref_locked(p, b->ptr, b->bytes);
   uint64_t sz = 0;
-  int rc = sgm__suballoc_free(p->sa, b->ptr, &sz);
+  int rc = sgm__suballoc_free_node(p->sa, b->node, &sz);
   sgm_assert_internal(rc == SGM_OK && sz == b->bytes);
   (void)rc;
   p->held_bytes -= b->bytes;

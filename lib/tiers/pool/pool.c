@@ -40,7 +40,7 @@ int sgm__tier_create(const sgm_tier_params *params, sgm_tier_pool **out) {
   p->idle_since_ms = UINT64_MAX;
   pthread_cond_init(&p->grown, NULL);
   sgm__lock_init(&p->lock, SGM_LOCK_TIER_VRAM + (int)params->tier);
-  int rc = sgm__suballoc_create(SGM_DEVICE_ALIGN, &p->sa);
+  int rc = sgm__suballoc_create_unindexed(SGM_DEVICE_ALIGN, &p->sa);
   if (rc != SGM_OK) goto out_free;
   if (params->growth && params->budget_bytes > 0) sgm__pool_vmm_setup(p);
   /* Reserve mode: the budget's physical memory as a pool of granules mapped
@@ -186,10 +186,12 @@ bool sgm__tier_check(sgm_tier_pool *p) {
     for (size_t k = 0; sh->table && k <= sh->table->mask; k++)
       for (tier_block *b = sh->table->b[k]; b; b = b->hnext, walked++) {
         uint64_t tag = tier_tag_of(b), st_bits = tag & TIER_TAG_STATE;
-        /* Every record names its own address, is LIVE or CACHED, and is the
-         * one a lock-free lookup of its address finds. */
+        /* Every record names its own address, is LIVE or CACHED, is the one
+         * a lock-free lookup of its address finds, and keeps the
+         * sub-allocator's node of its block. */
         bad_tags += (tag & ~TIER_TAG_FLAGS) != b->ptr || (st_bits != TIER_LIVE && st_bits != TIER_CACHED) ||
-                    sgm__pool_map_lookup(p, b->ptr) != b;
+                    sgm__pool_map_lookup(p, b->ptr) != b ||
+                    !sgm__suballoc_node_is(b->node, b->ptr, b->bytes);
       }
     in_map += sh->n;
     bad_tags += walked != sh->n;
@@ -230,7 +232,8 @@ bool sgm__tier_check(sgm_tier_pool *p) {
                          (unsigned long long)st.n_live);
   } else if (bad_tags) {
     ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: %zu records of the live map have a wrong tag or "
-                         "cannot be found by their address", sgm_tier_name(p->p.tier), bad_tags);
+                         "sub-allocator node, or cannot be found by their address",
+                         sgm_tier_name(p->p.tier), bad_tags);
   } else if (sealed_without_fence) {
     ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: %llu streams hold sealed blocks without a fence",
                          sgm_tier_name(p->p.tier), (unsigned long long)sealed_without_fence);

@@ -182,21 +182,28 @@ typedef struct tier_granule {
   uint32_t used;               /* on a mapped head, not busy: its granules with refs > 0 */
 } tier_granule;
 
-/* One block of the sub-allocator, known to the live map. */
+/* One block of the sub-allocator, known to the live map. The first cache
+ * line holds what a free, a reuse and a release read (the live map's walk
+ * reads tag and hnext, the free its size, stream and class, the caches next,
+ * the release the sub-allocator's node); the second what a free writes and
+ * what only carves, trims and sgm_record_stream read. */
 typedef struct tier_block {
-  sgm_devptr ptr;              /* its address (the sub-allocator offset) */
+  uint64_t tag;                /* ptr | TIER_LIVE or TIER_CACHED | TIER_OWN | TIER_BUSY, 0 while
+                                  spare (atomic: the live map's lock-free readers validate by it) */
+  struct tier_block *hnext;    /* chain in the live map (atomic: read without a lock) */
+  struct tier_block *next;     /* in a cache list, or the pool's spare records */
   uint64_t bytes;              /* its size in the sub-allocator */
   uint64_t asked;              /* the size handed out, rounded to SGM_DEVICE_ALIGN (counted in used) */
   uint64_t key;                /* the stream it belongs to (allocated or freed on) */
-  void *handle;                /* that stream's handle, to record events on it */
-  uint64_t tag;                /* ptr | TIER_LIVE or TIER_CACHED | TIER_OWN | TIER_BUSY, 0 while
-                                  spare (atomic: the live map's lock-free readers validate by it) */
-  int cls;                     /* its size class, -1 when its size is no class's */
+  sgm_suballoc_node *node;     /* its node in the sub-allocator, which frees by it */
+  int16_t cls;                 /* its size class, -1 when its size is no class's */
+  uint32_t n_rec;              /* entries in rec (0: none, and rec is NULL) */
+  /* second line */
+  void *handle;                /* the stream's handle, to record events on it */
+  sgm_devptr ptr;              /* its address (the sub-allocator offset) */
   sgm_stream_ref *rec;         /* streams named by sgm_record_stream (malloc'd), NULL if none */
-  size_t n_rec;                /* entries in rec */
-  struct tier_block *hnext;    /* chain in the live map (atomic: read without a lock) */
-  struct tier_block *next;     /* in a cache list, or the pool's spare records */
 } __attribute__((aligned(64))) tier_block;
+_Static_assert(offsetof(tier_block, handle) == 64, "a free's fields fill the record's first cache line");
 
 
 /* A bucket array of the live map; replaced arrays are kept until the pool
