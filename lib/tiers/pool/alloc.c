@@ -92,10 +92,9 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
         b->ptr = off;
         b->node = node;
         b->bytes = got;
-        b->asked = asked;
+        b->sized = asked | (uint64_t)(tier_class_exact(got) + 1);
         b->key = ref ? ref->key : 0;
         b->handle = ref ? ref->handle : NULL;
-        b->cls = (int16_t)tier_class_exact(got);
         b->rec = NULL;
         b->n_rec = 0;
         b->next = NULL;
@@ -264,13 +263,14 @@ int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
 /* Hand a cached block out on stream ref (its state becomes LIVE). */
 static inline sgm_devptr tier_hand_out(sgm_tier_pool *p, tier_mag *m, tier_block *b, uint64_t asked,
                                        const sgm_stream_ref *ref) {
-  b->asked = asked;
+  tier_set_asked(b, asked);
   b->key = ref->key;
   b->handle = ref->handle;
   tier_block_set_state(b, TIER_LIVE);
   if (m) tier_mag_count(p, m, (int64_t)asked);
   else tier_count_used(p, (int64_t)asked, 1, 1, 0);
-  return b->ptr;
+  /* The address from the tag: the record's second line stays cold. */
+  return tier_tag_of(b) & ~TIER_TAG_FLAGS;
 }
 
 /* A cached block of class cls (or exact size need for cls < 0) for stream ref:
@@ -438,7 +438,7 @@ int sgm__tier_free(sgm_tier_pool *p, sgm_devptr ptr, uint64_t *size_out) {
   /* Not ours: say so without a message; the caller tries the next tier and
    * composes the message only if no tier owns the pointer. */
   if (!b) return SGM_ERR_INVALID;
-  uint64_t asked = b->asked;
+  uint64_t asked = tier_asked(b);
   sgm__lock_take(&p->lock);
   sgm__pool_release_block_locked(p, b);
   tier_update_room_locked(p);
@@ -474,6 +474,7 @@ static int tier_free_recorded(sgm_tier_pool *p, tier_block *b) {
   free(b->rec);
   b->rec = NULL;
   b->n_rec = 0;
+  b->sized &= ~TIER_SIZED_REC;
   sgm__lock_take(&p->lock);
   d->next = p->deferred;
   p->deferred = d;
@@ -501,15 +502,16 @@ __attribute__((always_inline)) static inline int tier_free_on_as(sgm_tier_pool *
   /* A cached block goes back to the sub-allocator soon when its size is not
    * asked for again: the node's line is on its way by then. */
   __builtin_prefetch(b->node, 1);
-  uint64_t asked = b->asked;
+  uint64_t asked = tier_asked(b);
   b->key = ref->key;
   b->handle = ref->handle;
   tier_mag *m = sgm__pool_mag_get(p);
-  if (sgm_unlikely(b->n_rec != 0)) {
+  if (sgm_unlikely(tier_recorded(b))) {
     if (p->p.bops->synchronous) {
       free(b->rec);
       b->rec = NULL;
       b->n_rec = 0;
+      b->sized &= ~TIER_SIZED_REC;
     } else {
       int rc = tier_free_recorded(p, b);
       if (rc != SGM_OK) return rc;
@@ -518,8 +520,8 @@ __attribute__((always_inline)) static inline int tier_free_on_as(sgm_tier_pool *
       return SGM_OK;
     }
   }
-  if (sgm_likely(m && b->cls >= 0)) {
-    int c = b->cls;
+  int c = tier_cls(b);
+  if (sgm_likely(m && c >= 0)) {
     unsigned cap = tier_mag_cap(c);
     tier_block *spill[TIER_MAG_SLOTS];
     unsigned n_spill = 0;
@@ -571,12 +573,13 @@ int sgm__tier_record_stream(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_r
     bool known = false;
     for (size_t i = 0; i < b->n_rec && !known; i++) known = b->rec[i].key == ref->key;
     if (!known) {
-      sgm_stream_ref *n = b->n_rec < UINT32_MAX ? realloc(b->rec, ((size_t)b->n_rec + 1) * sizeof *n) : NULL;
+      sgm_stream_ref *n = realloc(b->rec, (b->n_rec + 1) * sizeof *n);
       if (!n) {
         rc = SGM_ERR_NOMEM;
       } else {
         n[b->n_rec++] = *ref;
         b->rec = n;
+        b->sized |= TIER_SIZED_REC;
       }
     }
   }

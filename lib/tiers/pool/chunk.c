@@ -23,17 +23,24 @@
 
 void sgm__pool_release_block_locked(sgm_tier_pool *p, tier_block *b) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
+  /* Only the record's first line: the address comes from the tag, and the
+   * second line is written only when streams were recorded. */
+  sgm_devptr ptr = tier_tag_of(b) & ~TIER_TAG_FLAGS;
+  sgm_assert_internal(ptr == b->ptr);
   sgm__pool_map_remove(p, b);
-  if (p->vmm_range) sgm__pool_vmm_unref_locked(p, b->ptr, b->bytes);
+  if (p->vmm_range) sgm__pool_vmm_unref_locked(p, ptr, b->bytes);
   uint64_t sz = 0;
   int rc = sgm__suballoc_free_node(p->sa, b->node, &sz);
   sgm_assert_internal(rc == SGM_OK && sz == b->bytes);
   (void)rc;
   p->held_bytes -= b->bytes;
   p->n_blocks--;
-  free(b->rec);
-  b->rec = NULL;
-  b->n_rec = 0;
+  if (tier_recorded(b)) {
+    free(b->rec);
+    b->rec = NULL;
+    b->n_rec = 0;
+  }
+  b->sized = 0;
   sgm__pool_spare_put_locked(p, b);
 }
 

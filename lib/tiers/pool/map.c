@@ -109,7 +109,8 @@ bool sgm__pool_map_insert(sgm_tier_pool *p, tier_block *b) {
 /* Unlink b (pool lock held); the caller makes it spare. */
 void sgm__pool_map_remove(sgm_tier_pool *p, tier_block *b) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
-  uint64_t h = tier_hash(b->ptr);
+  /* The address from the tag (the record's first line), not from ptr. */
+  uint64_t h = tier_hash(tier_tag_of(b) & ~TIER_TAG_FLAGS);
   tier_shard *s = tier_shard_of(p, h);
   tier_table *t = s->table;
   tier_shard_write_begin(s);

@@ -16,7 +16,8 @@
 #include "tiers/pool/pool.h"
 
 void sgm__pool_bag_push(tier_bag *g, tier_block *b) {
-  tier_block **head = b->cls >= 0 ? &g->cls[b->cls] : &g->large;
+  int c = tier_cls(b);
+  tier_block **head = c >= 0 ? &g->cls[c] : &g->large;
   b->next = *head;
   *head = b;
   g->bytes += b->bytes;
