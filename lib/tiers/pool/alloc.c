@@ -89,7 +89,6 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
       tier_block *b = sgm__pool_spare_take_locked(p);
       if (!b) b = sgm__pool_block_new();
       if (b) {
-        b->ptr = off;
         b->node = node;
         b->bytes = got;
         b->sized = asked | (uint64_t)(tier_class_exact(got) + 1);
@@ -254,7 +253,7 @@ int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
     return rc;
   }
   tier_count_used(p, (int64_t)need, 1, 1, 0);
-  *out = b->ptr;
+  *out = tier_ptr_of(b);
   return SGM_OK;
 }
 
@@ -270,7 +269,7 @@ static inline sgm_devptr tier_hand_out(sgm_tier_pool *p, tier_mag *m, tier_block
   if (m) tier_mag_count(p, m, (int64_t)asked);
   else tier_count_used(p, (int64_t)asked, 1, 1, 0);
   /* The address from the tag: the record's second line stays cold. */
-  return tier_tag_of(b) & ~TIER_TAG_FLAGS;
+  return tier_ptr_of(b);
 }
 
 /* A cached block of class cls (or exact size need for cls < 0) for stream ref:
@@ -428,7 +427,7 @@ int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *re
   /* Fresh from the sub-allocator: counted as handed out (state is LIVE). */
   if (m) tier_mag_count(p, m, (int64_t)need);
   else tier_count_used(p, (int64_t)need, 1, 1, 0);
-  *out = b->ptr;
+  *out = tier_ptr_of(b);
   return SGM_OK;
 }
 

@@ -25,8 +25,7 @@ void sgm__pool_release_block_locked(sgm_tier_pool *p, tier_block *b) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
   /* Only the record's first line: the address comes from the tag, and the
    * second line is written only when streams were recorded. */
-  sgm_devptr ptr = tier_tag_of(b) & ~TIER_TAG_FLAGS;
-  sgm_assert_internal(ptr == b->ptr);
+  sgm_devptr ptr = tier_ptr_of(b);
   sgm__pool_map_remove(p, b);
   if (p->vmm_range) sgm__pool_vmm_unref_locked(p, ptr, b->bytes);
   uint64_t sz = 0;

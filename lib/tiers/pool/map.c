@@ -53,7 +53,7 @@ tier_block *sgm__pool_map_lookup(sgm_tier_pool *p, sgm_devptr ptr) {
     if (!t) return NULL;
     tier_block *b = __atomic_load_n(&t->b[(h >> 6) & t->mask], __ATOMIC_ACQUIRE);
     for (unsigned k = 0; b && k < TIER_MAP_MAX_WALK; k++) {
-      if ((tier_tag_of(b) & ~TIER_TAG_FLAGS) == ptr) return b;
+      if (tier_ptr_of(b) == ptr) return b;
       b = __atomic_load_n(&b->hnext, __ATOMIC_ACQUIRE);
     }
     /* Every load above is an acquire, so this one cannot move before them. */
@@ -71,7 +71,7 @@ static void tier_shard_write_end(tier_shard *s) { __atomic_store_n(&s->seq, s->s
 /* Insert b, its tag already set (pool lock held); false when out of memory. */
 bool sgm__pool_map_insert(sgm_tier_pool *p, tier_block *b) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
-  uint64_t h = tier_hash(b->ptr);
+  uint64_t h = tier_hash(tier_ptr_of(b));
   tier_shard *s = tier_shard_of(p, h);
   tier_table *t = s->table;
   if (!t || s->n >= 2 * (t->mask + 1)) {
@@ -87,7 +87,7 @@ bool sgm__pool_map_insert(sgm_tier_pool *p, tier_block *b) {
       for (size_t i = 0; t && i <= t->mask; i++) {
         for (tier_block *x = t->b[i], *next; x; x = next) {
           next = x->hnext;
-          size_t k = (tier_hash(x->ptr) >> 6) & nt->mask;
+          size_t k = (tier_hash(tier_ptr_of(x)) >> 6) & nt->mask;
           __atomic_store_n(&x->hnext, nt->b[k], __ATOMIC_RELEASE);
           nt->b[k] = x;
         }
@@ -110,7 +110,7 @@ bool sgm__pool_map_insert(sgm_tier_pool *p, tier_block *b) {
 void sgm__pool_map_remove(sgm_tier_pool *p, tier_block *b) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
   /* The address from the tag (the record's first line), not from ptr. */
-  uint64_t h = tier_hash(tier_tag_of(b) & ~TIER_TAG_FLAGS);
+  uint64_t h = tier_hash(tier_ptr_of(b));
   tier_shard *s = tier_shard_of(p, h);
   tier_table *t = s->table;
   tier_shard_write_begin(s);

@@ -189,9 +189,9 @@ bool sgm__tier_check(sgm_tier_pool *p) {
         /* Every record names its own address, is LIVE or CACHED, is the one
          * a lock-free lookup of its address finds, and keeps the
          * sub-allocator's node of its block. */
-        bad_tags += (tag & ~TIER_TAG_FLAGS) != b->ptr || (st_bits != TIER_LIVE && st_bits != TIER_CACHED) ||
-                    sgm__pool_map_lookup(p, b->ptr) != b ||
-                    !sgm__suballoc_node_is(b->node, b->ptr, b->bytes);
+        sgm_devptr ptr = tag & ~TIER_TAG_FLAGS;
+        bad_tags += (st_bits != TIER_LIVE && st_bits != TIER_CACHED) || sgm__pool_map_lookup(p, ptr) != b ||
+                    !sgm__suballoc_node_is(b->node, ptr, b->bytes);
       }
     in_map += sh->n;
     bad_tags += walked != sh->n;

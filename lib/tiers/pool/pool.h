@@ -186,10 +186,11 @@ typedef struct tier_granule {
  * line holds what a free, a reuse and a release read or write (the live
  * map's walk reads tag and hnext; the free the size asked, its class and
  * whether streams were recorded, and writes the stream; the caches link
- * next; the release reads the sub-allocator's node); the second what only
- * carves, trims and sgm_record_stream use. With the sub-allocator's node
- * kept here, the 10,000-block churn pair (256 B-16 MiB) went from 2.99 to
- * 1.94 misses of a 1 MiB cache (cachegrind) against a record whose free and
+ * next; the release reads the sub-allocator's node); the second the
+ * streams sgm_record_stream named, read only when TIER_SIZED_REC says so. The
+ * address is the tag's (tier_ptr_of). With the sub-allocator's node kept
+ * here, the 10,000-block churn pair (256 B-16 MiB) went from 2.99 to 1.94
+ * misses of a 1 MiB cache (cachegrind) against a record whose free and
  * release touched both lines and a sub-allocator that hashed its blocks. */
 typedef struct tier_block {
   uint64_t tag;                /* ptr | TIER_LIVE or TIER_CACHED | TIER_OWN | TIER_BUSY, 0 while
@@ -203,12 +204,11 @@ typedef struct tier_block {
   uint64_t key;                /* the stream it belongs to (allocated or freed on) */
   void *handle;                /* that stream's handle, to record events on it */
   sgm_suballoc_node *node;     /* its node in the sub-allocator, which frees by it */
-  /* second line */
-  sgm_devptr ptr;              /* its address (the sub-allocator offset) */
+  /* second line (the address is the tag's: tier_ptr_of) */
   sgm_stream_ref *rec;         /* streams named by sgm_record_stream (malloc'd), NULL if none */
   size_t n_rec;                /* entries in rec */
 } __attribute__((aligned(64))) tier_block;
-_Static_assert(offsetof(tier_block, ptr) == 64, "a free's fields fill the record's first cache line");
+_Static_assert(offsetof(tier_block, rec) == 64, "a free's fields fill the record's first cache line");
 
 /* tier_block.sized: the low bits of an aligned size hold the block's class
  * plus one (0: no class) and whether rec is set. */
@@ -455,6 +455,8 @@ static inline void tier_count_used(sgm_tier_pool *p, int64_t d_used, int64_t d_l
 static inline uint64_t tier_tag_of(const tier_block *b) {
   return __atomic_load_n(&b->tag, __ATOMIC_ACQUIRE);
 }
+/* The address a record's tag names (0 while spare): from the first line. */
+static inline sgm_devptr tier_ptr_of(const tier_block *b) { return tier_tag_of(b) & ~TIER_TAG_FLAGS; }
 /* Set a block's state, keeping its address and owner (LIVE when handed out,
  * CACHED when taken back; the caller holds the block alone). */
 static inline void tier_block_set_state(tier_block *b, int state) {

@@ -38,7 +38,8 @@ static void tier_owed_note(tier_stream *s, const tier_block *b) {
     s->owed = n;
     s->cap_owed = cap;
   }
-  s->owed[s->n_owed++] = (tier_range){b->ptr, b->ptr + b->bytes};
+  sgm_devptr ptr = tier_ptr_of(b);
+  s->owed[s->n_owed++] = (tier_range){ptr, ptr + b->bytes};
 }
 
 /* The calling thread's blocks of stream s in magazine m go back to the

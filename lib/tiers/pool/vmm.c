@@ -542,7 +542,7 @@ bool sgm__pool_vmm_check_locked(sgm_tier_pool *p, const sgm_suballoc_stats *st) 
     for (size_t k = 0; t && k <= t->mask; k++)
       for (tier_block *b = t->b[k]; b; b = b->hnext) {
         size_t g0, g1;
-        tier_vmm_span(p, b->ptr, b->bytes, &g0, &g1);
+        tier_vmm_span(p, tier_ptr_of(b), b->bytes, &g0, &g1);
         for (size_t g = g0; g <= g1 && g < n; g++) refs[g]++;
       }
   }
