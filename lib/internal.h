@@ -271,6 +271,11 @@ int sgm__suballoc_free(sgm_suballoc *sa, uint64_t offset, uint64_t *size_out);
 /* Free the live block whose node sgm__suballoc_try_alloc_node handed out;
  * SGM_ERR_INVALID (nothing changed) when that node is no live block. */
 int sgm__suballoc_free_node(sgm_suballoc *sa, sgm_suballoc_node *node, uint64_t *size_out);
+/* A split of a free block cuts the new block from the end nearer an end of
+ * its range; hook(arg, low, high, size), when set, may say otherwise: < 0
+ * the low end (offset low), > 0 the high end (offset high), 0 the default. */
+void sgm__suballoc_set_end_hook(sgm_suballoc *sa, int (*hook)(void *, uint64_t, uint64_t, uint64_t),
+                                void *arg);
 /* True when node is a live block of offset and size (its owner's checks). */
 bool sgm__suballoc_node_is(const sgm_suballoc_node *node, uint64_t offset, uint64_t size);
 /* Size of the live block starting at offset; 0 if none. */

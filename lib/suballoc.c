@@ -145,6 +145,8 @@ struct sgm_suballoc {
   size_t cap_ranges;       /* entries allocated in ranges */
 
   bool indexed;             /* live blocks are in the hash (false: the owner keeps their nodes) */
+  int (*end_hook)(void *, uint64_t, uint64_t, uint64_t); /* the owner's say on which end a split cuts */
+  void *end_arg;
   suballoc_block **buckets; /* live-block hash: chains through u.hash_next */
   unsigned bucket_bits;     /* log2(number of buckets) */
   unsigned bucket_shift;    /* 64 - bucket_bits: the hash's final shift */
@@ -658,7 +660,12 @@ bool sgm__suballoc_try_alloc_node(sgm_suballoc *sa, uint64_t size, uint64_t *off
     f->next = n;
     /* Cut from the end nearer an end of the range (placement policy, see the
      * top of the file); the lower part keeps f, so range->first never moves. */
-    if (gap_low <= gap_high) {
+    bool low = gap_low <= gap_high;
+    if (sa->end_hook) {
+      int pref = sa->end_hook(sa->end_arg, f->offset, f->offset + f->size - want, want);
+      if (pref) low = pref < 0;
+    }
+    if (low) {
       n->offset = f->offset + want;
       n->size = f->size - want;
       f->size = want;
@@ -765,6 +772,12 @@ int sgm__suballoc_free_node(sgm_suballoc *sa, suballoc_block *node, uint64_t *si
 
 bool sgm__suballoc_node_is(const suballoc_block *node, uint64_t offset, uint64_t size) {
   return node && node->state == SUBALLOC_LIVE && node->offset == offset && node->size == size;
+}
+
+void sgm__suballoc_set_end_hook(sgm_suballoc *sa, int (*hook)(void *, uint64_t, uint64_t, uint64_t),
+                                void *arg) {
+  sa->end_hook = hook;
+  sa->end_arg = arg;
 }
 
 void sgm__suballoc_inject_nomem(sgm_suballoc *sa, int64_t n) {

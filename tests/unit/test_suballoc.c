@@ -329,6 +329,56 @@ static void test_random_ops_match_shadow_model(void **state) {
   random_run(seed + 3, 256, 20000, false);
 }
 
+/* The owner's end hook: answers from *arg, and records what it was asked. */
+typedef struct end_hook_state {
+  int answer;                      /* what the hook says */
+  uint64_t low, high, size, calls; /* its last question, and how many */
+} end_hook_state;
+
+static int end_hook(void *arg, uint64_t low, uint64_t high, uint64_t size) {
+  end_hook_state *h = arg;
+  h->low = low;
+  h->high = high;
+  h->size = size;
+  h->calls++;
+  return h->answer;
+}
+
+/* Invariant: a split asks the owner's end hook with both candidate offsets
+ * (the free block's two ends) and the size; < 0 cuts from the low end, > 0
+ * from the high end, 0 keeps the default (nearer the range's end: low on a
+ * tie); an exact fit asks nothing; check() holds throughout. */
+static void test_end_hook_chooses_the_end(void **state) {
+  (void)state;
+  sgm_suballoc *sa = new_sa(256);
+  end_hook_state h = {0};
+  sgm__suballoc_set_end_hook(sa, end_hook, &h);
+  assert_int_equal(sgm__suballoc_add_range(sa, 1 << 20, 1 << 20), SGM_OK);
+  uint64_t off, got;
+  h.answer = 1;
+  assert_true(sgm__suballoc_try_alloc(sa, 4096, &off, &got));
+  assert_int_equal(h.calls, 1);
+  assert_int_equal(h.low, 1 << 20);
+  assert_int_equal(h.high, (2 << 20) - 4096);
+  assert_int_equal(h.size, 4096);
+  assert_int_equal(off, (2 << 20) - 4096);
+  h.answer = -1;
+  assert_true(sgm__suballoc_try_alloc(sa, 8192, &off, &got));
+  assert_int_equal(off, 1 << 20);
+  /* Default: the free block [1 MiB + 8 KiB, 2 MiB - 4 KiB) is nearer the
+   * high end of its range (4 KiB against 8 KiB away): cut there. */
+  h.answer = 0;
+  assert_true(sgm__suballoc_try_alloc(sa, 256, &off, &got));
+  assert_int_equal(off, (2 << 20) - 4096 - 256);
+  /* An exact fit: no split, no question. */
+  uint64_t calls = h.calls, rest = (1 << 20) - 4096 - 8192 - 256;
+  assert_true(sgm__suballoc_try_alloc(sa, rest, &off, &got));
+  assert_int_equal(h.calls, calls);
+  assert_int_equal(off, (1 << 20) + 8192);
+  assert_check(sa);
+  sgm__suballoc_destroy(sa);
+}
+
 /* Invariant: an allocator without an offset table refuses a free by offset
  * (SGM_ERR_INVALID, a message saying to free by node, nothing changed) and
  * knows no block size by offset; a node freed twice is refused and changes
@@ -750,6 +800,7 @@ int main(void) {
       cmocka_unit_test(test_random_ops_match_shadow_model),
       cmocka_unit_test(test_invalid_free_changes_nothing),
       cmocka_unit_test(test_unindexed_frees_by_node_only),
+      cmocka_unit_test(test_end_hook_chooses_the_end),
       cmocka_unit_test(test_remove_range_only_when_free),
       cmocka_unit_test(test_adjacent_ranges_never_joined),
       cmocka_unit_test(test_exhaustion_returns_false),

@@ -53,6 +53,14 @@ static inline bool tier_vmm_claimable_locked(const sgm_tier_pool *p, size_t g) {
   return !p->gran[g].mapped && !p->gran[g].busy;
 }
 
+/* The sub-allocator splits a free block: cut the new block from the end
+ * whose granules need less mapping; the same: the default (pool lock held). */
+static int tier_vmm_end_hook(void *arg, uint64_t low, uint64_t high, uint64_t size) {
+  const sgm_tier_pool *p = arg;
+  uint64_t a = sgm__pool_vmm_unmapped_locked(p, low, size), b = sgm__pool_vmm_unmapped_locked(p, high, size);
+  return a < b ? -1 : a > b ? 1 : 0;
+}
+
 /* The most that may be mapped: the budget, and in reserve mode also the pool. */
 uint64_t sgm__pool_vmm_cap_locked(const sgm_tier_pool *p) {
   if (!p->vmm_pool) return p->p.budget_bytes;
@@ -433,6 +441,7 @@ bool sgm__pool_vmm_setup(sgm_tier_pool *p) {
     return false;
   }
   for (size_t i = 0; i < bytes / g; i++) gran[i] = (tier_granule){0};
+  if (tp->growth) sgm__suballoc_set_end_hook(p->sa, tier_vmm_end_hook, p);
   p->gran = gran;
   p->vmm_range = range;
   p->vmm_base = base;
