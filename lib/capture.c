@@ -75,8 +75,8 @@ typedef struct capture_pool {
 } capture_pool;
 
 struct sgm_capture {
+  sgm_capture_head head;     /* first: n_pools, the fast path's only read (sgm__capture_active) */
   sgm_lock lock;
-  uint64_t n_pools;          /* pools not released (atomic: the fast path's only read) */
   capture_pool *pools;       /* n_pools of them */
   size_t cap_pools;
   capture_scope *scopes;
@@ -162,7 +162,7 @@ static bool capture_insert(sgm_capture *c, const capture_member *m) {
 }
 
 static capture_pool *capture_pool_find(sgm_capture *c, uint64_t id) {
-  size_t n = __atomic_load_n(&c->n_pools, __ATOMIC_RELAXED);
+  size_t n = __atomic_load_n(&c->head.n_pools, __ATOMIC_RELAXED);
   for (size_t i = 0; i < n; i++)
     if (c->pools[i].id == id) return &c->pools[i];
   return NULL;
@@ -210,15 +210,11 @@ sgm_capture *sgm__capture_create(sgm_status (*free_ex)(sgm_context *ctx, void *p
 void sgm__capture_destroy(sgm_capture *c) {
   if (!c) return;
   sgm__lock_destroy(&c->lock);
-  for (size_t i = 0; i < c->n_pools; i++) free(c->pools[i].reuse);
+  for (size_t i = 0; i < c->head.n_pools; i++) free(c->pools[i].reuse);
   free(c->map);
   free(c->pools);
   free(c->scopes);
   free(c);
-}
-
-bool sgm__capture_active(const sgm_capture *c) {
-  return c && __atomic_load_n(&c->n_pools, __ATOMIC_RELAXED) != 0;
 }
 
 uint64_t sgm__capture_scope(sgm_capture *c, void *stream) {
@@ -332,7 +328,7 @@ void sgm__capture_recorded(sgm_capture *c, uint64_t ptr) {
 
 void sgm__capture_release_all(sgm_context *ctx) {
   sgm_capture *c = sgm__context_capture(ctx);
-  while (__atomic_load_n(&c->n_pools, __ATOMIC_RELAXED)) {
+  while (__atomic_load_n(&c->head.n_pools, __ATOMIC_RELAXED)) {
     sgm__lock_take(&c->lock);
     uint64_t id = c->pools[0].id;
     capture_pool *p = capture_pool_find(c, id);
@@ -372,7 +368,7 @@ SGM_API sgm_status sgm_capture_pool_begin(sgm_context *ctx, void *stream, uint64
   sgm_capture *c = sgm__context_capture(ctx);
   int rc = SGM_OK;
   sgm__lock_take(&c->lock);
-  size_t n = c->n_pools;
+  size_t n = c->head.n_pools;
   bool is_new = !capture_pool_find(c, pool_id);
   if ((is_new && !capture_room((void **)&c->pools, &c->cap_pools, n, sizeof *c->pools)) ||
       !capture_room((void **)&c->scopes, &c->cap_scopes, c->n_scopes, sizeof *c->scopes)) {
@@ -382,7 +378,7 @@ SGM_API sgm_status sgm_capture_pool_begin(sgm_context *ctx, void *stream, uint64
   if (is_new) c->pools[n] = (capture_pool){.id = pool_id};
   c->scopes[c->n_scopes] = (capture_scope){.pool = pool_id, .thread = pthread_self(), .stream = stream};
   __atomic_store_n(&c->n_scopes, c->n_scopes + 1, __ATOMIC_RELAXED);
-  if (is_new) __atomic_store_n(&c->n_pools, n + 1, __ATOMIC_RELAXED);
+  if (is_new) __atomic_store_n(&c->head.n_pools, n + 1, __ATOMIC_RELAXED);
   capture_pool_find(c, pool_id)->refs++;
 out:
   sgm__lock_drop(&c->lock);
@@ -440,10 +436,10 @@ SGM_API sgm_status sgm_capture_pool_release(sgm_context *ctx, uint64_t pool_id) 
   }
   if (c->n_members == 0) /* nobody can hold a member's address now */
     for (size_t w = 0; w < CAPTURE_FILTER_WORDS; w++) __atomic_store_n(&c->filter[w], 0, __ATOMIC_RELAXED);
-  size_t n = c->n_pools;
+  size_t n = c->head.n_pools;
   free(p->reuse);
   *p = c->pools[n - 1];
-  __atomic_store_n(&c->n_pools, n - 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&c->head.n_pools, n - 1, __ATOMIC_RELAXED);
 out:
   sgm__lock_drop(&c->lock);
   for (size_t i = 0; i < n_parked; i++)
@@ -460,7 +456,7 @@ SGM_API sgm_status sgm_capture_pool_info(sgm_context *ctx, uint64_t pool_id, sgm
   sgm_capture *c = sgm__context_capture(ctx);
   int rc = SGM_OK;
   sgm__lock_take(&c->lock);
-  size_t n = c->n_pools;
+  size_t n = c->head.n_pools;
   bool found = pool_id == 0;
   for (size_t i = 0; i < n; i++) {
     if (pool_id && c->pools[i].id != pool_id) continue;

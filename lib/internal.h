@@ -491,8 +491,14 @@ sgm_capture *sgm__capture_create(sgm_status (*free_ex)(sgm_context *ctx, void *p
 void sgm__capture_destroy(sgm_capture *c);
 /* The context's pool state (never NULL for a created context). */
 struct sgm_capture *sgm__context_capture(const sgm_context *ctx);
+/* A capture state's first member: the count its inline check reads. */
+typedef struct sgm_capture_head {
+  uint64_t n_pools; /* pools not released (atomic: the fast path's only read) */
+} sgm_capture_head;
 /* True while any pool exists (one relaxed load; c may be NULL). */
-bool sgm__capture_active(const sgm_capture *c);
+static inline bool sgm__capture_active(const sgm_capture *c) {
+  return c && __atomic_load_n(&((const sgm_capture_head *)(const void *)c)->n_pools, __ATOMIC_RELAXED) != 0;
+}
 /* The pool the calling thread allocates into on stream, 0 = none. */
 uint64_t sgm__capture_scope(sgm_capture *c, void *stream);
 /* A block of at least size (at most 1/8 more) the pool parked when freed on

@@ -165,19 +165,25 @@ static bool residency_could_fit(sgm_context *ctx, sgm_tier t, uint64_t size) {
 
 static bool residency_full(int rc) { return rc == SGM__ERR_BUDGET || rc == SGM_ERR_NOMEM; }
 
-/* Rules 1 and 2 in tier t: allocate, and while the tier is full demote
- * released buffers (the policy's victims, never cand) and try again. With a
- * stream the block is the user's (sgm__tier_alloc_on: the stream's cache and
- * other streams' cached memory come first), else sgm's own. */
-static int residency_alloc_making_room(sgm_context *ctx, sgm_tier t, uint64_t size,
+/* One try in tier t. With a stream the block is the user's
+ * (sgm__tier_alloc_on: the stream's cache and other streams' cached memory
+ * come first), else sgm's own. */
+static int residency_try(sgm_context *ctx, sgm_tier t, uint64_t size, const sgm_stream_ref *stream,
+                         uint64_t *out) {
+  /* out NULL: a managed block's charge (its pages live outside the pool). */
+  return !out ? sgm__tier_charge(sgm__parts_tier(ctx, t), size)
+         : stream ? sgm__tier_alloc_on(sgm__parts_tier(ctx, t), size, stream, out)
+                  : sgm__tier_alloc(sgm__parts_tier(ctx, t), size, out);
+}
+
+/* Rules 1 and 2 in tier t after a first try that answered rc: while the
+ * tier is full, demote released buffers (the policy's victims, never cand)
+ * and try again. */
+static int residency_making_room_after(sgm_context *ctx, sgm_tier t, uint64_t size,
                                        const sgm_buffer *cand, const sgm_stream_ref *stream,
-                                       uint64_t *out) {
+                                       uint64_t *out, int rc) {
   bool checked = false;
-  for (;;) {
-    /* out NULL: a managed block's charge (its pages live outside the pool). */
-    int rc = !out ? sgm__tier_charge(sgm__parts_tier(ctx, t), size)
-             : stream ? sgm__tier_alloc_on(sgm__parts_tier(ctx, t), size, stream, out)
-                      : sgm__tier_alloc(sgm__parts_tier(ctx, t), size, out);
+  for (;; rc = residency_try(ctx, t, size, stream, out)) {
     if (!residency_full(rc)) return rc;
     /* Cached movable ranges are free memory: they go before anyone moves. */
     if (sgm__parts_pl(ctx)->ask.managed_cache_drop(ctx, t, size)) continue;
@@ -203,6 +209,14 @@ static int residency_alloc_making_room(sgm_context *ctx, sgm_tier t, uint64_t si
       return rc;
     }
   }
+}
+
+/* Rules 1 and 2 in tier t: allocate, and while the tier is full make room. */
+static int residency_alloc_making_room(sgm_context *ctx, sgm_tier t, uint64_t size,
+                                       const sgm_buffer *cand, const sgm_stream_ref *stream,
+                                       uint64_t *out) {
+  return residency_making_room_after(ctx, t, size, cand, stream, out,
+                                     residency_try(ctx, t, size, stream, out));
 }
 
 /* WDDM's TrimToBudget: while tier t uses more than its (lowered) budget,
@@ -276,8 +290,12 @@ int sgm__residency_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *
               __atomic_load_n(&pl->n_listed[SGM_TIER_VRAM], __ATOMIC_RELAXED) == 0 &&
               __atomic_load_n(&pl->n_mcache, __ATOMIC_RELAXED) == 0 &&
               sgm__tier_full_for(sgm__parts_tier(ctx, SGM_TIER_VRAM), size);
-  int rc = full ? SGM__ERR_BUDGET : residency_alloc_in(ctx, SGM_TIER_VRAM, size, &ref, out); /* rules 1, 2 */
+  /* Rules 1 and 2: the first try calls the tier itself, so that a pair the
+   * caches or the sub-allocator serve pays for no more frames than these. */
+  int rc = full ? SGM__ERR_BUDGET : sgm__tier_alloc_on(sgm__parts_tier(ctx, SGM_TIER_VRAM), size, &ref, out);
   if (sgm_likely(rc == SGM_OK)) return rc;
+  if (!full) rc = residency_making_room_after(ctx, SGM_TIER_VRAM, size, NULL, &ref, out, rc);
+  if (rc == SGM_OK) return rc;
   *where = SGM_TIER_NONE;
   *out = 0;
   if (!residency_full(rc)) return rc;

@@ -77,6 +77,8 @@ typedef struct sgm_tier_pool sgm_tier_pool; /* opaque: defined in pool/pool.h */
 /* A pool's first member: what the inline check below reads without a call. */
 typedef struct sgm_tier_head {
   uint64_t room_bytes;        /* budget - held, read without the lock (atomic; written under it) */
+  sgm_devptr span_lo;         /* lowest address ever given to the sub-allocator (atomic; UINT64_MAX: none) */
+  sgm_devptr span_hi;         /* past the highest one (atomic): sgm__tier_may_own's span, never shrinks */
 } sgm_tier_head;
 
 typedef struct sgm_chunk {
@@ -197,7 +199,11 @@ bool sgm__tier_has_cached(sgm_tier_pool *p);
 /* False when ptr lies outside every range the pool was ever given (read
  * without a lock): then it is surely not the pool's; true means "look it up".
  * A pointer the caller got from this pool is always inside. */
-bool sgm__tier_may_own(const sgm_tier_pool *p, sgm_devptr ptr);
+static inline bool sgm__tier_may_own(const sgm_tier_pool *p, sgm_devptr ptr) {
+  const sgm_tier_head *h = (const sgm_tier_head *)p;
+  return ptr >= __atomic_load_n(&h->span_lo, __ATOMIC_RELAXED) &&
+         ptr < __atomic_load_n(&h->span_hi, __ATOMIC_RELAXED);
+}
 /* True when ptr is the start of a live (handed out) block of this pool. */
 bool sgm__tier_owns(sgm_tier_pool *p, sgm_devptr ptr);
 /* True when ptr is the start of a live block sgm took for itself with

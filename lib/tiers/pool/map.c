@@ -181,13 +181,9 @@ void sgm__pool_map_unbusy(tier_block *b) { __atomic_fetch_and(&b->tag, ~(uint64_
 /* Widen the pool's address span to cover [base, base + bytes) (pool lock held,
  * or the pool not yet shared). Stored before any block of it is handed out. */
 void sgm__pool_span_add(sgm_tier_pool *p, sgm_devptr base, uint64_t bytes) {
-  if (base < __atomic_load_n(&p->span_lo, __ATOMIC_RELAXED))
-    __atomic_store_n(&p->span_lo, base, __ATOMIC_RELAXED);
-  if (base + bytes > __atomic_load_n(&p->span_hi, __ATOMIC_RELAXED))
-    __atomic_store_n(&p->span_hi, base + bytes, __ATOMIC_RELAXED);
+  if (base < __atomic_load_n(&p->head.span_lo, __ATOMIC_RELAXED))
+    __atomic_store_n(&p->head.span_lo, base, __ATOMIC_RELAXED);
+  if (base + bytes > __atomic_load_n(&p->head.span_hi, __ATOMIC_RELAXED))
+    __atomic_store_n(&p->head.span_hi, base + bytes, __ATOMIC_RELAXED);
 }
 
-bool sgm__tier_may_own(const sgm_tier_pool *p, sgm_devptr ptr) {
-  return ptr >= __atomic_load_n(&p->span_lo, __ATOMIC_RELAXED) &&
-         ptr < __atomic_load_n(&p->span_hi, __ATOMIC_RELAXED);
-}

@@ -36,7 +36,7 @@ int sgm__tier_create(const sgm_tier_params *params, sgm_tier_pool **out) {
   p->p = *params;
   p->id = __atomic_add_fetch(&tier_next_pool_id, 1, __ATOMIC_RELAXED);
   p->head.room_bytes = params->budget_bytes;
-  p->span_lo = UINT64_MAX;
+  p->head.span_lo = UINT64_MAX;
   p->idle_since_ms = UINT64_MAX;
   pthread_cond_init(&p->grown, NULL);
   sgm__lock_init(&p->lock, SGM_LOCK_TIER_VRAM + (int)params->tier);

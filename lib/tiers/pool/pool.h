@@ -94,7 +94,7 @@
 _Static_assert(TIER_N_CLASSES <= 64, "a stream's recent classes are one 64-bit mask");
 /* Magazine slots per class, and the bytes one class may hold per thread
  * (so big classes get fewer slots: at most 4 MiB cached per class per thread). */
-#define TIER_MAG_SLOTS 16
+#define TIER_MAG_SLOTS 64
 #define TIER_MAG_CLASS_BYTES (UINT64_C(4) << 20)
 /* A magazine's counters reach the pool when this many bytes are pending,
  * which bounds the error of used_bytes while several threads run. */
@@ -361,9 +361,9 @@ struct sgm_tier_pool {
   sgm_devptr vmm_base;        /* its first address (the sub-allocator's one range) */
   uint64_t vmm_bytes;         /* its bytes */
   unsigned vmm_shift;         /* log2 of the granule */
-  sgm_devptr span_lo;         /* lowest address ever given to the sub-allocator (atomic; UINT64_MAX: none) */
-  sgm_devptr span_hi;         /* past the highest one (atomic): sgm__tier_may_own's span, never shrinks */
   tier_granule *gran;         /* one per granule of the range */
+  uint64_t *vmm_bits;         /* gran[g].mapped as one bit per granule, 64 to a word: a
+                                 block's unmapped granules counted a word at a time */
   uint64_t vmm_free_mapped;   /* granules mapped, not busy, touched by no block (atomic read) */
   uint64_t vmm_calls;         /* backend map / unmap calls so far (atomic) */
   uint64_t idle_allocs;       /* idle trim: allocations counted at the last idle call */

@@ -30,6 +30,29 @@ static inline void tier_vmm_span(const sgm_tier_pool *p, uint64_t off, uint64_t 
   *g1 = (size_t)((off - p->vmm_base + bytes - 1) >> p->vmm_shift);
 }
 
+/* Granule g is mapped or not: its flag and its bit (pool lock held). */
+static inline void tier_vmm_set_mapped(sgm_tier_pool *p, size_t g, bool on) {
+  p->gran[g].mapped = on;
+  if (on) p->vmm_bits[g >> 6] |= UINT64_C(1) << (g & 63);
+  else p->vmm_bits[g >> 6] &= ~(UINT64_C(1) << (g & 63));
+}
+
+/* Granules of [g0, g1] with no memory mapped (pool lock held): a word of
+ * bits at a time, not a look at each granule's record (the split's end hook
+ * asks twice per carve). Mapped granules, the common case, cost nothing: the
+ * count steps over unmapped bits only (the x86-64 baseline has no popcount
+ * instruction). */
+static inline size_t tier_vmm_count_unmapped(const sgm_tier_pool *p, size_t g0, size_t g1) {
+  size_t n = 0, w0 = g0 >> 6, w1 = g1 >> 6;
+  for (size_t w = w0; w <= w1; w++) {
+    uint64_t x = ~p->vmm_bits[w];
+    if (w == w0) x &= ~UINT64_C(0) << (g0 & 63);
+    if (w == w1) x &= ~UINT64_C(0) >> (63 - (g1 & 63));
+    for (; x; x &= x - 1) n++;
+  }
+  return n;
+}
+
 /* Free mapped granules past which they are unmapped at once. */
 static inline uint64_t tier_vmm_slack(const sgm_tier_pool *p) {
   uint64_t committed = __atomic_load_n(&p->committed_bytes, __ATOMIC_RELAXED) >> p->vmm_shift;
@@ -57,7 +80,10 @@ static inline bool tier_vmm_claimable_locked(const sgm_tier_pool *p, size_t g) {
  * whose granules need less mapping; the same: the default (pool lock held). */
 static int tier_vmm_end_hook(void *arg, uint64_t low, uint64_t high, uint64_t size) {
   const sgm_tier_pool *p = arg;
-  uint64_t a = sgm__pool_vmm_unmapped_locked(p, low, size), b = sgm__pool_vmm_unmapped_locked(p, high, size);
+  size_t l0, l1, h0, h1;
+  tier_vmm_span(p, low, size, &l0, &l1);
+  tier_vmm_span(p, high, size, &h0, &h1);
+  size_t a = tier_vmm_count_unmapped(p, l0, l1), b = tier_vmm_count_unmapped(p, h0, h1);
   return a < b ? -1 : a > b ? 1 : 0;
 }
 
@@ -103,7 +129,7 @@ static void tier_vmm_mapped_locked(sgm_tier_pool *p, size_t g, size_t e) {
   uint32_t used = 0;
   for (size_t k = g; k < e; k++) {
     p->gran[k].busy = 0;
-    p->gran[k].mapped = 1;
+    tier_vmm_set_mapped(p, k, true);
     p->gran[k].head = (uint32_t)g;
     used += p->gran[k].refs > 0;
   }
@@ -121,10 +147,9 @@ void sgm__pool_vmm_unref_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) 
 
 /* Bytes of [off, off + bytes) with no memory mapped behind them now. */
 uint64_t sgm__pool_vmm_unmapped_locked(const sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
-  size_t g0, g1, n = 0;
+  size_t g0, g1;
   tier_vmm_span(p, off, bytes, &g0, &g1);
-  for (size_t g = g0; g <= g1; g++) n += !p->gran[g].mapped;
-  return (uint64_t)n << p->vmm_shift;
+  return (uint64_t)tier_vmm_count_unmapped(p, g0, g1) << p->vmm_shift;
 }
 
 /* Unmap granules [g, e) of the range: their memory goes back to the driver
@@ -176,7 +201,7 @@ static uint64_t tier_vmm_unmap_claimed_locked(sgm_tier_pool *p, size_t g, size_t
   tier_vmm_unmap_run(p, g, e);
   sgm__lock_take(&p->lock);
   for (size_t k = g; k < e; k++) {
-    p->gran[k].mapped = 0;
+    tier_vmm_set_mapped(p, k, false);
     p->gran[k].busy = 0;
     if (p->vmm_pool) p->pool_free[p->n_pool_free++] = p->gran[k].phys; /* back to the pool */
   }
@@ -264,7 +289,14 @@ int sgm__pool_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
   size_t g0, g1;
   tier_vmm_span(p, off, bytes, &g0, &g1);
   uint64_t gb = tier_vmm_granule(p);
-  for (size_t g = g0; g <= g1; g++) tier_vmm_ref_locked(p, g);
+  /* Every granule mapped and nobody's attention (a busy program, hysteresis):
+   * the references are all there is to do. */
+  bool backed = true;
+  for (size_t g = g0; g <= g1; g++) {
+    tier_vmm_ref_locked(p, g);
+    backed &= p->gran[g].mapped && !p->gran[g].busy;
+  }
+  if (backed) return SGM_OK;
   bool unmapped_for_room = false, unmapped_excess = false;
   for (;;) {
     /* Claim every granule of the block that has no memory and nobody's
@@ -361,7 +393,7 @@ int sgm__pool_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
       } else {
         for (size_t k = g; k < e; k++) {
           p->gran[k].busy = 0;
-          p->gran[k].mapped = 0;
+          tier_vmm_set_mapped(p, k, false);
           if (p->vmm_pool) p->pool_free[p->n_pool_free++] = p->gran[k].phys;
         }
         p->committed_bytes -= (uint64_t)(e - g) * gb;
@@ -418,13 +450,15 @@ bool sgm__pool_vmm_setup(sgm_tier_pool *p) {
   if (!tp->growth && want / 2 < tp->budget_bytes) want = tp->budget_bytes * 2;
   uint64_t bytes = why[0] ? 0 : sgm__align_up(want, g);
   tier_granule *gran = NULL;
+  uint64_t *bits = NULL;
   void *range = NULL;
   sgm_devptr base = 0;
   if (!why[0] && bytes / g > UINT32_MAX) {
     snprintf(why, sizeof why, "the range would hold more than %u granules", UINT32_MAX);
   } else if (!why[0]) {
     gran = malloc((size_t)(bytes / g) * sizeof *gran);
-    if (!gran) snprintf(why, sizeof why, "out of host memory for the granule table");
+    bits = calloc((size_t)(bytes / g + 63) / 64, sizeof *bits);
+    if (!gran || !bits) snprintf(why, sizeof why, "out of host memory for the granule table");
   }
   if (!why[0] && tp->bops->vmm_reserve(tp->be, bytes, &range, &base) != SGM_OK)
     snprintf(why, sizeof why, "reserving the range failed: %s", sgm_last_error());
@@ -435,6 +469,7 @@ bool sgm__pool_vmm_setup(sgm_tier_pool *p) {
   char a[32], b[32];
   if (why[0]) {
     free(gran);
+    free(bits);
     sgm__log(tp->verbose, 2, tp->growth ? "%s: growth in chunks (%s)"
                                         : "%s: the budget reserved as one contiguous chunk (%s)",
              name, why);
@@ -443,6 +478,7 @@ bool sgm__pool_vmm_setup(sgm_tier_pool *p) {
   for (size_t i = 0; i < bytes / g; i++) gran[i] = (tier_granule){0};
   if (tp->growth) sgm__suballoc_set_end_hook(p->sa, tier_vmm_end_hook, p);
   p->gran = gran;
+  p->vmm_bits = bits;
   p->vmm_range = range;
   p->vmm_base = base;
   p->vmm_bytes = bytes;
@@ -513,6 +549,9 @@ void sgm__pool_vmm_teardown(sgm_tier_pool *p) {
   free(p->pool_free);
   p->p.bops->vmm_free(p->p.be, p->vmm_range);
   free(p->gran);
+  free(p->vmm_bits);
+  p->gran = NULL;
+  p->vmm_bits = NULL;
   p->vmm_range = NULL;
 }
 
@@ -579,7 +618,10 @@ bool sgm__pool_vmm_check_locked(sgm_tier_pool *p, const sgm_suballoc_stats *st) 
                            "(granule %u)", name, g, x->head);
     }
     if (!ok) break;
-    if (x->refs != refs[g])
+    if (!x->mapped != !(p->vmm_bits[g >> 6] & (UINT64_C(1) << (g & 63))))
+      ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: granule %zu is %smapped and its bit says otherwise",
+                           name, g, x->mapped ? "" : "not ");
+    else if (x->refs != refs[g])
       ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: granule %zu has %u references, blocks touch it "
                            "%u times", name, g, x->refs, refs[g]);
     else if (x->refs && !x->mapped && !x->busy)
