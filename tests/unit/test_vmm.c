@@ -1034,8 +1034,23 @@ static int reset_fake(void **state) {
   return 0;
 }
 
+/* Invariant: the magazine's slot table (a constant, read on every free)
+ * holds, for every class, TIER_MAG_SLOTS or as many blocks as keep the class
+ * within TIER_MAG_CLASS_BYTES (at least 2), computed from tier_class_bytes;
+ * and the constant class sizes are tier_class_bytes. */
+static void test_magazine_caps_match_the_classes(void **state) {
+  (void)state;
+  for (int c = 0; c < TIER_N_CLASSES; c++) {
+    uint64_t bytes = tier_class_bytes(c), n = TIER_MAG_CLASS_BYTES / bytes;
+    unsigned want = n > TIER_MAG_SLOTS ? TIER_MAG_SLOTS : n < 2 ? 2 : (unsigned)n;
+    assert_int_equal(TIER_CLASS_BYTES_C(c), bytes);
+    assert_int_equal(tier_mag_cap(c), want);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest emu[] = {
+      cmocka_unit_test(test_magazine_caps_match_the_classes),
       cmocka_unit_test(test_emu_commits_what_blocks_touch),
       cmocka_unit_test(test_emu_free_granules_stay_mapped_until_a_mapping),
       cmocka_unit_test(test_emu_pages_map_neighbours),

@@ -279,24 +279,28 @@ static inline sgm_devptr tier_hand_out(sgm_tier_pool *p, tier_mag *m, tier_block
   return tier_ptr_of(b);
 }
 
-/* A cached block of class cls (or exact size need for cls < 0) for stream ref:
- * the magazine, then the stream's bags (refilling the magazine). NULL when none. */
-static tier_block *tier_take_cached(sgm_tier_pool *p, tier_mag *m, int cls, uint64_t need,
-                                    const sgm_stream_ref *ref) {
-  if (m && cls >= 0) {
-    tier_spin_lock(&m->lock);
-    unsigned n = m->n[cls];
-    for (unsigned i = n; i-- > 0;) {
-      tier_block *b = m->slot[cls][i];
-      if (b->key != ref->key) continue;
-      m->slot[cls][i] = m->slot[cls][n - 1];
-      m->n[cls] = (uint8_t)(n - 1);
-      __atomic_store_n(&m->cached_bytes, m->cached_bytes - b->bytes, __ATOMIC_RELAXED);
-      tier_spin_unlock(&m->lock);
-      return b;
-    }
+/* The newest block of class cls in magazine m that belongs to ref's stream,
+ * NULL when none. */
+static inline tier_block *tier_mag_pop(tier_mag *m, int cls, const sgm_stream_ref *ref) {
+  tier_spin_lock(&m->lock);
+  unsigned n = m->n[cls];
+  for (unsigned i = n; i-- > 0;) {
+    tier_block *b = m->slot[cls][i];
+    if (b->key != ref->key) continue;
+    m->slot[cls][i] = m->slot[cls][n - 1];
+    m->n[cls] = (uint8_t)(n - 1);
+    __atomic_store_n(&m->cached_bytes, m->cached_bytes - b->bytes, __ATOMIC_RELAXED);
     tier_spin_unlock(&m->lock);
+    return b;
   }
+  tier_spin_unlock(&m->lock);
+  return NULL;
+}
+
+/* tier_take_cached past the magazine: the stream's bags (refilling the
+ * magazine). Not inlined, so that a magazine hit builds no frame for it. */
+__attribute__((noinline)) static tier_block *tier_take_bagged(sgm_tier_pool *p, tier_mag *m, int cls,
+                                                              uint64_t need, const sgm_stream_ref *ref) {
   if (__atomic_load_n(&p->n_bagged, __ATOMIC_RELAXED) == 0) return NULL;
   sgm__lock_take(&p->lock);
   tier_stream *s = sgm__pool_stream_find_locked(p, ref->key);
@@ -324,6 +328,14 @@ static tier_block *tier_take_cached(sgm_tier_pool *p, tier_mag *m, int cls, uint
   }
   sgm__lock_drop(&p->lock);
   return b;
+}
+
+/* A cached block of class cls (or exact size need for cls < 0) for stream ref:
+ * the magazine, then the stream's bags (refilling the magazine). NULL when none. */
+static inline tier_block *tier_take_cached(sgm_tier_pool *p, tier_mag *m, int cls, uint64_t need,
+                                           const sgm_stream_ref *ref) {
+  tier_block *b = m && cls >= 0 ? tier_mag_pop(m, cls, ref) : NULL;
+  return b ? b : tier_take_bagged(p, m, cls, need, ref);
 }
 
 /*
@@ -375,8 +387,11 @@ bool sgm__tier_full_for(sgm_tier_pool *p, uint64_t size) {
   return true;
 }
 
-int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *ref, sgm_devptr *out) {
-  *out = 0;
+/* sgm__tier_alloc_on past a magazine that had no block: the stream's bags,
+ * the sub-allocator, other streams' caches. Not inlined: a magazine hit
+ * builds no frame for all this. */
+__attribute__((noinline)) static int tier_alloc_on_slow(sgm_tier_pool *p, tier_mag *m, uint64_t size,
+                                                        const sgm_stream_ref *ref, sgm_devptr *out) {
   if (sgm_unlikely(size == 0)) return sgm__error_set(SGM_ERR_INVALID, "allocation of 0 bytes");
   if (sgm_unlikely(size > UINT64_MAX - TIER_CLASS_MAX_BYTES))
     return sgm__error_set(SGM_ERR_INVALID, "allocation of %llu bytes overflows",
@@ -384,8 +399,7 @@ int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *re
   uint64_t need = sgm__align_up(size, SGM_DEVICE_ALIGN);
   int cls = tier_class(need);
   uint64_t block = cls >= 0 ? tier_class_bytes(cls) : need;
-  tier_mag *m = sgm__pool_mag_get(p);
-  tier_block *b = tier_take_cached(p, m, cls, need, ref);
+  tier_block *b = tier_take_bagged(p, m, cls, need, ref);
   if (sgm_likely(b != NULL)) {
     *out = tier_hand_out(p, m, b, need, ref);
     return SGM_OK;
@@ -430,6 +444,23 @@ int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *re
   else tier_count_used(p, (int64_t)need, 1, 1, 0);
   *out = tier_ptr_of(b);
   return SGM_OK;
+}
+
+int sgm__tier_alloc_on(sgm_tier_pool *p, uint64_t size, const sgm_stream_ref *ref, sgm_devptr *out) {
+  *out = 0;
+  tier_mag *m = sgm__pool_mag_get(p);
+  /* The magazine first, inline: a class size (which also rules out 0 and
+   * overflowing sizes, left to the slow path's messages). */
+  if (sgm_likely(m && size - 1 < TIER_CLASS_MAX_BYTES)) {
+    uint64_t need = sgm__align_up(size, SGM_DEVICE_ALIGN);
+    int cls = tier_class(need);
+    tier_block *b = tier_mag_pop(m, cls, ref);
+    if (b) {
+      *out = tier_hand_out(p, m, b, need, ref);
+      return SGM_OK;
+    }
+  }
+  return tier_alloc_on_slow(p, m, size, ref, out);
 }
 
 int sgm__tier_free(sgm_tier_pool *p, sgm_devptr ptr, uint64_t *size_out) {

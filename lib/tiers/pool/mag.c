@@ -95,7 +95,8 @@ static void tier_tls_exit(void *unused) {
 static void tier_tls_init(void) { pthread_key_create(&tier_tls_key, tier_tls_exit); }
 
 /* The calling thread's magazine for p, made on first use; NULL when out of memory. */
-static tier_mag *tier_mag_slow(sgm_tier_pool *p) {
+/* Not inlined: the lookup's fast path stays a leaf with no frame to build. */
+__attribute__((noinline)) static tier_mag *tier_mag_slow(sgm_tier_pool *p) {
   pthread_once(&tier_tls_once, tier_tls_init);
   int slot = -1;
   for (int i = 0; i < TIER_TLS_SLOTS && slot < 0; i++)

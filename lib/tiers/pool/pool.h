@@ -425,10 +425,23 @@ static inline int tier_class_exact(uint64_t bytes) {
   return c >= 0 && tier_class_bytes(c) == bytes ? c : -1;
 }
 
-static inline unsigned tier_mag_cap(int cls) {
-  uint64_t n = TIER_MAG_CLASS_BYTES / tier_class_bytes(cls);
-  return n > TIER_MAG_SLOTS ? TIER_MAG_SLOTS : n < 2 ? 2 : (unsigned)n;
-}
+/* tier_class_bytes and tier_mag_cap as constant expressions, for the table below. */
+#define TIER_CLASS_BYTES_C(c)                                                                  \
+  ((c) < 4 ? (UINT64_C(1) + (c)) << 8                                                         \
+           : (UINT64_C(1) << (10 + ((c) - 4) / 4)) + ((UINT64_C(1) + ((c) - 4) % 4) << (8 + ((c) - 4) / 4)))
+#define TIER_MAG_CAP_C(c)                                                                      \
+  (TIER_MAG_CLASS_BYTES / TIER_CLASS_BYTES_C(c) > TIER_MAG_SLOTS ? TIER_MAG_SLOTS               \
+   : TIER_MAG_CLASS_BYTES / TIER_CLASS_BYTES_C(c) < 2            ? 2                            \
+                                                                 : TIER_MAG_CLASS_BYTES / TIER_CLASS_BYTES_C(c))
+#define TIER_MAG_CAP_4(c) TIER_MAG_CAP_C(c), TIER_MAG_CAP_C(c + 1), TIER_MAG_CAP_C(c + 2), TIER_MAG_CAP_C(c + 3)
+/* Slots a magazine fills per class: TIER_MAG_SLOTS, fewer where that many
+ * blocks would pass TIER_MAG_CLASS_BYTES (a table: every free reads it). */
+static const uint8_t tier_mag_caps[TIER_N_CLASSES] = {
+    TIER_MAG_CAP_4(0),  TIER_MAG_CAP_4(4),  TIER_MAG_CAP_4(8),  TIER_MAG_CAP_4(12),
+    TIER_MAG_CAP_4(16), TIER_MAG_CAP_4(20), TIER_MAG_CAP_4(24), TIER_MAG_CAP_4(28),
+    TIER_MAG_CAP_4(32), TIER_MAG_CAP_4(36), TIER_MAG_CAP_4(40)};
+_Static_assert(TIER_N_CLASSES == 44, "tier_mag_caps lists every class");
+static inline unsigned tier_mag_cap(int cls) { return tier_mag_caps[cls]; }
 
 /* Keep room_bytes = budget - held (0 when over) for the lock-free check. */
 static inline void tier_update_room_locked(sgm_tier_pool *p) {
