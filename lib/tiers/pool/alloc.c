@@ -94,7 +94,7 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
        * blocks than ever before). Lock-free readers may still be reading a
        * spare's tag and chain link: those two are written atomically. */
       tier_block *b = sgm__pool_spare_take_locked(p);
-      if (!b) b = sgm__pool_block_new();
+      if (!b) b = sgm__pool_block_new(p);
       if (b) {
         b->node = node;
         b->bytes = got;

@@ -16,12 +16,21 @@
  */
 #include "tiers/pool/pool.h"
 
-/* Records start on their own cache line: the compare-and-swap of a free must
- * not pull in a line holding another thread's record. */
-tier_block *sgm__pool_block_new(void) {
-  tier_block *b = aligned_alloc(64, sizeof(tier_block));
-  if (b) memset(b, 0, sizeof *b);
-  return b;
+/* A new record, cut from the newest slab or a new one (pool lock held); NULL
+ * when out of host memory. Records start on their own cache line: the
+ * compare-and-swap of a free must not pull in a line holding another
+ * thread's record. */
+tier_block *sgm__pool_block_new(sgm_tier_pool *p) {
+  sgm_assert_internal(sgm__lock_held(&p->lock));
+  if (!p->slabs || p->slab_used == TIER_SLAB_RECORDS) {
+    tier_slab *s = aligned_alloc(64, TIER_SLAB_BYTES);
+    if (!s) return NULL;
+    memset(s, 0, TIER_SLAB_BYTES);
+    s->next = p->slabs;
+    p->slabs = s;
+    p->slab_used = 0;
+  }
+  return &p->slabs->rec[p->slab_used++];
 }
 /* ---- the live map ----
  *

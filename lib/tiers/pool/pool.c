@@ -94,11 +94,7 @@ void sgm__tier_destroy(sgm_tier_pool *p) {
   for (size_t i = 0; i < TIER_SHARDS; i++) {
     tier_table *t = p->shards[i].table;
     for (size_t k = 0; t && k <= t->mask; k++) {
-      for (tier_block *b = t->b[k], *next; b; b = next) {
-        next = b->hnext;
-        free(b->rec);
-        free(b);
-      }
+      for (tier_block *b = t->b[k]; b; b = b->hnext) free(b->rec);
     }
     while (t) {
       tier_table *r = t->retired;
@@ -106,9 +102,9 @@ void sgm__tier_destroy(sgm_tier_pool *p) {
       t = r;
     }
   }
-  for (tier_block *b = p->spare, *next; b; b = next) {
-    next = b->next;
-    free(b);
+  for (tier_slab *s = p->slabs, *next; s; s = next) {
+    next = s->next;
+    free(s);
   }
   for (tier_stream *s = p->streams, *next; s; s = next) {
     next = s->next;

@@ -210,6 +210,22 @@ typedef struct tier_block {
 } __attribute__((aligned(64))) tier_block;
 _Static_assert(offsetof(tier_block, rec) == 64, "a free's fields fill the record's first cache line");
 
+/* Records are cut from slabs of 8 KiB, TIER_SLAB_RECORDS after a one-line
+ * header, so that 10,000 records span 1.3 MB rather than one allocation
+ * each with malloc's header and alignment between them. Slabs are aligned to
+ * a cache line, not a page: page-aligned slabs put the records at the same
+ * offsets modulo the cache's set period, and the churn pair's misses of a
+ * 1 MiB cache rose from 0.46 to 1.04 (cachegrind, 256 B-1 MiB); aligned to
+ * 64 bytes they fell to 0.38. */
+#define TIER_SLAB_BYTES 8192u
+#define TIER_SLAB_RECORDS ((TIER_SLAB_BYTES - 64u) / sizeof(tier_block))
+typedef struct tier_slab {
+  struct tier_slab *next;      /* the pool's slabs */
+  char pad[64 - sizeof(struct tier_slab *)];
+  tier_block rec[];            /* TIER_SLAB_RECORDS of them */
+} tier_slab;
+_Static_assert(offsetof(tier_slab, rec) == 64, "records start on a cache line of their own");
+
 /* tier_block.sized: the low bits of an aligned size hold the block's class
  * plus one (0: no class) and whether rec is set. */
 #define TIER_SIZED_CLS UINT64_C(0x7f)
@@ -370,6 +386,8 @@ struct sgm_tier_pool {
   uint64_t idle_since_ms;     /* idle trim: when that count last changed; UINT64_MAX = never seen */
   tier_block *spare;          /* records out of the map, reused by carves: a record once
                                  in the map is freed only with the pool (lock-free readers) */
+  struct tier_slab *slabs;    /* where records come from (sgm__pool_block_new), freed with the pool */
+  size_t slab_used;           /* records handed out of the newest slab */
   /* reserve mode on the virtual-memory API (issue 17); vmm_pool NULL = none */
   void *vmm_pool;             /* the backend's pool of the budget's granules, taken at create */
   uint32_t *pool_free;        /* pool granules mapped nowhere (a stack) */
@@ -555,7 +573,7 @@ static inline void tier_mag_count(sgm_tier_pool *p, tier_mag *m, int64_t d_used)
  * it: a circle among these files fails the layer check). */
 
 /* map.c */
-tier_block *sgm__pool_block_new(void);
+tier_block *sgm__pool_block_new(sgm_tier_pool *p);
 tier_block *sgm__pool_map_busy_live(sgm_tier_pool *p, sgm_devptr ptr);
 bool sgm__pool_map_insert(sgm_tier_pool *p, tier_block *b);
 tier_block *sgm__pool_map_lookup(sgm_tier_pool *p, sgm_devptr ptr);
