@@ -11,7 +11,9 @@
  * counted (sgm_record_stream racing a free: test_stream_order.c, on the
  * driver double, where streams differ); the pool's own check
  * (sgm__tier_check: every record found by its address, tags consistent)
- * holds after every phase.
+ * holds after every phase; keys that share one home slot (runs longer than
+ * a slot's distance field holds) are all found, and stay found as keys
+ * before, inside and after the run are removed.
  */
 #include <pthread.h>
 #include <sched.h>
@@ -21,6 +23,7 @@
 
 #include "internal.h"
 #include "test_util.h"
+#include "tiers/pool/pool.h" /* the live map's slots, for the collision test */
 #include "tiers/tier.h"
 
 #define MiB (UINT64_C(1) << 20)
@@ -209,6 +212,73 @@ static void test_lookups_race_carves_and_releases(void **state) {
   sgm_context_destroy(ctx);
 }
 
+/* ---- keys that collide ---- */
+
+enum { COLLIDE_KEYS = 300 };
+
+/* Every occupied slot of shard sh keeps its distance from home in its key's
+ * low bits (TIER_SLOT_DIST: that far or farther). */
+static void assert_slot_distances(const tier_shard *sh) {
+  const tier_table *t = sh->table;
+  for (size_t k = 0; t && k <= t->mask; k++) {
+    uint64_t key = t->s[k].key;
+    if (!key) continue;
+    size_t home = (tier_hash(key & ~TIER_SLOT_DIST) >> 6) & t->mask, d = (k - home) & t->mask;
+    uint64_t says = key & TIER_SLOT_DIST;
+    if (says == TIER_SLOT_DIST) assert_true(d >= TIER_SLOT_DIST);
+    else assert_int_equal(d, says);
+  }
+}
+
+/* Invariant: the live map finds every key of a run of keys that share one
+ * shard and one home slot, longer than the distance a slot's key can hold
+ * (TIER_SLOT_DIST), while keys are removed from the run's start, middle and
+ * end (the keys after a removed one move back over the gap, their distances
+ * kept right, also past what the field holds); a removed key is not found. Fake records (tag only) in the real VRAM pool's map, under
+ * its lock as the pool's writers hold it; the pool's own check runs once
+ * they are gone. The keys are addresses above the pool's range, found by
+ * searching the hash, so the run is the same on every run. */
+static void test_colliding_keys_stay_found(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("64MiB");
+  sgm_tier_pool *p = vram(ctx);
+  void *live = sgm_alloc(ctx, 4096, NULL); /* one real block in the map too */
+  assert_non_null(live);
+  /* Once the run is in, the shard's table has 512 or 1024 slots: keys equal
+   * in the hash's shard bits and its low 10 slot bits share one home in both. */
+  sgm_devptr base = UINT64_C(1) << 46;
+  uint64_t want = tier_hash(base);
+  static tier_block rec[COLLIDE_KEYS];
+  sgm_devptr key[COLLIDE_KEYS];
+  size_t n = 0;
+  for (sgm_devptr a = base; n < COLLIDE_KEYS; a += SGM_DEVICE_ALIGN)
+    if (((tier_hash(a) ^ want) & ((UINT64_C(1) << 16) - 1)) == 0) key[n++] = a;
+  sgm__lock_take(&p->lock);
+  for (size_t i = 0; i < COLLIDE_KEYS; i++) {
+    memset(&rec[i], 0, sizeof rec[i]);
+    rec[i].tag = key[i] | TIER_LIVE;
+    assert_true(sgm__pool_map_insert(p, &rec[i]));
+  }
+  for (size_t i = 0; i < COLLIDE_KEYS; i++) assert_ptr_equal(sgm__pool_map_lookup(p, key[i]), &rec[i]);
+  /* Remove from the start, the middle (around the saturated distances) and
+   * the end, checking every key after each removal. */
+  bool gone[COLLIDE_KEYS] = {0};
+  const size_t order[] = {0, 1, 150, 260, 299, 255, 256, 2, 298, 100};
+  for (size_t r = 0; r < sizeof order / sizeof order[0]; r++) {
+    sgm__pool_map_remove(p, &rec[order[r]]);
+    gone[order[r]] = true;
+    for (size_t i = 0; i < COLLIDE_KEYS; i++)
+      assert_ptr_equal(sgm__pool_map_lookup(p, key[i]), gone[i] ? NULL : &rec[i]);
+    assert_slot_distances(tier_shard_of(p, want));
+  }
+  for (size_t i = 0; i < COLLIDE_KEYS; i++)
+    if (!gone[i]) sgm__pool_map_remove(p, &rec[i]);
+  sgm__lock_drop(&p->lock);
+  assert_true(sgm__tier_check(p));
+  sgm_free(ctx, live, NULL);
+  sgm_context_destroy(ctx);
+}
+
 /* ---- refused frees ---- */
 
 /* A pointer freed twice, a pointer inside a block, and one the pool never
@@ -243,6 +313,7 @@ int main(void) {
       cmocka_unit_test(test_steady_frees_leave_the_map_unwritten),
       cmocka_unit_test(test_lookups_race_carves_and_releases),
       cmocka_unit_test(test_bad_frees_are_refused),
+      cmocka_unit_test(test_colliding_keys_stay_found),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

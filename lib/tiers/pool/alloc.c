@@ -102,7 +102,6 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
         b->key = ref ? ref->key : 0;
         b->handle = ref ? ref->handle : NULL;
         b->rec = NULL;
-        b->n_rec = 0;
         b->next = NULL;
         __atomic_store_n(&b->tag, off | TIER_LIVE | (ref ? 0 : TIER_OWN), __ATOMIC_RELEASE);
       }
@@ -484,27 +483,26 @@ int sgm__tier_free(sgm_tier_pool *p, sgm_devptr ptr, uint64_t *size_out) {
  * stream, and the block waits in the deferred list until all have completed. */
 static int tier_free_recorded(sgm_tier_pool *p, tier_block *b) {
   tier_deferred *d = calloc(1, sizeof *d);
-  void **evs = calloc(b->n_rec, sizeof *evs);
+  void **evs = calloc(b->rec->n, sizeof *evs);
   int rc = SGM_OK;
   if (!d || !evs) {
     rc = sgm__error_set(SGM_ERR_NOMEM, "out of host memory freeing a block used by other streams");
     goto out_fail;
   }
-  for (size_t i = 0; i < b->n_rec; i++) {
+  for (size_t i = 0; i < b->rec->n; i++) {
     void *ev = sgm__pool_event_get(p);
     if (!ev) {
       rc = SGM_ERR_BACKEND; /* the backend's message says why */
       goto out_fail;
     }
     evs[d->n_events++] = ev;
-    rc = p->p.bops->event_record_on(p->p.be, ev, &b->rec[i]);
+    rc = p->p.bops->event_record_on(p->p.be, ev, &b->rec->ref[i]);
     if (rc != SGM_OK) goto out_fail;
   }
   d->b = b;
   d->events = evs;
   free(b->rec);
   b->rec = NULL;
-  b->n_rec = 0;
   b->sized &= ~TIER_SIZED_REC;
   sgm__lock_take(&p->lock);
   d->next = p->deferred;
@@ -541,7 +539,6 @@ __attribute__((always_inline)) static inline int tier_free_on_as(sgm_tier_pool *
     if (p->p.bops->synchronous) {
       free(b->rec);
       b->rec = NULL;
-      b->n_rec = 0;
       b->sized &= ~TIER_SIZED_REC;
     } else {
       int rc = tier_free_recorded(p, b);
@@ -602,14 +599,16 @@ int sgm__tier_record_stream(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_r
   int rc = SGM_OK;
   if (ref->key != b->key) {
     bool known = false;
-    for (size_t i = 0; i < b->n_rec && !known; i++) known = b->rec[i].key == ref->key;
+    size_t n = b->rec ? b->rec->n : 0;
+    for (size_t i = 0; i < n && !known; i++) known = b->rec->ref[i].key == ref->key;
     if (!known) {
-      sgm_stream_ref *n = realloc(b->rec, (b->n_rec + 1) * sizeof *n);
-      if (!n) {
+      tier_rec *r = realloc(b->rec, sizeof *r + (n + 1) * sizeof r->ref[0]);
+      if (!r) {
         rc = SGM_ERR_NOMEM;
       } else {
-        n[b->n_rec++] = *ref;
-        b->rec = n;
+        r->ref[n] = *ref;
+        r->n = n + 1;
+        b->rec = r;
         b->sized |= TIER_SIZED_REC;
       }
     }

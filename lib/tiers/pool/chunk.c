@@ -37,7 +37,6 @@ void sgm__pool_release_block_locked(sgm_tier_pool *p, tier_block *b) {
   if (tier_recorded(b)) {
     free(b->rec);
     b->rec = NULL;
-    b->n_rec = 0;
   }
   b->sized = 0;
   sgm__pool_spare_put_locked(p, b);

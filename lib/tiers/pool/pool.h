@@ -103,7 +103,7 @@ _Static_assert(TIER_N_CLASSES <= 64, "a stream's recent classes are one 64-bit m
 #define TIER_TLS_SLOTS 4
 /* Live-map shards: 64 keeps two threads' frees on different locks nearly always. */
 #define TIER_SHARDS 64
-#define TIER_SHARD_BUCKETS_MIN 64
+#define TIER_SHARD_SLOTS_MIN 16
 /* Streams remembered as ordered after an owing stream's event (issue 26):
  * a taker past these waits again (correct, 2 more calls). */
 #define TIER_OWE_TAKERS 4
@@ -182,20 +182,25 @@ typedef struct tier_granule {
   uint32_t used;               /* on a mapped head, not busy: its granules with refs > 0 */
 } tier_granule;
 
-/* One block of the sub-allocator, known to the live map. The first cache
- * line holds what a free, a reuse and a release read or write (the live
- * map's walk reads tag and hnext; the free the size asked, its class and
- * whether streams were recorded, and writes the stream; the caches link
- * next; the release reads the sub-allocator's node); the second the
- * streams sgm_record_stream named, read only when TIER_SIZED_REC says so. The
- * address is the tag's (tier_ptr_of). With the sub-allocator's node kept
- * here, the 10,000-block churn pair (256 B-16 MiB) went from 2.99 to 1.94
- * misses of a 1 MiB cache (cachegrind) against a record whose free and
- * release touched both lines and a sub-allocator that hashed its blocks. */
+/* Streams sgm_record_stream named for a block (malloc'd). */
+typedef struct tier_rec {
+  size_t n;                    /* entries in ref */
+  sgm_stream_ref ref[];
+} tier_rec;
+
+/* One block of the sub-allocator, known to the live map: one cache line,
+ * all a free, a reuse and a release read or write (the lookup validates
+ * the tag; the free reads the size asked, its class and whether streams
+ * were recorded, and writes the stream; the caches link next; the release
+ * reads the sub-allocator's node). The address is the tag's (tier_ptr_of).
+ * With the sub-allocator's node kept here, the 10,000-block churn pair
+ * (256 B-16 MiB) went from 2.99 to 1.94 misses of a 1 MiB cache
+ * (cachegrind) against a record whose free and release touched two lines and
+ * a sub-allocator that hashed its blocks; with the live map's keys in its
+ * table (no chain through the records) the record is one line. */
 typedef struct tier_block {
   uint64_t tag;                /* ptr | TIER_LIVE or TIER_CACHED | TIER_OWN | TIER_BUSY, 0 while
                                   spare (atomic: the live map's lock-free readers validate by it) */
-  struct tier_block *hnext;    /* chain in the live map (atomic: read without a lock) */
   struct tier_block *next;     /* in a cache list, or the pool's spare records */
   uint64_t bytes;              /* its size in the sub-allocator */
   uint64_t sized;              /* the size handed out, rounded to SGM_DEVICE_ALIGN (counted in
@@ -204,11 +209,9 @@ typedef struct tier_block {
   uint64_t key;                /* the stream it belongs to (allocated or freed on) */
   void *handle;                /* that stream's handle, to record events on it */
   sgm_suballoc_node *node;     /* its node in the sub-allocator, which frees by it */
-  /* second line (the address is the tag's: tier_ptr_of) */
-  sgm_stream_ref *rec;         /* streams named by sgm_record_stream (malloc'd), NULL if none */
-  size_t n_rec;                /* entries in rec */
+  tier_rec *rec;               /* streams named by sgm_record_stream, NULL if none */
 } __attribute__((aligned(64))) tier_block;
-_Static_assert(offsetof(tier_block, rec) == 64, "a free's fields fill the record's first cache line");
+_Static_assert(sizeof(tier_block) == 64, "a record is one cache line");
 
 /* Records are cut from slabs of 8 KiB, TIER_SLAB_RECORDS after a one-line
  * header, so that 10,000 records span 1.3 MB rather than one allocation
@@ -243,12 +246,21 @@ static inline void tier_set_asked(tier_block *b, uint64_t asked) {
 }
 
 
-/* A bucket array of the live map; replaced arrays are kept until the pool
- * goes, since a reader may still be walking one. */
+/* A slot of the live map: an address and its record (both atomic; key 0:
+ * empty). Addresses are SGM_DEVICE_ALIGN-aligned: the key's low bits hold
+ * the slot's distance from its home (TIER_SLOT_DIST: that far or farther). */
+#define TIER_SLOT_DIST (SGM_DEVICE_ALIGN - UINT64_C(1))
+typedef struct tier_slot {
+  uint64_t key;
+  tier_block *b;
+} tier_slot;
+/* A slot array of the live map (open addressing, linear probing); replaced
+ * arrays are kept until the pool goes, since a reader may still be reading
+ * one. */
 typedef struct tier_table {
-  size_t mask;                 /* buckets - 1 (a power of two, minus one) */
+  size_t mask;                 /* slots - 1 (a power of two, minus one) */
   struct tier_table *retired;  /* the array this one replaced */
-  tier_block *b[];             /* chains by address hash (atomic) */
+  tier_slot s[];
 } tier_table;
 
 /* A shard of the live map, alone on its cache line. Written only under the
@@ -256,7 +268,7 @@ typedef struct tier_table {
  * writing a line another thread reads (issue 10: two threads freeing through
  * shard spin locks ran at 0.68x the pairs per second of one). */
 typedef struct tier_shard {
-  unsigned seq;                /* odd while a record is unlinked or the table rebuilt (atomic) */
+  unsigned seq;                /* odd while a slot is emptied or the table rebuilt (atomic) */
   tier_table *table;           /* NULL until the first insert (atomic) */
   size_t n;                    /* records in the shard (atomic: read by the check) */
   uint64_t n_writes;           /* inserts, unlinks and rebuilds so far (atomic: read by tests) */

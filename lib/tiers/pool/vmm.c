@@ -587,12 +587,12 @@ bool sgm__pool_vmm_check_locked(sgm_tier_pool *p, const sgm_suballoc_stats *st) 
   if (!refs) return true; /* a check that cannot run finds nothing wrong */
   for (size_t i = 0; i < TIER_SHARDS; i++) {
     const tier_table *t = p->shards[i].table; /* writers hold the pool lock: stable */
-    for (size_t k = 0; t && k <= t->mask; k++)
-      for (tier_block *b = t->b[k]; b; b = b->hnext) {
-        size_t g0, g1;
-        tier_vmm_span(p, tier_ptr_of(b), b->bytes, &g0, &g1);
-        for (size_t g = g0; g <= g1 && g < n; g++) refs[g]++;
-      }
+    for (size_t k = 0; t && k <= t->mask; k++) {
+      if (!t->s[k].key) continue;
+      size_t g0, g1;
+      tier_vmm_span(p, t->s[k].key & ~TIER_SLOT_DIST, t->s[k].b->bytes, &g0, &g1);
+      for (size_t g = g0; g <= g1 && g < n; g++) refs[g]++;
+    }
   }
   uint64_t committed = 0, free_mapped = 0;
   bool ok = true;
