@@ -92,7 +92,7 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
       }
       /* A spare record, else a new one (only while the pool holds more
        * blocks than ever before). Lock-free readers may still be reading a
-       * spare's tag and chain link: those two are written atomically. */
+       * spare's tag: it is written atomically. */
       tier_block *b = sgm__pool_spare_take_locked(p);
       if (!b) b = sgm__pool_block_new(p);
       if (b) {

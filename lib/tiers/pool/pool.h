@@ -463,7 +463,8 @@ static inline int tier_class_exact(uint64_t bytes) {
   (TIER_MAG_CLASS_BYTES / TIER_CLASS_BYTES_C(c) > TIER_MAG_SLOTS ? TIER_MAG_SLOTS               \
    : TIER_MAG_CLASS_BYTES / TIER_CLASS_BYTES_C(c) < 2            ? 2                            \
                                                                  : TIER_MAG_CLASS_BYTES / TIER_CLASS_BYTES_C(c))
-#define TIER_MAG_CAP_4(c) TIER_MAG_CAP_C(c), TIER_MAG_CAP_C(c + 1), TIER_MAG_CAP_C(c + 2), TIER_MAG_CAP_C(c + 3)
+#define TIER_MAG_CAP_U8(c) ((uint8_t)(TIER_MAG_CAP_C(c)))
+#define TIER_MAG_CAP_4(c) TIER_MAG_CAP_U8(c), TIER_MAG_CAP_U8(c + 1), TIER_MAG_CAP_U8(c + 2), TIER_MAG_CAP_U8(c + 3)
 /* Slots a magazine fills per class: TIER_MAG_SLOTS, fewer where that many
  * blocks would pass TIER_MAG_CLASS_BYTES (a table: every free reads it). */
 static const uint8_t tier_mag_caps[TIER_N_CLASSES] = {
