@@ -110,6 +110,7 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
         sgm__suballoc_free_node(p->sa, node, &sz);
         if (b) sgm__pool_spare_put_locked(p, b);
         sgm__lock_drop(&p->lock);
+        if (give_back) sgm__pool_vmm_settle(p);
         return sgm__error_set(SGM_ERR_NOMEM, "out of host memory for block metadata");
       }
       p->held_bytes += got;
@@ -128,8 +129,12 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
        * itself waits on the host. */
       bool order = __atomic_load_n(&p->n_owing, __ATOMIC_RELAXED) &&
                    sgm__pool_owed_needs_locked(p, ref, off, off + got);
+      /* Granules that blocks given back left free and this one did not take
+       * go when committed is over the cap: decided here, under the lock, so
+       * that a busy program's carve takes the lock once. */
+      bool settle = reclaimed || (give_back && sgm__pool_vmm_pressure_locked(p));
       sgm__lock_drop(&p->lock);
-      if (reclaimed) sgm__pool_vmm_settle(p);
+      if (settle) sgm__pool_vmm_settle(p);
       if (order && (vrc = sgm__pool_owed_order(p, ref, off, off + got)) != SGM_OK) {
         /* A stream that owes this memory captures a graph: the block is set
          * aside and placed again elsewhere (tier_carve_apart). */
@@ -215,6 +220,7 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
    * (sgm__tier_explain_budget): on the fallback path it does not, and
    * formatting it would cost more than the fallback allocation itself. */
   sgm__lock_drop(&p->lock);
+  if (give_back) sgm__pool_vmm_settle(p);
   return SGM__ERR_BUDGET;
 }
 
@@ -411,11 +417,10 @@ __attribute__((noinline)) static int tier_alloc_on_slow(sgm_tier_pool *p, tier_m
    * the driver double (issue 26): without the latter, CUDA committed up to
    * 1.114 x the peak live bytes where the emulated device committed 1.008;
    * with it the two agree within 1.1 % (docs/streams.md). Both happen in the
- * carve's lock section: one lock take, not two. */
+   * carve's lock section (one lock take, not two), which also settles the
+   * granules they left free (sgm__pool_vmm_settle). */
   bool placed_after_reclaim = cls < 0 && __atomic_load_n(&p->bag_bytes, __ATOMIC_RELAXED) != 0;
   int rc = tier_carve_apart(p, block, need, ref, placed_after_reclaim, &b);
-  /* Granules the returned blocks left free and the new one did not take. */
-  if (placed_after_reclaim) sgm__pool_vmm_settle(p);
   /* Reclaiming cached memory comes before anything moves or falls back:
    * first other streams' caches through a device-side wait (one or two calls, no
    * host wait), then what the device has finished with (fences queried). */

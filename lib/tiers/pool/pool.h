@@ -623,6 +623,9 @@ uint64_t sgm__pool_vmm_cap_locked(const sgm_tier_pool *p);
 bool sgm__pool_vmm_check_locked(sgm_tier_pool *p, const sgm_suballoc_stats *st);
 int sgm__pool_vmm_pool_setup(sgm_tier_pool *p);
 void sgm__pool_vmm_settle(sgm_tier_pool *p);
+/* Committed is over the cap with free mapped granules: sgm__pool_vmm_settle
+ * would unmap them (pool lock held). */
+bool sgm__pool_vmm_pressure_locked(const sgm_tier_pool *p);
 bool sgm__pool_vmm_setup(sgm_tier_pool *p);
 void sgm__pool_vmm_teardown(sgm_tier_pool *p);
 uint64_t sgm__pool_vmm_unmap_free(sgm_tier_pool *p);

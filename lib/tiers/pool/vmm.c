@@ -255,6 +255,12 @@ static uint64_t tier_vmm_unmap_excess(sgm_tier_pool *p, uint64_t keep) {
   return done;
 }
 
+bool sgm__pool_vmm_pressure_locked(const sgm_tier_pool *p) {
+  /* Reserve mode's pool: free granules stay mapped until the pool is empty
+   * (sgm__pool_vmm_back_locked): unmapping them returns nothing to anyone. */
+  return p->vmm_range && p->vmm_free_mapped > 0 && p->committed_bytes > sgm__pool_vmm_cap_locked(p);
+}
+
 /*
  * After blocks went back to the sub-allocator: unmap the free granules at all
  * while committed is over a budget that was lowered (fair shares of the node
@@ -269,10 +275,7 @@ void sgm__pool_vmm_settle(sgm_tier_pool *p) {
   if (!p->vmm_range || __atomic_load_n(&p->vmm_free_mapped, __ATOMIC_RELAXED) == 0) return;
   /* committed and the budget change under the lock (plain writes there). */
   sgm__lock_take(&p->lock);
-  uint64_t free_mapped = p->vmm_free_mapped;
-  /* Reserve mode's pool: free granules stay mapped until the pool is empty
-   * (sgm__pool_vmm_back_locked): unmapping them returns nothing to anyone. */
-  bool pressure = p->committed_bytes > sgm__pool_vmm_cap_locked(p) && free_mapped > 0;
+  bool pressure = sgm__pool_vmm_pressure_locked(p);
   sgm__lock_drop(&p->lock);
   if (pressure) sgm__pool_vmm_unmap_free(p);
 }
