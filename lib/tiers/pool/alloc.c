@@ -27,10 +27,19 @@
 #define TIER_CARVE_ASIDE (-101)
 /* Blocks set aside so at most, then the carve gives up (SGM__ERR_BUDGET). */
 #define TIER_CARVE_ASIDE_MAX 4
+/* tier_carve's answer when, asked to give cached blocks back first, it found
+ * one of them that serves the request: *out is that block, still CACHED. */
+#define TIER_CARVE_CACHED (-102)
 
-/* give_back: cached blocks go back to the sub-allocator first, in the
- * carve's own lock section (a large block, sgm__tier_alloc_on): on a
- * synchronous backend every bag, else the stream's own cached blocks. */
+static tier_block *tier_bag_take_locked(sgm_tier_pool *p, tier_mag *m, int cls, uint64_t need,
+                                        const sgm_stream_ref *ref);
+
+
+/* give_back: a large block (sgm__tier_alloc_on) whose stream's bags may
+ * serve it: in the carve's own lock section, a cached block of the stream
+ * that fits (TIER_CARVE_CACHED), else cached blocks go back to the
+ * sub-allocator first: on a synchronous backend every bag, else the
+ * stream's own. */
 static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm_stream_ref *ref,
                       bool give_back, tier_block **out) {
   *out = NULL;
@@ -42,6 +51,14 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
   bool trimmed = false, reclaimed = false, returned = false;
   sgm__lock_take(&p->lock);
   if (give_back) {
+    /* A cached block of the stream that serves the request first, under the
+     * same lock (a large block: no magazine). */
+    tier_block *c = ref ? tier_bag_take_locked(p, NULL, -1, need, ref) : NULL;
+    if (c) {
+      sgm__lock_drop(&p->lock);
+      *out = c;
+      return TIER_CARVE_CACHED;
+    }
     if (p->p.bops->synchronous) sgm__pool_bags_release_all_locked(p);
     else sgm__pool_owed_return_locked(p, ref);
   }
@@ -308,6 +325,14 @@ __attribute__((noinline)) static tier_block *tier_take_bagged(sgm_tier_pool *p, 
                                                               uint64_t need, const sgm_stream_ref *ref) {
   if (__atomic_load_n(&p->n_bagged, __ATOMIC_RELAXED) == 0) return NULL;
   sgm__lock_take(&p->lock);
+  tier_block *b = tier_bag_take_locked(p, m, cls, need, ref);
+  sgm__lock_drop(&p->lock);
+  return b;
+}
+
+/* tier_take_bagged's work, the pool lock held. */
+static tier_block *tier_bag_take_locked(sgm_tier_pool *p, tier_mag *m, int cls, uint64_t need,
+                                        const sgm_stream_ref *ref) {
   tier_stream *s = sgm__pool_stream_find_locked(p, ref->key);
   tier_block *b = NULL;
   if (s) {
@@ -331,7 +356,6 @@ __attribute__((noinline)) static tier_block *tier_take_bagged(sgm_tier_pool *p, 
       tier_spin_unlock(&m->lock);
     }
   }
-  sgm__lock_drop(&p->lock);
   return b;
 }
 
@@ -404,7 +428,9 @@ __attribute__((noinline)) static int tier_alloc_on_slow(sgm_tier_pool *p, tier_m
   uint64_t need = sgm__align_up(size, SGM_DEVICE_ALIGN);
   int cls = tier_class(need);
   uint64_t block = cls >= 0 ? tier_class_bytes(cls) : need;
-  tier_block *b = tier_take_bagged(p, m, cls, need, ref);
+  bool placed_after_reclaim = cls < 0 && __atomic_load_n(&p->bag_bytes, __ATOMIC_RELAXED) != 0;
+  /* A large block that the bags may serve: the carve looks there first. */
+  tier_block *b = placed_after_reclaim ? NULL : tier_take_bagged(p, m, cls, need, ref);
   if (sgm_likely(b != NULL)) {
     *out = tier_hand_out(p, m, b, need, ref);
     return SGM_OK;
@@ -419,8 +445,11 @@ __attribute__((noinline)) static int tier_alloc_on_slow(sgm_tier_pool *p, tier_m
    * with it the two agree within 1.1 % (docs/streams.md). Both happen in the
    * carve's lock section (one lock take, not two), which also settles the
    * granules they left free (sgm__pool_vmm_settle). */
-  bool placed_after_reclaim = cls < 0 && __atomic_load_n(&p->bag_bytes, __ATOMIC_RELAXED) != 0;
   int rc = tier_carve_apart(p, block, need, ref, placed_after_reclaim, &b);
+  if (rc == TIER_CARVE_CACHED) {
+    *out = tier_hand_out(p, m, b, need, ref);
+    return SGM_OK;
+  }
   /* Reclaiming cached memory comes before anything moves or falls back:
    * first other streams' caches through a device-side wait (one or two calls, no
    * host wait), then what the device has finished with (fences queried). */
