@@ -93,7 +93,13 @@
 #define TIER_N_CLASSES 44
 _Static_assert(TIER_N_CLASSES <= 64, "a stream's recent classes are one 64-bit mask");
 /* Magazine slots per class, and the bytes one class may hold per thread
- * (so big classes get fewer slots: at most 4 MiB cached per class per thread). */
+ * (so big classes get fewer slots: at most 4 MiB cached per class per thread).
+ * 64 (jemalloc's thread caches hold up to 200 small blocks per bin): a
+ * magazine's fill level per class walks up and down with the frees and
+ * allocations of that class, and it spills to or refills from the stream's
+ * bag (under the pool lock) when it reaches either end, which more slots
+ * make rarer. Measured on the 10,000-block churn (cachegrind, per pair):
+ * 16 slots 1,023 instructions, 32 999, 64 988; 256 B-1 MiB 709, 661, 653. */
 #define TIER_MAG_SLOTS 64
 #define TIER_MAG_CLASS_BYTES (UINT64_C(4) << 20)
 /* A magazine's counters reach the pool when this many bytes are pending,
