@@ -99,7 +99,8 @@ _Static_assert(TIER_N_CLASSES <= 64, "a stream's recent classes are one 64-bit m
  * allocations of that class, and it spills to or refills from the stream's
  * bag (under the pool lock) when it reaches either end, which more slots
  * make rarer. Measured on the 10,000-block churn (cachegrind, per pair):
- * 16 slots 1,023 instructions, 32 999, 64 988; 256 B-1 MiB 709, 661, 653. */
+ * 16 slots 1,023 instructions, 32 999, 64 988; 256 B-1 MiB: 32 slots 661,
+ * 64 653. */
 #define TIER_MAG_SLOTS 64
 #define TIER_MAG_CLASS_BYTES (UINT64_C(4) << 20)
 /* A magazine's counters reach the pool when this many bytes are pending,
