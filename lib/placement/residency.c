@@ -304,7 +304,9 @@ int sgm__residency_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *
     return sgm__error_set(SGM_ERR_NOMEM, "%s; shared GPU memory fallback is off (SGM_SHARED_FALLBACK=on "
                           "lets full VRAM spill into pinned host memory)", sgm_last_error());
   }
-  rc = residency_alloc_in(ctx, SGM_TIER_SHARED, size, &ref, out); /* rule 3 */
+  /* Rule 3, the first try direct as in VRAM (the fallback path's every pair). */
+  rc = sgm__tier_alloc_on(sgm__parts_tier(ctx, SGM_TIER_SHARED), size, &ref, out);
+  if (rc != SGM_OK) rc = residency_making_room_after(ctx, SGM_TIER_SHARED, size, NULL, &ref, out, rc);
   if (rc == SGM_OK) {
     *where = SGM_TIER_SHARED;
     return rc;
