@@ -108,7 +108,9 @@ _Static_assert(TIER_N_CLASSES <= 64, "a stream's recent classes are one 64-bit m
 #define TIER_MAG_FLUSH_BYTES (UINT64_C(1) << 20)
 /* Magazines per thread (pools a thread uses at once: two tiers of a context or two). */
 #define TIER_TLS_SLOTS 4
-/* Live-map shards: 64 keeps two threads' frees on different locks nearly always. */
+/* Live-map shards: each its own slot array and sequence number, so that a
+ * rebuild moves a 64th of the keys and a removal disturbs a 64th of the
+ * lookups. */
 #define TIER_SHARDS 64
 #define TIER_SHARD_SLOTS_MIN 16
 /* Streams remembered as ordered after an owing stream's event (issue 26):
@@ -221,7 +223,7 @@ typedef struct tier_block {
 _Static_assert(sizeof(tier_block) == 64, "a record is one cache line");
 
 /* Records are cut from slabs of 8 KiB, TIER_SLAB_RECORDS after a one-line
- * header, so that 10,000 records span 1.3 MB rather than one allocation
+ * header, so that 10,000 records span 640 KB rather than one allocation
  * each with malloc's header and alignment between them. Slabs are aligned to
  * a cache line, not a page: page-aligned slabs put the records at the same
  * offsets modulo the cache's set period, and the churn pair's misses of a
