@@ -17,13 +17,13 @@
 #include "tiers/pool/pool.h"
 
 /* A new record, cut from the newest slab or a new one (pool lock held); NULL
- * when out of host memory. Records start on their own cache line: the
+ * when out of host memory. Records start on a line pair of their own: the
  * compare-and-swap of a free must not pull in a line holding another
- * thread's record. */
+ * thread's record (TIER_RECORD_ALIGN). */
 tier_block *sgm__pool_block_new(sgm_tier_pool *p) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
   if (!p->slabs || p->slab_used == TIER_SLAB_RECORDS) {
-    tier_slab *s = aligned_alloc(64, TIER_SLAB_BYTES);
+    tier_slab *s = aligned_alloc(TIER_RECORD_ALIGN, TIER_SLAB_BYTES);
     if (!s) return NULL;
     memset(s, 0, TIER_SLAB_BYTES);
     s->next = p->slabs;

@@ -206,7 +206,13 @@ typedef struct tier_rec {
  * (256 B-16 MiB) went from 2.99 to 1.94 misses of a 1 MiB cache
  * (cachegrind) against a record whose free and release touched two lines and
  * a sub-allocator that hashed its blocks; with the live map's keys in its
- * table (no chain through the records) the record is one line. */
+ * table (no chain through the records) the fields fill one line. Each record
+ * still has a pair of lines to itself (TIER_RECORD_ALIGN): two threads'
+ * records on neighbouring lines slowed both (the prefetcher fetches lines in
+ * pairs), alloc.scaling.2t median 1.37 against 1.62 over six interleaved
+ * runs each, and one line each bought the single-threaded churn nothing
+ * (cachegrind: the same instructions and misses). */
+#define TIER_RECORD_ALIGN 128
 typedef struct tier_block {
   uint64_t tag;                /* ptr | TIER_LIVE or TIER_CACHED | TIER_OWN | TIER_BUSY, 0 while
                                   spare (atomic: the live map's lock-free readers validate by it) */
@@ -219,24 +225,23 @@ typedef struct tier_block {
   void *handle;                /* that stream's handle, to record events on it */
   sgm_suballoc_node *node;     /* its node in the sub-allocator, which frees by it */
   tier_rec *rec;               /* streams named by sgm_record_stream, NULL if none */
-} __attribute__((aligned(64))) tier_block;
-_Static_assert(sizeof(tier_block) == 64, "a record is one cache line");
+} __attribute__((aligned(TIER_RECORD_ALIGN))) tier_block;
+_Static_assert(offsetof(tier_block, rec) < 64, "a free's, a reuse's and a release's fields fill one line");
 
-/* Records are cut from slabs of 8 KiB, TIER_SLAB_RECORDS after a one-line
- * header, so that 10,000 records span 640 KB rather than one allocation
- * each with malloc's header and alignment between them. Slabs are aligned to
- * a cache line, not a page: page-aligned slabs put the records at the same
- * offsets modulo the cache's set period, and the churn pair's misses of a
- * 1 MiB cache rose from 0.46 to 1.04 (cachegrind, 256 B-1 MiB); aligned to
- * 64 bytes they fell to 0.38. */
+/* Records are cut from slabs of 8 KiB, TIER_SLAB_RECORDS after a header of
+ * one record's size, rather than one allocation each with malloc's header
+ * and alignment between them. Slabs are aligned to a record, not a page:
+ * page-aligned slabs put the records at the same offsets modulo the cache's
+ * set period, and the churn pair's misses of a 1 MiB cache rose from 0.46 to
+ * 1.04 (cachegrind, 256 B-1 MiB). */
 #define TIER_SLAB_BYTES 8192u
-#define TIER_SLAB_RECORDS ((TIER_SLAB_BYTES - 64u) / sizeof(tier_block))
+#define TIER_SLAB_RECORDS ((TIER_SLAB_BYTES - TIER_RECORD_ALIGN) / sizeof(tier_block))
 typedef struct tier_slab {
   struct tier_slab *next;      /* the pool's slabs */
-  char pad[64 - sizeof(struct tier_slab *)];
+  char pad[TIER_RECORD_ALIGN - sizeof(struct tier_slab *)];
   tier_block rec[];            /* TIER_SLAB_RECORDS of them */
 } tier_slab;
-_Static_assert(offsetof(tier_slab, rec) == 64, "records start on a cache line of their own");
+_Static_assert(offsetof(tier_slab, rec) == TIER_RECORD_ALIGN, "records start on a line pair of their own");
 
 /* tier_block.sized: the low bits of an aligned size hold the block's class
  * plus one (0: no class) and whether rec is set. */
