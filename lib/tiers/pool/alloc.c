@@ -111,7 +111,12 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
        * blocks than ever before). Lock-free readers may still be reading a
        * spare's tag: it is written atomically. */
       tier_block *b = sgm__pool_spare_take_locked(p);
-      if (!b) b = sgm__pool_block_new(p);
+      if (!b) {
+        /* Cut from this thread's slab: other threads' records stay off
+         * the neighbouring lines. */
+        tier_mag *mine = sgm__pool_mag_find(p);
+        b = sgm__pool_block_new(p, mine ? &mine->slab : NULL);
+      }
       if (b) {
         b->node = node;
         b->bytes = got;

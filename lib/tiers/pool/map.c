@@ -16,21 +16,23 @@
  */
 #include "tiers/pool/pool.h"
 
-/* A new record, cut from the newest slab or a new one (pool lock held); NULL
- * when out of host memory. Records start on a line pair of their own: the
- * compare-and-swap of a free must not pull in a line holding another
- * thread's record (TIER_RECORD_ALIGN). */
-tier_block *sgm__pool_block_new(sgm_tier_pool *p) {
+/* A new record, cut from cur's slab or a new one (pool lock held; cur NULL:
+ * the pool's cursor); NULL when out of host memory. Records start on a cache
+ * line of their own: the compare-and-swap of a free must not pull in a line
+ * holding another thread's record. */
+tier_block *sgm__pool_block_new(sgm_tier_pool *p, tier_slab_cursor *cur) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
-  if (!p->slabs || p->slab_used == TIER_SLAB_RECORDS) {
+  if (!cur) cur = &p->slab_cur;
+  if (!cur->slab || cur->used == TIER_SLAB_RECORDS) {
     tier_slab *s = aligned_alloc(TIER_RECORD_ALIGN, TIER_SLAB_BYTES);
     if (!s) return NULL;
     memset(s, 0, TIER_SLAB_BYTES);
     s->next = p->slabs;
     p->slabs = s;
-    p->slab_used = 0;
+    cur->slab = s;
+    cur->used = 0;
   }
-  return &p->slabs->rec[p->slab_used++];
+  return &cur->slab->rec[cur->used++];
 }
 /* ---- the live map ----
  *

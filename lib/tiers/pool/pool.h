@@ -206,13 +206,15 @@ typedef struct tier_rec {
  * (256 B-16 MiB) went from 2.99 to 1.94 misses of a 1 MiB cache
  * (cachegrind) against a record whose free and release touched two lines and
  * a sub-allocator that hashed its blocks; with the live map's keys in its
- * table (no chain through the records) the fields fill one line. Each record
- * still has a pair of lines to itself (TIER_RECORD_ALIGN): two threads'
- * records on neighbouring lines slowed both (the prefetcher fetches lines in
- * pairs), alloc.scaling.2t median 1.37 against 1.62 over six interleaved
- * runs each, and one line each bought the single-threaded churn nothing
- * (cachegrind: the same instructions and misses). */
-#define TIER_RECORD_ALIGN 128
+ * table (no chain through the records) the record is one line. Records
+ * are cut from slabs, one slab per thread at a time (tier_slab_cursor), so
+ * that two threads' records seldom sit on neighbouring lines: packed in
+ * shared slabs they slowed both threads (the prefetcher fetches lines in
+ * pairs; alloc.scaling.2t median 1.37 against 1.62 with a pair of lines per
+ * record, 1.65 with a slab per thread), and a pair of lines per record
+ * slowed the single-threaded churn (256 B-1 MiB: 1.24-1.95x the
+ * sub-allocator against 1.27-1.33). */
+#define TIER_RECORD_ALIGN 64
 typedef struct tier_block {
   uint64_t tag;                /* ptr | TIER_LIVE or TIER_CACHED | TIER_OWN | TIER_BUSY, 0 while
                                   spare (atomic: the live map's lock-free readers validate by it) */
@@ -226,7 +228,7 @@ typedef struct tier_block {
   sgm_suballoc_node *node;     /* its node in the sub-allocator, which frees by it */
   tier_rec *rec;               /* streams named by sgm_record_stream, NULL if none */
 } __attribute__((aligned(TIER_RECORD_ALIGN))) tier_block;
-_Static_assert(offsetof(tier_block, rec) < 64, "a free's, a reuse's and a release's fields fill one line");
+_Static_assert(sizeof(tier_block) == 64, "a record is one cache line");
 
 /* Records are cut from slabs of 8 KiB, TIER_SLAB_RECORDS after a header of
  * one record's size, rather than one allocation each with malloc's header
@@ -241,7 +243,13 @@ typedef struct tier_slab {
   char pad[TIER_RECORD_ALIGN - sizeof(struct tier_slab *)];
   tier_block rec[];            /* TIER_SLAB_RECORDS of them */
 } tier_slab;
-_Static_assert(offsetof(tier_slab, rec) == TIER_RECORD_ALIGN, "records start on a line pair of their own");
+/* Where the next record is cut: a thread's (in its magazine) or the pool's
+ * (carves by threads without one). Used under the pool lock. */
+typedef struct tier_slab_cursor {
+  tier_slab *slab;             /* NULL until the first record */
+  size_t used;                 /* records cut from it */
+} tier_slab_cursor;
+_Static_assert(offsetof(tier_slab, rec) == TIER_RECORD_ALIGN, "records start on a cache line of their own");
 
 /* tier_block.sized: the low bits of an aligned size hold the block's class
  * plus one (0: no class) and whether rec is set. */
@@ -357,6 +365,7 @@ typedef struct tier_mag {
   int64_t d_live;              /* live blocks not yet added to the pool (atomic) */
   uint64_t n_allocs;           /* allocations served by this thread, not yet added (atomic) */
   uint64_t n_frees;            /* frees by this thread, not yet added (atomic) */
+  tier_slab_cursor slab;       /* records this thread's carves cut (pool lock held) */
   uint8_t n[TIER_N_CLASSES];   /* slots used per class */
   tier_block *slot[TIER_N_CLASSES][TIER_MAG_SLOTS]; /* cached blocks, newest last */
 } tier_mag;
@@ -413,7 +422,7 @@ struct sgm_tier_pool {
   tier_block *spare;          /* records out of the map, reused by carves: a record once
                                  in the map is freed only with the pool (lock-free readers) */
   struct tier_slab *slabs;    /* where records come from (sgm__pool_block_new), freed with the pool */
-  size_t slab_used;           /* records handed out of the newest slab */
+  tier_slab_cursor slab_cur;  /* records for carves by threads with no magazine */
   /* reserve mode on the virtual-memory API (issue 17); vmm_pool NULL = none */
   void *vmm_pool;             /* the backend's pool of the budget's granules, taken at create */
   uint32_t *pool_free;        /* pool granules mapped nowhere (a stack) */
@@ -600,7 +609,7 @@ static inline void tier_mag_count(sgm_tier_pool *p, tier_mag *m, int64_t d_used)
  * it: a circle among these files fails the layer check). */
 
 /* map.c */
-tier_block *sgm__pool_block_new(sgm_tier_pool *p);
+tier_block *sgm__pool_block_new(sgm_tier_pool *p, tier_slab_cursor *cur);
 tier_block *sgm__pool_map_busy_live(sgm_tier_pool *p, sgm_devptr ptr);
 bool sgm__pool_map_insert(sgm_tier_pool *p, tier_block *b);
 tier_block *sgm__pool_map_lookup(sgm_tier_pool *p, sgm_devptr ptr);
