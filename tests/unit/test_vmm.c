@@ -328,6 +328,71 @@ static void test_emu_free_granules_go_before_new_ones_are_mapped(void **state) {
 }
 
 /*
+ * The peak (issue 26): while committed is within the highest held bytes since
+ * the last trim plus 1/64 (TIER_VMM_PEAK_SHIFT), a block that needs new
+ * granules maps them and unmaps no free one: a working set that fell keeps
+ * its mappings for when it grows again. Past that bound the free ones go
+ * first, down to half the room the bound leaves. 64 one-granule blocks (the
+ * peak: 64 granules, bound 65), every other one freed; a 3 MiB block fits in
+ * none of the one-granule holes and maps new granules: every hole stays
+ * mapped (before this rule they went down to 2 of the slack of 4). The next
+ * block that maps finds committed past the bound: the free granules go down
+ * to at most half of what the bound leaves them. sgm_trim unmaps the rest,
+ * and the peak starts again from what is held.
+ */
+static int by_address(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t)*(void *const *)a, y = (uintptr_t)*(void *const *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void test_emu_free_granules_stay_mapped_within_the_peak(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("emu", "256MiB", NULL);
+  sgm_tier_pool *vp = sgm__context_tier(ctx, SGM_TIER_VRAM);
+  void *p[64];
+  for (int i = 0; i < 64; i++) assert_non_null(p[i] = sgm_alloc(ctx, GRAN, NULL));
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes, 64 * GRAN);
+  /* Every other block in address order whose neighbours are live blocks:
+   * one-granule holes (the sub-allocator fills the range from both ends). */
+  qsort(p, 64, sizeof *p, by_address);
+  uint64_t holes = 0;
+  for (int i = 1; i < 63; i += 2)
+    if ((char *)p[i - 1] + GRAN == p[i] && (char *)p[i] + GRAN == p[i + 1]) {
+      sgm_free(ctx, p[i], NULL);
+      p[i] = NULL;
+      holes++;
+    }
+  assert_true(holes >= 28);
+  void *q = sgm_alloc(ctx, 3 * MiB, NULL);
+  assert_non_null(q);
+  sgm_stats st = stats(ctx);
+  assert_int_equal(st.tier[SGM_TIER_VRAM].cached_bytes, 0);
+  assert_int_equal(sgm__tier_vmm_free_mapped(vp), holes * GRAN);
+  uint64_t committed = st.tier[SGM_TIER_VRAM].committed_bytes;
+  assert_true(committed > 64 * GRAN); /* q mapped new granules ... */
+  assert_true(committed <= 66 * GRAN); /* ... and no free one went */
+  assert_true(committed / GRAN - holes < 65); /* within the bound before r */
+  assert_true(sgm__tier_check(vp));
+  /* Past the bound now: in use 32 + q's, bound 65 granules. */
+  void *r = sgm_alloc(ctx, 6 * MiB, NULL);
+  assert_non_null(r);
+  uint64_t in_use = committed / GRAN - holes;
+  uint64_t room = 65 - in_use;
+  assert_true(sgm__tier_vmm_free_mapped(vp) <= room / 2 * GRAN);
+  st = stats(ctx);
+  assert_true(st.tier[SGM_TIER_VRAM].committed_bytes < committed);
+  assert_int_equal(counters(ctx).vmm_mapped_bytes, st.tier[SGM_TIER_VRAM].committed_bytes);
+  assert_true(sgm__tier_check(vp));
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
+  assert_int_equal(sgm__tier_vmm_free_mapped(vp), 0);
+  assert_int_equal(vp->vmm_held_peak, vp->held_bytes);
+  sgm_free(ctx, r, NULL);
+  sgm_free(ctx, q, NULL);
+  for (int i = 0; i < 64; i++) sgm_free(ctx, p[i], NULL);
+  sgm_context_destroy(ctx);
+}
+
+/*
  * Idle is measured from the last allocation (issue 26): four granules freed
  * and returned to the sub-allocator stay mapped while the program allocates,
  * however long they have been free; they go once a whole idle delay passes
@@ -1058,6 +1123,7 @@ int main(void) {
       cmocka_unit_test(test_emu_split_takes_the_mapped_end),
       cmocka_unit_test(test_emu_demote_promote_keeps_granules_mapped),
       cmocka_unit_test(test_emu_free_granules_go_before_new_ones_are_mapped),
+      cmocka_unit_test(test_emu_free_granules_stay_mapped_within_the_peak),
       cmocka_unit_test(test_emu_option_off_grows_in_chunks),
       cmocka_unit_test(test_emu_backend_failures),
       cmocka_unit_test(test_emu_reserve_places_after_cached_blocks_return),

@@ -128,6 +128,11 @@ typedef struct tier_range {
  * bigger (1/8: the same slack a size class allows at most). */
 #define TIER_LARGE_SLACK_SHIFT 3
 
+/* Budgets below this many granules (64 MiB with 2 MiB granules) grow in
+ * chunks: a block is rounded to whole granules in committed bytes, which on a
+ * small budget is a large share (an 8 MiB budget holding two 1 MiB blocks and
+ * a 6 MiB one would need 10 MiB of granules). */
+#define TIER_VMM_MIN_GRANULES 32u
 /* Expandable growth: when a block needs new granules mapped and the free
  * mapped ones pass this many granules and 1/32 of what is committed (3.1 %),
  * they are unmapped first, down to half that (hysteresis, issue 26; trims,
@@ -136,12 +141,17 @@ typedef struct tier_range {
  * most 1.057 x the peak live bytes, 1/32 the same, 1/16 and 1/8 up to
  * 1.110; mapping calls fall as the slack grows. */
 #define TIER_VMM_SLACK_GRANULES 4u
-/* Budgets below this many granules (64 MiB with 2 MiB granules) grow in
- * chunks: a block is rounded to whole granules in committed bytes, which on a
- * small budget is a large share (an 8 MiB budget holding two 1 MiB blocks and
- * a 6 MiB one would need 10 MiB of granules). */
-#define TIER_VMM_MIN_GRANULES 32u
 #define TIER_VMM_SLACK_SHIFT 5
+/* ... unless the new mapping keeps committed within the peak: the highest
+ * held bytes since free granules were last all unmapped (a trim, the idle
+ * trim, budget pressure) plus 1/64. A busy program whose working set falls
+ * and rises again keeps the mappings of its peak instead of unmapping them in
+ * the trough and mapping them back. Measured on the idealloc traces, CUDA
+ * over the double (docs/benchmarks-history.md, issue 26): pangu_2.6B's second
+ * pass made 0.0575 driver calls per event before, 0.0163 with 1/64, with the
+ * worst committed / peak live 1.081 (emulated device); 1/32 and 1/16 gave
+ * 0.0182 and 0.0161 with committed up to 1.092 and 1.114. */
+#define TIER_VMM_PEAK_SHIFT 6
 /* Expandable growth maps the granules a block needs as mappings of at most
  * this many granules (64 MiB with 2 MiB granules), one backend call each:
  * four driver calls on CUDA however many granules (cuMemCreate, cuMemMap,
@@ -415,6 +425,7 @@ struct sgm_tier_pool {
   tier_granule *gran;         /* one per granule of the range */
   uint64_t *vmm_bits;         /* gran[g].mapped as one bit per granule, 64 to a word: a
                                  block's unmapped granules counted a word at a time */
+  uint64_t vmm_held_peak;     /* highest held_bytes since free granules were last all unmapped */
   uint64_t vmm_free_mapped;   /* granules mapped, not busy, touched by no block (atomic read) */
   uint64_t vmm_calls;         /* backend map / unmap calls so far (atomic) */
   uint64_t idle_allocs;       /* idle trim: allocations counted at the last idle call */

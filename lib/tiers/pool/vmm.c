@@ -53,11 +53,19 @@ static inline size_t tier_vmm_count_unmapped(const sgm_tier_pool *p, size_t g0, 
   return n;
 }
 
-/* Free mapped granules past which they are unmapped at once. */
+/* Free mapped granules past which they are unmapped before more are
+ * mapped: the slack (committed / 32, at least TIER_VMM_SLACK_GRANULES), or,
+ * when more, those that keep committed within the peak (TIER_VMM_PEAK_SHIFT:
+ * the highest held bytes since free granules were last all unmapped, plus
+ * 1/64). While committed is within the peak, no free granule goes. */
 static inline uint64_t tier_vmm_slack(const sgm_tier_pool *p) {
-  uint64_t committed = __atomic_load_n(&p->committed_bytes, __ATOMIC_RELAXED) >> p->vmm_shift;
-  uint64_t rel = committed >> TIER_VMM_SLACK_SHIFT;
-  return rel > TIER_VMM_SLACK_GRANULES ? rel : TIER_VMM_SLACK_GRANULES;
+  uint64_t committed = p->committed_bytes >> p->vmm_shift;
+  uint64_t slack = committed >> TIER_VMM_SLACK_SHIFT;
+  if (slack < TIER_VMM_SLACK_GRANULES) slack = TIER_VMM_SLACK_GRANULES;
+  uint64_t peak = (p->vmm_held_peak + (p->vmm_held_peak >> TIER_VMM_PEAK_SHIFT)) >> p->vmm_shift;
+  uint64_t in_use = committed - p->vmm_free_mapped;
+  uint64_t room = peak > in_use ? peak - in_use : 0;
+  return room > slack ? room : slack;
 }
 
 /* Granules per page: committed / 2^TIER_VMM_PAGE_SHIFT granules, rounded
@@ -219,7 +227,14 @@ static uint64_t tier_vmm_unmap_claimed_locked(sgm_tier_pool *p, size_t g, size_t
  * meanwhile onto a granule being unmapped waits for it (busy) and maps it
  * again. Bytes unmapped.
  */
-uint64_t sgm__pool_vmm_unmap_free(sgm_tier_pool *p) { return tier_vmm_unmap_excess(p, 0); }
+uint64_t sgm__pool_vmm_unmap_free(sgm_tier_pool *p) {
+  uint64_t done = tier_vmm_unmap_excess(p, 0);
+  /* The peak starts again from what is held now. */
+  sgm__lock_take(&p->lock);
+  p->vmm_held_peak = p->held_bytes;
+  sgm__lock_drop(&p->lock);
+  return done;
+}
 
 /*
  * Hysteresis (issue 26): unmap free mappings from the top of the range down
@@ -295,6 +310,7 @@ int sgm__pool_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
   /* Every granule mapped and nobody's attention (a busy program, hysteresis):
    * the references are all there is to do. */
   bool backed = true;
+  if (p->held_bytes > p->vmm_held_peak) p->vmm_held_peak = p->held_bytes; /* held grows by carves */
   for (size_t g = g0; g <= g1; g++) {
     tier_vmm_ref_locked(p, g);
     backed &= p->gran[g].mapped && !p->gran[g].busy;
@@ -321,7 +337,8 @@ int sgm__pool_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
      * has no room for the new ones. */
     uint64_t cap = sgm__pool_vmm_cap_locked(p);
     bool no_room = p->committed_bytes > cap || want > cap - p->committed_bytes;
-    bool past_slack = !p->vmm_pool && !unmapped_for_room && p->vmm_free_mapped > tier_vmm_slack(p);
+    uint64_t slack = tier_vmm_slack(p);
+    bool past_slack = !p->vmm_pool && !unmapped_for_room && p->vmm_free_mapped > slack;
     if (no_room) {
       if (unmapped_for_room || p->vmm_free_mapped == 0) return SGM__ERR_BUDGET;
       unmapped_for_room = true;
@@ -334,7 +351,7 @@ int sgm__pool_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
       /* Hysteresis: down to half the bound, so that the next unmapping
        * waits for as many granules again to be freed. */
       unmapped_excess = true;
-      uint64_t keep = tier_vmm_slack(p) / 2;
+      uint64_t keep = slack / 2;
       sgm__lock_drop(&p->lock);
       tier_vmm_unmap_excess(p, keep);
       sgm__lock_take(&p->lock);
