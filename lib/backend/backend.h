@@ -137,6 +137,13 @@
  *    ignored). The driver does not wait for device work: the caller unmaps
  *    only memory no queued work uses. Cannot fail from sgm's point of view
  *    (a driver error is logged).
+ *  - vmm_map_runs() maps several runs, each as vmm_map would, in order, and
+ *    stops at the first that fails (*n_done: the runs mapped, each whole; the
+ *    status is that run's); vmm_unmap_runs() unmaps several runs as
+ *    vmm_unmap would. CUDA: the context is entered and the capture mode
+ *    relaxed once for all the runs, where a call per run paid those three
+ *    driver calls each time (issue 26). NULL: the caller calls vmm_map and
+ *    vmm_unmap per run.
  *  - vmm_free() releases a range; granules still mapped are unmapped first
  *    and reported as a leak at SGM_VERBOSE >= 1. NULL is a no-op.
  *  - None of them is on the steady allocation path: sgm maps when committed
@@ -217,6 +224,11 @@
 #define SGM_DEVICE_ALIGN 256u
 
 typedef uint64_t sgm_devptr; /* a device address (CUdeviceptr on CUDA) */
+/* A run of whole granules of a reserved range: [offset, offset + bytes) from its base. */
+typedef struct sgm_vmm_run {
+  uint64_t offset;
+  uint64_t bytes;
+} sgm_vmm_run;
 
 /* The legacy default stream, named to copy() (where NULL means the backend's
  * own stream); the value of CU_STREAM_LEGACY. Its work follows all earlier
@@ -335,6 +347,9 @@ typedef struct sgm_backend_ops {
   int (*vmm_map)(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes);
   void (*vmm_unmap)(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes);
   void (*vmm_free)(sgm_backend *be, void *range);
+  int (*vmm_map_runs)(sgm_backend *be, void *range, const sgm_vmm_run *runs, size_t n,
+                      size_t *n_done);
+  void (*vmm_unmap_runs)(sgm_backend *be, void *range, const sgm_vmm_run *runs, size_t n);
   /* ---- the device's identity in the node registry (issue 13) ----
    * device_uuid: the device's 16-byte UUID, the one nvidia-smi -L prints as
    * GPU-<8-4-4-4-12 hex> (CUDA: cuDeviceGetUuid_v2, a MIG slice's own UUID;

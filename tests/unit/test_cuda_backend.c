@@ -747,6 +747,33 @@ static void test_driver_calls_counted(void **state) {
   ops->vmm_unmap(be, range, 0, 3 * g);
   assert_int_equal(fc.fake_cuda_calls("cuMemUnmap") - unmaps, 2);
   assert_int_equal(ops->vmm_map(be, range, 2 * g, 2 * g), SGM_OK);
+  ops->vmm_unmap(be, range, 2 * g, 2 * g);
+  /* Several runs in one call (issue 26): a mapping each, but the context is
+   * looked up and the capture mode relaxed and restored once for all of
+   * them: 3 calls, where a call per run took 3 per run. The same for the
+   * unmap of several runs. */
+  const char *frame[] = {"cuCtxGetCurrent", "cuThreadExchangeStreamCaptureMode"};
+  uint64_t fr[2];
+  for (int i = 0; i < 2; i++) fr[i] = fc.fake_cuda_calls(frame[i]);
+  creates = fc.fake_cuda_calls("cuMemCreate");
+  sgm_vmm_run runs[3] = {{0, g}, {g, g}, {3 * g, g}};
+  size_t done = 0;
+  assert_int_equal(ops->vmm_map_runs(be, range, runs, 3, &done), SGM_OK);
+  assert_int_equal(done, 3);
+  assert_int_equal(fc.fake_cuda_calls("cuMemCreate") - creates, 3);
+  assert_int_equal(fc.fake_cuda_calls(frame[0]) - fr[0], 1);
+  assert_int_equal(fc.fake_cuda_calls(frame[1]) - fr[1], 2);
+  ops->counters(be, &c);
+  assert_int_equal(c.vmm_mapped_bytes, 3 * g);
+  for (int i = 0; i < 2; i++) fr[i] = fc.fake_cuda_calls(frame[i]);
+  unmaps = fc.fake_cuda_calls("cuMemUnmap");
+  ops->vmm_unmap_runs(be, range, runs, 3);
+  assert_int_equal(fc.fake_cuda_calls("cuMemUnmap") - unmaps, 3);
+  assert_int_equal(fc.fake_cuda_calls(frame[0]) - fr[0], 1);
+  assert_int_equal(fc.fake_cuda_calls(frame[1]) - fr[1], 2);
+  ops->counters(be, &c);
+  assert_int_equal(c.vmm_mapped_bytes, 0);
+  assert_int_equal(ops->vmm_map(be, range, 2 * g, 2 * g), SGM_OK);
   ops->vmm_free(be, range); /* unmaps the mapping left */
 
   worker w[2] = {{ops, be, 0}, {ops, be, 0}};
@@ -777,6 +804,44 @@ static void test_driver_calls_counted(void **state) {
   assert_int_equal(c.n_driver_calls - before, fc.fake_cuda_calls(NULL));
   ops->close(be);
   fc.fake_cuda_stream_destroy(ts);
+}
+
+/* Invariant: vmm_map_runs maps its runs in order and stops at the first
+ * that fails: the runs before it stay mapped, each whole, and *n_done counts
+ * them; the ones after are not tried. A run that is not granule-aligned is
+ * refused before any driver call. */
+static void test_vmm_runs_stop_at_a_failure(void **state) {
+  (void)state;
+  sgm_backend *be = NULL;
+  const sgm_backend_ops *ops = open_cuda(&be);
+  sgm_backend_counters c;
+  uint64_t g = 0;
+  void *range = NULL;
+  sgm_devptr base = 0;
+  assert_int_equal(ops->vmm_granularity(be, &g), SGM_OK);
+  assert_int_equal(ops->vmm_reserve(be, 4 * g, &range, &base), SGM_OK);
+  sgm_vmm_run runs[3] = {{0, g}, {g, g}, {3 * g, g}};
+  size_t done = 9;
+  /* The second run's cuMemCreate (the 7th call: context, relax, then four
+   * for the first run) fails; the first stays mapped, whole, and *n_done
+   * says so; the third is not tried. */
+  fc.fake_cuda_set_fail_at(7, CUDA_ERROR_OUT_OF_MEMORY);
+  assert_int_equal(ops->vmm_map_runs(be, range, runs, 3, &done), SGM_ERR_NOMEM);
+  assert_int_equal(done, 1);
+  assert_error_mentions("cuMemCreate");
+  ops->counters(be, &c);
+  assert_int_equal(c.vmm_mapped_bytes, g);
+  ops->vmm_unmap_runs(be, range, runs, 1);
+  /* A run that is not granule-aligned: refused before any driver call. */
+  sgm_vmm_run bad[2] = {{0, g}, {g + 1, g}};
+  uint64_t all = fc.fake_cuda_calls(NULL);
+  assert_int_equal(ops->vmm_map_runs(be, range, bad, 2, &done), SGM_ERR_INVALID);
+  assert_int_equal(done, 0);
+  assert_int_equal(fc.fake_cuda_calls(NULL), all);
+  ops->vmm_free(be, range);
+  ops->counters(be, &c);
+  assert_int_equal(c.vmm_mapped_bytes, 0);
+  ops->close(be);
 }
 
 /* ---- separate processes: a driver that did not load ---- */
@@ -1133,6 +1198,7 @@ int main(int argc, char **argv) {
   }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_open_close, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_vmm_runs_stop_at_a_failure, setup, teardown),
       cmocka_unit_test_setup_teardown(test_mem_info, setup, teardown),
       cmocka_unit_test_setup_teardown(test_device_round_trip, setup, teardown),
       cmocka_unit_test_setup_teardown(test_host_alloc_round_trip, setup, teardown),

@@ -345,6 +345,22 @@ static int by_address(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* Sort the n blocks of `bytes` each in p by address and free every other
+ * one whose neighbours are live blocks (NULL in p): holes of one block
+ * between live ones (the sub-allocator fills a range from both ends, so not
+ * every block has two). Returns how many. */
+static uint64_t free_holes(sgm_context *ctx, void **p, size_t n, uint64_t bytes) {
+  qsort(p, n, sizeof *p, by_address);
+  uint64_t holes = 0;
+  for (size_t i = 1; i + 1 < n; i += 2)
+    if ((char *)p[i - 1] + bytes == p[i] && (char *)p[i] + bytes == p[i + 1]) {
+      sgm_free(ctx, p[i], NULL);
+      p[i] = NULL;
+      holes++;
+    }
+  return holes;
+}
+
 static void test_emu_free_granules_stay_mapped_within_the_peak(void **state) {
   (void)state;
   sgm_context *ctx = make_ctx("emu", "256MiB", NULL);
@@ -352,16 +368,7 @@ static void test_emu_free_granules_stay_mapped_within_the_peak(void **state) {
   void *p[64];
   for (int i = 0; i < 64; i++) assert_non_null(p[i] = sgm_alloc(ctx, GRAN, NULL));
   assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes, 64 * GRAN);
-  /* Every other block in address order whose neighbours are live blocks:
-   * one-granule holes (the sub-allocator fills the range from both ends). */
-  qsort(p, 64, sizeof *p, by_address);
-  uint64_t holes = 0;
-  for (int i = 1; i < 63; i += 2)
-    if ((char *)p[i - 1] + GRAN == p[i] && (char *)p[i] + GRAN == p[i + 1]) {
-      sgm_free(ctx, p[i], NULL);
-      p[i] = NULL;
-      holes++;
-    }
+  uint64_t holes = free_holes(ctx, p, 64, GRAN);
   assert_true(holes >= 28);
   void *q = sgm_alloc(ctx, 3 * MiB, NULL);
   assert_non_null(q);
@@ -944,19 +951,51 @@ static void test_double_commits_what_blocks_touch(void **state) {
 static void test_double_maps_large_blocks_in_few_calls(void **state) {
   (void)state;
   sgm_context *ctx = make_ctx("cuda", "256MiB", NULL);
-  const char *names[] = {"cuMemCreate", "cuMemMap", "cuMemRelease", "cuMemSetAccess", "cuMemUnmap"};
-  uint64_t before[5];
-  for (int i = 0; i < 5; i++) before[i] = fc.fake_cuda_calls(names[i]);
+  const char *names[] = {"cuMemCreate", "cuMemMap", "cuMemRelease", "cuMemSetAccess", "cuMemUnmap",
+                         "cuThreadExchangeStreamCaptureMode"};
+  uint64_t before[6];
+  for (int i = 0; i < 6; i++) before[i] = fc.fake_cuda_calls(names[i]);
   void *b = sgm_alloc(ctx, 200 * MiB, NULL);
   assert_non_null(b);
   const uint64_t maps = (100 + TIER_VMM_MAP_MAX_GRANULES - 1) / TIER_VMM_MAP_MAX_GRANULES;
   for (int i = 0; i < 4; i++) assert_int_equal(fc.fake_cuda_calls(names[i]) - before[i], maps);
+  /* The mappings are made in one backend call: the capture mode is relaxed
+   * and restored once for them all, not once per mapping. */
+  assert_int_equal(fc.fake_cuda_calls(names[5]) - before[5], 2);
   assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes, 200 * MiB);
   sgm_free(ctx, b, NULL);
   assert_int_equal(sgm_trim(ctx), SGM_OK);
   assert_int_equal(fc.fake_cuda_calls("cuMemUnmap") - before[4], maps);
   assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes, 0);
   assert_int_equal(counters(ctx).vmm_mapped_bytes, 0);
+  sgm_context_destroy(ctx);
+}
+
+/*
+ * Unmapping in batches (issue 26): eight blocks of 8 granules, a mapping
+ * each, every
+ * other one (in address order, between live ones) freed: a trim unmaps the
+ * free mappings, which are not neighbours, in one backend call: one
+ * cuMemUnmap each, but the capture mode relaxed and restored once (a call
+ * per run relaxed once per mapping).
+ */
+static void test_double_unmaps_in_one_call(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("cuda", "512MiB", NULL);
+  const uint64_t map_bytes = 8 * GRAN;
+  void *p[16];
+  for (int i = 0; i < 16; i++) assert_non_null(p[i] = sgm_alloc(ctx, (size_t)map_bytes, NULL));
+  uint64_t holes = free_holes(ctx, p, 16, map_bytes);
+  assert_true(holes >= 5);
+  uint64_t unmaps = fc.fake_cuda_calls("cuMemUnmap");
+  uint64_t relax = fc.fake_cuda_calls("cuThreadExchangeStreamCaptureMode");
+  uint64_t waits = fc.fake_cuda_calls("cuEventSynchronize");
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
+  assert_int_equal(fc.fake_cuda_calls("cuMemUnmap") - unmaps, holes);
+  /* Each wait for the stream's work (before unmapping) relaxes once too. */
+  waits = fc.fake_cuda_calls("cuEventSynchronize") - waits;
+  assert_int_equal(fc.fake_cuda_calls("cuThreadExchangeStreamCaptureMode") - relax, 2 + 2 * waits);
+  for (int i = 0; i < 16; i++) sgm_free(ctx, p[i], NULL);
   sgm_context_destroy(ctx);
 }
 
@@ -1142,6 +1181,7 @@ int main(void) {
   const struct CMUnitTest dbl[] = {
       cmocka_unit_test_setup(test_double_commits_what_blocks_touch, reset_fake),
       cmocka_unit_test_setup(test_double_maps_large_blocks_in_few_calls, reset_fake),
+      cmocka_unit_test_setup(test_double_unmaps_in_one_call, reset_fake),
       cmocka_unit_test_setup(test_double_pending_work_keeps_granules, reset_fake),
       cmocka_unit_test_setup(test_double_without_vmm_grows_in_chunks, reset_fake),
       cmocka_unit_test_setup(test_double_reserve_keeps_handles_until_destroy, reset_fake),

@@ -1904,25 +1904,14 @@ static CUresult cuda_vmm_set_access(sgm_backend *be, CUdeviceptr p, uint64_t byt
   return CU(cuMemSetAccess)(p, (size_t)bytes, &desc, 1);
 }
 
-static int cuda_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes) {
-  sgm__lock_assert_none_held();
-  cuda_count_call(be);
-  cuda_vrange *v = range;
-  char op[96], b[32];
-  snprintf(op, sizeof op, "mapping %s of device memory", sgm__fmt_bytes(bytes, b, sizeof b));
-  uint64_t g0, g1;
-  if (!cuda_vrange_run(v, offset, bytes, &g0, &g1))
-    return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s: [%llu, +%llu) is not a granule-aligned "
-                          "run of the range", op, (unsigned long long)offset,
-                          (unsigned long long)bytes);
-  cuda_frame f;
-  int rc = cuda_frame_open(be, op, &f);
-  if (rc != SGM_OK) return rc;
-  CUmemAllocationProp prop = cuda_vmm_prop(be);
+/* Map one run [offset, +bytes) of v as one mapping, in the caller's frame
+ * (context entered, relaxed): all or nothing. */
+static int cuda_vmm_map_one(sgm_backend *be, cuda_vrange *v, uint64_t offset, uint64_t bytes,
+                            const CUmemAllocationProp *prop, const char *op) {
   const char *failed = NULL;
   bool mapped = false;
   CUmemGenericAllocationHandle h = 0;
-  CUresult r = CU(cuMemCreate)(&h, (size_t)bytes, &prop, 0);
+  CUresult r = CU(cuMemCreate)(&h, (size_t)bytes, prop, 0);
   if (r != CUDA_SUCCESS) {
     failed = "cuMemCreate";
   } else {
@@ -1938,22 +1927,56 @@ static int cuda_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t 
     if (r != CUDA_SUCCESS) failed = "cuMemSetAccess";
   }
   if (failed) {
-    rc = cuda_fail(r, op, failed, CUDA_BLAME_DRIVER);
     if (mapped) { /* all or nothing */
       CUresult ru = CU(cuMemUnmap)(v->base + offset, (size_t)bytes);
       if (ru != CUDA_SUCCESS) cuda_log_failure(be, ru, op, "cuMemUnmap");
     }
+    return cuda_fail(r, op, failed, CUDA_BLAME_DRIVER);
+  }
+  uint64_t g0 = offset / v->granule, g1 = (offset + bytes) / v->granule;
+  sgm__lock_take(&be->lock);
+  v->mapped[g0] = CUDA_VG_HEAD;
+  if (g1 - g0 > 1) memset(v->mapped + g0 + 1, CUDA_VG_TAIL, (size_t)(g1 - g0 - 1));
+  be->c.device_live_bytes += bytes;
+  be->c.vmm_mapped_bytes += bytes;
+  sgm__lock_drop(&be->lock);
+  return SGM_OK;
+}
+
+/* Map each run as one mapping, in order, in one frame: the context entered
+ * and the capture mode relaxed once for all of them (three driver calls
+ * that mapping run by run paid per run). Stops at the first failure. */
+static int cuda_vmm_map_runs(sgm_backend *be, void *range, const sgm_vmm_run *runs, size_t n,
+                             size_t *n_done) {
+  sgm__lock_assert_none_held();
+  cuda_count_call(be);
+  *n_done = 0;
+  cuda_vrange *v = range;
+  uint64_t total = 0, g0, g1;
+  for (size_t i = 0; i < n; i++) total += runs[i].bytes;
+  char op[96], b[32];
+  snprintf(op, sizeof op, "mapping %s of device memory", sgm__fmt_bytes(total, b, sizeof b));
+  for (size_t i = 0; i < n; i++)
+    if (!cuda_vrange_run(v, runs[i].offset, runs[i].bytes, &g0, &g1))
+      return sgm__error_set(SGM_ERR_INVALID, "CUDA: %s: [%llu, +%llu) is not a granule-aligned "
+                            "run of the range", op, (unsigned long long)runs[i].offset,
+                            (unsigned long long)runs[i].bytes);
+  cuda_frame f;
+  int rc = cuda_frame_open(be, op, &f);
+  if (rc != SGM_OK) return rc;
+  CUmemAllocationProp prop = cuda_vmm_prop(be);
+  for (size_t i = 0; i < n && rc == SGM_OK; i++) {
+    rc = cuda_vmm_map_one(be, v, runs[i].offset, runs[i].bytes, &prop, op);
+    if (rc == SGM_OK) *n_done = i + 1;
   }
   cuda_frame_close(be, &f, op);
-  if (!failed) {
-    sgm__lock_take(&be->lock);
-    v->mapped[g0] = CUDA_VG_HEAD;
-    if (g1 - g0 > 1) memset(v->mapped + g0 + 1, CUDA_VG_TAIL, (size_t)(g1 - g0 - 1));
-    be->c.device_live_bytes += bytes;
-    be->c.vmm_mapped_bytes += bytes;
-    sgm__lock_drop(&be->lock);
-  }
   return rc;
+}
+
+static int cuda_vmm_map(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes) {
+  sgm_vmm_run run = {offset, bytes};
+  size_t done;
+  return cuda_vmm_map_runs(be, range, &run, 1, &done);
 }
 
 /* Is [g0, g1) of v whole mappings in `state` (CUDA_VG_HEAD: vmm_map's, each
@@ -1971,47 +1994,69 @@ static bool cuda_vmm_whole_locked(const cuda_vrange *v, uint64_t g0, uint64_t g1
   return true;
 }
 
-/* Unmap [offset, +bytes) of v, whole mappings that must all be in `state`
+/* Unmap the runs of v, each whole mappings that must all be in `state`
  * (CUDA_VG_HEAD: vmm_map's own memory, CUDA_VG_POOL: pool granules of
  * vmm_pool_map): checked under be->lock with the counters (own memory leaves
  * device_live_bytes too), then one cuMemUnmap per mapping with no lock held
- * (the caller owns these granules: nobody else maps or unmaps them
- * meanwhile), then marked unmapped (a pool granule goes back to its pool,
- * whose handle keeps the memory). A run that is not one is a broken
- * contract: asserted, logged (what: the state's name) and ignored. */
-static void cuda_vmm_unmap_state(sgm_backend *be, cuda_vrange *v, uint64_t offset, uint64_t bytes,
-                                 uint8_t state, const char *op, const char *what) {
-  uint64_t g0, g1;
-  bool ok = cuda_vrange_run(v, offset, bytes, &g0, &g1);
-  sgm__lock_take(&be->lock);
-  ok = ok && cuda_vmm_whole_locked(v, g0, g1, state);
-  if (ok) {
-    if (state == CUDA_VG_HEAD) be->c.device_live_bytes -= bytes;
-    be->c.vmm_mapped_bytes -= bytes;
-  }
-  sgm__lock_drop(&be->lock);
-  sgm_assert(ok);
-  if (!ok) {
-    sgm__log(be->verbose, 1, "CUDA: %s: [%llu, +%llu) is not a run of whole %s mappings; ignored",
-             op, (unsigned long long)offset, (unsigned long long)bytes, what);
+ * and one frame for all the runs (the caller owns these granules: nobody else
+ * maps or unmaps them meanwhile), then marked unmapped (a pool granule goes
+ * back to its pool, whose handle keeps the memory). A run that is not one is
+ * a broken contract: asserted, logged (what: the state's name) and skipped. */
+static void cuda_vmm_unmap_state(sgm_backend *be, cuda_vrange *v, const sgm_vmm_run *runs,
+                                 size_t n, uint8_t state, const char *op, const char *what) {
+  bool small[64], *ok = n <= 64 ? small : malloc(n * sizeof *ok);
+  if (!ok) { /* out of host memory for the flags: one run at a time */
+    for (size_t i = 0; i < n; i++) cuda_vmm_unmap_state(be, v, &runs[i], 1, state, op, what);
     return;
   }
+  size_t n_ok = 0;
+  uint64_t g0, g1;
+  sgm__lock_take(&be->lock);
+  for (size_t i = 0; i < n; i++) {
+    ok[i] = cuda_vrange_run(v, runs[i].offset, runs[i].bytes, &g0, &g1) &&
+            cuda_vmm_whole_locked(v, g0, g1, state);
+    if (!ok[i]) continue;
+    n_ok++;
+    if (state == CUDA_VG_HEAD) be->c.device_live_bytes -= runs[i].bytes;
+    be->c.vmm_mapped_bytes -= runs[i].bytes;
+  }
+  sgm__lock_drop(&be->lock);
+  for (size_t i = 0; i < n; i++) {
+    sgm_assert(ok[i]);
+    if (!ok[i])
+      sgm__log(be->verbose, 1, "CUDA: %s: [%llu, +%llu) is not a run of whole %s mappings; ignored",
+               op, (unsigned long long)runs[i].offset, (unsigned long long)runs[i].bytes, what);
+  }
   cuda_frame f;
-  if (cuda_frame_open_must(be, op, "", &f)) {
-    cuda_vmm_unmap_run(be, v, v->mapped, g0, g1, op);
+  if (n_ok && cuda_frame_open_must(be, op, "", &f)) {
+    for (size_t i = 0; i < n; i++) {
+      if (!ok[i]) continue;
+      cuda_vrange_run(v, runs[i].offset, runs[i].bytes, &g0, &g1);
+      cuda_vmm_unmap_run(be, v, v->mapped, g0, g1, op);
+    }
     cuda_frame_close(be, &f, op);
   }
   sgm__lock_take(&be->lock);
-  for (uint64_t g = g0; g < g1; g++) {
-    v->mapped[g] = CUDA_VG_NONE;
-    if (state == CUDA_VG_POOL) v->pool->used[v->pidx[g]] = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!ok[i]) continue;
+    cuda_vrange_run(v, runs[i].offset, runs[i].bytes, &g0, &g1);
+    for (uint64_t g = g0; g < g1; g++) {
+      v->mapped[g] = CUDA_VG_NONE;
+      if (state == CUDA_VG_POOL) v->pool->used[v->pidx[g]] = 0;
+    }
   }
   sgm__lock_drop(&be->lock);
+  if (ok != small) free(ok);
+}
+
+static void cuda_vmm_unmap_runs(sgm_backend *be, void *range, const sgm_vmm_run *runs, size_t n) {
+  sgm__lock_assert_none_held();
+  cuda_vmm_unmap_state(be, range, runs, n, CUDA_VG_HEAD, "unmapping device memory", "mapped");
 }
 
 static void cuda_vmm_unmap(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes) {
-  sgm__lock_assert_none_held();
-  cuda_vmm_unmap_state(be, range, offset, bytes, 1, "unmapping device memory", "mapped");
+  sgm_vmm_run run = {offset, bytes};
+  cuda_vmm_unmap_runs(be, range, &run, 1);
 }
 
 /* Unmap what is left of v and free its addresses (context entered, relaxed);
@@ -2229,7 +2274,8 @@ static int cuda_vmm_pool_map(sgm_backend *be, void *range, uint64_t offset, void
 static void cuda_vmm_pool_unmap(sgm_backend *be, void *range, uint64_t offset, uint64_t bytes) {
   sgm__lock_assert_none_held();
   /* cuMemUnmap only: the pool's handles keep the memory. */
-  cuda_vmm_unmap_state(be, range, offset, bytes, 2, "unmapping granules of the reserved budget",
+  sgm_vmm_run run = {offset, bytes};
+  cuda_vmm_unmap_state(be, range, &run, 1, CUDA_VG_POOL, "unmapping granules of the reserved budget",
                        "pool-mapped");
 }
 
@@ -2292,6 +2338,8 @@ const sgm_backend_ops sgm__backend_cuda_ops = {
     .vmm_reserve = cuda_vmm_reserve,
     .vmm_map = cuda_vmm_map,
     .vmm_unmap = cuda_vmm_unmap,
+    .vmm_map_runs = cuda_vmm_map_runs,
+    .vmm_unmap_runs = cuda_vmm_unmap_runs,
     .vmm_free = cuda_vmm_free,
     .device_uuid = cuda_device_uuid,
     .device_pci_bus_id = cuda_device_pci_bus_id,

@@ -160,6 +160,28 @@ uint64_t sgm__pool_vmm_unmapped_locked(const sgm_tier_pool *p, uint64_t off, uin
   return (uint64_t)tier_vmm_count_unmapped(p, g0, g1) << p->vmm_shift;
 }
 
+/* Runs of granules [g, e) that one backend call maps or unmaps together, at
+ * most this many: the CUDA backend enters the context and relaxes the
+ * capture mode once per call, three driver calls that a call per run paid
+ * each time (issue 26). */
+#define TIER_VMM_BATCH 16
+
+typedef struct tier_run {
+  size_t g, e; /* granules [g, e) */
+} tier_run;
+
+/* The backend's form of n runs (byte offsets in the range), counted as
+ * n map or unmap calls as a call per run would be. */
+static void tier_vmm_backend_runs(sgm_tier_pool *p, const tier_run *runs, size_t n,
+                                  sgm_vmm_run *out) {
+  sgm_assert_internal(n <= TIER_VMM_BATCH);
+  for (size_t i = 0; i < n; i++) {
+    out[i].offset = (uint64_t)runs[i].g << p->vmm_shift;
+    out[i].bytes = (uint64_t)(runs[i].e - runs[i].g) << p->vmm_shift;
+  }
+  __atomic_fetch_add(&p->vmm_calls, n, __ATOMIC_RELAXED);
+}
+
 /* Unmap granules [g, e) of the range: their memory goes back to the driver
  * (growth) or stays in the pool (reserve mode). No lock held. */
 static void tier_vmm_unmap_run(sgm_tier_pool *p, size_t g, size_t e) {
@@ -167,6 +189,17 @@ static void tier_vmm_unmap_run(sgm_tier_pool *p, size_t g, size_t e) {
   __atomic_fetch_add(&p->vmm_calls, 1, __ATOMIC_RELAXED);
   if (p->vmm_pool) p->p.bops->vmm_pool_unmap(p->p.be, p->vmm_range, off, bytes);
   else p->p.bops->vmm_unmap(p->p.be, p->vmm_range, off, bytes);
+}
+
+/* Unmap n runs, in one backend call where the backend has one (growth mode). */
+static void tier_vmm_unmap_runs(sgm_tier_pool *p, const tier_run *runs, size_t n) {
+  if (p->vmm_pool || !p->p.bops->vmm_unmap_runs) {
+    for (size_t i = 0; i < n; i++) tier_vmm_unmap_run(p, runs[i].g, runs[i].e);
+    return;
+  }
+  sgm_vmm_run r[TIER_VMM_BATCH];
+  tier_vmm_backend_runs(p, runs, n, r);
+  p->p.bops->vmm_unmap_runs(p->p.be, p->vmm_range, r, n);
 }
 
 /* Map the claimed granules [g, e) (busy 2; their pool granules in phys):
@@ -191,6 +224,23 @@ static int tier_vmm_map_run(sgm_tier_pool *p, size_t g, size_t e) {
   return SGM_OK;
 }
 
+/* Map n claimed runs in order, in one backend call where the backend has
+ * one (growth mode); stops at the first failure: *done runs are mapped. */
+static int tier_vmm_map_runs(sgm_tier_pool *p, const tier_run *runs, size_t n, size_t *done) {
+  *done = 0;
+  if (p->vmm_pool || !p->p.bops->vmm_map_runs) {
+    for (size_t i = 0; i < n; i++) {
+      int rc = tier_vmm_map_run(p, runs[i].g, runs[i].e);
+      if (rc != SGM_OK) return rc;
+      *done = i + 1;
+    }
+    return SGM_OK;
+  }
+  sgm_vmm_run r[TIER_VMM_BATCH];
+  tier_vmm_backend_runs(p, runs, n, r);
+  return p->p.bops->vmm_map_runs(p->p.be, p->vmm_range, r, n, done);
+}
+
 static uint64_t tier_vmm_unmap_excess(sgm_tier_pool *p, uint64_t keep);
 
 /* The head of the mapping granule g belongs to when that mapping is mapped,
@@ -201,19 +251,22 @@ static inline size_t tier_vmm_free_head_locked(const sgm_tier_pool *p, size_t g)
   return p->gran[x->head].used == 0 ? x->head : SIZE_MAX;
 }
 
-/* Unmap the run [g, e) the caller claimed (busy, under the lock): the lock is
- * dropped across the backend call and held again on return. Bytes unmapped. */
-static uint64_t tier_vmm_unmap_claimed_locked(sgm_tier_pool *p, size_t g, size_t e) {
-  tier_vmm_free_mapped_add_locked(p, -(int64_t)(e - g));
+/* Unmap the n runs the caller claimed (busy, under the lock; no longer
+ * counted free): the lock is dropped across the backend call and held again
+ * on return. Bytes unmapped. */
+static uint64_t tier_vmm_unmap_claimed_locked(sgm_tier_pool *p, const tier_run *runs, size_t n) {
   sgm__lock_drop(&p->lock);
-  tier_vmm_unmap_run(p, g, e);
+  tier_vmm_unmap_runs(p, runs, n);
   sgm__lock_take(&p->lock);
-  for (size_t k = g; k < e; k++) {
-    tier_vmm_set_mapped(p, k, false);
-    p->gran[k].busy = 0;
-    if (p->vmm_pool) p->pool_free[p->n_pool_free++] = p->gran[k].phys; /* back to the pool */
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < n; i++) {
+    for (size_t k = runs[i].g; k < runs[i].e; k++) {
+      tier_vmm_set_mapped(p, k, false);
+      p->gran[k].busy = 0;
+      if (p->vmm_pool) p->pool_free[p->n_pool_free++] = p->gran[k].phys; /* back to the pool */
+    }
+    bytes += (uint64_t)(runs[i].e - runs[i].g) << p->vmm_shift;
   }
-  uint64_t bytes = (uint64_t)(e - g) << p->vmm_shift;
   p->committed_bytes -= bytes;
   pthread_cond_broadcast(&p->grown);
   return bytes;
@@ -222,10 +275,10 @@ static uint64_t tier_vmm_unmap_claimed_locked(sgm_tier_pool *p, size_t g, size_t
 /*
  * Unmap every free mapped granule (no block touches it, nobody maps or
  * unmaps it): on trim, on idle trim (the pool idle, measured from its last
- * allocation: sgm__tier_idle_trim) and under budget pressure. One run of
- * neighbours per backend call, the lock dropped across it; a block carved
- * meanwhile onto a granule being unmapped waits for it (busy) and maps it
- * again. Bytes unmapped.
+ * allocation: sgm__tier_idle_trim) and under budget pressure. Up to
+ * TIER_VMM_BATCH runs of neighbours per backend call, the lock dropped
+ * across it; a block carved meanwhile onto a granule being unmapped waits
+ * for it (busy) and maps it again. Bytes unmapped.
  */
 uint64_t sgm__pool_vmm_unmap_free(sgm_tier_pool *p) {
   uint64_t done = tier_vmm_unmap_excess(p, 0);
@@ -241,11 +294,14 @@ uint64_t sgm__pool_vmm_unmap_free(sgm_tier_pool *p) {
  * until at most `keep` granules stay mapped free; the lowest free ones,
  * nearest the blocks the sub-allocator places first, are the ones kept. A
  * mapping goes whole (the last one may take the count below `keep`); free
- * neighbours go in one backend call. Bytes unmapped.
+ * neighbours go as one run, up to TIER_VMM_BATCH runs per backend call.
+ * Bytes unmapped.
  */
 static uint64_t tier_vmm_unmap_excess(sgm_tier_pool *p, uint64_t keep) {
   if (!sgm__pool_owed_settle(p)) return 0; /* no unmap under a stream's pending work (owe.c) */
   uint64_t done = 0;
+  tier_run runs[TIER_VMM_BATCH];
+  size_t n = 0;
   sgm__lock_take(&p->lock);
   for (size_t e = (size_t)(p->vmm_bytes >> p->vmm_shift); e > 0 && p->vmm_free_mapped > keep;) {
     const tier_granule *top = &p->gran[e - 1];
@@ -263,9 +319,15 @@ static uint64_t tier_vmm_unmap_excess(sgm_tier_pool *p, uint64_t keep) {
       g = below;
     }
     for (size_t k = g; k < e; k++) p->gran[k].busy = 1;
-    done += tier_vmm_unmap_claimed_locked(p, g, e);
+    tier_vmm_free_mapped_add_locked(p, -(int64_t)(e - g));
+    runs[n++] = (tier_run){g, e};
+    if (n == TIER_VMM_BATCH) {
+      done += tier_vmm_unmap_claimed_locked(p, runs, n);
+      n = 0;
+    }
     e = g;
   }
+  if (n) done += tier_vmm_unmap_claimed_locked(p, runs, n);
   sgm__lock_drop(&p->lock);
   return done;
 }
@@ -391,36 +453,44 @@ int sgm__pool_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
       }
     p->committed_bytes += want;
     sgm__lock_drop(&p->lock);
-    /* One backend call per mapping (growth: up to TIER_VMM_MAP_MAX_GRANULES
-     * claimed neighbours; reserve mode: a run of pool granules, each its own
-     * mapping). Claimed granules are this thread's alone, so reading their
-     * state unlocked is safe. */
+    /* One mapping per run (growth: up to TIER_VMM_MAP_MAX_GRANULES claimed
+     * neighbours; reserve mode: a run of pool granules, each its own
+     * mapping), up to TIER_VMM_BATCH runs per backend call. Claimed granules
+     * are this thread's alone, so reading their state unlocked is safe. */
     int rc = SGM_OK;
     for (size_t g = lo; g <= hi;) {
-      if (p->gran[g].busy != 2) {
-        g++;
-        continue;
-      }
-      size_t e = g;
-      while (e <= hi && p->gran[e].busy == 2) e++;
-      if (!p->vmm_pool && e - g > TIER_VMM_MAP_MAX_GRANULES) e = g + TIER_VMM_MAP_MAX_GRANULES;
-      int r = rc == SGM_OK ? tier_vmm_map_run(p, g, e) : rc;
-      sgm__lock_take(&p->lock);
-      if (r == SGM_OK && p->vmm_pool) {
-        for (size_t k = g; k < e; k++) tier_vmm_mapped_locked(p, k, k + 1);
-      } else if (r == SGM_OK) {
-        tier_vmm_mapped_locked(p, g, e);
-      } else {
-        for (size_t k = g; k < e; k++) {
-          p->gran[k].busy = 0;
-          tier_vmm_set_mapped(p, k, false);
-          if (p->vmm_pool) p->pool_free[p->n_pool_free++] = p->gran[k].phys;
+      tier_run runs[TIER_VMM_BATCH];
+      size_t n = 0, done = 0;
+      while (g <= hi && n < TIER_VMM_BATCH) {
+        if (p->gran[g].busy != 2) {
+          g++;
+          continue;
         }
-        p->committed_bytes -= (uint64_t)(e - g) * gb;
+        size_t e = g;
+        while (e <= hi && p->gran[e].busy == 2) e++;
+        if (!p->vmm_pool && e - g > TIER_VMM_MAP_MAX_GRANULES) e = g + TIER_VMM_MAP_MAX_GRANULES;
+        runs[n++] = (tier_run){g, e};
+        g = e;
+      }
+      int r = rc == SGM_OK && n ? tier_vmm_map_runs(p, runs, n, &done) : rc;
+      sgm__lock_take(&p->lock);
+      for (size_t i = 0; i < n; i++) {
+        size_t a = runs[i].g, e = runs[i].e;
+        if (i < done && p->vmm_pool) {
+          for (size_t k = a; k < e; k++) tier_vmm_mapped_locked(p, k, k + 1);
+        } else if (i < done) {
+          tier_vmm_mapped_locked(p, a, e);
+        } else { /* failed, or not tried after a failure */
+          for (size_t k = a; k < e; k++) {
+            p->gran[k].busy = 0;
+            tier_vmm_set_mapped(p, k, false);
+            if (p->vmm_pool) p->pool_free[p->n_pool_free++] = p->gran[k].phys;
+          }
+          p->committed_bytes -= (uint64_t)(e - a) * gb;
+        }
       }
       sgm__lock_drop(&p->lock);
       if (r != SGM_OK && rc == SGM_OK) rc = r;
-      g = e;
     }
     sgm__lock_take(&p->lock);
     pthread_cond_broadcast(&p->grown);
