@@ -193,13 +193,17 @@ enum { TIER_LIVE = 1, TIER_CACHED = 2, TIER_OWN = 4, TIER_BUSY = 8 };
  * (its head) keeps its length and how many of its granules blocks touch. */
 typedef struct tier_granule {
   uint32_t refs;               /* blocks of the sub-allocator (live or cached) touching it */
+  uint32_t head;               /* mapped: the first granule of its mapping */
+  uint32_t phys;               /* reserve mode's pool: the pool granule mapped here (mapped or busy) */
   uint8_t mapped;              /* memory is mapped behind it */
   uint8_t busy;                /* a thread maps or unmaps it now, without the pool lock */
-  uint32_t phys;               /* reserve mode's pool: the pool granule mapped here (mapped or busy) */
-  uint32_t head;               /* mapped: the first granule of its mapping */
-  uint32_t len;                /* on a mapped head: granules in the mapping */
-  uint32_t used;               /* on a mapped head, not busy: its granules with refs > 0 */
+  uint8_t len;                 /* on a mapped head: granules in the mapping */
+  uint8_t used;                /* on a mapped head, not busy: its granules with refs > 0 */
 } tier_granule;
+/* 16 bytes: a block's granules and their mappings' heads share fewer lines
+ * (24 bytes before; the churn of large blocks missed on them, issue 26). */
+_Static_assert(sizeof(tier_granule) == 16, "a granule's record is 16 bytes");
+_Static_assert(TIER_VMM_MAP_MAX_GRANULES <= UINT8_MAX, "tier_granule.len holds a mapping's granules");
 
 /* Streams sgm_record_stream named for a block (malloc'd). */
 typedef struct tier_rec {

@@ -134,14 +134,15 @@ static inline void tier_vmm_unref_one_locked(sgm_tier_pool *p, size_t g) {
  * and count it free when no block touches it (one that claimed them failed
  * meanwhile). */
 static void tier_vmm_mapped_locked(sgm_tier_pool *p, size_t g, size_t e) {
-  uint32_t used = 0;
+  sgm_assert_internal(e > g && e - g <= TIER_VMM_MAP_MAX_GRANULES);
+  uint8_t used = 0;
   for (size_t k = g; k < e; k++) {
     p->gran[k].busy = 0;
     tier_vmm_set_mapped(p, k, true);
     p->gran[k].head = (uint32_t)g;
     used += p->gran[k].refs > 0;
   }
-  p->gran[g].len = (uint32_t)(e - g);
+  p->gran[g].len = (uint8_t)(e - g);
   p->gran[g].used = used;
   if (used == 0) tier_vmm_free_mapped_add_locked(p, (int64_t)(e - g));
 }
@@ -699,8 +700,8 @@ bool sgm__pool_vmm_check_locked(sgm_tier_pool *p, const sgm_suballoc_stats *st) 
       }
       if (!whole || used != x->used)
         ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: the mapping at granule %zu of %u granules is "
-                             "not whole, or %u of them are in use and %u counted", name, g, x->len,
-                             used, x->used);
+                             "not whole, or %u of them are in use and %u counted", name, g,
+                             (unsigned)x->len, used, (unsigned)x->used);
       free_mapped += used == 0 ? x->len : 0;
     } else if (x->mapped && !x->busy && (x->head > g || p->gran[x->head].head != x->head ||
                                          x->head + p->gran[x->head].len <= g)) {
