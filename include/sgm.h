@@ -327,8 +327,9 @@ typedef struct sgm_stats {
                                           hints, sgm_prefetch, sgm_trim, the idle tick) */
   uint64_t managed_worker_moved_bytes; /* managed bytes moved by the worker on the copy stream */
   uint64_t vram_map_calls;      /* backend calls that mapped or unmapped VRAM granules on the reserved
-                                   range since create (on CUDA each is cuMemCreate+cuMemMap+
-                                   cuMemSetAccess or cuMemUnmap+cuMemRelease); 0 without one */
+                                   range since create (on CUDA each is a mapping's cuMemCreate+
+                                   cuMemMap+cuMemRelease, with cuMemSetAccess once for neighbouring
+                                   mappings, or the cuMemUnmap of whole mappings); 0 without one */
 } sgm_stats;
 
 /* Fill *out with the context's counters. Fast, any thread. On failure *out is zeroed. */

@@ -137,13 +137,15 @@
  *    ignored). The driver does not wait for device work: the caller unmaps
  *    only memory no queued work uses. Cannot fail from sgm's point of view
  *    (a driver error is logged).
- *  - vmm_map_runs() maps several runs, each as vmm_map would, in order, and
- *    stops at the first that fails (*n_done: the runs mapped, each whole; the
- *    status is that run's); vmm_unmap_runs() unmaps several runs as
- *    vmm_unmap would. CUDA: the context is entered and the capture mode
- *    relaxed once for all the runs, where a call per run paid those three
- *    driver calls each time (issue 26). NULL: the caller calls vmm_map and
- *    vmm_unmap per run.
+ *  - vmm_map_runs() maps several runs, each as ONE mapping as vmm_map would,
+ *    in order, and stops at the first that fails: *n_done runs are mapped,
+ *    each whole, the status is the failure's; a backend may map neighbouring
+ *    runs as a group that stands or falls together (CUDA: one cuMemSetAccess
+ *    for the group), so a failed run can take its mapped neighbours with it.
+ *    vmm_unmap_runs() unmaps several runs as vmm_unmap would. CUDA: the
+ *    context is entered and the capture mode relaxed once for all the runs,
+ *    where a call per run paid those three driver calls each time (issue
+ *    26). NULL: the caller calls vmm_map and vmm_unmap per run.
  *  - vmm_free() releases a range; granules still mapped are unmapped first
  *    and reported as a leak at SGM_VERBOSE >= 1. NULL is a no-op.
  *  - None of them is on the steady allocation path: sgm maps when committed

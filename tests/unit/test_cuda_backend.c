@@ -750,17 +750,20 @@ static void test_driver_calls_counted(void **state) {
   ops->vmm_unmap(be, range, 2 * g, 2 * g);
   /* Several runs in one call (issue 26): a mapping each, but the context is
    * looked up and the capture mode relaxed and restored once for all of
-   * them: 3 calls, where a call per run took 3 per run. The same for the
-   * unmap of several runs. */
+   * them: 3 calls, where a call per run took 3 per run; neighbouring runs
+   * get access in one cuMemSetAccess. The same frame for the unmap of
+   * several runs. */
   const char *frame[] = {"cuCtxGetCurrent", "cuThreadExchangeStreamCaptureMode"};
   uint64_t fr[2];
   for (int i = 0; i < 2; i++) fr[i] = fc.fake_cuda_calls(frame[i]);
   creates = fc.fake_cuda_calls("cuMemCreate");
+  uint64_t access = fc.fake_cuda_calls("cuMemSetAccess");
   sgm_vmm_run runs[3] = {{0, g}, {g, g}, {3 * g, g}};
   size_t done = 0;
   assert_int_equal(ops->vmm_map_runs(be, range, runs, 3, &done), SGM_OK);
   assert_int_equal(done, 3);
   assert_int_equal(fc.fake_cuda_calls("cuMemCreate") - creates, 3);
+  assert_int_equal(fc.fake_cuda_calls("cuMemSetAccess") - access, 2); /* one per neighbours */
   assert_int_equal(fc.fake_cuda_calls(frame[0]) - fr[0], 1);
   assert_int_equal(fc.fake_cuda_calls(frame[1]) - fr[1], 2);
   ops->counters(be, &c);
@@ -806,10 +809,28 @@ static void test_driver_calls_counted(void **state) {
   fc.fake_cuda_stream_destroy(ts);
 }
 
+/* vmm_map_runs of the three runs with the nth driver call from now failing
+ * with result: it returns want_rc, mentions call, reports want_done runs
+ * mapped, and the backend has want_mapped bytes mapped. */
+static void map_runs_failing(const sgm_backend_ops *ops, sgm_backend *be, void *range,
+                             const sgm_vmm_run runs[3], uint64_t nth, int result, int want_rc,
+                             size_t want_done, const char *call, uint64_t want_mapped) {
+  size_t done = 9;
+  fc.fake_cuda_set_fail_at(nth, result);
+  assert_int_equal(ops->vmm_map_runs(be, range, runs, 3, &done), want_rc);
+  assert_int_equal(done, want_done);
+  assert_error_mentions(call);
+  sgm_backend_counters c;
+  ops->counters(be, &c);
+  assert_int_equal(c.vmm_mapped_bytes, want_mapped);
+}
+
 /* Invariant: vmm_map_runs maps its runs in order and stops at the first
- * that fails: the runs before it stay mapped, each whole, and *n_done counts
- * them; the ones after are not tried. A run that is not granule-aligned is
- * refused before any driver call. */
+ * that fails; neighbouring runs are granted access with one cuMemSetAccess
+ * and stand or fall together: the groups before the failure stay mapped,
+ * each run whole, and *n_done counts their runs; the failed group is
+ * unmapped again; the ones after are not tried. A run that is not
+ * granule-aligned is refused before any driver call. */
 static void test_vmm_runs_stop_at_a_failure(void **state) {
   (void)state;
   sgm_backend *be = NULL;
@@ -820,20 +841,25 @@ static void test_vmm_runs_stop_at_a_failure(void **state) {
   sgm_devptr base = 0;
   assert_int_equal(ops->vmm_granularity(be, &g), SGM_OK);
   assert_int_equal(ops->vmm_reserve(be, 4 * g, &range, &base), SGM_OK);
+  /* Two groups: runs 0 and 1 are neighbours, run 2 stands alone. */
   sgm_vmm_run runs[3] = {{0, g}, {g, g}, {3 * g, g}};
-  size_t done = 9;
-  /* The second run's cuMemCreate (the 7th call: context, relax, then four
-   * for the first run) fails; the first stays mapped, whole, and *n_done
-   * says so; the third is not tried. */
-  fc.fake_cuda_set_fail_at(7, CUDA_ERROR_OUT_OF_MEMORY);
-  assert_int_equal(ops->vmm_map_runs(be, range, runs, 3, &done), SGM_ERR_NOMEM);
-  assert_int_equal(done, 1);
-  assert_error_mentions("cuMemCreate");
-  ops->counters(be, &c);
-  assert_int_equal(c.vmm_mapped_bytes, g);
-  ops->vmm_unmap_runs(be, range, runs, 1);
+  /* The second group's cuMemCreate fails: the 10th call (context, relax,
+   * then cuMemCreate, cuMemMap, cuMemRelease per run of the first group and
+   * its one cuMemSetAccess). */
+  uint64_t access = fc.fake_cuda_calls("cuMemSetAccess");
+  map_runs_failing(ops, be, range, runs, 10, CUDA_ERROR_OUT_OF_MEMORY, SGM_ERR_NOMEM, 2,
+                   "cuMemCreate", 2 * g);
+  assert_int_equal(fc.fake_cuda_calls("cuMemSetAccess") - access, 1);
+  ops->vmm_unmap_runs(be, range, runs, 2);
+  /* The first group's cuMemSetAccess fails (the 9th call): both of its runs
+   * are unmapped again, nothing is mapped. */
+  uint64_t unmaps = fc.fake_cuda_calls("cuMemUnmap");
+  map_runs_failing(ops, be, range, runs, 9, CUDA_ERROR_INVALID_VALUE, SGM_ERR_BACKEND, 0,
+                   "cuMemSetAccess", 0);
+  assert_int_equal(fc.fake_cuda_calls("cuMemUnmap") - unmaps, 2);
   /* A run that is not granule-aligned: refused before any driver call. */
   sgm_vmm_run bad[2] = {{0, g}, {g + 1, g}};
+  size_t done = 9;
   uint64_t all = fc.fake_cuda_calls(NULL);
   assert_int_equal(ops->vmm_map_runs(be, range, bad, 2, &done), SGM_ERR_INVALID);
   assert_int_equal(done, 0);

@@ -1749,7 +1749,8 @@ static void cuda_device_key(sgm_backend *be, char *out, size_t len) {
  * allocation (cuMemCreate + cuMemMap of the whole run: four calls however
  * large, issue 26), releases the handle at once (the driver frees the memory
  * when the handle is released *and* the mapping unmapped, in either order),
- * then grants the device read-write access with one cuMemSetAccess. cuMemUnmap
+ * then grants the device read-write access with one cuMemSetAccess (one for
+ * neighbouring runs mapped together: vmm_map_runs). cuMemUnmap
  * takes whole mappings only (cuda.h: it "cannot unmap a sub-range of an
  * address range mapped by cuMemCreate / cuMemMap"), so vmm_unmap is given
  * runs of whole mappings and unmaps each with one cuMemUnmap, which then
@@ -1905,47 +1906,64 @@ static CUresult cuda_vmm_set_access(sgm_backend *be, CUdeviceptr p, uint64_t byt
 }
 
 /* Map one run [offset, +bytes) of v as one mapping, in the caller's frame
- * (context entered, relaxed): all or nothing. */
+ * (context entered, relaxed), without access yet (cuda_vmm_map_group grants
+ * it): all or nothing. */
 static int cuda_vmm_map_one(sgm_backend *be, cuda_vrange *v, uint64_t offset, uint64_t bytes,
                             const CUmemAllocationProp *prop, const char *op) {
-  const char *failed = NULL;
-  bool mapped = false;
   CUmemGenericAllocationHandle h = 0;
   CUresult r = CU(cuMemCreate)(&h, (size_t)bytes, prop, 0);
-  if (r != CUDA_SUCCESS) {
-    failed = "cuMemCreate";
-  } else {
-    r = CU(cuMemMap)(v->base + offset, (size_t)bytes, 0, h, 0);
-    mapped = r == CUDA_SUCCESS;
-    /* The mapping keeps the memory; the handle is not needed any more. */
-    CUresult rr = CU(cuMemRelease)(h);
-    if (!mapped) failed = "cuMemMap";
-    else if (rr != CUDA_SUCCESS) cuda_log_failure(be, rr, op, "cuMemRelease");
+  if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuMemCreate", CUDA_BLAME_DRIVER);
+  r = CU(cuMemMap)(v->base + offset, (size_t)bytes, 0, h, 0);
+  /* The mapping keeps the memory; the handle is not needed any more. */
+  CUresult rr = CU(cuMemRelease)(h);
+  if (r != CUDA_SUCCESS) return cuda_fail(r, op, "cuMemMap", CUDA_BLAME_DRIVER);
+  if (rr != CUDA_SUCCESS) cuda_log_failure(be, rr, op, "cuMemRelease");
+  return SGM_OK;
+}
+
+/* Map runs [0, n) of v, each next to the one before, as a mapping each, and
+ * grant the device access to all of them with one cuMemSetAccess (the range
+ * may hold several whole mappings, cuda.h: "a fully mapped address range
+ * containing all allocations"; PyTorch's expandable segments grant a run of
+ * handles at once too). All or nothing: on failure every run of the group is
+ * unmapped again. In the caller's frame. */
+static int cuda_vmm_map_group(sgm_backend *be, cuda_vrange *v, const sgm_vmm_run *runs, size_t n,
+                              const CUmemAllocationProp *prop, const char *op) {
+  size_t mapped = 0;
+  int rc = SGM_OK;
+  for (; mapped < n && rc == SGM_OK; mapped++) {
+    rc = cuda_vmm_map_one(be, v, runs[mapped].offset, runs[mapped].bytes, prop, op);
+    if (rc != SGM_OK) break;
   }
-  if (!failed) {
-    r = cuda_vmm_set_access(be, v->base + offset, bytes);
-    if (r != CUDA_SUCCESS) failed = "cuMemSetAccess";
+  if (rc == SGM_OK) {
+    uint64_t bytes = runs[n - 1].offset + runs[n - 1].bytes - runs[0].offset;
+    CUresult r = cuda_vmm_set_access(be, v->base + runs[0].offset, bytes);
+    if (r != CUDA_SUCCESS) rc = cuda_fail(r, op, "cuMemSetAccess", CUDA_BLAME_DRIVER);
   }
-  if (failed) {
-    if (mapped) { /* all or nothing */
-      CUresult ru = CU(cuMemUnmap)(v->base + offset, (size_t)bytes);
+  if (rc != SGM_OK) {
+    for (size_t i = 0; i < mapped; i++) { /* all or nothing */
+      CUresult ru = CU(cuMemUnmap)(v->base + runs[i].offset, (size_t)runs[i].bytes);
       if (ru != CUDA_SUCCESS) cuda_log_failure(be, ru, op, "cuMemUnmap");
     }
-    return cuda_fail(r, op, failed, CUDA_BLAME_DRIVER);
+    return rc;
   }
-  uint64_t g0 = offset / v->granule, g1 = (offset + bytes) / v->granule;
   sgm__lock_take(&be->lock);
-  v->mapped[g0] = CUDA_VG_HEAD;
-  if (g1 - g0 > 1) memset(v->mapped + g0 + 1, CUDA_VG_TAIL, (size_t)(g1 - g0 - 1));
-  be->c.device_live_bytes += bytes;
-  be->c.vmm_mapped_bytes += bytes;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t g0 = runs[i].offset / v->granule, g1 = (runs[i].offset + runs[i].bytes) / v->granule;
+    v->mapped[g0] = CUDA_VG_HEAD;
+    if (g1 - g0 > 1) memset(v->mapped + g0 + 1, CUDA_VG_TAIL, (size_t)(g1 - g0 - 1));
+    be->c.device_live_bytes += runs[i].bytes;
+    be->c.vmm_mapped_bytes += runs[i].bytes;
+  }
   sgm__lock_drop(&be->lock);
   return SGM_OK;
 }
 
 /* Map each run as one mapping, in order, in one frame: the context entered
  * and the capture mode relaxed once for all of them (three driver calls
- * that mapping run by run paid per run). Stops at the first failure. */
+ * that mapping run by run paid per run), and neighbouring runs granted
+ * access together. Stops at the first failure: the runs of the group that
+ * failed are unmapped again (*n_done counts the groups before it). */
 static int cuda_vmm_map_runs(sgm_backend *be, void *range, const sgm_vmm_run *runs, size_t n,
                              size_t *n_done) {
   sgm__lock_assert_none_held();
@@ -1965,9 +1983,12 @@ static int cuda_vmm_map_runs(sgm_backend *be, void *range, const sgm_vmm_run *ru
   int rc = cuda_frame_open(be, op, &f);
   if (rc != SGM_OK) return rc;
   CUmemAllocationProp prop = cuda_vmm_prop(be);
-  for (size_t i = 0; i < n && rc == SGM_OK; i++) {
-    rc = cuda_vmm_map_one(be, v, runs[i].offset, runs[i].bytes, &prop, op);
-    if (rc == SGM_OK) *n_done = i + 1;
+  for (size_t i = 0; i < n && rc == SGM_OK;) {
+    size_t j = i + 1;
+    while (j < n && runs[j].offset == runs[j - 1].offset + runs[j - 1].bytes) j++;
+    rc = cuda_vmm_map_group(be, v, runs + i, j - i, &prop, op);
+    if (rc == SGM_OK) *n_done = j;
+    i = j;
   }
   cuda_frame_close(be, &f, op);
   return rc;

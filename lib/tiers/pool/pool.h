@@ -153,10 +153,10 @@ typedef struct tier_range {
  * 0.0182 and 0.0161 with committed up to 1.092 and 1.114. */
 #define TIER_VMM_PEAK_SHIFT 6
 /* Expandable growth maps the granules a block needs as mappings of at most
- * this many granules (64 MiB with 2 MiB granules), one backend call each:
- * four driver calls on CUDA however many granules (cuMemCreate, cuMemMap,
- * cuMemRelease, cuMemSetAccess) where mapping granule by granule took four
- * per granule. A mapping is unmapped whole (cuMemUnmap takes no part of
+ * this many granules (64 MiB with 2 MiB granules): four driver calls on
+ * CUDA however many granules (cuMemCreate, cuMemMap, cuMemRelease,
+ * cuMemSetAccess; neighbouring mappings made together share the last)
+ * where mapping granule by granule took four per granule. A mapping is unmapped whole (cuMemUnmap takes no part of
  * one), so while a block touches any of its granules all of it stays
  * committed: the cap bounds that. Measured on the idealloc traces, emulated
  * device, two passes (docs/benchmarks-history.md, issue 26): 16 granules
