@@ -27,6 +27,7 @@
 #include "fake_fixture.h"
 #include "internal.h"
 #include "test_util.h"
+#include "tiers/pool/pool.h" /* vmm_held_peak */
 #include "tiers/tier.h"
 
 #define KiB (UINT64_C(1) << 10)
@@ -270,7 +271,13 @@ static void test_owing_stream_that_captures(void **state) {
   void *c = sgm_alloc(ctx, 2 * MiB, t); /* placed elsewhere: S's memory set aside */
   assert_non_null(c);
   assert_false(overlaps(a, 8 * MiB, c, 2 * MiB));
+  uint64_t peak = vp->vmm_held_peak;
+  assert_true(peak > vp->held_bytes); /* four 4 MiB blocks were live */
   assert_int_equal(sgm_trim(ctx), SGM_OK); /* no query, no wait, no unmap under S's work */
+  /* S's returned granules are still mapped, free: the peak has not ended
+   * (growth keeps the mappings within it until a trim unmaps them all). */
+  assert_true(sgm__tier_vmm_free_mapped(vp) > 0);
+  assert_int_equal(vp->vmm_held_peak, peak);
   void *g = NULL;
   assert_int_equal(end(s, &g), 0); /* the capture stayed valid */
   assert_non_null(g);

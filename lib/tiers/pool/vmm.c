@@ -283,9 +283,10 @@ static uint64_t tier_vmm_unmap_claimed_locked(sgm_tier_pool *p, const tier_run *
  */
 uint64_t sgm__pool_vmm_unmap_free(sgm_tier_pool *p) {
   uint64_t done = tier_vmm_unmap_excess(p, 0);
-  /* The peak starts again from what is held now. */
+  /* No free granule left mapped (none under a stream's pending work): the
+   * peak starts again from what is held now. */
   sgm__lock_take(&p->lock);
-  p->vmm_held_peak = p->held_bytes;
+  if (p->vmm_free_mapped == 0) p->vmm_held_peak = p->held_bytes;
   sgm__lock_drop(&p->lock);
   return done;
 }
