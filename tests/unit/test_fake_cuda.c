@@ -1136,6 +1136,38 @@ static void test_vmm_access_must_be_set_after_every_map(void **state) {
   CU_OK(cuMemAddressFree(base, 2 * GRAN));
 }
 
+/* Rule: cuMemSetAccess takes a fully mapped range of whole mappings, so one
+ * call may cover several neighbouring mappings (cuda.h: "a fully mapped
+ * address range containing all allocations"): both become readable and
+ * writable. A range that takes part of a mapping is refused, and grants
+ * nothing. */
+static void test_vmm_access_over_neighbouring_mappings(void **state) {
+  (void)state;
+  CUdeviceptr base = 0;
+  CU_OK(cuMemAddressReserve(&base, 4 * GRAN, 0, 0, 0));
+  CUstream s = stream_new(0);
+  CUmemGenericAllocationHandle big = vmm_create(2 * GRAN), a = vmm_create(GRAN);
+  CU_OK(cuMemMap(base, 2 * GRAN, 0, big, 0));
+  CU_OK(cuMemMap(base + 2 * GRAN, GRAN, 0, a, 0));
+  CU_OK(cuMemRelease(big));
+  CU_OK(cuMemRelease(a));
+  CUmemAccessDesc d;
+  memset(&d, 0, sizeof d);
+  d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  assert_int_equal(cuMemSetAccess(base + GRAN, 2 * GRAN, &d, 1), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(cuMemsetD8Async(base + 2 * GRAN, 0x22, 4096, s), CUDA_ERROR_INVALID_VALUE);
+  vmm_access(base, 3 * GRAN); /* both mappings, one call */
+  CU_OK(cuMemsetD8Async(base + GRAN, 0x22, 4096, s));
+  CU_OK(cuMemsetD8Async(base + 2 * GRAN, 0x33, 4096, s));
+  CU_OK(cuStreamSynchronize(s));
+  assert_int_equal(((unsigned char *)(uintptr_t)(base + GRAN))[4095], 0x22);
+  assert_int_equal(((unsigned char *)(uintptr_t)(base + 2 * GRAN))[4095], 0x33);
+  CU_OK(cuMemUnmap(base, 3 * GRAN));
+  CU_OK(cuStreamDestroy(s));
+  CU_OK(cuMemAddressFree(base, 4 * GRAN));
+}
+
 /* Rule: cuMemUnmap takes whole mappings (several neighbours at once are
  * fine), never part of one; cuMemAddressFree takes exactly a reservation with
  * nothing mapped in it. */
@@ -1844,6 +1876,7 @@ int main(void) {
       T(test_managed_entry_points_by_version),
       T(test_vmm_calls_take_granule_multiples),
       T(test_vmm_access_must_be_set_after_every_map),
+      T(test_vmm_access_over_neighbouring_mappings),
       T(test_vmm_unmap_takes_whole_mappings),
       T(test_vmm_memory_lives_until_released_and_unmapped),
       T(test_vmm_unmap_under_queued_work_is_counted),
