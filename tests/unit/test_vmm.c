@@ -381,7 +381,7 @@ static void test_emu_free_granules_stay_mapped_within_the_peak(void **state) {
   assert_true(committed <= 66 * GRAN); /* ... and no free one went */
   assert_true(committed / GRAN - holes < 65); /* within the bound before r */
   assert_true(sgm__tier_check(vp));
-  /* Past the bound now: in use 32 + q's, bound 65 granules. */
+  /* Past the bound now: in use the live blocks and q, bound 65 granules. */
   void *r = sgm_alloc(ctx, 6 * MiB, NULL);
   assert_non_null(r);
   uint64_t in_use = committed / GRAN - holes;

@@ -34,7 +34,6 @@
 static tier_block *tier_bag_take_locked(sgm_tier_pool *p, tier_mag *m, int cls, uint64_t need,
                                         const sgm_stream_ref *ref);
 
-
 /* give_back: a large block (sgm__tier_alloc_on) whose stream's bags may
  * serve it: in the carve's own lock section, a cached block of the stream
  * that fits (TIER_CARVE_CACHED), else cached blocks go back to the
