@@ -138,8 +138,11 @@ tier_mag *sgm__pool_mag_find(sgm_tier_pool *p) {
 }
 
 tier_mag *sgm__pool_mag_get(sgm_tier_pool *p) {
+  /* The slots' address once: each thread-local access in a shared library is
+   * a call into the dynamic linker, and the compiler does not merge them. */
+  __typeof__(tier_tls[0]) *t = tier_tls;
   for (int i = 0; i < TIER_TLS_SLOTS; i++)
-    if (tier_tls[i].pool_id == p->id) return tier_tls[i].mag;
+    if (t[i].pool_id == p->id) return t[i].mag;
   return tier_mag_slow(p);
 }
 
