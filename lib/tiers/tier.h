@@ -26,7 +26,8 @@
  * complete, or its own stream returned it and is then waited for before any
  * unmap, so no queued work uses an unmapped granule), with hysteresis:
  * when a block needs new granules and the free mapped ones pass a slack
- * (TIER_VMM_SLACK_*; down to half of it), on trim, on idle trim (no
+ * (TIER_VMM_SLACK_*; down to it, the tops of the two piles of blocks
+ * first), on trim, on idle trim (no
  * allocation for the idle delay) and under budget pressure. Before mapping, cached blocks that could cover the new granules are
  * reclaimed. committed = mapped bytes. The range covers the device's memory
  * (params.vmm_range_bytes), so a budget raised later still fits it. Without VMM (device, backend, option,

@@ -135,8 +135,9 @@ typedef struct tier_range {
 #define TIER_VMM_MIN_GRANULES 32u
 /* Expandable growth: when a block needs new granules mapped and the free
  * mapped ones pass this many granules and 1/32 of what is committed (3.1 %),
- * they are unmapped first, down to half that (hysteresis, issue 26; trims,
- * the idle trim and budget pressure return the rest). Measured on the
+ * they are unmapped first, down to that and no further, those farthest from
+ * the range's ends first (vmm.c, tier_vmm_unmap_excess; trims, the idle trim
+ * and budget pressure return the rest). Measured on the
  * idealloc traces (sgm-alloc-replay, docs/benchmarks.md): 1/64 commits at
  * most 1.057 x the peak live bytes, 1/32 the same, 1/16 and 1/8 up to
  * 1.110; mapping calls fall as the slack grows. */

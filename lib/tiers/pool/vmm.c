@@ -244,14 +244,6 @@ static int tier_vmm_map_runs(sgm_tier_pool *p, const tier_run *runs, size_t n, s
 
 static uint64_t tier_vmm_unmap_excess(sgm_tier_pool *p, uint64_t keep);
 
-/* The head of the mapping granule g belongs to when that mapping is mapped,
- * touched by no block and nobody's to unmap now; SIZE_MAX when not. */
-static inline size_t tier_vmm_free_head_locked(const sgm_tier_pool *p, size_t g) {
-  const tier_granule *x = &p->gran[g];
-  if (!x->mapped || x->busy) return SIZE_MAX;
-  return p->gran[x->head].used == 0 ? x->head : SIZE_MAX;
-}
-
 /* Unmap the n runs the caller claimed (busy, under the lock; no longer
  * counted free): the lock is dropped across the backend call and held again
  * on return. Bytes unmapped. */
@@ -291,43 +283,127 @@ uint64_t sgm__pool_vmm_unmap_free(sgm_tier_pool *p) {
   return done;
 }
 
+/* One past the highest mapped granule below e (0: none), a word of bits at a
+ * time: the unmapped middle of the range is most of it. */
+static inline size_t tier_vmm_mapped_below(const sgm_tier_pool *p, size_t e) {
+  while (e > 0) {
+    size_t w = (e - 1) >> 6;
+    uint64_t x = p->vmm_bits[w] & (~UINT64_C(0) >> (63 - ((e - 1) & 63)));
+    if (x) return (w << 6) + 64 - (size_t)__builtin_clzll(x);
+    e = w << 6;
+  }
+  return 0;
+}
+
+/* The lowest mapped granule from g on (n, the range's granules: none). */
+static inline size_t tier_vmm_mapped_from(const sgm_tier_pool *p, size_t g, size_t n) {
+  while (g < n) {
+    size_t w = g >> 6;
+    uint64_t x = p->vmm_bits[w] & (~UINT64_C(0) << (g & 63));
+    if (x) {
+      size_t g1 = (w << 6) + (size_t)__builtin_ctzll(x);
+      return g1 < n ? g1 : n;
+    }
+    g = (w + 1) << 6;
+  }
+  return n;
+}
+
+/* The head of the highest free mapping met walking down from granule e
+ * (SIZE_MAX: none). */
+static size_t tier_vmm_free_below_locked(const sgm_tier_pool *p, size_t e) {
+  while ((e = tier_vmm_mapped_below(p, e)) > 0) {
+    const tier_granule *x = &p->gran[e - 1];
+    if (x->busy) {
+      e--;
+      continue;
+    }
+    if (p->gran[x->head].used == 0) return x->head;
+    e = x->head;
+  }
+  return SIZE_MAX;
+}
+
+/* The head of the lowest free mapping met walking up from granule g whose
+ * head is at least `floor` (mappings that start below it belong to the walk
+ * down); SIZE_MAX: none. */
+static size_t tier_vmm_free_above_locked(const sgm_tier_pool *p, size_t g, size_t floor) {
+  size_t n = (size_t)(p->vmm_bytes >> p->vmm_shift);
+  while ((g = tier_vmm_mapped_from(p, g, n)) < n) {
+    const tier_granule *x = &p->gran[g];
+    if (x->busy) {
+      g++;
+      continue;
+    }
+    const tier_granule *h = &p->gran[x->head];
+    if (x->head >= floor && h->used == 0) return x->head;
+    g = x->head + h->len;
+  }
+  return SIZE_MAX;
+}
+
 /*
- * Hysteresis (issue 26): unmap free mappings from the top of the range down
- * until at most `keep` granules stay mapped free; the lowest free ones,
- * nearest the blocks the sub-allocator places first, are the ones kept. A
- * mapping goes whole (the last one may take the count below `keep`); free
- * neighbours go as one run, up to TIER_VMM_BATCH runs per backend call.
- * Bytes unmapped.
+ * Unmap free mappings until at most `keep` granules stay mapped free (all of
+ * them for keep 0: trims, budget pressure), the tops of the two piles first.
+ * The sub-allocator cuts each block from the end of its free block nearer an
+ * end of the range (lib/suballoc.c), so blocks pile up from both ends and a
+ * granule at distance d from its nearer end is touched again only when that
+ * pile is d high again: the free mappings farthest from their nearer end are
+ * the ones a program that grows again reaches last (malloc trims the top of
+ * its heap for the same reason). So two walks start at the middle of the
+ * range, one down and one up, and the free mapping farther from its end goes
+ * first (the upper one on a tie: the sub-allocator cuts from the low end on
+ * one). Unmapping from the top of the range down instead (until issue 26's
+ * second pass) took the upper pile from its base, which its next blocks
+ * mapped again: pangu_2.6B's second pass made 847 driver calls that way
+ * against 127, both down to the bound (docs/vmm.md). A mapping goes whole
+ * (the last one may take the count below `keep`); free neighbours taken one
+ * after the other on one side go as one run, up to TIER_VMM_BATCH runs per
+ * backend call. Bytes unmapped.
  */
 static uint64_t tier_vmm_unmap_excess(sgm_tier_pool *p, uint64_t keep) {
   if (!sgm__pool_owed_settle(p)) return 0; /* no unmap under a stream's pending work (owe.c) */
   uint64_t done = 0;
   tier_run runs[TIER_VMM_BATCH];
   size_t n = 0;
+  size_t ng = (size_t)(p->vmm_bytes >> p->vmm_shift), mid = ng / 2;
+  size_t down = mid, up = mid; /* the walks: next below `down`, next from `up` on */
+  size_t run_down = SIZE_MAX, run_up = SIZE_MAX; /* each walk's last run in runs[] */
   sgm__lock_take(&p->lock);
-  for (size_t e = (size_t)(p->vmm_bytes >> p->vmm_shift); e > 0 && p->vmm_free_mapped > keep;) {
-    const tier_granule *top = &p->gran[e - 1];
-    size_t h = tier_vmm_free_head_locked(p, e - 1);
-    if (h == SIZE_MAX) {
-      /* Unmapped or busy: one granule down; in use: past its mapping. */
-      e = top->mapped && !top->busy ? top->head : e - 1;
-      continue;
-    }
-    uint64_t excess = p->vmm_free_mapped - keep;
-    size_t g = h;
-    while (g > 0 && e - g < excess) {
-      size_t below = tier_vmm_free_head_locked(p, g - 1);
-      if (below == SIZE_MAX) break;
-      g = below;
-    }
+  /* Each walk's next free mapping, looked for again only when it was taken
+   * or the lock was dropped (a trim takes them all: no walk starts over). */
+  size_t a = tier_vmm_free_below_locked(p, down), b = tier_vmm_free_above_locked(p, up, mid);
+  while (p->vmm_free_mapped > keep && (a != SIZE_MAX || b != SIZE_MAX)) {
+    bool take_up = a == SIZE_MAX || (b != SIZE_MAX && ng - (b + p->gran[b].len) >= a);
+    size_t g = take_up ? b : a, e = g + p->gran[g].len;
     for (size_t k = g; k < e; k++) p->gran[k].busy = 1;
     tier_vmm_free_mapped_add_locked(p, -(int64_t)(e - g));
-    runs[n++] = (tier_run){g, e};
+    if (take_up) {
+      up = e;
+      if (run_up != SIZE_MAX && runs[run_up].e == g) {
+        runs[run_up].e = e;
+      } else {
+        run_up = n;
+        runs[n++] = (tier_run){g, e};
+      }
+      b = tier_vmm_free_above_locked(p, up, mid);
+    } else {
+      down = g;
+      if (run_down != SIZE_MAX && runs[run_down].g == e) {
+        runs[run_down].g = g;
+      } else {
+        run_down = n;
+        runs[n++] = (tier_run){g, e};
+      }
+      a = tier_vmm_free_below_locked(p, down);
+    }
     if (n == TIER_VMM_BATCH) {
       done += tier_vmm_unmap_claimed_locked(p, runs, n);
       n = 0;
+      run_down = run_up = SIZE_MAX;
+      a = tier_vmm_free_below_locked(p, down);
+      b = tier_vmm_free_above_locked(p, up, mid);
     }
-    e = g;
   }
   if (n) done += tier_vmm_unmap_claimed_locked(p, runs, n);
   sgm__lock_drop(&p->lock);
@@ -412,12 +488,15 @@ int sgm__pool_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
       continue;
     }
     if (past_slack && !unmapped_excess) {
-      /* Hysteresis: down to half the bound, so that the next unmapping
-       * waits for as many granules again to be freed. */
+      /* Down to the bound only, the tops of the piles first: the mapping
+       * trades granules the program reaches last for the ones it needs now.
+       * Going down to half the bound (a hysteresis, so that the next
+       * unmapping would wait) unmapped granules near the piles' bases too,
+       * which the program mapped again as it grew: 427 driver calls on
+       * pangu_2.6B's second pass against 127 (docs/vmm.md). */
       unmapped_excess = true;
-      uint64_t keep = slack / 2;
       sgm__lock_drop(&p->lock);
-      tier_vmm_unmap_excess(p, keep);
+      tier_vmm_unmap_excess(p, slack);
       sgm__lock_take(&p->lock);
       continue;
     }
