@@ -40,11 +40,11 @@ tier_block *sgm__pool_block_new(sgm_tier_pool *p, tier_slab_cursor *cur) {
  * linear probing, at most half full: at 3/4 an insert probed about eight
  * slots and a removal shifted runs of four, 176 instructions in insert and
  * remove per large pair of alloc.churn.10k against 119 at 1/2 (issue 26).
- * The key sits in the slot, so a lookup
- * reads one slot line and then only its own record: a chained table walked
- * through the records (the chain link lived in each record) touched 1.5-2
- * records per free, each a cache miss once 10,000 blocks are live (issue 26:
- * the walk's loads were 37% of the churn pair's time under perf).
+ * The key sits in the slot, so a lookup reads one slot line and then only
+ * its own record: a chained table walked through the records (the chain
+ * link lived in each record) touched 1.5-2 records per free, each a cache
+ * miss once 10,000 blocks are live (issue 26: the walk's loads were 37% of
+ * the churn pair's time under perf).
  *
  * Writers (insert, remove) hold the pool lock. Readers hold nothing and
  * write nothing shared: they probe with atomic loads and act on a record only
