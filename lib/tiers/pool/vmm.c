@@ -342,6 +342,20 @@ static size_t tier_vmm_free_above_locked(const sgm_tier_pool *p, size_t g, size_
   return SIZE_MAX;
 }
 
+/* Add the mapping [g, e) to runs[] (n used): onto the walk's last run
+ * (*last; SIZE_MAX: none yet) when it touches it at either end, else as a
+ * new run that becomes the walk's last. */
+static inline void tier_runs_add(tier_run *runs, size_t *n, size_t *last, size_t g, size_t e) {
+  if (*last != SIZE_MAX && runs[*last].e == g) {
+    runs[*last].e = e;
+  } else if (*last != SIZE_MAX && runs[*last].g == e) {
+    runs[*last].g = g;
+  } else {
+    *last = *n;
+    runs[(*n)++] = (tier_run){g, e};
+  }
+}
+
 /*
  * Unmap free mappings until at most `keep` granules stay mapped free (all of
  * them for keep 0: trims, budget pressure), the tops of the two piles first.
@@ -380,21 +394,11 @@ static uint64_t tier_vmm_unmap_excess(sgm_tier_pool *p, uint64_t keep) {
     tier_vmm_free_mapped_add_locked(p, -(int64_t)(e - g));
     if (take_up) {
       up = e;
-      if (run_up != SIZE_MAX && runs[run_up].e == g) {
-        runs[run_up].e = e;
-      } else {
-        run_up = n;
-        runs[n++] = (tier_run){g, e};
-      }
+      tier_runs_add(runs, &n, &run_up, g, e);
       b = tier_vmm_free_above_locked(p, up, mid);
     } else {
       down = g;
-      if (run_down != SIZE_MAX && runs[run_down].g == e) {
-        runs[run_down].g = g;
-      } else {
-        run_down = n;
-        runs[n++] = (tier_run){g, e};
-      }
+      tier_runs_add(runs, &n, &run_down, g, e);
       a = tier_vmm_free_below_locked(p, down);
     }
     if (n == TIER_VMM_BATCH) {
