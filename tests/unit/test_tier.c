@@ -214,19 +214,22 @@ static void test_lookups_race_carves_and_releases(void **state) {
 
 /* ---- keys that collide ---- */
 
-enum { COLLIDE_KEYS = 300 };
+enum { COLLIDE_KEYS = 300, COLLIDE_KEYS_MAX = 1200 };
 
-/* Every occupied slot of shard sh keeps its distance from home in its key's
- * low bits (TIER_SLOT_DIST: that far or farther). */
+/* Every occupied slot of shard sh keeps its distance from home in its low
+ * bits (TIER_SLOT_DIST: that far or farther) and its key's hash bits above
+ * its record's address. */
 static void assert_slot_distances(const tier_shard *sh) {
   const tier_table *t = sh->table;
   for (size_t k = 0; t && k <= t->mask; k++) {
-    uint64_t key = t->s[k].key;
-    if (!key) continue;
-    size_t home = (tier_hash(key & ~TIER_SLOT_DIST) >> 6) & t->mask, d = (k - home) & t->mask;
-    uint64_t says = key & TIER_SLOT_DIST;
+    tier_slot v = t->s[k];
+    if (!v) continue;
+    uint64_t h = tier_hash(tier_ptr_of(tier_slot_rec(v)));
+    size_t home = (h >> 6) & t->mask, d = (k - home) & t->mask;
+    uint64_t says = v & TIER_SLOT_DIST;
     if (says == TIER_SLOT_DIST) assert_true(d >= TIER_SLOT_DIST);
     else assert_int_equal(d, says);
+    assert_int_equal(tier_slot_fp(v), tier_slot_fp(h));
   }
 }
 
@@ -234,10 +237,13 @@ static void assert_slot_distances(const tier_shard *sh) {
  * shard and one home slot, longer than the distance a slot's key can hold
  * (TIER_SLOT_DIST), while keys are removed from the run's start, middle and
  * end (the keys after a removed one move back over the gap, their distances
- * kept right, also past what the field holds); a removed key is not found. Fake records (tag only) in the real VRAM pool's map, under
- * its lock as the pool's writers hold it; the pool's own check runs once
- * they are gone. The keys are addresses above the pool's range, found by
- * searching the hash, so the run is the same on every run. */
+ * kept right, also past what the field holds); a removed key is not found.
+ * The run holds two keys whose hash bits kept in the slot are equal too: a
+ * lookup of either reads the other's record and goes on past it. Fake
+ * records (tag only) in the real VRAM pool's map, under its lock as the
+ * pool's writers hold it; the pool's own check runs once they are gone. The
+ * keys are addresses above the pool's range, found by searching the hash,
+ * so the run is the same on every run. */
 static void test_colliding_keys_stay_found(void **state) {
   (void)state;
   sgm_context *ctx = make_ctx("64MiB");
@@ -248,30 +254,38 @@ static void test_colliding_keys_stay_found(void **state) {
    * in the hash's shard bits and its low 10 slot bits share one home in both. */
   sgm_devptr base = UINT64_C(1) << 46;
   uint64_t want = tier_hash(base);
-  static tier_block rec[COLLIDE_KEYS];
-  sgm_devptr key[COLLIDE_KEYS];
-  size_t n = 0;
-  for (sgm_devptr a = base; n < COLLIDE_KEYS; a += SGM_DEVICE_ALIGN)
-    if (((tier_hash(a) ^ want) & ((UINT64_C(1) << 16) - 1)) == 0) key[n++] = a;
+  static tier_block rec[COLLIDE_KEYS_MAX];
+  static sgm_devptr key[COLLIDE_KEYS_MAX];
+  size_t n = 0, twin = SIZE_MAX; /* key[twin]'s slot hash bits equal those of an earlier key */
+  for (sgm_devptr a = base; n < COLLIDE_KEYS_MAX && (n < COLLIDE_KEYS || twin == SIZE_MAX); a += SGM_DEVICE_ALIGN) {
+    if (((tier_hash(a) ^ want) & ((UINT64_C(1) << 16) - 1)) != 0) continue;
+    for (size_t i = 0; i < n && twin == SIZE_MAX; i++)
+      if (tier_slot_fp(tier_hash(key[i])) == tier_slot_fp(tier_hash(a))) twin = n;
+    key[n++] = a;
+  }
+  assert_true(twin != SIZE_MAX);
+  printf("# %zu keys share a home; key %zu shares its slot hash bits with an earlier one\n", n, twin);
   sgm__lock_take(&p->lock);
-  for (size_t i = 0; i < COLLIDE_KEYS; i++) {
+  for (size_t i = 0; i < n; i++) {
     memset(&rec[i], 0, sizeof rec[i]);
     rec[i].tag = key[i] | TIER_LIVE;
     assert_true(sgm__pool_map_insert(p, &rec[i]));
   }
-  for (size_t i = 0; i < COLLIDE_KEYS; i++) assert_ptr_equal(sgm__pool_map_lookup(p, key[i]), &rec[i]);
-  /* Remove from the start, the middle (around the saturated distances) and
-   * the end, checking every key after each removal. */
-  bool gone[COLLIDE_KEYS] = {0};
-  const size_t order[] = {0, 1, 150, 260, 299, 255, 256, 2, 298, 100};
+  for (size_t i = 0; i < n; i++) assert_ptr_equal(sgm__pool_map_lookup(p, key[i]), &rec[i]);
+  /* Remove from the start, the middle (around the saturated distances), the
+   * end and the twin, checking every key after each removal. */
+  static bool gone[COLLIDE_KEYS_MAX];
+  memset(gone, 0, sizeof gone);
+  const size_t order[] = {0, 1, 150, 260, 299, 255, 256, 2, 298, 100, twin, n - 1};
   for (size_t r = 0; r < sizeof order / sizeof order[0]; r++) {
+    if (gone[order[r]]) continue;
     sgm__pool_map_remove(p, &rec[order[r]]);
     gone[order[r]] = true;
-    for (size_t i = 0; i < COLLIDE_KEYS; i++)
+    for (size_t i = 0; i < n; i++)
       assert_ptr_equal(sgm__pool_map_lookup(p, key[i]), gone[i] ? NULL : &rec[i]);
     assert_slot_distances(tier_shard_of(p, want));
   }
-  for (size_t i = 0; i < COLLIDE_KEYS; i++)
+  for (size_t i = 0; i < n; i++)
     if (!gone[i]) sgm__pool_map_remove(p, &rec[i]);
   sgm__lock_drop(&p->lock);
   assert_true(sgm__tier_check(p));

@@ -36,31 +36,46 @@ tier_block *sgm__pool_block_new(sgm_tier_pool *p, tier_slab_cursor *cur) {
 }
 /* ---- the live map ----
  *
- * Per shard, an array of (address, record) slots, open addressing with
- * linear probing, at most half full: at 3/4 an insert probed about eight
- * slots and a removal shifted runs of four, 176 instructions in insert and
- * remove per large pair of alloc.churn.10k against 119 at 1/2 (issue 26).
- * The key sits in the slot, so a lookup reads one slot line and then only
- * its own record: a chained table walked through the records (the chain
- * link lived in each record) touched 1.5-2 records per free, each a cache
- * miss once 10,000 blocks are live (issue 26: the walk's loads were 37% of
- * the churn pair's time under perf).
+ * Per shard, an array of one-word slots (record address, 16 bits of the
+ * key's hash, distance from home: tier_slot), open addressing with linear
+ * probing, at most half full: at 3/4 an insert probed about eight slots and
+ * a removal shifted runs of four, 176 instructions in insert and remove per
+ * large pair of alloc.churn.10k against 119 at 1/2 (issue 26). A lookup
+ * reads slots until one's hash bits match, then that record's tag: a
+ * chained table walked through the records (the chain link lived in each
+ * record) touched 1.5-2 records per free, each a cache miss once 10,000
+ * blocks are live (issue 26: the walk's loads were 37% of the churn pair's
+ * time under perf). Slots held the address and the record side by side
+ * (16 bytes) until the slot's load and the record's were each about a
+ * seventh of the churn pair's time: one word per slot halves what the map
+ * keeps in cache.
  *
  * Writers (insert, remove) hold the pool lock. Readers hold nothing and
  * write nothing shared: they probe with atomic loads and act on a record only
  * through a compare-and-swap of its tag, which holds the record's address, so
- * a slot read half-way through a writer's move, or a record recycled for
- * another block while a reader looked at it, never matches. Records are
- * type-stable: once in the map, a record goes to the pool's spare list, never
- * to free(), until the pool is destroyed, so a reader holding a stale pointer
- * reads a record, never freed memory. A probe that found nothing is believed
- * only if the shard's sequence number did not move meanwhile (removing a key
- * shifts the keys after it back, and a rebuild moves every key).
+ * a record recycled for another block while a reader looked at it, or one
+ * whose hash bits match by chance, never matches. Records are type-stable:
+ * once in the map, a record goes to the pool's spare list, never to free(),
+ * until the pool is destroyed, so a reader holding a stale pointer reads a
+ * record, never freed memory. A probe that found nothing is believed only if
+ * the shard's sequence number did not move meanwhile (removing a key shifts
+ * the keys after it back, and a rebuild moves every key).
  */
+
+/* Start loading the slot where ptr's lookup begins: sgm_free issues this
+ * first, so that the load (a lookup's first cache miss) overlaps the call's
+ * argument checks. Lock-free, and nothing waits for it. Prefetching the
+ * record the slot names as well gained nothing measurable: that waits for
+ * the slot. */
+void sgm__tier_prefetch_free(sgm_tier_pool *p, sgm_devptr ptr) {
+  uint64_t h = tier_hash(ptr);
+  tier_table *t = __atomic_load_n(&tier_shard_of(p, h)->table, __ATOMIC_RELAXED);
+  if (t) __builtin_prefetch(&t->s[(h >> 6) & t->mask]);
+}
 
 /* The record whose tag names ptr, NULL when there is none (lock-free). */
 tier_block *sgm__pool_map_lookup(sgm_tier_pool *p, sgm_devptr ptr) {
-  uint64_t h = tier_hash(ptr);
+  uint64_t h = tier_hash(ptr), fp = tier_slot_fp(h);
   tier_shard *s = tier_shard_of(p, h);
   for (unsigned spins = 0;; spins++) {
     if (spins > 64) sched_yield();
@@ -70,13 +85,11 @@ tier_block *sgm__pool_map_lookup(sgm_tier_pool *p, sgm_devptr ptr) {
     if (!t) return NULL;
     size_t mask = t->mask;
     for (size_t i = (h >> 6) & mask, k = 0; k <= mask; i = (i + 1) & mask, k++) {
-      uint64_t key = __atomic_load_n(&t->s[i].key, __ATOMIC_ACQUIRE);
-      if ((key & ~TIER_SLOT_DIST) == ptr) {
-        tier_block *b = __atomic_load_n(&t->s[i].b, __ATOMIC_ACQUIRE);
-        if (b && tier_ptr_of(b) == ptr) return b;
-        break; /* a slot being moved: look again below */
-      }
-      if (key == 0) break;
+      tier_slot v = __atomic_load_n(&t->s[i], __ATOMIC_ACQUIRE);
+      if (v == 0) break;
+      if (tier_slot_fp(v) != fp) continue;
+      tier_block *b = tier_slot_rec(v);
+      if (tier_ptr_of(b) == ptr) return b;
     }
     /* Every load above is an acquire, so this one cannot move before them. */
     if (__atomic_load_n(&s->seq, __ATOMIC_RELAXED) == seq) return NULL;
@@ -90,29 +103,37 @@ static void tier_shard_write_begin(tier_shard *s) { __atomic_store_n(&s->seq, s-
 
 static void tier_shard_write_end(tier_shard *s) { __atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELEASE); }
 
-/* Put (ptr, b) in the first empty slot of its probe from h, ptr's hash (t
- * private, or the pool lock held): the record first, so that a reader that
- * sees the key sees it. The key keeps the slot's distance from its home in
- * its low bits (TIER_SLOT_DIST, saturating), so that a removal moves keys
- * back without hashing them again. */
-static void tier_table_put(tier_table *t, sgm_devptr ptr, uint64_t h, tier_block *b) {
-  size_t i = (h >> 6) & t->mask, d = 0;
-  for (; t->s[i].key; i = (i + 1) & t->mask) d++;
-  __atomic_store_n(&t->s[i].b, b, __ATOMIC_RELAXED);
-  __atomic_store_n(&t->s[i].key, ptr | (d < TIER_SLOT_DIST ? d : TIER_SLOT_DIST), __ATOMIC_RELEASE);
+/* The slot word for record b, its key's hash h, d slots from home. */
+static tier_slot tier_slot_make(uint64_t h, const tier_block *b, size_t d) {
+  return tier_slot_fp(h) << TIER_SLOT_FP_SHIFT | (uint64_t)(uintptr_t)b |
+         (d < TIER_SLOT_DIST ? d : TIER_SLOT_DIST);
 }
 
-/* How far the key in slot i of t sits from its home slot. */
+/* Put b, its key's hash h, in the first empty slot of its probe (t private,
+ * or the pool lock held). The slot keeps its distance from home
+ * (TIER_SLOT_DIST, saturating), so that a removal moves keys back without
+ * hashing them again. */
+static void tier_table_put(tier_table *t, uint64_t h, tier_block *b) {
+  size_t i = (h >> 6) & t->mask, d = 0;
+  for (; t->s[i]; i = (i + 1) & t->mask) d++;
+  __atomic_store_n(&t->s[i], tier_slot_make(h, b, d), __ATOMIC_RELEASE);
+}
+
+/* How far the key in slot i of t sits from its home slot (past what the slot
+ * holds: from its record's address). */
 static size_t tier_slot_dist(const tier_table *t, size_t i) {
-  uint64_t key = t->s[i].key;
-  if ((key & TIER_SLOT_DIST) != TIER_SLOT_DIST) return key & TIER_SLOT_DIST;
-  size_t home = (tier_hash(key & ~TIER_SLOT_DIST) >> 6) & t->mask;
+  tier_slot v = t->s[i];
+  if ((v & TIER_SLOT_DIST) != TIER_SLOT_DIST) return v & TIER_SLOT_DIST;
+  size_t home = (tier_hash(tier_ptr_of(tier_slot_rec(v))) >> 6) & t->mask;
   return (i - home) & t->mask;
 }
 
 /* Insert b, its tag already set (pool lock held); false when out of memory. */
 bool sgm__pool_map_insert(sgm_tier_pool *p, tier_block *b) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
+  /* A record the slot word cannot hold (above 2^48): refused as host memory
+   * sgm cannot use. */
+  if (sgm_unlikely(((uintptr_t)b & ~TIER_SLOT_REC) != 0)) return false;
   sgm_devptr ptr = tier_ptr_of(b);
   uint64_t h = tier_hash(ptr);
   tier_shard *s = tier_shard_of(p, h);
@@ -125,9 +146,9 @@ bool sgm__pool_map_insert(sgm_tier_pool *p, tier_block *b) {
       nt->mask = nb - 1;
       nt->retired = t;
       for (size_t i = 0; t && i <= t->mask; i++)
-        if (t->s[i].key) {
-          sgm_devptr k = t->s[i].key & ~TIER_SLOT_DIST;
-          tier_table_put(nt, k, tier_hash(k), t->s[i].b);
+        if (t->s[i]) {
+          tier_block *x = tier_slot_rec(t->s[i]);
+          tier_table_put(nt, tier_hash(tier_ptr_of(x)), x);
         }
       /* Readers of the old array see the sequence number move and look again. */
       tier_shard_write_begin(s);
@@ -137,7 +158,7 @@ bool sgm__pool_map_insert(sgm_tier_pool *p, tier_block *b) {
     }
   }
   /* Filling an empty slot hides nothing from a reader: no sequence step. */
-  tier_table_put(t, ptr, h, b);
+  tier_table_put(t, h, b);
   __atomic_store_n(&s->n, s->n + 1, __ATOMIC_RELAXED);
   __atomic_store_n(&s->n_writes, s->n_writes + 1, __ATOMIC_RELAXED);
   return true;
@@ -149,29 +170,26 @@ bool sgm__pool_map_insert(sgm_tier_pool *p, tier_block *b) {
 void sgm__pool_map_remove(sgm_tier_pool *p, tier_block *b) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
   /* The address from the tag (the record's line), not from a caller's ptr. */
-  sgm_devptr ptr = tier_ptr_of(b);
-  uint64_t h = tier_hash(ptr);
+  uint64_t h = tier_hash(tier_ptr_of(b));
   tier_shard *s = tier_shard_of(p, h);
   tier_table *t = s->table;
   size_t mask = t->mask, i = (h >> 6) & mask;
-  while (t->s[i].b != b) {
-    sgm_assert_internal(t->s[i].key != 0);
+  while (tier_slot_rec(t->s[i]) != b) {
+    sgm_assert_internal(t->s[i] != 0);
     i = (i + 1) & mask;
   }
   tier_shard_write_begin(s);
-  for (size_t j = (i + 1) & mask; t->s[j].key; j = (j + 1) & mask) {
+  for (size_t j = (i + 1) & mask; t->s[j]; j = (j + 1) & mask) {
     /* The key at j may fill the gap at i when its home is not in (i, j],
      * that is when it sits at least j - i slots from home. */
     size_t d = tier_slot_dist(t, j), gap = (j - i) & mask;
     if (d < gap) continue;
     d -= gap;
-    sgm_devptr k = t->s[j].key & ~TIER_SLOT_DIST;
-    __atomic_store_n(&t->s[i].key, k | (d < TIER_SLOT_DIST ? d : TIER_SLOT_DIST), __ATOMIC_RELEASE);
-    __atomic_store_n(&t->s[i].b, t->s[j].b, __ATOMIC_RELEASE);
+    __atomic_store_n(&t->s[i], (t->s[j] & ~TIER_SLOT_DIST) | (d < TIER_SLOT_DIST ? d : TIER_SLOT_DIST),
+                     __ATOMIC_RELEASE);
     i = j;
   }
-  __atomic_store_n(&t->s[i].key, 0, __ATOMIC_RELEASE);
-  __atomic_store_n(&t->s[i].b, NULL, __ATOMIC_RELEASE);
+  __atomic_store_n(&t->s[i], 0, __ATOMIC_RELEASE);
   __atomic_store_n(&s->n, s->n - 1, __ATOMIC_RELAXED);
   __atomic_store_n(&s->n_writes, s->n_writes + 1, __ATOMIC_RELAXED);
   tier_shard_write_end(s);

@@ -94,7 +94,7 @@ void sgm__tier_destroy(sgm_tier_pool *p) {
   for (size_t i = 0; i < TIER_SHARDS; i++) {
     tier_table *t = p->shards[i].table;
     for (size_t k = 0; t && k <= t->mask; k++)
-      if (t->s[k].key) free(t->s[k].b->rec);
+      if (t->s[k]) free(tier_slot_rec(t->s[k])->rec);
     while (t) {
       tier_table *r = t->retired;
       free(t);
@@ -179,24 +179,22 @@ bool sgm__tier_check(sgm_tier_pool *p) {
     const tier_shard *sh = &p->shards[i];
     size_t walked = 0;
     for (size_t k = 0; sh->table && k <= sh->table->mask; k++) {
-      const tier_slot *x = &sh->table->s[k];
-      if (!x->key) {
-        bad_tags += x->b != NULL;
-        continue;
-      }
+      tier_slot x = sh->table->s[k];
+      if (!x) continue;
       walked++;
-      tier_block *b = x->b;
+      tier_block *b = tier_slot_rec(x);
       uint64_t tag = tier_tag_of(b), st_bits = tag & TIER_TAG_STATE;
-      /* Every slot holds a record that names the slot's address, is LIVE
-       * or CACHED, is the one a lock-free lookup of its address finds, and
-       * keeps the sub-allocator's node of its block. */
+      /* Every slot holds a record that names an address whose hash bits
+       * the slot keeps, is LIVE or CACHED, is the one a lock-free lookup of
+       * its address finds, and keeps the sub-allocator's node of its block. */
       sgm_devptr ptr = tag & ~TIER_TAG_FLAGS;
-      /* Its distance from home is the one its key says (or farther when the
-       * key says TIER_SLOT_DIST). */
-      size_t home = (tier_hash(ptr) >> 6) & sh->table->mask, d = (k - home) & sh->table->mask;
-      uint64_t says = x->key & TIER_SLOT_DIST;
+      /* Its distance from home is the one the slot says (or farther when it
+       * says TIER_SLOT_DIST). */
+      uint64_t h = tier_hash(ptr);
+      size_t home = (h >> 6) & sh->table->mask, d = (k - home) & sh->table->mask;
+      uint64_t says = x & TIER_SLOT_DIST;
       bad_tags += says == TIER_SLOT_DIST ? d < TIER_SLOT_DIST : d != says;
-      bad_tags += ptr != (x->key & ~TIER_SLOT_DIST) || (st_bits != TIER_LIVE && st_bits != TIER_CACHED) ||
+      bad_tags += tier_slot_fp(x) != tier_slot_fp(h) || (st_bits != TIER_LIVE && st_bits != TIER_CACHED) ||
                   sgm__pool_map_lookup(p, ptr) != b || !sgm__suballoc_node_is(b->node, ptr, b->bytes);
     }
     in_map += sh->n;

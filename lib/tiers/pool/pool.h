@@ -283,14 +283,21 @@ static inline void tier_set_asked(tier_block *b, uint64_t asked) {
 }
 
 
-/* A slot of the live map: an address and its record (both atomic; key 0:
- * empty). Addresses are SGM_DEVICE_ALIGN-aligned: the key's low bits hold
- * the slot's distance from its home (TIER_SLOT_DIST: that far or farther). */
-#define TIER_SLOT_DIST (SGM_DEVICE_ALIGN - UINT64_C(1))
-typedef struct tier_slot {
-  uint64_t key;
-  tier_block *b;
-} tier_slot;
+/* A slot of the live map, one word (atomic; 0: empty): its record's address
+ * (TIER_SLOT_REC: records are TIER_RECORD_ALIGN-aligned and lie below
+ * 2^48), 16 bits of its key's hash above it (a lookup reads a record only
+ * when they match) and the slot's distance from its home below it
+ * (TIER_SLOT_DIST: that far or farther). Half the bytes of an address and a
+ * record pointer side by side, so that more of the map stays in cache: its
+ * slot's load is a lookup's first cache miss (issue 26). */
+typedef uint64_t tier_slot;
+#define TIER_SLOT_DIST UINT64_C(0x3f)
+#define TIER_SLOT_REC UINT64_C(0x0000ffffffffffc0)
+#define TIER_SLOT_FP_SHIFT 48
+_Static_assert(TIER_RECORD_ALIGN == TIER_SLOT_DIST + 1, "a record's alignment leaves the distance's bits free");
+static inline tier_block *tier_slot_rec(tier_slot v) { return (tier_block *)(uintptr_t)(v & TIER_SLOT_REC); }
+/* The hash bits a slot keeps (h: the key's tier_hash). */
+static inline uint64_t tier_slot_fp(uint64_t h) { return h >> TIER_SLOT_FP_SHIFT; }
 /* A slot array of the live map (open addressing, linear probing); replaced
  * arrays are kept until the pool goes, since a reader may still be reading
  * one. */

@@ -763,9 +763,10 @@ bool sgm__pool_vmm_check_locked(sgm_tier_pool *p, const sgm_suballoc_stats *st) 
   for (size_t i = 0; i < TIER_SHARDS; i++) {
     const tier_table *t = p->shards[i].table; /* writers hold the pool lock: stable */
     for (size_t k = 0; t && k <= t->mask; k++) {
-      if (!t->s[k].key) continue;
+      if (!t->s[k]) continue;
       size_t g0, g1;
-      tier_vmm_span(p, t->s[k].key & ~TIER_SLOT_DIST, t->s[k].b->bytes, &g0, &g1);
+      const tier_block *b = tier_slot_rec(t->s[k]);
+      tier_vmm_span(p, tier_ptr_of(b), b->bytes, &g0, &g1);
       for (size_t g = g0; g <= g1 && g < n; g++) refs[g]++;
     }
   }
