@@ -64,7 +64,8 @@ tier_block *sgm__pool_block_new(sgm_tier_pool *p, tier_slab_cursor *cur) {
 
 /* Start loading the slot where ptr's lookup begins: sgm_free issues this
  * first, so that the load (a lookup's first cache miss) overlaps the call's
- * argument checks. Lock-free, and nothing waits for it. Prefetching the
+ * argument checks, and a carve as soon as it knows the block's address.
+ * Lock-free, and nothing waits for it. Prefetching the
  * record the slot names as well gained nothing measurable: that waits for
  * the slot. */
 void sgm__tier_prefetch_free(sgm_tier_pool *p, sgm_devptr ptr) {

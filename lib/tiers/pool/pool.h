@@ -536,7 +536,9 @@ static inline void tier_count_used(sgm_tier_pool *p, int64_t d_used, int64_t d_l
   if (frees) __atomic_add_fetch(&p->n_frees, frees, __ATOMIC_RELAXED);
   if (d_used > 0) {
     uint64_t peak = __atomic_load_n(&p->peak_used_bytes, __ATOMIC_RELAXED);
-    while (used > peak &&
+    /* Signed: while several threads count, the pool's share may dip below 0
+     * for a moment (a free counted before the allocation it undoes). */
+    while ((int64_t)used > (int64_t)peak &&
            !__atomic_compare_exchange_n(&p->peak_used_bytes, &peak, used, true, __ATOMIC_RELAXED,
                                         __ATOMIC_RELAXED)) {
     }
@@ -619,8 +621,14 @@ static inline void tier_mag_count(sgm_tier_pool *p, tier_mag *m, int64_t d_used)
                    __ATOMIC_RELAXED);
   uint64_t *n = alloc ? &m->n_allocs : &m->n_frees;
   __atomic_store_n(n, __atomic_load_n(n, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
-  if (__atomic_load_n(&p->n_mags, __ATOMIC_RELAXED) <= 1 ||
-      du >= (int64_t)TIER_MAG_FLUSH_BYTES || du <= -(int64_t)TIER_MAG_FLUSH_BYTES) {
+  /* Flushed when past the bound, and when an allocation would take the
+   * pool's use (as far as this thread sees it) past the peak, which stays
+   * exact for one thread. Not at every count: the atomic add on the pool's
+   * shared line was two of the churn pair's slowest instructions (issue 26);
+   * sgm__tier_stats adds what magazines hold back. */
+  if (du >= (int64_t)TIER_MAG_FLUSH_BYTES || du <= -(int64_t)TIER_MAG_FLUSH_BYTES ||
+      (alloc && (int64_t)__atomic_load_n(&p->used_bytes, __ATOMIC_RELAXED) + du >
+                    (int64_t)__atomic_load_n(&p->peak_used_bytes, __ATOMIC_RELAXED))) {
     tier_count_used(p, du, 0, 0, 0);
     du = 0;
   }
