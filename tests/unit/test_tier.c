@@ -13,7 +13,9 @@
  * (sgm__tier_check: every record found by its address, tags consistent)
  * holds after every phase; keys that share one home slot (runs longer than
  * a slot's distance field holds) are all found, and stay found as keys
- * before, inside and after the run are removed.
+ * before, inside and after the run are removed; the peak of used bytes stays
+ * the true peak while threads count frees of each other's blocks apart (the
+ * pool's own share of the count below zero for a moment).
  */
 #include <pthread.h>
 #include <sched.h>
@@ -293,6 +295,110 @@ static void test_colliding_keys_stay_found(void **state) {
   sgm_context_destroy(ctx);
 }
 
+/* ---- counts kept apart by threads ---- */
+
+/* A thread that runs the steps main hands it, one at a time, so that its
+ * magazine (and the counts it holds back) lives across the steps. */
+typedef struct count_worker {
+  pthread_t t;
+  sgm_context *ctx;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  void (*step)(struct count_worker *); /* to run; NULL when done */
+  bool quit;
+  void *blocks[32];
+  int n_blocks;
+  struct count_worker *other; /* whose blocks a step frees */
+} count_worker;
+
+static void *count_worker_main(void *arg) {
+  count_worker *w = arg;
+  pthread_mutex_lock(&w->mu);
+  for (;;) {
+    while (!w->step && !w->quit) pthread_cond_wait(&w->cv, &w->mu);
+    if (w->quit) break;
+    w->step(w);
+    w->step = NULL;
+    pthread_cond_broadcast(&w->cv);
+  }
+  pthread_mutex_unlock(&w->mu);
+  return NULL;
+}
+
+static void count_worker_run(count_worker *w, void (*step)(count_worker *)) {
+  pthread_mutex_lock(&w->mu);
+  w->step = step;
+  pthread_cond_broadcast(&w->cv);
+  while (w->step) pthread_cond_wait(&w->cv, &w->mu);
+  pthread_mutex_unlock(&w->mu);
+}
+
+static void count_alloc(count_worker *w, size_t bytes, int n) {
+  for (int i = 0; i < n; i++) {
+    w->blocks[w->n_blocks] = sgm_alloc(w->ctx, bytes, NULL);
+    assert_non_null(w->blocks[w->n_blocks]);
+    w->n_blocks++;
+  }
+}
+
+static void count_step_peak(count_worker *w) { /* 4 MiB at once, then back */
+  count_alloc(w, MiB, 4);
+  for (int i = 0; i < 4; i++) sgm_free(w->ctx, w->blocks[i], NULL);
+  w->n_blocks = 0;
+}
+static void count_step_15(count_worker *w) { count_alloc(w, 64 * 1024, 15); }
+static void count_step_1(count_worker *w) { count_alloc(w, 64 * 1024, 1); }
+static void count_step_free_others(count_worker *w) {
+  for (count_worker *o = w->other; o; o = o->other == w ? NULL : o->other) {
+    for (int i = 0; i < o->n_blocks; i++) sgm_free(w->ctx, o->blocks[i], NULL);
+    o->n_blocks = 0;
+  }
+}
+static void count_step_32k(count_worker *w) { count_alloc(w, 32 * 1024, 1); }
+
+/* Invariant: the pool's peak of used bytes is the most that was ever in use,
+ * also when threads count apart. A's magazine counts 4 MiB and back (the
+ * peak), B's 960 KiB and A's 64 KiB are held back in their magazines, C
+ * frees all 16 blocks: its magazine passes the 1 MiB bound and flushes, and
+ * the pool's own share of the count is -1 MiB for a moment. A's next
+ * allocation must not take that share, read unsigned, for a new peak. */
+static void test_peak_survives_counts_kept_apart(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("64MiB");
+  count_worker w[3];
+  memset(w, 0, sizeof w);
+  for (int i = 0; i < 3; i++) {
+    w[i].ctx = ctx;
+    pthread_mutex_init(&w[i].mu, NULL);
+    pthread_cond_init(&w[i].cv, NULL);
+    assert_int_equal(pthread_create(&w[i].t, NULL, count_worker_main, &w[i]), 0);
+  }
+  count_worker *a = &w[0], *b = &w[1], *c = &w[2];
+  count_worker_run(a, count_step_peak);
+  count_worker_run(b, count_step_15);
+  count_worker_run(a, count_step_1);
+  c->other = b; /* C frees B's blocks, then A's */
+  b->other = a;
+  a->other = c;
+  count_worker_run(c, count_step_free_others);
+  count_worker_run(a, count_step_32k);
+  sgm_tier_stats st;
+  sgm__tier_stats(vram(ctx), &st);
+  printf("# used %llu bytes, peak %llu bytes\n", (unsigned long long)st.used_bytes,
+         (unsigned long long)st.peak_used_bytes);
+  assert_int_equal(st.used_bytes, 32 * 1024);
+  assert_int_equal(st.peak_used_bytes, 4 * MiB);
+  for (int i = 0; i < 3; i++) {
+    pthread_mutex_lock(&w[i].mu);
+    w[i].quit = true;
+    pthread_cond_broadcast(&w[i].cv);
+    pthread_mutex_unlock(&w[i].mu);
+    pthread_join(w[i].t, NULL);
+  }
+  sgm_free(ctx, a->blocks[0], NULL);
+  sgm_context_destroy(ctx);
+}
+
 /* ---- refused frees ---- */
 
 /* A pointer freed twice, a pointer inside a block, and one the pool never
@@ -328,6 +434,7 @@ int main(void) {
       cmocka_unit_test(test_lookups_race_carves_and_releases),
       cmocka_unit_test(test_bad_frees_are_refused),
       cmocka_unit_test(test_colliding_keys_stay_found),
+      cmocka_unit_test(test_peak_survives_counts_kept_apart),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
