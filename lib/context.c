@@ -583,10 +583,8 @@ static sgm_status context_bad_free(sgm_context *ctx, void *ptr) {
 SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream) {
   if (!ptr) return SGM_OK;
   if (sgm_unlikely(!ctx)) return (sgm_status)sgm__error_set(SGM_ERR_INVALID, "sgm_free: context is NULL");
-  sgm_devptr d = (sgm_devptr)(uintptr_t)ptr;
-  /* The VRAM map's slot load overlaps the checks below (issue 26). */
-  if (ctx->parts.tiers[SGM_TIER_VRAM]) sgm__tier_prefetch_free(ctx->parts.tiers[SGM_TIER_VRAM], d);
   if (sgm__context_forked(ctx)) return (sgm_status)sgm__context_fork_error(ctx, "sgm_free");
+  sgm_devptr d = (sgm_devptr)(uintptr_t)ptr;
   /* A capture pool's block is parked in its pool, live in its tier. */
   if (sgm_unlikely(sgm__capture_active(ctx->capture))) {
     int parked = sgm__capture_park(ctx->capture, d, stream);

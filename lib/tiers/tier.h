@@ -179,8 +179,6 @@ int sgm__tier_free(sgm_tier_pool *p, sgm_devptr ptr, uint64_t *size_out);
  * message) when ptr is not a live block; another status with a message when
  * an event for a recorded stream could not be recorded (the block stays live). */
 int sgm__tier_free_on(sgm_tier_pool *p, sgm_devptr ptr, const sgm_stream_ref *stream);
-/* Start loading what ptr's free will look up first (a hint: no lock, no wait). */
-void sgm__tier_prefetch_free(sgm_tier_pool *p, sgm_devptr ptr);
 /* sgm__tier_free_on for a block sgm took for itself (sgm__tier_alloc): a
  * buffer destroyed while the work queued before its release may still use
  * its block (issue 24). Same results. */

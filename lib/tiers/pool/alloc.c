@@ -77,7 +77,7 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
     if (sgm__suballoc_try_alloc_node(p->sa, need, &off, &got, &node)) {
       /* The map slot the block goes in is on its way while the rest is
        * decided (issue 26: the insert's load missed the cache). */
-      sgm__tier_prefetch_free(p, off);
+      sgm__pool_map_prefetch(p, off);
       uint64_t unmapped = p->vmm_range ? sgm__pool_vmm_unmapped_locked(p, off, got) : 0;
       if (unmapped && !returned) {
         /* New granules would be mapped: the stream's own cached blocks go
