@@ -569,9 +569,6 @@ __attribute__((always_inline)) static inline int tier_free_on_as(sgm_tier_pool *
                                                                  const sgm_stream_ref *ref, bool own) {
   tier_block *b = sgm__pool_map_take_live(p, ptr, own);
   if (sgm_unlikely(!b)) return SGM_ERR_INVALID;
-  /* A cached block goes back to the sub-allocator soon when its size is not
-   * asked for again: the node's line is on its way by then. */
-  __builtin_prefetch(b->node, 1);
   uint64_t asked = tier_asked(b);
   b->key = ref->key;
   b->handle = ref->handle;
@@ -615,6 +612,10 @@ __attribute__((always_inline)) static inline int tier_free_on_as(sgm_tier_pool *
       sgm__lock_drop(&p->lock);
     }
   } else {
+    /* A large block goes back to the sub-allocator at the stream's next
+     * large allocation: its node's line is on its way by then. Not a class
+     * block's: the magazine keeps it, and the prefetch only took cache. */
+    __builtin_prefetch(b->node, 1);
     sgm__lock_take(&p->lock);
     sgm__pool_bag_add_locked(p, b);
     sgm__lock_drop(&p->lock);

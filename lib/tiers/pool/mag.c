@@ -41,11 +41,10 @@ void sgm__pool_mag_drain_locked(sgm_tier_pool *p, tier_mag *m) {
 /* Add m's pending counters to the pool and zero them (owner thread, or pool lock + m's lock). */
 static void tier_mag_flush_counts(sgm_tier_pool *p, tier_mag *m) {
   int64_t du = __atomic_load_n(&m->d_used, __ATOMIC_RELAXED);
-  int64_t dl = __atomic_load_n(&m->d_live, __ATOMIC_RELAXED);
   uint64_t na = __atomic_load_n(&m->n_allocs, __ATOMIC_RELAXED);
   uint64_t nf = __atomic_load_n(&m->n_frees, __ATOMIC_RELAXED);
+  int64_t dl = (int64_t)(na - nf); /* the live blocks it changed: one counter less per pair */
   __atomic_store_n(&m->d_used, 0, __ATOMIC_RELAXED);
-  __atomic_store_n(&m->d_live, 0, __ATOMIC_RELAXED);
   __atomic_store_n(&m->n_allocs, 0, __ATOMIC_RELAXED);
   __atomic_store_n(&m->n_frees, 0, __ATOMIC_RELAXED);
   tier_count_used(p, du, dl, na, nf);

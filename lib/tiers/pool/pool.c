@@ -150,9 +150,11 @@ void sgm__tier_stats(sgm_tier_pool *p, sgm_tier_stats *out) {
   uint64_t cached = p->bag_bytes;
   for (tier_mag *m = p->mags; m; m = m->next) {
     used += __atomic_load_n(&m->d_used, __ATOMIC_RELAXED);
-    live += __atomic_load_n(&m->d_live, __ATOMIC_RELAXED);
-    allocs += __atomic_load_n(&m->n_allocs, __ATOMIC_RELAXED);
-    frees += __atomic_load_n(&m->n_frees, __ATOMIC_RELAXED);
+    uint64_t na = __atomic_load_n(&m->n_allocs, __ATOMIC_RELAXED);
+    uint64_t nf = __atomic_load_n(&m->n_frees, __ATOMIC_RELAXED);
+    live += (int64_t)(na - nf); /* a magazine's live blocks: its allocations less its frees */
+    allocs += na;
+    frees += nf;
     cached += __atomic_load_n(&m->cached_bytes, __ATOMIC_RELAXED);
   }
   sgm__lock_drop(&p->lock);

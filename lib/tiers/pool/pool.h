@@ -384,7 +384,6 @@ typedef struct tier_mag {
   struct tier_mag *prev, *next; /* the pool's list (registry and pool lock) */
   uint64_t cached_bytes;       /* bytes in the slots (atomic: read by stats) */
   int64_t d_used;              /* used bytes not yet added to the pool (atomic) */
-  int64_t d_live;              /* live blocks not yet added to the pool (atomic) */
   uint64_t n_allocs;           /* allocations served by this thread, not yet added (atomic) */
   uint64_t n_frees;            /* frees by this thread, not yet added (atomic) */
   tier_slab_cursor slab;       /* records this thread's carves cut (pool lock held) */
@@ -617,8 +616,6 @@ static inline int tier_backend_nomem_locked(sgm_tier_pool *p, uint64_t size) {
 static inline void tier_mag_count(sgm_tier_pool *p, tier_mag *m, int64_t d_used) {
   bool alloc = d_used > 0;
   int64_t du = __atomic_load_n(&m->d_used, __ATOMIC_RELAXED) + d_used;
-  __atomic_store_n(&m->d_live, __atomic_load_n(&m->d_live, __ATOMIC_RELAXED) + (alloc ? 1 : -1),
-                   __ATOMIC_RELAXED);
   uint64_t *n = alloc ? &m->n_allocs : &m->n_frees;
   __atomic_store_n(n, __atomic_load_n(n, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
   /* Flushed when past the bound, and when an allocation would take the
