@@ -288,7 +288,7 @@ int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
     __atomic_fetch_add(&p->n_failed, 1, __ATOMIC_RELAXED);
     return rc;
   }
-  tier_count_used(p, (int64_t)need, 1, 1, 0);
+  tier_count_direct(p, (int64_t)need, 1, 1, 0);
   *out = tier_ptr_of(b);
   return SGM_OK;
 }
@@ -303,7 +303,7 @@ static inline sgm_devptr tier_hand_out(sgm_tier_pool *p, tier_mag *m, tier_block
   b->handle = ref->handle;
   tier_block_set_state(b, TIER_LIVE);
   if (m) tier_mag_count(p, m, (int64_t)asked);
-  else tier_count_used(p, (int64_t)asked, 1, 1, 0);
+  else tier_count_direct(p, (int64_t)asked, 1, 1, 0);
   /* The address from the tag: the record's second line stays cold. */
   return tier_ptr_of(b);
 }
@@ -481,7 +481,7 @@ __attribute__((noinline)) static int tier_alloc_on_slow(sgm_tier_pool *p, tier_m
   }
   /* Fresh from the sub-allocator: counted as handed out (state is LIVE). */
   if (m) tier_mag_count(p, m, (int64_t)need);
-  else tier_count_used(p, (int64_t)need, 1, 1, 0);
+  else tier_count_direct(p, (int64_t)need, 1, 1, 0);
   *out = tier_ptr_of(b);
   return SGM_OK;
 }

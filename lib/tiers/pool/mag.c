@@ -45,6 +45,7 @@ static void tier_mag_flush_counts(sgm_tier_pool *p, tier_mag *m) {
   uint64_t nf = __atomic_load_n(&m->n_frees, __ATOMIC_RELAXED);
   int64_t dl = (int64_t)(na - nf); /* the live blocks it changed: one counter less per pair */
   __atomic_store_n(&m->d_used, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&m->peak_room, 0, __ATOMIC_RELAXED); /* its next allocation looks at the peak */
   __atomic_store_n(&m->n_allocs, 0, __ATOMIC_RELAXED);
   __atomic_store_n(&m->n_frees, 0, __ATOMIC_RELAXED);
   tier_count_used(p, du, dl, na, nf);

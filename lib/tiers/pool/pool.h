@@ -384,6 +384,9 @@ typedef struct tier_mag {
   struct tier_mag *prev, *next; /* the pool's list (registry and pool lock) */
   uint64_t cached_bytes;       /* bytes in the slots (atomic: read by stats) */
   int64_t d_used;              /* used bytes not yet added to the pool (atomic) */
+  int64_t peak_room;           /* the pool's peak less its used bytes at this magazine's last
+                                  flush: pending use past it may be a new peak (atomic) */
+  uint64_t peak_epoch;         /* the pool's used_epoch then (atomic) */
   uint64_t n_allocs;           /* allocations served by this thread, not yet added (atomic) */
   uint64_t n_frees;            /* frees by this thread, not yet added (atomic) */
   tier_slab_cursor slab;       /* records this thread's carves cut (pool lock held) */
@@ -396,6 +399,9 @@ struct sgm_tier_pool {
   sgm_lock lock;              /* guards everything below but the params, atomics and shards */
   sgm_tier_params p;          /* set at create, read-only after (but the budget, under the lock) */
   uint64_t id;                /* unique for the process's life: magazines find their pool by it */
+  uint64_t used_epoch;        /* bumped by every count of handed-out bytes that no magazine made
+                                 (sgm's own blocks, threads without one): a magazine's peak_room
+                                 is stale when it moved (atomic; on a line written rarely) */
   sgm_suballoc *sa;           /* carves the chunks; offsets are device addresses */
   sgm_chunk *chunks;          /* live chunks, in the order they were taken */
   size_t n_chunks;            /* entries used in chunks */
@@ -543,6 +549,13 @@ static inline void tier_count_used(sgm_tier_pool *p, int64_t d_used, int64_t d_l
     }
   }
 }
+/* tier_count_used for a count no magazine made: handed-out bytes then move
+ * the pool's used_epoch (the magazines' peak_room is stale). */
+static inline void tier_count_direct(sgm_tier_pool *p, int64_t d_used, int64_t d_live, uint64_t allocs,
+                                     uint64_t frees) {
+  tier_count_used(p, d_used, d_live, allocs, frees);
+  if (d_used > 0) __atomic_add_fetch(&p->used_epoch, 1, __ATOMIC_RELAXED);
+}
 static inline uint64_t tier_tag_of(const tier_block *b) {
   return __atomic_load_n(&b->tag, __ATOMIC_ACQUIRE);
 }
@@ -618,16 +631,27 @@ static inline void tier_mag_count(sgm_tier_pool *p, tier_mag *m, int64_t d_used)
   int64_t du = __atomic_load_n(&m->d_used, __ATOMIC_RELAXED) + d_used;
   uint64_t *n = alloc ? &m->n_allocs : &m->n_frees;
   __atomic_store_n(n, __atomic_load_n(n, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
-  /* Flushed when past the bound, and when an allocation would take the
-   * pool's use (as far as this thread sees it) past the peak, which stays
-   * exact for one thread. Not at every count: the atomic add on the pool's
-   * shared line was two of the churn pair's slowest instructions (issue 26);
-   * sgm__tier_stats adds what magazines hold back. */
+  /* Flushed when past the bound, and when an allocation takes the pending
+   * use past the room below the peak that the last flush left: for one
+   * thread the peak stays exact. Not at every count: the atomic add on the
+   * pool's shared line was two of the churn pair's slowest instructions
+   * (issue 26), and reading the pool's use at every count instead missed the
+   * cache whenever another thread had flushed (alloc.scaling.2t). Counts no
+   * magazine made (sgm's own blocks) move the pool's used_epoch, which makes
+   * the room stale; other magazines' flushes do not (each would make every
+   * other magazine flush at its next allocation): the peak may then lag by
+   * what magazines hold back, as the bound allows. sgm__tier_stats adds what
+   * magazines hold back. */
   if (du >= (int64_t)TIER_MAG_FLUSH_BYTES || du <= -(int64_t)TIER_MAG_FLUSH_BYTES ||
-      (alloc && (int64_t)__atomic_load_n(&p->used_bytes, __ATOMIC_RELAXED) + du >
-                    (int64_t)__atomic_load_n(&p->peak_used_bytes, __ATOMIC_RELAXED))) {
+      (alloc && (du > __atomic_load_n(&m->peak_room, __ATOMIC_RELAXED) ||
+                 __atomic_load_n(&p->used_epoch, __ATOMIC_RELAXED) !=
+                     __atomic_load_n(&m->peak_epoch, __ATOMIC_RELAXED)))) {
+    __atomic_store_n(&m->peak_epoch, __atomic_load_n(&p->used_epoch, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
     tier_count_used(p, du, 0, 0, 0);
     du = 0;
+    int64_t room = (int64_t)__atomic_load_n(&p->peak_used_bytes, __ATOMIC_RELAXED) -
+                   (int64_t)__atomic_load_n(&p->used_bytes, __ATOMIC_RELAXED);
+    __atomic_store_n(&m->peak_room, room > 0 ? room : 0, __ATOMIC_RELAXED);
   }
   __atomic_store_n(&m->d_used, du, __ATOMIC_RELAXED);
 }
