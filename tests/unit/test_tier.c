@@ -15,7 +15,8 @@
  * a slot's distance field holds) are all found, and stay found as keys
  * before, inside and after the run are removed; the peak of used bytes stays
  * the true peak while threads count frees of each other's blocks apart (the
- * pool's own share of the count below zero for a moment).
+ * pool's own share of the count below zero for a moment), and stays exact on
+ * one thread when sgm's own blocks move the use between its allocations.
  */
 #include <pthread.h>
 #include <sched.h>
