@@ -242,7 +242,8 @@ static void assert_slot_distances(const tier_shard *sh) {
  * end (the keys after a removed one move back over the gap, their distances
  * kept right, also past what the field holds); a removed key is not found.
  * The run holds two keys whose hash bits kept in the slot are equal too: a
- * lookup of either reads the other's record and goes on past it. Fake
+ * lookup of either reads the other's record and goes on past it. A record
+ * whose address the slot cannot hold is refused. Fake
  * records (tag only) in the real VRAM pool's map, under its lock as the
  * pool's writers hold it; the pool's own check runs once they are gone. The
  * keys are addresses above the pool's range, found by searching the hash,
@@ -290,6 +291,9 @@ static void test_colliding_keys_stay_found(void **state) {
   }
   for (size_t i = 0; i < n; i++)
     if (!gone[i]) sgm__pool_map_remove(p, &rec[i]);
+  /* A record the one-word slot cannot hold (its address at or above 2^48)
+   * is refused, never read and never stored. */
+  assert_false(sgm__pool_map_insert(p, (tier_block *)(uintptr_t)(UINT64_C(1) << 50)));
   sgm__lock_drop(&p->lock);
   assert_true(sgm__tier_check(p));
   sgm_free(ctx, live, NULL);
