@@ -16,7 +16,9 @@
  * before, inside and after the run are removed; the peak of used bytes stays
  * the true peak while threads count frees of each other's blocks apart (the
  * pool's own share of the count below zero for a moment), and stays exact on
- * one thread when sgm's own blocks move the use between its allocations.
+ * one thread when sgm's own blocks move the use between its allocations;
+ * a thread's counts reach the pool's shared counters only past the pool's
+ * flush bound, which follows the budget (1/256, 1-64 MiB), or at a new peak.
  */
 #include <pthread.h>
 #include <sched.h>
@@ -31,10 +33,11 @@
 
 #define MiB (UINT64_C(1) << 20)
 
-static sgm_context *make_ctx(const char *vram) {
+/* A context on an emulated device of emu bytes, VRAM budget vram. */
+static sgm_context *make_ctx_on(const char *emu, const char *vram) {
   sgm_test_clean_env();
   setenv("SGM_BACKEND", "emu", 1);
-  setenv("SGM_EMU_VRAM", "512MiB", 1);
+  setenv("SGM_EMU_VRAM", emu, 1);
   setenv("SGM_VRAM_LIMIT", vram, 1);
   setenv("SGM_SHARED_FALLBACK", "off", 1);
   setenv("SGM_IDLE_TRIM_MS", "0", 1);
@@ -44,6 +47,8 @@ static sgm_context *make_ctx(const char *vram) {
   assert_int_equal(rc, SGM_OK);
   return ctx;
 }
+
+static sgm_context *make_ctx(const char *vram) { return make_ctx_on("512MiB", vram); }
 
 static sgm_tier_pool *vram(sgm_context *ctx) { return sgm__context_tier(ctx, SGM_TIER_VRAM); }
 
@@ -408,6 +413,54 @@ static void test_peak_survives_counts_kept_apart(void **state) {
   sgm_context_destroy(ctx);
 }
 
+/* Invariant: a magazine's counts reach the pool's shared counters only past
+ * the pool's flush bound (1/256 of the budget, from 1 MiB to 64 MiB) or at a
+ * new peak, and the stats stay exact on one thread. A thread that takes
+ * eight 1 MiB blocks (its peak), then frees and takes them again twenty
+ * times, swings its pending count by 8 MiB: within a 4 GiB pool's 16 MiB
+ * bound the pool's own count never moves after the peak (each flush was an
+ * atomic add on a line that two threads then passed back and forth,
+ * alloc.scaling.2t), past a 64 MiB pool's 1 MiB it does. */
+static uint64_t count_swings(const char *budget, uint64_t *moves) {
+  sgm_context *ctx = make_ctx_on("8GiB", budget);
+  sgm_tier_pool *p = vram(ctx);
+  void *x[8];
+  for (int i = 0; i < 8; i++) assert_non_null(x[i] = sgm_alloc(ctx, MiB, NULL));
+  uint64_t used = __atomic_load_n(&p->used_bytes, __ATOMIC_RELAXED);
+  *moves = 0;
+  for (int round = 0; round < 20; round++) {
+    for (int i = 0; i < 8; i++) sgm_free(ctx, x[i], NULL);
+    *moves += __atomic_load_n(&p->used_bytes, __ATOMIC_RELAXED) != used;
+    used = __atomic_load_n(&p->used_bytes, __ATOMIC_RELAXED);
+    for (int i = 0; i < 8; i++) assert_non_null(x[i] = sgm_alloc(ctx, MiB, NULL));
+    *moves += __atomic_load_n(&p->used_bytes, __ATOMIC_RELAXED) != used;
+    used = __atomic_load_n(&p->used_bytes, __ATOMIC_RELAXED);
+  }
+  sgm_tier_stats st;
+  sgm__tier_stats(p, &st);
+  assert_int_equal(st.used_bytes, 8 * MiB);
+  assert_int_equal(st.peak_used_bytes, 8 * MiB);
+  uint64_t bound = (uint64_t)p->mag_flush_bytes;
+  for (int i = 0; i < 8; i++) sgm_free(ctx, x[i], NULL);
+  sgm_context_destroy(ctx);
+  return bound;
+}
+
+static void test_flush_bound_follows_budget(void **state) {
+  (void)state;
+  assert_int_equal(tier_mag_flush_bytes(0), MiB);
+  assert_int_equal(tier_mag_flush_bytes(64 * MiB), MiB);
+  assert_int_equal(tier_mag_flush_bytes(4096 * MiB), 16 * MiB);
+  assert_int_equal(tier_mag_flush_bytes(UINT64_C(1) << 40), 64 * MiB);
+  uint64_t moves_big = 0, moves_small = 0;
+  assert_int_equal(count_swings("4GiB", &moves_big), 16 * MiB);
+  assert_int_equal(count_swings("64MiB", &moves_small), MiB);
+  printf("# the pool's count moved in %llu of 40 swings (4 GiB pool), %llu (64 MiB pool)\n",
+         (unsigned long long)moves_big, (unsigned long long)moves_small);
+  assert_int_equal(moves_big, 0);
+  assert_true(moves_small >= 20);
+}
+
 /* Invariant: on one thread the peak of used bytes is exact, also when sgm's
  * own blocks (counted without the magazine) move the pool's use between the
  * thread's allocations: the magazine's room below the peak, left by its last
@@ -478,6 +531,7 @@ int main(void) {
       cmocka_unit_test(test_colliding_keys_stay_found),
       cmocka_unit_test(test_peak_survives_counts_kept_apart),
       cmocka_unit_test(test_peak_exact_with_sgm_own_blocks),
+      cmocka_unit_test(test_flush_bound_follows_budget),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
