@@ -278,7 +278,7 @@ static void test_colliding_keys_stay_found(void **state) {
   for (size_t i = 0; i < n; i++) {
     memset(&rec[i], 0, sizeof rec[i]);
     rec[i].tag = key[i] | TIER_LIVE;
-    assert_true(sgm__pool_map_insert(p, &rec[i]));
+    assert_true(sgm__pool_map_insert(p, &rec[i], tier_hash(key[i])));
   }
   for (size_t i = 0; i < n; i++) assert_ptr_equal(sgm__pool_map_lookup(p, key[i]), &rec[i]);
   /* Remove from the start, the middle (around the saturated distances), the
@@ -298,7 +298,7 @@ static void test_colliding_keys_stay_found(void **state) {
     if (!gone[i]) sgm__pool_map_remove(p, &rec[i]);
   /* A record the one-word slot cannot hold (its address at or above 2^48)
    * is refused, never read and never stored. */
-  assert_false(sgm__pool_map_insert(p, (tier_block *)(uintptr_t)(UINT64_C(1) << 50)));
+  assert_false(sgm__pool_map_insert(p, (tier_block *)(uintptr_t)(UINT64_C(1) << 50), 0));
   sgm__lock_drop(&p->lock);
   assert_true(sgm__tier_check(p));
   sgm_free(ctx, live, NULL);

@@ -76,8 +76,9 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
     }
     if (sgm__suballoc_try_alloc_node(p->sa, need, &off, &got, &node)) {
       /* The map slot the block goes in is on its way while the rest is
-       * decided (issue 26: the insert's load missed the cache). */
-      sgm__pool_map_prefetch(p, off);
+       * decided (issue 26: the insert's load missed the cache); the insert
+       * takes the hash this computed. */
+      uint64_t hash = sgm__pool_map_prefetch(p, off);
       uint64_t unmapped = p->vmm_range ? sgm__pool_vmm_unmapped_locked(p, off, got) : 0;
       if (unmapped && !returned) {
         /* New granules would be mapped: the stream's own cached blocks go
@@ -129,7 +130,7 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
         b->next = NULL;
         __atomic_store_n(&b->tag, off | TIER_LIVE | (ref ? 0 : TIER_OWN), __ATOMIC_RELEASE);
       }
-      if (!b || !sgm__pool_map_insert(p, b)) {
+      if (!b || !sgm__pool_map_insert(p, b, hash)) {
         uint64_t sz;
         sgm__suballoc_free_node(p->sa, node, &sz);
         if (b) sgm__pool_spare_put_locked(p, b);

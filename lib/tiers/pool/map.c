@@ -62,16 +62,18 @@ tier_block *sgm__pool_block_new(sgm_tier_pool *p, tier_slab_cursor *cur) {
  * the keys after it back, and a rebuild moves every key).
  */
 
-/* Start loading the slot where ptr's insert will probe first: a carve
+/* Start loading the slot where ptr's insert will probe first, and answer
+ * ptr's hash, which the insert then takes (sgm__pool_map_insert): a carve
  * issues this as soon as the sub-allocator names the block's address, so
  * that the load (the insert's cache miss) overlaps the rest of the carve.
  * Lock-free, and nothing waits for it. Issued at the top of sgm_free for the
  * lookup, 60 instructions before it, the same prefetch showed no gain that
  * this machine's noise let us measure, for 27 instructions more per pair. */
-void sgm__pool_map_prefetch(sgm_tier_pool *p, sgm_devptr ptr) {
+uint64_t sgm__pool_map_prefetch(sgm_tier_pool *p, sgm_devptr ptr) {
   uint64_t h = tier_hash(ptr);
   tier_table *t = __atomic_load_n(&tier_shard_of(p, h)->table, __ATOMIC_RELAXED);
   if (t) __builtin_prefetch(&t->s[(h >> 6) & t->mask]);
+  return h;
 }
 
 /* The record whose tag names ptr, NULL when there is none (lock-free). */
@@ -130,13 +132,12 @@ static size_t tier_slot_dist(const tier_table *t, size_t i) {
 }
 
 /* Insert b, its tag already set (pool lock held); false when out of memory. */
-bool sgm__pool_map_insert(sgm_tier_pool *p, tier_block *b) {
+bool sgm__pool_map_insert(sgm_tier_pool *p, tier_block *b, uint64_t h) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
   /* A record the slot word cannot hold (above 2^48): refused as host memory
    * sgm cannot use. */
   if (sgm_unlikely(((uintptr_t)b & ~TIER_SLOT_REC) != 0)) return false;
-  sgm_devptr ptr = tier_ptr_of(b);
-  uint64_t h = tier_hash(ptr);
+  sgm_assert_internal(h == tier_hash(tier_ptr_of(b)));
   tier_shard *s = tier_shard_of(p, h);
   tier_table *t = s->table;
   if (!t || 2 * (s->n + 1) > (t->mask + 1)) {

@@ -680,9 +680,9 @@ static inline void tier_mag_count(sgm_tier_pool *p, tier_mag *m, int64_t d_used)
 /* map.c */
 tier_block *sgm__pool_block_new(sgm_tier_pool *p, tier_slab_cursor *cur);
 tier_block *sgm__pool_map_busy_live(sgm_tier_pool *p, sgm_devptr ptr);
-bool sgm__pool_map_insert(sgm_tier_pool *p, tier_block *b);
+bool sgm__pool_map_insert(sgm_tier_pool *p, tier_block *b, uint64_t h);
 tier_block *sgm__pool_map_lookup(sgm_tier_pool *p, sgm_devptr ptr);
-void sgm__pool_map_prefetch(sgm_tier_pool *p, sgm_devptr ptr);
+uint64_t sgm__pool_map_prefetch(sgm_tier_pool *p, sgm_devptr ptr);
 void sgm__pool_map_remove(sgm_tier_pool *p, tier_block *b);
 tier_block *sgm__pool_map_take_live(sgm_tier_pool *p, sgm_devptr ptr, bool own);
 void sgm__pool_map_unbusy(tier_block *b);
