@@ -79,6 +79,7 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
        * decided (issue 26: the insert's load missed the cache); the insert
        * takes the hash this computed. */
       uint64_t hash = sgm__pool_map_prefetch(p, off);
+      tier_vmm_prefetch(p, off, got);
       uint64_t unmapped = p->vmm_range ? sgm__pool_vmm_unmapped_locked(p, off, got) : 0;
       if (unmapped && !returned) {
         /* New granules would be mapped: the stream's own cached blocks go
@@ -614,9 +615,11 @@ __attribute__((always_inline)) static inline int tier_free_on_as(sgm_tier_pool *
     }
   } else {
     /* A large block goes back to the sub-allocator at the stream's next
-     * large allocation: its node's line is on its way by then. Not a class
+     * large allocation: its node's line and its granules' are on their way
+     * by then. Not a class
      * block's: the magazine keeps it, and the prefetch only took cache. */
     __builtin_prefetch(b->node, 1);
+    tier_vmm_prefetch(p, tier_ptr_of(b), b->bytes);
     sgm__lock_take(&p->lock);
     sgm__pool_bag_add_locked(p, b);
     sgm__lock_drop(&p->lock);
