@@ -271,6 +271,10 @@ int sgm__suballoc_free(sgm_suballoc *sa, uint64_t offset, uint64_t *size_out);
 /* Free the live block whose node sgm__suballoc_try_alloc_node handed out;
  * SGM_ERR_INVALID (nothing changed) when that node is no live block. */
 int sgm__suballoc_free_node(sgm_suballoc *sa, sgm_suballoc_node *node, uint64_t *size_out);
+/* Start loading the neighbours of a live block's node (its own line must be
+ * at hand): sgm__suballoc_free_node reads them to coalesce, and their loads
+ * were 40% of its time once 10,000 blocks are live (issue 26). Nothing waits. */
+void sgm__suballoc_prefetch_neighbours(const sgm_suballoc_node *node);
 /* A split of a free block cuts the new block from the end nearer an end of
  * its range; hook(arg, low, high, size), when set, may say otherwise: < 0
  * the low end (offset low), > 0 the high end (offset high), 0 the default. */

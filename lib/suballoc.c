@@ -754,6 +754,11 @@ int sgm__suballoc_free(sgm_suballoc *sa, uint64_t offset, uint64_t *size_out) {
   return SGM_OK;
 }
 
+void sgm__suballoc_prefetch_neighbours(const suballoc_block *node) {
+  if (node->prev) __builtin_prefetch(node->prev, 1);
+  if (node->next) __builtin_prefetch(node->next, 1);
+}
+
 int sgm__suballoc_free_node(sgm_suballoc *sa, suballoc_block *node, uint64_t *size_out) {
   sgm_assert(sa != NULL && node != NULL && size_out != NULL);
   *size_out = 0;

@@ -23,8 +23,11 @@
 
 void sgm__pool_release_block_locked(sgm_tier_pool *p, tier_block *b) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
-  /* Only the record's first line: the address comes from the tag, and the
-   * second line is written only when streams were recorded. */
+  /* The node's neighbours, which the sub-allocator reads to coalesce, load
+   * while the map and the granules are updated (a large free prefetched the
+   * node itself). Only the record's first line: the address comes from the
+   * tag, and the second line is written only when streams were recorded. */
+  sgm__suballoc_prefetch_neighbours(b->node);
   sgm_devptr ptr = tier_ptr_of(b);
   sgm__pool_map_remove(p, b);
   if (p->vmm_range) sgm__pool_vmm_unref_locked(p, ptr, b->bytes);
