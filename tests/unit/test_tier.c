@@ -18,7 +18,7 @@
  * pool's own share of the count below zero for a moment), and stays exact on
  * one thread when sgm's own blocks move the use between its allocations;
  * a thread's counts reach the pool's shared counters only past the pool's
- * flush bound, which follows the budget (1/256, 1-64 MiB), or at a new peak.
+ * flush bound, which follows the budget (1/64, 1-64 MiB), or at a new peak.
  */
 #include <pthread.h>
 #include <sched.h>
@@ -414,10 +414,10 @@ static void test_peak_survives_counts_kept_apart(void **state) {
 }
 
 /* Invariant: a magazine's counts reach the pool's shared counters only past
- * the pool's flush bound (1/256 of the budget, from 1 MiB to 64 MiB) or at a
+ * the pool's flush bound (1/64 of the budget, from 1 MiB to 64 MiB) or at a
  * new peak, and the stats stay exact on one thread. A thread that takes
  * eight 1 MiB blocks (its peak), then frees and takes them again twenty
- * times, swings its pending count by 8 MiB: within a 4 GiB pool's 16 MiB
+ * times, swings its pending count by 8 MiB: within a 1 GiB pool's 16 MiB
  * bound the pool's own count never moves after the peak (each flush was an
  * atomic add on a line that two threads then passed back and forth,
  * alloc.scaling.2t), past a 64 MiB pool's 1 MiB it does. */
@@ -450,12 +450,14 @@ static void test_flush_bound_follows_budget(void **state) {
   (void)state;
   assert_int_equal(tier_mag_flush_bytes(0), MiB);
   assert_int_equal(tier_mag_flush_bytes(64 * MiB), MiB);
-  assert_int_equal(tier_mag_flush_bytes(4096 * MiB), 16 * MiB);
+  assert_int_equal(tier_mag_flush_bytes(512 * MiB), 8 * MiB);
+  assert_int_equal(tier_mag_flush_bytes(1024 * MiB), 16 * MiB);
+  assert_int_equal(tier_mag_flush_bytes(4096 * MiB), 64 * MiB);
   assert_int_equal(tier_mag_flush_bytes(UINT64_C(1) << 40), 64 * MiB);
   uint64_t moves_big = 0, moves_small = 0;
-  assert_int_equal(count_swings("4GiB", &moves_big), 16 * MiB);
+  assert_int_equal(count_swings("1GiB", &moves_big), 16 * MiB);
   assert_int_equal(count_swings("64MiB", &moves_small), MiB);
-  printf("# the pool's count moved in %llu of 40 swings (4 GiB pool), %llu (64 MiB pool)\n",
+  printf("# the pool's count moved in %llu of 40 swings (1 GiB pool), %llu (64 MiB pool)\n",
          (unsigned long long)moves_big, (unsigned long long)moves_small);
   assert_int_equal(moves_big, 0);
   assert_true(moves_small >= 20);

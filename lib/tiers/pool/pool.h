@@ -105,18 +105,19 @@ _Static_assert(TIER_N_CLASSES <= 64, "a stream's recent classes are one 64-bit m
 #define TIER_MAG_CLASS_BYTES (UINT64_C(4) << 20)
 /* A magazine's counters reach the pool when its pending bytes pass the
  * pool's flush bound (tier_mag_flush_bytes), which bounds the error of the
- * peak while several threads run: 1/256 of the budget, from 1 MiB to 64 MiB.
+ * peak while several threads run: 1/64 of the budget, from 1 MiB to 64 MiB.
  * A fixed 1 MiB made a thread whose live bytes swing by a few MiB (the
- * alloc.scaling.2t ring, 256 B-1 MiB) flush at 3.1% of its counts, each an
- * atomic add on the pool's shared counters, which two threads then passed
- * back and forth: the ring's pairs/s on one shared context was 0.79x that of
- * two contexts (median of 12 alternated rounds), 0.84x with 64 MiB, and the
- * ring never flushes past 16 MiB (issue 26). 1/256 keeps the error at 0.4%
- * of the budget per thread; small pools (tests, the shared tier of a small
- * host) keep 1 MiB. */
+ * alloc.scaling.2t ring, 256 B-1 MiB) flush at 3.1% of its counts, 0.2% at
+ * 4 MiB and never past 16 MiB, each flush an atomic add on the pool's shared
+ * counters, which two threads then passed back and forth: the ring's pairs/s
+ * on one shared context was 0.75-0.79x that of two contexts (medians of 10
+ * and 12 alternated rounds), 0.79-0.84x with 4-64 MiB (issue 26). Past 4 GiB
+ * of budget (a GPU's) the bound is 64 MiB, under 1.6% of it per thread; the
+ * emulated device's default 1 GiB gets 16 MiB; small pools (tests, the
+ * shared tier of a small host) keep 1 MiB. */
 #define TIER_MAG_FLUSH_MIN (UINT64_C(1) << 20)
 #define TIER_MAG_FLUSH_MAX (UINT64_C(64) << 20)
-#define TIER_MAG_FLUSH_SHIFT 8
+#define TIER_MAG_FLUSH_SHIFT 6
 static inline uint64_t tier_mag_flush_bytes(uint64_t budget_bytes) {
   uint64_t b = budget_bytes >> TIER_MAG_FLUSH_SHIFT;
   return b < TIER_MAG_FLUSH_MIN ? TIER_MAG_FLUSH_MIN : b > TIER_MAG_FLUSH_MAX ? TIER_MAG_FLUSH_MAX : b;
