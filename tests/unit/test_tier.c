@@ -421,6 +421,14 @@ static void test_peak_survives_counts_kept_apart(void **state) {
  * bound the pool's own count never moves after the peak (each flush was an
  * atomic add on a line that two threads then passed back and forth,
  * alloc.scaling.2t), past a 64 MiB pool's 1 MiB it does. */
+/* Whether the pool's own count of used bytes moved from *used; *used := now. */
+static bool used_moved(sgm_tier_pool *p, uint64_t *used) {
+  uint64_t now = __atomic_load_n(&p->used_bytes, __ATOMIC_RELAXED);
+  bool moved = now != *used;
+  *used = now;
+  return moved;
+}
+
 static uint64_t count_swings(const char *budget, uint64_t *moves) {
   sgm_context *ctx = make_ctx_on("8GiB", budget);
   sgm_tier_pool *p = vram(ctx);
@@ -430,11 +438,9 @@ static uint64_t count_swings(const char *budget, uint64_t *moves) {
   *moves = 0;
   for (int round = 0; round < 20; round++) {
     for (int i = 0; i < 8; i++) sgm_free(ctx, x[i], NULL);
-    *moves += __atomic_load_n(&p->used_bytes, __ATOMIC_RELAXED) != used;
-    used = __atomic_load_n(&p->used_bytes, __ATOMIC_RELAXED);
+    *moves += used_moved(p, &used);
     for (int i = 0; i < 8; i++) assert_non_null(x[i] = sgm_alloc(ctx, MiB, NULL));
-    *moves += __atomic_load_n(&p->used_bytes, __ATOMIC_RELAXED) != used;
-    used = __atomic_load_n(&p->used_bytes, __ATOMIC_RELAXED);
+    *moves += used_moved(p, &used);
   }
   sgm_tier_stats st;
   sgm__tier_stats(p, &st);

@@ -616,8 +616,8 @@ __attribute__((always_inline)) static inline int tier_free_on_as(sgm_tier_pool *
   } else {
     /* A large block goes back to the sub-allocator at the stream's next
      * large allocation: its node's line and its granules' are on their way
-     * by then. Not a class
-     * block's: the magazine keeps it, and the prefetch only took cache. */
+     * by then. Not a class block's: the magazine keeps it, and the prefetch
+     * only took cache. */
     __builtin_prefetch(b->node, 1);
     tier_vmm_prefetch(p, tier_ptr_of(b), b->bytes);
     sgm__lock_take(&p->lock);

@@ -674,6 +674,13 @@ static inline void tier_mag_count(sgm_tier_pool *p, tier_mag *m, int64_t d_used)
   __atomic_store_n(&m->d_used, du, __ATOMIC_RELAXED);
 }
 
+/* First and last granule a block [off, off + bytes) touches (vmm.c). */
+static inline void tier_vmm_span(const sgm_tier_pool *p, uint64_t off, uint64_t bytes, size_t *g0,
+                                 size_t *g1) {
+  *g0 = (size_t)((off - p->vmm_base) >> p->vmm_shift);
+  *g1 = (size_t)((off - p->vmm_base + bytes - 1) >> p->vmm_shift);
+}
+
 /* Start loading the granule records of a block [off, off + bytes) that a
  * carve is about to reference or a release to dereference (vmm.c), while the
  * rest of the carve or the allocation before the release runs: under perf,
@@ -683,8 +690,8 @@ static inline void tier_mag_count(sgm_tier_pool *p, tier_mag *m, int64_t d_used)
  * lines (a block of a few granules spans one or two); nothing waits for it. */
 static inline void tier_vmm_prefetch(const sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
   if (!p->vmm_range) return;
-  size_t g0 = (size_t)((off - p->vmm_base) >> p->vmm_shift);
-  size_t g1 = (size_t)((off - p->vmm_base + bytes - 1) >> p->vmm_shift);
+  size_t g0, g1;
+  tier_vmm_span(p, off, bytes, &g0, &g1);
   __builtin_prefetch(&p->gran[g0], 1);
   __builtin_prefetch(&p->gran[g1], 1);
 }

@@ -23,13 +23,6 @@
 
 static inline uint64_t tier_vmm_granule(const sgm_tier_pool *p) { return UINT64_C(1) << p->vmm_shift; }
 
-/* First and last granule a block [off, off + bytes) touches. */
-static inline void tier_vmm_span(const sgm_tier_pool *p, uint64_t off, uint64_t bytes, size_t *g0,
-                                 size_t *g1) {
-  *g0 = (size_t)((off - p->vmm_base) >> p->vmm_shift);
-  *g1 = (size_t)((off - p->vmm_base + bytes - 1) >> p->vmm_shift);
-}
-
 /* Granule g is mapped or not: its flag and its bit (pool lock held). */
 static inline void tier_vmm_set_mapped(sgm_tier_pool *p, size_t g, bool on) {
   p->gran[g].mapped = on;
