@@ -534,6 +534,102 @@ static void test_emu_steady_pairs_stay_off_the_pool_lock(void **state) {
   sgm_context_destroy(ctx);
 }
 
+/*
+ * A large free (past 1 MiB) waits in the freeing thread's stash and takes no
+ * pool lock; the thread's next large allocation settles the stash in its own
+ * lock section: one take per large pair, where the free used to take one
+ * more to bag the block (issue 26). Invariants: the stashed bytes count as
+ * cached; the stash keeps at most the pool's flush bound (1/64 of a 256 MiB
+ * budget: 4 MiB), a block past it goes to the bag at once and the oldest
+ * stashed block goes there when the next would pass it; a stashed block of
+ * the stream that serves a request is handed out again, any other goes back
+ * to the sub-allocator; sgm_trim and thread exit reach stashed blocks.
+ */
+static void *stash_peer_main(void *arg) {
+  sgm_context *ctx = arg;
+  void *x = sgm_alloc(ctx, 3 * MiB, NULL);
+  if (x) sgm_free(ctx, x, NULL);
+  return x;
+}
+
+static void test_emu_large_free_waits_in_the_thread_stash(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("emu", "256MiB", NULL);
+  sgm_tier_pool *vp = sgm__context_tier(ctx, SGM_TIER_VRAM);
+  void *keep = sgm_alloc(ctx, MiB, NULL); /* the thread's magazine exists */
+  void *a = sgm_alloc(ctx, 3 * MiB, NULL), *b = sgm_alloc(ctx, 3 * MiB, NULL);
+  assert_non_null(keep);
+  assert_non_null(a);
+  assert_non_null(b);
+  /* (The stats take the pool lock: takes are read around each call.) */
+  uint64_t t0 = pool_lock_takes(ctx);
+  sgm_free(ctx, a, NULL);
+  assert_int_equal(pool_lock_takes(ctx), t0);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].cached_bytes, 3 * MiB);
+  /* The bags empty, a request a does not serve (3 MiB is more than 1/8 over
+   * 2.5 MiB): a goes back to the sub-allocator in the carve's one lock
+   * section (mapped memory: no lock dropped for a mapping). */
+  t0 = pool_lock_takes(ctx);
+  void *h = sgm_alloc(ctx, 5 * MiB / 2, NULL);
+  assert_non_null(h);
+  assert_int_equal(pool_lock_takes(ctx), t0 + 1);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].cached_bytes, 0);
+  assert_true(sgm__tier_check(vp));
+  /* b waits; with h, 5.5 MiB would pass the bound: b goes to its bag (one take). */
+  t0 = pool_lock_takes(ctx);
+  sgm_free(ctx, b, NULL);
+  assert_int_equal(pool_lock_takes(ctx), t0);
+  sgm_free(ctx, h, NULL);
+  assert_int_equal(pool_lock_takes(ctx), t0 + 1);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].cached_bytes, 11 * MiB / 2);
+  /* A request b serves: b again, in one take; h stays cached. */
+  t0 = pool_lock_takes(ctx);
+  void *c = sgm_alloc(ctx, 3 * MiB - 4096, NULL);
+  assert_ptr_equal(c, b);
+  assert_int_equal(pool_lock_takes(ctx), t0 + 1);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].cached_bytes, 5 * MiB / 2);
+  assert_true(sgm__tier_check(vp));
+
+  /* Past the bound: straight to the bag, under the lock (h, bagged, went
+   * back to the sub-allocator at e's carve: a synchronous backend's large
+   * carve gives every bag back). */
+  void *e = sgm_alloc(ctx, 8 * MiB, NULL);
+  assert_non_null(e);
+  t0 = pool_lock_takes(ctx);
+  sgm_free(ctx, e, NULL);
+  assert_int_equal(pool_lock_takes(ctx), t0 + 1);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].cached_bytes, 8 * MiB);
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].cached_bytes, 0);
+
+  /* sgm_trim reaches the stash: the block's granules are unmapped. */
+  uint64_t committed = stats(ctx).tier[SGM_TIER_VRAM].committed_bytes;
+  void *f = sgm_alloc(ctx, 3 * MiB, NULL);
+  assert_non_null(f);
+  assert_true(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes > committed);
+  sgm_free(ctx, f, NULL);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].cached_bytes, 3 * MiB);
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].cached_bytes, 0);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].committed_bytes, committed);
+
+  /* A thread that exits leaves its stashed block in the bag, cached for anyone. */
+  pthread_t t;
+  void *x = NULL;
+  assert_int_equal(pthread_create(&t, NULL, stash_peer_main, ctx), 0);
+  pthread_join(t, &x);
+  assert_non_null(x);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].cached_bytes, 3 * MiB);
+  void *g = sgm_alloc(ctx, 3 * MiB, NULL);
+  assert_ptr_equal(g, x);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].cached_bytes, 0);
+  sgm_free(ctx, g, NULL);
+  sgm_free(ctx, c, NULL);
+  sgm_free(ctx, keep, NULL);
+  assert_true(sgm__tier_check(vp));
+  sgm_context_destroy(ctx);
+}
+
 /* Two threads: b caches four 512 KiB blocks in its magazine, then the main
  * thread allocates a granule-sized block that needs a new granule. b's
  * magazine could cover it but is b's: the granule is mapped, and b's next
@@ -1239,6 +1335,7 @@ int main(void) {
       cmocka_unit_test(test_emu_named_device_counts_granules_once),
       cmocka_unit_test(test_emu_steady_pairs_stay_off_the_pool_lock),
       cmocka_unit_test(test_emu_mapping_leaves_other_threads_magazines),
+      cmocka_unit_test(test_emu_large_free_waits_in_the_thread_stash),
   };
   int rc = cmocka_run_group_tests_name("vmm_emu", emu, NULL, NULL);
   if (!load_fake()) {

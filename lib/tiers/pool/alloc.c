@@ -6,8 +6,9 @@
  * then a carve from the sub-allocator (the stream's own cached blocks given
  * back to it first when the carve would need new memory, owe.c; growing the
  * pool; ordered after streams that owe), then other streams' caches
- * (transfer, then query); put a free in the magazine (or a deferred
- * free when sgm_record_stream named other streams); answer ownership and the
+ * (transfer, then query); put a free in the magazine, a large one in the
+ * thread's stash (or a deferred free when sgm_record_stream named other
+ * streams); answer ownership and the
  * fallback path's "is this tier full" hint.
  *
  * Locks: a warm alloc or free takes only its own magazine's spin lock and, on
@@ -39,8 +40,8 @@ static tier_block *tier_bag_take_locked(sgm_tier_pool *p, tier_mag *m, int cls, 
  * that fits (TIER_CARVE_CACHED), else cached blocks go back to the
  * sub-allocator first: on a synchronous backend every bag, else the
  * stream's own. */
-static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm_stream_ref *ref,
-                      bool give_back, tier_block **out) {
+static int tier_carve(sgm_tier_pool *p, tier_mag *m, uint64_t need, uint64_t asked,
+                      const sgm_stream_ref *ref, bool give_back, tier_block **out) {
   *out = NULL;
   /* A full budget is answered without the lock: this is the first step of
    * every fallback allocation. A free racing with this read may leave room a
@@ -50,16 +51,18 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
   bool trimmed = false, reclaimed = false, returned = false;
   sgm__lock_take(&p->lock);
   if (give_back) {
-    /* A cached block of the stream that serves the request first, under the
-     * same lock (a large block: no magazine). */
-    tier_block *c = ref ? tier_bag_take_locked(p, NULL, -1, need, ref) : NULL;
+    /* The large blocks this thread freed since its last large carve (its
+     * stash) first, then a cached block of the stream that serves the
+     * request, under the same lock (a large block: no magazine slots). */
+    tier_block *c = m && ref ? sgm__pool_stash_settle_locked(p, m, need, ref) : NULL;
+    if (!c && ref && p->n_bagged) c = tier_bag_take_locked(p, NULL, -1, need, ref);
     if (c) {
       sgm__lock_drop(&p->lock);
       *out = c;
       return TIER_CARVE_CACHED;
     }
-    if (p->p.bops->synchronous) sgm__pool_bags_release_all_locked(p);
-    else sgm__pool_owed_return_locked(p, ref);
+    if (!p->p.bops->synchronous) sgm__pool_owed_return_locked(p, ref);
+    else if (p->n_bagged) sgm__pool_bags_release_all_locked(p);
   }
   for (int round = 0; round < TIER_MAX_GROW_ROUNDS; round++) {
     uint64_t off = 0, got = 0;
@@ -254,15 +257,15 @@ static int tier_carve(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm
  * capturing stream owes (up to TIER_CARVE_ASIDE_MAX times; then the
  * allocation takes the paths a full budget takes: transfer, query,
  * fallback). The blocks set aside go back to the sub-allocator. */
-static int tier_carve_apart(sgm_tier_pool *p, uint64_t need, uint64_t asked, const sgm_stream_ref *ref,
-                            bool give_back, tier_block **out) {
+static int tier_carve_apart(sgm_tier_pool *p, tier_mag *m, uint64_t need, uint64_t asked,
+                            const sgm_stream_ref *ref, bool give_back, tier_block **out) {
   tier_block *aside[TIER_CARVE_ASIDE_MAX + 1];
   size_t n = 0;
-  int rc = tier_carve(p, need, asked, ref, give_back, out);
+  int rc = tier_carve(p, m, need, asked, ref, give_back, out);
   while (rc == TIER_CARVE_ASIDE) {
     aside[n++] = *out;
     *out = NULL;
-    rc = n <= TIER_CARVE_ASIDE_MAX ? tier_carve(p, need, asked, ref, false, out) : SGM__ERR_BUDGET;
+    rc = n <= TIER_CARVE_ASIDE_MAX ? tier_carve(p, m, need, asked, ref, false, out) : SGM__ERR_BUDGET;
   }
   if (n) {
     sgm__lock_take(&p->lock);
@@ -281,11 +284,11 @@ int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
                           (unsigned long long)size);
   uint64_t need = sgm__align_up(size, SGM_DEVICE_ALIGN);
   tier_block *b = NULL;
-  int rc = tier_carve_apart(p, need, need, NULL, false, &b);
+  int rc = tier_carve_apart(p, NULL, need, need, NULL, false, &b);
   /* Memory the device has finished with comes back before anyone is demoted. */
   if ((rc == SGM__ERR_BUDGET || rc == SGM_ERR_NOMEM) && sgm__tier_has_cached(p) &&
       sgm__tier_reclaim(p, NULL, SGM_RECLAIM_QUERY))
-    rc = tier_carve_apart(p, need, need, NULL, false, &b);
+    rc = tier_carve_apart(p, NULL, need, need, NULL, false, &b);
   if (rc != SGM_OK) {
     __atomic_fetch_add(&p->n_failed, 1, __ATOMIC_RELAXED);
     return rc;
@@ -437,7 +440,8 @@ __attribute__((noinline)) static int tier_alloc_on_slow(sgm_tier_pool *p, tier_m
   uint64_t need = sgm__align_up(size, SGM_DEVICE_ALIGN);
   int cls = tier_class(need);
   uint64_t block = cls >= 0 ? tier_class_bytes(cls) : need;
-  bool placed_after_reclaim = cls < 0 && __atomic_load_n(&p->bag_bytes, __ATOMIC_RELAXED) != 0;
+  bool placed_after_reclaim = cls < 0 && (__atomic_load_n(&p->bag_bytes, __ATOMIC_RELAXED) != 0 ||
+                                          (m && __atomic_load_n(&m->n_stash, __ATOMIC_RELAXED) != 0));
   /* A large block that the bags may serve: the carve looks there first. */
   tier_block *b = placed_after_reclaim ? NULL : tier_take_bagged(p, m, cls, need, ref);
   if (sgm_likely(b != NULL)) {
@@ -454,7 +458,7 @@ __attribute__((noinline)) static int tier_alloc_on_slow(sgm_tier_pool *p, tier_m
    * with it the two agree within 1.1 % (docs/streams.md). Both happen in the
    * carve's lock section (one lock take, not two), which also settles the
    * granules they left free (sgm__pool_vmm_settle). */
-  int rc = tier_carve_apart(p, block, need, ref, placed_after_reclaim, &b);
+  int rc = tier_carve_apart(p, m, block, need, ref, placed_after_reclaim, &b);
   if (rc == TIER_CARVE_CACHED) {
     *out = tier_hand_out(p, m, b, need, ref);
     return SGM_OK;
@@ -473,7 +477,7 @@ __attribute__((noinline)) static int tier_alloc_on_slow(sgm_tier_pool *p, tier_m
       *out = tier_hand_out(p, m, b, need, ref);
       return SGM_OK;
     }
-    rc = tier_carve_apart(p, block, need, ref, false, &b);
+    rc = tier_carve_apart(p, m, block, need, ref, false, &b);
   }
   /* Counted per attempt, as sgm__tier_alloc counts: a request retried after
    * demotions may count more than once. */
@@ -614,15 +618,40 @@ __attribute__((always_inline)) static inline int tier_free_on_as(sgm_tier_pool *
       sgm__lock_drop(&p->lock);
     }
   } else {
-    /* A large block goes back to the sub-allocator at the stream's next
+    /* A large block goes back to the sub-allocator at the thread's next
      * large allocation: its node's line and its granules' are on their way
      * by then. Not a class block's: the magazine keeps it, and the prefetch
-     * only took cache. */
+     * only took cache. It waits in the thread's stash (no pool lock); the
+     * oldest stashed blocks go to their bags when the stash would pass its
+     * bounds, and a block past them goes there itself. */
     __builtin_prefetch(b->node, 1);
     tier_vmm_prefetch(p, tier_ptr_of(b), b->bytes);
-    sgm__lock_take(&p->lock);
-    sgm__pool_bag_add_locked(p, b);
-    sgm__lock_drop(&p->lock);
+    tier_block *spill[TIER_STASH_SLOTS + 1];
+    unsigned n_spill = 0;
+    if (m && b->bytes <= (uint64_t)p->mag_flush_bytes) {
+      tier_spin_lock(&m->lock);
+      unsigned n = m->n_stash;
+      uint64_t bytes = m->stash_bytes + b->bytes, spilled = 0;
+      while (n == TIER_STASH_SLOTS || bytes > (uint64_t)p->mag_flush_bytes) {
+        tier_block *old = m->stash[0];
+        spill[n_spill++] = old;
+        spilled += old->bytes;
+        bytes -= old->bytes;
+        memmove(m->stash, m->stash + 1, --n * sizeof m->stash[0]);
+      }
+      m->stash[n++] = b;
+      m->stash_bytes = bytes;
+      __atomic_store_n(&m->n_stash, (uint8_t)n, __ATOMIC_RELAXED);
+      __atomic_store_n(&m->cached_bytes, m->cached_bytes + b->bytes - spilled, __ATOMIC_RELAXED);
+      tier_spin_unlock(&m->lock);
+    } else {
+      spill[n_spill++] = b;
+    }
+    if (n_spill) {
+      sgm__lock_take(&p->lock);
+      for (unsigned i = 0; i < n_spill; i++) sgm__pool_bag_add_locked(p, spill[i]);
+      sgm__lock_drop(&p->lock);
+    }
   }
   if (m) tier_mag_count(p, m, -(int64_t)asked);
   else tier_count_used(p, -(int64_t)asked, -1, 0, 1);

@@ -3,7 +3,8 @@
  * for each pool it uses, so that a steady alloc/free takes no shared lock.
  *
  * Job: make a thread's magazine on first use (thread-local slots, a registry
- * of every magazine), drain it into its streams' bags, flush its pending
+ * of every magazine), drain it into its streams' bags, settle its stash (the
+ * large blocks it freed) at its next large carve, flush its pending
  * counters, hand everything back when the thread exits or the pool goes,
  * and say whether the pool caches anything (sgm__tier_has_cached).
  *
@@ -29,13 +30,69 @@ static _Thread_local struct {
   tier_mag *mag;     /* this thread's magazine for it */
 } tier_tls[TIER_TLS_SLOTS];
 
+/* Move every block of m's stash into its stream's bag, oldest first, as its
+ * free would have (pool and magazine lock held). */
+static void tier_stash_bag_locked(sgm_tier_pool *p, tier_mag *m) {
+  for (unsigned i = 0; i < m->n_stash; i++) sgm__pool_bag_add_locked(p, m->stash[i]);
+  __atomic_store_n(&m->cached_bytes, m->cached_bytes - m->stash_bytes, __ATOMIC_RELAXED);
+  __atomic_store_n(&m->n_stash, 0, __ATOMIC_RELAXED);
+  m->stash_bytes = 0;
+}
+
 /* Move every block of m into its stream's bag (pool and magazine lock held). */
 void sgm__pool_mag_drain_locked(sgm_tier_pool *p, tier_mag *m) {
+  tier_stash_bag_locked(p, m);
   for (int c = 0; c < TIER_N_CLASSES; c++) {
     for (unsigned i = 0; i < m->n[c]; i++) sgm__pool_bag_add_locked(p, m->slot[c][i]);
     m->n[c] = 0;
   }
   __atomic_store_n(&m->cached_bytes, 0, __ATOMIC_RELAXED);
+}
+
+/*
+ * The large carve of m's thread for a block of need bytes on stream ref
+ * empties m's stash (pool lock held; m's own lock taken here). The answer
+ * and the blocks' places are those the carve would reach had each block
+ * gone to its stream's bag at its free: the smallest of ref's blocks that
+ * serves need (a bag take), NULL when none. When the bags are empty on a
+ * synchronous backend, the stash is all a bag take would see and every
+ * bagged block would go back to the sub-allocator (bag.c): the blocks go
+ * there straight, without a bag, or to their bags when one serves need
+ * (a bag take leaves the others bagged). Otherwise they go to their bags,
+ * and the carve goes on as for any bagged block.
+ */
+tier_block *sgm__pool_stash_settle_locked(sgm_tier_pool *p, tier_mag *m, uint64_t need,
+                                          const sgm_stream_ref *ref) {
+  tier_spin_lock(&m->lock);
+  unsigned n = m->n_stash;
+  tier_block *fit = NULL;
+  if (n == 0 || !p->p.bops->synchronous || p->n_bagged) {
+    if (n) tier_stash_bag_locked(p, m);
+    tier_spin_unlock(&m->lock);
+    return NULL;
+  }
+  uint64_t hi = need + (need >> TIER_LARGE_SLACK_SHIFT);
+  for (unsigned i = n; i-- > 0;) {
+    tier_block *b = m->stash[i];
+    if (b->key == ref->key && b->bytes >= need && b->bytes <= hi && (!fit || b->bytes < fit->bytes)) fit = b;
+  }
+  for (unsigned i = 0; i < n; i++) {
+    tier_block *b = m->stash[i];
+    if (b == fit) continue;
+    if (fit) sgm__pool_bag_add_locked(p, b);
+    else sgm__pool_release_block_locked(p, b);
+  }
+  __atomic_store_n(&m->cached_bytes, m->cached_bytes - m->stash_bytes, __ATOMIC_RELAXED);
+  __atomic_store_n(&m->n_stash, 0, __ATOMIC_RELAXED);
+  m->stash_bytes = 0;
+  tier_spin_unlock(&m->lock);
+  if (fit) {
+    tier_stream *s = sgm__pool_stream_find_locked(p, ref->key);
+    if (s) sgm__pool_stream_note_locked(s, -1, need);
+  } else {
+    tier_update_room_locked(p);
+  }
+  return fit;
 }
 
 /* Add m's pending counters to the pool and zero them (owner thread, or pool lock + m's lock). */

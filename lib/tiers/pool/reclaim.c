@@ -49,6 +49,20 @@ static size_t tier_mag_return_locked(sgm_tier_pool *p, tier_mag *m, tier_stream 
   size_t n = 0;
   uint64_t bytes = 0;
   tier_spin_lock(&m->lock);
+  unsigned kept = 0;
+  for (unsigned i = 0; i < m->n_stash; i++) {
+    tier_block *b = m->stash[i];
+    if (b->key != key) {
+      m->stash[kept++] = b;
+      continue;
+    }
+    bytes += b->bytes;
+    m->stash_bytes -= b->bytes;
+    n++;
+    tier_owed_note(s, b);
+    sgm__pool_release_block_locked(p, b);
+  }
+  __atomic_store_n(&m->n_stash, (uint8_t)kept, __ATOMIC_RELAXED);
   for (int c = 0; c < TIER_N_CLASSES; c++) {
     unsigned w = 0;
     for (unsigned i = 0; i < m->n[c]; i++) {
@@ -90,6 +104,7 @@ bool sgm__pool_owed_return_locked(sgm_tier_pool *p, const sgm_stream_ref *ref) {
   tier_stream *s = sgm__pool_stream_find_locked(p, ref->key);
   tier_mag *m = sgm__pool_mag_find(p);
   bool in_mag = false;
+  for (unsigned i = 0; m && i < m->n_stash && !in_mag; i++) in_mag = m->stash[i]->key == ref->key;
   for (int c = 0; m && c < TIER_N_CLASSES && !in_mag; c++)
     for (unsigned i = 0; i < m->n[c] && !in_mag; i++) in_mag = m->slot[c][i]->key == ref->key;
   bool in_bags = s && (s->open.n || (!s->busy && s->sealed.n));
