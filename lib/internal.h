@@ -137,6 +137,18 @@ void sgm__lock_assert_none_held(void);
  * the process (Linux futexes). */
 void sgm__word_wait(uint32_t *word, uint32_t expected);
 void sgm__word_wake_all(uint32_t *word);
+/* Asymmetric fences: a frequent side that orders its store before its later
+ * load with a compiler barrier only, and a rare side that pays for both
+ * (sgm__fence_heavy: membarrier(2), which runs a full barrier on every thread
+ * of the process now running). A Dekker pair (each side stores its flag,
+ * then loads the other's) is then correct with no atomic read-modify-write
+ * on the frequent side (the magazines' owners, lib/tiers/pool). Set up once
+ * (sgm__fence_setup, idempotent) before any frequent side runs; where the
+ * kernel refuses, sgm__fence_asym stays false and the frequent side must
+ * order itself (a sequentially consistent exchange). Read-only once set. */
+extern bool sgm__fence_asym;
+void sgm__fence_setup(void);
+void sgm__fence_heavy(void);
 
 /* ------------------------------------------------------------------------ */
 /* options.c — THE option table (see the file for every row). */

@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <linux/membarrier.h>
 #include <pthread.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -107,4 +108,32 @@ void sgm__word_wait(uint32_t *word, uint32_t expected) {
 
 void sgm__word_wake_all(uint32_t *word) {
   (void)syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Asymmetric fences (internal.h). Expedited private membarrier: an IPI to
+ * each CPU running a thread of this process, no wait for a grace period
+ * (Linux 4.14). Under a kernel or a sandbox (seccomp, valgrind) that refuses
+ * it, the magazines' owners fall back to an exchange. */
+bool sgm__fence_asym;
+static pthread_once_t fence_once = PTHREAD_ONCE_INIT;
+
+static void fence_init(void) {
+  long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  if (cmds < 0 || !(cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED)) return;
+  if (syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) != 0) return;
+  __atomic_store_n(&sgm__fence_asym, true, __ATOMIC_RELEASE);
+}
+
+void sgm__fence_setup(void) { pthread_once(&fence_once, fence_init); }
+
+/* Without membarrier nothing is added: both sides then use sequentially
+ * consistent operations on their flags, which order themselves. */
+void sgm__fence_heavy(void) {
+  if (!__atomic_load_n(&sgm__fence_asym, __ATOMIC_RELAXED)) return;
+  /* Registered, so it cannot be refused; a failure here would leave the
+   * frequent sides unordered: no way on but to stop. */
+  while (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) {
+    if (errno != EINTR) sgm__assert_fail("membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) failed after "
+                                         "registering", __FILE__, __LINE__);
+  }
 }

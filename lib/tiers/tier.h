@@ -59,10 +59,12 @@
  * cached_bytes (and committed), not in used.
  *
  * Threading: one lock per pool (rank = the tier's) for the sub-allocator, the
- * chunks and the bags; a spin lock per magazine (its owner thread, and
- * reclaimers under the pool lock); the live-block map is changed under the pool
- * lock and read lock-free (a block's tag word, compared and swapped, decides
- * who frees it). Order: magazine registry -> pool lock -> magazine. The pool lock is
+ * chunks and the bags; a magazine per thread, changed by its owner thread in
+ * sections that take no lock, and by reclaimers under the pool lock once they
+ * stopped its owner (pool/pool.h, tier_mag_enter); the live-block map is
+ * changed under the pool lock and read lock-free (a block's tag word, compared
+ * and swapped, decides who frees it). Order: magazine registry -> pool lock ->
+ * magazine. The pool lock is
  * never held across a backend call: growing reserves the bytes under the lock
  * (committed_bytes += chunk, so concurrent growers cannot overshoot the
  * budget), drops it, calls the backend, and retakes it to add the range.

@@ -11,10 +11,10 @@
  * streams); answer ownership and the
  * fallback path's "is this tier full" hint.
  *
- * Locks: a warm alloc or free takes only its own magazine's spin lock and, on
- * free, a lock-free lookup in the live map plus one compare-and-swap on the
- * block's record; carving and bag work take the pool lock, never across a
- * backend call.
+ * Locks: a warm alloc or free takes no lock: its own magazine's section
+ * (pool.h, no atomic read-modify-write) and, on free, a lock-free lookup in
+ * the live map plus one compare-and-swap on the block's record; carving and
+ * bag work take the pool lock, never across a backend call.
  *
  * Calls: map.c, stream.c, owe.c (a carve ordered after streams that owe),
  * vmm.c (mapping the granules of a carve), chunk.c (growth), bag.c, mag.c,
@@ -316,7 +316,7 @@ static inline sgm_devptr tier_hand_out(sgm_tier_pool *p, tier_mag *m, tier_block
 /* The newest block of class cls in magazine m that belongs to ref's stream,
  * NULL when none. */
 static inline tier_block *tier_mag_pop(tier_mag *m, int cls, const sgm_stream_ref *ref) {
-  tier_spin_lock(&m->lock);
+  tier_mag_enter(m);
   unsigned n = m->n[cls];
   for (unsigned i = n; i-- > 0;) {
     tier_block *b = m->slot[cls][i];
@@ -324,10 +324,10 @@ static inline tier_block *tier_mag_pop(tier_mag *m, int cls, const sgm_stream_re
     m->slot[cls][i] = m->slot[cls][n - 1];
     m->n[cls] = (uint8_t)(n - 1);
     __atomic_store_n(&m->cached_bytes, m->cached_bytes - b->bytes, __ATOMIC_RELAXED);
-    tier_spin_unlock(&m->lock);
+    tier_mag_leave(m);
     return b;
   }
-  tier_spin_unlock(&m->lock);
+  tier_mag_leave(m);
   return NULL;
 }
 
@@ -355,17 +355,16 @@ static tier_block *tier_bag_take_locked(sgm_tier_pool *p, tier_mag *m, int cls, 
       sgm__pool_stream_note_locked(s, cls, need);
     }
     /* Refill half the magazine from the open bag: the next allocations of
-     * this class on this stream then take no lock. */
+     * this class on this stream then take no lock (m is the caller's: under
+     * the pool lock no reclaimer takes it). */
     if (b && m && cls >= 0) {
       unsigned want = tier_mag_cap(cls) / 2;
-      tier_spin_lock(&m->lock);
       while (m->n[cls] < want && s->open.cls[cls]) {
         tier_block *x = sgm__pool_bag_take(&s->open, cls, 0);
         sgm__pool_bagged_add_locked(p, -1, -(int64_t)x->bytes);
         m->slot[cls][m->n[cls]++] = x;
         __atomic_store_n(&m->cached_bytes, m->cached_bytes + x->bytes, __ATOMIC_RELAXED);
       }
-      tier_spin_unlock(&m->lock);
     }
   }
   return b;
@@ -597,7 +596,7 @@ __attribute__((always_inline)) static inline int tier_free_on_as(sgm_tier_pool *
     unsigned cap = tier_mag_cap(c);
     tier_block *spill[TIER_MAG_SLOTS];
     unsigned n_spill = 0;
-    tier_spin_lock(&m->lock);
+    tier_mag_enter(m);
     if (m->n[c] >= cap) {
       /* Full: the older half goes down to the bags (under the pool lock,
        * taken after this lock is dropped). */
@@ -611,7 +610,7 @@ __attribute__((always_inline)) static inline int tier_free_on_as(sgm_tier_pool *
     }
     m->slot[c][m->n[c]++] = b;
     __atomic_store_n(&m->cached_bytes, m->cached_bytes + b->bytes, __ATOMIC_RELAXED);
-    tier_spin_unlock(&m->lock);
+    tier_mag_leave(m);
     if (n_spill) {
       sgm__lock_take(&p->lock);
       for (unsigned i = 0; i < n_spill; i++) sgm__pool_bag_add_locked(p, spill[i]);
@@ -629,7 +628,7 @@ __attribute__((always_inline)) static inline int tier_free_on_as(sgm_tier_pool *
     tier_block *spill[TIER_STASH_SLOTS + 1];
     unsigned n_spill = 0;
     if (m && b->bytes <= (uint64_t)p->mag_flush_bytes) {
-      tier_spin_lock(&m->lock);
+      tier_mag_enter(m);
       unsigned n = m->n_stash;
       uint64_t bytes = m->stash_bytes + b->bytes, spilled = 0;
       while (n == TIER_STASH_SLOTS || bytes > (uint64_t)p->mag_flush_bytes) {
@@ -643,7 +642,7 @@ __attribute__((always_inline)) static inline int tier_free_on_as(sgm_tier_pool *
       m->stash_bytes = bytes;
       __atomic_store_n(&m->n_stash, (uint8_t)n, __ATOMIC_RELAXED);
       __atomic_store_n(&m->cached_bytes, m->cached_bytes + b->bytes - spilled, __ATOMIC_RELAXED);
-      tier_spin_unlock(&m->lock);
+      tier_mag_leave(m);
     } else {
       spill[n_spill++] = b;
     }

@@ -11,7 +11,7 @@
  * Locks: the pool lock for the bags, the stream list and the event pool; a
  * stream's or deferred free's busy flag owns its event while the lock is
  * dropped for a driver call (event record, query, wait), which is never made
- * under the lock. Magazine spin locks are taken under the pool lock.
+ * under the lock. Magazines are stopped under the pool lock (pool.h).
  *
  * Calls: the backend's event and stream operations, stream.c (streams, bag
  * lists, pooled events), chunk.c (release blocks), owe.c (a fence seen

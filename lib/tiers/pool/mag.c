@@ -9,8 +9,9 @@
  * and say whether the pool caches anything (sgm__tier_has_cached).
  *
  * Locks: the magazine registry (rank SGM_LOCK_TIER_MAGS) before the pool lock
- * before a magazine's spin lock; the owner thread takes its own spin lock
- * alone (uncontended), a reclaimer takes it under the pool lock.
+ * before a magazine; the owner thread changes its own in sections that take
+ * no lock (pool.h, tier_mag_enter), a reclaimer under the pool lock once it
+ * stopped the owner (sgm__pool_mags_stop_locked: one membarrier for all).
  *
  * Calls: bag.c (a drained block goes to its stream's bag), libc and pthread
  * (thread-local key for the exit hook). reclaim.c returns the calling
@@ -31,7 +32,7 @@ static _Thread_local struct {
 } tier_tls[TIER_TLS_SLOTS];
 
 /* Move every block of m's stash into its stream's bag, oldest first, as its
- * free would have (pool and magazine lock held). */
+ * free would have (pool lock held; m the caller's, or stopped). */
 static void tier_stash_bag_locked(sgm_tier_pool *p, tier_mag *m) {
   for (unsigned i = 0; i < m->n_stash; i++) sgm__pool_bag_add_locked(p, m->stash[i]);
   __atomic_store_n(&m->cached_bytes, m->cached_bytes - m->stash_bytes, __ATOMIC_RELAXED);
@@ -39,7 +40,8 @@ static void tier_stash_bag_locked(sgm_tier_pool *p, tier_mag *m) {
   m->stash_bytes = 0;
 }
 
-/* Move every block of m into its stream's bag (pool and magazine lock held). */
+/* Move every block of m into its stream's bag (pool lock held; m the caller's,
+ * or stopped: sgm__pool_mags_stop_locked). */
 void sgm__pool_mag_drain_locked(sgm_tier_pool *p, tier_mag *m) {
   tier_stash_bag_locked(p, m);
   for (int c = 0; c < TIER_N_CLASSES; c++) {
@@ -51,7 +53,7 @@ void sgm__pool_mag_drain_locked(sgm_tier_pool *p, tier_mag *m) {
 
 /*
  * The large carve of m's thread for a block of need bytes on stream ref
- * empties m's stash (pool lock held; m's own lock taken here). The answer
+ * empties m's stash (pool lock held: m, the caller's, is its own). The answer
  * and the blocks' places are those the carve would reach had each block
  * gone to its stream's bag at its free: the smallest of ref's blocks that
  * serves need (a bag take), NULL when none. When the bags are empty on a
@@ -63,12 +65,10 @@ void sgm__pool_mag_drain_locked(sgm_tier_pool *p, tier_mag *m) {
  */
 tier_block *sgm__pool_stash_settle_locked(sgm_tier_pool *p, tier_mag *m, uint64_t need,
                                           const sgm_stream_ref *ref) {
-  tier_spin_lock(&m->lock);
   unsigned n = m->n_stash;
   tier_block *fit = NULL;
   if (n == 0 || !p->p.bops->synchronous || p->n_bagged) {
     if (n) tier_stash_bag_locked(p, m);
-    tier_spin_unlock(&m->lock);
     return NULL;
   }
   uint64_t hi = need + (need >> TIER_LARGE_SLACK_SHIFT);
@@ -85,7 +85,6 @@ tier_block *sgm__pool_stash_settle_locked(sgm_tier_pool *p, tier_mag *m, uint64_
   __atomic_store_n(&m->cached_bytes, m->cached_bytes - m->stash_bytes, __ATOMIC_RELAXED);
   __atomic_store_n(&m->n_stash, 0, __ATOMIC_RELAXED);
   m->stash_bytes = 0;
-  tier_spin_unlock(&m->lock);
   if (fit) {
     tier_stream *s = sgm__pool_stream_find_locked(p, ref->key);
     if (s) sgm__pool_stream_note_locked(s, -1, need);
@@ -95,7 +94,40 @@ tier_block *sgm__pool_stash_settle_locked(sgm_tier_pool *p, tier_mag *m, uint64_
   return fit;
 }
 
-/* Add m's pending counters to the pool and zero them (owner thread, or pool lock + m's lock). */
+/* The magazines a reclaimer takes: `only`, or every magazine of p for NULL;
+ * never the calling thread's own (its owner is here, out of any section).
+ * The first of them from m (m NULL: none). */
+static tier_mag *tier_mags_next(tier_mag *m, tier_mag *only, const tier_mag *mine) {
+  for (; m; m = only ? NULL : m->next)
+    if (m != mine) return m;
+  return NULL;
+}
+
+/* Take magazines from their owners (pool lock held; pool.h, tier_mag_enter):
+ * `only`, or every magazine of p for NULL, but the caller's own. One heavy
+ * fence for all of them; owners that enter afterwards wait until
+ * sgm__pool_mags_go_locked. */
+void sgm__pool_mags_stop_locked(sgm_tier_pool *p, tier_mag *only) {
+  const tier_mag *mine = sgm__pool_mag_find(p);
+  tier_mag *first = tier_mags_next(only ? only : p->mags, only, mine);
+  if (!first) return;
+  for (tier_mag *m = first; m; m = tier_mags_next(only ? NULL : m->next, only, mine))
+    __atomic_store_n(&m->stop, 1, __ATOMIC_SEQ_CST);
+  sgm__fence_heavy();
+  for (tier_mag *m = first; m; m = tier_mags_next(only ? NULL : m->next, only, mine))
+    while (__atomic_load_n(&m->busy, __ATOMIC_SEQ_CST)) sched_yield();
+}
+
+/* Give back what sgm__pool_mags_stop_locked took (pool lock held). */
+void sgm__pool_mags_go_locked(sgm_tier_pool *p, tier_mag *only) {
+  const tier_mag *mine = sgm__pool_mag_find(p);
+  for (tier_mag *m = tier_mags_next(only ? only : p->mags, only, mine); m;
+       m = tier_mags_next(only ? NULL : m->next, only, mine))
+    __atomic_store_n(&m->stop, 0, __ATOMIC_RELEASE);
+}
+
+/* Add m's pending counters to the pool and zero them (owner thread, or pool
+ * lock held and m stopped). */
 static void tier_mag_flush_counts(sgm_tier_pool *p, tier_mag *m) {
   int64_t du = __atomic_load_n(&m->d_used, __ATOMIC_RELAXED);
   uint64_t na = __atomic_load_n(&m->n_allocs, __ATOMIC_RELAXED);
@@ -113,10 +145,10 @@ static void tier_mag_detach_registered(tier_mag *m) {
   sgm_tier_pool *p = m->pool;
   if (!p) return;
   sgm__lock_take(&p->lock);
-  tier_spin_lock(&m->lock);
+  sgm__pool_mags_stop_locked(p, m);
   sgm__pool_mag_drain_locked(p, m);
   tier_mag_flush_counts(p, m);
-  tier_spin_unlock(&m->lock);
+  sgm__pool_mags_go_locked(p, m);
   if (m->prev) m->prev->next = m->next;
   else p->mags = m->next;
   if (m->next) m->next->prev = m->prev;

@@ -39,7 +39,7 @@
  * Locks: the pool lock for the streams' owe state and n_owing; a stream's
  * owe_busy flag owns its owe_ev while the lock is dropped for the record and
  * the wait (driver calls are never made under it); others wait on `grown`.
- * The calling thread's magazine spin lock is taken under the pool lock.
+ * The calling thread's magazine is changed under the pool lock (its own).
  *
  * Calls: the backend's event_record_on, stream_wait_event and event_wait;
  * stream.c (streams, pooled events). The returns themselves are reclaim.c's

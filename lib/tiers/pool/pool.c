@@ -35,6 +35,7 @@ int sgm__tier_create(const sgm_tier_params *params, sgm_tier_pool **out) {
   memset(p, 0, sizeof *p);
   p->p = *params;
   p->id = __atomic_add_fetch(&tier_next_pool_id, 1, __ATOMIC_RELAXED);
+  sgm__fence_setup(); /* before any magazine of the pool: their owners read the mode */
   p->mag_flush_bytes = (int64_t)tier_mag_flush_bytes(params->budget_bytes);
   p->head.room_bytes = params->budget_bytes;
   p->head.span_lo = UINT64_MAX;

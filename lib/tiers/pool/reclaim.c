@@ -12,7 +12,7 @@
  * owes (owe.c).
  *
  * Locks: the pool lock for the bags, the stream list and the owe state;
- * magazine spin locks under it; driver calls (records, queries, waits) are
+ * magazines stopped under it (pool.h); driver calls (records, queries, waits) are
  * made by bag.c and xfer.c with it dropped.
  *
  * Calls: bag.c (fences, releasing bags), xfer.c (transfers), mag.c
@@ -42,13 +42,13 @@ static void tier_owed_note(tier_stream *s, const tier_block *b) {
   s->owed[s->n_owed++] = (tier_range){ptr, ptr + b->bytes};
 }
 
-/* The calling thread's blocks of stream s in magazine m go back to the
- * sub-allocator, remembered as owed (pool lock held). How many. */
+/* The calling thread's blocks of stream s in its magazine m go back to the
+ * sub-allocator, remembered as owed (pool lock held: no reclaimer takes m
+ * meanwhile). How many. */
 static size_t tier_mag_return_locked(sgm_tier_pool *p, tier_mag *m, tier_stream *s) {
   uint64_t key = s->ref.key;
   size_t n = 0;
   uint64_t bytes = 0;
-  tier_spin_lock(&m->lock);
   unsigned kept = 0;
   for (unsigned i = 0; i < m->n_stash; i++) {
     tier_block *b = m->stash[i];
@@ -79,7 +79,6 @@ static size_t tier_mag_return_locked(sgm_tier_pool *p, tier_mag *m, tier_stream 
     m->n[c] = (uint8_t)w;
   }
   __atomic_store_n(&m->cached_bytes, m->cached_bytes - bytes, __ATOMIC_RELAXED);
-  tier_spin_unlock(&m->lock);
   return n;
 }
 
@@ -170,10 +169,10 @@ size_t sgm__pool_reclaim_ex(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_r
 size_t sgm__pool_reclaim_some(sgm_tier_pool *p, bool mags, sgm_reclaim_mode mode) {
   size_t n_done = 0;
   sgm__lock_take(&p->lock);
-  for (tier_mag *m = mags ? p->mags : NULL; m; m = m->next) {
-    tier_spin_lock(&m->lock);
-    sgm__pool_mag_drain_locked(p, m);
-    tier_spin_unlock(&m->lock);
+  if (mags && p->mags) {
+    sgm__pool_mags_stop_locked(p, NULL);
+    for (tier_mag *m = p->mags; m; m = m->next) sgm__pool_mag_drain_locked(p, m);
+    sgm__pool_mags_go_locked(p, NULL);
   }
   if (p->p.bops->synchronous) {
     n_done = sgm__pool_bags_release_all_locked(p);
