@@ -597,7 +597,7 @@ SGM_API sgm_status sgm_free_ex(sgm_context *ctx, void *ptr, void *stream) {
    * other streams only through a device-side wait (lib/tiers/pool/xfer.c). */
   if (ctx->parts.managed && sgm__managed_free(ctx, d, stream) == SGM_OK) return SGM_OK;
   sgm_stream_ref ref;
-  ctx->parts.bops->stream_ref(ctx->parts.be, stream, &ref);
+  sgm__stream_ref(ctx->parts.bops, ctx->parts.be, stream, &ref);
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
     /* A fallback block's free skips the VRAM lookup by address alone. */
     if (!ctx->parts.tiers[t] || !sgm__tier_may_own(ctx->parts.tiers[t], d)) continue;
@@ -626,7 +626,7 @@ SGM_API sgm_status sgm_record_stream(sgm_context *ctx, void *ptr, void *stream) 
     sgm__capture_recorded(ctx->capture, (sgm_devptr)(uintptr_t)ptr);
   }
   sgm_stream_ref ref;
-  ctx->parts.bops->stream_ref(ctx->parts.be, stream, &ref);
+  sgm__stream_ref(ctx->parts.bops, ctx->parts.be, stream, &ref);
   for (int t = 0; t < SGM_TIER_COUNT; t++) {
     if (!ctx->parts.tiers[t]) continue;
     int rc = sgm__tier_record_stream(ctx->parts.tiers[t], (sgm_devptr)(uintptr_t)ptr, &ref);

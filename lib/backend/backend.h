@@ -381,6 +381,20 @@ typedef struct sgm_backend_ops {
   int (*copy_stream_wait_event)(sgm_backend *be, void *event);
 } sgm_backend_ops;
 
+/* o->stream_ref, the NULL stream answered here as the contract names it (the
+ * legacy stream: key 0, handle NULL; every backend's own answer, which
+ * tests/unit/test_cuda_backend.c and test_context.c hold): the public pair
+ * on the NULL stream makes no indirect call for it (issue 26). */
+static inline void sgm__stream_ref(const sgm_backend_ops *o, sgm_backend *be, void *stream,
+                                   sgm_stream_ref *out) {
+  if (!stream) {
+    out->key = 0;
+    out->handle = NULL;
+    return;
+  }
+  o->stream_ref(be, stream, out);
+}
+
 /* backend.c: pick the ops for a kind; SGM_BACKEND_AUTO is resolved by open. */
 extern const sgm_backend_ops sgm__backend_emu_ops;
 extern const sgm_backend_ops sgm__backend_cuda_ops;

@@ -279,7 +279,7 @@ static int residency_alloc_in(sgm_context *ctx, sgm_tier t, size_t size, const s
 int sgm__residency_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *out, sgm_tier *where) {
   *where = SGM_TIER_VRAM;
   sgm_stream_ref ref;
-  sgm__parts_bops(ctx)->stream_ref(sgm__parts_be(ctx), stream, &ref);
+  sgm__stream_ref(sgm__parts_bops(ctx), sgm__parts_be(ctx), stream, &ref);
   /* VRAM full with nothing to reclaim or demote (no cached block, no
    * released buffer, no cached movable range): rules 1 and 2 cannot place the
    * block, and the steady-state fallback takes no VRAM lock to learn it. A
@@ -318,7 +318,7 @@ int sgm__residency_alloc(sgm_context *ctx, size_t size, void *stream, uint64_t *
 
 int sgm__residency_alloc_shared(sgm_context *ctx, size_t size, void *stream, uint64_t *out) {
   sgm_stream_ref ref;
-  sgm__parts_bops(ctx)->stream_ref(sgm__parts_be(ctx), stream, &ref);
+  sgm__stream_ref(sgm__parts_bops(ctx), sgm__parts_be(ctx), stream, &ref);
   int rc = residency_alloc_in(ctx, SGM_TIER_SHARED, size, &ref, out); /* rule 3 only */
   if (rc == SGM_OK) return rc;
   *out = 0;

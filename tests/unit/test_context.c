@@ -801,6 +801,28 @@ static void test_lock_held_across_backend_call_aborts(void **state) {
   }
 }
 
+/* The emulated device names streams as the contract says (backend.h):
+ * synchronous, so every stream is key 0, and the NULL stream is key 0 with
+ * handle NULL, which sgm__stream_ref answers without calling it. */
+static void test_emu_stream_ref_contract(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("64MiB", "on");
+  const sgm_backend_ops *o = sgm__context_bops(ctx);
+  sgm_backend *be = sgm__context_be(ctx);
+  sgm_stream_ref r = {1, (void *)&r}, inl = {1, (void *)&r};
+  o->stream_ref(be, NULL, &r);
+  sgm__stream_ref(o, be, NULL, &inl);
+  assert_int_equal(r.key, 0);
+  assert_null(r.handle);
+  assert_int_equal(inl.key, r.key);
+  assert_ptr_equal(inl.handle, r.handle);
+  int other = 0;
+  sgm__stream_ref(o, be, &other, &inl);
+  assert_int_equal(inl.key, 0);
+  assert_ptr_equal(inl.handle, &other);
+  sgm_context_destroy(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_budget_resolution),
@@ -820,6 +842,7 @@ int main(void) {
       cmocka_unit_test(test_trim_does_not_fail_allocations),
       cmocka_unit_test(test_fork_child_cannot_touch_parent),
       cmocka_unit_test(test_lock_held_across_backend_call_aborts),
+      cmocka_unit_test(test_emu_stream_ref_contract),
   };
   /* CMOCKA_FILTER=test_name runs one test (checking a test against old code). */
   if (getenv("CMOCKA_FILTER")) cmocka_set_test_filter(getenv("CMOCKA_FILTER"));

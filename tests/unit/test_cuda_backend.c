@@ -751,6 +751,9 @@ static void test_driver_calls_counted(void **state) {
   ops->stream_ref(be, ts, &own);
   ops->stream_ref(be, NULL, &legacy);
   ops->stream_ref(be, CU_STREAM_PER_THREAD, &per_thread);
+  /* The NULL stream is the legacy stream as sgm__stream_ref answers it inline. */
+  assert_int_equal(legacy.key, 0);
+  assert_null(legacy.handle);
   assert_int_equal(ops->event_create(be, &pooled), SGM_OK);
   assert_int_equal(ops->event_record_on(be, pooled, &own), SGM_OK);
   assert_int_equal(ops->stream_wait_event(be, &per_thread, pooled), SGM_OK);
