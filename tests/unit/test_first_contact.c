@@ -165,6 +165,49 @@ static void test_destroy_honours_the_pending_release_in_shared(void **state) {
   destroy_with_pending_release(true);
 }
 
+/* Invariant: a block sgm took for a buffer and cached, stream-ordered, when
+ * the buffer was destroyed with its release's work pending, is the user's
+ * once an allocation on that stream gets it again: sgm_free frees it, and
+ * no buffer claims it. Sizes of a magazine class (256 KiB) and a large
+ * block (3 MiB: the thread's stash, then a carve's cached take). The
+ * cached block kept the mark of sgm's own (TIER_OWN) when handed to the
+ * user, and the user's free was refused as a free of a block the caller
+ * does not own. */
+static void test_a_destroyed_buffers_block_is_the_users_once_reused(void **state) {
+  (void)state;
+  const uint64_t sizes[] = {256 << 10, 3 * MiB};
+  for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+    sgm_context *ctx = make_ctx("64MiB", false);
+    sgm_fake_ctx_push(fake_lib);
+    void *s = sgm_fake_non_blocking_stream(fake_lib);
+    sgm_buffer *b = NULL;
+    void *d = NULL;
+    assert_int_equal(sgm_buffer_create(ctx, sizes[k], &b), SGM_OK);
+    assert_int_equal(sgm_buffer_acquire(b, s, &d), SGM_OK);
+    fc.fake_cuda_hold_stream(s, 1);
+    assert_false(record_done(s)); /* held: the kernel behind it stays pending */
+    assert_int_equal(fc.fake_cuda_kernel(s, d, sizes[k], 0x5a, 0), 0);
+    assert_int_equal(sgm_buffer_release(b, s), SGM_OK);
+    sgm_buffer_destroy(b);
+    void *p = sgm_alloc(ctx, sizes[k], s);
+    assert_ptr_equal(p, d); /* the stream's own cached block, at once */
+    sgm_stats st;
+    assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+    uint64_t bad = st.n_bad_frees;
+    assert_int_equal(sgm_free_ex(ctx, p, s), SGM_OK);
+    assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
+    assert_int_equal(st.n_bad_frees, bad);
+    assert_int_equal(st.tier[SGM_TIER_VRAM].used_bytes, 0);
+    fc.fake_cuda_hold_stream(s, 0);
+    fc.fake_cuda_complete_stream(s);
+    fc.fake_cuda_settle();
+    assert_true(sgm__tier_check(sgm__context_tier(ctx, SGM_TIER_VRAM)));
+    sgm_fake_stream_destroy(fake_lib, s);
+    destroy_ctx(ctx);
+    sgm_fake_ctx_pop(fake_lib);
+  }
+}
+
 typedef struct demote_job {
   sgm_context *ctx;
   void *p;     /* the managed block */
@@ -306,6 +349,7 @@ int main(void) {
       cmocka_unit_test(test_managed_move_of_a_null_stream_block_follows_its_work),
       cmocka_unit_test(test_reserve_mode_commits_within_the_budget),
       cmocka_unit_test(test_a_failed_fence_wait_keeps_the_blocks),
+      cmocka_unit_test(test_a_destroyed_buffers_block_is_the_users_once_reused),
   };
   return sgm_fake_run_suite("first_contact", "fake_cuda_kernel", tests,
                             sizeof tests / sizeof tests[0], load_fake, unload_fake);

@@ -300,17 +300,22 @@ int sgm__tier_alloc(sgm_tier_pool *p, uint64_t size, sgm_devptr *out) {
 
 /* ---- the user's path ---- */
 
-/* Hand a cached block out on stream ref (its state becomes LIVE). */
+/* Hand a cached block out to the user on stream ref: LIVE, and the user's,
+ * also when sgm had taken it for itself (a buffer destroyed while its
+ * release's work was pending caches its block on that stream): the mark of
+ * sgm's own (TIER_OWN) stayed, and the user's free of the block was refused
+ * (test_a_destroyed_buffers_block_is_the_users_once_reused). */
 static inline sgm_devptr tier_hand_out(sgm_tier_pool *p, tier_mag *m, tier_block *b, uint64_t asked,
                                        const sgm_stream_ref *ref) {
   tier_set_asked(b, asked);
   b->key = ref->key;
   b->handle = ref->handle;
-  tier_block_set_state(b, TIER_LIVE);
+  /* The address from the tag: the record's second line stays cold. */
+  sgm_devptr ptr = tier_ptr_of(b);
+  __atomic_store_n(&b->tag, ptr | TIER_LIVE, __ATOMIC_RELEASE);
   if (m) tier_mag_count(p, m, (int64_t)asked);
   else tier_count_direct(p, (int64_t)asked, 1, 1, 0);
-  /* The address from the tag: the record's second line stays cold. */
-  return tier_ptr_of(b);
+  return ptr;
 }
 
 /* The newest block of class cls in magazine m that belongs to ref's stream,
