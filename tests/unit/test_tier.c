@@ -225,7 +225,6 @@ static void test_lookups_race_carves_and_releases(void **state) {
 typedef struct owner_arg {
   sgm_context *ctx;
   int id;                      /* stamped into its blocks */
-  volatile int *done;          /* owners finished */
 } owner_arg;
 
 enum { OWNER_RING = 48, OWNER_PAIRS = 40000 };
@@ -272,11 +271,10 @@ static void test_reclaims_take_magazines_from_busy_owners(void **state) {
     printf("# owners: %s fence\n", sgm__fence_asym ? "membarrier" : "exchange");
     sgm_context *ctx = make_ctx("64MiB");
     sgm_tier_pool *vp = vram(ctx);
-    volatile int done = 0;
     owner_arg a[OWNERS];
     pthread_t t[OWNERS];
     for (int i = 0; i < OWNERS; i++) {
-      a[i] = (owner_arg){.ctx = ctx, .id = i + 1, .done = &done};
+      a[i] = (owner_arg){.ctx = ctx, .id = i + 1};
       assert_int_equal(pthread_create(&t[i], NULL, owner_main, &a[i]), 0);
     }
     size_t drained = 0, rounds = 0;
