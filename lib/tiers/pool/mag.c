@@ -31,13 +31,19 @@ static _Thread_local struct {
   tier_mag *mag;     /* this thread's magazine for it */
 } tier_tls[TIER_TLS_SLOTS];
 
+/* m's stash is empty now: its blocks went elsewhere (pool lock held; m the
+ * caller's, or stopped). */
+static void tier_stash_clear(tier_mag *m) {
+  __atomic_store_n(&m->cached_bytes, m->cached_bytes - m->stash_bytes, __ATOMIC_RELAXED);
+  __atomic_store_n(&m->n_stash, 0, __ATOMIC_RELAXED);
+  m->stash_bytes = 0;
+}
+
 /* Move every block of m's stash into its stream's bag, oldest first, as its
  * free would have (pool lock held; m the caller's, or stopped). */
 static void tier_stash_bag_locked(sgm_tier_pool *p, tier_mag *m) {
   for (unsigned i = 0; i < m->n_stash; i++) sgm__pool_bag_add_locked(p, m->stash[i]);
-  __atomic_store_n(&m->cached_bytes, m->cached_bytes - m->stash_bytes, __ATOMIC_RELAXED);
-  __atomic_store_n(&m->n_stash, 0, __ATOMIC_RELAXED);
-  m->stash_bytes = 0;
+  tier_stash_clear(m);
 }
 
 /* Move every block of m into its stream's bag (pool lock held; m the caller's,
@@ -82,9 +88,7 @@ tier_block *sgm__pool_stash_settle_locked(sgm_tier_pool *p, tier_mag *m, uint64_
     if (fit) sgm__pool_bag_add_locked(p, b);
     else sgm__pool_release_block_locked(p, b);
   }
-  __atomic_store_n(&m->cached_bytes, m->cached_bytes - m->stash_bytes, __ATOMIC_RELAXED);
-  __atomic_store_n(&m->n_stash, 0, __ATOMIC_RELAXED);
-  m->stash_bytes = 0;
+  tier_stash_clear(m);
   if (fit) {
     tier_stream *s = sgm__pool_stream_find_locked(p, ref->key);
     if (s) sgm__pool_stream_note_locked(s, -1, need);
