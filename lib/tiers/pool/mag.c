@@ -77,10 +77,9 @@ tier_block *sgm__pool_stash_settle_locked(sgm_tier_pool *p, tier_mag *m, uint64_
     if (n) tier_stash_bag_locked(p, m);
     return NULL;
   }
-  uint64_t hi = need + (need >> TIER_LARGE_SLACK_SHIFT);
   for (unsigned i = n; i-- > 0;) {
     tier_block *b = m->stash[i];
-    if (b->key == ref->key && b->bytes >= need && b->bytes <= hi && (!fit || b->bytes < fit->bytes)) fit = b;
+    if (b->key == ref->key && tier_large_serves(b->bytes, need) && (!fit || b->bytes < fit->bytes)) fit = b;
   }
   for (unsigned i = 0; i < n; i++) {
     tier_block *b = m->stash[i];

@@ -154,6 +154,11 @@ typedef struct tier_range {
 /* A large cached block is reused for a request when it is at most this much
  * bigger (1/8: the same slack a size class allows at most). */
 #define TIER_LARGE_SLACK_SHIFT 3
+/* Does a cached block of `bytes` serve a request of `lo` bytes (a class's
+ * size, or a large request's)? At least lo, at most the slack above it. */
+static inline bool tier_large_serves(uint64_t bytes, uint64_t lo) {
+  return bytes >= lo && bytes <= lo + (lo >> TIER_LARGE_SLACK_SHIFT);
+}
 
 /* Budgets below this many granules (64 MiB with 2 MiB granules) grow in
  * chunks: a block is rounded to whole granules in committed bytes, which on a

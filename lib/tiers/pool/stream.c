@@ -34,11 +34,10 @@ tier_block *sgm__pool_bag_take(tier_bag *g, int cls, uint64_t need) {
     g->cls[cls] = b->next;
   } else {
     uint64_t lo = cls >= 0 ? tier_class_bytes(cls) : need;
-    uint64_t hi = lo + (lo >> TIER_LARGE_SLACK_SHIFT);
     tier_block **best = NULL;
     for (tier_block **pp = &g->large; *pp; pp = &(*pp)->next) {
       uint64_t sz = (*pp)->bytes;
-      if (sz >= lo && sz <= hi && (!best || sz < (*best)->bytes)) best = pp;
+      if (tier_large_serves(sz, lo) && (!best || sz < (*best)->bytes)) best = pp;
     }
     if (!best) return NULL;
     b = *best;

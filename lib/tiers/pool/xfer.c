@@ -21,9 +21,8 @@ static bool tier_bag_fits(const tier_bag *g, const tier_want *w) {
   if (!w || g->n == 0) return g->n != 0;
   if (w->cls >= 0 && g->cls[w->cls]) return true;
   uint64_t lo = w->cls >= 0 ? tier_class_bytes(w->cls) : w->need;
-  uint64_t hi = lo + (lo >> TIER_LARGE_SLACK_SHIFT);
   for (const tier_block *b = g->large; b; b = b->next)
-    if (b->bytes >= lo && b->bytes <= hi) return true;
+    if (tier_large_serves(b->bytes, lo)) return true;
   return false;
 }
 
