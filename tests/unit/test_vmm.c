@@ -654,6 +654,67 @@ static void *mag_peer_main(void *arg) {
   return NULL;
 }
 
+/*
+ * The page map (map.c): in the reserved range a block of at least a MiB is
+ * found by its address, one slot per MiB, and a small block whose MiB holds
+ * a large block's start is found in the hashed map past that slot. Each
+ * step: the free of the right pointer works, an interior pointer and a second
+ * free are refused, the pool's check holds (it walks the page map: slot,
+ * bit, record), and the page map holds exactly the large blocks carved.
+ */
+static void test_emu_large_blocks_are_found_by_address(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("emu", "256MiB", NULL);
+  sgm_tier_pool *vp = sgm__context_tier(ctx, SGM_TIER_VRAM);
+  assert_non_null(vp->big);
+  /* An empty range: the sub-allocator places the two side by side from its
+   * start, so the large block starts in the small one's MiB. */
+  char *s = sgm_alloc(ctx, 4096, NULL), *b = sgm_alloc(ctx, 3 * MiB, NULL);
+  assert_non_null(s);
+  assert_non_null(b);
+  assert_int_equal(((uintptr_t)b - vp->vmm_base) >> TIER_BIG_SHIFT, ((uintptr_t)s - vp->vmm_base) >> TIER_BIG_SHIFT);
+  assert_int_equal(vp->n_big, 1);
+  assert_true(sgm__tier_check(vp));
+  /* Not block starts: refused, nothing freed. */
+  assert_int_equal(sgm_free_ex(ctx, b + 256, NULL), SGM_ERR_INVALID);
+  assert_int_equal(sgm_free_ex(ctx, s + 256, NULL), SGM_ERR_INVALID);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].n_live, 2);
+  /* The small block past the large one's slot. */
+  assert_int_equal(sgm_free_ex(ctx, s, NULL), SGM_OK);
+  assert_int_equal(sgm_free_ex(ctx, s, NULL), SGM_ERR_INVALID);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].n_live, 1);
+  /* The large block by its slot; cached, it stays in the page map. */
+  assert_int_equal(sgm_record_stream(ctx, b, NULL), SGM_OK);
+  assert_int_equal(sgm_free_ex(ctx, b, NULL), SGM_OK);
+  assert_int_equal(sgm_free_ex(ctx, b, NULL), SGM_ERR_INVALID);
+  assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].n_live, 0);
+  assert_int_equal(vp->n_big, 1);
+  assert_true(sgm__tier_check(vp));
+  /* Given back to the sub-allocator, it leaves the page map. */
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
+  assert_int_equal(vp->n_big, 0);
+  assert_true(sgm__tier_check(vp));
+  /* A class block of exactly a MiB is large enough for a slot of its own;
+   * many large blocks fill as many slots. */
+  void *m = sgm_alloc(ctx, MiB, NULL);
+  assert_non_null(m);
+  assert_int_equal(vp->n_big, 1);
+  enum { N = 24 };
+  void *x[N];
+  for (int i = 0; i < N; i++) {
+    x[i] = sgm_alloc(ctx, (size_t)(MiB + MiB / 2 + (uint64_t)i * 4096), NULL);
+    assert_non_null(x[i]);
+  }
+  assert_int_equal(vp->n_big, N + 1);
+  assert_true(sgm__tier_check(vp));
+  for (int i = 0; i < N; i++) assert_int_equal(sgm_free_ex(ctx, x[i], NULL), SGM_OK);
+  assert_int_equal(sgm_free_ex(ctx, m, NULL), SGM_OK);
+  assert_int_equal(sgm_trim(ctx), SGM_OK);
+  assert_int_equal(vp->n_big, 0);
+  assert_true(sgm__tier_check(vp));
+  sgm_context_destroy(ctx);
+}
+
 static void test_emu_mapping_leaves_other_threads_magazines(void **state) {
   (void)state;
   sgm_context *ctx = make_ctx("emu", "256MiB", NULL);
@@ -1336,6 +1397,7 @@ int main(void) {
       cmocka_unit_test(test_emu_steady_pairs_stay_off_the_pool_lock),
       cmocka_unit_test(test_emu_mapping_leaves_other_threads_magazines),
       cmocka_unit_test(test_emu_large_free_waits_in_the_thread_stash),
+      cmocka_unit_test(test_emu_large_blocks_are_found_by_address),
   };
   int rc = cmocka_run_group_tests_name("vmm_emu", emu, NULL, NULL);
   if (!load_fake()) {

@@ -81,7 +81,7 @@ static int tier_carve(sgm_tier_pool *p, tier_mag *m, uint64_t need, uint64_t ask
       /* The map slot the block goes in is on its way while the rest is
        * decided (issue 26: the insert's load missed the cache); the insert
        * takes the hash this computed. */
-      uint64_t hash = sgm__pool_map_prefetch(p, off);
+      uint64_t hash = sgm__pool_map_prefetch(p, off, got);
       tier_vmm_prefetch(p, off, got);
       uint64_t unmapped = p->vmm_range ? sgm__pool_vmm_unmapped_locked(p, off, got) : 0;
       if (unmapped && !returned) {

@@ -103,6 +103,8 @@ void sgm__tier_destroy(sgm_tier_pool *p) {
       t = r;
     }
   }
+  for (size_t i = 0; i < p->n_big_slots; i++)
+    if (p->big[i]) free(p->big[i]->rec);
   for (tier_slab *s = p->slabs, *next; s; s = next) {
     next = s->next;
     free(s);
@@ -133,6 +135,7 @@ uint64_t sgm__tier_lock_takes(const sgm_tier_pool *p) { return sgm__lock_takes(&
 uint64_t sgm__tier_map_writes(const sgm_tier_pool *p) {
   uint64_t n = 0;
   for (size_t i = 0; i < TIER_SHARDS; i++) n += __atomic_load_n(&p->shards[i].n_writes, __ATOMIC_RELAXED);
+  n += __atomic_load_n(&p->big_writes, __ATOMIC_RELAXED);
   return n;
 }
 
@@ -203,8 +206,26 @@ bool sgm__tier_check(sgm_tier_pool *p) {
     }
     in_map += sh->n;
     /* Every shard keeps an empty slot: probes end. */
-    bad_tags += walked != sh->n || (sh->table && sh->n > sh->table->mask);
+    bad_tags += walked != sh->n || (sh->table && (sh->n > sh->table->mask || sh->mask != sh->table->mask));
   }
+  /* The page map: a slot's bit says whether it holds a record; every record
+   * in its block's slot, large enough, LIVE or CACHED, found by a lookup, its
+   * node the sub-allocator's; none of them in the hashed map (they were
+   * counted there if so: in_map would pass n_blocks). */
+  size_t walked_big = 0;
+  for (size_t i = 0; i < p->n_big_slots; i++) {
+    tier_block *b = p->big[i];
+    bad_tags += (bool)(p->big_bits[i >> 6] >> (i & 63) & 1) != (b != NULL);
+    if (!b) continue;
+    walked_big++;
+    uint64_t tag = tier_tag_of(b), st_bits = tag & TIER_TAG_STATE;
+    sgm_devptr ptr = tag & ~TIER_TAG_FLAGS;
+    bad_tags += tier_big_slot(p, ptr, b->bytes) != &p->big[i] ||
+                (st_bits != TIER_LIVE && st_bits != TIER_CACHED) || sgm__pool_map_lookup(p, ptr) != b ||
+                !sgm__suballoc_node_is(b->node, ptr, b->bytes);
+  }
+  bad_tags += walked_big != p->n_big;
+  in_map += p->n_big;
   uint64_t sealed_without_fence = 0, owing = 0, bad_owe = 0;
   for (tier_stream *s = p->streams; s; s = s->next) {
     if (s->sealed.n && !s->fence && !s->busy) sealed_without_fence++;

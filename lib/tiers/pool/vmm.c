@@ -647,6 +647,18 @@ bool sgm__pool_vmm_setup(sgm_tier_pool *p) {
   if (tp->growth) sgm__suballoc_set_end_hook(p->sa, tier_vmm_end_hook, p);
   p->gran = gran;
   p->vmm_bits = bits;
+  /* The page map of large blocks (map.c); without host memory for it every
+   * block goes in the hashed map. */
+  p->n_big_slots = (size_t)((bytes + TIER_BIG_BYTES - 1) >> TIER_BIG_SHIFT);
+  p->big = calloc(p->n_big_slots, sizeof *p->big);
+  p->big_bits = calloc((p->n_big_slots + 63) / 64, sizeof *p->big_bits);
+  if (!p->big || !p->big_bits) {
+    free(p->big);
+    free(p->big_bits);
+    p->big = NULL;
+    p->big_bits = NULL;
+    p->n_big_slots = 0;
+  }
   p->vmm_range = range;
   p->vmm_base = base;
   p->vmm_bytes = bytes;
@@ -718,8 +730,13 @@ void sgm__pool_vmm_teardown(sgm_tier_pool *p) {
   p->p.bops->vmm_free(p->p.be, p->vmm_range);
   free(p->gran);
   free(p->vmm_bits);
+  free(p->big);
+  free(p->big_bits);
   p->gran = NULL;
   p->vmm_bits = NULL;
+  p->big = NULL;
+  p->big_bits = NULL;
+  p->n_big_slots = 0;
   p->vmm_range = NULL;
 }
 
@@ -762,6 +779,12 @@ bool sgm__pool_vmm_check_locked(sgm_tier_pool *p, const sgm_suballoc_stats *st) 
       tier_vmm_span(p, tier_ptr_of(b), b->bytes, &g0, &g1);
       for (size_t g = g0; g <= g1 && g < n; g++) refs[g]++;
     }
+  }
+  for (size_t i = 0; i < p->n_big_slots; i++) {
+    if (!p->big[i]) continue;
+    size_t g0, g1;
+    tier_vmm_span(p, tier_ptr_of(p->big[i]), p->big[i]->bytes, &g0, &g1);
+    for (size_t g = g0; g <= g1 && g < n; g++) refs[g]++;
   }
   uint64_t committed = 0, free_mapped = 0;
   bool ok = true;
