@@ -656,11 +656,12 @@ static void *mag_peer_main(void *arg) {
 
 /*
  * The page map (map.c): in the reserved range a block of at least a MiB is
- * found by its address, one slot per MiB, and a small block whose MiB holds
- * a large block's start is found in the hashed map past that slot. Each
- * step: the free of the right pointer works, an interior pointer and a second
- * free are refused, the pool's check holds (it walks the page map: slot,
- * bit, record), and the page map holds exactly the large blocks carved.
+ * found by its address, one slot per MiB, and a small block that starts in
+ * the MiB of a large block's start stays its own (the hashed map finds it;
+ * the slot names the large one). Each step: the free of the right pointer
+ * works, an interior pointer and a second free are refused, the pool's check
+ * holds (it walks the page map: slot, bit, record), and the page map holds
+ * exactly the large blocks carved.
  */
 static void test_emu_large_blocks_are_found_by_address(void **state) {
   (void)state;
@@ -679,7 +680,7 @@ static void test_emu_large_blocks_are_found_by_address(void **state) {
   assert_int_equal(sgm_free_ex(ctx, b + 256, NULL), SGM_ERR_INVALID);
   assert_int_equal(sgm_free_ex(ctx, s + 256, NULL), SGM_ERR_INVALID);
   assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].n_live, 2);
-  /* The small block past the large one's slot. */
+  /* The small block, though the large one's slot covers its address. */
   assert_int_equal(sgm_free_ex(ctx, s, NULL), SGM_OK);
   assert_int_equal(sgm_free_ex(ctx, s, NULL), SGM_ERR_INVALID);
   assert_int_equal(stats(ctx).tier[SGM_TIER_VRAM].n_live, 1);

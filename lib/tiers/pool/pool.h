@@ -499,7 +499,7 @@ struct sgm_tier_pool {
                                  at least TIER_BIG_BYTES that starts in each TIER_BIG_BYTES of the
                                  range (atomic), NULL without a range or host memory for it */
   uint64_t *big_bits;         /* big[i] != NULL as one bit per slot, 64 to a word (atomic): what a
-                                 free of a small block reads (a few KiB, where the slots are 8
+                                 lookup reads before the slot (a few KiB, where the slots are 8
                                  bytes per MiB) */
   size_t n_big_slots;         /* slots in big */
   size_t n_big;               /* records in big */
