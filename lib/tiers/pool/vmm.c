@@ -755,6 +755,14 @@ uint64_t sgm__tier_vmm_free_mapped(const sgm_tier_pool *p) {
 
 bool sgm__tier_vmm_pooled(const sgm_tier_pool *p) { return p->vmm_pool != NULL; }
 
+/* sgm__pool_vmm_check_locked: count block b in refs, one per granule it
+ * touches (n granules in the range). */
+static void tier_vmm_count_refs(const sgm_tier_pool *p, const tier_block *b, uint32_t *refs, size_t n) {
+  size_t g0, g1;
+  tier_vmm_span(p, tier_ptr_of(b), b->bytes, &g0, &g1);
+  for (size_t g = g0; g <= g1 && g < n; g++) refs[g]++;
+}
+
 /* Expandable growth: the one range is the sub-allocator's only range;
  * committed is the granules mapped or being mapped or unmapped; every
  * granule's references are the blocks (live or cached) touching it; the free
@@ -770,22 +778,14 @@ bool sgm__pool_vmm_check_locked(sgm_tier_pool *p, const sgm_suballoc_stats *st) 
                            p->n_chunks);
   uint32_t *refs = calloc(n, sizeof *refs);
   if (!refs) return true; /* a check that cannot run finds nothing wrong */
+  /* Both maps: writers hold the pool lock, so they are stable. */
   for (size_t i = 0; i < TIER_SHARDS; i++) {
-    const tier_table *t = p->shards[i].table; /* writers hold the pool lock: stable */
-    for (size_t k = 0; t && k <= t->mask; k++) {
-      if (!t->s[k]) continue;
-      size_t g0, g1;
-      const tier_block *b = tier_slot_rec(t->s[k]);
-      tier_vmm_span(p, tier_ptr_of(b), b->bytes, &g0, &g1);
-      for (size_t g = g0; g <= g1 && g < n; g++) refs[g]++;
-    }
+    const tier_table *t = p->shards[i].table;
+    for (size_t k = 0; t && k <= t->mask; k++)
+      if (t->s[k]) tier_vmm_count_refs(p, tier_slot_rec(t->s[k]), refs, n);
   }
-  for (size_t i = 0; i < p->n_big_slots; i++) {
-    if (!p->big[i]) continue;
-    size_t g0, g1;
-    tier_vmm_span(p, tier_ptr_of(p->big[i]), p->big[i]->bytes, &g0, &g1);
-    for (size_t g = g0; g <= g1 && g < n; g++) refs[g]++;
-  }
+  for (size_t i = 0; i < p->n_big_slots; i++)
+    if (p->big[i]) tier_vmm_count_refs(p, p->big[i], refs, n);
   uint64_t committed = 0, free_mapped = 0;
   bool ok = true;
   for (size_t g = 0; g < n && ok; g++) {
