@@ -99,6 +99,8 @@ int sgm__migrate_managed_on(sgm_context *ctx, sgm_buffer *b, sgm_tier to, bool e
   sgm__lock_take(&pl->mlock);
   pl->n_managed_in[from]--;
   pl->n_managed_in[to]++;
+  pl->mslack_in[from] -= b->size - b->mwant;
+  pl->mslack_in[to] += b->size - b->mwant;
   pl->n_managed_moves[up]++;
   pl->managed_moved_bytes[up] += b->size;
   pl->mq_moved_bytes[sgm__managed_queue_on_worker()] += b->size;

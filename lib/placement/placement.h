@@ -269,7 +269,9 @@ struct sgm_placement {
   uint64_t n_mpending;                 /* how many (written under mlock; read unlocked: atomic) */
   uint64_t n_mcache_hits;              /* movable allocations served from the cache */
   uint64_t n_mcache_released;          /* cached ranges given back to the driver */
-  uint64_t mslack_bytes;               /* live movable blocks' bytes beyond their page-rounded requests */
+  uint64_t mslack_in[SGM_N_RESIDENT];  /* live movable blocks' bytes beyond their page-rounded requests,
+                                          by the tier they are placed in: charged there, committed,
+                                          not used */
   /* The managed move queue (managed_queue.c; pl->mlock): moves the free,
    * trim and hint paths hand to the worker (prefetch.c's thread). */
   sgm_buffer *mq_head, *mq_tail;       /* queued blocks, oldest first */

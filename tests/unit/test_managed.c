@@ -407,6 +407,9 @@ static void test_cache_reuses_a_freed_range(void **state) {
   assert_ptr_equal(c, a);
   assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
   assert_int_equal(st.managed_slack_bytes, 256 * 1024);
+  /* The slack is committed, not used: used is the request rounded to pages. */
+  assert_int_equal(st.tier[SGM_TIER_VRAM].used_bytes, 4 * MiB - 256 * 1024);
+  assert_int_equal(st.tier[SGM_TIER_VRAM].committed_bytes, 4 * MiB);
   sgm_free(ctx, c, NULL);
   assert_int_equal(sgm_get_stats(ctx, &st), SGM_OK);
   assert_int_equal(st.managed_slack_bytes, 0);
