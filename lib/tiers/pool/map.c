@@ -107,7 +107,7 @@ uint64_t sgm__pool_map_prefetch(sgm_tier_pool *p, sgm_devptr ptr, uint64_t bytes
  */
 
 /* sgm__pool_map_lookup in the page map: tier_big_slot's test, less its
- * size and NULL checks (n_big_slots is 0 without a page map). Not inlined:
+ * size check, and the slot's bit before the slot. Not inlined:
  * the free of a small block builds no frame for it. */
 __attribute__((noinline)) static tier_block *tier_map_lookup_big(sgm_tier_pool *p, sgm_devptr ptr) {
   uint64_t i = (ptr - p->vmm_base) >> TIER_BIG_SHIFT;

@@ -566,11 +566,12 @@ static inline tier_shard *tier_shard_of(sgm_tier_pool *p, uint64_t h) {
 }
 
 /* The page map's slot for a block of bytes at ptr, NULL when such a block is
- * not in the page map (too small, outside the range, or no page map). The
- * page map is set before the pool is shared and goes with it. */
+ * not in the page map (too small, outside the range, or no page map:
+ * n_big_slots 0). The page map is set before the pool is shared and goes
+ * with it. */
 static inline tier_block **tier_big_slot(const sgm_tier_pool *p, sgm_devptr ptr, uint64_t bytes) {
   uint64_t i = (ptr - p->vmm_base) >> TIER_BIG_SHIFT;
-  return p->big && bytes >= TIER_BIG_BYTES && i < p->n_big_slots ? &p->big[i] : NULL;
+  return bytes >= TIER_BIG_BYTES && i < p->n_big_slots ? &p->big[i] : NULL;
 }
 
 /* Class of an aligned request (rounding up); -1 above the largest class. */

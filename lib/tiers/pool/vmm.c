@@ -88,6 +88,16 @@ static int tier_vmm_end_hook(void *arg, uint64_t low, uint64_t high, uint64_t si
   return a < b ? -1 : a > b ? 1 : 0;
 }
 
+/* No page map of large blocks (map.c): its slots and bits freed, every
+ * block in the hashed map (n_big_slots 0 is what lookups test). */
+static void tier_big_drop(sgm_tier_pool *p) {
+  free(p->big);
+  free(p->big_bits);
+  p->big = NULL;
+  p->big_bits = NULL;
+  p->n_big_slots = 0;
+}
+
 /* The most that may be mapped: the budget, and in reserve mode also the pool. */
 uint64_t sgm__pool_vmm_cap_locked(const sgm_tier_pool *p) {
   if (!p->vmm_pool) return p->p.budget_bytes;
@@ -652,13 +662,7 @@ bool sgm__pool_vmm_setup(sgm_tier_pool *p) {
   p->n_big_slots = (size_t)((bytes + TIER_BIG_BYTES - 1) >> TIER_BIG_SHIFT);
   p->big = calloc(p->n_big_slots, sizeof *p->big);
   p->big_bits = calloc((p->n_big_slots + 63) / 64, sizeof *p->big_bits);
-  if (!p->big || !p->big_bits) {
-    free(p->big);
-    free(p->big_bits);
-    p->big = NULL;
-    p->big_bits = NULL;
-    p->n_big_slots = 0;
-  }
+  if (!p->big || !p->big_bits) tier_big_drop(p);
   p->vmm_range = range;
   p->vmm_base = base;
   p->vmm_bytes = bytes;
@@ -730,13 +734,9 @@ void sgm__pool_vmm_teardown(sgm_tier_pool *p) {
   p->p.bops->vmm_free(p->p.be, p->vmm_range);
   free(p->gran);
   free(p->vmm_bits);
-  free(p->big);
-  free(p->big_bits);
+  tier_big_drop(p);
   p->gran = NULL;
   p->vmm_bits = NULL;
-  p->big = NULL;
-  p->big_bits = NULL;
-  p->n_big_slots = 0;
   p->vmm_range = NULL;
 }
 
