@@ -83,7 +83,8 @@ static int tier_carve(sgm_tier_pool *p, tier_mag *m, uint64_t need, uint64_t ask
        * takes the hash this computed. */
       uint64_t hash = sgm__pool_map_prefetch(p, off, got);
       tier_vmm_prefetch(p, off, got);
-      uint64_t unmapped = p->vmm_range ? sgm__pool_vmm_unmapped_locked(p, off, got) : 0;
+      uint64_t unmapped = 0;
+      bool backed = p->vmm_range && sgm__pool_vmm_ref_backed_locked(p, off, got, &unmapped);
       if (unmapped && !returned) {
         /* New granules would be mapped: the stream's own cached blocks go
          * back to the sub-allocator first (no event: its later work runs
@@ -136,6 +137,7 @@ static int tier_carve(sgm_tier_pool *p, tier_mag *m, uint64_t need, uint64_t ask
       }
       if (!b || !sgm__pool_map_insert(p, b, hash)) {
         uint64_t sz;
+        if (backed) sgm__pool_vmm_unref_locked(p, off, got);
         sgm__suballoc_free_node(p->sa, node, &sz);
         if (b) sgm__pool_spare_put_locked(p, b);
         sgm__lock_drop(&p->lock);
@@ -145,7 +147,10 @@ static int tier_carve(sgm_tier_pool *p, tier_mag *m, uint64_t need, uint64_t ask
       p->held_bytes += got;
       p->n_blocks++;
       tier_update_room_locked(p);
-      int vrc = p->vmm_range ? sgm__pool_vmm_back_locked(p, off, got) : SGM_OK;
+      /* Granules with no memory yet (or another thread's attention) are
+       * mapped (or waited for) now; a backed block only moves the peak. */
+      if (backed) tier_vmm_held_grew(p);
+      int vrc = p->vmm_range && !backed ? sgm__pool_vmm_back_locked(p, off, got) : SGM_OK;
       if (vrc != SGM_OK) {
         sgm__pool_release_block_locked(p, b); /* frees b and drops its granule references */
         tier_update_room_locked(p);
@@ -256,9 +261,12 @@ static int tier_carve(sgm_tier_pool *p, tier_mag *m, uint64_t need, uint64_t ask
 /* tier_carve, placing the block again elsewhere when it lands on memory a
  * capturing stream owes (up to TIER_CARVE_ASIDE_MAX times; then the
  * allocation takes the paths a full budget takes: transfer, query,
- * fallback). The blocks set aside go back to the sub-allocator. */
-static int tier_carve_apart(sgm_tier_pool *p, tier_mag *m, uint64_t need, uint64_t asked,
-                            const sgm_stream_ref *ref, bool give_back, tier_block **out) {
+ * fallback). The blocks set aside go back to the sub-allocator. Inlined into
+ * its callers: a large carve passed through four frames, each saving and
+ * restoring its registers (28 of a large pair's instructions, issue 26). */
+__attribute__((always_inline)) static inline int tier_carve_apart(sgm_tier_pool *p, tier_mag *m, uint64_t need,
+                                                                   uint64_t asked, const sgm_stream_ref *ref,
+                                                                   bool give_back, tier_block **out) {
   tier_block *aside[TIER_CARVE_ASIDE_MAX + 1];
   size_t n = 0;
   int rc = tier_carve(p, m, need, asked, ref, give_back, out);

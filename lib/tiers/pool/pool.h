@@ -755,6 +755,12 @@ static inline void tier_vmm_span(const sgm_tier_pool *p, uint64_t off, uint64_t 
   *g1 = (size_t)((off - p->vmm_base + bytes - 1) >> p->vmm_shift);
 }
 
+/* Held bytes grew (a carve, pool lock held): the peak that the unmapping
+ * slack measures from follows (vmm.c, tier_vmm_slack). */
+static inline void tier_vmm_held_grew(sgm_tier_pool *p) {
+  if (p->held_bytes > p->vmm_held_peak) p->vmm_held_peak = p->held_bytes;
+}
+
 /* Start loading the granule records of a block [off, off + bytes) that a
  * carve is about to reference or a release to dereference (vmm.c), while the
  * rest of the carve or the allocation before the release runs: under perf,
@@ -816,10 +822,10 @@ void sgm__pool_vmm_settle(sgm_tier_pool *p);
 /* Committed is over the cap with free mapped granules: sgm__pool_vmm_settle
  * would unmap them (pool lock held). */
 bool sgm__pool_vmm_pressure_locked(const sgm_tier_pool *p);
+bool sgm__pool_vmm_ref_backed_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes, uint64_t *unmapped);
 bool sgm__pool_vmm_setup(sgm_tier_pool *p);
 void sgm__pool_vmm_teardown(sgm_tier_pool *p);
 uint64_t sgm__pool_vmm_unmap_free(sgm_tier_pool *p);
-uint64_t sgm__pool_vmm_unmapped_locked(const sgm_tier_pool *p, uint64_t off, uint64_t bytes);
 void sgm__pool_vmm_unref_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes);
 
 /* chunk.c */

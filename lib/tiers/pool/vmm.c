@@ -46,6 +46,19 @@ static inline size_t tier_vmm_count_unmapped(const sgm_tier_pool *p, size_t g0, 
   return n;
 }
 
+/* Every granule of [g0, g1] has memory mapped (pool lock held): a word of
+ * bits at a time, stopping at the first that lacks one. */
+static inline bool tier_vmm_all_mapped(const sgm_tier_pool *p, size_t g0, size_t g1) {
+  size_t w0 = g0 >> 6, w1 = g1 >> 6;
+  for (size_t w = w0; w <= w1; w++) {
+    uint64_t x = ~p->vmm_bits[w];
+    if (w == w0) x &= ~UINT64_C(0) << (g0 & 63);
+    if (w == w1) x &= ~UINT64_C(0) >> (63 - (g1 & 63));
+    if (x) return false;
+  }
+  return true;
+}
+
 /* Free mapped granules past which they are unmapped before more are
  * mapped: the slack (committed / 32, at least TIER_VMM_SLACK_GRANULES), or,
  * when more, those that keep committed within the peak (TIER_VMM_PEAK_SHIFT:
@@ -84,6 +97,9 @@ static int tier_vmm_end_hook(void *arg, uint64_t low, uint64_t high, uint64_t si
   size_t l0, l1, h0, h1;
   tier_vmm_span(p, low, size, &l0, &l1);
   tier_vmm_span(p, high, size, &h0, &h1);
+  /* The whole free block mapped (a busy program's steady state): both ends
+   * alike, one look instead of two counts. */
+  if (tier_vmm_all_mapped(p, l0, h1)) return 0;
   size_t a = tier_vmm_count_unmapped(p, l0, l1), b = tier_vmm_count_unmapped(p, h0, h1);
   return a < b ? -1 : a > b ? 1 : 0;
 }
@@ -157,11 +173,27 @@ void sgm__pool_vmm_unref_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) 
   for (size_t g = g0; g <= g1; g++) tier_vmm_unref_one_locked(p, g);
 }
 
-/* Bytes of [off, off + bytes) with no memory mapped behind them now. */
-uint64_t sgm__pool_vmm_unmapped_locked(const sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
+/* A carve's first look at the granules of its block [off, off + bytes): when
+ * every one is mapped and nobody maps or unmaps it (a busy program's steady
+ * state), reference them and answer true: the block is backed, and
+ * sgm__pool_vmm_back_locked has nothing to do. Else take no reference, set
+ * *unmapped to the bytes with no memory behind them now, and answer false.
+ * One walk of the granules in the common case, where a count of the unmapped
+ * ones and then back_locked's references walked them twice (issue 26). */
+bool sgm__pool_vmm_ref_backed_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes, uint64_t *unmapped) {
   size_t g0, g1;
   tier_vmm_span(p, off, bytes, &g0, &g1);
-  return (uint64_t)tier_vmm_count_unmapped(p, g0, g1) << p->vmm_shift;
+  for (size_t g = g0; g <= g1; g++) {
+    if (sgm_likely(p->gran[g].mapped && !p->gran[g].busy)) {
+      tier_vmm_ref_locked(p, g);
+      continue;
+    }
+    while (g-- > g0) tier_vmm_unref_one_locked(p, g);
+    *unmapped = (uint64_t)tier_vmm_count_unmapped(p, g0, g1) << p->vmm_shift;
+    return false;
+  }
+  *unmapped = 0;
+  return true;
 }
 
 /* Runs of granules [g, e) that one backend call maps or unmaps together, at
@@ -457,7 +489,7 @@ int sgm__pool_vmm_back_locked(sgm_tier_pool *p, uint64_t off, uint64_t bytes) {
   /* Every granule mapped and nobody's attention (a busy program, hysteresis):
    * the references are all there is to do. */
   bool backed = true;
-  if (p->held_bytes > p->vmm_held_peak) p->vmm_held_peak = p->held_bytes; /* held grows by carves */
+  tier_vmm_held_grew(p);
   for (size_t g = g0; g <= g1; g++) {
     tier_vmm_ref_locked(p, g);
     backed &= p->gran[g].mapped && !p->gran[g].busy;
