@@ -55,7 +55,7 @@ static int tier_carve(sgm_tier_pool *p, tier_mag *m, uint64_t need, uint64_t ask
      * stash) first, then a cached block of the stream that serves the
      * request, under the same lock (a large block: no magazine slots). */
     tier_block *c = m && ref ? sgm__pool_stash_settle_locked(p, m, need, ref) : NULL;
-    if (!c && ref && p->n_bagged) c = tier_bag_take_locked(p, NULL, -1, need, ref);
+    if (!c && ref && p->n_bagged) c = tier_bag_take_locked(p, m, -1, need, ref);
     if (c) {
       sgm__lock_drop(&p->lock);
       *out = c;
@@ -115,16 +115,11 @@ static int tier_carve(sgm_tier_pool *p, tier_mag *m, uint64_t need, uint64_t ask
         round--;
         continue;
       }
-      /* A spare record, else a new one (only while the pool holds more
-       * blocks than ever before). Lock-free readers may still be reading a
+      /* A record of this thread's lineage (pool.h, tier_lineage): a spare
+       * one, else a new one. Lock-free readers may still be reading a
        * spare's tag: it is written atomically. */
-      tier_block *b = sgm__pool_spare_take_locked(p);
-      if (!b) {
-        /* Cut from this thread's slab: other threads' records stay off
-         * the neighbouring lines. */
-        tier_mag *mine = sgm__pool_mag_find(p);
-        b = sgm__pool_block_new(p, mine ? &mine->slab : NULL);
-      }
+      tier_mag *mine = m ? m : sgm__pool_mag_find(p);
+      tier_block *b = tier_record_new_locked(p, mine ? mine->lin : 0);
       if (b) {
         b->node = node;
         b->bytes = got;
@@ -364,6 +359,9 @@ static tier_block *tier_bag_take_locked(sgm_tier_pool *p, tier_mag *m, int cls, 
     b = sgm__pool_bag_take(&s->open, cls, need);
     if (!b) b = sgm__pool_bag_take(&s->sealed, cls, need);
     if (b) {
+      /* Another thread may have cached it: its record joins this thread's
+       * lineage (pool.h, tier_lineage), as the refills' below do. */
+      if (m) b = sgm__pool_record_own_locked(p, b, m->lin);
       sgm__pool_bagged_add_locked(p, -1, -(int64_t)b->bytes);
       sgm__pool_stream_note_locked(s, cls, need);
     }
@@ -373,7 +371,7 @@ static tier_block *tier_bag_take_locked(sgm_tier_pool *p, tier_mag *m, int cls, 
     if (b && m && cls >= 0) {
       unsigned want = tier_mag_cap(cls) / 2;
       while (m->n[cls] < want && s->open.cls[cls]) {
-        tier_block *x = sgm__pool_bag_take(&s->open, cls, 0);
+        tier_block *x = sgm__pool_record_own_locked(p, sgm__pool_bag_take(&s->open, cls, 0), m->lin);
         sgm__pool_bagged_add_locked(p, -1, -(int64_t)x->bytes);
         m->slot[cls][m->n[cls]++] = x;
         __atomic_store_n(&m->cached_bytes, m->cached_bytes + x->bytes, __ATOMIC_RELAXED);

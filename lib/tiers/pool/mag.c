@@ -155,6 +155,9 @@ static void tier_mag_detach_registered(tier_mag *m) {
   if (m->prev) m->prev->next = m->next;
   else p->mags = m->next;
   if (m->next) m->next->prev = m->prev;
+  /* Its lineage waits, whole, for the next magazine (pool.h, tier_lineage). */
+  if (m->lin) p->lin[m->lin].held = false;
+  m->lin = 0;
   __atomic_store_n(&p->n_mags, p->n_mags - 1, __ATOMIC_RELAXED);
   __atomic_store_n(&m->pool, NULL, __ATOMIC_RELAXED);
   sgm__lock_drop(&p->lock);
@@ -208,6 +211,7 @@ __attribute__((noinline)) static tier_mag *tier_mag_slow(sgm_tier_pool *p) {
   pthread_setspecific(tier_tls_key, (void *)1); /* so that tier_tls_exit runs */
   sgm__lock_take(&tier_registry_mu);
   sgm__lock_take(&p->lock);
+  m->lin = sgm__pool_lineage_take_locked(p);
   m->next = p->mags;
   if (p->mags) p->mags->prev = m;
   p->mags = m;

@@ -4,36 +4,107 @@
  * Job: keep the pool's address span (which pointers it may own), find a
  * block's record from its pointer on every free and
  * sgm_record_stream (lock-free), insert and unlink records as the
- * sub-allocator carves and takes back blocks, and keep records type-stable
- * (spare list) so that a reader holding a stale pointer reads a record.
+ * sub-allocator carves and takes back blocks, keep records type-stable
+ * (spare lists) so that a reader holding a stale pointer reads a record, and
+ * keep each thread's records on slabs of their own (lineages, pool.h).
  *
- * Locks: writers (insert, remove, spare list) hold the pool lock; readers hold
- * nothing and write no shared line: a record is acted on only by a
- * compare-and-swap of its tag.
+ * Locks: writers (insert, remove, replace, slabs, lineages, spare lists) hold
+ * the pool lock; readers hold nothing and write no shared line: a record is
+ * acted on only by a compare-and-swap of its tag.
  *
- * Calls: libc only (calloc for slot arrays, sched_yield while a writer
- * moves keys).
+ * Calls: libc only (calloc for slot arrays, aligned_alloc for slabs,
+ * sched_yield while a writer moves keys).
  */
 #include "tiers/pool/pool.h"
 
-/* A new record, cut from cur's slab or a new one (pool lock held; cur NULL:
- * the pool's cursor); NULL when out of host memory. Records start on a cache
- * line of their own: the compare-and-swap of a free must not pull in a line
- * holding another thread's record. */
-tier_block *sgm__pool_block_new(sgm_tier_pool *p, tier_slab_cursor *cur) {
+/* ---- records and their lineages (pool.h, tier_lineage) ---- */
+
+/* A lineage for a new magazine (pool lock held): a dead thread's, whole,
+ * else a new one; 0 (the pool's) when out of host memory. */
+uint32_t sgm__pool_lineage_take_locked(sgm_tier_pool *p) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
-  if (!cur) cur = &p->slab_cur;
+  for (size_t i = 1; i < p->n_lin; i++)
+    if (!p->lin[i].held) {
+      p->lin[i].held = true;
+      return (uint32_t)i;
+    }
+  if (p->n_lin == p->cap_lin) {
+    size_t cap = p->cap_lin ? 2 * p->cap_lin : 4;
+    tier_lineage *l = realloc(p->lin, cap * sizeof *l);
+    if (!l) return 0;
+    p->lin = l;
+    p->cap_lin = cap;
+  }
+  p->lin[p->n_lin] = (tier_lineage){.held = true};
+  return (uint32_t)p->n_lin++;
+}
+
+/* tier_record_new_locked past the lineage's spare records: one cut from its
+ * slab or a new one (pool lock held); NULL when out of host memory. */
+tier_block *sgm__pool_record_cut_locked(sgm_tier_pool *p, uint32_t lin) {
+  sgm_assert_internal(sgm__lock_held(&p->lock) && lin < p->n_lin);
+  tier_slab_cursor *cur = &p->lin[lin].cur;
   if (!cur->slab || cur->used == TIER_SLAB_RECORDS) {
-    tier_slab *s = aligned_alloc(TIER_RECORD_ALIGN, TIER_SLAB_BYTES);
-    if (!s) return NULL;
+    if (!p->slab_batch || p->slab_batch_used == TIER_SLAB_BATCH) {
+      char *batch = aligned_alloc(TIER_SLAB_BYTES, (size_t)TIER_SLAB_BYTES * TIER_SLAB_BATCH);
+      if (!batch) return NULL;
+      p->slab_batch = batch;
+      p->slab_batch_used = 0;
+    }
+    tier_slab *s = (tier_slab *)(void *)(p->slab_batch + (size_t)TIER_SLAB_BYTES * p->slab_batch_used);
     memset(s, 0, TIER_SLAB_BYTES);
+    s->batch_head = p->slab_batch_used++ == 0;
     s->next = p->slabs;
+    s->lin = lin;
     p->slabs = s;
     cur->slab = s;
+    p->n_slabs++;
     cur->used = 0;
   }
   return &cur->slab->rec[cur->used++];
 }
+
+/* Keep a record that may have been in the map for its lineage's next carve
+ * (pool lock held); its tag goes to 0, so no reader matches it. */
+void sgm__pool_spare_put_locked(sgm_tier_pool *p, tier_block *b) {
+  sgm_assert_internal(sgm__lock_held(&p->lock));
+  __atomic_store_n(&b->tag, 0, __ATOMIC_RELEASE);
+  tier_lineage *l = &p->lin[tier_slab_of(b)->lin];
+  b->next = l->spare;
+  l->spare = b;
+}
+
+static void tier_map_replace(sgm_tier_pool *p, tier_block *b, tier_block *nb);
+
+/* Cached block b (out of every cache list), taken by a thread of lineage
+ * lin: its record when that lineage's, else a record of lineage lin now
+ * holding the same (the map finds it from now on, the old record goes back
+ * to its own lineage). Pool lock held. Out of host memory, b stays as it
+ * is: correct, only not kept apart. */
+tier_block *sgm__pool_record_own_locked(sgm_tier_pool *p, tier_block *b, uint32_t lin) {
+  sgm_assert_internal(sgm__lock_held(&p->lock));
+  if (tier_slab_of(b)->lin == lin) return b;
+  tier_block *nb = tier_record_new_locked(p, lin);
+  if (!nb) return b;
+  if (sgm_unlikely(((uintptr_t)nb & ~TIER_SLOT_REC) != 0)) { /* past what a slot holds */
+    sgm__pool_spare_put_locked(p, nb);
+    return b;
+  }
+  nb->next = NULL;
+  nb->bytes = b->bytes;
+  nb->sized = b->sized;
+  nb->key = b->key;
+  nb->handle = b->handle;
+  nb->node = b->node;
+  nb->rec = b->rec;
+  __atomic_store_n(&nb->tag, tier_tag_of(b), __ATOMIC_RELEASE);
+  tier_map_replace(p, b, nb);
+  b->rec = NULL;
+  b->sized = 0;
+  sgm__pool_spare_put_locked(p, b);
+  return nb;
+}
+
 /* ---- the live map ----
  *
  * Per shard, an array of one-word slots (record address, 16 bits of the
@@ -242,17 +313,23 @@ __attribute__((noinline)) static bool tier_map_insert_hashed(sgm_tier_pool *p, t
   return true;
 }
 
+/* The slot of t that holds b, whose key's hash is h (pool lock held). */
+static inline size_t tier_slot_of(const tier_table *t, uint64_t h, const tier_block *b) {
+  size_t i = (h >> 6) & t->mask;
+  while (tier_slot_rec(t->s[i]) != b) {
+    sgm_assert_internal(t->s[i] != 0);
+    i = (i + 1) & t->mask;
+  }
+  return i;
+}
+
 /* The keys after b's slot in the run move back over the gap (no
  * tombstones), each to the nearest slot its probe reaches. */
 __attribute__((noinline)) static void tier_map_remove_hashed(sgm_tier_pool *p, tier_block *b) {
   uint64_t h = tier_hash(tier_ptr_of(b));
   tier_shard *s = tier_shard_of(p, h);
   tier_table *t = s->table;
-  size_t mask = t->mask, i = (h >> 6) & mask;
-  while (tier_slot_rec(t->s[i]) != b) {
-    sgm_assert_internal(t->s[i] != 0);
-    i = (i + 1) & mask;
-  }
+  size_t mask = t->mask, i = tier_slot_of(t, h, b);
   tier_shard_write_begin(s);
   for (size_t j = (i + 1) & mask; t->s[j]; j = (j + 1) & mask) {
     /* The key at j may fill the gap at i when its home is not in (i, j],
@@ -304,21 +381,24 @@ void sgm__pool_map_remove(sgm_tier_pool *p, tier_block *b) {
   __atomic_store_n(&p->big_writes, p->big_writes + 1, __ATOMIC_RELAXED);
 }
 
-/* A record for a carve: a spare one, else NULL (pool lock held). */
-tier_block *sgm__pool_spare_take_locked(sgm_tier_pool *p) {
-  sgm_assert_internal(sgm__lock_held(&p->lock));
-  tier_block *b = p->spare;
-  if (b) p->spare = b->next;
-  return b;
-}
-
-/* Keep a record that may have been in the map for the next carve (pool
- * lock held); its tag goes to 0, so no reader matches it. */
-void sgm__pool_spare_put_locked(sgm_tier_pool *p, tier_block *b) {
-  sgm_assert_internal(sgm__lock_held(&p->lock));
-  __atomic_store_n(&b->tag, 0, __ATOMIC_RELEASE);
-  b->next = p->spare;
-  p->spare = b;
+/* Record nb takes b's place in the map, in b's slot (pool lock held): the
+ * same key, so no key moves and no sequence step. A reader that loaded b
+ * before finds its tag changed (0 once spare) and does not match it: b's
+ * block is cached, so no free may take it anyway. */
+static void tier_map_replace(sgm_tier_pool *p, tier_block *b, tier_block *nb) {
+  tier_block **big = tier_big_slot(p, tier_ptr_of(b), b->bytes);
+  if (big) {
+    sgm_assert_internal(*big == b);
+    __atomic_store_n(big, nb, __ATOMIC_RELEASE);
+    __atomic_store_n(&p->big_writes, p->big_writes + 1, __ATOMIC_RELAXED);
+    return;
+  }
+  uint64_t h = tier_hash(tier_ptr_of(b));
+  tier_shard *s = tier_shard_of(p, h);
+  tier_table *t = s->table;
+  size_t i = tier_slot_of(t, h, b);
+  __atomic_store_n(&t->s[i], (t->s[i] & ~TIER_SLOT_REC) | (uint64_t)(uintptr_t)nb, __ATOMIC_RELEASE);
+  __atomic_store_n(&s->n_writes, s->n_writes + 1, __ATOMIC_RELAXED);
 }
 
 /* Move ptr's block from LIVE to CACHED; NULL when ptr is no live block

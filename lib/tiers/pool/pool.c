@@ -33,6 +33,15 @@ int sgm__tier_create(const sgm_tier_params *params, sgm_tier_pool **out) {
   if (!p) return sgm__error_set(SGM_ERR_NOMEM, "out of host memory creating the %s tier",
                                 sgm_tier_name(params->tier));
   memset(p, 0, sizeof *p);
+  /* Lineage 0, the pool's own records (pool.h, tier_lineage). */
+  p->lin = calloc(4, sizeof *p->lin);
+  if (!p->lin) {
+    free(p);
+    return sgm__error_set(SGM_ERR_NOMEM, "out of host memory creating the %s tier", sgm_tier_name(params->tier));
+  }
+  p->cap_lin = 4;
+  p->n_lin = 1;
+  p->lin[0].held = true;
   p->p = *params;
   p->id = __atomic_add_fetch(&tier_next_pool_id, 1, __ATOMIC_RELAXED);
   sgm__fence_setup(); /* before any magazine of the pool: their owners read the mode */
@@ -81,6 +90,7 @@ out_sa:
 out_free:
   pthread_cond_destroy(&p->grown);
   sgm__lock_destroy(&p->lock);
+  free(p->lin);
   free(p);
   return rc;
 }
@@ -105,9 +115,11 @@ void sgm__tier_destroy(sgm_tier_pool *p) {
   }
   for (size_t i = 0; i < p->n_big_slots; i++)
     if (p->big[i]) free(p->big[i]->rec);
+  /* A batch's slabs were taken first to last and the list is newest first:
+   * its head, which frees the whole batch, comes after its other slabs. */
   for (tier_slab *s = p->slabs, *next; s; s = next) {
     next = s->next;
-    free(s);
+    if (s->batch_head) free(s);
   }
   for (tier_stream *s = p->streams, *next; s; s = next) {
     next = s->next;
@@ -123,6 +135,7 @@ void sgm__tier_destroy(sgm_tier_pool *p) {
   sgm__suballoc_destroy(p->sa);
   pthread_cond_destroy(&p->grown);
   sgm__lock_destroy(&p->lock);
+  free(p->lin);
   free(p);
 }
 
@@ -226,6 +239,21 @@ bool sgm__tier_check(sgm_tier_pool *p) {
   }
   bad_tags += walked_big != p->n_big;
   in_map += p->n_big;
+  /* Records (pool.h, tier_lineage): every one cut is in the map or spare in
+   * the lineage of its slab, with tag 0; a lineage is held by one magazine at
+   * most, lineage 0 by the pool. */
+  size_t cut = 0, spare = 0, bad_lin = p->n_lin == 0 || !p->lin[0].held;
+  for (const tier_slab *s = p->slabs; s; s = s->next) {
+    bad_lin += s->lin >= p->n_lin;
+    cut += s->lin < p->n_lin && p->lin[s->lin].cur.slab == s ? p->lin[s->lin].cur.used : TIER_SLAB_RECORDS;
+  }
+  for (size_t i = 0; i < p->n_lin; i++)
+    for (const tier_block *b = p->lin[i].spare; b; b = b->next, spare++)
+      bad_lin += tier_tag_of(b) != 0 || tier_slab_of(b)->lin != i;
+  size_t held = 0;
+  for (const tier_mag *m = p->mags; m; m = m->next) held += m->lin != 0 && m->lin < p->n_lin && p->lin[m->lin].held;
+  for (size_t i = 1; i < p->n_lin; i++) held -= p->lin[i].held;
+  bad_lin += held != 0 || cut != spare + in_map;
   uint64_t sealed_without_fence = 0, owing = 0, bad_owe = 0;
   for (tier_stream *s = p->streams; s; s = s->next) {
     if (s->sealed.n && !s->fence && !s->busy) sealed_without_fence++;
@@ -264,6 +292,10 @@ bool sgm__tier_check(sgm_tier_pool *p) {
     ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: %zu records of the live map have a wrong tag or "
                          "sub-allocator node, or cannot be found by their address",
                          sgm_tier_name(p->p.tier), bad_tags);
+  } else if (bad_lin) {
+    ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: records cut %zu, in the map %zu, spare %zu, or a "
+                         "lineage held by no magazine or spare records in the wrong lineage",
+                         sgm_tier_name(p->p.tier), cut, in_map, spare);
   } else if (sealed_without_fence) {
     ok = !sgm__error_set(SGM_ERR_CORRUPT, "%s: %llu streams hold sealed blocks without a fence",
                          sgm_tier_name(p->p.tier), (unsigned long long)sealed_without_fence);

@@ -288,23 +288,61 @@ _Static_assert(sizeof(tier_block) == 64, "a record is one cache line");
 
 /* Records are cut from slabs of 8 KiB, TIER_SLAB_RECORDS after a header of
  * one record's size, rather than one allocation each with malloc's header
- * and alignment between them. Slabs are aligned to a record, not a page:
- * page-aligned slabs put the records at the same offsets modulo the cache's
- * set period, and the churn pair's misses of a 1 MiB cache rose from 0.46 to
- * 1.04 (cachegrind, 256 B-1 MiB). */
+ * and alignment between them. A slab is aligned to its size, so that a
+ * record finds its slab (and its lineage) by its address, and slabs are
+ * allocated TIER_SLAB_BATCH at a time, side by side: allocated one by one,
+ * aligned, they lay 16 KiB apart and their records fell in half the cache's
+ * sets (cachegrind, the 10,000-block churn: 0.36 misses of a 2 MiB cache per
+ * pair against 0.08 with slabs aligned to a record; in batches 0.10; 256 B-1
+ * MiB with a 1 MiB cache: 0.44, 0.38 and 0.26). Page-aligned slabs, one by
+ * one, had done the same before (0.46 to 1.04 misses of a 1 MiB cache). */
 #define TIER_SLAB_BYTES 8192u
 #define TIER_SLAB_RECORDS ((TIER_SLAB_BYTES - TIER_RECORD_ALIGN) / sizeof(tier_block))
+#define TIER_SLAB_BATCH 8u
 typedef struct tier_slab {
   struct tier_slab *next;      /* the pool's slabs */
-  char pad[TIER_RECORD_ALIGN - sizeof(struct tier_slab *)];
+  uint32_t lin;                /* the lineage whose records these are (pool->lin[lin]) */
+  uint32_t batch_head;         /* the first of its batch: what the pool frees */
+  char pad[TIER_RECORD_ALIGN - sizeof(struct tier_slab *) - 2 * sizeof(uint32_t)];
   tier_block rec[];            /* TIER_SLAB_RECORDS of them */
 } tier_slab;
-/* Where the next record is cut: a thread's (in its magazine) or the pool's
- * (carves by threads without one). Used under the pool lock. */
+/* Where a lineage's next record is cut. Used under the pool lock. */
 typedef struct tier_slab_cursor {
   tier_slab *slab;             /* NULL until the first record */
   size_t used;                 /* records cut from it */
 } tier_slab_cursor;
+/*
+ * Lineages (issue 26, alloc.scaling.2t): the records one thread at a time
+ * uses. A thread's magazine holds one lineage for as long as the thread
+ * lives; its carves cut records from the lineage's slabs or reuse its spare
+ * records, a released record goes back to the lineage of its slab, and a
+ * cached block the thread takes from a bag (another thread's free, a dead
+ * thread's drained magazine) gets a record of the thread's lineage in place
+ * of the one it had (sgm__pool_record_own_locked). So two threads' records
+ * seldom share a page: the hardware prefetchers fetch a line's neighbours
+ * (in pairs, and streams within a page), and a thread writing its records
+ * (the free's compare-and-swap, the allocation's stream) while another
+ * thread's prefetches took them first paid a transfer between the cores.
+ * Records mixed that way as the benchmark's threads came and went: two
+ * threads on one context ran 1.09-1.50x the pairs/s of one, with lineages
+ * 1.56-1.67 (sgm-bench alternated runs; two contexts, one per thread, ran
+ * 1.9-2.0x on the C ring driver). A dead thread's
+ * lineage waits for the next magazine, which takes it whole: lineages number
+ * at most the threads alive at once, plus lineage 0 (the pool's: carves by
+ * threads without a magazine), so records stay bounded however many threads
+ * come and go.
+ */
+typedef struct tier_lineage {
+  tier_slab_cursor cur;        /* where its next record is cut */
+  tier_block *spare;           /* its records out of the map (tag 0), reused by its carves: a
+                                  record once in the map is freed only with the pool
+                                  (lock-free readers) */
+  bool held;                   /* a live magazine holds it (lineage 0: always) */
+} tier_lineage;
+/* The slab holding record b (by its address: slabs are aligned to their size). */
+static inline tier_slab *tier_slab_of(const tier_block *b) {
+  return (tier_slab *)(uintptr_t)((uintptr_t)b & ~(uintptr_t)(TIER_SLAB_BYTES - 1));
+}
 _Static_assert(offsetof(tier_slab, rec) == TIER_RECORD_ALIGN, "records start on a cache line of their own");
 
 /* tier_block.sized: the low bits of an aligned size hold the block's class
@@ -434,7 +472,7 @@ typedef struct tier_mag {
   uint64_t peak_epoch;         /* the pool's used_epoch then (atomic) */
   uint64_t n_allocs;           /* allocations served by this thread, not yet added (atomic) */
   uint64_t n_frees;            /* frees by this thread, not yet added (atomic) */
-  tier_slab_cursor slab;       /* records this thread's carves cut (pool lock held) */
+  uint32_t lin;                /* its lineage: pool->lin[lin] (0: none to itself; pool lock) */
   uint8_t n[TIER_N_CLASSES];   /* slots used per class */
   uint8_t n_stash;             /* large blocks in stash[] (atomic: the owner reads it unlocked) */
   uint64_t stash_bytes;        /* their bytes */
@@ -506,10 +544,13 @@ struct sgm_tier_pool {
   uint64_t big_writes;        /* inserts and removals in big (atomic: read by the stats) */
   uint64_t idle_allocs;       /* idle trim: allocations counted at the last idle call */
   uint64_t idle_since_ms;     /* idle trim: when that count last changed; UINT64_MAX = never seen */
-  tier_block *spare;          /* records out of the map, reused by carves: a record once
-                                 in the map is freed only with the pool (lock-free readers) */
-  struct tier_slab *slabs;    /* where records come from (sgm__pool_block_new), freed with the pool */
-  tier_slab_cursor slab_cur;  /* records for carves by threads with no magazine */
+  struct tier_slab *slabs;    /* where records come from, freed with the pool */
+  size_t n_slabs;             /* slabs in that list */
+  char *slab_batch;           /* the batch the next slabs come from (NULL: none) */
+  size_t slab_batch_used;     /* slabs taken from it */
+  tier_lineage *lin;          /* the lineages (map.c): 0 the pool's, the others one thread's each */
+  size_t n_lin;               /* entries used in lin */
+  size_t cap_lin;             /* entries allocated in lin */
   /* reserve mode on the virtual-memory API (issue 17); vmm_pool NULL = none */
   void *vmm_pool;             /* the backend's pool of the budget's granules, taken at create */
   uint32_t *pool_free;        /* pool granules mapped nowhere (a stack) */
@@ -781,7 +822,9 @@ static inline void tier_vmm_prefetch(const sgm_tier_pool *p, uint64_t off, uint6
  * it: a circle among these files fails the layer check). */
 
 /* map.c */
-tier_block *sgm__pool_block_new(sgm_tier_pool *p, tier_slab_cursor *cur);
+uint32_t sgm__pool_lineage_take_locked(sgm_tier_pool *p);
+tier_block *sgm__pool_record_cut_locked(sgm_tier_pool *p, uint32_t lin);
+tier_block *sgm__pool_record_own_locked(sgm_tier_pool *p, tier_block *b, uint32_t lin);
 tier_block *sgm__pool_map_busy_live(sgm_tier_pool *p, sgm_devptr ptr);
 bool sgm__pool_map_insert(sgm_tier_pool *p, tier_block *b, uint64_t h);
 tier_block *sgm__pool_map_lookup(sgm_tier_pool *p, sgm_devptr ptr);
@@ -790,7 +833,18 @@ void sgm__pool_map_remove(sgm_tier_pool *p, tier_block *b);
 tier_block *sgm__pool_map_take_live(sgm_tier_pool *p, sgm_devptr ptr, bool own);
 void sgm__pool_map_unbusy(tier_block *b);
 void sgm__pool_spare_put_locked(sgm_tier_pool *p, tier_block *b);
-tier_block *sgm__pool_spare_take_locked(sgm_tier_pool *p);
+/* A record of lineage lin for a carve or a swap (map.c): one of its spare
+ * records, else one cut from its slab or a new one (pool lock held); NULL
+ * when out of host memory. Its tag is 0 or another block's old one: the
+ * caller stores the new tag atomically (lock-free readers may still read
+ * it). The spare one inline: a large pair of the churn takes one. */
+static inline tier_block *tier_record_new_locked(sgm_tier_pool *p, uint32_t lin) {
+  tier_lineage *l = &p->lin[lin];
+  tier_block *b = l->spare;
+  if (sgm_unlikely(!b)) return sgm__pool_record_cut_locked(p, lin);
+  l->spare = b->next;
+  return b;
+}
 void sgm__pool_span_add(sgm_tier_pool *p, sgm_devptr base, uint64_t bytes);
 
 /* stream.c */
