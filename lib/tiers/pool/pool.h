@@ -263,7 +263,7 @@ typedef struct tier_rec {
  * (cachegrind) against a record whose free and release touched two lines and
  * a sub-allocator that hashed its blocks; with the live map's keys in its
  * table (no chain through the records) the record is one line. Records
- * are cut from slabs, one slab per thread at a time (tier_slab_cursor), so
+ * are cut from slabs, each thread's from its own (tier_lineage), so
  * that two threads' records seldom sit on neighbouring lines: packed in
  * shared slabs they slowed both threads (the prefetcher fetches lines in
  * pairs; alloc.scaling.2t median 1.37 against 1.62 with a pair of lines per
