@@ -29,7 +29,7 @@ uint32_t sgm__pool_lineage_take_locked(sgm_tier_pool *p) {
       return (uint32_t)i;
     }
   if (p->n_lin == p->cap_lin) {
-    size_t cap = p->cap_lin ? 2 * p->cap_lin : 4;
+    size_t cap = 2 * p->cap_lin; /* at least 4 from the pool's create */
     tier_lineage *l = realloc(p->lin, cap * sizeof *l);
     if (!l) return 0;
     p->lin = l;

@@ -30,32 +30,32 @@ static inline void tier_vmm_set_mapped(sgm_tier_pool *p, size_t g, bool on) {
   else p->vmm_bits[g >> 6] &= ~(UINT64_C(1) << (g & 63));
 }
 
+/* Word w of the mapped bits inverted, limited to granules [g0, g1]: a bit
+ * set for each of them in the word with no memory mapped. */
+static inline uint64_t tier_vmm_unmapped_word(const sgm_tier_pool *p, size_t w, size_t g0, size_t g1) {
+  uint64_t x = ~p->vmm_bits[w];
+  if (w == g0 >> 6) x &= ~UINT64_C(0) << (g0 & 63);
+  if (w == g1 >> 6) x &= ~UINT64_C(0) >> (63 - (g1 & 63));
+  return x;
+}
+
 /* Granules of [g0, g1] with no memory mapped (pool lock held): a word of
  * bits at a time, not a look at each granule's record (the split's end hook
  * asks twice per carve). Mapped granules, the common case, cost nothing: the
  * count steps over unmapped bits only (the x86-64 baseline has no popcount
  * instruction). */
 static inline size_t tier_vmm_count_unmapped(const sgm_tier_pool *p, size_t g0, size_t g1) {
-  size_t n = 0, w0 = g0 >> 6, w1 = g1 >> 6;
-  for (size_t w = w0; w <= w1; w++) {
-    uint64_t x = ~p->vmm_bits[w];
-    if (w == w0) x &= ~UINT64_C(0) << (g0 & 63);
-    if (w == w1) x &= ~UINT64_C(0) >> (63 - (g1 & 63));
-    for (; x; x &= x - 1) n++;
-  }
+  size_t n = 0;
+  for (size_t w = g0 >> 6; w <= g1 >> 6; w++)
+    for (uint64_t x = tier_vmm_unmapped_word(p, w, g0, g1); x; x &= x - 1) n++;
   return n;
 }
 
 /* Every granule of [g0, g1] has memory mapped (pool lock held): a word of
  * bits at a time, stopping at the first that lacks one. */
 static inline bool tier_vmm_all_mapped(const sgm_tier_pool *p, size_t g0, size_t g1) {
-  size_t w0 = g0 >> 6, w1 = g1 >> 6;
-  for (size_t w = w0; w <= w1; w++) {
-    uint64_t x = ~p->vmm_bits[w];
-    if (w == w0) x &= ~UINT64_C(0) << (g0 & 63);
-    if (w == w1) x &= ~UINT64_C(0) >> (63 - (g1 & 63));
-    if (x) return false;
-  }
+  for (size_t w = g0 >> 6; w <= g1 >> 6; w++)
+    if (tier_vmm_unmapped_word(p, w, g0, g1)) return false;
   return true;
 }
 
