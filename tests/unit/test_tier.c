@@ -710,6 +710,68 @@ static void test_lineages_stay_bounded_as_threads_come_and_go(void **state) {
   sgm_context_destroy(ctx);
 }
 
+enum { LEND_BLOCKS = 1024 };
+
+typedef struct lend_arg {
+  sgm_context *ctx;
+  pthread_barrier_t *bar;      /* its blocks released / the main thread's carves done */
+} lend_arg;
+
+/* Allocate LEND_BLOCKS blocks, free them and trim (every record spare in
+ * this thread's lineage), then stay alive until the main thread is done. */
+static void *lend_main(void *arg) {
+  lend_arg *a = arg;
+  static void *ptr[LEND_BLOCKS];
+  for (int i = 0; i < LEND_BLOCKS; i++) assert_non_null(ptr[i] = sgm_alloc(a->ctx, LIN_BYTES, NULL));
+  for (int i = 0; i < LEND_BLOCKS; i++) sgm_free(a->ctx, ptr[i], NULL);
+  assert_int_equal(sgm_trim(a->ctx), SGM_OK);
+  pthread_barrier_wait(a->bar);
+  pthread_barrier_wait(a->bar);
+  return NULL;
+}
+
+/*
+ * Invariant: a live thread's spare records past TIER_SPARE_KEEP serve other
+ * threads' carves, so records stay bounded by the blocks alive at once, not
+ * by what each thread ever held. A thread releases LEND_BLOCKS blocks and
+ * stays alive; the main thread then carves as many: it cuts at most
+ * TIER_SPARE_KEEP new records (two slabs at most), where keeping every
+ * lineage's spares to itself cut LEND_BLOCKS (nine slabs).
+ */
+static void test_a_live_threads_spare_records_serve_other_threads(void **state) {
+  (void)state;
+  sgm_context *ctx = make_ctx("256MiB");
+  sgm_tier_pool *p = vram(ctx);
+  void *first = sgm_alloc(ctx, 256, NULL); /* this thread's magazine and lineage */
+  assert_non_null(first);
+  pthread_barrier_t bar;
+  lend_arg a = {.ctx = ctx, .bar = &bar};
+  pthread_t t;
+  assert_int_equal(pthread_barrier_init(&bar, NULL, 2), 0);
+  assert_int_equal(pthread_create(&t, NULL, lend_main, &a), 0);
+  pthread_barrier_wait(&bar);
+  sgm__lock_take(&p->lock);
+  size_t slabs_before = p->n_slabs;
+  sgm__lock_drop(&p->lock);
+  assert_true(sgm__tier_check(p));
+  static void *q[LEND_BLOCKS];
+  for (int i = 0; i < LEND_BLOCKS; i++) assert_non_null(q[i] = sgm_alloc(ctx, LIN_BYTES, NULL));
+  sgm__lock_take(&p->lock);
+  size_t slabs_after = p->n_slabs;
+  sgm__lock_drop(&p->lock);
+  assert_true(sgm__tier_check(p));
+  pthread_barrier_wait(&bar);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  pthread_barrier_destroy(&bar);
+  printf("# slabs the main thread cut for %d carves: %zu\n", LEND_BLOCKS, slabs_after - slabs_before);
+  assert_true(slabs_after - slabs_before <= 2);
+  for (int i = 0; i < LEND_BLOCKS; i++) sgm_free(ctx, q[i], NULL);
+  sgm_free(ctx, first, NULL);
+  assert_int_equal(sgm_trim(ctx), SGM_OK); /* every record spare, in its own slab's lineage */
+  assert_true(sgm__tier_check(p));
+  sgm_context_destroy(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_steady_frees_leave_the_map_unwritten),
@@ -722,6 +784,7 @@ int main(void) {
       cmocka_unit_test(test_flush_bound_follows_budget),
       cmocka_unit_test(test_a_block_from_another_threads_cache_joins_the_takers_lineage),
       cmocka_unit_test(test_lineages_stay_bounded_as_threads_come_and_go),
+      cmocka_unit_test(test_a_live_threads_spare_records_serve_other_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -39,10 +39,21 @@ uint32_t sgm__pool_lineage_take_locked(sgm_tier_pool *p) {
   return (uint32_t)p->n_lin++;
 }
 
-/* tier_record_new_locked past the lineage's spare records: one cut from its
- * slab or a new one (pool lock held); NULL when out of host memory. */
+/* tier_record_new_locked past the lineage's spare records: another
+ * lineage's spare record past the TIER_SPARE_KEEP it keeps, else one cut
+ * from the lineage's slab or a new one (pool lock held); NULL when out of
+ * host memory. */
 tier_block *sgm__pool_record_cut_locked(sgm_tier_pool *p, uint32_t lin) {
   sgm_assert_internal(sgm__lock_held(&p->lock) && lin < p->n_lin);
+  for (size_t i = 0; i < p->n_lin; i++) {
+    tier_lineage *o = &p->lin[i];
+    if (o->n_spare > TIER_SPARE_KEEP) {
+      tier_block *b = o->spare;
+      o->spare = b->next;
+      o->n_spare--;
+      return b;
+    }
+  }
   tier_slab_cursor *cur = &p->lin[lin].cur;
   if (!cur->slab || cur->used == TIER_SLAB_RECORDS) {
     if (!p->slab_batch || p->slab_batch_used == TIER_SLAB_BATCH) {
@@ -72,6 +83,7 @@ void sgm__pool_spare_put_locked(sgm_tier_pool *p, tier_block *b) {
   tier_lineage *l = &p->lin[tier_slab_of(b)->lin];
   b->next = l->spare;
   l->spare = b;
+  l->n_spare++;
 }
 
 static void tier_map_replace(sgm_tier_pool *p, tier_block *b, tier_block *nb);

@@ -247,9 +247,13 @@ bool sgm__tier_check(sgm_tier_pool *p) {
     bad_lin += s->lin >= p->n_lin;
     cut += s->lin < p->n_lin && p->lin[s->lin].cur.slab == s ? p->lin[s->lin].cur.used : TIER_SLAB_RECORDS;
   }
-  for (size_t i = 0; i < p->n_lin; i++)
-    for (const tier_block *b = p->lin[i].spare; b; b = b->next, spare++)
+  for (size_t i = 0; i < p->n_lin; i++) {
+    size_t n = 0;
+    for (const tier_block *b = p->lin[i].spare; b; b = b->next, n++)
       bad_lin += tier_tag_of(b) != 0 || tier_slab_of(b)->lin != i;
+    bad_lin += n != p->lin[i].n_spare;
+    spare += n;
+  }
   size_t held = 0;
   for (const tier_mag *m = p->mags; m; m = m->next) held += m->lin != 0 && m->lin < p->n_lin && p->lin[m->lin].held;
   for (size_t i = 1; i < p->n_lin; i++) held -= p->lin[i].held;

@@ -330,15 +330,22 @@ typedef struct tier_slab_cursor {
  * lineage waits for the next magazine, which takes it whole: lineages number
  * at most the threads alive at once, plus lineage 0 (the pool's: carves by
  * threads without a magazine), so records stay bounded however many threads
- * come and go.
+ * come and go. A lineage keeps TIER_SPARE_KEEP spare records for itself; a
+ * carve whose lineage has none left takes one of another lineage's spare
+ * records past that many before it cuts a new one (the record stays on its
+ * slab and goes back to that lineage when released): a live thread that
+ * released many blocks does not keep their records from the others.
  */
 typedef struct tier_lineage {
   tier_slab_cursor cur;        /* where its next record is cut */
   tier_block *spare;           /* its records out of the map (tag 0), reused by its carves: a
                                   record once in the map is freed only with the pool
                                   (lock-free readers) */
+  size_t n_spare;              /* records in spare */
   bool held;                   /* a live magazine holds it (lineage 0: always) */
 } tier_lineage;
+/* Spare records a lineage keeps from other lineages' carves: a slab's worth. */
+#define TIER_SPARE_KEEP TIER_SLAB_RECORDS
 /* The slab holding record b (by its address: slabs are aligned to their size). */
 static inline tier_slab *tier_slab_of(const tier_block *b) {
   return (tier_slab *)(uintptr_t)((uintptr_t)b & ~(uintptr_t)(TIER_SLAB_BYTES - 1));
@@ -843,6 +850,7 @@ static inline tier_block *tier_record_new_locked(sgm_tier_pool *p, uint32_t lin)
   tier_block *b = l->spare;
   if (sgm_unlikely(!b)) return sgm__pool_record_cut_locked(p, lin);
   l->spare = b->next;
+  l->n_spare--;
   return b;
 }
 void sgm__pool_span_add(sgm_tier_pool *p, sgm_devptr base, uint64_t bytes);
