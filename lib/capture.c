@@ -217,30 +217,24 @@ void sgm__capture_destroy(sgm_capture *c) {
   free(c);
 }
 
-uint64_t sgm__capture_scope(sgm_capture *c, void *stream) {
-  /* Between captures (a graph's pool lives on, no scope is open) allocating
-   * costs this one load. A scope begun by another thread meanwhile is not
-   * this thread's: missing it is what the lock would answer too. */
-  if (__atomic_load_n(&c->n_scopes, __ATOMIC_RELAXED) == 0) return 0;
+/* The pool the calling thread allocates into on stream, 0 = none (lock held). */
+static uint64_t capture_scope_locked(const sgm_capture *c, void *stream) {
   pthread_t self = pthread_self();
-  uint64_t pool = 0;
-  sgm__lock_take(&c->lock);
   /* The latest scope wins (a pool begun inside another's scope). */
   for (size_t i = c->n_scopes; i-- > 0;) {
     const capture_scope *s = &c->scopes[i];
     if (!pthread_equal(s->thread, self)) continue;
     if (s->stream != SGM_CAPTURE_ANY_STREAM && !capture_same_stream(s->stream, stream)) continue;
-    pool = s->pool;
-    break;
+    return s->pool;
   }
-  sgm__lock_drop(&c->lock);
-  return pool;
+  return 0;
 }
 
-void *sgm__capture_reuse(sgm_capture *c, uint64_t pool, size_t size, void *stream) {
+/* The smallest block of at least size (at most 1/8 more) that pool parked
+ * when freed on stream, now live again; NULL when there is none (lock held). */
+static void *capture_reuse_locked(sgm_capture *c, uint64_t pool, size_t size, void *stream) {
   capture_member *best = NULL;
   size_t best_at = 0;
-  sgm__lock_take(&c->lock);
   capture_pool *rec = capture_pool_find(c, pool);
   for (size_t i = 0; rec && i < rec->n_reuse; i++) {
     capture_member *m = capture_find(c, rec->reuse[i]);
@@ -252,14 +246,30 @@ void *sgm__capture_reuse(sgm_capture *c, uint64_t pool, size_t size, void *strea
       best_at = i;
     }
   }
+  if (!best) return NULL;
+  rec->reuse[best_at] = rec->reuse[--rec->n_reuse];
+  capture_count(c, best, -1);
+  best->state = CAPTURE_LIVE;
+  capture_count(c, best, +1);
+  return (void *)(uintptr_t)best->ptr;
+}
+
+uint64_t sgm__capture_lock_takes(const sgm_capture *c) { return sgm__lock_takes(&c->lock); }
+
+void *sgm__capture_scope_reuse(sgm_capture *c, size_t size, void *stream, uint64_t *pool) {
+  *pool = 0;
+  /* Between captures (a graph's pool lives on, no scope is open) allocating
+   * costs this one load. A scope begun by another thread meanwhile is not
+   * this thread's: missing it is what the lock would answer too. */
+  if (__atomic_load_n(&c->n_scopes, __ATOMIC_RELAXED) == 0) return NULL;
+  /* The scope and the reuse under one lock: a pair inside a scope took the
+   * capture lock three times (the scope, the reuse, the park), and its
+   * lock round trips were most of what it cost over a pair without a pool
+   * (alloc.pair.in_pool). */
+  sgm__lock_take(&c->lock);
   void *p = NULL;
-  if (best) {
-    rec->reuse[best_at] = rec->reuse[--rec->n_reuse];
-    capture_count(c, best, -1);
-    best->state = CAPTURE_LIVE;
-    capture_count(c, best, +1);
-    p = (void *)(uintptr_t)best->ptr;
-  }
+  *pool = capture_scope_locked(c, stream);
+  if (*pool) p = capture_reuse_locked(c, *pool, size, stream);
   sgm__lock_drop(&c->lock);
   return p;
 }

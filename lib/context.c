@@ -493,10 +493,10 @@ static void *context_alloc(sgm_context *ctx, size_t size, void *stream) {
 /* sgm_alloc while capture pools exist: under a pool's scope, a block the pool
  * parked on this stream is taken again, else a new one joins the pool. */
 static void *context_alloc_pooled(sgm_context *ctx, size_t size, void *stream) {
-  uint64_t pool = sgm__capture_scope(ctx->capture, stream);
-  if (!pool) return context_alloc(ctx, size, stream);
-  void *p = sgm__capture_reuse(ctx->capture, pool, size, stream);
+  uint64_t pool = 0;
+  void *p = sgm__capture_scope_reuse(ctx->capture, size, stream, &pool);
   if (p) return p;
+  if (!pool) return context_alloc(ctx, size, stream);
   p = context_alloc(ctx, size, stream);
   if (p) sgm__capture_adopt(ctx->capture, pool, p, size, stream);
   return p;

@@ -515,11 +515,12 @@ typedef struct sgm_capture_head {
 static inline bool sgm__capture_active(const sgm_capture *c) {
   return c && __atomic_load_n(&((const sgm_capture_head *)(const void *)c)->n_pools, __ATOMIC_RELAXED) != 0;
 }
-/* The pool the calling thread allocates into on stream, 0 = none. */
-uint64_t sgm__capture_scope(sgm_capture *c, void *stream);
-/* A block of at least size (at most 1/8 more) the pool parked when freed on
- * this stream, now live again; NULL when there is none. */
-void *sgm__capture_reuse(sgm_capture *c, uint64_t pool, size_t size, void *stream);
+/* *pool: the pool the calling thread allocates into on stream (0 = none);
+ * answers a block of at least size (at most 1/8 more) that pool parked when
+ * freed on this stream, now live again, or NULL when there is none. */
+void *sgm__capture_scope_reuse(sgm_capture *c, size_t size, void *stream, uint64_t *pool);
+/* Tests: how many times the capture lock was taken so far. */
+uint64_t sgm__capture_lock_takes(const sgm_capture *c);
 /* ptr (size bytes, just allocated on stream) joins the pool, unless it was
  * released meanwhile. */
 void sgm__capture_adopt(sgm_capture *c, uint64_t pool, void *ptr, size_t size, void *stream);
