@@ -639,6 +639,31 @@ static uint32_t lin_of(sgm_tier_pool *p, void *ptr) {
   return lin;
 }
 
+/* A thread caches LIN_BLOCKS blocks and exits (its magazine drains into the
+ * bags); the calling thread then allocates LIN_BLOCKS blocks into q, each
+ * one of those (the bag served it). Answers the dead thread's lineage. */
+static uint32_t take_a_dead_threads_blocks(sgm_context *ctx, void *q[LIN_BLOCKS]) {
+  lin_arg a = {.ctx = ctx};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, lin_main, &a), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  for (int i = 0; i < LIN_BLOCKS; i++) {
+    assert_non_null(q[i] = sgm_alloc(ctx, LIN_BYTES, NULL));
+    bool from_bag = false;
+    for (int k = 0; k < LIN_BLOCKS; k++) from_bag |= q[i] == a.ptr[k];
+    assert_true(from_bag);
+  }
+  return a.lin;
+}
+
+/* The calling thread's lineage (its magazine's). */
+static uint32_t my_lin(sgm_tier_pool *p) {
+  sgm__lock_take(&p->lock);
+  uint32_t mine = sgm__pool_mag_find(p)->lin;
+  sgm__lock_drop(&p->lock);
+  return mine;
+}
+
 /*
  * Invariant: a cached block a thread takes from a bag that another thread's
  * magazine filled (here a dead thread's, drained at its exit) is handed out
@@ -653,23 +678,12 @@ static void test_a_block_from_another_threads_cache_joins_the_takers_lineage(voi
   sgm_tier_pool *p = vram(ctx);
   void *first = sgm_alloc(ctx, 256, NULL); /* this thread's magazine and lineage, first */
   assert_non_null(first);
-  lin_arg a = {.ctx = ctx};
-  pthread_t t;
-  assert_int_equal(pthread_create(&t, NULL, lin_main, &a), 0);
-  assert_int_equal(pthread_join(t, NULL), 0);
-  assert_true(a.lin != 0);
   void *q[LIN_BLOCKS];
-  for (int i = 0; i < LIN_BLOCKS; i++) {
-    assert_non_null(q[i] = sgm_alloc(ctx, LIN_BYTES, NULL));
-    /* The same block the dead thread cached (the bag served it)... */
-    bool from_bag = false;
-    for (int k = 0; k < LIN_BLOCKS; k++) from_bag |= q[i] == a.ptr[k];
-    assert_true(from_bag);
-  }
-  sgm__lock_take(&p->lock);
-  uint32_t mine = sgm__pool_mag_find(p)->lin;
-  sgm__lock_drop(&p->lock);
-  assert_true(mine != 0 && mine != a.lin);
+  /* The blocks the dead thread cached (the bag served them)... */
+  uint32_t dead = take_a_dead_threads_blocks(ctx, q);
+  assert_true(dead != 0);
+  uint32_t mine = my_lin(p);
+  assert_true(mine != 0 && mine != dead);
   /* ...with a record of this thread's lineage. */
   for (int i = 0; i < LIN_BLOCKS; i++) assert_int_equal(lin_of(p, q[i]), mine);
   assert_true(sgm__tier_check(p));
@@ -730,6 +744,51 @@ static void *lend_main(void *arg) {
   return NULL;
 }
 
+/* A context whose main thread holds a magazine (and lineage) of its own,
+ * and a lender: a live thread whose records are spare, past what its
+ * lineage keeps, until lend_release. */
+typedef struct lend_fix {
+  sgm_context *ctx;
+  sgm_tier_pool *p;
+  void *first;                 /* the main thread's block: its magazine */
+  pthread_barrier_t bar;
+  lend_arg a;
+  pthread_t lender;
+} lend_fix;
+
+static int lend_setup(void **state) {
+  lend_fix *f = calloc(1, sizeof *f);
+  assert_non_null(f);
+  *state = f;
+  f->ctx = make_ctx("256MiB");
+  f->p = vram(f->ctx);
+  assert_non_null(f->first = sgm_alloc(f->ctx, 256, NULL));
+  f->a = (lend_arg){.ctx = f->ctx, .bar = &f->bar};
+  assert_int_equal(pthread_barrier_init(&f->bar, NULL, 2), 0);
+  assert_int_equal(pthread_create(&f->lender, NULL, lend_main, &f->a), 0);
+  pthread_barrier_wait(&f->bar);
+  return 0;
+}
+
+/* Let the lender exit. */
+static void lend_release(lend_fix *f) {
+  pthread_barrier_wait(&f->bar);
+  assert_int_equal(pthread_join(f->lender, NULL), 0);
+  pthread_barrier_destroy(&f->bar);
+}
+
+/* After lend_release and the test's own frees: every record spare, in its
+ * own slab's lineage, and the pool checks. */
+static int lend_teardown(void **state) {
+  lend_fix *f = *state;
+  sgm_free(f->ctx, f->first, NULL);
+  assert_int_equal(sgm_trim(f->ctx), SGM_OK);
+  assert_true(sgm__tier_check(f->p));
+  sgm_context_destroy(f->ctx);
+  free(f);
+  return 0;
+}
+
 /*
  * Invariant: a live thread's spare records past TIER_SPARE_KEEP serve other
  * threads' carves, so records stay bounded by the blocks alive at once, not
@@ -739,17 +798,9 @@ static void *lend_main(void *arg) {
  * lineage's spares to itself cut LEND_BLOCKS (nine slabs).
  */
 static void test_a_live_threads_spare_records_serve_other_threads(void **state) {
-  (void)state;
-  sgm_context *ctx = make_ctx("256MiB");
-  sgm_tier_pool *p = vram(ctx);
-  void *first = sgm_alloc(ctx, 256, NULL); /* this thread's magazine and lineage */
-  assert_non_null(first);
-  pthread_barrier_t bar;
-  lend_arg a = {.ctx = ctx, .bar = &bar};
-  pthread_t t;
-  assert_int_equal(pthread_barrier_init(&bar, NULL, 2), 0);
-  assert_int_equal(pthread_create(&t, NULL, lend_main, &a), 0);
-  pthread_barrier_wait(&bar);
+  lend_fix *f = *state;
+  sgm_context *ctx = f->ctx;
+  sgm_tier_pool *p = f->p;
   sgm__lock_take(&p->lock);
   size_t slabs_before = p->n_slabs;
   sgm__lock_drop(&p->lock);
@@ -760,16 +811,32 @@ static void test_a_live_threads_spare_records_serve_other_threads(void **state) 
   size_t slabs_after = p->n_slabs;
   sgm__lock_drop(&p->lock);
   assert_true(sgm__tier_check(p));
-  pthread_barrier_wait(&bar);
-  assert_int_equal(pthread_join(t, NULL), 0);
-  pthread_barrier_destroy(&bar);
+  lend_release(f);
   printf("# slabs the main thread cut for %d carves: %zu\n", LEND_BLOCKS, slabs_after - slabs_before);
   assert_true(slabs_after - slabs_before <= 2);
   for (int i = 0; i < LEND_BLOCKS; i++) sgm_free(ctx, q[i], NULL);
-  sgm_free(ctx, first, NULL);
-  assert_int_equal(sgm_trim(ctx), SGM_OK); /* every record spare, in its own slab's lineage */
+}
+
+/*
+ * Invariant: a block a thread takes from another thread's cache gets a
+ * record of the taker's own lineage even while a live thread has spare
+ * records to lend: the swap lends none (a lent record would belong to the
+ * lender's lineage, and the swap would have moved the block for nothing).
+ * One thread releases LEND_BLOCKS blocks and stays alive; another caches
+ * LIN_BLOCKS blocks and exits; the main thread, whose lineage has no spare
+ * record, takes those blocks back from the bag.
+ */
+static void test_a_taken_block_gets_the_takers_record_while_others_lend(void **state) {
+  lend_fix *f = *state;
+  sgm_context *ctx = f->ctx;
+  sgm_tier_pool *p = f->p;
+  void *q[LIN_BLOCKS];
+  take_a_dead_threads_blocks(ctx, q);
+  uint32_t mine = my_lin(p);
+  for (int i = 0; i < LIN_BLOCKS; i++) assert_int_equal(lin_of(p, q[i]), mine);
   assert_true(sgm__tier_check(p));
-  sgm_context_destroy(ctx);
+  lend_release(f);
+  for (int i = 0; i < LIN_BLOCKS; i++) sgm_free(ctx, q[i], NULL);
 }
 
 int main(void) {
@@ -784,7 +851,10 @@ int main(void) {
       cmocka_unit_test(test_flush_bound_follows_budget),
       cmocka_unit_test(test_a_block_from_another_threads_cache_joins_the_takers_lineage),
       cmocka_unit_test(test_lineages_stay_bounded_as_threads_come_and_go),
-      cmocka_unit_test(test_a_live_threads_spare_records_serve_other_threads),
+      cmocka_unit_test_setup_teardown(test_a_live_threads_spare_records_serve_other_threads, lend_setup,
+                                      lend_teardown),
+      cmocka_unit_test_setup_teardown(test_a_taken_block_gets_the_takers_record_while_others_lend,
+                                      lend_setup, lend_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

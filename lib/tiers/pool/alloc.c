@@ -119,7 +119,7 @@ static int tier_carve(sgm_tier_pool *p, tier_mag *m, uint64_t need, uint64_t ask
        * one, else a new one. Lock-free readers may still be reading a
        * spare's tag: it is written atomically. */
       tier_mag *mine = m ? m : sgm__pool_mag_find(p);
-      tier_block *b = tier_record_new_locked(p, mine ? mine->lin : 0);
+      tier_block *b = tier_record_new_locked(p, mine ? mine->lin : 0, true);
       if (b) {
         b->node = node;
         b->bytes = got;

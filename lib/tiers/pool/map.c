@@ -39,13 +39,13 @@ uint32_t sgm__pool_lineage_take_locked(sgm_tier_pool *p) {
   return (uint32_t)p->n_lin++;
 }
 
-/* tier_record_new_locked past the lineage's spare records: another
- * lineage's spare record past the TIER_SPARE_KEEP it keeps, else one cut
- * from the lineage's slab or a new one (pool lock held); NULL when out of
- * host memory. */
-tier_block *sgm__pool_record_cut_locked(sgm_tier_pool *p, uint32_t lin) {
+/* tier_record_new_locked past the lineage's spare records: with lend,
+ * another lineage's spare record past the TIER_SPARE_KEEP it keeps, else one
+ * cut from the lineage's slab or a new one (pool lock held); NULL when out
+ * of host memory. */
+tier_block *sgm__pool_record_cut_locked(sgm_tier_pool *p, uint32_t lin, bool lend) {
   sgm_assert_internal(sgm__lock_held(&p->lock) && lin < p->n_lin);
-  for (size_t i = 0; i < p->n_lin; i++) {
+  for (size_t i = 0; lend && i < p->n_lin; i++) {
     tier_lineage *o = &p->lin[i];
     if (o->n_spare > TIER_SPARE_KEEP) {
       tier_block *b = o->spare;
@@ -96,7 +96,7 @@ static void tier_map_replace(sgm_tier_pool *p, tier_block *b, tier_block *nb);
 tier_block *sgm__pool_record_own_locked(sgm_tier_pool *p, tier_block *b, uint32_t lin) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
   if (tier_slab_of(b)->lin == lin) return b;
-  tier_block *nb = tier_record_new_locked(p, lin);
+  tier_block *nb = tier_record_new_locked(p, lin, false);
   if (!nb) return b;
   if (sgm_unlikely(((uintptr_t)nb & ~TIER_SLOT_REC) != 0)) { /* past what a slot holds */
     sgm__pool_spare_put_locked(p, nb);

@@ -830,7 +830,7 @@ static inline void tier_vmm_prefetch(const sgm_tier_pool *p, uint64_t off, uint6
 
 /* map.c */
 uint32_t sgm__pool_lineage_take_locked(sgm_tier_pool *p);
-tier_block *sgm__pool_record_cut_locked(sgm_tier_pool *p, uint32_t lin);
+tier_block *sgm__pool_record_cut_locked(sgm_tier_pool *p, uint32_t lin, bool lend);
 tier_block *sgm__pool_record_own_locked(sgm_tier_pool *p, tier_block *b, uint32_t lin);
 tier_block *sgm__pool_map_busy_live(sgm_tier_pool *p, sgm_devptr ptr);
 bool sgm__pool_map_insert(sgm_tier_pool *p, tier_block *b, uint64_t h);
@@ -840,15 +840,17 @@ void sgm__pool_map_remove(sgm_tier_pool *p, tier_block *b);
 tier_block *sgm__pool_map_take_live(sgm_tier_pool *p, sgm_devptr ptr, bool own);
 void sgm__pool_map_unbusy(tier_block *b);
 void sgm__pool_spare_put_locked(sgm_tier_pool *p, tier_block *b);
-/* A record of lineage lin for a carve or a swap (map.c): one of its spare
- * records, else one cut from its slab or a new one (pool lock held); NULL
- * when out of host memory. Its tag is 0 or another block's old one: the
+/* A record for a carve or a swap (map.c) by lineage lin: one of its spare
+ * records, else (lend) another lineage's spare record past what that one
+ * keeps, else one cut from its slab or a new one (pool lock held); NULL when
+ * out of host memory. A swap lends none: it is there to give a block a
+ * record of lineage lin. Its tag is 0 or another block's old one: the
  * caller stores the new tag atomically (lock-free readers may still read
  * it). The spare one inline: a large pair of the churn takes one. */
-static inline tier_block *tier_record_new_locked(sgm_tier_pool *p, uint32_t lin) {
+static inline tier_block *tier_record_new_locked(sgm_tier_pool *p, uint32_t lin, bool lend) {
   tier_lineage *l = &p->lin[lin];
   tier_block *b = l->spare;
-  if (sgm_unlikely(!b)) return sgm__pool_record_cut_locked(p, lin);
+  if (sgm_unlikely(!b)) return sgm__pool_record_cut_locked(p, lin, lend);
   l->spare = b->next;
   l->n_spare--;
   return b;
