@@ -61,7 +61,7 @@ static int tier_carve(sgm_tier_pool *p, tier_mag *m, uint64_t need, uint64_t ask
       *out = c;
       return TIER_CARVE_CACHED;
     }
-    if (!p->p.bops->synchronous) sgm__pool_owed_return_locked(p, ref);
+    if (!p->p.bops->synchronous) sgm__pool_owed_return_locked(p, ref, false);
     else if (p->n_bagged) sgm__pool_bags_release_all_locked(p);
   }
   for (int round = 0; round < TIER_MAX_GROW_ROUNDS; round++) {
@@ -71,7 +71,7 @@ static int tier_carve(sgm_tier_pool *p, tier_mag *m, uint64_t need, uint64_t ask
      * committed than it allows. The stream's own cached blocks go back
      * first when they hold the room (owe.c). */
     if (need > p->p.budget_bytes - (p->held_bytes < p->p.budget_bytes ? p->held_bytes : p->p.budget_bytes)) {
-      if (!returned && (returned = true, sgm__pool_owed_return_locked(p, ref))) {
+      if (!returned && (returned = true, sgm__pool_owed_return_locked(p, ref, true))) {
         round--;
         continue;
       }
@@ -89,11 +89,12 @@ static int tier_carve(sgm_tier_pool *p, tier_mag *m, uint64_t need, uint64_t ask
         /* New granules would be mapped: the stream's own cached blocks go
          * back to the sub-allocator first (no event: its later work runs
          * after its earlier work, owe.c), they coalesce, and the block is
-         * placed again. */
+         * placed again. Not the thread's magazine blocks, as on the
+         * emulated device below (reclaim.c, sgm__pool_owed_return_locked). */
         returned = true;
         uint64_t sz;
         sgm__suballoc_free_node(p->sa, node, &sz);
-        sgm__pool_owed_return_locked(p, ref); /* none: the same place again, next step below */
+        sgm__pool_owed_return_locked(p, ref, false); /* none: the same place again, next step below */
         round--;
         continue;
       }
@@ -181,7 +182,7 @@ static int tier_carve(sgm_tier_pool *p, tier_mag *m, uint64_t need, uint64_t ask
       return SGM_OK;
     }
     /* No room in the sub-allocator: the stream's own cached blocks first. */
-    if (!returned && (returned = true, sgm__pool_owed_return_locked(p, ref))) {
+    if (!returned && (returned = true, sgm__pool_owed_return_locked(p, ref, true))) {
       round--;
       continue;
     }

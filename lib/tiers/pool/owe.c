@@ -9,8 +9,10 @@
  * its carve would need new memory (no room in the sub-allocator or the
  * budget, or granules not mapped yet), or the request is a large block
  * (placed after the caches return, as on the emulated device: alloc.c), S's
- * own cached blocks (its open and sealed bags, the calling thread's magazine
- * blocks of S) go back to the sub-allocator, where they coalesce, and the
+ * own cached blocks (its open and sealed bags and the calling thread's
+ * stash of large blocks of S; its magazine's class blocks of S too when the
+ * budget or the sub-allocator has no room, not when the carve would only map
+ * granules) go back to the sub-allocator, where they coalesce, and the
  * carve is tried again: no event recorded, no query, no wait
  * (sgm__pool_owed_return_locked, in reclaim.c). The
  * sub-allocator's free memory may then have S's work pending on it: S

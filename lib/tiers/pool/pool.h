@@ -925,7 +925,7 @@ const tier_want *sgm__pool_want_recent_locked(sgm_tier_pool *p, const sgm_stream
                                               const tier_want *w, tier_want *out);
 
 /* reclaim.c */
-bool sgm__pool_owed_return_locked(sgm_tier_pool *p, const sgm_stream_ref *ref);
+bool sgm__pool_owed_return_locked(sgm_tier_pool *p, const sgm_stream_ref *ref, bool mags);
 size_t sgm__pool_reclaim_ex(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode);
 size_t sgm__pool_reclaim_settle(sgm_tier_pool *p, const sgm_stream_ref *taker, sgm_reclaim_mode mode,
                                 const tier_want *w);

@@ -44,8 +44,9 @@ static void tier_owed_note(tier_stream *s, const tier_block *b) {
 
 /* The calling thread's blocks of stream s in its magazine m go back to the
  * sub-allocator, remembered as owed (pool lock held: no reclaimer takes m
- * meanwhile). How many. */
-static size_t tier_mag_return_locked(sgm_tier_pool *p, tier_mag *m, tier_stream *s) {
+ * meanwhile): its stash of large blocks, and with slots its class blocks.
+ * How many. */
+static size_t tier_mag_return_locked(sgm_tier_pool *p, tier_mag *m, tier_stream *s, bool slots) {
   uint64_t key = s->ref.key;
   size_t n = 0;
   uint64_t bytes = 0;
@@ -63,7 +64,7 @@ static size_t tier_mag_return_locked(sgm_tier_pool *p, tier_mag *m, tier_stream 
     sgm__pool_release_block_locked(p, b);
   }
   __atomic_store_n(&m->n_stash, (uint8_t)kept, __ATOMIC_RELAXED);
-  for (int c = 0; c < TIER_N_CLASSES; c++) {
+  for (int c = 0; slots && c < TIER_N_CLASSES; c++) {
     unsigned w = 0;
     for (unsigned i = 0; i < m->n[c]; i++) {
       tier_block *b = m->slot[c][i];
@@ -92,24 +93,39 @@ static void tier_bag_note(tier_stream *s, const tier_bag *g) {
  * The allocating stream ref's own cached blocks straight back to the
  * sub-allocator (pool lock held, may be dropped and retaken to pool a
  * fence): its open bag, its sealed bag unless a thread records or queries
- * its fence now, and the calling thread's magazine blocks of ref. Not on a
- * synchronous backend (nothing is pending there: bag.c returns the bags),
- * for sgm's own allocations (ref NULL), or while ref was seen capturing.
- * true when any block went back (ref now owes).
+ * its fence now, the calling thread's stash blocks of ref, and with mags its
+ * magazine's class blocks of ref. Not on a synchronous backend (nothing is
+ * pending there: bag.c returns the bags), for sgm's own allocations (ref
+ * NULL), or while ref was seen capturing. true when any block went back (ref
+ * now owes).
+ *
+ * mags is for a carve that found no room (the budget's or the
+ * sub-allocator's); a carve that would only map new granules, or a large
+ * one placed after the caches, leaves the class blocks in the magazine, as
+ * the emulated device's path does (alloc.c, tier_carve): emptying every
+ * class of the thread's magazine there made a single-threaded 64-block ring
+ * of 256 B-1 MiB take the slow path at 17% of its pairs (each class's next
+ * allocation carved under the pool lock, and the carves soon needed new
+ * granules again), 1.4-1.5e7 pairs/s against 2.0-2.2e7 with the magazine
+ * kept, on the driver double. What it cost in memory, CUDA over the double
+ * against the emulated device on the traces (committed / peak live): the
+ * synthetic transformer 1.004 -> 1.024 (emu 1.010), resnet50 1.007 -> 1.030
+ * (emu 1.027), pangu_2.6B 1.083 -> 1.089 (emu 1.087) and its second pass's
+ * driver calls 0.0034 -> 0.0089 per event (issue 26; docs/streams.md).
  */
-bool sgm__pool_owed_return_locked(sgm_tier_pool *p, const sgm_stream_ref *ref) {
+bool sgm__pool_owed_return_locked(sgm_tier_pool *p, const sgm_stream_ref *ref, bool mags) {
   sgm_assert_internal(sgm__lock_held(&p->lock));
   if (!ref || p->p.bops->synchronous) return false;
   tier_stream *s = sgm__pool_stream_find_locked(p, ref->key);
   tier_mag *m = sgm__pool_mag_find(p);
   bool in_mag = false;
   for (unsigned i = 0; m && i < m->n_stash && !in_mag; i++) in_mag = m->stash[i]->key == ref->key;
-  for (int c = 0; m && c < TIER_N_CLASSES && !in_mag; c++)
+  for (int c = 0; m && mags && c < TIER_N_CLASSES && !in_mag; c++)
     for (unsigned i = 0; i < m->n[c] && !in_mag; i++) in_mag = m->slot[c][i]->key == ref->key;
   bool in_bags = s && (s->open.n || (!s->busy && s->sealed.n));
   if ((s && s->capturing) || (!in_mag && !in_bags)) return false;
   if (!s && !(s = sgm__pool_stream_get_locked(p, ref))) return false; /* no record: keep them */
-  size_t n = in_mag ? tier_mag_return_locked(p, m, s) : 0;
+  size_t n = in_mag ? tier_mag_return_locked(p, m, s, mags) : 0;
   size_t n_bag = s->open.n;
   uint64_t bag_bytes = s->open.bytes;
   tier_bag_note(s, &s->open);
