@@ -78,9 +78,11 @@ void BM_PairManaged(benchmark::State &state);
 // Churn of 10,000 live blocks through the virtual block, through jemalloc
 // and through sgm_alloc/sgm_free (alloc.churn.10k), on the same sizes and
 // victims: 256 B .. range(0) bytes (16 MiB, or 1 MiB for the second mix).
+// BM_ChurnSgm on the emulated device, BM_ChurnSgmCuda on the CUDA backend.
 void BM_ChurnSuballoc(benchmark::State &state);
 void BM_ChurnJemalloc(benchmark::State &state);
 void BM_ChurnSgm(benchmark::State &state);
+void BM_ChurnSgmCuda(benchmark::State &state);
 
 // One MiniMalloc trace (traces/README.md), as an alloc/free replay.
 struct MiniEvent {

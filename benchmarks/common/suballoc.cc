@@ -147,15 +147,19 @@ void BM_ChurnJemalloc(benchmark::State &state) {
   for (void *x : live) dallocx(x, flags);
 }
 
-// The public pair on the same sizes and victims: an emulated device whose
-// VRAM budget is the sub-allocator's capacity above (growth mode, defaults
-// otherwise, as a user's context), no fallback to shared memory, so that a
-// pair that cannot be served shows as a failure instead of a cheaper tier.
-void BM_ChurnSgm(benchmark::State &state) {
+namespace {
+
+// The public pair on the same sizes and victims: a device (the emulated one,
+// or CUDA: a GPU, or the driver double where libcuda.so.1 is the double)
+// whose VRAM budget is the sub-allocator's capacity above (growth mode,
+// defaults otherwise, as a user's context), no fallback to shared memory, so
+// that a pair that cannot be served shows as a failure instead of a cheaper
+// tier.
+void ChurnSgm(benchmark::State &state, sgm_backend_kind backend) {
   Workload wl(ChurnMax(state));
   sgm_config cfg;
   sgm_config_init(&cfg);
-  cfg.backend = SGM_BACKEND_EMU;
+  cfg.backend = backend;
   cfg.verbose = 0;
   cfg.vram_limit.bytes = wl.capacity_bytes;
   cfg.vram_limit.fraction = 0;
@@ -202,6 +206,11 @@ void BM_ChurnSgm(benchmark::State &state) {
   for (void *x : live) sgm_free(ctx, x, nullptr);
   sgm_context_destroy(ctx);
 }
+
+}  // namespace
+
+void BM_ChurnSgm(benchmark::State &state) { ChurnSgm(state, SGM_BACKEND_EMU); }
+void BM_ChurnSgmCuda(benchmark::State &state) { ChurnSgm(state, SGM_BACKEND_CUDA); }
 
 // ---------------------------------------------------------------------------
 // MiniMalloc replay.

@@ -73,8 +73,13 @@ static tier_stream *tier_owed_next_locked(sgm_tier_pool *p, const sgm_stream_ref
                                           sgm_devptr lo, sgm_devptr hi) {
   if (!p->n_owing) return NULL;
   for (tier_stream *s = p->streams; s; s = s->next) {
-    if (!tier_owes(s) || !tier_owed_overlaps(s, lo, hi)) continue;
-    if (!taker || (s->ref.key != taker->key && !tier_owe_covered(s, taker->key))) return s;
+    if (!tier_owes(s)) continue;
+    /* The taker's own stream, or one it is already ordered after, first:
+     * they need no order whatever the ranges say, and the ranges are a
+     * linear scan of up to TIER_OWED_RANGES_MAX (a stream's carves after its
+     * own returns scanned them all: 5% of the CUDA churn's time, issue 26). */
+    if (taker && (s->ref.key == taker->key || tier_owe_covered(s, taker->key))) continue;
+    if (tier_owed_overlaps(s, lo, hi)) return s;
   }
   return NULL;
 }

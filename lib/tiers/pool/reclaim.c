@@ -83,10 +83,12 @@ static size_t tier_mag_return_locked(sgm_tier_pool *p, tier_mag *m, tier_stream 
   return n;
 }
 
-/* Remember every block of bag g as owed by s. */
+/* Remember every block of bag g as owed by s (nothing to walk once
+ * everything counts as owed). */
 static void tier_bag_note(tier_stream *s, const tier_bag *g) {
-  for (int c = -1; c < TIER_N_CLASSES; c++)
-    for (const tier_block *b = c < 0 ? g->large : g->cls[c]; b; b = b->next) tier_owed_note(s, b);
+  for (int c = -1; c < TIER_N_CLASSES && !s->owed_all; c++)
+    for (const tier_block *b = c < 0 ? g->large : g->cls[c]; b && !s->owed_all; b = b->next)
+      tier_owed_note(s, b);
 }
 
 /*
