@@ -17,7 +17,8 @@
  *    work: vmm_unmaps_in_use stays 0), and does unmap it;
  *  - a carve that maps new granules takes S's bags back, not the calling
  *    thread's magazine: a block of a class freed on S before it is there
- *    afterwards, served again without the pool lock;
+ *    afterwards, served again without the pool lock; when the budget is
+ *    full, the magazine's blocks of S do go back and serve S's large block;
  *  - S owing and then capturing a graph: every capture stays valid, another
  *    stream is served from other memory while S captures (S's is set
  *    aside), and gets S's ordered after S once the capture ended;
@@ -202,6 +203,34 @@ static void test_a_carve_that_maps_keeps_the_threads_magazine(void **state) {
   finish(ctx, &s, 1);
 }
 
+/* Invariant: the magazine is kept only while the carve could map: with the
+ * budget full, S's class blocks in the calling thread's magazine go back to
+ * the sub-allocator (they coalesce) and serve S's larger block there, with
+ * no fallback to turn to (14 MiB of a 16 MiB budget while the magazine holds
+ * 4 MiB). */
+static void test_a_full_budget_takes_the_threads_magazine_back(void **state) {
+  (void)state;
+  sgm_context *ctx = sgm_fake_sgm_context("16MiB", false, "0");
+  fc.fake_cuda_set_lazy(1);
+  sgm_tier_pool *vp = sgm__context_tier(ctx, SGM_TIER_VRAM);
+  void *s = sgm_fake_non_blocking_stream(fake_lib);
+  enum { N = 48 }; /* 12 MiB of 256 KiB blocks: at most 4 MiB of them fit a magazine's class */
+  void *p[N];
+  for (int i = 0; i < N; i++) {
+    p[i] = sgm_alloc(ctx, 256 * KiB, s);
+    assert_non_null(p[i]);
+    kernel(s, p[i], 256 * KiB, i);
+  }
+  for (int i = 0; i < N; i++) assert_int_equal(sgm_free_ex(ctx, p[i], s), SGM_OK);
+  void *big = sgm_alloc(ctx, 14 * MiB, s);
+  printf("# 14 MiB after 48 x 256 KiB freed on the stream: %p (%s)\n", big,
+         big ? "served" : sgm_last_error());
+  assert_non_null(big);
+  assert_true(sgm__tier_check(vp));
+  free_all(ctx, s, &big, 1);
+  finish(ctx, &s, 1);
+}
+
 /* Invariant: memory S returned with its work pending reaches another stream
  * only ordered after that work (no race the double can see), and T's later
  * carves while S owes nothing new cost no driver call. */
@@ -348,6 +377,7 @@ int main(void) {
       cmocka_unit_test_setup(test_idle_trim_after_return_waits_for_the_work, reset_fake),
       cmocka_unit_test_setup(test_owing_stream_that_captures, reset_fake),
       cmocka_unit_test_setup(test_a_carve_that_maps_keeps_the_threads_magazine, reset_fake),
+      cmocka_unit_test_setup(test_a_full_budget_takes_the_threads_magazine_back, reset_fake),
   };
   return sgm_fake_run_suite("stream_owe", "fake_cuda_kernel", tests, sizeof tests / sizeof tests[0],
                             sgm_fake_group_setup, sgm_fake_group_teardown);
