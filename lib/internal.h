@@ -815,8 +815,12 @@ int sgm__share_start(sgm_context *ctx);
 /* Stop the ticker (before the tiers go); leave the registry (after them). */
 void sgm__share_stop(sgm_context *ctx);
 void sgm__share_leave(sgm_context *ctx);
-/* A budget-relevant change (a fallback): tick soon. Any thread; no-op when untracked. */
+/* A budget-relevant change (a fallback): tick soon, unless a poke asked for
+ * a tick within the last quarter of the node period (the context's clock).
+ * Any thread; no-op when untracked. */
 void sgm__share_poke(sgm_context *ctx);
+/* Tests: the pokes that asked for a tick so far (0 when untracked). */
+uint64_t sgm__share_pokes(sgm_context *ctx);
 /* Tests: run one full tick (publish, reclaim, rebalance) and wait for it;
  * false when untracked. */
 bool sgm__share_tick_sync(sgm_context *ctx);

@@ -4,9 +4,9 @@
  * A context whose device has a key (every GPU; an emulated device named by
  * SGM_EMU_DEVICE) joins the device's registry at create and leaves it at
  * destroy. A ticker thread, every SGM_NODE_PERIOD_MS (and at once when an
- * allocation falls back), publishes this process's figures, reclaims the
- * slots of dead processes and, in fair mode, recomputes its budgets from
- * everyone's published claims:
+ * allocation falls back, at most once per quarter period), publishes this
+ * process's figures, reclaims the slots of dead processes and, in fair mode,
+ * recomputes its budgets from everyone's published claims:
  *
  *   budget = reservation + a weighted share of what the reservations leave,
  *            water-filled: a process that demands less than its share gets
@@ -66,7 +66,20 @@ struct sgm_share {
   bool stop;                   /* asks the ticker to end */
   uint64_t n_requested;        /* ticks asked for by sgm__share_tick_sync and pokes */
   uint64_t n_completed;        /* the request count the last finished tick served */
+  uint64_t poke_at;            /* the context's clock at the last poke that asked for a tick,
+                                  plus 1 (0: none yet; atomic, read without mu) */
+  uint64_t n_pokes;            /* pokes that asked for a tick (atomic; tests) */
 };
+
+/* Pokes ask for a tick at most once per SHARE_POKE_DIVISOR-th of the node
+ * period (at least 1 ms; 12 ms at the default 50). Every fallback poked:
+ * a program falling back in a loop made the ticker tick back to back (a
+ * 64-block ring of 256 B-256 KiB over the driver double with 8 MiB of VRAM:
+ * 14,785 ticks in 1.2 s where the period asks for 24, and its pairs ran at
+ * 748-758 ns against 426-505 with SGM_NODE=off), one core publishing and
+ * splitting for nothing while the split cannot change faster than the
+ * others publish. */
+#define SHARE_POKE_DIVISOR 4
 
 /* ------------------------------------------------------------------------ */
 /* The split (pure: tests call it directly). */
@@ -356,10 +369,22 @@ static void *share_main(void *arg) {
 void sgm__share_poke(sgm_context *ctx) {
   sgm_share *sh = sgm__context_share(ctx);
   if (!sh || !sh->running) return;
+  uint64_t gap = sgm__context_cfg(ctx)->node_period_ms / SHARE_POKE_DIVISOR;
+  uint64_t now = sgm__context_now_ms(ctx) + 1, last = __atomic_load_n(&sh->poke_at, __ATOMIC_RELAXED);
+  if (last && now - last < (gap ? gap : 1)) return; /* a tick was asked for lately */
+  /* One of the threads falling back at once asks. */
+  if (!__atomic_compare_exchange_n(&sh->poke_at, &last, now, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+    return;
+  __atomic_add_fetch(&sh->n_pokes, 1, __ATOMIC_RELAXED);
   sgm__lock_take(&sh->mu);
   sh->n_requested++;
   pthread_cond_broadcast(&sh->cond);
   sgm__lock_drop(&sh->mu);
+}
+
+uint64_t sgm__share_pokes(sgm_context *ctx) {
+  sgm_share *sh = sgm__context_share(ctx);
+  return sh ? __atomic_load_n(&sh->n_pokes, __ATOMIC_RELAXED) : 0;
 }
 
 bool sgm__share_tick_sync(sgm_context *ctx) {

@@ -1049,6 +1049,54 @@ static void test_fallback_names_the_fair_share(void **state) {
   teardown_dir();
 }
 
+/* The context's clock, moved by hand: pokes between moves happen at one instant. */
+static uint64_t poke_clock_ms = 1000;
+static uint64_t poke_clock(void *user) {
+  (void)user;
+  return poke_clock_ms;
+}
+
+/* Invariant: a program falling back in a loop asks the ticker for one tick
+ * per quarter of the node period, not one per fallback (each asked-for tick
+ * publishes and splits the device again; back to back they kept a core
+ * busy). With the context's clock frozen, 200 fallbacks ask once; a tick
+ * asked for and the clock moved past the gap, a fallback asks again. */
+static void test_fallbacks_poke_the_ticker_once_per_gap(void **state) {
+  (void)state;
+  setup_env("pokes", "4MiB");
+  setenv("SGM_NODE_PERIOD_MS", "400", 1); /* a gap of 100 ms */
+  sgm_context *ctx = NULL;
+  assert_int_equal(sgm_context_create(NULL, &ctx), SGM_OK);
+  assert_non_null(sgm__share_node(ctx));
+  sgm__context_set_clock(ctx, poke_clock, NULL);
+  void *fill = sgm_alloc(ctx, 4 * MiB, NULL); /* VRAM's whole budget */
+  assert_non_null(fill);
+  enum { N = 200 };
+  void *p[N];
+  sgm_stats st0, st1;
+  assert_int_equal(sgm_get_stats(ctx, &st0), SGM_OK);
+  uint64_t pokes0 = sgm__share_pokes(ctx);
+  for (int i = 0; i < N; i++) {
+    p[i] = sgm_alloc(ctx, 64 * 1024, NULL);
+    assert_non_null(p[i]);
+  }
+  assert_int_equal(sgm_get_stats(ctx, &st1), SGM_OK);
+  uint64_t asked = sgm__share_pokes(ctx) - pokes0;
+  print_message("# %llu fallbacks at one instant asked for %llu ticks\n",
+                (unsigned long long)(st1.n_fallbacks - st0.n_fallbacks), (unsigned long long)asked);
+  assert_int_equal(st1.n_fallbacks - st0.n_fallbacks, N);
+  assert_true(asked <= 1);
+  poke_clock_ms += 100; /* the gap has passed: the next fallback asks */
+  void *q = sgm_alloc(ctx, 64 * 1024, NULL);
+  assert_non_null(q);
+  assert_int_equal(sgm__share_pokes(ctx) - pokes0, asked + 1);
+  sgm_free(ctx, q, NULL);
+  for (int i = 0; i < N; i++) sgm_free(ctx, p[i], NULL);
+  sgm_free(ctx, fill, NULL);
+  sgm_context_destroy(ctx);
+  teardown_dir();
+}
+
 /* ------------------------------------------------------------------------ */
 /* Several users (issue 28): test accounts are plain ids (61001, 61002,
  * 61003 in group 61000), which the kernel needs no passwd entry for; the
@@ -1313,6 +1361,7 @@ int main(void) {
       cmocka_unit_test(test_unsafe_folder_and_records),
       cmocka_unit_test(test_full_table_untracked),
       cmocka_unit_test(test_fallback_names_the_fair_share),
+      cmocka_unit_test(test_fallbacks_poke_the_ticker_once_per_gap),
       cmocka_unit_test(test_two_users_share_one_device),
       cmocka_unit_test(test_user_policy_ignored),
       cmocka_unit_test(test_node_group_supplementary),
