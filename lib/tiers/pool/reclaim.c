@@ -108,7 +108,7 @@ static void tier_bag_note(tier_stream *s, const tier_bag *g) {
  * class of the thread's magazine there made a single-threaded 64-block ring
  * of 256 B-1 MiB take the slow path at 17% of its pairs (each class's next
  * allocation carved under the pool lock, and the carves soon needed new
- * granules again), 1.4-1.5e7 pairs/s against 2.0-2.2e7 with the magazine
+ * granules again), 1.35-1.56e7 pairs/s against 2.0-2.2e7 with the magazine
  * kept, on the driver double. What it cost in memory, CUDA over the double
  * against the emulated device on the traces (committed / peak live): the
  * synthetic transformer 1.004 -> 1.024 (emu 1.010), resnet50 1.007 -> 1.030
