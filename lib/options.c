@@ -183,7 +183,8 @@ static const sgm_option option_rows[] = {
      * step, and publishing costs ~1 us per period. 1 ms to 10 s. */
     {.env = "SGM_NODE_PERIOD_MS", FIELD(node_period_ms), .kind = SGM_OPT_U64, .default_value = "50",
      .min = 1, .max = 10000,
-     .help = "period of publishing this process's figures and recomputing its fair budgets, in ms"},
+     .help = "period of publishing this process's figures and recomputing its fair budgets, in ms (a "
+             "fallback asks for a recomputation sooner, at most once per quarter period)"},
     /* Empty: each process has its own emulated device, as before. */
     {.env = "SGM_EMU_DEVICE", FIELD(emu_device), .kind = SGM_OPT_STRING, .default_value = "",
      .help = "name of an emulated device shared by every process that opens it (its memory "
