@@ -25,8 +25,10 @@
 #                  use_on_oom falling back to sgm past a VRAM limit, and
 #                  torch.cuda.memory_stats() through sgm's patch, byte-exact
 #   bench-cuda     bench_cuda with small sizes (BENCH_CUDA_MAX_MIB=64)
-#   sgm-bench      sgm-bench --quick --only gpu: the GPU figures beside cuMemcpy,
-#                  VRAM and cuMemAlloc, as a table and $OUT/sgm-bench.json
+#   sgm-bench      sgm-bench --quick --only gpu --only alloc.churn.10k.cuda: the
+#                  GPU figures beside cuMemcpy, VRAM and cuMemAlloc, and the
+#                  10,000-block churn on the GPU beside the sub-allocator (about
+#                  30 GiB of VRAM), as a table and $OUT/sgm-bench.json
 #   vmm-granule    one VRAM granule mapped + unmapped through sgm, one mapping of 32
 #                  granules (64 MiB, issue 26), beside a chunk
 #                  (cuMemAlloc + cuMemFree) and mmap + munmap (sgm-alloc-replay)
@@ -182,8 +184,8 @@ step_bench_cuda() {
 }
 step_sgm_bench() {
   step sgm-bench 60 '^gpu\.(copy|kernel)' env BENCH_CUDA_MAX_MIB=256 \
-    "$BUNDLE/bin/sgm-bench" --quick --only gpu --json "$OUT/sgm-bench.json"
-  grep -E '^(figure|gpu\.|skipped)' "$OUT/sgm-bench.log" 2>/dev/null | sed 's/^/   | /'
+    "$BUNDLE/bin/sgm-bench" --quick --only gpu --only alloc.churn.10k.cuda --json "$OUT/sgm-bench.json"
+  grep -E '^(figure|gpu\.|alloc\.|skipped)' "$OUT/sgm-bench.log" 2>/dev/null | sed 's/^/   | /'
 }
 # Issue 27 (preload27): unmodified programs under libsgm-preload.so at 1.5x a
 # VRAM limit, each timed against Unified Memory oversubscription.
