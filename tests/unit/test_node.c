@@ -1049,11 +1049,12 @@ static void test_fallback_names_the_fair_share(void **state) {
   teardown_dir();
 }
 
-/* The context's clock, moved by hand: pokes between moves happen at one instant. */
+/* The context's clock, moved by hand: pokes between moves happen at one
+ * instant. Atomic: the ticker thread reads it too. */
 static uint64_t poke_clock_ms = 1000;
 static uint64_t poke_clock(void *user) {
   (void)user;
-  return poke_clock_ms;
+  return __atomic_load_n(&poke_clock_ms, __ATOMIC_RELAXED);
 }
 
 /* Invariant: a program falling back in a loop asks the ticker for one tick
@@ -1086,7 +1087,7 @@ static void test_fallbacks_poke_the_ticker_once_per_gap(void **state) {
                 (unsigned long long)(st1.n_fallbacks - st0.n_fallbacks), (unsigned long long)asked);
   assert_int_equal(st1.n_fallbacks - st0.n_fallbacks, N);
   assert_true(asked <= 1);
-  poke_clock_ms += 100; /* the gap has passed: the next fallback asks */
+  __atomic_add_fetch(&poke_clock_ms, 100, __ATOMIC_RELAXED); /* the gap has passed: the next fallback asks */
   void *q = sgm_alloc(ctx, 64 * 1024, NULL);
   assert_non_null(q);
   assert_int_equal(sgm__share_pokes(ctx) - pokes0, asked + 1);
